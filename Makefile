@@ -1,0 +1,43 @@
+# One command sets everything up and runs the main job (make demo); one sets up and runs the tests (make test).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.fastflip-installed
+
+.PHONY: setup demo test test-fast bench chainer-venv clean
+
+$(STAMP): pyproject.toml setup.py ext/_kernels.pyx
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch is pinned: this version installs a CPU build here; anything looser can pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q "setuptools>=68" wheel "Cython>=3.0" numpy
+	$(PIP) install -q --no-build-isolation -e ".[all,test]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Chainer 7.8.1 needs numpy<2 and, to build, setuptools<70 without build isolation: its own venv.
+.chainer-venv/.stamp:
+	$(PYTHON) -m venv .chainer-venv
+	.chainer-venv/bin/python -m pip install -q "setuptools<70" wheel "numpy<2" h5py
+	.chainer-venv/bin/python -m pip install -q --no-build-isolation chainer==7.8.1
+	touch .chainer-venv/.stamp
+
+chainer-venv: .chainer-venv/.stamp
+
+demo: setup
+	$(PY) -m fastflip.demo
+
+test: setup chainer-venv
+	FASTFLIP_CHAINER_PYTHON=$(CURDIR)/.chainer-venv/bin/python FASTFLIP_REQUIRE_EXTRAS=1 $(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "not framework and not slow"
+
+bench: setup
+	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
+
+clean:
+	rm -rf build src/fastflip/*.so ext/*.c

@@ -1,0 +1,100 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Typed word kernels over a raw byte buffer (no validation, no policy).
+
+The caller (fastflip.native) validates every argument once: offsets lie inside the
+buffer, itemsize is 1, 2, 4 or 8, all columns have the same length. Each word is
+read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
+``swap`` is true (storage order differs from this machine's), turned into the new
+word by ``((old & and) | or) ^ xor`` and written back the same way.
+"""
+
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+from libc.string cimport memcpy
+
+
+cdef extern from *:
+    uint32_t __builtin_bswap32(uint32_t) nogil
+    uint64_t __builtin_bswap64(uint64_t) nogil
+
+
+
+cdef inline uint64_t _load(const uint8_t* p, int itemsize, bint swap) noexcept nogil:
+    cdef uint8_t b1
+    cdef uint16_t b2
+    cdef uint32_t b4
+    cdef uint64_t b8
+    if itemsize == 1:
+        return p[0]
+    elif itemsize == 2:
+        memcpy(&b2, p, 2)
+        if swap:
+            b2 = <uint16_t>((b2 >> 8) | (b2 << 8))
+        return b2
+    elif itemsize == 4:
+        memcpy(&b4, p, 4)
+        if swap:
+            b4 = __builtin_bswap32(b4)
+        return b4
+    else:
+        memcpy(&b8, p, 8)
+        if swap:
+            b8 = __builtin_bswap64(b8)
+        return b8
+
+
+cdef inline void _store(uint8_t* p, uint64_t w, int itemsize, bint swap) noexcept nogil:
+    cdef uint16_t b2
+    cdef uint32_t b4
+    cdef uint64_t b8
+    if itemsize == 1:
+        p[0] = <uint8_t>w
+    elif itemsize == 2:
+        b2 = <uint16_t>w
+        if swap:
+            b2 = <uint16_t>((b2 >> 8) | (b2 << 8))
+        memcpy(p, &b2, 2)
+    elif itemsize == 4:
+        b4 = <uint32_t>w
+        if swap:
+            b4 = __builtin_bswap32(b4)
+        memcpy(p, &b4, 4)
+    else:
+        b8 = w
+        if swap:
+            b8 = __builtin_bswap64(b8)
+        memcpy(p, &b8, 8)
+
+
+def apply_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint swap,
+                const uint64_t[::1] and_mask, const uint64_t[::1] or_mask, const uint64_t[::1] xor_mask,
+                uint64_t[::1] old_out, uint64_t[::1] new_out):
+    """Apply the word rule at every byte offset; store old and new words (native order)."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef uint64_t width = 0xFFFFFFFFFFFFFFFF if itemsize == 8 else ((<uint64_t>1 << (8 * itemsize)) - 1)
+    cdef uint64_t old, new
+    cdef uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    with nogil:
+        for i in range(n):
+            old = _load(base + offsets[i], itemsize, swap)
+            new = (((old & and_mask[i]) | or_mask[i]) ^ xor_mask[i]) & width
+            _store(base + offsets[i], new, itemsize, swap)
+            old_out[i] = old
+            new_out[i] = new
+
+
+def read_words(const uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint swap, uint64_t[::1] out):
+    """Read the word at every byte offset (native order) into ``out``."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef const uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    with nogil:
+        for i in range(n):
+            out[i] = _load(base + offsets[i], itemsize, swap)
+
+
+def write_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint swap, const uint64_t[::1] words):
+    """Write ``words`` (native order) at every byte offset."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    with nogil:
+        for i in range(n):
+            _store(base + offsets[i], words[i], itemsize, swap)

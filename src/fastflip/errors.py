@@ -1,0 +1,96 @@
+"""The exception hierarchy of fastflip.
+
+Every error fastflip raises on purpose derives from :class:`FastflipError`; each
+subclass also derives from the matching built-in exception so that callers can
+catch either (a missing dataset is also a :class:`KeyError`). The CLI turns any
+:class:`FastflipError` into one line on stderr and a non-zero exit.
+
+Examples
+--------
+>>> from fastflip.errors import SelectionError, FastflipError
+>>> issubclass(SelectionError, LookupError) and issubclass(SelectionError, FastflipError)
+True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FastflipError",
+    "OptionError",
+    "InputFileError",
+    "NotHDF5Error",
+    "SelectionError",
+    "TensorNotFoundError",
+    "CapacityError",
+    "BitRangeError",
+    "UnsupportedStorageError",
+    "LogMismatchError",
+    "OutputError",
+    "NaNPolicyError",
+    "PlanMismatchError",
+    "ReadOnlyTargetError",
+    "StoreError",
+]
+
+
+class FastflipError(Exception):
+    """Base class of every error fastflip raises on purpose."""
+
+
+class OptionError(FastflipError, ValueError):
+    """An option or argument has an invalid value (names the option and the fix)."""
+
+
+class InputFileError(FastflipError, OSError):
+    """An input file is missing, unreadable or damaged."""
+
+
+class NotHDF5Error(InputFileError):
+    """A file is not a (complete) HDF5 file."""
+
+
+class SelectionError(FastflipError, LookupError):
+    """A selector matched no tensor; the message names what was available."""
+
+
+class TensorNotFoundError(FastflipError, KeyError):
+    """A named tensor does not exist in the file or model."""
+
+    def __str__(self) -> str:  # KeyError would add quotes around the message
+        return str(self.args[0]) if self.args else ""
+
+
+class CapacityError(FastflipError, ValueError):
+    """More injection sites were asked for than exist."""
+
+
+class BitRangeError(FastflipError, ValueError):
+    """A bit position lies outside the width of a dtype."""
+
+
+class UnsupportedStorageError(FastflipError, ValueError):
+    """A dataset's storage cannot be modified safely (external links or raw storage)."""
+
+
+class LogMismatchError(FastflipError, ValueError):
+    """An injection log does not match the file or tensors it is applied to."""
+
+
+class OutputError(FastflipError, OSError):
+    """An output path cannot be written."""
+
+
+class NaNPolicyError(FastflipError, ValueError):
+    """The NaN/Inf avoidance policy could not be satisfied."""
+
+
+class PlanMismatchError(FastflipError, ValueError):
+    """A plan does not fit the tensors it is applied to (name, shape or dtype)."""
+
+
+class ReadOnlyTargetError(FastflipError, ValueError):
+    """A live tensor cannot be written (read-only array)."""
+
+
+class StoreError(FastflipError, OSError):
+    """A results store is corrupt, foreign, newer, or locked by another sweep."""
