@@ -1,0 +1,360 @@
+"""PyTorch state_dicts to and from HDF5, bit-exact, in a documented layout.
+
+PyTorch pickles its checkpoints; fastflip flips bits in HDF5. This module writes a
+(possibly nested) state_dict to an HDF5 file whose datasets hold the tensors' stored
+bits unchanged, and reads it back, so the checkpoint-alteration method works for
+PyTorch models: save → :func:`fastflip.inject.inject_file` → load → resume.
+
+Layout (``fastflip_format = "torch-state"``, version 1)
+-----------------------------------------------------
+- every mapping is an HDF5 group; its keys, in order and with their types (``str``
+  or ``int``, e.g. the parameter ids of an optimizer's ``state``), are listed in
+  the group attribute ``fastflip_keys`` (JSON);
+- every ``torch.Tensor`` is a dataset of the same shape and dtype (0-d tensors such
+  as ``num_batches_tracked`` or Adam's ``step`` are scalar datasets) with the
+  attribute ``torch_dtype`` (``"float32"``, ``"int64"``...); ``bfloat16`` has no
+  NumPy dtype and is stored as its ``uint16`` words;
+- every NumPy array is a dataset with ``torch_dtype = "ndarray"``;
+- every other value (numbers, strings, ``None``, lists, tuples, mappings inside
+  lists such as an optimizer's ``param_groups``) is a JSON attribute of its
+  group, named by its key.
+
+:func:`save_checkpoint` stores ``{"model": model.state_dict(), "optimizer":
+optimizer.state_dict(), **extra}``, so the model's tensors live under
+``/model/<key>`` (``/model/conv1.weight``, ``/model/bn1.running_mean``) and the
+optimizer's under ``/optimizer/state/<param id>/<name>`` (``exp_avg``,
+``exp_avg_sq``, ``momentum_buffer``, ``step``), with ``param_groups`` an attribute
+of ``/optimizer``.
+
+Examples
+--------
+>>> import os, tempfile, torch
+>>> from fastflip.torch import save_state_dict, load_state_dict
+>>> d = tempfile.mkdtemp()
+>>> state = {"model": {"w": torch.arange(3.0), "n": torch.tensor(7)}, "epoch": 2}
+>>> p = save_state_dict(state, os.path.join(d, "ck.h5"))
+>>> back = load_state_dict(p)
+>>> back["epoch"], back["model"]["w"].tolist(), back["model"]["n"].dtype
+(2, [0.0, 1.0, 2.0], torch.int64)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "CheckpointMismatchError",
+    "save_state_dict",
+    "load_state_dict",
+    "save_checkpoint",
+    "load_checkpoint",
+]
+
+FORMAT = "torch-state"
+FORMAT_VERSION = 1
+_KEYS_ATTR = "fastflip_keys"
+_DTYPE_ATTR = "torch_dtype"
+
+
+class CheckpointMismatchError(FastflipError, ValueError):
+    """A checkpoint does not fit the model it is loaded into (names the tensor)."""
+
+
+# ---------------------------------------------------------------------------- JSON values
+
+
+def _encode(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, where) for v in value]
+    if isinstance(value, Mapping):
+        if not all(isinstance(k, str) for k in value):
+            raise OptionError(f"{where}: only string keys are supported in mappings inside lists")
+        return {k: _encode(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, np.generic):
+        return _encode(value.item(), where)
+    raise OptionError(
+        f"{where}: cannot store a {type(value).__name__} in HDF5 "
+        "(tensors, arrays, numbers, strings, None, lists, tuples and mappings are supported)"
+    )
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {"__tuple__"}:
+            return tuple(_decode(v) for v in value["__tuple__"])
+        return {k: _decode(v) for k, v in value.items()}
+    return value
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+@contextmanager
+def _atomic_target(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; move it onto ``path`` only on success."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _key_name(key: Any, where: str) -> tuple[str, str]:
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise OptionError(f"{where}: keys must be str or int, got {type(key).__name__}")
+    name = str(key)
+    if not name or "/" in name or name in (".", ".."):
+        raise OptionError(f"{where}: key {name!r} cannot be an HDF5 name (empty, '.', '..' or contains '/')")
+    if name.startswith("fastflip_") or name == _DTYPE_ATTR:
+        raise OptionError(f"{where}: key {name!r} is reserved by the fastflip layout")
+    return name, ("int" if isinstance(key, int) else "str")
+
+
+def _write_group(group: Any, state: Mapping, where: str, compression: str | None) -> None:
+    import torch
+
+    keys = []
+    for key, value in state.items():
+        name, ktype = _key_name(key, where)
+        keys.append([name, ktype])
+        here = f"{where}/{name}"
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            tname = str(t.dtype).replace("torch.", "")
+            arr = t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+            kw = {"compression": compression} if compression and arr.ndim else {}
+            ds = group.create_dataset(name, data=arr, **kw)
+            ds.attrs[_DTYPE_ATTR] = tname
+        elif isinstance(value, np.ndarray):
+            kw = {"compression": compression} if compression and value.ndim else {}
+            ds = group.create_dataset(name, data=value, **kw)
+            ds.attrs[_DTYPE_ATTR] = "ndarray"
+        elif isinstance(value, Mapping):
+            _write_group(group.create_group(name), value, here, compression)
+        else:
+            group.attrs[name] = json.dumps(_encode(value, here))
+    group.attrs[_KEYS_ATTR] = json.dumps(keys)
+
+
+def save_state_dict(state: Mapping, path: str | os.PathLike, *, compression: str | None = None) -> Path:
+    """Write a (nested) state_dict to an HDF5 file in the layout described above.
+
+    Parameters
+    ----------
+    state : Mapping
+        A state_dict, or a mapping of them (``{"model": ..., "optimizer": ...}``).
+    path : path-like
+        Output file, written atomically (a temporary file renamed into place).
+    compression : str, optional
+        An h5py filter for the tensors (``"gzip"``); default none, which keeps the
+        tensors contiguous so injection writes them in place.
+
+    Returns
+    -------
+    pathlib.Path
+        The written file.
+    """
+    import h5py
+
+    if not isinstance(state, Mapping):
+        raise OptionError(f"state: expected a mapping (a state_dict), got {type(state).__name__}")
+    path = Path(path)
+    try:
+        with _atomic_target(path) as tmp:
+            with h5py.File(tmp, "w") as f:
+                f.attrs["fastflip_format"] = FORMAT
+                f.attrs["fastflip_format_version"] = FORMAT_VERSION
+                _write_group(f, state, "", compression)
+    except OSError as exc:
+        if isinstance(exc, FastflipError):
+            raise
+        raise OutputError(f"cannot write {path}: {exc}") from exc
+    return path
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _read_dataset(ds: Any) -> Any:
+    import torch
+
+    arr = np.asarray(ds[()])
+    if arr.dtype.byteorder == (">" if np.little_endian else "<"):
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    tname = ds.attrs.get(_DTYPE_ATTR, "ndarray")
+    if isinstance(tname, bytes):
+        tname = tname.decode()
+    if tname == "ndarray":
+        return arr
+    arr = np.array(arr, copy=True)  # writable, owned: torch.from_numpy shares memory
+    if tname == "bfloat16":
+        return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    tensor = torch.from_numpy(arr)
+    want = getattr(torch, tname, None)
+    if not isinstance(want, torch.dtype):
+        raise InputFileError(f"{ds.name}: unknown torch_dtype {tname!r}")
+    if tensor.dtype != want:
+        raise InputFileError(f"{ds.name}: stored as {arr.dtype} but labelled torch.{tname}")
+    return tensor
+
+
+def _read_group(group: Any) -> dict:
+    import h5py
+
+    raw = group.attrs.get(_KEYS_ATTR)
+    if raw is None:  # a group not written by fastflip: its members, sorted
+        keys = [[name, "str"] for name in group] + [
+            [name, "str"] for name in group.attrs if not name.startswith("fastflip_")
+        ]
+    else:
+        keys = json.loads(raw)
+    out: dict = {}
+    for name, ktype in keys:
+        key: Any = int(name) if ktype == "int" else name
+        if name in group:
+            obj = group[name]
+            out[key] = _read_group(obj) if isinstance(obj, h5py.Group) else _read_dataset(obj)
+        elif name in group.attrs:
+            out[key] = _decode(json.loads(group.attrs[name]))
+        else:
+            raise InputFileError(f"{group.name}: entry {name!r} is listed but missing (damaged file?)")
+    return out
+
+
+def load_state_dict(path: str | os.PathLike) -> dict:
+    """Read a file written by :func:`save_state_dict` back into a nested state_dict.
+
+    Tensors come back on the CPU with their stored bits unchanged (altered or not).
+    """
+    import h5py
+
+    path = Path(path)
+    if not path.exists():
+        raise InputFileError(f"{path}: no such file")
+    if not h5py.is_hdf5(path):
+        raise NotHDF5Error(f"{path}: not an HDF5 file")
+    with h5py.File(path, "r") as f:
+        fmt = f.attrs.get("fastflip_format")
+        if isinstance(fmt, bytes):
+            fmt = fmt.decode()
+        if fmt not in (None, FORMAT):
+            raise InputFileError(f"{path}: format {fmt!r} is not a torch state file")
+        version = int(f.attrs.get("fastflip_format_version", FORMAT_VERSION))
+        if version > FORMAT_VERSION:
+            raise InputFileError(f"{path}: torch-state version {version} is newer than this fastflip reads")
+        return _read_group(f)
+
+
+# ---------------------------------------------------------------------------- model + optimizer
+
+
+def save_checkpoint(
+    path: str | os.PathLike, model: Any = None, optimizer: Any = None, *, compression: str | None = None, **extra: Any
+) -> Path:
+    """Save a model's and an optimizer's state (and extra values) to one HDF5 file.
+
+    The model's tensors go under ``/model/<key>``, the optimizer's under
+    ``/optimizer/...``; ``extra`` items (``epoch=3``) are stored beside them.
+    """
+    state: dict = {}
+    if model is not None:
+        state["model"] = model.state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    for k in extra:
+        if k in state:
+            raise OptionError(f"extra key {k!r} collides with the model/optimizer entries")
+    state.update(extra)
+    return save_state_dict(state, path, compression=compression)
+
+
+def _check_model(state: Mapping, model: Any, path: Path) -> None:
+    expected = model.state_dict()
+    for k, want in expected.items():
+        got = state.get(k)
+        if got is not None and tuple(getattr(got, "shape", ())) != tuple(want.shape):
+            raise CheckpointMismatchError(
+                f"{path}: tensor /model/{k} has shape {tuple(got.shape)} but the model expects {tuple(want.shape)}"
+            )
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing:
+        raise CheckpointMismatchError(f"{path}: tensor /model/{missing[0]} is missing ({len(missing)} missing)")
+    if unexpected:
+        raise CheckpointMismatchError(
+            f"{path}: tensor /model/{unexpected[0]} is not in the model ({len(unexpected)} unexpected)"
+        )
+
+
+def _check_optimizer(state: Mapping, optimizer: Any, path: Path) -> None:
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    groups = state.get("param_groups", [])
+    ids = [i for g in groups for i in g.get("params", [])]
+    if len(ids) != len(params):
+        raise CheckpointMismatchError(
+            f"{path}: /optimizer has {len(ids)} parameters but the optimizer has {len(params)}"
+        )
+    where = {pid: params[n] for n, pid in enumerate(ids)}
+    for pid, pstate in state.get("state", {}).items():
+        if pid not in where:
+            raise CheckpointMismatchError(f"{path}: /optimizer/state/{pid} belongs to no parameter")
+        shape = tuple(where[pid].shape)
+        for name, value in pstate.items():
+            vshape = tuple(getattr(value, "shape", ()))
+            if len(vshape) and vshape != shape:
+                raise CheckpointMismatchError(
+                    f"{path}: tensor /optimizer/state/{pid}/{name} has shape {vshape} "
+                    f"but its parameter has shape {shape}"
+                )
+
+
+def load_checkpoint(path: str | os.PathLike, model: Any = None, optimizer: Any = None) -> dict:
+    """Load a file written by :func:`save_checkpoint` into a model and an optimizer.
+
+    Shapes and names are checked first: a checkpoint of another model raises
+    :class:`CheckpointMismatchError` naming the first tensor that does not fit.
+
+    Returns
+    -------
+    dict
+        The whole state read from the file (``"model"``, ``"optimizer"``, extras).
+    """
+    path = Path(path)
+    state = load_state_dict(path)
+    if model is not None:
+        if "model" not in state:
+            raise CheckpointMismatchError(f"{path}: no /model group (not a fastflip torch checkpoint?)")
+        _check_model(state["model"], model, path)
+        model.load_state_dict(state["model"])
+    if optimizer is not None:
+        if "optimizer" not in state:
+            raise CheckpointMismatchError(f"{path}: no /optimizer group: the checkpoint holds no optimizer state")
+        _check_optimizer(state["optimizer"], optimizer, path)
+        try:
+            optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as exc:
+            raise CheckpointMismatchError(f"{path}: optimizer state does not fit: {exc}") from exc
+    return state
