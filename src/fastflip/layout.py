@@ -1,0 +1,602 @@
+"""Walk an HDF5 file once and describe every numeric dataset as a :class:`Tensor`.
+
+The walk reads metadata only (link tables, object headers, the chunk index of
+chunked datasets), never dataset data, so its cost grows with the number of
+datasets and chunks, not with the file size. Each dataset is listed once:
+hard links and soft links that reach the same object are merged, and the
+canonical path is the first of its paths in sorted order (all of them are kept
+in ``aliases``). External links are never followed.
+
+Storage kinds (``Tensor.storage``):
+
+``contiguous``
+    raw bytes at ``Tensor.offset``; element ``i`` lies at ``offset + i * itemsize``.
+``chunked``
+    unfiltered chunks; see :class:`ChunkIndex` and :func:`element_byte_offsets`.
+``filtered``
+    chunks pass through filters (``Tensor.filters``): only read-modify-write works.
+``compact``
+    bytes live in the object header; only h5py writes reach them.
+``external``
+    raw data in files outside the checkpoint (never written by fastflip).
+``virtual``
+    a virtual dataset mapping other datasets.
+``unallocated``
+    contiguous storage never written (reads return the fill value).
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> path = os.path.join(tempfile.mkdtemp(), "doc.h5")
+>>> with h5py.File(path, "w") as f:
+...     _ = f.create_dataset("w", data=np.arange(6, dtype=">f4").reshape(2, 3))
+...     f["alias"] = f["w"]
+>>> lay = read_layout(path)
+>>> t = lay.tensors[0]
+>>> t.path, t.aliases, t.dtype.str, t.shape, t.storage
+('/alias', ('/alias', '/w'), '>f4', (2, 3), 'contiguous')
+>>> offs = element_byte_offsets(path, t, np.array([0, 5]))
+>>> with open(path, "rb") as fh:
+...     _ = fh.seek(int(offs[1])); np.frombuffer(fh.read(4), ">f4").tolist()
+[5.0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from .dtypes import is_supported_dtype
+from .errors import InputFileError, NotHDF5Error, TensorNotFoundError, UnsupportedStorageError
+
+__all__ = [
+    "Tensor",
+    "Skipped",
+    "Layout",
+    "ChunkIndex",
+    "read_layout",
+    "open_h5",
+    "chunk_index",
+    "element_byte_offsets",
+    "STORAGE_KINDS",
+    "EXTERNAL_LINK_REASON",
+    "replace",
+]
+
+STORAGE_KINDS = ("contiguous", "chunked", "filtered", "compact", "external", "virtual", "unallocated")
+EXTERNAL_LINK_REASON = "external link (fastflip never writes outside the checkpoint file)"
+
+# HDF5 filter ids → names (h5z constants, kept here to avoid importing h5py at module import)
+_FILTER_NAMES = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf"}
+
+# IEEE-754 bit fields as h5py reports them: (sign pos, exp pos, exp size, mant pos, mant size)
+_IEEE_FIELDS = {2: (15, 10, 5, 0, 10), 4: (31, 23, 8, 0, 23), 8: (63, 52, 11, 0, 52)}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One numeric dataset of an HDF5 file.
+
+    Attributes
+    ----------
+    path : str
+        Canonical absolute path (first alias in sorted order).
+    aliases : tuple of str
+        Every in-file path that reaches this dataset (``path`` included), sorted.
+    dtype : numpy.dtype
+        Stored dtype, byte order preserved (``>f4`` stays big-endian).
+    shape : tuple of int
+    size : int
+        Number of elements.
+    storage : str
+        One of :data:`STORAGE_KINDS`.
+    offset : int or None
+        Absolute file byte offset of the data (contiguous storage only).
+    chunks : tuple of int or None
+        Chunk shape (chunked and filtered storage).
+    filters : tuple of str
+        Filter pipeline names (``gzip``, ``shuffle``, ``lzf``, ``fletcher32``, ...,
+        or ``filter-<id>``).
+    nbytes : int
+        Logical size in bytes (``size * itemsize``).
+    framework, layer, role : str or None
+        Filled by :func:`fastflip.roles.annotate`.
+    """
+
+    path: str
+    aliases: tuple[str, ...]
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    size: int
+    storage: str
+    offset: int | None = None
+    chunks: tuple[int, ...] | None = None
+    filters: tuple[str, ...] = ()
+    nbytes: int = 0
+    framework: str | None = None
+    layer: str | None = None
+    role: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Same as ``path`` (the name plans and logs use)."""
+        return self.path
+
+    @property
+    def itemsize(self) -> int:
+        return int(self.dtype.itemsize)
+
+    @property
+    def raw_writable(self) -> bool:
+        """True when every element has a fixed file offset (contiguous or unfiltered chunked)."""
+        return self.storage in ("contiguous", "chunked")
+
+    def ref(self) -> Any:
+        """The :class:`fastflip.plan.TensorRef` (name, dtype, shape) of this tensor."""
+        from .plan import TensorRef
+
+        return TensorRef(self.path, self.dtype.str, self.shape)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (dtype as its byte-order string, e.g. ``'>f4'``)."""
+        return {
+            "path": self.path,
+            "aliases": list(self.aliases),
+            "dtype": self.dtype.str,
+            "dtype_name": self.dtype.name,
+            "shape": list(self.shape),
+            "size": self.size,
+            "storage": self.storage,
+            "offset": self.offset,
+            "chunks": list(self.chunks) if self.chunks is not None else None,
+            "filters": list(self.filters),
+            "nbytes": self.nbytes,
+            "framework": self.framework,
+            "layer": self.layer,
+            "role": self.role,
+        }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A dataset (or link) that is not a tensor fastflip can flip, and why."""
+
+    path: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass
+class Layout:
+    """Every tensor of one HDF5 file and the skipped datasets.
+
+    Layout order is the natural sort of canonical paths ('/vars/2' before '/vars/10').
+    """
+
+    file: str
+    tensors: list[Tensor] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    framework: str | None = None
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def tensor(self, name: str) -> Tensor:
+        """The tensor reached by ``name`` (canonical path or alias; leading '/' optional).
+
+        Raises
+        ------
+        TensorNotFoundError
+            If no tensor has that path; the message names a few that exist.
+        """
+        key = name if name.startswith("/") else "/" + name
+        for t in self.tensors:
+            if key in t.aliases:
+                return t
+        have = ", ".join(t.path for t in self.tensors[:5]) or "none"
+        raise TensorNotFoundError(f"no tensor {name!r} in {self.file} (tensors: {have})")
+
+    @property
+    def totals(self) -> dict[str, Any]:
+        """Counts: tensors, elements, bytes, per-storage tensor counts, skipped."""
+        by_storage: dict[str, int] = {}
+        for t in self.tensors:
+            by_storage[t.storage] = by_storage.get(t.storage, 0) + 1
+        return {
+            "tensors": len(self.tensors),
+            "elements": int(sum(t.size for t in self.tensors)),
+            "bytes": int(sum(t.nbytes for t in self.tensors)),
+            "storage": by_storage,
+            "skipped": len(self.skipped),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "framework": self.framework,
+            "tensors": [t.as_dict() for t in self.tensors],
+            "skipped": [s.as_dict() for s in self.skipped],
+            "totals": self.totals,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.as_dict(), indent=indent)
+
+
+# --------------------------------------------------------------------------------------------
+# opening files
+
+
+def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
+    """Open an HDF5 file, turning every failure into a one-line fastflip error.
+
+    Raises
+    ------
+    InputFileError
+        The file does not exist or cannot be read.
+    NotHDF5Error
+        The file is not HDF5, or is truncated/damaged.
+    """
+    import h5py
+
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise InputFileError(f"{p}: file not found")
+    if os.path.isdir(p):
+        raise InputFileError(f"{p}: is a directory, not an HDF5 file")
+    if not os.access(p, os.R_OK):
+        raise InputFileError(f"{p}: permission denied")
+    try:
+        is_h5 = h5py.is_hdf5(p)
+    except OSError as exc:
+        raise InputFileError(f"{p}: cannot be read ({exc})") from None
+    if not is_h5:
+        raise NotHDF5Error(f"{p}: not an HDF5 file (no HDF5 signature found)")
+    try:
+        return h5py.File(p, mode)
+    except OSError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotHDF5Error(f"{p}: truncated or damaged HDF5 file ({first})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# the walk
+
+
+def _skip_reason(dset: Any) -> str | None:
+    """Why a dataset is not a tensor (None when it is one)."""
+    import h5py
+
+    dt = dset.dtype
+    if dt.fields is not None:
+        return "compound dtype"
+    if dt.subdtype is not None:
+        return f"array dtype {dt}"
+    if h5py.check_string_dtype(dt) is not None or dt.kind in "SU":
+        return "string dtype"
+    if h5py.check_vlen_dtype(dt) is not None:
+        return "variable-length dtype"
+    if h5py.check_ref_dtype(dt) is not None:
+        return "reference dtype"
+    if dt.kind == "O":
+        return "object dtype"
+    if h5py.check_enum_dtype(dt) is not None:
+        return "enum dtype (only the boolean enum is a tensor)"
+    if not is_supported_dtype(dt):
+        return f"unsupported dtype {dt}"
+    tid = dset.id.get_type()
+    if tid.get_size() != dt.itemsize:
+        return f"stored type of {tid.get_size()} bytes does not match {dt}"
+    if dt.kind == "f" and tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize]:
+        return "non-IEEE floating-point type"
+    if dset.shape is None:
+        return "null dataspace"
+    if dset.size == 0:
+        return "empty"
+    return None
+
+
+def _storage(dset: Any) -> tuple[str, int | None, tuple[int, ...] | None, tuple[str, ...]]:
+    """(storage kind, offset, chunks, filters) of a dataset, from its creation property list."""
+    from h5py import h5d
+
+    dcpl = dset.id.get_create_plist()
+    lay = dcpl.get_layout()
+    filters: list[str] = []
+    for i in range(dcpl.get_nfilters()):
+        code = int(dcpl.get_filter(i)[0])
+        filters.append(_FILTER_NAMES.get(code, f"filter-{code}"))
+    if lay == h5d.VIRTUAL:
+        return "virtual", None, None, tuple(filters)
+    if dcpl.get_external_count() > 0:
+        return "external", None, None, tuple(filters)
+    if lay == h5d.COMPACT:
+        return "compact", None, None, tuple(filters)
+    if lay == h5d.CHUNKED:
+        chunks = tuple(int(c) for c in dset.chunks)
+        return ("filtered" if filters else "chunked"), None, chunks, tuple(filters)
+    off = dset.id.get_offset()
+    if off is None:
+        return "unallocated", None, None, tuple(filters)
+    return "contiguous", int(off), None, tuple(filters)
+
+
+def _iter_links(group: Any, prefix: str, ancestors: tuple[int, ...]) -> Iterator[tuple[str, str, Any]]:
+    """Yield (kind, path, object-or-None) for every link below ``group``.
+
+    ``kind`` is 'dataset', 'external', 'dangling' or 'other'. Groups are entered through
+    hard and soft links alike; a group already on the current path (a cycle) is not re-entered.
+    """
+    import h5py
+    from h5py import h5o
+
+    for name in group:
+        path = f"{prefix}/{name}" if prefix != "/" else f"/{name}"
+        link = group.get(name, getlink=True)
+        if isinstance(link, h5py.ExternalLink):
+            yield "external", path, link
+            continue
+        try:
+            obj = group.get(name)
+        except (KeyError, OSError):
+            obj = None
+        if obj is None:
+            yield "dangling", path, link
+            continue
+        if isinstance(obj, h5py.Dataset):
+            yield "dataset", path, obj
+        elif isinstance(obj, h5py.Group):
+            addr = h5o.get_info(obj.id).addr
+            if addr in ancestors:
+                continue
+            yield from _iter_links(obj, path, ancestors + (addr,))
+        else:
+            yield "other", path, obj
+
+
+def _natural_key(path: str) -> tuple[Any, ...]:
+    """Sort key that orders '/vars/2' before '/vars/10'."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path))
+
+
+def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layout:
+    """Walk an HDF5 file and return its :class:`Layout` (metadata only, data never read).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The HDF5 file (opened read-only).
+    annotate : bool
+        Fill ``framework``/``layer``/``role`` with :func:`fastflip.roles.annotate`.
+
+    Raises
+    ------
+    InputFileError, NotHDF5Error
+        Missing, unreadable, non-HDF5 or truncated file.
+    """
+    from h5py import h5o
+
+    p = os.fspath(path)
+    with open_h5(p) as f:
+        by_addr: dict[int, list[str]] = {}
+        first_obj: dict[int, Any] = {}
+        skipped: list[Skipped] = []
+        try:
+            root_addr = h5o.get_info(f.id).addr
+            for kind, lpath, obj in _iter_links(f, "/", (root_addr,)):
+                if kind == "external":
+                    skipped.append(Skipped(lpath, EXTERNAL_LINK_REASON))
+                elif kind == "dangling":
+                    skipped.append(Skipped(lpath, "dangling link"))
+                elif kind == "dataset":
+                    addr = h5o.get_info(obj.id).addr
+                    by_addr.setdefault(addr, []).append(lpath)
+                    first_obj.setdefault(addr, obj)
+            tensors: list[Tensor] = []
+            for addr, paths in by_addr.items():
+                aliases = tuple(sorted(set(paths)))
+                dset = first_obj[addr]
+                reason = _skip_reason(dset)
+                if reason is not None:
+                    skipped.append(Skipped(aliases[0], reason))
+                    continue
+                storage, offset, chunks, filters = _storage(dset)
+                dtype = np.dtype(dset.dtype)
+                size = int(dset.size)
+                tensors.append(
+                    Tensor(
+                        path=aliases[0],
+                        aliases=aliases,
+                        dtype=dtype,
+                        shape=tuple(int(s) for s in dset.shape),
+                        size=size,
+                        storage=storage,
+                        offset=offset,
+                        chunks=chunks,
+                        filters=filters,
+                        nbytes=size * dtype.itemsize,
+                    )
+                )
+        except OSError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
+        tensors.sort(key=lambda t: _natural_key(t.path))
+        skipped.sort(key=lambda s: s.path)
+        layout = Layout(file=p, tensors=tensors, skipped=skipped)
+        if annotate:
+            from .roles import annotate as _annotate
+
+            _annotate(layout, f)
+    return layout
+
+
+# --------------------------------------------------------------------------------------------
+# chunk index and element offsets
+
+
+@dataclass(frozen=True)
+class ChunkIndex:
+    """Where the allocated chunks of an unfiltered chunked dataset lie in the file.
+
+    Attributes
+    ----------
+    shape, chunks : tuple of int
+        Dataset shape and chunk shape.
+    coords : int64 array, shape (n, ndim)
+        Element coordinates of each allocated chunk's first element.
+    offsets : int64 array, shape (n,)
+        Absolute file byte offset of each allocated chunk.
+    itemsize : int
+    """
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    coords: np.ndarray
+    offsets: np.ndarray
+    itemsize: int
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Number of chunks along each axis (edge chunks included)."""
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+
+    @property
+    def dense(self) -> np.ndarray:
+        """int64 array of shape :attr:`grid`: chunk byte offset, -1 where unallocated."""
+        cached = self.__dict__.get("_dense")
+        if cached is None:
+            cached = np.full(self.grid, -1, dtype=np.int64)
+            if len(self.offsets):
+                idx = tuple((self.coords // np.asarray(self.chunks, dtype=np.int64)).T)
+                cached[idx] = self.offsets
+            object.__setattr__(self, "_dense", cached)
+        return cached
+
+    def byte_offsets(self, flat_index: np.ndarray) -> np.ndarray:
+        """Absolute byte offsets of flat C-order elements (-1 where the chunk is unallocated)."""
+        flat = np.asarray(flat_index, dtype=np.int64)
+        if flat.size == 0:
+            return np.empty(flat.shape, dtype=np.int64)
+        coords = np.unravel_index(flat, self.shape)
+        ch = [np.int64(c) for c in self.chunks]
+        chunk_pos = tuple(c // k for c, k in zip(coords, ch))
+        within = np.ravel_multi_index(tuple(c % k for c, k in zip(coords, ch)), self.chunks)
+        base = self.dense[chunk_pos]
+        out = base + within.astype(np.int64) * self.itemsize
+        out[base < 0] = -1
+        return out
+
+
+def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
+    """(dataset, file-to-close-or-None) from a path, an open file/group or a dataset."""
+    import h5py
+
+    if isinstance(file_or_dset, h5py.Dataset):
+        return file_or_dset, None
+    if isinstance(file_or_dset, (h5py.File, h5py.Group)):
+        return file_or_dset[tensor.path], None
+    f = open_h5(file_or_dset)
+    return f[tensor.path], f
+
+
+def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
+    """Build the :class:`ChunkIndex` of an unfiltered chunked dataset (one pass over its chunk index).
+
+    Parameters
+    ----------
+    file_or_dset : str, h5py.File or h5py.Dataset
+        Where the dataset is (``tensor`` names it unless a dataset is given).
+    tensor : Tensor, optional
+    """
+    if tensor is None:
+        dset, owned = file_or_dset, None
+    else:
+        dset, owned = _dataset(file_or_dset, tensor)
+    try:
+        if dset.chunks is None:
+            raise UnsupportedStorageError(f"{dset.name}: not chunked")
+        nd = len(dset.shape)
+        n = dset.id.get_num_chunks()
+        coords = np.empty((n, nd), dtype=np.int64)
+        offsets = np.empty(n, dtype=np.int64)
+        if n:
+            if hasattr(dset.id, "chunk_iter"):
+                pos = [0]
+
+                def visit(info: Any) -> None:
+                    i = pos[0]
+                    coords[i] = info.chunk_offset
+                    offsets[i] = info.byte_offset
+                    pos[0] = i + 1
+
+                dset.id.chunk_iter(visit)
+            else:  # pragma: no cover - HDF5 < 1.12.3
+                for i in range(n):
+                    info = dset.id.get_chunk_info(i)
+                    coords[i] = info.chunk_offset
+                    offsets[i] = info.byte_offset
+        return ChunkIndex(
+            shape=tuple(int(s) for s in dset.shape),
+            chunks=tuple(int(c) for c in dset.chunks),
+            coords=coords,
+            offsets=offsets,
+            itemsize=int(dset.dtype.itemsize),
+        )
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def element_byte_offsets(file_or_dset: Any, tensor: Tensor, flat_index: np.ndarray) -> np.ndarray:
+    """Absolute file byte offsets of elements given by flat C-order indices.
+
+    Parameters
+    ----------
+    file_or_dset : str, h5py.File or h5py.Dataset
+        Only needed for chunked storage (to read the chunk index).
+    tensor : Tensor
+        A tensor with storage ``'contiguous'`` or ``'chunked'``.
+    flat_index : array of int
+        Flat indices in ``[0, tensor.size)``.
+
+    Returns
+    -------
+    int64 array
+        Byte offsets, ``-1`` for elements whose chunk is not allocated.
+
+    Raises
+    ------
+    UnsupportedStorageError
+        For filtered, compact, external, virtual or unallocated storage.
+    IndexError
+        For indices outside the tensor.
+    """
+    flat = np.asarray(flat_index, dtype=np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= tensor.size):
+        raise IndexError(f"{tensor.path}: element index out of range [0, {tensor.size})")
+    if tensor.storage == "contiguous":
+        assert tensor.offset is not None
+        return tensor.offset + flat * tensor.itemsize
+    if tensor.storage == "chunked":
+        return chunk_index(file_or_dset, tensor).byte_offsets(flat)
+    raise UnsupportedStorageError(
+        f"{tensor.path}: storage {tensor.storage!r} has no fixed byte offsets "
+        "(only contiguous and unfiltered chunked data do)"
+    )
+
+
+def replace(tensor: Tensor, **changes: Any) -> Tensor:
+    """A copy of ``tensor`` with fields changed (``dataclasses.replace``)."""
+    return dataclasses.replace(tensor, **changes)
+

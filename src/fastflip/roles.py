@@ -1,0 +1,273 @@
+"""Recognise deep-learning framework layouts and label each tensor's framework, layer and role.
+
+Roles: ``weight``, ``bias``, ``bn-statistic`` (batch-norm running mean/variance),
+``optimizer-moment`` (Adam/SGD state), ``step-counter`` (iteration counters,
+``num_batches_tracked``, Chainer ``N``/``t``) and ``other``.
+
+Recognised layouts (the ``framework`` label):
+
+``keras3``
+    Keras 3 ``.weights.h5``: ``layers/<class>/vars/<i>`` (the ``vars`` group's ``name``
+    attribute is the layer name) and ``optimizer/vars/<i>``.
+``keras-legacy``
+    Keras/tf.keras HDF5 from ``model.save('x.h5')`` (``model_weights/<layer>/.../kernel:0``,
+    ``optimizer_weights/...``) or legacy ``save_weights`` (same without the prefix;
+    root attributes ``layer_names``/``weight_names``).
+``torch``
+    PyTorch state_dict written by fastflip (root attribute ``fastflip_layout =
+    "torch-state-dict/1"``): ``/model/<key>``, ``/optimizer/state/<id>/<name>``.
+``chainer``
+    ``chainer.serializers.save_hdf5`` of a link (``/predictor/conv1/W``) or trainer
+    snapshot (``/updater/model:main/...``, ``/updater/optimizer:main/...``).
+
+Unrecognised files get ``framework=None``, the parent group as layer and a role guessed
+from the dataset name (``weight``/``kernel``/``W``, ``bias``/``b``, ...) or ``other``.
+
+Examples
+--------
+>>> label_path("/model/bn1.running_mean", "torch", 1, "f")
+('bn1', 'bn-statistic')
+>>> label_path("/predictor/conv1/W", "chainer", 4, "f")
+('conv1', 'weight')
+>>> label_path("/model_weights/dense/dense/bias:0", "keras-legacy", 1, "f")
+('dense', 'bias')
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Sequence, TypeVar
+
+from .layout import Layout, Tensor, replace
+
+__all__ = ["ROLES", "FRAMEWORKS", "annotate", "detect_framework", "label_path"]
+
+ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "other")
+FRAMEWORKS = ("keras3", "keras-legacy", "torch", "chainer")
+
+_KERAS3_VAR = re.compile(r"^(?P<group>/.*)/vars/(?P<i>\d+)$")
+_WEIGHT_NAMES = {"kernel", "weight", "weights", "w", "gamma", "embeddings", "alpha", "recurrent_kernel",
+                 "depthwise_kernel", "pointwise_kernel", "scale"}
+_BIAS_NAMES = {"bias", "beta", "b", "offset"}
+_BN_NAMES = {"moving_mean", "moving_variance", "running_mean", "running_var", "avg_mean", "avg_var"}
+_STEP_NAMES = {"iter", "iteration", "iterations", "step", "num_batches_tracked", "n", "t", "epoch",
+               "global_step"}
+
+T = TypeVar("T", Layout, list)
+
+
+def _leaf(path: str) -> str:
+    """Last path component without a TF ``:0`` suffix."""
+    return re.sub(r":\d+$", "", path.rsplit("/", 1)[-1])
+
+
+def _strip_counter(name: str) -> str:
+    """Keras unique-name suffix removed: 'dense_1' → 'dense'."""
+    return re.sub(r"_\d+$", "", name)
+
+
+def _attr_str(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = None) -> str | None:
+    """Name the framework whose layout the dataset paths (and root attributes) follow.
+
+    >>> detect_framework(["/layers/dense/vars/0", "/optimizer/vars/0"])
+    'keras3'
+    >>> detect_framework(["/a/b"]) is None
+    True
+    """
+    attrs = root_attrs or {}
+    tag = _attr_str(attrs.get("fastflip_layout"))
+    if tag and tag.startswith("torch-state-dict"):
+        return "torch"
+    paths = list(paths)
+    if "layer_names" in attrs or any(p.startswith("/model_weights/") for p in paths):
+        return "keras-legacy"
+    if any(_KERAS3_VAR.match(p) and (p.startswith("/layers/") or p.startswith("/optimizer/")) for p in paths):
+        return "keras3"
+    leaves = {p.rsplit("/", 1)[-1] for p in paths}
+    if any(":main" in p for p in paths) or leaves & {"W", "avg_mean", "avg_var"}:
+        return "chainer"
+    if any(re.search(r":\d+$", p) for p in paths):
+        return "keras-legacy"
+    if paths and all(p.startswith("/model/") or p.startswith("/optimizer/") for p in paths) and any(
+        "." in p.rsplit("/", 1)[-1] for p in paths
+    ):
+        return "torch"
+    return None
+
+
+def _guess_role(name: str, ndim: int, kind: str) -> str:
+    low = name.lower()
+    if low in _BN_NAMES:
+        return "bn-statistic"
+    if low in _STEP_NAMES and kind in "iuf" and ndim == 0:
+        return "step-counter"
+    if kind != "f":
+        return "other"
+    if low in _WEIGHT_NAMES or low.endswith("kernel") or low.endswith("_weight"):
+        return "weight"
+    if low in _BIAS_NAMES or low.endswith("_bias"):
+        return "bias"
+    return "other"
+
+
+def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[str | None, str]:
+    """(layer, role) of one dataset from its path alone (no sibling or attribute context).
+
+    ``kind`` is the numpy dtype kind (``'f'``, ``'i'``, ``'u'``, ``'b'``). Keras 3 files
+    need sibling context for exact roles; :func:`annotate` provides it.
+    """
+    parts = [p for p in path.split("/") if p]
+    leaf = _leaf(path)
+    if framework == "torch":
+        if parts[:1] == ["model"]:
+            key = ".".join(parts[1:])
+            layer, _, name = key.rpartition(".")
+            if name == "num_batches_tracked":
+                return layer or None, "step-counter"
+            return layer or None, _guess_role(name, ndim, kind) if kind == "f" else "other"
+        if parts[:2] == ["optimizer", "state"] and len(parts) >= 4:
+            return None, "step-counter" if leaf == "step" else "optimizer-moment"
+        return None, "other"
+    if framework == "keras-legacy":
+        if parts[:1] == ["optimizer_weights"]:
+            if leaf.lower() in ("iter", "iteration", "iterations"):
+                return None, "step-counter"
+            return None, "other" if ndim == 0 or kind != "f" else "optimizer-moment"
+        body = parts[1:] if parts[:1] == ["model_weights"] else parts
+        layer = body[0] if len(body) > 1 else None
+        role = _guess_role(leaf, ndim, kind)
+        if role == "other" and kind == "f" and ndim >= 2:
+            role = "weight"
+        return layer, role
+    if framework == "chainer":
+        if any(p.startswith("optimizer:") for p in parts):
+            i = next(k for k, p in enumerate(parts) if p.startswith("optimizer:"))
+            rest = parts[i + 1 :]
+            if leaf in ("t", "epoch") or (len(rest) == 1 and kind in "iu" and ndim == 0):
+                return None, "step-counter"
+            if len(rest) >= 2:
+                param = [p for p in rest[:-2] if p != "predictor"]
+                return ("/".join(param) or None), "optimizer-moment"
+            return None, "other"
+        if any(p.startswith("model:") for p in parts):
+            i = next(k for k, p in enumerate(parts) if p.startswith("model:"))
+            body = parts[i + 1 :]
+        elif parts[:1] == ["updater"]:
+            if leaf in ("iteration", "epoch") and ndim == 0:
+                return None, "step-counter"
+            return None, "other"
+        else:
+            body = parts
+        body = body[1:] if body[:1] == ["predictor"] else body
+        layer = "/".join(body[:-1]) or None
+        if leaf == "N":
+            return layer, "step-counter"
+        return layer, _guess_role(leaf, ndim, kind)
+    # unknown layout: parent group as layer, role from the name
+    return ("/".join(parts[:-1]) or None), _guess_role(leaf, ndim, kind)
+
+
+def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str | None, str]]:
+    """(layer, role) for Keras 3 ``.../vars/<i>`` tensors, using sibling shapes and group attrs."""
+    groups: dict[str, list[tuple[int, Tensor]]] = {}
+    for t in tensors:
+        m = _KERAS3_VAR.match(t.path)
+        if m:
+            groups.setdefault(m.group("group"), []).append((int(m.group("i")), t))
+    out: dict[str, tuple[str | None, str]] = {}
+    for gpath, items in groups.items():
+        items.sort(key=lambda it: it[0])
+        gname = gpath.rsplit("/", 1)[-1]
+        layer: str | None = gname
+        cls = _strip_counter(gname).lower()
+        if h5file is not None:
+            for where in (gpath + "/vars", gpath):
+                obj = h5file.get(where)
+                if obj is None:
+                    continue
+                name = _attr_str(obj.attrs.get("name"))
+                if name and where.endswith("/vars"):
+                    layer = name
+                cname = _attr_str(obj.attrs.get("class_name"))
+                if cname:
+                    cls = re.sub(r"(?<!^)(?=[A-Z])", "_", cname).lower()
+        is_opt = gpath == "/optimizer" or gpath.startswith("/optimizer/") or cls.endswith("optimizer")
+        if is_opt:
+            for i, t in items:
+                if t.dtype.kind in "iu" and len(t.shape) == 0:
+                    role = "step-counter"
+                elif len(t.shape) == 0 or t.dtype.kind != "f":
+                    role = "other"
+                else:
+                    role = "optimizer-moment"
+                out[t.path] = (None, role)
+            continue
+        floats = [(i, t) for i, t in items if t.dtype.kind == "f" and len(t.shape) >= 1]
+        roles: dict[str, str] = {}
+        if "batch_norm" in cls and len(floats) >= 2:
+            *affine, mean, var = floats
+            roles[mean[1].path] = roles[var[1].path] = "bn-statistic"
+            for (_, t), r in zip(affine, ("weight", "bias")):
+                roles[t.path] = r
+        elif "normalization" in cls:
+            for (_, t), r in zip(floats, ("weight", "bias")):
+                roles[t.path] = r
+        else:
+            seen_kernel = False
+            for _, t in floats:
+                if len(t.shape) >= 2:
+                    roles[t.path] = "weight"
+                    seen_kernel = True
+                else:
+                    roles[t.path] = "bias" if seen_kernel else "weight"
+        for _, t in items:
+            out[t.path] = (layer, roles.get(t.path, "other"))
+    return out
+
+
+def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
+    """Fill ``framework``, ``layer`` and ``role`` of every tensor.
+
+    Parameters
+    ----------
+    layout_or_tensors : Layout or list of Tensor
+        A :class:`~fastflip.layout.Layout` is updated in place (and returned); a list
+        gives a new list of annotated tensors.
+    h5file : h5py.File, optional
+        The open file, for attributes (layer names, layout tags). Without it a Layout's
+        file is opened; a bare list is labelled from paths alone.
+    """
+    if isinstance(layout_or_tensors, Layout):
+        if h5file is None:
+            from .layout import open_h5
+
+            with open_h5(layout_or_tensors.file) as f:
+                return annotate(layout_or_tensors, f)
+        tensors = layout_or_tensors.tensors
+    else:
+        tensors = list(layout_or_tensors)
+    root_attrs: dict[str, Any] = {}
+    if h5file is not None:
+        root_attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
+    fw = detect_framework((p for t in tensors for p in t.aliases), root_attrs)
+    special = _keras3_roles(tensors, h5file) if fw == "keras3" else {}
+    out = []
+    for t in tensors:
+        if t.path in special:
+            layer, role = special[t.path]
+        else:
+            layer, role = label_path(t.path, fw, len(t.shape), t.dtype.kind)
+        out.append(replace(t, framework=fw, layer=layer, role=role))
+    if isinstance(layout_or_tensors, Layout):
+        layout_or_tensors.tensors[:] = out
+        layout_or_tensors.framework = fw
+        return layout_or_tensors
+    return out  # type: ignore[return-value]
