@@ -71,7 +71,7 @@ def test_documented_layout(torch, tmp_path):
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
     with h5py.File(p) as f:
-        assert f.attrs["fastflip_format"] == "torch-state"
+        assert f.attrs["fastflip_layout"] == "torch-state-dict/1"
         assert f["/model/0.weight"].shape == (4, 1, 3, 3) and f["/model/0.weight"].dtype == np.float32
         nbt = f["/model/1.num_batches_tracked"]
         assert nbt.shape == () and nbt.dtype == np.int64 and int(nbt[()]) == 2
@@ -200,6 +200,6 @@ def test_missing_and_foreign_files(torch, tmp_path):
     with pytest.raises(NotHDF5Error):
         load_state_dict(tmp_path / "t.h5")
     with h5py.File(tmp_path / "k.h5", "w") as f:
-        f.attrs["fastflip_format"] = "something-else"
+        f.attrs["fastflip_layout"] = "something-else/1"
     with pytest.raises(InputFileError, match="not a torch state file"):
         load_state_dict(tmp_path / "k.h5")

@@ -5,8 +5,8 @@ PyTorch pickles its checkpoints; fastflip flips bits in HDF5. This module writes
 bits unchanged, and reads it back, so the checkpoint-alteration method works for
 PyTorch models: save → :func:`fastflip.inject.inject_file` → load → resume.
 
-Layout (``fastflip_format = "torch-state"``, version 1)
------------------------------------------------------
+Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
+------------------------------------------------------------------
 - every mapping is an HDF5 group; its keys, in order and with their types (``str``
   or ``int``, e.g. the parameter ids of an optimizer's ``state``), are listed in
   the group attribute ``fastflip_keys`` (JSON);
@@ -62,7 +62,7 @@ __all__ = [
     "load_checkpoint",
 ]
 
-FORMAT = "torch-state"
+FORMAT = "torch-state-dict"
 FORMAT_VERSION = 1
 _KEYS_ATTR = "fastflip_keys"
 _DTYPE_ATTR = "torch_dtype"
@@ -185,8 +185,7 @@ def save_state_dict(state: Mapping, path: str | os.PathLike, *, compression: str
     try:
         with _atomic_target(path) as tmp:
             with h5py.File(tmp, "w") as f:
-                f.attrs["fastflip_format"] = FORMAT
-                f.attrs["fastflip_format_version"] = FORMAT_VERSION
+                f.attrs["fastflip_layout"] = f"{FORMAT}/{FORMAT_VERSION}"
                 _write_group(f, state, "", compression)
     except OSError as exc:
         if isinstance(exc, FastflipError):
@@ -257,14 +256,15 @@ def load_state_dict(path: str | os.PathLike) -> dict:
     if not h5py.is_hdf5(path):
         raise NotHDF5Error(f"{path}: not an HDF5 file")
     with h5py.File(path, "r") as f:
-        fmt = f.attrs.get("fastflip_format")
-        if isinstance(fmt, bytes):
-            fmt = fmt.decode()
-        if fmt not in (None, FORMAT):
-            raise InputFileError(f"{path}: format {fmt!r} is not a torch state file")
-        version = int(f.attrs.get("fastflip_format_version", FORMAT_VERSION))
-        if version > FORMAT_VERSION:
-            raise InputFileError(f"{path}: torch-state version {version} is newer than this fastflip reads")
+        tag = f.attrs.get("fastflip_layout")
+        if isinstance(tag, bytes):
+            tag = tag.decode()
+        if tag is not None:
+            fmt, _, ver = str(tag).partition("/")
+            if fmt != FORMAT:
+                raise InputFileError(f"{path}: layout {tag!r} is not a torch state file")
+            if not ver.isdigit() or int(ver) > FORMAT_VERSION:
+                raise InputFileError(f"{path}: layout {tag!r} is newer than this fastflip reads")
         return _read_group(f)
 
 
