@@ -207,43 +207,47 @@ def compose_masks(
 def merge_duplicate_elements(plan: Plan) -> Plan:
     """Merge sites that hit the same element into one site (masks composed in plan order).
 
-    Scale sites cannot be merged with others: a plan with duplicated scale sites is refused.
+    The merged plan is ordered by (tensor, index). Scale sites cannot be merged
+    with others: a plan with a duplicated scale site is refused.
+
+    >>> p = Plan.from_sites([TensorRef("w", "<u1", (4,))], [0, 0], [3, 3], xor_mask=[1, 2])
+    >>> m = merge_duplicate_elements(p)
+    >>> len(m), int(m.xor_mask[0]), int(m.bits[0])
+    (1, 3, 3)
     """
     if len(plan) < 2:
         return plan
     key = plan.tensor.astype(np.int64) * (1 << 40) + plan.index  # tensors hold < 2**40 elements
-    order = np.argsort(key, kind="stable")
-    sk = key[order]
-    dup = np.empty(len(sk), dtype=bool)
-    dup[0] = False
-    np.not_equal(sk[1:], sk[:-1], out=dup[1:])
-    if dup[1:].all():
+    step = key[1:] - key[:-1]
+    if (step > 0).all():  # sorted and distinct: nothing to merge
         return plan
+    order = np.arange(len(key)) if (step >= 0).all() else np.argsort(key, kind="stable")
+    sk = key[order]
+    start = np.empty(len(sk), dtype=bool)
+    start[0] = True
+    np.not_equal(sk[1:], sk[:-1], out=start[1:])
     if plan.scale is not None and not np.isnan(plan.scale).all():
         raise OptionError("a scale site cannot share an element with another site")
-    group_start = np.flatnonzero(dup | (np.arange(len(sk)) == 0))
-    first = order[group_start]
-    a, o, x = plan.and_mask[first].copy(), plan.or_mask[first].copy(), plan.xor_mask[first].copy()
-    bits = plan.bits[first].copy()
-    counts = np.diff(np.append(group_start, len(sk)))
+    first_pos = np.flatnonzero(start)
+    counts = np.diff(np.append(first_pos, len(sk)))
+    first = order[first_pos]
+    a, o, x = plan.and_mask[first], plan.or_mask[first], plan.xor_mask[first]
+    bits = plan.bits[first] if plan.bits is not None else None
+    multi = np.flatnonzero(counts > 1)
     for k in range(1, int(counts.max())):
-        has = counts > k
-        pos = order[group_start[has] + k]
-        na, no, nx = compose_masks((a[has], o[has], x[has]), (plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos]))
-        a[has], o[has], x[has] = na, no, nx
-        bits[has] |= plan.bits[pos]
-    keep_order = np.sort(first)  # keep first-appearance order of elements
-    remap = np.empty(len(plan), dtype=np.int64)
-    remap[first] = np.arange(len(first))
-    sel = remap[keep_order]
+        g = multi[counts[multi] > k]
+        pos = order[first_pos[g] + k]
+        a[g], o[g], x[g] = compose_masks((a[g], o[g], x[g]), (plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos]))
+        if bits is not None:
+            bits[g] |= plan.bits[pos]
     return Plan(
         tensors=plan.tensors,
-        tensor=plan.tensor[keep_order],
-        index=plan.index[keep_order],
-        and_mask=a[sel],
-        or_mask=o[sel],
-        xor_mask=x[sel],
-        scale=None if plan.scale is None else plan.scale[keep_order],
-        bits=bits[sel],
+        tensor=plan.tensor[first],
+        index=plan.index[first],
+        and_mask=a,
+        or_mask=o,
+        xor_mask=x,
+        scale=None if plan.scale is None else plan.scale[first],
+        bits=bits,
         meta=dict(plan.meta),
     )

@@ -1,0 +1,70 @@
+"""Vectorized NumPy form of the plan's word rule (see :mod:`fastflip.plan`).
+
+Used where whole columns of words must be computed without touching storage: the
+NaN/Inf-avoidance check during sampling, value-level (scale) sites on every CPU
+backend, and NaN/Inf counting. The site-by-site oracle stays in
+:mod:`fastflip.reference`; tests check these against it.
+
+Examples
+--------
+>>> import numpy as np
+>>> old = np.array([0x3F800000], dtype=np.uint64)
+>>> hex(int(rule_words(old, ~np.zeros(1, np.uint64), np.zeros(1, np.uint64), np.array([1 << 31], np.uint64), 32)[0]))
+'0xbf800000'
+>>> hex(int(scale_words(old, np.array([2.0]), "f4")[0]))
+'0x40000000'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .dtypes import word_type
+
+__all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite"]
+
+
+def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray, bits: int | np.ndarray) -> np.ndarray:
+    """``(((old & and) | or) ^ xor)`` truncated to the word width (uint64 columns)."""
+    bits_arr = np.asarray(bits, dtype=np.uint64)
+    width = np.where(bits_arr >= 64, np.uint64(0xFFFFFFFFFFFFFFFF), (np.uint64(1) << (bits_arr % np.uint64(64))) - np.uint64(1))
+    return (((old & and_mask) | or_mask) ^ xor_mask) & width
+
+
+def words_to_values(words: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """Values (native byte order) whose raw words are the uint64 column ``words``."""
+    wt = word_type(dtype)
+    native = wt.dtype.newbyteorder("=") if wt.itemsize > 1 else wt.dtype
+    return np.ascontiguousarray(words.astype(wt.uint)).view(native)
+
+
+def scale_words(old: np.ndarray, factors: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """New words of ``value(old) * factor`` (same rounding/saturation as :func:`fastflip.reference.scale_word`)."""
+    wt = word_type(dtype)
+    values = words_to_values(np.asarray(old, dtype=np.uint64), dtype)
+    native = values.dtype
+    with np.errstate(over="ignore", invalid="ignore"):
+        product = values.astype(np.float64) * np.asarray(factors, dtype=np.float64)
+        if wt.kind == "f":
+            new = product.astype(native)
+        else:
+            info = np.iinfo(native)
+            rounded = np.where(np.isnan(product), 0.0, np.sign(product) * np.floor(np.abs(product) + 0.5))
+            new = np.empty(len(rounded), dtype=native)
+            hi = rounded >= float(info.max)
+            lo = rounded <= float(info.min)
+            mid = ~(hi | lo)
+            new[mid] = rounded[mid].astype(native)
+            new[hi] = info.max
+            new[lo] = info.min
+    return np.ascontiguousarray(new).view(wt.uint).astype(np.uint64)
+
+
+def nonfinite(words: np.ndarray, dtype: np.dtype | str) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean columns (is NaN, is Inf) of the values of ``words``; all False for integers."""
+    wt = word_type(dtype)
+    if wt.kind != "f":
+        z = np.zeros(len(words), dtype=bool)
+        return z, z.copy()
+    values = words_to_values(np.asarray(words, dtype=np.uint64), dtype)
+    return np.isnan(values), np.isinf(values)
