@@ -8,7 +8,7 @@ read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped whe
 word by ``((old & and) | or) ^ xor`` and written back the same way.
 """
 
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int64_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t, int64_t
 from libc.string cimport memcpy
 
 
@@ -98,3 +98,57 @@ def write_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
     with nogil:
         for i in range(n):
             _store(base + offsets[i], words[i], itemsize, swap)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-tensor kernels: one call over several tensors given their base addresses. Site ``i``
+# touches the word at ``ptrs[tensor[i]] + offsets[i]`` whose width and byte order are those of
+# its tensor. The caller guarantees that every address lies inside a live, writable buffer.
+# ---------------------------------------------------------------------------------------------
+
+cdef inline uint64_t _width(int itemsize) noexcept nogil:
+    return 0xFFFFFFFFFFFFFFFF if itemsize == 8 else ((<uint64_t>1 << (8 * itemsize)) - 1)
+
+
+def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
+               const int32_t[::1] tensor, const int64_t[::1] offsets,
+               const uint64_t[::1] and_mask, const uint64_t[::1] or_mask, const uint64_t[::1] xor_mask,
+               uint64_t[::1] old_out, uint64_t[::1] new_out):
+    """Apply the word rule at ``ptrs[tensor[i]] + offsets[i]`` for every site; store old and new words."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef int32_t t
+    cdef int size
+    cdef uint64_t old, new
+    cdef uint8_t* p
+    with nogil:
+        for i in range(n):
+            t = tensor[i]
+            size = itemsizes[t]
+            p = <uint8_t*><size_t>ptrs[t] + offsets[i]
+            old = _load(p, size, swaps[t])
+            new = (((old & and_mask[i]) | or_mask[i]) ^ xor_mask[i]) & _width(size)
+            _store(p, new, size, swaps[t])
+            old_out[i] = old
+            new_out[i] = new
+
+
+def read_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
+              const int32_t[::1] tensor, const int64_t[::1] offsets, uint64_t[::1] out):
+    """Read the word of every site (native order) into ``out``."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef int32_t t
+    with nogil:
+        for i in range(n):
+            t = tensor[i]
+            out[i] = _load(<uint8_t*><size_t>ptrs[t] + offsets[i], itemsizes[t], swaps[t])
+
+
+def write_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
+               const int32_t[::1] tensor, const int64_t[::1] offsets, const uint64_t[::1] words):
+    """Write ``words`` (native order) at every site."""
+    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef int32_t t
+    with nogil:
+        for i in range(n):
+            t = tensor[i]
+            _store(<uint8_t*><size_t>ptrs[t] + offsets[i], words[i], itemsizes[t], swaps[t])
