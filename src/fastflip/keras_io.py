@@ -44,6 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 from .errors import InputFileError, OutputError
+from .fileio import atomic_output
 
 __all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "is_keras_archive", "check_archive", "read_archive", "edit_archive"]
 
@@ -136,25 +137,17 @@ def edit_archive(path: str | os.PathLike, out: str | os.PathLike) -> Iterator[Pa
         yield weights
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp_out = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-            os.close(fd)
         except OSError as exc:
             raise OutputError(f"cannot write {out}: {exc}") from exc
-        try:
+        with atomic_output(out) as tmp_out:
             with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp_out, "w") as zout:
                 for info in infos:
                     if info.filename == WEIGHTS_ENTRY:
                         new = zipfile.ZipInfo(WEIGHTS_ENTRY, date_time=info.date_time)
                         new.compress_type = info.compress_type
                         new.external_attr = info.external_attr
-                        with zout.open(new, "w", force_zip64=os.path.getsize(weights) > 2**31 - 1) as dst, open(weights, "rb") as src:
+                        big = os.path.getsize(weights) > 2**31 - 1
+                        with zout.open(new, "w", force_zip64=big) as dst, open(weights, "rb") as src:
                             shutil.copyfileobj(src, dst, 1 << 20)
                     else:
                         zout.writestr(info, zin.read(info.filename))
-            os.replace(tmp_out, out)
-        except BaseException as exc:
-            if os.path.exists(tmp_out):
-                os.unlink(tmp_out)
-            if isinstance(exc, OSError) and not isinstance(exc, InputFileError):
-                raise OutputError(f"cannot write {out}: {exc}") from exc
-            raise

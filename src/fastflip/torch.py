@@ -42,15 +42,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from .errors import FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
+from .fileio import atomic_output
 
 __all__ = [
     "FORMAT",
@@ -105,21 +104,6 @@ def _decode(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- writing
-
-
-@contextmanager
-def _atomic_target(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; move it onto ``path`` only on success."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _key_name(key: Any, where: str) -> tuple[str, str]:
@@ -183,7 +167,8 @@ def save_state_dict(state: Mapping, path: str | os.PathLike, *, compression: str
         raise OptionError(f"state: expected a mapping (a state_dict), got {type(state).__name__}")
     path = Path(path)
     try:
-        with _atomic_target(path) as tmp:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path) as tmp:
             with h5py.File(tmp, "w") as f:
                 f.attrs["fastflip_layout"] = f"{FORMAT}/{FORMAT_VERSION}"
                 _write_group(f, state, "", compression)
