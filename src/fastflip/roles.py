@@ -50,6 +50,7 @@ _WEIGHT_NAMES = {"kernel", "weight", "weights", "w", "gamma", "embeddings", "alp
                  "depthwise_kernel", "pointwise_kernel", "scale"}
 _BIAS_NAMES = {"bias", "beta", "b", "offset"}
 _BN_NAMES = {"moving_mean", "moving_variance", "running_mean", "running_var", "avg_mean", "avg_var"}
+_CHAINER_PARAMS = {"W", "b", "gamma", "beta", "avg_mean", "avg_var"}
 _STEP_NAMES = {"iter", "iteration", "iterations", "step", "num_batches_tracked", "n", "t", "epoch",
                "global_step"}
 
@@ -91,8 +92,8 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
         return "keras-legacy"
     if any(_KERAS3_VAR.match(p) and (p.startswith("/layers/") or p.startswith("/optimizer/")) for p in paths):
         return "keras3"
-    leaves = {p.rsplit("/", 1)[-1] for p in paths}
-    if any(":main" in p for p in paths) or leaves & {"W", "avg_mean", "avg_var"}:
+    comps = {c for p in paths for c in p.split("/")}
+    if any(c.startswith(("optimizer:", "model:")) for c in comps) or comps & {"W", "avg_mean", "avg_var"}:
         return "chainer"
     if any(re.search(r":\d+$", p) for p in paths):
         return "keras-legacy"
@@ -132,7 +133,8 @@ def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[
             layer, _, name = key.rpartition(".")
             if name == "num_batches_tracked":
                 return layer or None, "step-counter"
-            return layer or None, _guess_role(name, ndim, kind) if kind == "f" else "other"
+            # bfloat16 tensors are stored as uint16 words: the name decides, not the kind
+            return layer or None, _guess_role(name, ndim, "f")
         if parts[:2] == ["optimizer", "state"] and len(parts) >= 4:
             return None, "step-counter" if leaf == "step" else "optimizer-moment"
         return None, "other"
@@ -148,25 +150,20 @@ def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[
             role = "weight"
         return layer, role
     if framework == "chainer":
-        if any(p.startswith("optimizer:") for p in parts):
-            i = next(k for k, p in enumerate(parts) if p.startswith("optimizer:"))
-            rest = parts[i + 1 :]
-            if leaf in ("t", "epoch") or (len(rest) == 1 and kind in "iu" and ndim == 0):
-                return None, "step-counter"
-            if len(rest) >= 2:
-                param = [p for p in rest[:-2] if p != "predictor"]
-                return ("/".join(param) or None), "optimizer-moment"
-            return None, "other"
-        if any(p.startswith("model:") for p in parts):
-            i = next(k for k, p in enumerate(parts) if p.startswith("model:"))
-            body = parts[i + 1 :]
-        elif parts[:1] == ["updater"]:
-            if leaf in ("iteration", "epoch") and ndim == 0:
-                return None, "step-counter"
-            return None, "other"
-        else:
-            body = parts
+        def at(prefix: str) -> int | None:
+            return next((k for k, p in enumerate(parts) if p.startswith(prefix)), None)
+
+        opt_i, model_i = at("optimizer:"), at("model:")
+        start = max(i for i in (opt_i, model_i, -1) if i is not None) + 1
+        body = parts[start:]
         body = body[1:] if body[:1] == ["predictor"] else body
+        if len(body) >= 2 and (opt_i is not None or body[-2] in _CHAINER_PARAMS):
+            # an update rule's state for one parameter: .../<link path>/<param>/<m|v|t>
+            param_links = [p for p in body[:-2] if p != "predictor"]
+            return ("/".join(param_links) or None), ("step-counter" if leaf == "t" else "optimizer-moment")
+        if opt_i is not None or (parts[:1] == ["updater"] and model_i is None) or len(body) == 1:
+            counter = leaf in ("t", "epoch", "iteration") and ndim == 0
+            return None, "step-counter" if counter else _guess_role(leaf, ndim, kind)
         layer = "/".join(body[:-1]) or None
         if leaf == "N":
             return layer, "step-counter"

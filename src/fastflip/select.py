@@ -1,0 +1,212 @@
+"""Choose tensors by path glob, regular expression, dtype, role and layer.
+
+Globs use :mod:`fnmatch` semantics on absolute paths (``*`` matches any characters,
+``/`` included, so ``*kernel*`` finds every kernel), with two additions: a leading
+``/`` is optional (``conv*`` and ``/conv*`` are the same pattern) and ``/**/``
+matches zero or more path components. A tensor matches when any of its aliases
+does.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastflip.layout import Tensor
+>>> def t(path, dt="<f4", role=None):
+...     return Tensor(path, (path,), np.dtype(dt), (2,), 2, "contiguous", 0, role=role)
+>>> ts = [t("/model/conv1.weight", role="weight"), t("/model/conv1.bias", role="bias"),
+...       t("/optimizer/state/0/step", "<i8", "step-counter")]
+>>> [x.path for x in select(ts, Selection(include=("model/*",), roles=("weight",)))]
+['/model/conv1.weight']
+>>> [x.path for x in select(ts, Selection(dtypes=("int",)))]
+['/optimizer/state/0/step']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .errors import OptionError, SelectionError
+from .layout import Tensor
+
+__all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher"]
+
+# dtype groups accepted by Selection.dtypes
+_DTYPE_GROUPS = {
+    "float": "f", "floating": "f", "int": "iu", "integer": "iu", "signed": "i", "sint": "i",
+    "uint": "u", "unsigned": "u", "bool": "b",
+}
+
+
+def _translate(piece: str) -> str:
+    """fnmatch's translation of one glob piece, without its end anchor."""
+    rx = fnmatch.translate(piece)
+    return rx[: -len("\\Z")] if rx.endswith("\\Z") else rx
+
+
+@lru_cache(maxsize=256)
+def glob_to_regex(pattern: str) -> re.Pattern[str]:
+    """Compile a path glob with fnmatch semantics, leading '/' optional.
+
+    ``*`` matches any characters (``/`` included, as in :mod:`fnmatch`); ``**`` is
+    accepted too, and ``/**/`` also matches a single ``/`` (zero components).
+
+    >>> bool(glob_to_regex("layers/**/vars/0").match("/layers/vars/0"))
+    True
+    >>> bool(glob_to_regex("*kernel*").match("/model_weights/dense/dense/kernel:0"))
+    True
+    >>> bool(glob_to_regex("/layers/*").match("/optimizer/vars"))
+    False
+    """
+    pat = pattern if pattern.startswith("/") else "/" + pattern
+    pieces = pat.split("/**/")
+    return re.compile("(?:/.*)?/".join(_translate(p) for p in pieces) + r"\Z")
+
+
+def dtype_matcher(spec: str) -> Any:
+    """A predicate on numpy dtypes for one dtype spec ('float32', 'f4', '>f4', 'float', 'int', ...).
+
+    A spec without a byte order matches both orders; ``'<f4'``/``'>f4'`` match one.
+
+    >>> m = dtype_matcher("float32"); m(np.dtype(">f4")), m(np.dtype("<f8"))
+    (True, False)
+    """
+    s = spec.strip().lower()
+    if s in _DTYPE_GROUPS:
+        kinds = _DTYPE_GROUPS[s]
+        return lambda dt: dt.kind in kinds
+    try:
+        want = np.dtype(s)
+    except TypeError:
+        raise OptionError(
+            f"unknown dtype {spec!r}: use e.g. float32, f4, >f4, int8, float, int, uint, bool"
+        ) from None
+    if s[:1] in "<>":
+        return lambda dt: dt.str == want.str
+    return lambda dt: dt.newbyteorder("=") == want.newbyteorder("=")
+
+
+def _tuple(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        return (v,)
+    return tuple(v)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which tensors to act on. Empty criteria select everything.
+
+    Attributes
+    ----------
+    include : tuple of str
+        Path globs; a tensor must match at least one (when any are given) ...
+    regex : tuple of str
+        ... or match one of these regular expressions (``re.search`` on any alias).
+    exclude : tuple of str
+        Path globs removed afterwards.
+    dtypes : tuple of str
+        ``float32``, ``f4``, ``>f4``, or groups ``float``, ``int``, ``uint``, ``signed``, ``bool``.
+    roles : tuple of str
+        ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``other``.
+    layers : tuple of str
+        Globs on layer names (fnmatch, ``*`` matches anything).
+    """
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    regex: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    layers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("include", "exclude", "regex", "dtypes", "roles", "layers"):
+            object.__setattr__(self, name, _tuple(getattr(self, name)))
+        from .roles import ROLES
+
+        bad = [r for r in self.roles if r not in ROLES]
+        if bad:
+            raise OptionError(f"unknown role {bad[0]!r}: choose from {', '.join(ROLES)}")
+        for rx in self.regex:
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise OptionError(f"bad regular expression {rx!r}: {exc}") from None
+        for d in self.dtypes:
+            dtype_matcher(d)
+
+    @property
+    def is_all(self) -> bool:
+        """True when no criterion is set."""
+        return not any((self.include, self.exclude, self.regex, self.dtypes, self.roles, self.layers))
+
+    def describe(self) -> str:
+        """Short human-readable form, e.g. ``include=model/* roles=weight``."""
+        parts = [f"{k}={','.join(v)}" for k, v in self.as_dict().items() if v]
+        return " ".join(parts) or "everything"
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {k: list(getattr(self, k)) for k in ("include", "exclude", "regex", "dtypes", "roles", "layers")}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "Selection":
+        """Build from a config mapping (unknown keys raise :class:`OptionError`)."""
+        d = dict(d or {})
+        unknown = set(d) - {"include", "exclude", "regex", "dtypes", "roles", "layers"}
+        if unknown:
+            raise OptionError(f"unknown selection key {sorted(unknown)[0]!r}")
+        return cls(**{k: _tuple(v) for k, v in d.items()})
+
+    def matches(self, t: Tensor) -> bool:
+        """True when ``t`` passes every criterion."""
+        aliases = t.aliases or (t.path,)
+        if self.include or self.regex:
+            hit = any(glob_to_regex(g).match(a) for g in self.include for a in aliases) or any(
+                re.search(rx, a) for rx in self.regex for a in aliases
+            )
+            if not hit:
+                return False
+        if self.exclude and any(glob_to_regex(g).match(a) for g in self.exclude for a in aliases):
+            return False
+        if self.dtypes and not any(dtype_matcher(d)(t.dtype) for d in self.dtypes):
+            return False
+        if self.roles and t.role not in self.roles:
+            return False
+        if self.layers:
+            if t.layer is None:
+                return False
+            if not any(fnmatch.fnmatchcase(t.layer, g) for g in self.layers):
+                return False
+        return True
+
+
+def _available(tensors: Sequence[Tensor]) -> str:
+    paths = ", ".join(t.path for t in tensors[:5]) + (f" (+{len(tensors) - 5} more)" if len(tensors) > 5 else "")
+    dts = ", ".join(sorted({t.dtype.str for t in tensors}))
+    roles = ", ".join(sorted({t.role for t in tensors if t.role}))
+    return f"available: {paths or 'no tensors'}; dtypes: {dts or '-'}; roles: {roles or '-'}"
+
+
+def select(tensors: Iterable[Tensor], selection: Selection | None = None) -> list[Tensor]:
+    """The tensors that ``selection`` matches, in their original (layout) order.
+
+    Raises
+    ------
+    SelectionError
+        When nothing matches; the message names the selection and what was available.
+    """
+    tensors = list(tensors)
+    if selection is None or selection.is_all:
+        if not tensors:
+            raise SelectionError("no tensors to select from (the file holds no numeric datasets)")
+        return tensors
+    out = [t for t in tensors if selection.matches(t)]
+    if not out:
+        raise SelectionError(f"selection {selection.describe()} matched no tensor; {_available(tensors)}")
+    return out

@@ -1,0 +1,273 @@
+"""Framework layout recognition and tensor roles, on hand-built mimics and on real framework files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+
+import h5fixtures as hf
+from conftest import require
+from fastflip.layout import read_layout
+from fastflip.roles import ROLES, annotate, detect_framework, label_path
+
+
+def roles_of(path):
+    lay = read_layout(path)
+    return lay, {t.path: t.role for t in lay.tensors}
+
+
+def test_keras3_like(tmp_path):
+    p = tmp_path / "m.weights.h5"
+    want = hf.keras3_like(p)
+    lay, got = roles_of(p)
+    assert lay.framework == "keras3"
+    assert got == want
+    layers = {t.path: t.layer for t in lay.tensors}
+    assert layers["/layers/dense_1/vars/0"] == "head"  # from the vars group's name attribute
+    assert layers["/layers/batch_normalization/vars/2"] == "bn"
+    assert layers["/optimizer/vars/3"] is None
+    assert {t.framework for t in lay.tensors} == {"keras3"}
+
+
+def test_keras3_without_file_attrs_uses_group_names(tmp_path):
+    p = tmp_path / "m.weights.h5"
+    want = hf.keras3_like(p)
+    lay = read_layout(p, annotate=False)
+    assert all(t.role is None for t in lay.tensors)
+    tensors = annotate(lay.tensors)  # a bare list: paths and shapes only
+    assert {t.path: t.role for t in tensors} == want
+    assert {t.path: t.layer for t in tensors}["/layers/dense_1/vars/0"] == "dense_1"
+
+
+@pytest.mark.parametrize("suffix", [":0", ""])
+def test_keras_legacy_like(tmp_path, suffix):
+    p = tmp_path / "m.h5"
+    want = hf.keras_legacy_like(p, suffix=suffix)
+    lay, got = roles_of(p)
+    assert lay.framework == "keras-legacy"
+    assert got == want
+    assert {t.layer for t in lay.tensors if t.path.startswith("/model_weights")} == {"conv1", "bn1", "dense"}
+
+
+def test_tf_save_weights_like(tmp_path):
+    p = tmp_path / "w.h5"
+    want = hf.tf_save_weights_like(p)
+    lay, got = roles_of(p)
+    assert lay.framework == "keras-legacy" and got == want
+    assert lay.tensor("/bn1/bn1/moving_mean:0").layer == "bn1"
+
+
+@pytest.mark.parametrize("with_attr", [True, False])
+def test_torch_like(tmp_path, with_attr):
+    p = tmp_path / "t.h5"
+    want = hf.torch_like(p, with_attr=with_attr)
+    lay, got = roles_of(p)
+    assert lay.framework == "torch" and got == want
+    assert lay.tensor("/model/layer1.0.fc.weight").layer == "layer1.0.fc"
+    assert lay.tensor("/model/bn1.running_var").layer == "bn1"
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_chainer_like(tmp_path, snapshot):
+    p = tmp_path / "c.h5"
+    want = hf.chainer_like(p, snapshot=snapshot)
+    lay, got = roles_of(p)
+    assert lay.framework == "chainer" and got == want
+    layers = {t.path: t.layer for t in lay.tensors}
+    pre = "/updater/model:main/predictor" if snapshot else "/predictor"
+    assert layers[f"{pre}/conv1/W"] == "conv1" and layers[f"{pre}/bn1/avg_var"] == "bn1"
+    if snapshot:
+        assert layers["/updater/optimizer:main/predictor/conv1/W/m"] == "conv1"
+
+
+def test_unknown_layout_guesses_from_names(tmp_path):
+    p = tmp_path / "u.h5"
+    hf.write_datasets(p, {"net/fc/weight": np.zeros((2, 2), "f4"), "net/fc/bias": np.zeros(2, "f4"),
+                          "data": np.zeros(3, "f4"), "counts": np.zeros(3, "i4")})
+    lay, got = roles_of(p)
+    assert lay.framework is None
+    assert got == {"/net/fc/weight": "weight", "/net/fc/bias": "bias", "/data": "other", "/counts": "other"}
+    assert lay.tensor("/net/fc/bias").layer == "net/fc" and lay.tensor("/data").layer is None
+
+
+def test_every_role_is_known(tmp_path):
+    for build in (hf.keras3_like, hf.keras_legacy_like, hf.torch_like, hf.chainer_like):
+        p = tmp_path / f"{build.__name__}.h5"
+        build(p)
+        assert {t.role for t in read_layout(p)} <= set(ROLES)
+
+
+def test_detect_and_label_path():
+    assert detect_framework(["/x"], {"fastflip_layout": b"torch-state-dict/1"}) == "torch"
+    assert detect_framework(["/conv/kernel:0"]) == "keras-legacy"
+    assert label_path("/optimizer/state/3/step", "torch", 0, "f") == (None, "step-counter")
+    assert label_path("/optimizer/state/3/momentum_buffer", "torch", 2, "f") == (None, "optimizer-moment")
+    assert label_path("/updater/optimizer:main/t", "chainer", 0, "i") == (None, "step-counter")
+    assert label_path("/optimizer_weights/iter", "keras-legacy", 0, "i") == (None, "step-counter")
+
+
+# ------------------------------------------------------------------ real framework files
+
+
+def _keras_model(keras):
+    inputs = keras.Input((6, 6, 1))
+    x = keras.layers.Conv2D(3, 3, name="conv")(inputs)
+    x = keras.layers.BatchNormalization(name="bn")(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.LayerNormalization(name="ln")(x)
+    out = keras.layers.Dense(2, name="head")(x)
+    m = keras.Model(inputs, out)
+    m.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
+    rng = np.random.default_rng(0)
+    m.fit(rng.standard_normal((8, 6, 6, 1)), rng.standard_normal((8, 2)), epochs=1, verbose=0, batch_size=4)
+    return m
+
+
+EXPECT_KERAS = {
+    ("conv", 4): "weight", ("conv", 1): "bias", ("head", 2): "weight", ("head", 1): "bias",
+}
+
+
+@pytest.mark.framework
+def test_real_keras3_weights_h5(tmp_path):
+    keras = require("keras")
+    m = _keras_model(keras)
+    p = str(tmp_path / "m.weights.h5")
+    m.save_weights(p)
+    lay = read_layout(p)
+    assert lay.framework == "keras3"
+    by_layer: dict = {}
+    for t in lay.tensors:
+        by_layer.setdefault(t.layer, []).append(t)
+    roles = {name: [t.role for t in ts] for name, ts in by_layer.items()}
+    assert roles["conv"] == ["weight", "bias"]
+    assert roles["bn"] == ["weight", "bias", "bn-statistic", "bn-statistic"]
+    assert roles["ln"] == ["weight", "bias"]
+    assert roles["head"] == ["weight", "bias"]
+    opt = by_layer[None]
+    n_trainable = len(m.trainable_weights)
+    assert [t.role for t in opt].count("optimizer-moment") == 2 * n_trainable  # Adam m and v
+    assert [t.role for t in opt].count("step-counter") == 1
+    # the step counter is the optimizer's iteration count
+    (step,) = [t for t in opt if t.role == "step-counter"]
+    with h5py.File(p) as f:
+        assert int(f[step.path][()]) == int(m.optimizer.iterations.numpy())
+    # bn statistics are exactly the moving mean/variance values
+    stats = [t for t in by_layer["bn"] if t.role == "bn-statistic"]
+    bn = m.get_layer("bn")
+    with h5py.File(p) as f:
+        assert np.array_equal(f[stats[0].path][()], np.asarray(bn.moving_mean))
+        assert np.array_equal(f[stats[1].path][()], np.asarray(bn.moving_variance))
+
+
+@pytest.mark.framework
+def test_real_keras_legacy_h5(tmp_path):
+    keras = require("keras")
+    m = _keras_model(keras)
+    p = str(tmp_path / "m.h5")
+    m.save(p)
+    lay = read_layout(p)
+    assert lay.framework == "keras-legacy"
+    model = [t for t in lay.tensors if t.path.startswith("/model_weights/")]
+    got = {(t.layer, t.path.rsplit("/", 1)[-1].split(":")[0]): t.role for t in model}
+    assert got == {
+        ("conv", "kernel"): "weight", ("conv", "bias"): "bias",
+        ("bn", "gamma"): "weight", ("bn", "beta"): "bias",
+        ("bn", "moving_mean"): "bn-statistic", ("bn", "moving_variance"): "bn-statistic",
+        ("ln", "gamma"): "weight", ("ln", "beta"): "bias",
+        ("head", "kernel"): "weight", ("head", "bias"): "bias",
+    }
+    opt = [t.role for t in lay.tensors if t.path.startswith("/optimizer_weights/")]
+    assert opt.count("step-counter") == 1
+    assert opt.count("optimizer-moment") == 2 * len(m.trainable_weights)
+
+
+@pytest.mark.framework
+def test_real_torch_checkpoint(tmp_path):
+    torch = require("torch")
+    from fastflip.torch import save_checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Flatten(), torch.nn.Linear(32, 3)
+    )
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 1, 6, 6)).sum().backward()
+    opt.step()
+    p = tmp_path / "t.h5"
+    save_checkpoint(p, model, opt, epoch=1)
+    lay = read_layout(p)
+    assert lay.framework == "torch"
+    got = {t.path: t.role for t in lay.tensors}
+    assert got["/model/0.weight"] == "weight" and got["/model/0.bias"] == "bias"
+    assert got["/model/1.weight"] == "weight" and got["/model/1.running_mean"] == "bn-statistic"
+    assert got["/model/1.running_var"] == "bn-statistic" and got["/model/1.num_batches_tracked"] == "step-counter"
+    assert got["/model/3.weight"] == "weight" and lay.tensor("/model/3.bias").layer == "3"
+    n_params = len(list(model.parameters()))
+    opt_roles = [r for p_, r in got.items() if p_.startswith("/optimizer/state/")]
+    assert opt_roles.count("optimizer-moment") == 2 * n_params
+    assert opt_roles.count("step-counter") == n_params
+
+
+CHAINER_SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, chainer, chainer.links as L, chainer.functions as F
+    from chainer import serializers, optimizers
+    class Net(chainer.Chain):
+        def __init__(self):
+            super().__init__()
+            with self.init_scope():
+                self.conv1 = L.Convolution2D(1, 2, 3)
+                self.bn1 = L.BatchNormalization(2)
+                self.fc = L.Linear(None, 3)
+        def forward(self, x):
+            return self.fc(self.bn1(self.conv1(x)))
+    model = L.Classifier(Net())
+    opt = optimizers.Adam(); opt.setup(model)
+    x = np.random.RandomState(0).randn(4, 1, 6, 6).astype('f4'); y = np.array([0, 1, 2, 0], 'i4')
+    opt.update(model, x, y)
+    serializers.save_hdf5(sys.argv[1], model)
+    serializers.save_hdf5(sys.argv[2], opt)
+    """
+)
+
+
+@pytest.mark.framework
+def test_real_chainer_save_hdf5(tmp_path):
+    py = os.environ.get("FASTFLIP_CHAINER_PYTHON")
+    if not py:
+        if os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1":
+            pytest.fail("FASTFLIP_CHAINER_PYTHON is not set but make test promised a Chainer venv")
+        pytest.skip("Chainer runs in its own venv: set FASTFLIP_CHAINER_PYTHON (make test does)")
+    model_p, opt_p = str(tmp_path / "model.h5"), str(tmp_path / "opt.h5")
+    script = tmp_path / "mk.py"
+    script.write_text(CHAINER_SCRIPT)
+    subprocess.run([py, str(script), model_p, opt_p], check=True, timeout=300)
+    lay = read_layout(model_p)
+    assert lay.framework == "chainer"
+    got = {t.path: (t.layer, t.role) for t in lay.tensors}
+    assert got["/predictor/conv1/W"] == ("conv1", "weight")
+    assert got["/predictor/conv1/b"] == ("conv1", "bias")
+    assert got["/predictor/bn1/gamma"] == ("bn1", "weight")
+    assert got["/predictor/bn1/avg_mean"] == ("bn1", "bn-statistic")
+    assert got["/predictor/bn1/avg_var"] == ("bn1", "bn-statistic")
+    assert got["/predictor/fc/W"] == ("fc", "weight")
+    if "/predictor/bn1/N" in got:
+        assert got["/predictor/bn1/N"][1] == "step-counter"
+    olay = read_layout(opt_p)
+    roles = {t.path: t.role for t in olay.tensors}
+    assert roles.get("/t") == "step-counter" or any(p.endswith("/t") and r == "step-counter" for p, r in roles.items())
+    assert any(p.endswith("/W/m") and r == "optimizer-moment" for p, r in roles.items())
+
+
+def test_roles_import_no_framework():
+    code = ("import sys, fastflip.layout, fastflip.roles, fastflip.select, fastflip.diff; "
+            "print(sorted(m for m in ('torch', 'keras', 'tensorflow', 'chainer') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
