@@ -1,5 +1,40 @@
-"""fastflip: exact, fast, reproducible bit flips in HDF5 checkpoints and live tensors."""
+"""fastflip: exact, fast, reproducible bit flips in HDF5 checkpoints and live tensors.
+
+The public API is imported lazily so that ``import fastflip`` stays light (NumPy
+and h5py are imported on first use, deep-learning frameworks only by adapters).
+
+>>> import fastflip
+>>> fastflip.FaultModel.parse("burst:2").n
+2
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "inject_file": "inject", "replay": "inject", "revert": "inject", "InjectionResult": "inject",
+    "InjectionLog": "log", "read_layout": "layout", "Layout": "layout", "Tensor": "layout",
+    "Selection": "select", "select": "select", "BitSpec": "bits", "FaultModel": "faults",
+    "SiteSpace": "sampling", "make_plan": "sampling", "Plan": "plan", "TensorRef": "plan",
+    "diff_files": "diff", "FastflipError": "errors",
+    "injected": "live", "tensor_refs": "live",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'fastflip' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,187 @@
+"""Safe file handling: atomic outputs, hashing, copying, byte-level undo records.
+
+Outputs are written to a temporary file beside the target, flushed and fsync'ed,
+then renamed over the target (and the directory fsync'ed); on any error the
+temporary file is removed and the target is untouched.
+
+Examples
+--------
+>>> import os, tempfile
+>>> d = tempfile.mkdtemp()
+>>> with atomic_output(os.path.join(d, "out.bin")) as tmp:
+...     with open(tmp, "wb") as fh:
+...         _ = fh.write(b"hello")
+>>> sorted(os.listdir(d)), sha256_file(os.path.join(d, "out.bin"))[:12]
+(['out.bin'], '2cf24dba5fb0')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from .errors import InputFileError, OutputError
+
+__all__ = ["atomic_output", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
+           "byte_diff", "fsync_path"]
+
+_BLOCK = 8 << 20
+
+
+def check_input(path: str | os.PathLike[str]) -> str:
+    """Return ``path`` as a string if it is an existing readable regular file, else raise InputFileError."""
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise InputFileError(f"{p}: file not found; check the path")
+    if not os.path.isfile(p):
+        raise InputFileError(f"{p}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise InputFileError(f"{p}: not readable; check its permissions")
+    return p
+
+
+def check_output_dir(path: str | os.PathLike[str]) -> str:
+    """Raise OutputError unless the directory that will hold ``path`` exists and is writable."""
+    p = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(d):
+        raise OutputError(f"{p}: output directory {d} does not exist; create it first")
+    if not os.access(d, os.W_OK):
+        raise OutputError(f"{p}: output directory {d} is not writable; choose another output path")
+    if os.path.isdir(p):
+        raise OutputError(f"{p}: is a directory; give a file name")
+    return p
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file or directory by path (directories: best effort)."""
+    flags = os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if os.path.isdir(path) else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator[str]:
+    """Yield a temporary path beside ``target``; on success fsync it and rename it onto ``target``."""
+    target = check_output_dir(target)
+    d = os.path.dirname(os.path.abspath(target))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".fastflip-tmp" + suffix, dir=d)
+    os.close(fd)
+    try:
+        yield tmp
+        fsync_path(tmp)
+        if os.path.exists(target):
+            try:
+                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
+            except OSError:
+                pass
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+        fsync_path(d)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in blocks (memory stays flat)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(_BLOCK)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def copy_with_hash(src: str, dst: str) -> str:
+    """Copy ``src`` to ``dst`` in blocks and return the sha256 of the bytes copied (one read pass)."""
+    h = hashlib.sha256()
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while True:
+            n = fin.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            fout.write(view[:n])
+    return h.hexdigest()
+
+
+@dataclass
+class ByteUndo:
+    """Byte ranges that differ between an original file and its altered copy, with the original bytes.
+
+    Writing ``data`` back at ``offsets`` and truncating to ``size`` restores the original exactly.
+    """
+
+    offsets: np.ndarray  # int64 start of each range
+    lengths: np.ndarray  # int64 length of each range
+    data: bytes  # original bytes of all ranges, concatenated
+    size: int  # original file size
+
+    def apply(self, path: str) -> None:
+        with open(path, "r+b") as fh:
+            pos = 0
+            for off, ln in zip(self.offsets.tolist(), self.lengths.tolist()):
+                fh.seek(off)
+                fh.write(self.data[pos : pos + ln])
+                pos += ln
+            fh.truncate(self.size)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def byte_diff(original: str, altered: str) -> ByteUndo:
+    """Compare two files block by block and record the original bytes of every differing range."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    chunks: list[bytes] = []
+    size = os.path.getsize(original)
+    with open(original, "rb") as fa, open(altered, "rb") as fb:
+        base = 0
+        while True:
+            a = fa.read(_BLOCK)
+            b = fb.read(_BLOCK)
+            if not a:
+                break
+            if a != b[: len(a)] or len(b) < len(a):
+                av = np.frombuffer(a, np.uint8)
+                bv = np.zeros(len(a), np.uint8)
+                bv[: len(b)] = np.frombuffer(b[: len(a)], np.uint8)
+                diff = np.flatnonzero(av != bv) if len(b) >= len(a) else np.flatnonzero(np.concatenate(
+                    [av[: len(b)] != bv[: len(b)], np.ones(len(a) - len(b), bool)]))
+                # group differing bytes into ranges (gaps of < 16 bytes are merged)
+                brk = np.flatnonzero(np.diff(diff) > 16)
+                starts = np.concatenate([[diff[0]], diff[brk + 1]])
+                ends = np.concatenate([diff[brk], [diff[-1]]]) + 1
+                for s, e in zip(starts.tolist(), ends.tolist()):
+                    offsets.append(base + s)
+                    lengths.append(e - s)
+                    chunks.append(a[s:e])
+            base += len(a)
+    return ByteUndo(np.array(offsets, np.int64), np.array(lengths, np.int64), b"".join(chunks), size)

@@ -1,0 +1,340 @@
+"""Inject faults into HDF5 checkpoints, and replay or revert an injection from its log.
+
+This is the Python API behind ``fastflip inject | replay | revert``::
+
+    from fastflip import inject_file, Selection
+    res = inject_file("model.h5", "model.faulty.h5", seed=1, count=10, bits="exponent-msb",
+                      selection=Selection(include=["model_weights/**"]))
+    res.log.manifest["counts"]        # sites, flips, nan_created, inf_created, ...
+    revert(res.log_path, "model.faulty.h5")   # byte-for-byte the original again
+
+The input is never modified unless ``in_place=True``; outputs are atomic (temporary
+file beside the target, fsync, rename). The log (:mod:`fastflip.log`) is written
+beside the output as ``<output>.fflog`` unless another path (or ``False``) is given.
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "in.h5"); out = os.path.join(d, "out.h5")
+>>> with h5py.File(src, "w") as f:
+...     _ = f.create_dataset("w", data=np.ones((8, 8), "f4"))
+>>> res = inject_file(src, out, seed=3, count=4, bits="sign")
+>>> with h5py.File(out) as f:
+...     int((f["w"][()] == -1).sum())
+4
+>>> revert(res.log_path, out).sha256 == res.log.manifest["input"]["sha256"]
+True
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import __version__
+from .bits import BitSpec
+from .errors import LogMismatchError, OptionError
+from .faults import FaultModel
+from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
+from .h5target import apply_plan_to_file, check_storage, read_words, route_sites, write_words_to_file
+from .layout import Layout, Tensor, read_layout
+from .log import InjectionLog
+from .plan import Plan
+from .sampling import SiteSpace
+from .select import Selection, select
+from .wordrule import nonfinite
+
+__all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created"]
+
+
+@dataclass
+class InjectionResult:
+    """What :func:`inject_file` and :func:`replay` did."""
+
+    output: str
+    log: InjectionLog
+    log_path: str | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nan_count(self) -> int:
+        return int(self.counts.get("nan_created", 0))
+
+    @property
+    def inf_count(self) -> int:
+        return int(self.counts.get("inf_created", 0))
+
+
+@dataclass
+class RevertResult:
+    """What :func:`revert` restored."""
+
+    output: str
+    sha256: str
+    sites: int
+
+
+def default_log_path(output: str) -> str:
+    """``<output>.fflog``."""
+    return os.fspath(output) + ".fflog"
+
+
+def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
+    """(values that became NaN, values that became Inf) among the plan's sites."""
+    nan_n = inf_n = 0
+    for tid, pos in plan.per_tensor():
+        dt = plan.tensors[tid].dtype
+        on, oi = nonfinite(old[pos], dt)
+        nn, ni = nonfinite(new[pos], dt)
+        nan_n += int((nn & ~on).sum())
+        inf_n += int((ni & ~oi).sum())
+    return nan_n, inf_n
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool) -> str:
+    if in_place:
+        if dst is not None and not _same_file(src, os.fspath(dst)):
+            raise OptionError("give either an output path or in_place=True (--in-place), not both")
+        return src
+    if dst is None:
+        raise OptionError("give an output path (-o OUT); the input is only changed with --in-place")
+    dst = os.fspath(dst)
+    if os.path.exists(dst) and _same_file(src, dst):
+        raise OptionError(f"{dst}: the output is the input; use --in-place to change the input")
+    check_output_dir(dst)
+    return dst
+
+
+def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
+    nan_n, inf_n = nonfinite_created(plan, old, new)
+    return {
+        "sites": int(len(plan)),
+        "flips": int(np.bitwise_count(plan.bits).sum()) if len(plan) else 0,
+        "changed": int((old != new).sum()),
+        "tensors_hit": int(len(np.unique(plan.tensor))),
+        "nan_created": nan_n,
+        "inf_created": inf_n,
+        "nan_resampled": int(plan.meta.get("nan_resampled", 0)),
+    }
+
+
+def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
+           backend: str, hash_files: bool, finish: Any) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
+    routes = route_sites(src, plan, by_name)
+    if in_place and not atomic:
+        if any((r.offsets < 0).any() for r in routes):
+            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks); "
+                              "this plan touches filtered/compact data: use atomic=True")
+        in_hash = sha256_file(src) if hash_files else None
+        old, new, _ = apply_plan_to_file(src, plan, by_name, routes, backend)
+        out_hash = sha256_file(src) if hash_files else None
+        return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, None)
+    with atomic_output(target) as tmp:
+        in_hash = copy_with_hash(src, tmp)
+        old, new, used_h5 = apply_plan_to_file(tmp, plan, by_name, routes, backend)
+        undo = byte_diff(src, tmp) if used_h5 else None
+        out_hash = sha256_file(tmp)
+        result = finish(in_hash, out_hash, old, new, undo)
+    return in_hash, out_hash, old, new, result
+
+
+def inject_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    in_place: bool = False,
+    atomic: bool = True,
+    selection: Selection | Mapping[str, Any] | None = None,
+    bits: str | Sequence[int | str] | BitSpec | None = None,
+    sign_first: bool = False,
+    model: FaultModel | str | None = None,
+    count: int | None = None,
+    rate: float | None = None,
+    ber: float | None = None,
+    seed: int | None = None,
+    stream: Sequence[int] = (),
+    distribution: str | Mapping[str, float] = "element",
+    replace: bool = False,
+    nan_policy: str = "allow",
+    log_path: str | os.PathLike[str] | bool | None = None,
+    plan: Plan | None = None,
+    layout: Layout | None = None,
+    backend: str = "auto",
+    hash_files: bool = True,
+    extra_manifest: Mapping[str, Any] | None = None,
+) -> InjectionResult:
+    """Flip bits in an HDF5 file; return the result with its log.
+
+    Parameters
+    ----------
+    src : path
+        The checkpoint. Never modified unless ``in_place``.
+    dst : path, optional
+        The output file (required unless ``in_place``).
+    in_place, atomic : bool
+        ``in_place`` changes ``src`` itself (still atomically, through a temporary copy,
+        unless ``atomic=False``: then words are rewritten directly — raw storage only —
+        which is what fast campaign trials with exact revert want).
+    selection : Selection or mapping
+        Which tensors (path globs/regex, dtypes, roles, layers).
+    bits, sign_first
+        Allowed bit positions (see :class:`fastflip.bits.BitSpec`).
+    model : FaultModel or str
+        Fault model (``flip``, ``burst:3``, ``stuck-at-1``, ``scale:2``, ...).
+    count, rate, ber
+        Exactly one: number of sites, fraction of elements, or per-bit rate.
+    seed : int, optional
+        Seed (a random one is drawn and recorded when omitted). ``stream`` adds counters.
+    distribution : 'element', 'tensor' or mapping of weights
+    replace : bool
+        Allow a site to be drawn twice.
+    nan_policy : 'allow' or 'avoid'
+    log_path : path, False or None
+        Where to write the log (default ``<output>.fflog``; False: keep it in memory only).
+    plan : Plan, optional
+        Apply this plan instead of sampling one (selection/bits/mode are then ignored).
+    """
+    src = check_input(src)
+    target = _targets(src, dst, in_place)
+    if isinstance(selection, Mapping):
+        selection = Selection.from_dict(selection)
+    layout = layout or read_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    model_obj = FaultModel.parse(model)
+    spec = BitSpec.parse(bits, sign_first=sign_first)
+    if seed is None:
+        seed = secrets.randbits(63)
+    if plan is None:
+        tensors = select(layout.tensors, selection)
+        check_storage(tensors)
+        space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
+        plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model_obj, replace=replace,
+                          nan_policy=nan_policy, read_words=lambda p: read_words(src, p, by_name))
+    options = {
+        "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": sign_first,
+        "model": model_obj.as_dict(), "count": count, "rate": rate, "ber": ber, "distribution": distribution,
+        "replace": replace, "nan_policy": nan_policy, "in_place": in_place, "atomic": atomic, "stream": list(stream),
+    }
+    lp: str | None
+    if log_path is False:
+        lp = None
+    else:
+        lp = os.fspath(log_path) if log_path not in (None, True) else default_log_path(target)  # type: ignore[arg-type]
+        check_output_dir(lp)
+
+    in_size = os.path.getsize(src)
+
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        manifest = {
+            "fastflip_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
+            "input": {"path": os.path.abspath(src), "sha256": in_hash, "size": in_size},
+            "output": {"path": os.path.abspath(target), "sha256": out_hash},
+            "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+            "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name},
+            **dict(extra_manifest or {}),
+        }
+        log = InjectionLog.from_plan(plan, old, new, manifest, undo)
+        if lp is not None:
+            log.save(lp)
+        return log
+
+    _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish)
+    return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
+
+
+def _load(log: InjectionLog | str | os.PathLike[str]) -> InjectionLog:
+    return log if isinstance(log, InjectionLog) else InjectionLog.load(log)
+
+
+def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+           out: str | os.PathLike[str] | None = None, *, in_place: bool = False,
+           log_path: str | os.PathLike[str] | bool | None = False) -> InjectionResult:
+    """Re-apply a logged injection to ``file`` (the logged input); the output equals the logged one bit for bit.
+
+    Raises
+    ------
+    LogMismatchError
+        When ``file`` is not the logged input, or the result differs from the logged output.
+    """
+    lg = _load(log)
+    src = check_input(file)
+    want_in = lg.manifest.get("input", {}).get("sha256")
+    if want_in and sha256_file(src) != want_in:
+        raise LogMismatchError(f"{src} is not the input this log was made from (sha256 differs); give the original file")
+    target = _targets(src, out, in_place)
+    layout = read_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    want_out = lg.manifest.get("output", {}).get("sha256")
+
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        if not np.array_equal(new, lg.new_words) or not np.array_equal(old, lg.old_words):
+            raise LogMismatchError(f"replaying onto {src} gave other words than the log records; the file is not the logged input")
+        if want_out and out_hash != want_out:
+            raise LogMismatchError("the replayed output differs from the logged output (sha256); nothing was written")
+        manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
+        new_log = InjectionLog(manifest, lg.plan, old, new, undo)
+        if log_path not in (None, False):
+            new_log.save(default_log_path(target) if log_path is True else os.fspath(log_path))  # type: ignore[arg-type]
+        return new_log
+
+    _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish)
+    return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
+
+
+def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+           out: str | os.PathLike[str] | None = None, *, atomic: bool = True) -> RevertResult:
+    """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
+
+    ``file`` is changed in place (atomically) unless ``out`` is given.
+
+    Raises
+    ------
+    LogMismatchError
+        When ``file`` is not the logged output (its sha256 or its words differ); nothing is changed.
+    """
+    lg = _load(log)
+    src = check_input(file)
+    want_out = lg.manifest.get("output", {}).get("sha256")
+    want_in = lg.manifest.get("input", {}).get("sha256")
+    if want_out and sha256_file(src) != want_out:
+        raise LogMismatchError(f"{src} is not the output this log describes (sha256 differs); nothing was changed")
+    target = src if out is None else _targets(src, out, False)
+    layout = read_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    routes = route_sites(src, lg.plan, by_name)
+    current = read_words(src, lg.plan, by_name, routes)
+    if not np.array_equal(current, lg.new_words):
+        raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
+
+    def restore(path: str) -> str:
+        if lg.undo is not None:
+            lg.undo.apply(path)
+        else:
+            write_words_to_file(path, lg.plan, by_name, lg.old_words, route_sites(path, lg.plan, by_name))
+        digest = sha256_file(path)
+        if want_in and digest != want_in:
+            raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")
+        return digest
+
+    if not atomic and out is None:
+        digest = restore(src)
+    else:
+        with atomic_output(target) as tmp:
+            copy_with_hash(src, tmp)
+            digest = restore(tmp)
+    return RevertResult(target, digest, len(lg.plan))

@@ -1,0 +1,198 @@
+"""The injection log: a public, documented format that replays and reverts injections bit for bit.
+
+Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding:
+
+``manifest.json``
+    ``format``, ``fastflip_version``, ``created`` (UTC, ISO 8601), ``seed``, ``stream``,
+    ``options`` (every option that produced the injection), ``input`` and ``output``
+    (``path``, ``sha256``, ``size``), ``in_place``, ``counts`` (``sites`` = elements
+    changed, ``flips`` = bit positions touched, ``tensors_hit``, ``nan_created``,
+    ``inf_created``, ``nan_resampled``), ``tensors`` (list of ``{name, dtype, shape,
+    storage}``; records refer to it by position) and ``undo`` (``null`` or ``{"size": N}``).
+``<column>.npy``
+    One NumPy array per record column, all of the same length, one row per changed element:
+    ``tensor`` (int32, position in ``tensors``), ``index`` (int64, flat C-order element
+    index), ``bits`` (uint64 mask of the bit positions the fault touched; bit 0 = LSB),
+    ``and_mask``/``or_mask``/``xor_mask`` (uint64, the word rule
+    ``new = ((old & and) | or) ^ xor``), ``scale`` (float64, NaN unless the site scaled
+    its value), ``old_word``/``new_word`` (uint64, the stored word as an unsigned
+    integer in native order), ``old_value``/``new_value`` (float64 rendering of the values).
+``undo_offsets.npy``, ``undo_lengths.npy``, ``undo_data.bin`` (optional)
+    When the HDF5 read-modify-write path was used (filtered or compact data), the
+    original bytes of every file byte range that changed, so that revert restores the
+    file exactly even where HDF5 re-encoded chunks.
+
+Examples
+--------
+>>> import io, numpy as np
+>>> from fastflip.plan import Plan, TensorRef
+>>> plan = Plan.from_sites([TensorRef("/w", "<f4", (2,))], [0], [1], xor_mask=[1 << 31])
+>>> log = InjectionLog.from_plan(plan, np.array([0x3F800000], np.uint64), np.array([0xBF800000], np.uint64), {})
+>>> log.records()[0]["new_value"]
+-1.0
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import InputFileError, LogMismatchError
+from .fileio import ByteUndo, atomic_output, check_input
+from .plan import Plan, TensorRef
+from .wordrule import words_to_values
+
+__all__ = ["LOG_FORMAT", "InjectionLog", "values_of"]
+
+LOG_FORMAT = "fastflip-log/1"
+_COLUMNS = ("tensor", "index", "bits", "and_mask", "or_mask", "xor_mask", "scale", "old_word", "new_word",
+            "old_value", "new_value")
+
+
+def values_of(plan: Plan, words: np.ndarray) -> np.ndarray:
+    """float64 values of per-site words (each decoded with its tensor's dtype)."""
+    out = np.empty(len(plan), np.float64)
+    for tid, pos in plan.per_tensor():
+        with np.errstate(over="ignore", invalid="ignore"):
+            out[pos] = words_to_values(words[pos], plan.tensors[tid].dtype).astype(np.float64)
+    return out
+
+
+@dataclass
+class InjectionLog:
+    """Manifest plus per-site records of one injection (see the module docstring for the format)."""
+
+    manifest: dict[str, Any]
+    plan: Plan
+    old_words: np.ndarray
+    new_words: np.ndarray
+    undo: ByteUndo | None = None
+    _values: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, old_words: np.ndarray, new_words: np.ndarray, manifest: dict[str, Any],
+                  undo: ByteUndo | None = None) -> "InjectionLog":
+        m = dict(manifest)
+        m.setdefault("format", LOG_FORMAT)
+        m["tensors"] = [dict(t.as_dict(), **(m.get("_storage", {}).get(t.name, {}))) for t in plan.tensors]
+        m.pop("_storage", None)
+        m["undo"] = None if undo is None else {"size": int(undo.size), "ranges": int(len(undo.offsets))}
+        return cls(m, plan, np.asarray(old_words, np.uint64), np.asarray(new_words, np.uint64), undo)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    @property
+    def values(self) -> tuple[np.ndarray, np.ndarray]:
+        """(old values, new values) as float64."""
+        if self._values is None:
+            self._values = (values_of(self.plan, self.old_words), values_of(self.plan, self.new_words))
+        return self._values
+
+    def columns(self) -> dict[str, np.ndarray]:
+        p = self.plan
+        old_v, new_v = self.values
+        scale = p.scale if p.scale is not None else np.full(len(p), np.nan)
+        return {"tensor": p.tensor, "index": p.index, "bits": p.bits, "and_mask": p.and_mask, "or_mask": p.or_mask,
+                "xor_mask": p.xor_mask, "scale": scale, "old_word": self.old_words, "new_word": self.new_words,
+                "old_value": old_v, "new_value": new_v}
+
+    def records(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Per-site records as dicts (tensor name, index, bit positions, words, values)."""
+        cols = self.columns()
+        n = len(self) if limit is None else min(limit, len(self))
+        out = []
+        for i in range(n):
+            t = self.plan.tensors[int(cols["tensor"][i])]
+            bits = int(cols["bits"][i])
+            out.append({
+                "tensor": t.name, "index": int(cols["index"][i]),
+                "bit_positions": [b for b in range(64) if bits >> b & 1],
+                "old_word": int(cols["old_word"][i]), "new_word": int(cols["new_word"][i]),
+                "old_value": float(cols["old_value"][i]), "new_value": float(cols["new_value"][i]),
+                "and_mask": int(cols["and_mask"][i]), "or_mask": int(cols["or_mask"][i]),
+                "xor_mask": int(cols["xor_mask"][i]),
+                "scale": None if np.isnan(cols["scale"][i]) else float(cols["scale"][i]),
+            })
+        return out
+
+    def iter_csv_rows(self) -> Iterator[list[str]]:
+        """CSV rows (header first) of the records; words in hex."""
+        yield ["tensor", "index", "bit_positions", "old_word", "new_word", "old_value", "new_value"]
+        cols = self.columns()
+        names = [t.name for t in self.plan.tensors]
+        for i in range(len(self)):
+            w = int(self.plan.tensors[int(cols["tensor"][i])].dtype[-1]) * 2
+            bits = int(cols["bits"][i])
+            yield [names[int(cols["tensor"][i])], str(int(cols["index"][i])),
+                   " ".join(str(b) for b in range(64) if bits >> b & 1),
+                   f"0x{int(cols['old_word'][i]):0{w}x}", f"0x{int(cols['new_word'][i]):0{w}x}",
+                   repr(float(cols["old_value"][i])), repr(float(cols["new_value"][i]))]
+
+    # -- persistence ---------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the log atomically to ``path``; return the path."""
+        path = os.fspath(path)
+        with atomic_output(path) as tmp:
+            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
+                z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
+                for name, arr in self.columns().items():
+                    _write_npy(z, f"{name}.npy", arr)
+                if self.undo is not None:
+                    _write_npy(z, "undo_offsets.npy", self.undo.offsets)
+                    _write_npy(z, "undo_lengths.npy", self.undo.lengths)
+                    z.writestr("undo_data.bin", self.undo.data)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "InjectionLog":
+        """Read a log written by :meth:`save` (any fastflip-log/1 file)."""
+        p = check_input(path)
+        try:
+            with zipfile.ZipFile(p) as z:
+                manifest = json.loads(z.read("manifest.json"))
+                if manifest.get("format") != LOG_FORMAT:
+                    raise LogMismatchError(f"{p}: not a {LOG_FORMAT} log (format {manifest.get('format')!r})")
+                cols = {c: _read_npy(z, f"{c}.npy") for c in _COLUMNS}
+                undo = None
+                if manifest.get("undo"):
+                    undo = ByteUndo(_read_npy(z, "undo_offsets.npy"), _read_npy(z, "undo_lengths.npy"),
+                                    z.read("undo_data.bin"), int(manifest["undo"]["size"]))
+        except (zipfile.BadZipFile, KeyError, ValueError, json.JSONDecodeError) as exc:
+            raise InputFileError(f"{p}: not a readable fastflip log ({exc}); give the .fflog written by inject") from None
+        tensors = tuple(TensorRef(t["name"], t["dtype"], tuple(t["shape"])) for t in manifest["tensors"])
+        scale = cols["scale"] if not np.isnan(cols["scale"]).all() else None
+        plan = Plan(tensors, cols["tensor"], cols["index"], cols["and_mask"], cols["or_mask"], cols["xor_mask"], scale,
+                    cols["bits"], dict(manifest.get("plan", {})))
+        log = cls(manifest, plan, cols["old_word"], cols["new_word"], undo)
+        log._values = (cols["old_value"], cols["new_value"])
+        return log
+
+
+def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
+    bio = io.BytesIO()
+    np.lib.format.write_array(bio, np.ascontiguousarray(arr), allow_pickle=False)
+    z.writestr(name, bio.getvalue())
+
+
+def _read_npy(z: zipfile.ZipFile, name: str) -> np.ndarray:
+    with z.open(name) as fh:
+        return np.lib.format.read_array(io.BytesIO(fh.read()), allow_pickle=False)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if hasattr(obj, "as_dict"):
+        return obj.as_dict()
+    return str(obj)
