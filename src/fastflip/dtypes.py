@@ -111,7 +111,8 @@ def word_type(dtype: np.dtype | str) -> WordType:
         order = _NATIVE
     if dtype.itemsize == 1:
         order = "|"
-    fields: dict[str, tuple[int, ...]] = {"all": tuple(range(bits))}
+    # bool: the value lives in bit 0; 'all' means that bit (other bits of the byte only when named)
+    fields: dict[str, tuple[int, ...]] = {"all": (0,) if dtype.kind == "b" else tuple(range(bits))}
     if dtype.kind == "f":
         ne, nm = _FLOAT_FIELDS[dtype.itemsize]
         fields["sign"] = (bits - 1,)

@@ -83,7 +83,9 @@ def apply_plan(arrays: Mapping[str, np.ndarray], plan: Plan) -> tuple[np.ndarray
             new = scale_word(old, factor, arr.dtype)
         else:
             new = word_rule(old, int(plan.and_mask[i]), int(plan.or_mask[i]), int(plan.xor_mask[i]), wt.bits)
-        flat[int(plan.index[i])] = from_words(np.array([new], dtype=wt.uint), arr.dtype)[0]
+        # store the raw word through an unsigned view in the stored byte order (exact for every bit pattern)
+        raw = flat.view(np.dtype(wt.uint).newbyteorder(wt.byteorder if wt.itemsize > 1 else "="))
+        raw[int(plan.index[i])] = new
         old_words[i] = old
         new_words[i] = new
     return old_words, new_words

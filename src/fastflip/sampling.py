@@ -152,7 +152,7 @@ class SiteSpace:
             k = (rng.random(len(elem)) * self._gm[0]).astype(np.int64)
             return self.groups[0].positions[k]
         g = self.group_of[self._tensor_of(elem)]
-        k = (rng.random(len(tensor)) * self._gm[g]).astype(np.int64)
+        k = (rng.random(len(elem)) * self._gm[g]).astype(np.int64)
         return self._pos_table[g, k]
 
     def _capacity(self, pairs: bool) -> int:

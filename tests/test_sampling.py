@@ -1,0 +1,189 @@
+"""Sampling and fault models: determinism, exact counts, uniqueness, distributions, masks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fastflip.errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
+from fastflip.faults import FaultModel
+from fastflip.plan import Plan, TensorRef, compose_masks, merge_duplicate_elements
+from fastflip.reference import apply_plan, word_rule
+from fastflip.sampling import SiteSpace, make_plan
+
+REFS = [TensorRef("a", "<f4", (10,)), TensorRef("b", "<f4", (100,)), TensorRef("c", "<f4", (30, 30)),
+        TensorRef("d", "<f4", (5000,))]
+
+
+def site_keys(plan: Plan) -> set[tuple[int, int, int]]:
+    out = set()
+    for t, i, b in zip(plan.tensor, plan.index, plan.bits):
+        for bit in range(64):
+            if int(b) >> bit & 1:
+                out.add((int(t), int(i), bit))
+    return out
+
+
+def test_same_seed_same_sites_other_seed_other_sites():
+    sp = SiteSpace(REFS)
+    p1, p2, p3 = sp.plan(seed=5, count=200), sp.plan(seed=5, count=200), sp.plan(seed=6, count=200)
+    assert site_keys(p1) == site_keys(p2)
+    assert site_keys(p1) != site_keys(p3)
+    # the stream is part of the key; a fresh SiteSpace gives the same sites
+    assert site_keys(SiteSpace(REFS).plan(seed=5, count=200)) == site_keys(p1)
+    assert site_keys(sp.plan(seed=5, stream=(1, 2), count=200)) != site_keys(p1)
+
+
+@pytest.mark.parametrize("k", [1, 7, 500, 5000, 20000])
+def test_exact_count_distinct_sites(k):
+    p = SiteSpace(REFS, bits="0-7").plan(seed=1, count=k)
+    assert p.meta["flips"] == k
+    assert len(site_keys(p)) == k  # no (element, bit) twice
+    assert len(set(zip(p.tensor.tolist(), p.index.tolist()))) == len(p)  # unique elements in the plan
+
+
+def test_dense_and_full_capacity():
+    refs = [TensorRef("x", "<u1", (4,)), TensorRef("y", "<u1", (3,))]
+    p = SiteSpace(refs).plan(seed=0, count=7 * 8)  # every bit of every element
+    assert len(site_keys(p)) == 56 and len(p) == 7
+    with pytest.raises(CapacityError, match="only 56"):
+        SiteSpace(refs).plan(seed=0, count=57)
+
+
+def test_replace_allows_repeats():
+    refs = [TensorRef("x", "<u1", (1,))]
+    p = SiteSpace(refs, bits="0").plan(seed=0, count=3, replace=True)
+    assert len(p) == 1 and int(p.xor_mask[0]) == 1  # three flips of one bit == one flip
+
+
+def test_element_distribution_is_proportional_to_size():
+    """Chi-square of hits per tensor against sizes (p > 0.001 with a fixed seed)."""
+    chi2 = pytest.importorskip("scipy.stats").chisquare
+    sp = SiteSpace(REFS)
+    hits = np.zeros(len(REFS))
+    for s in range(20):
+        p = sp.plan(seed=s, count=300)
+        hits += np.bincount(p.tensor, weights=np.bitwise_count(p.bits), minlength=len(REFS))
+    sizes = np.array([r.size for r in REFS], float)
+    expected = hits.sum() * sizes / sizes.sum()
+    assert chi2(hits, expected).pvalue > 1e-3
+    # and the old tool's per-tensor behaviour is available and really different
+    pt = SiteSpace(REFS, distribution="tensor")
+    th = np.zeros(len(REFS))
+    for s in range(20):
+        q = pt.plan(seed=s, count=40)
+        th += np.bincount(q.tensor, weights=np.bitwise_count(q.bits), minlength=len(REFS))
+    assert chi2(th, np.full(len(REFS), th.sum() / len(REFS))).pvalue > 1e-3
+
+
+def test_weights():
+    sp = SiteSpace(REFS, distribution={"a": 0.0, "b": 1.0, "d": 3.0})
+    p = sp.plan(seed=3, count=400)
+    hits = np.bincount(p.tensor, minlength=4)
+    assert hits[0] == 0 and hits[2] == 0 and hits[3] > hits[1] > 0
+    with pytest.raises(OptionError, match="not selected"):
+        SiteSpace(REFS, distribution={"zz": 1.0})
+
+
+def test_rate_and_ber_binomial_counts():
+    refs = [TensorRef("w", "<f4", (100_000,))]
+    p = SiteSpace(refs).plan(seed=1, rate=0.01)
+    assert abs(len(p) - 1000) < 150 and p.meta["drawn"] == len(p)
+    q = SiteSpace(refs, bits="0-15").plan(seed=1, ber=1e-3)
+    assert abs(q.meta["flips"] - 1600) < 200
+
+
+@pytest.mark.parametrize("dtype", ["<f2", ">f4", "<f8", "<i1", ">u2", "<i8", "|b1"])
+def test_bits_stay_in_range_and_width(dtype):
+    refs = [TensorRef("w", dtype, (64,))]
+    width = np.dtype(dtype).itemsize * 8
+    p = SiteSpace(refs, bits=f"0-{width - 1}").plan(seed=2, count=64)
+    assert all(int(b) >> width == 0 for b in p.bits)
+    with pytest.raises(BitRangeError):
+        SiteSpace(refs, bits=str(width)).plan(seed=2, count=1)
+
+
+def test_fault_models_masks():
+    refs = [TensorRef("w", "<f4", (1000,))]
+    allowed = 0x00FF_FF00
+    sp = SiteSpace(refs, bits="8-23")
+    burst = sp.plan(seed=1, count=50, model="burst:3")
+    assert all(bin(int(x)).count("1") == 3 and int(x) & ~allowed == 0 for x in burst.xor_mask)
+    adj = sp.plan(seed=1, count=50, model="adjacent:4")
+    for x in adj.xor_mask:
+        x = int(x)
+        low = (x & -x).bit_length() - 1
+        assert x == 0b1111 << low and x & ~allowed == 0
+    mask_r = sp.plan(seed=1, count=50, model="mask:0b101@random")
+    assert all(int(x) & ~allowed == 0 and bin(int(x)).count("1") == 2 for x in mask_r.xor_mask)
+    mask_f = sp.plan(seed=1, count=5, model="mask:0x3")
+    assert {int(x) for x in mask_f.xor_mask} == {3}
+    s0 = sp.plan(seed=1, count=20, model="stuck-at-0")
+    assert all(int(~a) & 0xFFFFFFFF & ~allowed == 0 for a in s0.and_mask)
+    s1 = sp.plan(seed=1, count=20, model="stuck-at-1:2")
+    assert all(bin(int(o)).count("1") == 2 for o in s1.or_mask)
+    rv = sp.plan(seed=1, count=20, model="random-value")
+    assert all(int(o) & ~allowed == 0 for o in rv.or_mask)
+    z = sp.plan(seed=1, count=5, model="zero")
+    assert all(int(a) == 0 for a in z.and_mask)
+    sc = sp.plan(seed=1, count=5, model="scale:-2")
+    assert np.all(sc.scale == -2.0)
+    with pytest.raises(OptionError):
+        SiteSpace(refs, bits="0-1").plan(seed=1, count=1, model="adjacent:3")
+
+
+def test_merge_composes_like_sequential_application():
+    rng = np.random.default_rng(0)
+    refs = [TensorRef("w", "<u2", (3,))]
+    n = 12
+    masks = [rng.integers(0, 2**16, n, dtype=np.uint64) | np.uint64(0xFFFFFFFFFFFF0000) for _ in range(1)]
+    plan = Plan.from_sites(refs, np.zeros(n, int), rng.integers(0, 3, n), and_mask=masks[0],
+                           or_mask=rng.integers(0, 2**16, n, dtype=np.uint64) & ~masks[0],
+                           xor_mask=rng.integers(0, 2**16, n, dtype=np.uint64))
+    start = np.array([0x1234, 0xFFFF, 0x0000], dtype="<u2")
+    seq = start.copy()
+    for i in range(n):  # sequential, site by site
+        j = int(plan.index[i])
+        seq[j] = word_rule(int(seq[j]), int(plan.and_mask[i]), int(plan.or_mask[i]), int(plan.xor_mask[i]), 16)
+    merged = merge_duplicate_elements(plan)
+    arr = {"w": start.copy()}
+    apply_plan(arr, merged)
+    assert arr["w"].tolist() == seq.tolist()
+
+
+def test_compose_identity():
+    ones = np.array([np.uint64(0xFFFFFFFFFFFFFFFF)])
+    z = np.array([np.uint64(0)])
+    a, o, x = compose_masks((ones, z, np.array([np.uint64(5)])), (ones, z, np.array([np.uint64(5)])))
+    assert (int(a[0]), int(o[0]), int(x[0])) == (0xFFFFFFFFFFFFFFFF, 0, 0)
+
+
+def test_nan_avoid_resamples_and_fails_cleanly():
+    refs = [TensorRef("w", "<f4", (200,))]
+    vals = np.concatenate([np.full(100, 1.5, "<f4"), np.full(100, 0.25, "<f4")])  # msb flip of 1.5 -> Inf
+    words = vals.view(np.uint32).astype(np.uint64)
+
+    def read(p: Plan) -> np.ndarray:
+        return words[p.index]
+
+    sp = SiteSpace(refs, bits="exponent-msb")
+    p = sp.plan(seed=4, count=50, nan_policy="avoid", read_words=read)
+    assert len(p) == 50 and (p.index >= 100).all()
+    assert p.meta["nan_resampled"] > 0
+    with pytest.raises(NaNPolicyError, match="NaN/Inf"):
+        sp.plan(seed=4, count=150, nan_policy="avoid", read_words=read)
+    with pytest.raises(OptionError):
+        sp.plan(seed=4, count=1, nan_policy="avoid")
+
+
+def test_mode_and_option_errors():
+    sp = SiteSpace(REFS)
+    with pytest.raises(OptionError, match="exactly one"):
+        sp.plan(seed=1, count=1, rate=0.1)
+    with pytest.raises(OptionError):
+        sp.plan(seed=-1, count=1)
+    with pytest.raises(OptionError):
+        FaultModel("nonsense")
+    with pytest.raises(OptionError):
+        SiteSpace([TensorRef("e", "<f4", (0,))])
+    assert len(make_plan(REFS, seed=1, count=3)) == 3
