@@ -257,3 +257,57 @@ def test_empty_file(tmp_path):
     lay = read_layout(p)
     assert lay.tensors == [] and lay.skipped == [] and lay.totals["tensors"] == 0
     assert os.path.exists(p)
+
+
+# ------------------------------------------------------------------ fastflip inspect
+
+
+def test_cli_inspect_table(tmp_path, capsys):
+    from fastflip.cli import main
+
+    path = str(tmp_path / "z.h5")
+    hf.storage_zoo(path)
+    assert main(["inspect", path]) == 0
+    out = capsys.readouterr().out
+    lay = read_layout(path)
+    for t in lay.tensors:
+        assert t.path in out
+    contig = lay.tensor("/contig")
+    assert f"contiguous@{contig.offset}" in out and "/hard_alias" in out
+    assert "filtered(7) shuffle+gzip" in out and "chunked(3,4)" in out
+    assert "total: 15 tensors" in out and "skipped 10 datasets" in out
+    assert "/links/ext: external link (fastflip never writes outside the checkpoint file)" in out
+
+
+def test_cli_inspect_json_and_selection(tmp_path, capsys):
+    from fastflip.cli import main
+
+    path = str(tmp_path / "t.h5")
+    hf.torch_like(path)
+    assert main(["inspect", path, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d == json.loads(read_layout(path).to_json())
+    assert d["framework"] == "torch"
+    assert main(["inspect", path, "--json", "--role", "bn-statistic"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [t["path"] for t in d["tensors"]] == ["/model/bn1.running_mean", "/model/bn1.running_var"]
+    assert d["totals"]["tensors"] == 2 and d["totals"]["elements"] == 8 and d["selection"]["roles"] == ["bn-statistic"]
+    assert main(["inspect", path, "--role", "weight", "--layer", "conv*"]) == 0
+    out = capsys.readouterr().out
+    assert "/model/conv1.weight" in out and "bn1" not in out and "weight [conv1]" in out
+
+
+def test_cli_inspect_errors(tmp_path, capsys):
+    from fastflip.cli import main
+
+    assert main(["inspect", str(tmp_path / "missing.h5")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastflip inspect: error:") and "not found" in err and err.count("\n") == 1
+    bad = hf.not_hdf5(tmp_path / "bad.h5")
+    assert main(["inspect", bad]) == 2
+    assert "not an HDF5 file" in capsys.readouterr().err
+    path = str(tmp_path / "t.h5")
+    hf.torch_like(path)
+    assert main(["inspect", path, "--include", "nothing"]) == 2
+    err = capsys.readouterr().err
+    assert "matched no tensor" in err and "/model/" in err

@@ -1,0 +1,111 @@
+"""``fastflip inspect FILE``: list the tensors of an HDF5 checkpoint (paths, dtypes, storage, roles)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Sequence
+
+__all__ = ["add_parser", "run", "format_layout", "human_bytes", "format_table"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from ..select import add_selection_arguments
+
+    p = subparsers.add_parser(
+        "inspect",
+        help="list the tensors of an HDF5 file",
+        description="List every numeric dataset once (aliases merged) with dtype, shape, storage, "
+        "framework role, and the datasets fastflip skips with the reason.",
+    )
+    p.add_argument("file", help="HDF5 file (opened read-only)")
+    p.add_argument("--json", action="store_true", help="print the layout as JSON")
+    add_selection_arguments(p)
+    return p
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` → ``'1.5 KiB'``.
+
+    >>> human_bytes(10), human_bytes(1536), human_bytes(3 * 2**30)
+    ('10 B', '1.5 KiB', '3.0 GiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    x = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        x /= 1024
+        if x < 1024 or unit == "TiB":
+            break
+    return f"{x:.1f} {unit}"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """Plain-text table with aligned columns (columns in ``right`` right-aligned).
+
+    >>> print(format_table(["a", "n"], [["x", "1"], ["yy", "10"]], right=[1]))
+    a    n
+    x    1
+    yy  10
+    """
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: Sequence[str]) -> str:
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        return "  ".join(cells).rstrip()
+
+    return "\n".join(line(r) for r in [header, *rows])
+
+
+def _storage(t: Any) -> str:
+    if t.storage == "contiguous":
+        return f"contiguous@{t.offset}"
+    if t.storage in ("chunked", "filtered"):
+        s = f"{t.storage}({','.join(str(c) for c in t.chunks)})"
+        return s + (" " + "+".join(t.filters) if t.filters else "")
+    return t.storage
+
+
+def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
+    """The readable table ``fastflip inspect`` prints."""
+    tensors = layout.tensors if tensors is None else tensors
+    rows = []
+    for t in tensors:
+        role = (t.role or "") + (f" [{t.layer}]" if t.layer else "")
+        others = [a for a in t.aliases if a != t.path]
+        rows.append([t.path, t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
+                     _storage(t), str(t.nbytes), role, ",".join(others)])
+    out = [f"{layout.file}: framework {layout.framework or 'unknown'}"]
+    if rows:
+        out.append(format_table(["path", "dtype", "shape", "elements", "storage", "bytes", "role [layer]",
+                                 "aliases"], rows, right=[3, 5]))
+    by_storage: dict[str, int] = {}
+    for t in tensors:
+        by_storage[t.storage] = by_storage.get(t.storage, 0) + 1
+    nbytes = sum(t.nbytes for t in tensors)
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(by_storage.items()))
+    out.append(f"total: {len(tensors)} tensors, {sum(t.size for t in tensors)} elements, "
+               f"{human_bytes(nbytes)} ({nbytes} bytes){'; ' + kinds if kinds else ''}")
+    if layout.skipped:
+        out.append(f"skipped {len(layout.skipped)} datasets:")
+        out.extend(f"  {s.path}: {s.reason}" for s in layout.skipped)
+    return "\n".join(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from ..layout import Layout, read_layout
+    from ..select import select, selection_from_args
+
+    layout = read_layout(args.file)
+    sel = selection_from_args(args)
+    tensors = layout.tensors if sel.is_all else select(layout.tensors, sel)
+    if args.json:
+        shown = layout if sel.is_all else Layout(layout.file, list(tensors), layout.skipped, layout.framework)
+        d = shown.as_dict()
+        if not sel.is_all:
+            d["selection"] = sel.as_dict()
+        print(json.dumps(d, indent=2))
+    else:
+        print(format_layout(layout, tensors))
+    return 0
