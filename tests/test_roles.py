@@ -234,6 +234,12 @@ CHAINER_SCRIPT = textwrap.dedent(
     opt.update(model, x, y)
     serializers.save_hdf5(sys.argv[1], model)
     serializers.save_hdf5(sys.argv[2], opt)
+    from chainer import training, iterators, datasets
+    it = iterators.SerialIterator(datasets.TupleDataset(x, y), 2)
+    updater = training.updaters.StandardUpdater(it, opt)
+    trainer = training.Trainer(updater, (2, "iteration"), out=sys.argv[4])
+    trainer.run()
+    serializers.save_hdf5(sys.argv[3], trainer)
     """
 )
 
@@ -245,10 +251,10 @@ def test_real_chainer_save_hdf5(tmp_path):
         if os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1":
             pytest.fail("FASTFLIP_CHAINER_PYTHON is not set but make test promised a Chainer venv")
         pytest.skip("Chainer runs in its own venv: set FASTFLIP_CHAINER_PYTHON (make test does)")
-    model_p, opt_p = str(tmp_path / "model.h5"), str(tmp_path / "opt.h5")
+    model_p, opt_p, snap_p = (str(tmp_path / n) for n in ("model.h5", "opt.h5", "snapshot.h5"))
     script = tmp_path / "mk.py"
     script.write_text(CHAINER_SCRIPT)
-    subprocess.run([py, str(script), model_p, opt_p], check=True, timeout=300)
+    subprocess.run([py, str(script), model_p, opt_p, snap_p, str(tmp_path / "out")], check=True, timeout=300)
     lay = read_layout(model_p)
     assert lay.framework == "chainer"
     got = {t.path: (t.layer, t.role) for t in lay.tensors}
@@ -258,12 +264,25 @@ def test_real_chainer_save_hdf5(tmp_path):
     assert got["/predictor/bn1/avg_mean"] == ("bn1", "bn-statistic")
     assert got["/predictor/bn1/avg_var"] == ("bn1", "bn-statistic")
     assert got["/predictor/fc/W"] == ("fc", "weight")
-    if "/predictor/bn1/N" in got:
-        assert got["/predictor/bn1/N"][1] == "step-counter"
+    assert got["/predictor/bn1/N"] == ("bn1", "step-counter")
+    assert {r for _, r in got.values()} == {"weight", "bias", "bn-statistic", "step-counter"}
+    # an optimizer saved on its own: /t, /epoch, /<param path>/{m,v,t}
     olay = read_layout(opt_p)
-    roles = {t.path: t.role for t in olay.tensors}
-    assert roles.get("/t") == "step-counter" or any(p.endswith("/t") and r == "step-counter" for p, r in roles.items())
-    assert any(p.endswith("/W/m") and r == "optimizer-moment" for p, r in roles.items())
+    assert olay.framework == "chainer"
+    for t in olay.tensors:
+        leaf = t.path.rsplit("/", 1)[-1]
+        want = "optimizer-moment" if leaf in ("m", "v") else "step-counter"
+        assert t.role == want, t.path
+    assert olay.tensor("/predictor/conv1/W/m").layer == "conv1"
+    # a trainer snapshot: the model under updater/model:main, the optimizer under updater/optimizer:main
+    slay = read_layout(snap_p)
+    sroles = {t.path: (t.layer, t.role) for t in slay.tensors}
+    assert sroles["/updater/model:main/predictor/conv1/W"] == ("conv1", "weight")
+    assert sroles["/updater/model:main/predictor/bn1/avg_var"] == ("bn1", "bn-statistic")
+    assert sroles["/updater/optimizer:main/t"] == (None, "step-counter")
+    assert sroles["/updater/optimizer:main/predictor/fc/W/v"] == ("fc", "optimizer-moment")
+    moments = [p for p, (_, r) in sroles.items() if r == "optimizer-moment"]
+    assert len(moments) == 2 * 6  # m and v for 6 parameters
 
 
 def test_roles_import_no_framework():
