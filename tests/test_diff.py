@@ -207,3 +207,26 @@ def test_word_type_consistency():
     for dt in hf.ALL_DTYPES:
         d = diff_arrays(hf.sample_values(dt, (4,), 1), hf.sample_values(dt, (4,), 2))
         assert len(d.bit_hist) == word_type(dt).bits
+
+
+def test_memory_stays_bounded(tmp_path):
+    import tracemalloc
+
+    n = 4 * 2**20  # 16 MiB of float32 per file
+    a = str(tmp_path / "a.h5")
+    b = str(tmp_path / "b.h5")
+    vals = np.arange(n, dtype="<f4")
+    hf.write_datasets(a, {"big": vals})
+    vals[::1000] = -vals[::1000]
+    hf.write_datasets(b, {"big": vals})
+    del vals
+    tracemalloc.start()
+    try:
+        r = diff_files(a, b, block_bytes=2**20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (td,) = r.tensors
+    # every 1000th element negated (element 0: 0.0 → -0.0 is a sign-bit difference too)
+    assert td.n_diff == len(range(0, n, 1000)) and td.bit_counts() == {31: td.n_diff}
+    assert peak < 8 * 2**20, f"peak traced memory {peak / 2**20:.1f} MiB for 1 MiB blocks of a 16 MiB tensor"
