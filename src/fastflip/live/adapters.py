@@ -1,0 +1,220 @@
+"""Adapters: turn arrays, framework tensors and whole models into named :class:`LiveTensor` records.
+
+Names follow each framework's checkpoint, so that a plan sampled from a checkpoint
+applies to the loaded model as is:
+
+- a PyTorch ``nn.Module``: ``model/<state_dict key>`` (``model/conv1.weight``), the
+  path :func:`fastflip.torch.save_checkpoint` writes (``/model/<key>``) without the
+  leading slash;
+- a Keras 3 model or layer: the dataset paths of its ``.weights.h5``
+  (``layers/dense/vars/0``), found by Keras's own saving walk; optimizer variables
+  only when asked;
+- a mapping: its keys, as given.
+
+Supported tensors: NumPy arrays (``np.memmap`` included), PyTorch tensors (CPU:
+raw address; CUDA: device address), CuPy arrays (device address) and TensorFlow /
+Keras variables (updated sparsely through ``tf.gather`` / ``scatter_nd_update``:
+correct and proportional to the number of sites, but not zero-copy).
+
+Examples
+--------
+>>> import numpy as np
+>>> [t.name for t in collect({"a": np.zeros(3, np.float32), "b": np.ones((2, 2), ">i2")})[0]]
+['a', 'b']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..dtypes import is_supported_dtype
+from ..errors import OptionError
+
+__all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
+
+# torch dtype name -> numpy dtype string (native order); bfloat16 and complex have no word type here
+TORCH_DTYPES = {
+    "float16": "f2", "float32": "f4", "float64": "f8",
+    "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
+    "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "bool": "?",
+}
+
+
+@dataclass
+class LiveTensor:
+    """One live tensor: where its words are and how to reach them.
+
+    ``kind`` is ``'cpu'`` (raw host address), ``'cuda'`` (raw device address on
+    ``device``) or ``'tf'`` (a TensorFlow variable, updated by gather/scatter).
+    ``strides`` are in bytes; ``obj`` keeps the tensor alive.
+    """
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    kind: str
+    ptr: int = 0
+    strides: tuple[int, ...] = ()
+    writable: bool = True
+    device: int = -1
+    obj: Any = field(default=None, repr=False)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def contiguous(self) -> bool:
+        expect, ok = self.dtype.itemsize, True
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n > 1 and s != expect:
+                ok = False
+            expect *= n
+        return ok
+
+    @property
+    def extent(self) -> int:
+        """Bytes from ``ptr`` to the end of the last element (non-negative strides)."""
+        if self.size == 0:
+            return 0
+        return int(sum((n - 1) * s for n, s in zip(self.shape, self.strides))) + self.dtype.itemsize
+
+    def byte_offsets(self, index: np.ndarray) -> np.ndarray:
+        """Byte offsets (from ``ptr``) of the flat C-order element indices ``index``."""
+        index = np.asarray(index, dtype=np.int64)
+        if self.contiguous:
+            return index * self.dtype.itemsize
+        if not self.shape:
+            return np.zeros(len(index), dtype=np.int64)
+        coords = np.unravel_index(index, self.shape)
+        return sum(c.astype(np.int64) * s for c, s in zip(coords, self.strides)).astype(np.int64)
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__.split(".")[0]
+
+
+def _numpy(name: str, arr: np.ndarray) -> LiveTensor:
+    _check_dtype(name, arr.dtype)
+    return LiveTensor(name, arr.dtype, tuple(arr.shape), "cpu", int(arr.ctypes.data), tuple(arr.strides),
+                      bool(arr.flags.writeable), obj=arr)
+
+
+def _check_dtype(name: str, dtype: np.dtype) -> None:
+    if not is_supported_dtype(dtype):
+        raise OptionError(f"tensor {name!r} has dtype {dtype}: only float16/32/64, int/uint 8-64 and bool can be injected")
+
+
+def _torch(name: str, t: Any) -> LiveTensor:
+    key = str(t.dtype).replace("torch.", "")
+    if key not in TORCH_DTYPES:
+        raise OptionError(f"tensor {name!r} has dtype {t.dtype}: only float16/32/64, int/uint 8-64 and bool can be injected")
+    dtype = np.dtype(TORCH_DTYPES[key])
+    strides = tuple(int(s) * dtype.itemsize for s in t.stride())
+    if t.device.type == "cpu":
+        return LiveTensor(name, dtype, tuple(t.shape), "cpu", int(t.data_ptr()), strides, True, obj=t)
+    if t.device.type == "cuda":
+        return LiveTensor(name, dtype, tuple(t.shape), "cuda", int(t.data_ptr()), strides, True, int(t.device.index), obj=t)
+    raise OptionError(f"tensor {name!r} is on device {t.device}: only CPU and CUDA tensors are supported")
+
+
+def _cupy(name: str, a: Any) -> LiveTensor:
+    dtype = np.dtype(a.dtype)
+    _check_dtype(name, dtype)
+    return LiveTensor(name, dtype, tuple(a.shape), "cuda", int(a.data.ptr), tuple(a.strides), True, int(a.device.id), obj=a)
+
+
+def _tf(name: str, v: Any) -> LiveTensor:
+    var = getattr(v, "_value", v)  # a Keras 3 Variable wraps the backend's variable
+    if _module_of(var) == "torch":
+        return _torch(name, var)
+    if not hasattr(var, "scatter_nd_update"):
+        raise OptionError(f"tensor {name!r} ({type(v).__name__}) is a TensorFlow value, not a variable: it cannot be changed in place")
+    dtype = np.dtype(var.dtype.as_numpy_dtype)
+    _check_dtype(name, dtype)
+    return LiveTensor(name, dtype, tuple(int(s) for s in var.shape), "tf", writable=True, obj=var)
+
+
+def tensor(name: str, t: Any) -> LiveTensor:
+    """The :class:`LiveTensor` of one array / tensor / variable."""
+    if isinstance(t, np.ndarray):
+        return _numpy(name, t)
+    mod = _module_of(t)
+    if mod == "torch":
+        return _torch(name, t)
+    if mod == "cupy":
+        return _cupy(name, t)
+    if mod in ("keras", "tensorflow", "tf_keras"):
+        return _tf(name, t)
+    raise OptionError(f"tensor {name!r}: unsupported type {type(t).__module__}.{type(t).__name__} "
+                      "(use numpy, torch, cupy or tensorflow/keras variables)")
+
+
+def keras_variables(model: Any, include_optimizer: bool = False) -> list[tuple[str, Any]]:
+    """``(weights.h5 path, variable)`` pairs of a Keras 3 model, named by Keras's own saving walk."""
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError as exc:  # pragma: no cover - Keras 2
+        raise OptionError(f"Keras 3 is needed to name a Keras model's variables: {exc}") from None
+    found: list[tuple[str, Any]] = []
+
+    class _Group(dict):  # type: ignore[type-arg]
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.path = path
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            found.append((f"{self.path}/vars/{key}" if self.path else f"vars/{key}", value))
+
+    class _Recorder(saving_lib.H5IOStore):  # records what save_weights would write, writes nothing
+        def __init__(self) -> None:  # noqa: D401 - no file is opened
+            pass
+
+        def __bool__(self) -> bool:
+            return True
+
+        def make(self, path: str, metadata: Any = None) -> _Group:
+            return _Group(path)
+
+    try:
+        saving_lib._save_state(model, weights_store=_Recorder(), assets_store=None, inner_path="",
+                               visited_saveables=set())
+    except TypeError as exc:  # a Keras whose private saving walk changed
+        raise OptionError(f"cannot name this Keras model's variables ({exc}); pass a mapping name -> variable") from None
+    if not include_optimizer:
+        found = [(n, v) for n, v in found if not n.startswith("optimizer/")]
+    return found
+
+
+def collect(obj: Any, *, include_optimizer: bool = False) -> tuple[list[LiveTensor], list[str]]:
+    """Named live tensors of a mapping, a PyTorch module or a Keras model/layer; and the names left out.
+
+    In a mapping every tensor must be supported; in a model, tensors of other dtypes
+    (``bfloat16``, complex) are left out and named in the second list.
+    """
+    mod = _module_of(obj)
+    pairs: Iterable[tuple[str, Any]]
+    strict = True
+    if isinstance(obj, Mapping):
+        pairs = obj.items()
+    elif mod == "torch" and hasattr(obj, "state_dict"):
+        pairs = [(f"model/{k}", v) for k, v in obj.state_dict().items()]
+        strict = False
+    elif mod in ("keras", "tf_keras") and hasattr(obj, "weights"):
+        pairs = keras_variables(obj, include_optimizer=include_optimizer)
+        strict = False
+    else:
+        raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a mapping name -> tensor, "
+                          "a torch.nn.Module or a Keras model")
+    out, skipped = [], []
+    for name, t in pairs:
+        try:
+            out.append(tensor(str(name), t))
+        except OptionError:
+            if strict:
+                raise
+            skipped.append(str(name))
+    return out, skipped

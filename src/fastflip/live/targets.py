@@ -1,0 +1,301 @@
+"""A set of live tensors prepared once, and plans checked against it once.
+
+:class:`Targets` holds what every trial needs (base addresses, word widths, byte
+orders, shapes) so that applying a plan is one native call over all CPU tensors,
+one kernel launch per GPU, and one gather/scatter per TensorFlow variable. A plan is
+validated against the targets the first time it is used (names, dtypes, shapes,
+element ranges, unique elements, writability) and the resulting site arrays are
+cached for as long as the plan object lives, so a plan generated once can be
+applied many times at the cost of the kernel call alone.
+
+The targets hold raw addresses: rebuild them if a tensor's storage is replaced
+(``model.to(...)``, re-creating variables); in-place updates (training steps,
+``load_state_dict``) keep addresses valid.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastflip.plan import Plan, TensorRef
+>>> t = Targets.from_tensors({"w": np.ones(4, np.float32)})
+>>> [r.name for r in t.refs()], t.kinds
+(['w'], {'cpu'})
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import native
+from ..dtypes import word_type
+from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, TensorNotFoundError
+from ..plan import Plan, TensorRef
+from ..wordrule import rule_words, scale_words
+from .adapters import LiveTensor, collect
+
+__all__ = ["Targets", "Prepared"]
+
+
+@dataclass
+class Prepared:
+    """A plan's sites resolved against one :class:`Targets` (built by :meth:`Targets.prepare`)."""
+
+    tid: np.ndarray  # target tensor id per site (int32)
+    offsets: np.ndarray  # byte offset from the tensor's base address (int64)
+    cpu: np.ndarray | None  # site positions on CPU tensors, or None when every site is (fast path)
+    cuda: dict[int, tuple[np.ndarray, Any]] = field(default_factory=dict)  # device -> (positions, SiteArrays)
+    tf: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (tensor id, positions)
+    bitwise: bool = True  # no scale site
+
+
+class Targets:
+    """Named live tensors, prepared for repeated injection.
+
+    Build with :meth:`from_tensors` (a mapping, a ``torch.nn.Module``, a Keras model,
+    or another ``Targets``). ``skipped`` names model tensors of unsupported dtypes.
+    """
+
+    def __init__(self, tensors: list[LiveTensor], skipped: list[str] | None = None) -> None:
+        self.tensors = list(tensors)
+        self.skipped = list(skipped or [])
+        self.index = {t.name: i for i, t in enumerate(self.tensors)}
+        if len(self.index) != len(self.tensors):
+            raise OptionError("two live tensors have the same name")
+        for t in self.tensors:
+            if t.kind != "tf" and any(s < 0 for s in t.strides):
+                raise OptionError(f"tensor {t.name!r} has negative strides: pass a contiguous array")
+        cpu = [t.kind == "cpu" for t in self.tensors]
+        self.table = native.PtrTable(
+            [t.ptr if c else 0 for t, c in zip(self.tensors, cpu)],
+            [t.dtype.itemsize for t in self.tensors],
+            [word_type(t.dtype).swapped for t in self.tensors],
+            [t.extent if c else 0 for t, c in zip(self.tensors, cpu)],
+            [t.dtype for t in self.tensors],
+        )
+        self.kinds = {t.kind for t in self.tensors}
+        self._prepared: dict[int, tuple[weakref.ref, Prepared]] = {}
+        self._spans: dict[int, tuple[Any, int]] = {}
+
+    @classmethod
+    def from_tensors(cls, obj: Any, *, include_optimizer: bool = False) -> "Targets":
+        """Targets of a mapping name -> tensor, a PyTorch module or a Keras model (see :mod:`.adapters`)."""
+        if isinstance(obj, Targets):
+            return obj
+        tensors, skipped = collect(obj, include_optimizer=include_optimizer)
+        return cls(tensors, skipped)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def refs(self) -> list[TensorRef]:
+        """:class:`~fastflip.plan.TensorRef` of every tensor (to build a ``SiteSpace`` from a live model)."""
+        return [TensorRef(t.name, t.dtype.str, t.shape) for t in self.tensors]
+
+    # ------------------------------------------------------------------ plan validation
+
+    def prepare(self, plan: Plan) -> Prepared:
+        """Check ``plan`` against these tensors (once per plan object) and resolve its sites.
+
+        Raises
+        ------
+        TensorNotFoundError, PlanMismatchError
+            The plan names a tensor that is not here, or its dtype/shape differs, or
+            an element index is out of range, or an element appears twice.
+        ReadOnlyTargetError
+            The plan touches a read-only array.
+        """
+        key = id(plan)
+        hit = self._prepared.get(key)
+        if hit is not None and hit[0]() is plan and len(hit[1].tid) == len(plan) and len(plan.and_mask) == len(plan):
+            return hit[1]
+        prep = self._prepare(plan)
+        self._prepared[key] = (weakref.ref(plan, lambda _r, k=key: self._prepared.pop(k, None)), prep)
+        return prep
+
+    def _prepare(self, plan: Plan) -> Prepared:
+        mapping = np.empty(len(plan.tensors), dtype=np.int32)
+        for j, ref in enumerate(plan.tensors):
+            i = self.index.get(ref.name)
+            if i is None:
+                near = ", ".join(list(self.index)[:5])
+                raise TensorNotFoundError(f"the plan names tensor {ref.name!r}, which these tensors lack (have: {near}, ...)")
+            t = self.tensors[i]
+            if np.dtype(ref.dtype).newbyteorder("=") != t.dtype.newbyteorder("="):
+                raise PlanMismatchError(f"tensor {ref.name!r}: the plan's dtype is {np.dtype(ref.dtype)}, the tensor's is {t.dtype}")
+            if tuple(ref.shape) != tuple(t.shape):
+                raise PlanMismatchError(f"tensor {ref.name!r}: the plan's shape is {tuple(ref.shape)}, the tensor's is {t.shape}")
+            mapping[j] = i
+        tid = np.ascontiguousarray(mapping[plan.tensor]) if len(plan) else np.zeros(0, dtype=np.int32)
+        offsets = np.zeros(len(plan), dtype=np.int64)
+        for j, pos in plan.per_tensor():
+            t = self.tensors[int(mapping[j])]
+            idx = plan.index[pos]
+            if int(idx.min()) < 0 or int(idx.max()) >= t.size:
+                raise PlanMismatchError(f"tensor {t.name!r}: element index {int(idx.max())} is outside its {t.size} elements")
+            if len(np.unique(idx)) != len(idx):
+                raise PlanMismatchError(f"tensor {t.name!r}: the plan hits an element twice (merge duplicate sites first)")
+            if not t.writable:
+                raise ReadOnlyTargetError(f"tensor {t.name!r} is read-only: pass a writable array (np.array(x) or mmap mode 'r+')")
+            offsets[pos] = t.byte_offsets(idx)
+        kinds = np.array([self.tensors[i].kind for i in range(len(self.tensors))] or ["cpu"])[tid] if len(plan) else np.array([], dtype=str)
+        bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
+        prep = Prepared(tid=tid, offsets=offsets, cpu=None, bitwise=bitwise)
+        if len(plan) and not (kinds == "cpu").all():
+            prep.cpu = np.flatnonzero(kinds == "cpu")
+            for j, pos in plan.per_tensor():
+                t = self.tensors[int(mapping[j])]
+                if t.kind == "tf":
+                    prep.tf.append((int(mapping[j]), pos))
+            cuda_pos = np.flatnonzero(kinds == "cuda")
+            devices = np.array([self.tensors[int(i)].device for i in tid[cuda_pos]], dtype=np.int64)
+            for dev in np.unique(devices):
+                pos = cuda_pos[devices == dev]
+                prep.cuda[int(dev)] = (pos, self._site_arrays(plan, pos, int(dev), tid, offsets))
+        return prep
+
+    # ------------------------------------------------------------------ GPU
+
+    def _span(self, device: int) -> tuple[Any, int]:
+        if device not in self._spans:
+            try:
+                from ..kernels_cupy import device_span
+            except ImportError as exc:  # pragma: no cover - needs numba
+                raise OptionError(f"GPU tensors need numba and cupy: {exc}") from None
+            on = [t for t in self.tensors if t.kind == "cuda" and t.device == device]
+            try:
+                self._spans[device] = device_span([t.ptr for t in on], [t.extent for t in on], device, [t.obj for t in on])
+            except ImportError as exc:
+                raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
+        return self._spans[device]
+
+    def _site_arrays(self, plan: Plan, pos: np.ndarray, device: int, tid: np.ndarray, offsets: np.ndarray) -> Any:
+        import cupy
+
+        from ..kernels_cupy import SiteArrays
+
+        _, base = self._span(device)
+        ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
+        tids = tid[pos]
+        offs = ptr[tids] - base + offsets[pos]
+        with cupy.cuda.Device(device):
+            return SiteArrays.from_host(
+                offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
+                plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
+                dtypes=self.table.dtypes,
+            )
+
+    # ------------------------------------------------------------------ word access per group
+
+    def read(self, prep: Prepared, backend: str = "auto") -> np.ndarray:
+        """Current words of every site of a prepared plan (native order)."""
+        n = len(prep.tid)
+        if prep.cpu is None:
+            return native.read_ptrs(self.table, prep.tid, prep.offsets, backend)
+        out = np.empty(n, dtype=np.uint64)
+        if len(prep.cpu):
+            out[prep.cpu] = native.read_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], backend)
+        for dev, (pos, sites) in prep.cuda.items():
+            from ..kernels_cupy import launch_read
+
+            out[pos] = sites.xp.asnumpy(launch_read(self._span(dev)[0], sites))
+        for i, pos in prep.tf:
+            out[pos] = _tf_read(self.tensors[i], self._tf_index(prep, pos, i))
+        return out
+
+    def write(self, prep: Prepared, words: np.ndarray, backend: str = "auto") -> None:
+        """Store ``words`` (native order) at every site of a prepared plan."""
+        words = np.ascontiguousarray(words, dtype=np.uint64)
+        if prep.cpu is None:
+            native.write_ptrs(self.table, prep.tid, prep.offsets, words, backend)
+            return
+        if len(prep.cpu):
+            native.write_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], words[prep.cpu], backend)
+        for dev, (pos, sites) in prep.cuda.items():
+            from ..kernels_cupy import launch_write
+
+            launch_write(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
+        for i, pos in prep.tf:
+            _tf_write(self.tensors[i], self._tf_index(prep, pos, i), words[pos])
+
+    def apply(self, plan: Plan, prep: Prepared, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+        """Apply ``plan`` (already prepared) in place; (old, new) words in plan order."""
+        if prep.cpu is None and prep.bitwise and native.resolve_backend(backend) == "cython":
+            # the per-trial fast path: one call into the Cython kernel, nothing re-validated
+            from .. import _kernels
+
+            old, new = np.empty(len(plan), dtype=np.uint64), np.empty(len(plan), dtype=np.uint64)
+            t = self.table
+            _kernels.apply_ptrs(t.ptrs, t.itemsizes, t.swaps, prep.tid, prep.offsets, plan.and_mask, plan.or_mask,
+                                plan.xor_mask, old, new)
+            return old, new
+        if prep.cpu is None:
+            return native.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
+                                     backend, scale=None if prep.bitwise else plan.scale)
+        n = len(plan)
+        old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+        if len(prep.cpu):
+            c = prep.cpu
+            old[c], new[c] = native.apply_ptrs(self.table, prep.tid[c], prep.offsets[c], plan.and_mask[c],
+                                               plan.or_mask[c], plan.xor_mask[c], backend,
+                                               scale=None if plan.scale is None else plan.scale[c])
+        for dev, (pos, sites) in prep.cuda.items():
+            from ..kernels_cupy import launch_apply
+
+            d_old, d_new = launch_apply(self._span(dev)[0], sites)
+            old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
+        for i, pos in prep.tf:
+            t = self.tensors[i]
+            idx = self._tf_index(prep, pos, i)
+            o = _tf_read(t, idx)
+            w = rule_words(o, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], 8 * t.dtype.itemsize)
+            if plan.scale is not None:
+                s = ~np.isnan(plan.scale[pos])
+                if s.any():
+                    w[s] = scale_words(o[s], plan.scale[pos][s], t.dtype)
+            _tf_write(t, idx, w)
+            old[pos], new[pos] = o, w
+        return old, new
+
+    def _tf_index(self, prep: Prepared, pos: np.ndarray, i: int) -> np.ndarray:
+        return prep.offsets[pos] // self.tensors[i].dtype.itemsize
+
+    def word_reader(self) -> Callable[[Plan], np.ndarray]:
+        """``read_words(plan)`` for :meth:`fastflip.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
+        return lambda plan: self.read(self.prepare(plan))
+
+
+# ---------------------------------------------------------------------- TensorFlow variables
+
+
+def _tf_words_dtype(t: LiveTensor) -> Any:
+    import tensorflow as tf
+
+    return {1: tf.uint8, 2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[t.dtype.itemsize]
+
+
+def _tf_read(t: LiveTensor, flat_index: np.ndarray) -> np.ndarray:
+    import tensorflow as tf
+
+    var = t.obj
+    values = tf.gather(tf.reshape(var, [-1]), tf.constant(flat_index, dtype=tf.int64))
+    if t.dtype.kind == "b":
+        words = tf.cast(values, tf.uint8)
+    else:
+        words = tf.bitcast(values, _tf_words_dtype(t))
+    return words.numpy().astype(np.uint64)
+
+
+def _tf_write(t: LiveTensor, flat_index: np.ndarray, words: np.ndarray) -> None:
+    import tensorflow as tf
+
+    var = t.obj
+    raw = tf.constant(np.asarray(words).astype(word_type(t.dtype).uint))
+    values = tf.cast(raw, tf.bool) if t.dtype.kind == "b" else tf.bitcast(raw, var.dtype)
+    if not t.shape:
+        var.assign(tf.reshape(values, []))
+        return
+    coords = np.stack(np.unravel_index(np.asarray(flat_index, dtype=np.int64), t.shape), axis=1)
+    var.scatter_nd_update(tf.constant(coords, dtype=tf.int64), values)

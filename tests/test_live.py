@@ -1,0 +1,231 @@
+"""Live-tensor injection (fastflip.live) on NumPy arrays and PyTorch CPU tensors, against the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip import live
+from fastflip.errors import (LogMismatchError, OptionError, PlanMismatchError, ReadOnlyTargetError,
+                             TensorNotFoundError)
+from fastflip.plan import Plan, TensorRef
+from test_kernels import DTYPES, make_plan, random_array, reference
+
+BACKENDS = ["cython", "numba", "numpy"]
+
+
+def numpy_set(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {f"t{i}": random_array(d, 30 + 7 * i, rng).reshape(-1, 1) for i, d in enumerate(DTYPES)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [False, True])
+def test_inject_revert_numpy_matches_reference(backend: str, scale: bool) -> None:
+    rng = np.random.default_rng(3 + scale)
+    arrays = numpy_set(rng)
+    if scale:
+        arrays = {k: v for k, v in arrays.items() if v.dtype.kind != "b"}
+    original = {k: v.copy() for k, v in arrays.items()}
+    refs = live.tensor_refs(arrays)
+    assert [r.shape for r in refs] == [v.shape for v in arrays.values()]
+    plan = make_plan(refs, rng, per_tensor=12, scale=scale)
+    expected, exp_old, exp_new = reference(original, plan)
+    log = live.inject(arrays, plan, backend=backend)
+    assert log.old_words.tolist() == exp_old.tolist()
+    assert log.new_words.tolist() == exp_new.tolist()
+    for k in arrays:
+        assert arrays[k].tobytes() == expected[k].tobytes(), k
+    live.revert(arrays, log, backend=backend)
+    for k in arrays:
+        assert arrays[k].tobytes() == original[k].tobytes(), k
+
+
+def test_non_contiguous_and_memmap(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    base = random_array(">f8", 60, rng).reshape(6, 10)
+    other = random_array("<u4", 60, rng).reshape(6, 10)
+    mm = np.memmap(tmp_path / "m.bin", dtype="<i2", mode="w+", shape=(50,))
+    mm[:] = np.arange(50)
+    arrays = {"t": base.T, "s": other[::2, 1::3], "m": mm}
+    snap = {k: np.array(v) for k, v in arrays.items()}
+    refs = live.tensor_refs(arrays)
+    plan = make_plan(refs, rng, per_tensor=8)
+    expected_vals = {k: v.copy() for k, v in snap.items()}
+    from fastflip.reference import apply_plan
+
+    exp_old, exp_new = apply_plan(expected_vals, plan)
+    log = live.inject(arrays, plan)
+    assert log.new_words.tolist() == exp_new.tolist()
+    for k in arrays:
+        assert np.array(arrays[k]).tobytes() == expected_vals[k].tobytes(), k
+    live.revert(arrays, log)
+    for k in arrays:
+        assert np.array(arrays[k]).tobytes() == snap[k].tobytes(), k
+
+
+def test_plan_applied_many_times_with_prepared_targets() -> None:
+    rng = np.random.default_rng(9)
+    arrays = {"a": rng.normal(size=(40, 5)).astype(np.float32), "b": rng.normal(size=17).astype(np.float64)}
+    original = {k: v.copy() for k, v in arrays.items()}
+    tg = live.targets(arrays)
+    plans = [make_plan(tg.refs(), rng, per_tensor=3) for _ in range(5)]
+    for _ in range(20):
+        for plan in plans:
+            log = live.inject(tg, plan)
+            live.revert(tg, log)
+    for k in arrays:
+        assert arrays[k].tobytes() == original[k].tobytes()
+    logs = [live.inject(tg, p) for p in plans[:1]]
+    assert logs[0].changed <= len(plans[0])
+    live.revert(tg, logs[0])
+
+
+def test_nan_inf_counts_and_to_dict() -> None:
+    w = {"w": np.array([1.0, 2.0, 3.0, 0.0, 5.0], dtype=np.float32)}
+    exp = 0xFF << 23
+    # site 0: all exponent bits set, mantissa kept -> Inf (1.0 has a zero mantissa); site 1: -> NaN; site 2: plain flip
+    plan = Plan.from_sites([TensorRef("w", "<f4", (5,))], [0, 0, 0], [0, 2, 4],
+                           or_mask=[exp, exp | 1, 0], xor_mask=[0, 0, 1 << 31])
+    with live.injected(w, plan) as log:
+        assert np.isinf(w["w"][0]) and np.isnan(w["w"][2]) and w["w"][4] == -5.0
+        assert (log.nan_count, log.inf_count) == (1, 1)
+        d = log.to_dict()
+        assert d["nan_count"] == 1 and d["inf_count"] == 1 and d["index"] == [0, 2, 4]
+        assert d["old_words"][0] == 0x3F800000 and d["new_words"][0] == 0x7F800000
+    assert w["w"].tolist() == [1.0, 2.0, 3.0, 0.0, 5.0]
+
+
+def test_injected_reverts_when_body_raises() -> None:
+    w = {"w": np.arange(8, dtype=np.int32)}
+    plan = Plan.from_sites([TensorRef("w", "<i4", (8,))], [0, 0], [1, 5], and_mask=[0, 0])
+    with pytest.raises(RuntimeError, match="boom"):
+        with live.injected(w, plan):
+            assert w["w"][1] == 0 and w["w"][5] == 0
+            raise RuntimeError("boom")
+    assert w["w"].tolist() == list(range(8))
+
+
+def test_injected_samples_a_plan_when_none_given() -> None:
+    w = {"a": np.zeros(1000, dtype=np.float32), "b": np.zeros(100, dtype=np.int16)}
+    with live.injected(w, seed=4, count=25) as log:
+        assert len(log) == 25
+        changed = int((w["a"].view(np.uint32) != 0).sum() + (w["b"] != 0).sum())  # -0.0 counts
+        assert changed == log.changed == 25  # single flips on zero words always change them
+        first = log.new_words.copy()
+    assert not w["a"].any() and not w["b"].any()
+    with live.injected(w, seed=4, count=25) as log2:  # same seed, same sites
+        assert log2.new_words.tolist() == first.tolist()
+    with pytest.raises(OptionError):
+        with live.injected(w, Plan.from_sites([], [], []), seed=1):
+            pass
+
+
+def test_plan_for_another_model_is_refused_before_any_change() -> None:
+    w = {"w": np.zeros((4, 4), dtype=np.float32), "v": np.zeros(3, dtype=np.int8)}
+    good = TensorRef("w", "<f4", (4, 4))
+    cases = [
+        (TensorNotFoundError, [good, TensorRef("missing", "<f4", (2,))], [0, 1], [0, 0]),
+        (PlanMismatchError, [good, TensorRef("v", "<i1", (4,))], [0, 1], [0, 0]),  # shape
+        (PlanMismatchError, [good, TensorRef("v", "<u1", (3,))], [0, 1], [0, 0]),  # dtype
+        (PlanMismatchError, [good, TensorRef("v", "<i1", (3,))], [0, 1], [0, 3]),  # index out of range
+        (PlanMismatchError, [good], [0, 0], [5, 5]),  # the same element twice
+    ]
+    for err, refs, tensor, index in cases:
+        plan = Plan.from_sites(refs, tensor, index, xor_mask=[1] * len(tensor))
+        with pytest.raises(err):
+            live.inject(w, plan)
+        assert not w["w"].any() and not w["v"].any()
+
+
+def test_big_endian_plan_applies_to_native_tensor() -> None:
+    w = {"w": np.array([1.0, 2.0], dtype="<f4")}
+    plan = Plan.from_sites([TensorRef("w", ">f4", (2,))], [0], [1], xor_mask=[1 << 31])  # e.g. from a BE checkpoint
+    live.inject(w, plan)
+    assert w["w"].tolist() == [1.0, -2.0]
+
+
+def test_read_only_array_refused() -> None:
+    a = np.zeros(4, dtype=np.float32)
+    a.flags.writeable = False
+    plan = Plan.from_sites([TensorRef("w", "<f4", (4,))], [0], [1], xor_mask=[1])
+    with pytest.raises(ReadOnlyTargetError, match="read-only"):
+        live.inject({"w": a}, plan)
+    assert not a.any()
+
+
+def test_unsupported_inputs_refused() -> None:
+    with pytest.raises(OptionError, match="dtype"):
+        live.targets({"c": np.zeros(2, dtype=np.complex64)})
+    with pytest.raises(OptionError, match="unsupported type"):
+        live.targets({"x": [1.0, 2.0]})
+    with pytest.raises(OptionError, match="cannot find tensors"):
+        live.targets(42)
+    with pytest.raises(OptionError, match="plan must be"):
+        live.inject({"w": np.zeros(2)}, "not a plan")  # type: ignore[arg-type]
+
+
+def test_revert_with_mismatching_log_changes_nothing() -> None:
+    w = {"w": np.arange(10, dtype=np.float64)}
+    plan = Plan.from_sites([TensorRef("w", "<f8", (10,))], [0, 0, 0], [2, 4, 6], xor_mask=[1 << 63] * 3)
+    log = live.inject(w, plan)
+    w["w"][4] = 99.0  # someone changed one injected element since
+    snapshot = w["w"].copy()
+    with pytest.raises(LogMismatchError, match="1 of 3 sites"):
+        live.revert(w, log)
+    assert w["w"].tobytes() == snapshot.tobytes()
+    other = {"w": np.arange(10, dtype=np.float64)}  # a log from elsewhere: nothing injected here
+    with pytest.raises(LogMismatchError):
+        live.revert(other, log)
+    assert other["w"].tolist() == list(map(float, range(10)))
+
+
+def test_torch_module_names_match_checkpoint_and_inject_exactly() -> None:
+    torch = require("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 5))
+    model.eval()
+    tg = live.targets(model)
+    state = model.state_dict()
+    assert [r.name for r in tg.refs()] == [f"model/{k}" for k in state]
+    before = {f"model/{k}": v.detach().numpy().copy() for k, v in state.items()}
+    rng = np.random.default_rng(1)
+    plan = make_plan(tg.refs(), rng, per_tensor=5)
+    expected, exp_old, exp_new = reference(before, plan)
+    x = torch.randn(2, 3, 8, 8)
+    clean = model(x)
+    log = live.inject(model, plan)
+    assert log.new_words.tolist() == exp_new.tolist()
+    for k, v in model.state_dict().items():
+        assert v.detach().numpy().tobytes() == expected[f"model/{k}"].tobytes(), k
+    live.revert(tg, log)
+    assert torch.equal(model(x), clean)
+    for k, v in model.state_dict().items():
+        assert v.detach().numpy().tobytes() == before[f"model/{k}"].tobytes(), k
+
+
+@pytest.mark.parametrize("tdtype", ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"])
+def test_torch_tensor_dtypes(tdtype: str) -> None:
+    torch = require("torch")
+    rng = np.random.default_rng(2)
+    npd = {"float16": "f2", "float32": "f4", "float64": "f8", "int8": "i1", "int16": "i2", "int32": "i4",
+           "int64": "i8", "uint8": "u1", "bool": "?"}[tdtype]
+    arr = random_array(np.dtype(npd).str, 64, rng).reshape(8, 8)
+    t = torch.from_numpy(arr.copy()).t()  # non-contiguous view
+    refs = live.tensor_refs({"t": t})
+    plan = make_plan(refs, rng, per_tensor=20)
+    expected, _, exp_new = reference({"t": arr.T.copy()}, plan)
+    log = live.inject({"t": t}, plan)
+    assert log.new_words.tolist() == exp_new.tolist()
+    raw = t.view(torch.uint8) if tdtype == "bool" else t  # a bool copy would normalize bytes to 0/1
+    assert raw.contiguous().numpy().tobytes() == expected["t"].tobytes()
+
+
+def test_torch_bfloat16_is_skipped_in_models_and_refused_in_mappings() -> None:
+    torch = require("torch")
+    lin = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    tg = live.targets(lin)
+    assert tg.skipped == ["model/weight", "model/bias"] and len(tg) == 0
+    with pytest.raises(OptionError, match="bfloat16"):
+        live.targets({"w": lin.weight})
