@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -274,11 +275,10 @@ def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
 # the walk
 
 
-def _skip_reason(dset: Any) -> str | None:
-    """Why a dataset is not a tensor (None when it is one)."""
+def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str | None:
+    """Why a dataset (low-level ``DatasetID``) is not a tensor (None when it is one)."""
     import h5py
 
-    dt = dset.dtype
     if dt.fields is not None:
         return "compound dtype"
     if dt.subdtype is not None:
@@ -295,23 +295,23 @@ def _skip_reason(dset: Any) -> str | None:
         return "enum dtype (only the boolean enum is a tensor)"
     if not is_supported_dtype(dt):
         return f"unsupported dtype {dt}"
-    tid = dset.id.get_type()
+    tid = dsid.get_type()
     if tid.get_size() != dt.itemsize:
         return f"stored type of {tid.get_size()} bytes does not match {dt}"
     if dt.kind == "f" and tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize]:
         return "non-IEEE floating-point type"
-    if dset.shape is None:
+    if shape is None:
         return "null dataspace"
-    if dset.size == 0:
+    if 0 in shape:
         return "empty"
     return None
 
 
-def _storage(dset: Any) -> tuple[str, int | None, tuple[int, ...] | None, tuple[str, ...]]:
+def _storage(dsid: Any) -> tuple[str, int | None, tuple[int, ...] | None, tuple[str, ...]]:
     """(storage kind, offset, chunks, filters) of a dataset, from its creation property list."""
     from h5py import h5d
 
-    dcpl = dset.id.get_create_plist()
+    dcpl = dsid.get_create_plist()
     lay = dcpl.get_layout()
     filters: list[str] = []
     for i in range(dcpl.get_nfilters()):
@@ -324,45 +324,47 @@ def _storage(dset: Any) -> tuple[str, int | None, tuple[int, ...] | None, tuple[
     if lay == h5d.COMPACT:
         return "compact", None, None, tuple(filters)
     if lay == h5d.CHUNKED:
-        chunks = tuple(int(c) for c in dset.chunks)
+        chunks = tuple(int(c) for c in dcpl.get_chunk())
         return ("filtered" if filters else "chunked"), None, chunks, tuple(filters)
-    off = dset.id.get_offset()
+    off = dsid.get_offset()
     if off is None:
         return "unallocated", None, None, tuple(filters)
     return "contiguous", int(off), None, tuple(filters)
 
 
-def _iter_links(group: Any, prefix: str, ancestors: tuple[int, ...]) -> Iterator[tuple[str, str, Any]]:
-    """Yield (kind, path, object-or-None) for every link below ``group``.
+def _encode(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
 
-    ``kind`` is 'dataset', 'external', 'dangling' or 'other'. Groups are entered through
-    hard and soft links alike; a group already on the current path (a cycle) is not re-entered.
+
+def _walk(gid: Any, prefix: str, ancestors: tuple[int, ...], datasets: list[tuple[str, int]],
+          skipped: list[Skipped]) -> None:
+    """Collect (path, object address) of every dataset link below a group (low-level h5py API).
+
+    Groups are entered through hard and soft links alike; a group already on the current
+    path (a cycle) is not re-entered; external links are recorded as skipped, never followed.
     """
-    import h5py
-    from h5py import h5o
+    from h5py import h5g, h5l, h5o
 
-    for name in group:
+    entries: list[tuple[bytes, int]] = []
+    gid.links.iterate(lambda name, info: entries.append((name, info.type)), info=True)
+    for bname, ltype in entries:
+        name = bname.decode("utf-8", "surrogateescape")
         path = f"{prefix}/{name}" if prefix != "/" else f"/{name}"
-        link = group.get(name, getlink=True)
-        if isinstance(link, h5py.ExternalLink):
-            yield "external", path, link
+        if ltype == h5l.TYPE_EXTERNAL:
+            skipped.append(Skipped(path, EXTERNAL_LINK_REASON))
+            continue
+        if ltype not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
+            skipped.append(Skipped(path, "user-defined link (not followed)"))
             continue
         try:
-            obj = group.get(name)
-        except (KeyError, OSError):
-            obj = None
-        if obj is None:
-            yield "dangling", path, link
+            info = h5o.get_info(gid, bname)
+        except (KeyError, RuntimeError, OSError, ValueError):
+            skipped.append(Skipped(path, "dangling link"))
             continue
-        if isinstance(obj, h5py.Dataset):
-            yield "dataset", path, obj
-        elif isinstance(obj, h5py.Group):
-            addr = h5o.get_info(obj.id).addr
-            if addr in ancestors:
-                continue
-            yield from _iter_links(obj, path, ancestors + (addr,))
-        else:
-            yield "other", path, obj
+        if info.type == h5o.TYPE_DATASET:
+            datasets.append((path, int(info.addr)))
+        elif info.type == h5o.TYPE_GROUP and info.addr not in ancestors:
+            _walk(h5g.open(gid, bname), path, ancestors + (int(info.addr),), datasets, skipped)
 
 
 def _natural_key(path: str) -> tuple[Any, ...]:
@@ -385,41 +387,37 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     InputFileError, NotHDF5Error
         Missing, unreadable, non-HDF5 or truncated file.
     """
-    from h5py import h5o
+    from h5py import h5d, h5o, h5s
 
     p = os.fspath(path)
     with open_h5(p) as f:
-        by_addr: dict[int, list[str]] = {}
-        first_obj: dict[int, Any] = {}
         skipped: list[Skipped] = []
+        tensors: list[Tensor] = []
         try:
-            root_addr = h5o.get_info(f.id).addr
-            for kind, lpath, obj in _iter_links(f, "/", (root_addr,)):
-                if kind == "external":
-                    skipped.append(Skipped(lpath, EXTERNAL_LINK_REASON))
-                elif kind == "dangling":
-                    skipped.append(Skipped(lpath, "dangling link"))
-                elif kind == "dataset":
-                    addr = h5o.get_info(obj.id).addr
-                    by_addr.setdefault(addr, []).append(lpath)
-                    first_obj.setdefault(addr, obj)
-            tensors: list[Tensor] = []
-            for addr, paths in by_addr.items():
+            found: list[tuple[str, int]] = []
+            _walk(f.id, "/", (int(h5o.get_info(f.id).addr),), found, skipped)
+            by_addr: dict[int, list[str]] = {}
+            for lpath, addr in found:
+                by_addr.setdefault(addr, []).append(lpath)
+            for paths in by_addr.values():
                 aliases = tuple(sorted(set(paths)))
-                dset = first_obj[addr]
-                reason = _skip_reason(dset)
+                dsid = h5d.open(f.id, _encode(paths[0]))
+                dtype = np.dtype(dsid.dtype)
+                space = dsid.get_space()
+                shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
+                reason = _skip_reason(dsid, dtype, shape)
                 if reason is not None:
                     skipped.append(Skipped(aliases[0], reason))
                     continue
-                storage, offset, chunks, filters = _storage(dset)
-                dtype = np.dtype(dset.dtype)
-                size = int(dset.size)
+                assert shape is not None
+                storage, offset, chunks, filters = _storage(dsid)
+                size = math.prod(shape)
                 tensors.append(
                     Tensor(
                         path=aliases[0],
                         aliases=aliases,
                         dtype=dtype,
-                        shape=tuple(int(s) for s in dset.shape),
+                        shape=shape,
                         size=size,
                         storage=storage,
                         offset=offset,
@@ -428,7 +426,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                         nbytes=size * dtype.itemsize,
                     )
                 )
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
         tensors.sort(key=lambda t: _natural_key(t.path))
