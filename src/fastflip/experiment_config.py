@@ -1,0 +1,224 @@
+"""Configuration of a checkpoint-alteration experiment: the golden run and the fault scenarios.
+
+A configuration is a mapping (a YAML or JSON file, or a dict)::
+
+    name: digits-keras
+    epochs: 5              # golden run length N
+    seed: 0                # trainer seed (weights, data order) and base of the run seeds
+    repetitions: 5         # default R for every scenario
+    tolerance: 0.02        # accuracy tolerance of "masked" / "recovered"
+    chance: null           # chance-level accuracy (default: the trainer's, else none)
+    chance_margin: 0.05    # final accuracy <= chance + margin counts as diverged
+    trainer: {framework: keras, batch_size: 32}
+    scenarios:
+      - {name: exp-msb-10, epoch: 2, bits: exponent-msb, count: 10, selection: {roles: [weight, bias]}}
+      - {name: control, epoch: 2, control: true, repetitions: 1}
+
+Each scenario takes the golden checkpoint saved after epoch ``epoch`` (0 = the
+initial weights), injects with ``selection``/``bits``/``model``/``count`` (or
+``rate``/``ber``)/``distribution``/``nan_policy`` (the arguments of
+:func:`fastflip.inject.inject_file`), and resumes training to epoch N. A
+``control`` scenario injects nothing: its runs must reproduce the golden curve.
+
+Examples
+--------
+>>> cfg = ExperimentConfig.from_dict({"epochs": 3, "scenarios": [{"name": "a", "epoch": 1, "count": 2}]})
+>>> sc = cfg.scenarios[0]
+>>> sc.repetitions, sc.bits, sc.model, cfg.run_seed(sc, 0) == cfg.run_seed(sc, 0) != cfg.run_seed(sc, 1)
+(5, 'exponent-msb', 'flip', True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import InputFileError, OptionError
+
+__all__ = ["Scenario", "ExperimentConfig", "load_config"]
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SCENARIO_KEYS = {"name", "epoch", "selection", "bits", "model", "count", "rate", "ber", "distribution",
+                  "nan_policy", "repetitions", "control", "sign_first"}
+_CONFIG_KEYS = {"name", "epochs", "seed", "repetitions", "tolerance", "chance", "chance_margin", "trainer",
+                "scenarios", "output", "keep_checkpoints"}
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One fault scenario: where, what and how much to inject, and how often."""
+
+    name: str
+    epoch: int
+    selection: Mapping[str, Any] = field(default_factory=dict)
+    bits: str = "exponent-msb"
+    model: str = "flip"
+    count: int | None = None
+    rate: float | None = None
+    ber: float | None = None
+    distribution: str = "element"
+    nan_policy: str = "allow"
+    sign_first: bool = False
+    repetitions: int = 5
+    control: bool = False
+
+    def inject_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`fastflip.inject.inject_file` for this scenario."""
+        kw: dict[str, Any] = {"selection": dict(self.selection) or None, "bits": self.bits, "model": self.model,
+                              "distribution": self.distribution, "nan_policy": self.nan_policy,
+                              "sign_first": self.sign_first}
+        for k in ("count", "rate", "ber"):
+            if getattr(self, k) is not None:
+                kw[k] = getattr(self, k)
+        return kw
+
+    def digest(self) -> str:
+        """A fingerprint of everything that determines this scenario's runs."""
+        return _digest(asdict(self))
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment (see the module docstring for the keys)."""
+
+    epochs: int
+    scenarios: tuple[Scenario, ...]
+    name: str = "experiment"
+    seed: int = 0
+    tolerance: float = 0.02
+    chance: float | None = None
+    chance_margin: float = 0.05
+    trainer: Mapping[str, Any] = field(default_factory=lambda: {"framework": "keras"})
+    output: str | None = None
+    keep_checkpoints: bool = False
+    base_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], base_dir: str | None = None) -> "ExperimentConfig":
+        """Validate a configuration mapping (unknown keys and bad values raise :class:`OptionError`)."""
+        if not isinstance(d, Mapping):
+            raise OptionError("experiment configuration: expected a mapping at the top level")
+        unknown = set(d) - _CONFIG_KEYS
+        if unknown:
+            raise OptionError(f"experiment configuration: unknown key {sorted(unknown)[0]!r}")
+        epochs = _int(d.get("epochs"), "epochs", 1)
+        default_reps = _int(d.get("repetitions", 5), "repetitions", 1)
+        raw = d.get("scenarios") or []
+        if not isinstance(raw, (list, tuple)) or not raw:
+            raise OptionError("scenarios: give a list of at least one scenario")
+        scenarios = []
+        for i, s in enumerate(raw):
+            scenarios.append(_scenario(s, i, epochs, default_reps))
+        names = [s.name for s in scenarios]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise OptionError(f"scenarios: duplicate name {sorted(dup)[0]!r}")
+        trainer = d.get("trainer") or {"framework": "keras"}
+        if not isinstance(trainer, Mapping):
+            raise OptionError("trainer: expected a mapping such as {framework: keras}")
+        tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
+        chance = d.get("chance")
+        return cls(
+            epochs=epochs, scenarios=tuple(scenarios), name=str(d.get("name", "experiment")),
+            seed=_int(d.get("seed", 0), "seed", 0), tolerance=tol,
+            chance=None if chance is None else _float(chance, "chance", 0.0, 1.0),
+            chance_margin=_float(d.get("chance_margin", 0.05), "chance_margin", 0.0, 1.0),
+            trainer=dict(trainer), output=d.get("output"), keep_checkpoints=bool(d.get("keep_checkpoints", False)),
+            base_dir=base_dir,
+        )
+
+    def golden_digest(self) -> str:
+        """Fingerprint of what determines the golden run (trainer, epochs, seed)."""
+        return _digest({"trainer": dict(self.trainer), "epochs": self.epochs, "seed": self.seed})
+
+    def run_seed(self, scenario: Scenario, rep: int) -> int:
+        """The injection seed of repetition ``rep`` of ``scenario`` (stable, distinct, recorded)."""
+        ss = np.random.SeedSequence([self.seed, zlib.crc32(scenario.name.encode()), rep])
+        return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["scenarios"] = [asdict(s) for s in self.scenarios]
+        d.pop("base_dir")
+        return d
+
+
+def _int(v: Any, name: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
+        raise OptionError(f"{name}: expected an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+def _float(v: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= float(v) <= hi:
+        raise OptionError(f"{name}: expected a number in [{lo}, {hi}], got {v!r}")
+    return float(v)
+
+
+def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
+    if not isinstance(s, Mapping):
+        raise OptionError(f"scenarios[{i}]: expected a mapping")
+    unknown = set(s) - _SCENARIO_KEYS
+    if unknown:
+        raise OptionError(f"scenarios[{i}]: unknown key {sorted(unknown)[0]!r}")
+    name = str(s.get("name", f"scenario{i}"))
+    if not _NAME.match(name):
+        raise OptionError(f"scenarios[{i}].name: {name!r}; use letters, digits, '.', '_' and '-'")
+    epoch = _int(s.get("epoch"), f"scenarios[{i}].epoch", 0)
+    if epoch > epochs:
+        raise OptionError(f"scenarios[{i}].epoch: {epoch} is after the last epoch ({epochs})")
+    control = bool(s.get("control", False))
+    given = [k for k in ("count", "rate", "ber") if s.get(k) is not None]
+    if not control and len(given) != 1:
+        raise OptionError(f"scenarios[{i}] ({name}): give exactly one of count, rate, ber")
+    selection = s.get("selection") or {}
+    if not isinstance(selection, Mapping):
+        raise OptionError(f"scenarios[{i}].selection: expected a mapping such as {{roles: [weight]}}")
+    from .select import Selection
+
+    Selection.from_dict(dict(selection))  # validate now, not mid-experiment
+    return Scenario(
+        name=name, epoch=epoch, selection=dict(selection), bits=str(s.get("bits", "exponent-msb")),
+        model=str(s.get("model", "flip")),
+        count=None if s.get("count") is None else _int(s["count"], f"scenarios[{i}].count", 1),
+        rate=s.get("rate"), ber=s.get("ber"), distribution=str(s.get("distribution", "element")),
+        nan_policy=str(s.get("nan_policy", "allow")), sign_first=bool(s.get("sign_first", False)),
+        repetitions=_int(s.get("repetitions", default_reps), f"scenarios[{i}].repetitions", 1), control=control,
+    )
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any]) -> ExperimentConfig:
+    """Read an experiment configuration from a YAML/JSON file or a mapping."""
+    if isinstance(source, Mapping):
+        return ExperimentConfig.from_dict(source)
+    path = Path(source)
+    if not path.is_file():
+        raise InputFileError(f"{path}: experiment configuration not found")
+    text = path.read_text()
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise OptionError(f"{path}: invalid JSON: {exc}") from None
+    else:
+        try:
+            import yaml
+        except ImportError:  # pragma: no cover - pyyaml is a declared extra
+            raise OptionError(f"{path}: reading YAML needs pyyaml (pip install 'fastflip[yaml]'), or use JSON") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise OptionError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    return ExperimentConfig.from_dict(data or {}, base_dir=str(path.parent.resolve()))
