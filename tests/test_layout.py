@@ -240,6 +240,16 @@ def test_not_hdf5(tmp_path):
     assert p in msg and "not an HDF5 file" in msg and "\n" not in msg
 
 
+def test_zip_archive_hint(tmp_path):
+    import zipfile
+
+    p = str(tmp_path / "model.keras")
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("config.json", "{}")
+    with pytest.raises(NotHDF5Error, match="zip archive"):
+        read_layout(p)
+
+
 @pytest.mark.parametrize("keep", [0.05, 0.3, 0.6, 0.9])
 def test_truncated(tmp_path, keep):
     src = str(tmp_path / "src.h5")

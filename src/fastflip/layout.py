@@ -263,6 +263,13 @@ def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
     except OSError as exc:
         raise InputFileError(f"{p}: cannot be read ({exc})") from None
     if not is_h5:
+        import zipfile
+
+        if zipfile.is_zipfile(p):
+            raise NotHDF5Error(
+                f"{p}: not an HDF5 file but a zip archive (a Keras .keras file? its weights are the "
+                "model.weights.h5 inside)"
+            )
         raise NotHDF5Error(f"{p}: not an HDF5 file (no HDF5 signature found)")
     try:
         return h5py.File(p, mode)
