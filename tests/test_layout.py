@@ -8,6 +8,8 @@ import os
 import h5py
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import h5fixtures as hf
 from fastflip.errors import InputFileError, NotHDF5Error, TensorNotFoundError, UnsupportedStorageError
@@ -321,3 +323,37 @@ def test_cli_inspect_errors(tmp_path, capsys):
     assert main(["inspect", path, "--include", "nothing"]) == 2
     err = capsys.readouterr().err
     assert "matched no tensor" in err and "/model/" in err
+
+
+# property: for any shape, chunk shape, dtype and pattern of written chunks, the computed offsets
+# hold exactly the bytes h5py reads (and -1 exactly where the chunk was never written)
+
+
+@st.composite
+def _chunked_case(draw):
+    nd = draw(st.integers(1, 3))
+    shape = tuple(draw(st.integers(1, 9)) for _ in range(nd))
+    chunks = tuple(draw(st.integers(1, s)) for s in shape)
+    dtype = draw(st.sampled_from(hf.ALL_DTYPES))
+    every = draw(st.sampled_from(["all", 1, 2, 3]))
+    return shape, chunks, dtype, every
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_chunked_case())
+def test_chunked_offsets_property(tmp_path, case):
+    shape, chunks, dtype, every = case
+    path = str(tmp_path / "p.h5")
+    expect = hf.chunked_file(path, shape=shape, chunks=chunks, dtype=dtype, write_chunks=every)
+    (t,) = read_layout(path).tensors
+    assert t.storage == "chunked" and t.dtype.str == np.dtype(dtype).str
+    offs = element_byte_offsets(path, t, np.arange(t.size))
+    grid = tuple(-(-s // c) for s, c in zip(shape, chunks))
+    written = np.zeros(int(np.prod(grid)), bool)
+    written[:: (1 if every == "all" else every)] = True
+    coords = np.unravel_index(np.arange(t.size), shape)
+    elem_written = written.reshape(grid)[tuple(c // k for c, k in zip(coords, chunks))]
+    assert ((offs >= 0) == elem_written).all()
+    vals = expect.reshape(-1)
+    idx = np.flatnonzero(elem_written)
+    assert raw_read(path, offs[idx], t.itemsize) == [vals[i : i + 1].tobytes() for i in idx]
