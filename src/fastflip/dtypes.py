@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -95,14 +96,18 @@ def is_supported_dtype(dtype: np.dtype) -> bool:
 
 
 def word_type(dtype: np.dtype | str) -> WordType:
-    """Return the :class:`WordType` of a numeric dtype.
+    """Return the :class:`WordType` of a numeric dtype (cached).
 
     Raises
     ------
     OptionError
         If the dtype is not a supported numeric type.
     """
-    dtype = np.dtype(dtype)
+    return _word_type(np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _word_type(dtype: np.dtype) -> WordType:
     if not is_supported_dtype(dtype):
         raise OptionError(f"dtype {dtype} is not supported: use float16/32/64, int/uint 8-64 or bool")
     bits = dtype.itemsize * 8

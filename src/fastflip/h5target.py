@@ -7,6 +7,10 @@ Two paths, chosen per site, giving identical words (tested):
   file is memory-mapped and the native kernel (:mod:`fastflip.native`) rewrites the
   words at the computed offsets in one call per tensor: no HDF5 call and no Python
   loop per flip.
+  When the output is a new file (the default), the raw sites are applied while the
+  file is copied (:func:`copy_apply`): each block read from the input is hashed,
+  patched in memory by the kernel at the offsets that fall inside it, hashed again
+  and written — no page faults on a mapped file and one read of the input.
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -31,7 +35,8 @@ from .layout import Tensor, chunk_index, open_h5
 from .plan import Plan
 from .wordrule import rule_words, scale_words
 
-__all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage"]
+__all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
+           "copy_apply"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
@@ -147,13 +152,15 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
             ds[()] = block.reshape(())
 
 
-def _raw_map(path: str, write: bool) -> tuple[np.ndarray, mmap.mmap, int]:
+def _raw_map(path: str, write: bool, sites: int) -> tuple[np.ndarray, mmap.mmap]:
+    """Map the file shared (writes reach the page cache; the caller fsyncs when it needs durability)."""
     fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
     try:
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
+        mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=prot)
     finally:
         os.close(fd)
-    return np.frombuffer(mm, dtype=np.uint8), mm, 0
+    return np.frombuffer(mm, dtype=np.uint8), mm
 
 
 def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.ndarray | None = None,
@@ -164,7 +171,7 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
     write = mode != "read"
     raw = [r for r in routes if (r.offsets >= 0).any()]
     if raw:
-        buf, mm, _ = _raw_map(path, write)
+        buf, mm = _raw_map(path, write, sum(int((r.offsets >= 0).sum()) for r in raw))
         try:
             for r in raw:
                 sel = np.flatnonzero(r.offsets >= 0)
@@ -184,8 +191,6 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
                     old[site] = native.read_at_offsets(buf, offs, wt.itemsize, wt.swapped, backend=backend)
                     native.write_at_offsets(buf, offs, wt.itemsize, wt.swapped, words[site], backend=backend)
                     new[site] = words[site]
-            if write:
-                mm.flush()
         finally:
             del buf
             mm.close()
@@ -219,3 +224,70 @@ def write_words_to_file(path: str, plan: Plan, tensors: Mapping[str, Tensor], wo
     routes = routes if routes is not None else route_sites(path, plan, tensors)
     old, _ = _run(path, plan, routes, "write", words=np.asarray(words, np.uint64))
     return old, any((r.offsets < 0).any() for r in routes)
+
+
+_BLOCK = 8 << 20
+
+
+def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
+               block: int = _BLOCK) -> tuple[str, str, np.ndarray, np.ndarray]:
+    """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
+    (input sha256, output sha256 before any hdf5-path edit, old words, new words).
+
+    Sites that need the hdf5 path are left untouched here (their old/new stay 0).
+    """
+    import hashlib
+
+    n = len(plan)
+    old = np.zeros(n, np.uint64)
+    new = np.zeros(n, np.uint64)
+    raw = [r for r in routes if (r.offsets >= 0).any()]
+    if raw:
+        site = np.concatenate([r.positions[r.offsets >= 0] for r in raw])
+        offs = np.concatenate([r.offsets[r.offsets >= 0] for r in raw])
+        size = np.concatenate([np.full(int((r.offsets >= 0).sum()), r.tensor.itemsize, np.int64) for r in raw])
+        order = np.argsort(offs, kind="stable")
+        site, offs, size = site[order], offs[order], size[order]
+        dcode = np.concatenate([np.full(int((r.offsets >= 0).sum()), i, np.int64) for i, r in enumerate(raw)])[order]
+        dtypes = [r.tensor.dtype for r in raw]
+    else:
+        site = offs = size = dcode = np.zeros(0, np.int64)
+        dtypes = []
+    h_in, h_out = hashlib.sha256(), hashlib.sha256()
+    buf = bytearray(block + 8)
+    view = memoryview(buf)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    base = 0
+    lo = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while True:
+            got = fin.readinto(view[:block])
+            if not got:
+                break
+            end = base + got
+            hi = int(np.searchsorted(offs, end, side="left"))
+            # a word that starts in this block but ends after it: read the few bytes it needs
+            if hi > lo and offs[hi - 1] + size[hi - 1] > end:
+                extra = int(offs[hi - 1] + size[hi - 1] - end)
+                more = fin.readinto(view[got : got + extra])
+                got += more
+                end += more
+            h_in.update(view[:got])
+            if hi > lo:
+                sl = slice(lo, hi)
+                codes = dcode[sl]
+                for c in np.unique(codes).tolist():
+                    at = np.flatnonzero(codes == c) + lo
+                    pos = site[at]
+                    wt = word_type(dtypes[c])
+                    o, w = native.apply_at_offsets(
+                        arr[:got], offs[at] - base, wt.itemsize, wt.swapped, plan.and_mask[pos], plan.or_mask[pos],
+                        plan.xor_mask[pos], backend=backend,
+                        scale=None if plan.scale is None else plan.scale[pos], dtype=dtypes[c])
+                    old[pos], new[pos] = o, w
+                lo = hi
+            h_out.update(view[:got])
+            fout.write(view[:got])
+            base = end
+        fout.flush()
+    return h_in.hexdigest(), h_out.hexdigest(), old, new

@@ -41,7 +41,8 @@ from .bits import BitSpec
 from .errors import LogMismatchError, OptionError
 from .faults import FaultModel
 from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
-from .h5target import apply_plan_to_file, check_storage, read_words, route_sites, write_words_to_file
+from .h5target import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
+                       write_words_to_file)
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .plan import Plan
@@ -87,8 +88,7 @@ def default_log_path(output: str) -> str:
 def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
     """(values that became NaN, values that became Inf) among the plan's sites."""
     nan_n = inf_n = 0
-    for tid, pos in plan.per_tensor():
-        dt = plan.tensors[tid].dtype
+    for dt, pos in plan.per_dtype():
         on, oi = nonfinite(old[pos], dt)
         nn, ni = nonfinite(new[pos], dt)
         nan_n += int((nn & ~on).sum())
@@ -130,6 +130,12 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
     }
 
 
+def _only_negative(r: SiteRoute) -> SiteRoute:
+    """The route restricted to its hdf5-path sites."""
+    keep = r.offsets < 0
+    return SiteRoute(r.tensor, r.positions[keep], r.offsets[keep])
+
+
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
            backend: str, hash_files: bool, finish: Any) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
@@ -143,10 +149,16 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         out_hash = sha256_file(src) if hash_files else None
         return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, None)
     with atomic_output(target) as tmp:
-        in_hash = copy_with_hash(src, tmp)
-        old, new, used_h5 = apply_plan_to_file(tmp, plan, by_name, routes, backend)
-        undo = byte_diff(src, tmp) if used_h5 else None
-        out_hash = sha256_file(tmp)
+        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend)
+        undo = None
+        h5_routes = [r for r in routes if (r.offsets < 0).any()]
+        if h5_routes:  # filtered / compact / unallocated data: HDF5 read-modify-write on the copy
+            o, w, _ = apply_plan_to_file(tmp, plan, by_name, [_only_negative(r) for r in h5_routes], backend)
+            for r in h5_routes:
+                at = r.positions[r.offsets < 0]
+                old[at], new[at] = o[at], w[at]
+            undo = byte_diff(src, tmp)
+            out_hash = sha256_file(tmp)
         result = finish(in_hash, out_hash, old, new, undo)
     return in_hash, out_hash, old, new, result
 

@@ -58,9 +58,9 @@ _COLUMNS = ("tensor", "index", "bits", "and_mask", "or_mask", "xor_mask", "scale
 def values_of(plan: Plan, words: np.ndarray) -> np.ndarray:
     """float64 values of per-site words (each decoded with its tensor's dtype)."""
     out = np.empty(len(plan), np.float64)
-    for tid, pos in plan.per_tensor():
+    for dt, pos in plan.per_dtype():
         with np.errstate(over="ignore", invalid="ignore"):
-            out[pos] = words_to_values(words[pos], plan.tensors[tid].dtype).astype(np.float64)
+            out[pos] = words_to_values(words[pos], dt).astype(np.float64)
     return out
 
 

@@ -167,6 +167,17 @@ class Plan:
             meta=dict(self.meta),
         )
 
+    def per_dtype(self) -> list[tuple[str, np.ndarray]]:
+        """Group site positions by tensor dtype: ``[(dtype string, positions), ...]``."""
+        if not len(self):
+            return []
+        dts = [t.dtype for t in self.tensors]
+        kinds = sorted(set(dts))
+        if len(kinds) == 1:
+            return [(kinds[0], np.arange(len(self)))]
+        code = np.array([kinds.index(d) for d in dts], dtype=np.int64)[self.tensor]
+        return [(k, np.flatnonzero(code == i)) for i, k in enumerate(kinds) if (code == i).any()]
+
     def per_tensor(self) -> list[tuple[int, np.ndarray]]:
         """Group site positions by tensor: ``[(tensor_id, positions), ...]`` in tensor order."""
         if not len(self):
