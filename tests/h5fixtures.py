@@ -43,6 +43,7 @@ __all__ = [
     "not_hdf5",
     "truncated_copy",
     "dtype_key",
+    "FRAMEWORK_BUILDERS",
 ]
 
 NUMERIC_DTYPES = ("f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8")
@@ -376,6 +377,16 @@ def chainer_like(path: str | os.PathLike[str], seed: int = 0, snapshot: bool = T
             _put(f, "updater/iterator:main/current_position", np.int64(0))
             roles["/updater/iterator:main/current_position"] = "other"
     return roles
+
+
+# name → builder of a hand-built framework-layout mimic (each returns path → expected role)
+FRAMEWORK_BUILDERS = {
+    "keras3": keras3_like,
+    "keras-legacy": keras_legacy_like,
+    "tf-save-weights": tf_save_weights_like,
+    "torch": torch_like,
+    "chainer": chainer_like,
+}
 
 
 def many_datasets(path: str | os.PathLike[str], n: int, shape: tuple[int, ...] = (4,), groups: int = 10) -> None:

@@ -96,11 +96,14 @@ def test_unknown_layout_guesses_from_names(tmp_path):
     assert lay.tensor("/net/fc/bias").layer == "net/fc" and lay.tensor("/data").layer is None
 
 
-def test_every_role_is_known(tmp_path):
-    for build in (hf.keras3_like, hf.keras_legacy_like, hf.torch_like, hf.chainer_like):
-        p = tmp_path / f"{build.__name__}.h5"
-        build(p)
-        assert {t.role for t in read_layout(p)} <= set(ROLES)
+@pytest.mark.parametrize("name", sorted(hf.FRAMEWORK_BUILDERS))
+def test_every_role_is_known(tmp_path, name):
+    p = tmp_path / f"{name}.h5"
+    want = hf.FRAMEWORK_BUILDERS[name](p)
+    lay = read_layout(p)
+    assert {t.role for t in lay} <= set(ROLES)
+    assert {t.path: t.role for t in lay} == want
+    assert lay.framework == {"tf-save-weights": "keras-legacy"}.get(name, name)
 
 
 def test_detect_and_label_path():
