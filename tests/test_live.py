@@ -130,6 +130,7 @@ def test_plan_for_another_model_is_refused_before_any_change() -> None:
         (PlanMismatchError, [good, TensorRef("v", "<u1", (3,))], [0, 1], [0, 0]),  # dtype
         (PlanMismatchError, [good, TensorRef("v", "<i1", (3,))], [0, 1], [0, 3]),  # index out of range
         (PlanMismatchError, [good], [0, 0], [5, 5]),  # the same element twice
+        (PlanMismatchError, [good], [0, -1], [5, 6]),  # a tensor id the plan does not define
     ]
     for err, refs, tensor, index in cases:
         plan = Plan.from_sites(refs, tensor, index, xor_mask=[1] * len(tensor))

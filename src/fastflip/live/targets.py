@@ -77,6 +77,12 @@ class Targets:
         )
         self.kinds = {t.kind for t in self.tensors}
         self._prepared: dict[int, tuple[weakref.ref, Prepared]] = {}
+        self._mappings: dict[int, tuple[tuple[TensorRef, ...], np.ndarray]] = {}
+        self._sizes = np.array([t.size for t in self.tensors], dtype=np.int64)
+        self._writable = np.array([t.writable for t in self.tensors], dtype=bool)
+        self._contiguous = np.array([t.kind == "tf" or t.contiguous for t in self.tensors], dtype=bool)
+        self._kind = np.array([{"cpu": 0, "cuda": 1, "tf": 2}[t.kind] for t in self.tensors], dtype=np.int8)
+        self._device = np.array([t.device for t in self.tensors], dtype=np.int64)
         self._spans: dict[int, tuple[Any, int]] = {}
 
     @classmethod
@@ -115,9 +121,14 @@ class Targets:
         self._prepared[key] = (weakref.ref(plan, lambda _r, k=key: self._prepared.pop(k, None)), prep)
         return prep
 
-    def _prepare(self, plan: Plan) -> Prepared:
-        mapping = np.empty(len(plan.tensors), dtype=np.int32)
-        for j, ref in enumerate(plan.tensors):
+    def _mapping(self, refs: tuple[TensorRef, ...]) -> np.ndarray:
+        """Target id of each of a plan's tensors (checked once per tensor tuple: plans drawn
+        from one ``SiteSpace`` share theirs)."""
+        hit = self._mappings.get(id(refs))
+        if hit is not None and hit[0] is refs:
+            return hit[1]
+        mapping = np.empty(len(refs), dtype=np.int32)
+        for j, ref in enumerate(refs):
             i = self.index.get(ref.name)
             if i is None:
                 near = ", ".join(list(self.index)[:5])
@@ -128,29 +139,48 @@ class Targets:
             if tuple(ref.shape) != tuple(t.shape):
                 raise PlanMismatchError(f"tensor {ref.name!r}: the plan's shape is {tuple(ref.shape)}, the tensor's is {t.shape}")
             mapping[j] = i
-        tid = np.ascontiguousarray(mapping[plan.tensor]) if len(plan) else np.zeros(0, dtype=np.int32)
-        offsets = np.zeros(len(plan), dtype=np.int64)
-        for j, pos in plan.per_tensor():
-            t = self.tensors[int(mapping[j])]
-            idx = plan.index[pos]
-            if int(idx.min()) < 0 or int(idx.max()) >= t.size:
-                raise PlanMismatchError(f"tensor {t.name!r}: element index {int(idx.max())} is outside its {t.size} elements")
-            if len(np.unique(idx)) != len(idx):
-                raise PlanMismatchError(f"tensor {t.name!r}: the plan hits an element twice (merge duplicate sites first)")
-            if not t.writable:
+        if len(self._mappings) > 64:
+            self._mappings.clear()
+        self._mappings[id(refs)] = (refs, mapping)
+        return mapping
+
+    def _prepare(self, plan: Plan) -> Prepared:
+        mapping = self._mapping(plan.tensors)
+        n = len(plan)
+        if n and (int(plan.tensor.min()) < 0 or int(plan.tensor.max()) >= len(mapping)):
+            raise PlanMismatchError(f"the plan's tensor ids must lie in [0, {len(mapping)})")
+        tid = np.ascontiguousarray(mapping[plan.tensor]) if n else np.zeros(0, dtype=np.int32)
+        idx = plan.index
+        if n:
+            bad = np.flatnonzero((idx < 0) | (idx >= self._sizes[tid]))
+            if len(bad):
+                t = self.tensors[int(tid[bad[0]])]
+                raise PlanMismatchError(f"tensor {t.name!r}: element index {int(idx[bad[0]])} is outside its {t.size} elements")
+            ro = np.flatnonzero(~self._writable[tid])
+            if len(ro):
+                t = self.tensors[int(tid[ro[0]])]
                 raise ReadOnlyTargetError(f"tensor {t.name!r} is read-only: pass a writable array (np.array(x) or mmap mode 'r+')")
-            offsets[pos] = t.byte_offsets(idx)
-        kinds = np.array([self.tensors[i].kind for i in range(len(self.tensors))] or ["cpu"])[tid] if len(plan) else np.array([], dtype=str)
+            if n > 1:
+                key = np.sort(tid.astype(np.int64) * (1 << 40) + idx)
+                dup = np.flatnonzero(key[1:] == key[:-1])
+                if len(dup):
+                    t = self.tensors[int(key[dup[0]] >> 40)]
+                    raise PlanMismatchError(f"tensor {t.name!r}: the plan hits an element twice (merge duplicate sites first)")
+        offsets = idx * self.table.itemsizes[tid].astype(np.int64)
+        strided = ~self._contiguous[tid]
+        if strided.any():
+            for i in np.unique(tid[strided]):
+                pos = np.flatnonzero(tid == i)
+                offsets[pos] = self.tensors[int(i)].byte_offsets(idx[pos])
+        kinds = self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
-        prep = Prepared(tid=tid, offsets=offsets, cpu=None, bitwise=bitwise)
-        if len(plan) and not (kinds == "cpu").all():
-            prep.cpu = np.flatnonzero(kinds == "cpu")
-            for j, pos in plan.per_tensor():
-                t = self.tensors[int(mapping[j])]
-                if t.kind == "tf":
-                    prep.tf.append((int(mapping[j]), pos))
-            cuda_pos = np.flatnonzero(kinds == "cuda")
-            devices = np.array([self.tensors[int(i)].device for i in tid[cuda_pos]], dtype=np.int64)
+        prep = Prepared(tid=tid, offsets=np.ascontiguousarray(offsets), cpu=None, bitwise=bitwise)
+        if n and kinds.any():
+            prep.cpu = np.flatnonzero(kinds == 0)
+            for i in np.unique(tid[kinds == 2]):
+                prep.tf.append((int(i), np.flatnonzero(tid == i)))
+            cuda_pos = np.flatnonzero(kinds == 1)
+            devices = self._device[tid[cuda_pos]]
             for dev in np.unique(devices):
                 pos = cuda_pos[devices == dev]
                 prep.cuda[int(dev)] = (pos, self._site_arrays(plan, pos, int(dev), tid, offsets))
