@@ -111,7 +111,8 @@ class Selection:
     exclude : tuple of str
         Path globs removed afterwards.
     dtypes : tuple of str
-        ``float32``, ``f4``, ``>f4``, or groups ``float``, ``int``, ``uint``, ``signed``, ``bool``.
+        ``float32``, ``f4`` (either byte order), ``>f4`` (one byte order), or groups:
+        ``float``, ``int`` (every integer type, signed or not), ``signed``, ``uint``, ``bool``.
     roles : tuple of str
         ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``other``.
     layers : tuple of str
