@@ -101,15 +101,11 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
     ``.keras`` archives are altered through their inner ``model.weights.h5``.
     Returns the :class:`fastflip.inject.InjectionResult`.
     """
-    from .inject import inject_file
-    from .keras_io import edit_archive, is_keras_archive
+    from .keras_io import inject_checkpoint_file
 
-    kw = scenario.inject_kwargs()
     extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "source": str(src)}}
-    if is_keras_archive(src):
-        with edit_archive(src, dst) as inner:
-            return inject_file(inner, in_place=True, seed=seed, log_path=log_path, extra_manifest=extra, **kw)
-    return inject_file(src, dst, seed=seed, log_path=log_path, extra_manifest=extra, **kw)
+    return inject_checkpoint_file(src, dst, seed=seed, log_path=log_path, extra_manifest=extra,
+                                  **scenario.inject_kwargs())
 
 
 def _check_selection(path: Path, scenario: Scenario) -> None:
@@ -180,7 +176,7 @@ class _Driver:
             write_csv(mpath, rows, METRIC_FIELDS)
             self.say(f"golden epoch {e}/{self.cfg.epochs}: loss {m.get('loss', float('nan')):.4f} "
                      f"accuracy {m.get('accuracy', float('nan')):.4f}")
-        return rows
+        return read_csv(mpath)  # the rows as every later reader sees them
 
     # ------------------------------------------------------------------ one faulty run
     def run(self, sc: Scenario, rep: int, golden: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict], bool]:
@@ -253,7 +249,8 @@ class _Driver:
         write_csv(rdir / "metrics.csv", rows, METRIC_FIELDS)
         _write_json(rdir / "result.json", {"row": row, "seed": seed, "scenario": sc.name,
                                            "scenario_digest": sc.digest(), "golden_digest": self.cfg.golden_digest()})
-        return row, rows, False
+        done = _read_json(rdir / "result.json") or {}
+        return dict(done["row"]), read_csv(rdir / "metrics.csv"), False
 
     def _chance(self) -> float | None:
         if self.cfg.chance is not None:

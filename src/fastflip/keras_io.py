@@ -41,12 +41,13 @@ import tempfile
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Iterator
+from typing import Any, Iterator
 
 from .errors import InputFileError, OutputError
 from .fileio import atomic_output
 
-__all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "is_keras_archive", "check_archive", "read_archive", "edit_archive"]
+__all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "is_keras_archive", "check_archive", "read_archive", "edit_archive",
+           "inject_checkpoint_file"]
 
 WEIGHTS_ENTRY = "model.weights.h5"
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -151,3 +152,18 @@ def edit_archive(path: str | os.PathLike, out: str | os.PathLike) -> Iterator[Pa
                             shutil.copyfileobj(src, dst, 1 << 20)
                     else:
                         zout.writestr(info, zin.read(info.filename))
+
+
+def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike, **inject_kwargs: Any) -> Any:
+    """:func:`fastflip.inject.inject_file` for an HDF5 checkpoint or a ``.keras`` archive.
+
+    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and
+    written to ``dst`` as a new archive; pass ``log_path`` to keep the log (the
+    default log beside a temporary inner file would be lost).
+    """
+    from .inject import inject_file
+
+    if is_keras_archive(src):
+        with edit_archive(src, dst) as inner:
+            return inject_file(inner, in_place=True, **inject_kwargs)
+    return inject_file(src, dst, **inject_kwargs)
