@@ -357,3 +357,37 @@ def test_chunked_offsets_property(tmp_path, case):
     vals = expect.reshape(-1)
     idx = np.flatnonzero(elem_written)
     assert raw_read(path, offs[idx], t.itemsize) == [vals[i : i + 1].tobytes() for i in idx]
+
+
+def test_virtual_null_custom_float_and_more_filters(tmp_path):
+    src = str(tmp_path / "src.h5")
+    hf.write_datasets(src, {"part": np.arange(4, dtype="<f4")})
+    path = str(tmp_path / "more.h5")
+    with h5py.File(path, "w") as f:
+        lay = h5py.VirtualLayout(shape=(4,), dtype="<f4")
+        lay[:] = h5py.VirtualSource(src, "part", shape=(4,))
+        f.create_virtual_dataset("vds", lay)
+        f["null"] = h5py.Empty("f4")
+        # a 32-bit float with a 22-bit mantissa at bit 1: h5py maps it to float32 but its bits are not IEEE
+        tid = h5py.h5t.IEEE_F32LE.copy()
+        tid.set_fields(31, 23, 8, 1, 22)
+        h5py.h5d.create(f.id, b"oddfloat", tid, h5py.h5s.create_simple((2,)))
+        # a 32-bit float with a 10-bit exponent: h5py maps it to float64
+        tid = h5py.h5t.IEEE_F32LE.copy()
+        tid.set_fields(31, 21, 10, 0, 21)
+        tid.set_ebias(511)
+        h5py.h5d.create(f.id, b"widefloat", tid, h5py.h5s.create_simple((2,)))
+        f.create_dataset("scaleoff", data=np.arange(20, dtype="<i4"), scaleoffset=0, chunks=(10,))
+        f.create_dataset("nbit_like", data=np.arange(20, dtype="<u2"), chunks=(10,), compression="gzip",
+                         compression_opts=1, shuffle=True, fletcher32=True)
+    lay = read_layout(path)
+    got = {t.path: t for t in lay.tensors}
+    assert got["/vds"].storage == "virtual"
+    with pytest.raises(UnsupportedStorageError):
+        element_byte_offsets(path, got["/vds"], np.array([0]))
+    assert got["/scaleoff"].storage == "filtered" and got["/scaleoff"].filters == ("scaleoffset",)
+    assert got["/nbit_like"].filters == ("shuffle", "gzip", "fletcher32")
+    skipped = {s.path: s.reason for s in lay.skipped}
+    assert skipped["/null"] == "null dataspace"
+    assert skipped["/oddfloat"] == "non-IEEE floating-point type"
+    assert skipped["/widefloat"] == "stored type of 4 bytes does not match float64"

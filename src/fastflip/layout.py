@@ -78,6 +78,7 @@ _FILTER_NAMES = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit",
 
 # IEEE-754 bit fields as h5py reports them: (sign pos, exp pos, exp size, mant pos, mant size)
 _IEEE_FIELDS = {2: (15, 10, 5, 0, 10), 4: (31, 23, 8, 0, 23), 8: (63, 52, 11, 0, 52)}
+_IEEE_EBIAS = {2: 15, 4: 127, 8: 1023}
 
 
 @dataclass(frozen=True)
@@ -305,7 +306,9 @@ def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str 
     tid = dsid.get_type()
     if tid.get_size() != dt.itemsize:
         return f"stored type of {tid.get_size()} bytes does not match {dt}"
-    if dt.kind == "f" and tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize]:
+    if dt.kind == "f" and (
+        tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize] or tid.get_ebias() != _IEEE_EBIAS[dt.itemsize]
+    ):
         return "non-IEEE floating-point type"
     if shape is None:
         return "null dataspace"
