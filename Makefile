@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.fastflip-installed
 
-.PHONY: setup demo test test-fast bench chainer-venv clean
+.PHONY: setup demo test test-fast bench chainer-venv report-deps clean
 
 $(STAMP): pyproject.toml setup.py ext/_kernels.pyx
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,11 @@ chainer-venv: .chainer-venv/.stamp
 demo: setup
 	$(PY) -m fastflip.demo
 
-test: setup chainer-venv
+# The report tests render the page in headless Chromium (Debian's package).
+report-deps:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+test: setup chainer-venv report-deps
 	FASTFLIP_CHAINER_PYTHON=$(CURDIR)/.chainer-venv/bin/python FASTFLIP_REQUIRE_EXTRAS=1 $(PY) -m pytest
 
 test-fast: setup
