@@ -106,6 +106,31 @@ def test_every_role_is_known(tmp_path, name):
     assert lay.framework == {"tf-save-weights": "keras-legacy"}.get(name, name)
 
 
+def test_torch_optimizer_layers_need_consistent_shapes(tmp_path):
+    import json
+
+    p = tmp_path / "t.h5"
+    hf.torch_like(p)
+    keys = ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var",
+            "bn1.num_batches_tracked", "layer1.0.fc.weight", "layer1.0.fc.bias"]
+    with h5py.File(p, "a") as f:
+        f["model"].attrs["fastflip_keys"] = json.dumps([[k, "str"] for k in keys])
+        f["optimizer"].attrs["param_groups"] = json.dumps([{"lr": 0.1, "params": [0, 1]}])
+    # 2 ids but 6 parameters: no mapping is guessed
+    assert all(t.layer is None for t in read_layout(p) if t.path.startswith("/optimizer/"))
+    with h5py.File(p, "a") as f:
+        f["optimizer"].attrs["param_groups"] = json.dumps([{"params": [2, 3]}, {"params": [0, 1, 4, 5]}])
+    # ids in order 2, 3, 0, 1, 4, 5 pair with the 6 parameters: 0 -> bn1.weight, 1 -> bn1.bias, both (4,)
+    # like the fixture's state tensors: consistent, so labelled
+    lay = read_layout(p)
+    assert lay.tensor("/optimizer/state/0/exp_avg").layer == "bn1"
+    assert lay.tensor("/optimizer/state/1/step").layer == "bn1"
+    with h5py.File(p, "a") as f:
+        f["optimizer"].attrs["param_groups"] = json.dumps([{"params": [0, 1, 2, 3, 4, 5]}])
+    # state 0 -> conv1.weight (4,1,3,3) but exp_avg has shape (4,): shapes disagree, nothing labelled
+    assert all(t.layer is None for t in read_layout(p) if t.path.startswith("/optimizer/"))
+
+
 def test_detect_and_label_path():
     assert detect_framework(["/x"], {"fastflip_layout": b"torch-state-dict/1"}) == "torch"
     assert detect_framework(["/conv/kernel:0"]) == "keras-legacy"
@@ -216,6 +241,14 @@ def test_real_torch_checkpoint(tmp_path):
     opt_roles = [r for p_, r in got.items() if p_.startswith("/optimizer/state/")]
     assert opt_roles.count("optimizer-moment") == 2 * n_params
     assert opt_roles.count("step-counter") == n_params
+    # optimizer state is labelled with its parameter's layer (ids follow model.parameters())
+    names = [n for n, _ in model.named_parameters()]
+    for pid, name in enumerate(names):
+        for leaf in ("exp_avg", "exp_avg_sq", "step"):
+            t = lay.tensor(f"/optimizer/state/{pid}/{leaf}")
+            assert t.layer == name.rpartition(".")[0], (pid, leaf)
+            if leaf != "step":
+                assert t.shape == lay.tensor(f"/model/{name}").shape
 
 
 CHAINER_SCRIPT = textwrap.dedent(

@@ -230,6 +230,44 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
     return out
 
 
+_TORCH_BUFFERS = {"running_mean", "running_var", "num_batches_tracked"}
+
+
+def _torch_optimizer_layers(tensors: Sequence[Tensor], h5file: Any) -> dict[str, str]:
+    """Layer of each ``/optimizer/state/<id>/...`` tensor, from the optimizer's parameter order.
+
+    Parameter ids index the concatenated ``params`` lists of ``param_groups``; the model's
+    parameters are its state_dict keys (``/model`` attribute ``fastflip_keys``) minus the
+    known batch-norm buffers. The mapping is used only when the counts agree and every
+    state tensor has its parameter's shape; otherwise nothing is labelled.
+    """
+    import json
+
+    try:
+        keys = [k for k, _ in json.loads(h5file["model"].attrs["fastflip_keys"])]
+        groups = json.loads(h5file["optimizer"].attrs["param_groups"])
+        ids = [str(i) for g in groups for i in g["params"]]
+    except Exception:
+        return {}
+    params = [k for k in keys if k.rpartition(".")[2] not in _TORCH_BUFFERS]
+    if len(ids) != len(params):
+        return {}
+    shapes = {t.path: t.shape for t in tensors}
+    param_of = dict(zip(ids, params))
+    out: dict[str, str] = {}
+    for t in tensors:
+        parts = t.path.split("/")
+        if len(parts) != 5 or parts[1:3] != ["optimizer", "state"]:
+            continue
+        key = param_of.get(parts[3])
+        if key is None:
+            return {}
+        if len(t.shape) > 0 and shapes.get(f"/model/{key}") != t.shape:
+            return {}
+        out[t.path] = key.rpartition(".")[0] or key
+    return out
+
+
 def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
@@ -256,12 +294,14 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
         root_attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
     fw = detect_framework((p for t in tensors for p in t.aliases), root_attrs)
     special = _keras3_roles(tensors, h5file) if fw == "keras3" else {}
+    opt_layers = _torch_optimizer_layers(tensors, h5file) if fw == "torch" and h5file is not None else {}
     out = []
     for t in tensors:
         if t.path in special:
             layer, role = special[t.path]
         else:
             layer, role = label_path(t.path, fw, len(t.shape), t.dtype.kind)
+            layer = opt_layers.get(t.path, layer)
         out.append(replace(t, framework=fw, layer=layer, role=role))
     if isinstance(layout_or_tensors, Layout):
         layout_or_tensors.tensors[:] = out
