@@ -120,6 +120,9 @@ def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
     cdef int size
     cdef uint64_t old, new
     cdef uint8_t* p
+    if (tensor.shape[0] < n or and_mask.shape[0] < n or or_mask.shape[0] < n or xor_mask.shape[0] < n
+            or old_out.shape[0] < n or new_out.shape[0] < n):
+        raise ValueError("apply_ptrs: every column needs one entry per offset")
     with nogil:
         for i in range(n):
             t = tensor[i]
@@ -137,6 +140,8 @@ def read_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint
     """Read the word of every site (native order) into ``out``."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef int32_t t
+    if tensor.shape[0] < n or out.shape[0] < n:
+        raise ValueError("read_ptrs: every column needs one entry per offset")
     with nogil:
         for i in range(n):
             t = tensor[i]
@@ -148,6 +153,8 @@ def write_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
     """Write ``words`` (native order) at every site."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef int32_t t
+    if tensor.shape[0] < n or words.shape[0] < n:
+        raise ValueError("write_ptrs: every column needs one entry per offset")
     with nogil:
         for i in range(n):
             t = tensor[i]

@@ -144,8 +144,9 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
     if len(log.old_words) != len(log.plan) or len(log.new_words) != len(log.plan):
         raise LogMismatchError("the log's word columns do not match its plan")
     current = tg.read(prep, backend)
-    bad = np.flatnonzero(current != log.new_words)
-    if len(bad):
+    differs = current != log.new_words
+    if differs.any():
+        bad = np.flatnonzero(differs)
         i = int(bad[0])
         name = log.plan.tensors[int(log.plan.tensor[i])].name
         raise LogMismatchError(

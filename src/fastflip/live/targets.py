@@ -38,6 +38,15 @@ from .adapters import LiveTensor, collect
 
 __all__ = ["Targets", "Prepared"]
 
+try:  # the per-trial fast path calls the Cython kernels directly (arguments checked when the plan was prepared)
+    from .. import _kernels as _ck
+except ImportError:  # pragma: no cover - source checkout without the built extension
+    _ck = None
+
+
+def _fast(prep: "Prepared", backend: str) -> bool:
+    return _ck is not None and prep.cpu is None and (backend == "auto" or backend == "cython")
+
 
 @dataclass
 class Prepared:
@@ -222,6 +231,10 @@ class Targets:
     def read(self, prep: Prepared, backend: str = "auto") -> np.ndarray:
         """Current words of every site of a prepared plan (native order)."""
         n = len(prep.tid)
+        if _fast(prep, backend):
+            out = np.empty(n, dtype=np.uint64)
+            _ck.read_ptrs(self.table.ptrs, self.table.itemsizes, self.table.swaps, prep.tid, prep.offsets, out)
+            return out
         if prep.cpu is None:
             return native.read_ptrs(self.table, prep.tid, prep.offsets, backend)
         out = np.empty(n, dtype=np.uint64)
@@ -238,6 +251,11 @@ class Targets:
     def write(self, prep: Prepared, words: np.ndarray, backend: str = "auto") -> None:
         """Store ``words`` (native order) at every site of a prepared plan."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
+        if len(words) != len(prep.tid):
+            raise OptionError(f"{len(words)} words for {len(prep.tid)} sites")
+        if _fast(prep, backend):
+            _ck.write_ptrs(self.table.ptrs, self.table.itemsizes, self.table.swaps, prep.tid, prep.offsets, words)
+            return
         if prep.cpu is None:
             native.write_ptrs(self.table, prep.tid, prep.offsets, words, backend)
             return
@@ -252,14 +270,13 @@ class Targets:
 
     def apply(self, plan: Plan, prep: Prepared, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
         """Apply ``plan`` (already prepared) in place; (old, new) words in plan order."""
-        if prep.cpu is None and prep.bitwise and native.resolve_backend(backend) == "cython":
+        if prep.bitwise and _fast(prep, backend):
             # the per-trial fast path: one call into the Cython kernel, nothing re-validated
-            from .. import _kernels
-
-            old, new = np.empty(len(plan), dtype=np.uint64), np.empty(len(plan), dtype=np.uint64)
+            n = len(plan)
+            old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
             t = self.table
-            _kernels.apply_ptrs(t.ptrs, t.itemsizes, t.swaps, prep.tid, prep.offsets, plan.and_mask, plan.or_mask,
-                                plan.xor_mask, old, new)
+            _ck.apply_ptrs(t.ptrs, t.itemsizes, t.swaps, prep.tid, prep.offsets, plan.and_mask, plan.or_mask,
+                           plan.xor_mask, old, new)
             return old, new
         if prep.cpu is None:
             return native.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
