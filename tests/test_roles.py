@@ -53,6 +53,10 @@ def test_keras_legacy_like(tmp_path, suffix):
     assert lay.framework == "keras-legacy"
     assert got == want
     assert {t.layer for t in lay.tensors if t.path.startswith("/model_weights")} == {"conv1", "bn1", "dense"}
+    # optimizer slots carry their layer when a path component names it
+    assert lay.tensor(f"/optimizer_weights/Adam/conv1/kernel/m{suffix}").layer == "conv1"
+    assert lay.tensor(f"/optimizer_weights/Adam/dense/bias/v{suffix}").layer == "dense"
+    assert lay.tensor(f"/optimizer_weights/Adam/iterations{suffix}").layer is None
 
 
 def test_tf_save_weights_like(tmp_path):
@@ -214,6 +218,13 @@ def test_real_keras_legacy_h5(tmp_path):
     opt = [t.role for t in lay.tensors if t.path.startswith("/optimizer_weights/")]
     assert opt.count("step-counter") == 1
     assert opt.count("optimizer-moment") == 2 * len(m.trainable_weights)
+    # Keras 3 names slots '<model>_<layer>_<var>_momentum': each moment gets its layer, with its shape
+    for t in lay.tensors:
+        if t.role == "optimizer-moment":
+            assert t.layer in {"conv", "bn", "ln", "head"}, t.path
+            var = t.path.rsplit("_", 1)[0].rsplit("_", 1)[1]  # kernel, bias, gamma, beta
+            (w,) = [x for x in model if x.layer == t.layer and x.path.rsplit("/", 1)[1].split(":")[0] == var]
+            assert w.shape == t.shape, t.path
 
 
 @pytest.mark.framework

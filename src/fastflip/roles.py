@@ -268,6 +268,44 @@ def _torch_optimizer_layers(tensors: Sequence[Tensor], h5file: Any) -> dict[str,
     return out
 
 
+def _names_attr(obj: Any, name: str) -> list[str]:
+    """A Keras ``layer_names``/``weight_names`` attribute as a list of str ([] when absent)."""
+    if obj is None or name not in obj.attrs:
+        return []
+    return [_attr_str(v) or "" for v in obj.attrs[name]]
+
+
+def _keras_legacy_optimizer_layers(tensors: Sequence[Tensor], h5file: Any) -> dict[str, str]:
+    """Layer of each ``/optimizer_weights/...`` tensor of a legacy Keras file.
+
+    Either a path component is a layer name (``Adam/conv1/kernel/m:0``), or the dataset name
+    starts with a layer weight's path with '/' → '_' (``sequential_conv_kernel_momentum``
+    for weight ``sequential/conv/kernel`` of layer ``conv``).
+    """
+    top = h5file.get("model_weights")
+    layer_names = _names_attr(top, "layer_names")
+    if not layer_names:
+        return {}
+    prefixes: list[tuple[str, str]] = []
+    for layer in layer_names:
+        for w in _names_attr(top.get(layer), "weight_names"):
+            prefixes.append((re.sub(r":\d+$", "", w).replace("/", "_") + "_", layer))
+    prefixes.sort(key=lambda pl: -len(pl[0]))
+    known = set(layer_names)
+    out: dict[str, str] = {}
+    for t in tensors:
+        parts = t.path.split("/")
+        if parts[1:2] != ["optimizer_weights"]:
+            continue
+        hit = next((p for p in parts[2:-1] if p in known), None)
+        if hit is None:
+            leaf = _leaf(t.path)
+            hit = next((layer for pre, layer in prefixes if leaf.startswith(pre)), None)
+        if hit is not None:
+            out[t.path] = hit
+    return out
+
+
 def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
@@ -294,7 +332,11 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
         root_attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
     fw = detect_framework((p for t in tensors for p in t.aliases), root_attrs)
     special = _keras3_roles(tensors, h5file) if fw == "keras3" else {}
-    opt_layers = _torch_optimizer_layers(tensors, h5file) if fw == "torch" and h5file is not None else {}
+    opt_layers: dict[str, str] = {}
+    if h5file is not None and fw == "torch":
+        opt_layers = _torch_optimizer_layers(tensors, h5file)
+    elif h5file is not None and fw == "keras-legacy":
+        opt_layers = _keras_legacy_optimizer_layers(tensors, h5file)
     out = []
     for t in tensors:
         if t.path in special:
