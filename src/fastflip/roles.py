@@ -20,6 +20,11 @@ Recognised layouts (the ``framework`` label):
     ``chainer.serializers.save_hdf5`` of a link (``/predictor/conv1/W``) or trainer
     snapshot (``/updater/model:main/...``, ``/updater/optimizer:main/...``).
 
+Optimizer state gets its parameter's layer where the file says which parameter it
+belongs to: legacy Keras (slot names), torch (parameter ids checked against shapes),
+Chainer (state stored under the parameter's path). Keras 3 ``optimizer/vars/<i>``
+carry no such link and get ``layer=None``.
+
 Unrecognised files get ``framework=None``, the parent group as layer and a role guessed
 from the dataset name (``weight``/``kernel``/``W``, ``bias``/``b``, ...) or ``other``.
 
