@@ -96,6 +96,46 @@ def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int
     return nan_n, inf_n
 
 
+_LAYOUTS: "dict[tuple[str, int, int, int], Layout]" = {}
+
+
+def cached_layout(path: str) -> Layout:
+    """``read_layout(path)``, remembered per (path, inode, size, mtime) so that repeated calls skip the walk.
+
+    The layout depends only on the file's metadata; any rewrite of the file (new inode,
+    size or mtime) makes a fresh walk. At most 16 layouts are kept.
+    """
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = read_layout(path)
+        if len(_LAYOUTS) >= 16:
+            _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        _LAYOUTS[key] = lay
+    return lay
+
+
+_SPACES: "dict[tuple[Any, ...], tuple[Layout, list[Tensor], SiteSpace]]" = {}
+
+
+def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
+                distribution: str | Mapping[str, float]) -> SiteSpace:
+    """The selected tensors' SiteSpace, remembered per (layout object, selection, bits, distribution)."""
+    dist_key = distribution if isinstance(distribution, str) else tuple(sorted(distribution.items()))
+    key = (id(layout), repr(selection), spec, dist_key)
+    hit = _SPACES.get(key)
+    if hit is not None and hit[0] is layout:
+        return hit[2]
+    tensors = select(layout.tensors, selection)
+    check_storage(tensors)
+    space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
+    if len(_SPACES) >= 16:
+        _SPACES.pop(next(iter(_SPACES)))
+    _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
+    return space
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -223,16 +263,14 @@ def inject_file(
     target = _targets(src, dst, in_place)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
-    layout = layout or read_layout(src)
+    layout = layout or cached_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     model_obj = FaultModel.parse(model)
     spec = BitSpec.parse(bits, sign_first=sign_first)
     if seed is None:
         seed = secrets.randbits(63)
     if plan is None:
-        tensors = select(layout.tensors, selection)
-        check_storage(tensors)
-        space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
+        space = _site_space(layout, selection, spec, distribution)
         plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model_obj, replace=replace,
                           nan_policy=nan_policy, read_words=lambda p: read_words(src, p, by_name))
     options = {
@@ -257,7 +295,8 @@ def inject_file(
             "input": {"path": os.path.abspath(src), "sha256": in_hash, "size": in_size},
             "output": {"path": os.path.abspath(target), "sha256": out_hash},
             "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
-            "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name},
+            "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name}
+            if lp is not None else {},
             **dict(extra_manifest or {}),
         }
         log = InjectionLog.from_plan(plan, old, new, manifest, undo)

@@ -26,6 +26,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
@@ -53,7 +54,7 @@ class TensorRef:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
@@ -182,10 +183,16 @@ class Plan:
         """Group site positions by tensor: ``[(tensor_id, positions), ...]`` in tensor order."""
         if not len(self):
             return []
-        order = np.argsort(self.tensor, kind="stable")
-        ids, starts = np.unique(self.tensor[order], return_index=True)
-        bounds = list(starts[1:]) + [len(order)]
-        return [(int(t), order[s:e]) for t, s, e in zip(ids, starts, bounds)]
+        t = self.tensor
+        if len(t) == 1 or bool((t[1:] >= t[:-1]).all()):  # plans come sorted by tensor: runs, no sort
+            order = np.arange(len(t))
+            st = t
+        else:
+            order = np.argsort(t, kind="stable")
+            st = t[order]
+        starts = np.concatenate([[0], np.flatnonzero(st[1:] != st[:-1]) + 1])
+        bounds = np.append(starts[1:], len(st))
+        return [(int(st[s]), order[s:e]) for s, e in zip(starts.tolist(), bounds.tolist())]
 
 
 def compose_masks(
