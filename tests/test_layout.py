@@ -242,6 +242,27 @@ def test_not_hdf5(tmp_path):
     assert p in msg and "not an HDF5 file" in msg and "\n" not in msg
 
 
+def test_locked_file(tmp_path):
+    import subprocess
+    import sys
+
+    p = str(tmp_path / "w.h5")
+    hf.write_datasets(p, {"x": np.zeros(2, "f4")})
+    code = f"import h5py, time; f = h5py.File({p!r}, 'a'); print('ready', flush=True); time.sleep(60)"
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "ready"
+        if os.environ.get("HDF5_USE_FILE_LOCKING", "").upper() == "FALSE":
+            assert len(read_layout(p)) == 1
+        else:
+            with pytest.raises(InputFileError, match="locked") as ei:
+                read_layout(p)
+            assert not isinstance(ei.value, NotHDF5Error) and "\n" not in str(ei.value)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_zip_archive_hint(tmp_path):
     import zipfile
 

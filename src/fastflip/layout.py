@@ -272,10 +272,17 @@ def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
                 "model.weights.h5 inside)"
             )
         raise NotHDF5Error(f"{p}: not an HDF5 file (no HDF5 signature found)")
+    if mode != "r" and not os.access(p, os.W_OK):
+        raise InputFileError(f"{p}: not writable (permission denied)")
     try:
         return h5py.File(p, mode)
     except OSError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "lock" in first.lower():
+            raise InputFileError(
+                f"{p}: HDF5 file is locked ({first}); is another process writing it? "
+                "(HDF5_USE_FILE_LOCKING=FALSE disables locking on file systems without it)"
+            ) from None
         raise NotHDF5Error(f"{p}: truncated or damaged HDF5 file ({first})") from None
 
 
