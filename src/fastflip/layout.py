@@ -278,7 +278,7 @@ def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
         return h5py.File(p, mode)
     except OSError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "lock" in first.lower():
+        if "unable to lock file" in first.lower():
             raise InputFileError(
                 f"{p}: HDF5 file is locked ({first}); is another process writing it? "
                 "(HDF5_USE_FILE_LOCKING=FALSE disables locking on file systems without it)"
