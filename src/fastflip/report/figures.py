@@ -1,0 +1,283 @@
+"""The report's figures as matplotlib :class:`~matplotlib.figure.Figure` objects.
+
+Every function takes the aggregated data (:class:`~fastflip.report.campaign_data.CampaignData`
+or :class:`~fastflip.report.experiment_data.ExperimentData`) or the path of a store /
+experiment directory, and returns a new figure built without :mod:`matplotlib.pyplot`
+(no global state, no display; a notebook shows the returned figure). matplotlib is
+imported inside the functions, so importing this module costs nothing.
+
+* :func:`bit_figure` — rate of each outcome per bit position with Wilson intervals;
+* :func:`heatmap_figure` — bit × group (layer, tensor or role) heatmap of a rate;
+* :func:`outcome_figure` — outcome breakdown per cell (stacked fractions);
+* :func:`curve_figure` — accuracy (or loss) per epoch of every run against golden,
+  one panel per scenario, injection epoch marked.
+
+Examples
+--------
+>>> _panel_grid(5)
+(2, 3)
+>>> short_labels(["bits=31|layer=a|flips=1", "bits=30|layer=a|flips=1"])
+['bits=31', 'bits=30']
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..store import OUTCOMES
+from .campaign_data import CampaignData, bit_table, cell_table, heatmap_table, load_campaign_data
+from .experiment_data import ExperimentData, curve_table, load_experiment_data
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+__all__ = ["bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "save_png", "short_labels",
+           "OUTCOME_COLOURS", "MAX_CELL_BARS"]
+
+OUTCOME_COLOURS = {"masked": "#4daf4a", "sdc": "#ff7f00", "critical": "#e41a1c", "due": "#6a3d9a"}
+OUTCOME_LABELS = {"masked": "masked", "sdc": "SDC", "critical": "critical SDC", "due": "DUE"}
+RUN_COLOURS = {"masked": "tab:green", "recovered": "tab:blue", "degraded": "tab:orange", "diverged": "tab:red",
+               "crashed": "tab:gray"}
+#: The outcome figure draws at most this many cells (those with the highest failure rate).
+MAX_CELL_BARS = 80
+
+
+def _figure(width: float, height: float) -> "Figure":
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+
+
+def _panel_grid(n: int, max_cols: int = 3) -> tuple[int, int]:
+    cols = max(1, min(max_cols, n))
+    return (max(1, n) + cols - 1) // cols, cols
+
+
+def _campaign(data: "CampaignData | str | os.PathLike[str]") -> CampaignData:
+    return data if isinstance(data, CampaignData) else load_campaign_data(data)
+
+
+def _experiment(data: "ExperimentData | str | os.PathLike[str]") -> ExperimentData:
+    return data if isinstance(data, ExperimentData) else load_experiment_data(data, hash_inputs=False)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def short_labels(keys: Sequence[str]) -> list[str]:
+    """Cell keys without the ``|``-separated parts every key shares."""
+    parts = [k.split("|") for k in keys]
+    if len(parts) < 2:
+        return list(keys)
+    common = set(parts[0]).intersection(*parts[1:])
+    out = ["|".join(p for p in ps if p not in common) or k for ps, k in zip(parts, keys)]
+    return out
+
+
+def save_png(fig: "Figure", path: str | os.PathLike[str], dpi: int = 100) -> str:
+    """Write ``fig`` as a PNG atomically (Agg canvas, no display); return the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from ..fileio import atomic_output
+
+    FigureCanvasAgg(fig)
+    p = os.fspath(path)
+    with atomic_output(p, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=dpi, format="png")
+    return p
+
+
+def bit_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
+    """Rate of each outcome per bit position, with Wilson intervals; one panel per condition."""
+    data = _campaign(data)
+    rows = bit_table(data)
+    conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)] or ["(no single-bit trials)"]
+    nbits = max((r["bit"] for r in rows), default=31) + 1
+    fig = _figure(min(18.0, max(7.0, 0.28 * nbits + 2.5)), 3.6 * len(conds))
+    axes = fig.subplots(len(conds), 1, squeeze=False)[:, 0]
+    for ax, cond in zip(axes, conds):
+        mine = [r for r in rows if r["condition"] == cond]
+        if not mine:
+            ax.text(0.5, 0.5, "no trial has a single bit position", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        x = np.array([r["bit"] for r in mine])
+        full = np.arange(nbits)
+        for o in OUTCOMES:
+            y = np.array([r[f"{o}_rate"] for r in mine])
+            lo = np.array([r[f"{o}_low"] for r in mine])
+            hi = np.array([r[f"{o}_high"] for r in mine])
+            line = np.full(nbits, np.nan)  # gaps where a bit has no trial: no line drawn across them
+            line[x] = y
+            alpha = 0.45 if o == "masked" else 0.95
+            ax.plot(full, line, "-", lw=1, color=OUTCOME_COLOURS[o], alpha=alpha)
+            ax.errorbar(x, y, yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)], fmt="o", ms=3.5, capsize=2,
+                        elinewidth=1, color=OUTCOME_COLOURS[o], label=OUTCOME_LABELS[o], alpha=alpha)
+        ax.set_xlim(-0.7, nbits - 0.3)
+        ax.set_xticks(range(0, nbits, 1 if nbits <= 32 else 2 if nbits <= 64 else 8))
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+        ax.set_xlabel("bit position (0 = least significant)")
+        ax.set_ylabel("rate (95% Wilson interval)" if abs(data.confidence - 0.95) < 1e-9
+                      else f"rate ({data.confidence:g} Wilson interval)")
+        n = sum(r["trials"] for r in mine)
+        ax.set_title(f"{data.name}: outcome rate by bit position — {cond}, {n:,} trials", fontsize=10)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    return fig
+
+
+def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "sdc_total") -> "Figure":
+    """Bit × group heatmap of a rate (default the SDC rate, ``sdc + critical``); one panel per condition.
+
+    ``kind`` is one of :data:`fastflip.report.campaign_data.RATE_KINDS`. Grey squares
+    are (group, bit) pairs without trials.
+    """
+    from .campaign_data import RATE_KINDS
+
+    if kind not in RATE_KINDS:
+        from ..errors import OptionError
+
+        raise OptionError(f"heatmap kind must be one of {', '.join(RATE_KINDS)}, got {kind!r}")
+    data = _campaign(data)
+    rows = heatmap_table(data)
+    conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)] or ["(no single-bit trials)"]
+    groups: list[str] = []
+    for r in rows:
+        if r["group"] not in groups:
+            groups.append(r["group"])
+    bits = sorted({r["bit"] for r in rows})
+    height = min(40.0, max(2.8, 0.28 * len(groups) + 1.8))
+    fig = _figure(min(18.0, max(6.5, 0.32 * len(bits) + 0.12 * max((len(g) for g in groups), default=4) + 2.5)),
+                  height * len(conds))
+    axes = fig.subplots(len(conds), 1, squeeze=False)[:, 0]
+    label = {"sdc_total": "SDC rate (SDC + critical SDC)", "failure": "failure rate (not masked)"}.get(
+        kind, f"{OUTCOME_LABELS.get(kind, kind)} rate")
+    from matplotlib import colormaps
+
+    cmap = colormaps["magma_r"].copy()
+    cmap.set_bad("#d9d9d9")
+    for ax, cond in zip(axes, conds):
+        grid = np.full((len(groups), len(bits)), np.nan)
+        for r in rows:
+            if r["condition"] == cond:
+                grid[groups.index(r["group"]), bits.index(r["bit"])] = r[f"{kind}_rate"]
+        if not bits:
+            ax.text(0.5, 0.5, "no trial has a single bit position", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap=cmap, vmin=0.0, vmax=1.0,
+                       interpolation="nearest")
+        ax.set_xticks(range(len(bits)), [str(b) for b in bits], fontsize=7)
+        ax.set_yticks(range(len(groups)), groups, fontsize=7)
+        ax.set_xlabel("bit position")
+        ax.set_ylabel(data.group_by if data.group_by != "none" else "")
+        ax.set_title(f"{data.name}: {label} — {cond}", fontsize=10)
+        if grid.size <= 600:
+            for i in range(grid.shape[0]):
+                for j in range(grid.shape[1]):
+                    v = grid[i, j]
+                    if not math.isnan(v):
+                        ax.text(j, i, f"{v:.2f}"[1:] if 0 < v < 1 else f"{v:.0f}", ha="center", va="center",
+                                fontsize=6, color="white" if v > 0.55 else "black")
+        fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+    return fig
+
+
+def outcome_figure(data: "CampaignData | str | os.PathLike[str]", max_cells: int = MAX_CELL_BARS) -> "Figure":
+    """Outcome breakdown per cell: stacked fractions of masked / SDC / critical SDC / DUE.
+
+    With more than ``max_cells`` cells, the ``max_cells`` with the highest failure rate
+    are drawn (the title says so; ``cells.csv`` holds them all).
+    """
+    data = _campaign(data)
+    rows = [r for r in cell_table(data) if r["trials"] > 0]
+    total = len(rows)
+    if total > max_cells:
+        rows = sorted(rows, key=lambda r: (-r["failure_rate"], r["cell_id"]))[:max_cells]
+        rows.sort(key=lambda r: r["cell_id"])
+    labels = short_labels([r["key"] for r in rows])
+    fig = _figure(9.5, min(60.0, max(2.6, 0.24 * len(rows) + 1.6)))
+    ax = fig.subplots()
+    y = np.arange(len(rows))[::-1]
+    left = np.zeros(len(rows))
+    for o in OUTCOMES:
+        w = np.array([r[f"{o}_rate"] for r in rows])
+        ax.barh(y, w, left=left, color=OUTCOME_COLOURS[o], label=OUTCOME_LABELS[o], height=0.8)
+        left += w
+    for yi, r in zip(y, rows):
+        ax.text(1.01, yi, f"n={r['trials']:,}", va="center", fontsize=6.5, transform=ax.get_yaxis_transform())
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.set_xlabel("fraction of trials")
+    shown = f"{len(rows)} of {total} cells (highest failure rate)" if total > len(rows) else f"{total} cells"
+    ax.set_title(f"{data.name}: outcome per cell — {shown}", fontsize=10)
+    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.02 + 0.5 / max(len(rows), 1)),
+              frameon=False)
+    return fig
+
+
+def curve_figure(data: "ExperimentData | str | os.PathLike[str]", metric: str = "accuracy") -> "Figure":
+    """``metric`` (accuracy, val_loss or loss) per epoch of every run against golden.
+
+    One panel per scenario; runs are coloured by outcome, the injection epoch is a
+    dotted line. Loss panels use a log scale; a non-finite loss is drawn as a cross
+    on the top edge.
+    """
+    from matplotlib.ticker import MaxNLocator
+
+    data = _experiment(data)
+    pts = curve_table(data)
+    scen = data.scenarios
+    nrows, ncols = _panel_grid(len(scen))
+    fig = _figure(4.3 * ncols, 3.3 * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=metric == "accuracy")
+    gold = [(p["epoch"], p[metric]) for p in pts if p["scenario"] == "golden" and _finite(p[metric])]
+    is_loss = metric != "accuracy"
+    for ax, sc in zip(axes.flat, scen):
+        if gold:
+            ax.plot(*zip(*gold), color="black", lw=3, alpha=0.45, label="golden", zorder=1)
+        reps: dict[Any, list[dict[str, Any]]] = {}
+        for p in pts:
+            if p["scenario"] == sc["name"]:
+                reps.setdefault(p["rep"], []).append(p)
+        seen: set[str] = set()
+        for rep, rp in reps.items():
+            rp.sort(key=lambda p: p["epoch"])
+            outcome = str(rp[0]["outcome"])
+            colour = RUN_COLOURS.get(outcome, "tab:purple")
+            good = [(p["epoch"], p[metric]) for p in rp if _finite(p[metric])]
+            lab = outcome if outcome not in seen else None
+            seen.add(outcome)
+            if good:
+                ax.plot(*zip(*good), "o-", ms=2.5, color=colour, alpha=0.75, lw=1.2, label=lab, zorder=2)
+                lab = None
+            bad = [p["epoch"] for p in rp if p[metric] is not None and not _finite(p[metric])]
+            if bad:  # NaN / Inf: a cross on the top edge
+                ax.plot(bad, [1.0] * len(bad), "x", color=colour, ms=6, mew=1.5, transform=ax.get_xaxis_transform(),
+                        clip_on=False, label=lab, zorder=3)
+        ax.axvline(sc["epoch"], color="gray", ls=":", lw=1.2)
+        ax.text(sc["epoch"], 0.02, " injection", color="gray", fontsize=7, transform=ax.get_xaxis_transform())
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{sc['name']} (E={sc['epoch']}, {len(reps)} run{'s' if len(reps) != 1 else ''})", fontsize=9)
+        ax.set_xlabel("epoch")
+        if is_loss:
+            finite = [p[metric] for p in pts if _finite(p[metric]) and p[metric] > 0]
+            if finite and max(finite) / min(finite) > 50:
+                ax.set_yscale("log")
+        else:
+            ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(metric.replace("_", " "))
+    for ax in list(axes.flat)[len(scen):]:
+        ax.set_axis_off()
+    fig.suptitle(f"{data.name}: {metric.replace('_', ' ')} per epoch vs golden", fontsize=10)
+    return fig
