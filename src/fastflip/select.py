@@ -33,7 +33,7 @@ import numpy as np
 from .errors import OptionError, SelectionError
 from .layout import Tensor
 
-__all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher", "add_selection_arguments", "selection_from_args"]
+__all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher", "selection_from_args"]
 
 # dtype groups accepted by Selection.dtypes
 _DTYPE_GROUPS = {
@@ -213,30 +213,15 @@ def select(tensors: Iterable[Tensor], selection: Selection | None = None) -> lis
     return out
 
 
-def add_selection_arguments(parser: Any) -> None:
-    """Add the shared ``--include/--exclude/--regex/--dtype/--role/--layer`` options to an argparse parser.
-
-    Every option may be repeated; :func:`selection_from_args` turns them into a :class:`Selection`.
+def selection_from_args(args: Any) -> Selection:
+    """The :class:`Selection` given by the CLI's selection options (comma lists allowed).
 
     >>> import argparse
+    >>> from fastflip.cli.options import add_selection_arguments
     >>> p = argparse.ArgumentParser(); add_selection_arguments(p)
     >>> selection_from_args(p.parse_args(["--include", "model/*", "--role", "weight"])).describe()
     'include=model/* roles=weight'
     """
-    g = parser.add_argument_group("tensor selection (repeatable; a tensor matches if any alias does)")
-    g.add_argument("--include", action="append", metavar="GLOB", default=[],
-                   help="path glob (fnmatch, leading '/' optional, '**' ok), e.g. 'model/*conv*'")
-    g.add_argument("--exclude", action="append", metavar="GLOB", default=[], help="path glob to leave out")
-    g.add_argument("--regex", action="append", metavar="RE", default=[], help="regular expression on paths")
-    g.add_argument("--dtype", action="append", metavar="DTYPE", default=[],
-                   help="float32, f4, >f4, or a group: float, int, uint, signed, bool")
-    g.add_argument("--role", action="append", metavar="ROLE", default=[],
-                   help="weight, bias, bn-statistic, optimizer-moment, step-counter, other")
-    g.add_argument("--layer", action="append", metavar="GLOB", default=[], help="glob on layer names")
-
-
-def selection_from_args(args: Any) -> Selection:
-    """The :class:`Selection` given by :func:`add_selection_arguments` options (comma lists allowed)."""
 
     def items(name: str) -> tuple[str, ...]:
         out: list[str] = []

@@ -13,7 +13,7 @@ __all__ = ["add_parser", "run", "format_diff"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from ..select import add_selection_arguments
+    from .options import add_selection_arguments
 
     p = subparsers.add_parser(
         "diff",

@@ -7,30 +7,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_parser", "run", "add_fault_arguments"]
-
-
-def add_fault_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by commands that sample injections (bits, model, mode, seed, distribution)."""
-    g = p.add_argument_group("what to flip")
-    g.add_argument("--bits", metavar="SPEC", help="bit positions (bit 0 = LSB): 0-22, 30,31, sign, exponent, "
-                   "exponent-msb, mantissa, all (default: all bits of each dtype)")
-    g.add_argument("--sign-first", action="store_true",
-                   help="read --bits in the old tools' numbering where 0 is the sign (most significant) bit")
-    g.add_argument("--model", default="flip", metavar="MODEL",
-                   help="flip, burst:N, adjacent:N, mask:0b101[@random], stuck-at-0[:N], stuck-at-1[:N], "
-                   "scale:F, random-value, zero (default flip)")
-    m = g.add_mutually_exclusive_group()
-    m.add_argument("--count", type=int, metavar="K", help="exactly K sites (default 1)")
-    m.add_argument("--rate", type=float, metavar="R", help="each selected element is hit with probability R")
-    m.add_argument("--ber", type=float, metavar="P", help="each allowed bit flips with probability P")
-    g.add_argument("--seed", type=int, help="seed (random and recorded when omitted)")
-    g.add_argument("--distribution", default="element", metavar="D",
-                   help="element (default: uniform over elements), tensor (uniform over tensors, the old "
-                   "tool's behaviour) or weights: name=w,name=w or @weights.json")
-    g.add_argument("--replace", action="store_true", help="allow the same (element, bit) to be drawn twice")
-    g.add_argument("--nan", choices=("allow", "avoid"), default="allow",
-                   help="allow (default) or avoid (resample) sites whose new value is NaN/Inf")
+__all__ = ["add_parser", "run", "parse_distribution"]
 
 
 def parse_distribution(text: str) -> Any:
@@ -61,7 +38,7 @@ def parse_distribution(text: str) -> Any:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from ..select import add_selection_arguments
+    from .options import add_fault_arguments, add_selection_arguments
 
     p = subparsers.add_parser(
         "inject", help="flip bits in an HDF5 checkpoint (writes a new file and a log)",

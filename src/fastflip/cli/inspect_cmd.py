@@ -9,7 +9,7 @@ __all__ = ["add_parser", "run", "format_layout", "human_bytes", "format_table"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from ..select import add_selection_arguments
+    from .options import add_selection_arguments
 
     p = subparsers.add_parser(
         "inspect",
