@@ -71,3 +71,19 @@ def test_gpu_kernel_in_cuda_simulator() -> None:
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GPU-SIM-OK" in proc.stdout
+
+
+@pytest.mark.slow
+def test_gpu_check_script_passes_in_simulator(tmp_path) -> None:
+    """bench/gpu_check.py (run later on a GPU machine) checks every fault model x dtype; here in the simulator."""
+    require("numba")
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_check.py"
+    out = tmp_path / "figures.json"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, str(script), "--json", str(out)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(": ok") == 9 and "all checks passed" in proc.stdout
+    import json
+
+    assert json.loads(out.read_text())["failures"] == []

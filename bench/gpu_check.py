@@ -1,0 +1,253 @@
+"""GPU check: verify the GPU kernel against the CPU oracle, then measure its throughput.
+
+Run on a machine with an NVIDIA GPU, CuPy and Numba's CUDA target::
+
+    python bench/gpu_check.py            # about a minute on an H200
+    python bench/gpu_check.py --quick    # correctness only
+
+1. Correctness: for every fault model (flip, stuck-at-0/1, burst, adjacent, mask,
+   random-value, zero, scale) and every dtype (float16/32/64, int/uint 8-64, bool),
+   a seeded plan is applied to CuPy arrays through ``fastflip.live.inject`` and to a
+   host copy through ``fastflip.reference.apply_plan``; the old/new words and every
+   byte of every tensor must agree, and ``revert`` must restore the originals. A
+   PyTorch CUDA tensor is checked too when torch has CUDA.
+2. Throughput: 10^6 and 10^8 single-bit flips on a 1 GiB float32 tensor set (64
+   tensors of 4 Mi elements) — the kernel alone (CUDA events) and, for 10^6, the
+   whole ``live.inject`` + ``revert`` (plan columns cached on the device).
+
+Without a GPU, ``NUMBA_ENABLE_CUDASIM=1 python bench/gpu_check.py`` runs the same
+kernel in Numba's CUDA simulator on NumPy arrays (small sizes, no timing).
+
+Exit status: 0 all checks passed, 1 a mismatch, 2 the machine lacks what the check needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from fastflip.dtypes import word_type  # noqa: E402
+from fastflip.faults import FaultModel  # noqa: E402
+from fastflip.plan import TensorRef  # noqa: E402
+from fastflip.reference import apply_plan  # noqa: E402
+from fastflip.sampling import SiteSpace  # noqa: E402
+
+DTYPES = ["<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"]
+MODELS = [FaultModel("flip"), FaultModel("stuck-at-0"), FaultModel("stuck-at-1", n=2), FaultModel("burst", n=3),
+          FaultModel("adjacent", n=2), FaultModel("mask", mask=0b101, mask_position="random"),
+          FaultModel("random-value"), FaultModel("zero"), FaultModel("scale", factor=-2.5)]
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def random_words(dtype: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    wt = word_type(dtype)
+    words = rng.integers(0, 2**63, size=n, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, size=n, dtype=np.uint64)
+    words &= np.uint64(wt.full_mask)
+    if wt.kind == "f":  # mostly ordinary values so that scale and NaN accounting are exercised
+        vals = rng.normal(scale=50.0, size=n).astype(dtype)
+        words = np.where(rng.random(n) < 0.9, vals.view(wt.uint).astype(np.uint64), words)
+    if wt.kind == "b":
+        words &= np.uint64(1)
+    return words.astype(wt.uint).view(np.dtype(dtype))
+
+
+def exact_expected(host: dict[str, np.ndarray], plan, new: np.ndarray) -> dict[str, bytes]:
+    """Host tensors holding exactly the oracle's new words (raw bytes: bool elements keep every bit)."""
+    out = {k: bytearray(v.tobytes()) for k, v in host.items()}
+    for i in range(len(plan)):
+        ref = plan.tensors[int(plan.tensor[i])]
+        size = np.dtype(ref.dtype).itemsize
+        k = int(plan.index[i]) * size
+        out[ref.name][k : k + size] = np.array([new[i]], dtype=word_type(ref.dtype).uint).tobytes()
+    return {k: bytes(v) for k, v in out.items()}
+
+
+def check_correctness(n_elem: int, n_sites: int) -> list[str]:
+    """Every model x dtype through the GPU path vs the oracle; returns failure messages."""
+    failures: list[str] = []
+    rng = np.random.default_rng(2026)
+    for model in MODELS:
+        multi_bit = model.kind in ("scale", "burst", "adjacent", "mask") or model.n > 1
+        dtypes = [d for d in DTYPES if not (multi_bit and d == "|b1")]  # bool has one allowed bit
+        host = {f"t_{np.dtype(d).name}": random_words(d, n_elem + 7 * i, rng) for i, d in enumerate(dtypes)}
+        refs = [TensorRef(k, v.dtype.str, v.shape) for k, v in host.items()]
+        plan = SiteSpace(refs).plan(seed=7, count=n_sites, model=model)
+        oracle = {k: v.copy() for k, v in host.items()}
+        exp_old, exp_new = apply_plan(oracle, plan)
+        expected = exact_expected(host, plan, exp_new)
+        old, new, now, restored = run_on_device(host, plan)
+        label = model.describe()
+        before = len(failures)
+        if old.tolist() != exp_old.tolist() or new.tolist() != exp_new.tolist():
+            failures.append(f"{label}: old/new words differ from the oracle")
+        for k in host:
+            if now[k] != expected[k]:
+                failures.append(f"{label}: tensor {k} differs from the oracle after inject")
+            if restored[k] != host[k].tobytes():
+                failures.append(f"{label}: tensor {k} not restored by revert")
+        print(f"  {label:<34} {len(plan):>6} sites over {len(dtypes)} dtypes: "
+              f"{'ok' if len(failures) == before else 'FAIL'}", flush=True)
+    return failures
+
+
+def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
+    if SIM:  # the simulator has no device pointers: lay the tensors out in one span, as on a device
+        from fastflip import kernels_cupy as kc
+
+        starts, pos = [], 3
+        for v in host.values():
+            starts.append(pos)
+            pos += v.nbytes + 5
+        span = np.zeros(pos, dtype=np.uint8)
+        for s, v in zip(starts, host.values()):
+            span[s : s + v.nbytes] = np.frombuffer(v.tobytes(), dtype=np.uint8)
+        sizes = np.array([v.itemsize for v in host.values()])
+        offs = np.array(starts)[plan.tensor] + plan.index * sizes[plan.tensor]
+        sites = kc.SiteArrays.from_host(offs, plan.tensor, sizes, [True] * len(host), plan.and_mask, plan.or_mask,
+                                        plan.xor_mask, xp=np, scale=plan.scale, dtypes=[v.dtype for v in host.values()])
+        old, new = kc.launch_apply(span, sites)
+        now = {k: span[s : s + v.nbytes].tobytes() for s, (k, v) in zip(starts, host.items())}
+        kc.launch_write(span, sites, old)
+        restored = {k: span[s : s + v.nbytes].tobytes() for s, (k, v) in zip(starts, host.items())}
+        return np.asarray(old), np.asarray(new), now, restored
+    import cupy
+
+    from fastflip import live
+
+    dev = {k: cupy.asarray(v) for k, v in host.items()}
+    tg = live.targets(dev)
+    log = live.inject(tg, plan)
+    now = {k: cupy.asnumpy(v).tobytes() for k, v in dev.items()}
+    live.revert(tg, log)
+    restored = {k: cupy.asnumpy(v).tobytes() for k, v in dev.items()}
+    return log.old_words, log.new_words, now, restored
+
+
+def check_torch_cuda() -> list[str]:
+    try:
+        import torch
+    except ImportError:
+        print("  torch not installed: PyTorch CUDA check skipped")
+        return []
+    if not torch.cuda.is_available():
+        print("  torch has no CUDA: PyTorch CUDA check skipped")
+        return []
+    from fastflip import live
+
+    rng = np.random.default_rng(5)
+    a = random_words("<f4", 1 << 16, rng)
+    t = {"w": torch.from_numpy(a.copy()).cuda()}
+    plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(seed=3, count=5000, model=FaultModel("burst", n=2))
+    oracle = {"w": a.copy()}
+    _, exp_new = apply_plan(oracle, plan)
+    log = live.inject(t, plan)
+    ok = log.new_words.tolist() == exp_new.tolist() and t["w"].cpu().numpy().tobytes() == oracle["w"].tobytes()
+    live.revert(t, log)
+    ok = ok and t["w"].cpu().numpy().tobytes() == a.tobytes()
+    print(f"  torch CUDA tensor, 5000 burst sites: {'ok' if ok else 'FAIL'}")
+    return [] if ok else ["torch CUDA tensor differs from the oracle"]
+
+
+def throughput(flips_list: list[int]) -> dict[str, float]:
+    import cupy
+
+    from fastflip import kernels_cupy as kc
+    from fastflip import live
+
+    n_tensors, per = 64, 4 << 20  # 64 x 4 Mi float32 = 1 GiB
+    tensors = {f"w{i}": cupy.random.standard_normal(per, dtype=cupy.float32) for i in range(n_tensors)}
+    tg = live.targets(tensors)
+    span, base = tg._span(0)
+    ptrs = cupy.asarray(np.array([t.ptr for t in tg.tensors], dtype=np.int64) - base)
+    results: dict[str, float] = {}
+    for flips in flips_list:
+        # distinct elements drawn on the device (sorted, like the sampler's output)
+        elem = cupy.sort(cupy.random.permutation(n_tensors * per)[:flips]).astype(cupy.int64)
+        tid = (elem // per).astype(cupy.int32)
+        offs = ptrs[tid] + (elem % per) * 4
+        xor = cupy.left_shift(cupy.uint64(1), cupy.random.randint(0, 32, size=flips).astype(cupy.uint64))
+        sites = kc.SiteArrays(offsets=offs, tensor=tid, sizes=cupy.full(n_tensors, 4, dtype=cupy.int32),
+                              little=cupy.ones(n_tensors, dtype=cupy.bool_),
+                              and_mask=cupy.full(flips, 0xFFFFFFFFFFFFFFFF, dtype=cupy.uint64),
+                              or_mask=cupy.zeros(flips, dtype=cupy.uint64), xor_mask=xor, xp=cupy)
+        kc.launch_apply(span, sites)  # compile + warm up (and flip), then flip back below
+        best = float("inf")
+        for _ in range(5):
+            start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+            start.record()
+            kc.launch_apply(span, sites, sync=False)
+            stop.record()
+            stop.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+        results[f"kernel_{flips:.0e}_s"] = best
+        results[f"kernel_{flips:.0e}_flips_per_s"] = flips / best
+        print(f"  kernel, {flips:.0e} flips on 1 GiB: {best * 1e3:.3f} ms = {flips / best:.3e} flips/s", flush=True)
+        del elem, tid, offs, xor, sites
+        cupy.get_default_memory_pool().free_all_blocks()
+    space = SiteSpace(tg.refs())
+    plan = space.plan(seed=1, count=1_000_000)
+    live.revert(tg, live.inject(tg, plan))  # prepare (device columns cached), compile
+    t0 = time.perf_counter()
+    for _ in range(5):
+        live.revert(tg, live.inject(tg, plan))
+    dt = (time.perf_counter() - t0) / 5
+    results["live_inject_revert_1e6_s"] = dt
+    print(f"  live.inject + revert, 1e6 flips (host log included): {dt * 1e3:.2f} ms", flush=True)
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="correctness only, no throughput")
+    ap.add_argument("--json", type=Path, help="write the figures here")
+    args = ap.parse_args()
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        print(f"numba is missing: {exc}")
+        return 2
+    if SIM:
+        print("Numba CUDA simulator: correctness on small sizes, no timing")
+    else:
+        try:
+            import cupy
+
+            n = cupy.cuda.runtime.getDeviceCount()
+            name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        except Exception as exc:  # ImportError, CUDARuntimeError
+            print(f"no usable GPU/CuPy here ({exc}); install cupy-cuda12x, or run with NUMBA_ENABLE_CUDASIM=1")
+            return 2
+        if not cuda.is_available():
+            print("Numba's CUDA target is unavailable (needs the CUDA toolkit's NVVM, e.g. pip install "
+                  "nvidia-cuda-nvcc-cu12 / numba-cuda)")
+            return 2
+        print(f"GPU: {name} ({n} device(s))")
+    t0 = time.perf_counter()
+    print("correctness vs the NumPy oracle:")
+    failures = check_correctness(n_elem=40 if SIM else 100_000, n_sites=120 if SIM else 3000)
+    if not SIM:
+        failures += check_torch_cuda()
+    figures: dict[str, float] = {}
+    if not SIM and not args.quick and not failures:
+        print("throughput:")
+        figures = throughput([10**6, 10**8])
+    figures["seconds"] = time.perf_counter() - t0
+    if args.json:
+        args.json.write_text(json.dumps({"failures": failures, **figures}, indent=2))
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print(f"all checks passed in {figures['seconds']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
