@@ -160,8 +160,7 @@ def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "s
         kind, f"{OUTCOME_LABELS.get(kind, kind)} rate")
     from matplotlib import colormaps
 
-    cmap = colormaps["magma_r"].copy()
-    cmap.set_bad("#d9d9d9")
+    cmap = colormaps["magma_r"].with_extremes(bad="#d9d9d9")
     for ax, cond in zip(axes, conds):
         grid = np.full((len(groups), len(bits)), np.nan)
         for r in rows:
