@@ -25,7 +25,7 @@ Examples
 >>> import numpy as np
 >>> t = rate_columns(np.array([[90, 8, 1, 1]]))
 >>> t["trials"].tolist(), t["sdc_rate"].tolist(), round(float(t["sdc_high"][0]), 4)
-([100], [0.08], 0.1505)
+([100], [0.08], 0.15)
 """
 
 from __future__ import annotations
