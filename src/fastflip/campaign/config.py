@@ -1,0 +1,318 @@
+"""A campaign's definition: a TOML/YAML file and the same as a Python object.
+
+A campaign is the grid of *cells* (bit position or field × tensor group × flips per
+trial × fault model × injection epoch) and, per cell, a number of trials, each one
+inject → evaluate → revert. Trial ``i`` of cell ``c`` draws its sites from
+``(seed, c, i)`` alone (a counter-based generator), so any trial can be regenerated
+without its log, and a resumed sweep gives the same outcomes as an uninterrupted one.
+
+File form (TOML; YAML takes the same keys)::
+
+    name = "resnet-bits"
+    seed = 42
+    mode = "memory"                # memory (live tensors) | checkpoint (a file per trial)
+    paths = ["."]                  # put on sys.path (relative to this file) for factories/evaluators
+
+    [target]
+    checkpoint = "model.h5"        # an HDF5 checkpoint ("ckpt-{epoch}.h5" with epochs), or
+    # factory = "mymod:weights"    # a function returning {name: ndarray}
+
+    [select]                       # all optional (fastflip.select.Selection keys)
+    include = ["*kernel*"]
+    exclude = []
+    dtypes = ["float32"]
+    roles = ["weight"]
+    layers = []
+
+    [cells]
+    bits = ["31", "30", "exponent", "mantissa"]   # one cell per entry (a bit spec)
+    group_by = "layer"             # none | tensor | layer | role
+    flips = [1]                    # sites per trial
+    faults = ["flip"]              # fault models (FaultModel.parse strings)
+    epochs = []                    # checkpoint campaigns: injection epochs
+    distribution = "element"
+
+    [trials]
+    per_cell = 1000                # or margin = 0.01 (Leveugle sample size per cell), or
+    # half_width = 0.01            # sequential stopping per cell, in blocks of `block`
+
+    [evaluator]
+    function = "mymod:evaluate"    # or builtin = "accuracy" with data = "mymod:heldout",
+                                   # or command = "python eval.py {checkpoint}" (checkpoint mode)
+    critical = 0.05                # metric drop above which an SDC is critical
+
+Examples
+--------
+>>> c = Campaign.from_dict({"name": "x", "seed": 3, "target": {"factory": "m:f"},
+...                         "cells": {"bits": ["31", "0-22"], "flips": [1, 2]},
+...                         "trials": {"per_cell": 10}, "evaluator": {"function": "m:e"}})
+>>> c.cells.bits, c.trials.per_cell
+(['31', '0-22'], 10)
+>>> Campaign.from_dict(c.to_dict()) == c
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..errors import OptionError
+
+__all__ = [
+    "TargetSpec",
+    "CellsSpec",
+    "TrialsSpec",
+    "EvaluatorSpec",
+    "Campaign",
+    "load_campaign",
+]
+
+GROUP_BY = ("none", "tensor", "layer", "role")
+MODES = ("memory", "checkpoint")
+
+
+def _strs(value: Any, key: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, int)):
+        return [str(value)]
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    raise OptionError(f"{key}: expected a string or a list of strings, got {type(value).__name__}")
+
+
+def _from_mapping(cls: type, data: Mapping[str, Any] | None, section: str) -> Any:
+    data = dict(data or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise OptionError(f"[{section}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return cls(**data)
+
+
+@dataclass
+class TargetSpec:
+    """What the faults go into: an HDF5 checkpoint, or a factory returning named arrays."""
+
+    checkpoint: str | None = None
+    factory: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.checkpoint is None) == (self.factory is None):
+            raise OptionError("[target]: give exactly one of checkpoint = 'file.h5' or factory = 'module:function'")
+        if self.factory is not None and ":" not in self.factory:
+            raise OptionError(f"[target] factory must read 'module:function', got {self.factory!r}")
+
+
+@dataclass
+class CellsSpec:
+    """The grid: bits × groups × flips × faults × epochs (see the module docstring)."""
+
+    bits: list[str] = field(default_factory=lambda: ["all"])
+    group_by: str = "none"
+    flips: list[int] = field(default_factory=lambda: [1])
+    faults: list[str] = field(default_factory=lambda: ["flip"])
+    epochs: list[int] = field(default_factory=list)
+    distribution: str = "element"
+
+    def __post_init__(self) -> None:
+        from ..bits import BitSpec
+        from ..faults import FaultModel
+
+        self.bits = _strs(self.bits, "[cells] bits")
+        if not self.bits:
+            raise OptionError("[cells] bits: give at least one bit spec (e.g. ['31', 'exponent'])")
+        for b in self.bits:
+            BitSpec.parse(b)
+        if self.group_by not in GROUP_BY:
+            raise OptionError(f"[cells] group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
+        flips = [self.flips] if isinstance(self.flips, int) else list(self.flips)
+        if not flips or any(int(f) != f or int(f) < 1 for f in flips):
+            raise OptionError(f"[cells] flips: positive integers, got {self.flips!r}")
+        self.flips = [int(f) for f in flips]
+        self.faults = _strs(self.faults, "[cells] faults")
+        if not self.faults:
+            raise OptionError("[cells] faults: give at least one fault model (e.g. ['flip'])")
+        for f in self.faults:
+            FaultModel.parse(f)
+        epochs = [self.epochs] if isinstance(self.epochs, int) else list(self.epochs or [])
+        self.epochs = [int(e) for e in epochs]
+        if self.distribution not in ("element", "tensor"):
+            raise OptionError(f"[cells] distribution must be 'element' or 'tensor', got {self.distribution!r}")
+
+
+@dataclass
+class TrialsSpec:
+    """How many trials per cell: fixed, from a margin (Leveugle), or sequential to a half-width."""
+
+    per_cell: int | None = None
+    margin: float | None = None
+    confidence: float = 0.95
+    p: float = 0.5
+    half_width: float | None = None
+    block: int = 100
+    min_trials: int = 100
+    max_per_cell: int = 100_000
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("per_cell", "margin", "half_width") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise OptionError("[trials]: give exactly one of per_cell = N, margin = E (sample size) or half_width = H (sequential)")
+        if self.per_cell is not None and (int(self.per_cell) != self.per_cell or self.per_cell < 1):
+            raise OptionError(f"[trials] per_cell must be a positive integer, got {self.per_cell!r}")
+        if self.half_width is not None and not 0 < self.half_width < 0.5:
+            raise OptionError(f"[trials] half_width must lie in (0, 0.5), got {self.half_width!r}")
+        if self.block < 1 or self.min_trials < 1 or self.max_per_cell < 1:
+            raise OptionError("[trials] block, min_trials and max_per_cell must be positive")
+        if not 0 < self.confidence < 1:
+            raise OptionError(f"[trials] confidence must lie in (0, 1), got {self.confidence!r}")
+
+    @property
+    def sequential(self) -> bool:
+        return self.half_width is not None
+
+
+@dataclass
+class EvaluatorSpec:
+    """How a trial is judged: a user function, the built-in accuracy, or a command (checkpoint mode)."""
+
+    function: str | None = None
+    builtin: str | None = None
+    data: str | None = None
+    command: str | None = None
+    critical: float = 0.01
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("function", "builtin", "command") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise OptionError("[evaluator]: give exactly one of function = 'module:function', builtin = 'accuracy' or command = '...'")
+        if self.function is not None and ":" not in self.function:
+            raise OptionError(f"[evaluator] function must read 'module:function', got {self.function!r}")
+        if self.builtin is not None:
+            if self.builtin != "accuracy":
+                raise OptionError(f"[evaluator] builtin: only 'accuracy' exists, got {self.builtin!r}")
+            if not self.data or ":" not in self.data:
+                raise OptionError("[evaluator] builtin = 'accuracy' needs data = 'module:function' returning (x, y)")
+        self.critical = float(self.critical)
+
+
+@dataclass
+class Campaign:
+    """A whole campaign (see the module docstring); ``base_dir`` resolves relative paths."""
+
+    name: str
+    seed: int
+    target: TargetSpec
+    evaluator: EvaluatorSpec
+    trials: TrialsSpec
+    cells: CellsSpec = field(default_factory=CellsSpec)
+    select: dict[str, list[str]] = field(default_factory=dict)
+    mode: str = "memory"
+    paths: list[str] = field(default_factory=list)
+    base_dir: str = "."
+
+    def __post_init__(self) -> None:
+        if int(self.seed) != self.seed or self.seed < 0:
+            raise OptionError(f"seed must be a non-negative integer, got {self.seed!r}")
+        self.seed = int(self.seed)
+        if self.mode not in MODES:
+            raise OptionError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.cells.epochs and self.target.checkpoint is None:
+            raise OptionError("[cells] epochs need a checkpoint target (a path with {epoch})")
+        if self.cells.epochs and "{epoch}" not in (self.target.checkpoint or ""):
+            raise OptionError("[cells] epochs: the checkpoint path must contain {epoch}, e.g. 'ckpt-{epoch}.h5'")
+        if self.evaluator.command is not None and self.mode != "checkpoint":
+            raise OptionError("[evaluator] command needs mode = 'checkpoint' (it is given the checkpoint path)")
+        if self.mode == "checkpoint" and self.target.checkpoint is None:
+            raise OptionError("mode = 'checkpoint' needs [target] checkpoint")
+        self.paths = _strs(self.paths, "paths")
+        from ..select import Selection
+
+        self.select = Selection.from_dict(self.select).as_dict()  # validates; canonical lists
+        self.select = {k: v for k, v in self.select.items() if v}
+
+    # -------------------------------------------------------------- conversion
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], base_dir: str | None = None) -> "Campaign":
+        """Build from the file's mapping (sections as nested mappings)."""
+        data = dict(data)
+        known = {"name", "seed", "target", "evaluator", "trials", "cells", "select", "mode", "paths", "base_dir"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise OptionError(f"campaign: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        for key in ("name", "seed", "target", "evaluator", "trials"):
+            if key not in data:
+                raise OptionError(f"campaign: missing {key!r}")
+        return cls(
+            name=str(data["name"]),
+            seed=data["seed"],
+            target=_from_mapping(TargetSpec, data["target"], "target"),
+            evaluator=_from_mapping(EvaluatorSpec, data["evaluator"], "evaluator"),
+            trials=_from_mapping(TrialsSpec, data["trials"], "trials"),
+            cells=_from_mapping(CellsSpec, data.get("cells"), "cells"),
+            select=dict(data.get("select") or {}),
+            mode=data.get("mode", "memory"),
+            paths=data.get("paths", []),
+            base_dir=base_dir if base_dir is not None else str(data.get("base_dir", ".")),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready mapping (``from_dict(to_dict())`` gives an equal campaign)."""
+        return dataclasses.asdict(self)
+
+    def definition(self) -> dict[str, Any]:
+        """What identifies the campaign's results (everything but where it was loaded from)."""
+        d = self.to_dict()
+        d.pop("base_dir")
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def resolve(self, path: str) -> str:
+        """A path of the campaign file, made absolute against ``base_dir``."""
+        return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
+
+    def checkpoint_path(self, epoch: int | None = None) -> str:
+        assert self.target.checkpoint is not None
+        p = self.target.checkpoint
+        if epoch is not None:
+            p = p.replace("{epoch}", str(epoch))
+        return self.resolve(p)
+
+
+def load_campaign(path: str) -> Campaign:
+    """Read a campaign from a ``.toml`` or ``.yaml``/``.yml`` file (paths resolve against its folder)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise OptionError(f"cannot read campaign file {path}: {exc.strerror or exc}") from exc
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as exc:  # pragma: no cover - extras
+            raise OptionError("YAML campaign files need pyyaml: pip install 'fastflip[yaml]'") from exc
+        try:
+            data = yaml.safe_load(raw.decode())
+        except yaml.YAMLError as exc:
+            raise OptionError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    elif ext == ".toml":
+        import tomllib
+
+        try:
+            data = tomllib.loads(raw.decode())
+        except tomllib.TOMLDecodeError as exc:
+            raise OptionError(f"{path}: not valid TOML ({exc})") from exc
+    else:
+        raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
+    if not isinstance(data, dict):
+        raise OptionError(f"{path}: a campaign file holds a table of settings")
+    return Campaign.from_dict(data, base_dir=os.path.dirname(os.path.abspath(path)))

@@ -1,0 +1,177 @@
+"""Where trials run: in this process, a local process pool, or a Dask cluster.
+
+Every executor ships the same unit of work, :func:`fastflip.campaign.trials.run_chunk`
+(a chunk of trials of one cell), and hands back futures; the sweep loop keeps a
+bounded number in flight and streams finished rows to the single store writer.
+
+* :class:`SerialExecutor` — runs chunks inline (tests, debugging, ``--workers 0``).
+* :class:`LocalExecutor` — a ``spawn`` process pool (default: all cores); workers ignore
+  SIGINT so that Ctrl-C reaches only the sweep, which then saves what finished.
+* :class:`DaskExecutor` — ``dask.distributed``: ``'local'`` starts a ``LocalCluster`` of
+  worker processes, ``'tcp://host:port'`` connects to a running scheduler.
+
+Examples
+--------
+>>> ex = SerialExecutor()
+>>> f = ex.submit(pow, 2, 10)
+>>> ex.wait([f], 0.1)[0] == [f] and f.result()
+1024
+>>> ex.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+from typing import Any, Callable, Sequence
+
+from ..errors import OptionError
+
+__all__ = ["SerialExecutor", "LocalExecutor", "DaskExecutor", "make_executor", "WorkerCrash"]
+
+
+class WorkerCrash(RuntimeError):
+    """A worker process died while running a chunk (segfault, out of memory, killed)."""
+
+
+class SerialExecutor:
+    """Run every chunk at once, in this process."""
+
+    workers = 1
+    name = "serial"
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            fut.set_exception(exc)
+        return fut
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+        return list(futures), []
+
+    def result(self, fut: Any) -> Any:
+        return fut.result()
+
+    def restart(self) -> None:
+        pass
+
+    def close(self, cancel: bool = False) -> None:
+        pass
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class LocalExecutor:
+    """A pool of ``workers`` processes (``spawn``: no state leaks from the parent)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None) -> None:
+        import multiprocessing
+
+        self.workers = int(workers or os.cpu_count() or 1)
+        if self.workers < 1:
+            raise OptionError(f"--workers must be at least 1, got {workers}")
+        self._ctx = multiprocessing.get_context("spawn")
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> cf.ProcessPoolExecutor:
+        return cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_ignore_sigint)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        return self._pool.submit(fn, *args)
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+        done, pending = cf.wait(futures, timeout=timeout, return_when=cf.FIRST_COMPLETED)
+        return list(done), list(pending)
+
+    def result(self, fut: Any) -> Any:
+        try:
+            return fut.result()
+        except cf.process.BrokenProcessPool as exc:
+            raise WorkerCrash(f"a worker process died ({exc})") from exc
+
+    def restart(self) -> None:
+        """Replace a broken pool (after a worker crash)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
+    def close(self, cancel: bool = False) -> None:
+        self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
+
+
+class DaskExecutor:
+    """Chunks as Dask tasks: ``address='local'`` starts a LocalCluster of ``workers`` processes."""
+
+    name = "dask"
+
+    def __init__(self, address: str = "local", workers: int | None = None) -> None:
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError as exc:  # pragma: no cover - extras
+            raise OptionError("--dask needs dask.distributed: pip install 'fastflip[dask]'") from exc
+        self._cluster = None
+        if address == "local":
+            n = int(workers or os.cpu_count() or 1)
+            self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            self._client = Client(self._cluster)
+        else:
+            if not address.startswith(("tcp://", "tls://", "ucx://", "inproc://")):
+                raise OptionError(f"--dask takes 'local' or a scheduler address like tcp://host:8786, got {address!r}")
+            try:
+                self._client = Client(address, timeout="30s")
+            except OSError as exc:
+                raise OptionError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
+        self.workers = max(1, len(self._client.scheduler_info().get("workers", {})) or int(workers or 1))
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # pure=False: a chunk that failed on a lost worker is run again, never served from cache
+        return self._client.submit(fn, *args, pure=False, retries=0)
+
+    def wait(self, futures: Sequence[Any], timeout: float) -> tuple[list[Any], list[Any]]:
+        from distributed import wait
+        from distributed.utils import TimeoutError as DaskTimeout
+
+        if not futures:
+            return [], []
+        try:
+            res = wait(list(futures), timeout=timeout, return_when="FIRST_COMPLETED")
+        except (DaskTimeout, TimeoutError):
+            return [], list(futures)
+        return list(res.done), list(res.not_done)
+
+    def result(self, fut: Any) -> Any:
+        try:
+            return fut.result()
+        except Exception as exc:
+            if type(exc).__name__ in ("KilledWorker", "CommClosedError"):
+                raise WorkerCrash(f"a Dask worker died ({exc})") from exc
+            raise
+
+    def restart(self) -> None:
+        pass
+
+    def close(self, cancel: bool = False) -> None:
+        try:
+            self._client.close()
+        finally:
+            if self._cluster is not None:
+                self._cluster.close()
+
+
+def make_executor(kind: str = "local", *, workers: int | None = None, dask: str | None = None) -> Any:
+    """``'serial'``, ``'local'`` or ``'dask'`` (with ``dask`` = 'local' or a scheduler address)."""
+    if dask is not None:
+        return DaskExecutor(dask, workers)
+    if kind == "serial" or workers == 0:
+        return SerialExecutor()
+    if kind == "local":
+        return LocalExecutor(workers)
+    raise OptionError(f"unknown executor {kind!r}: choose serial, local or --dask")

@@ -1,0 +1,345 @@
+"""Run (or resume) a campaign into its results store.
+
+:func:`sweep` opens the store (creating it on the first run), works out which
+(cell, trial) pairs are still missing, ships them in chunks to an executor and
+streams the finished rows to the single writer in batched transactions. Because
+every trial derives from (seed, cell, trial) alone, a sweep stopped by Ctrl-C, a
+crash or SIGKILL resumes with no trial lost, none run twice, and every outcome
+equal to an uninterrupted run.
+
+* ``shard='i/N'`` runs only the trials with ``(cell + trial) % N == i`` into a shard
+  store; :func:`fastflip.store.merge_stores` combines the shards.
+* With ``[trials] half_width`` the sweep runs in rounds: each open cell gets its next
+  block of trials, and a cell stops once the Wilson half-width of its failure rate
+  (SDC + critical + DUE) over its complete blocks reaches the target
+  (:func:`fastflip.stats.should_stop`). Decisions use whole blocks only, so a resumed
+  sweep takes the same decisions.
+* A worker process that dies (segfault, out of memory) does not stop the campaign:
+  the chunks it held run again one trial at a time, and a trial that kills its worker
+  again is stored as a DUE.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import OptionError, StoreError
+from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
+from .cells import Cell, expand_cells, input_hashes, planned_counts, target_tensors, call_factory
+from .config import Campaign
+from .executors import WorkerCrash, make_executor
+from .progress import Progress
+from .trials import DUE, get_runner, trial_seed, worker_error
+
+__all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_create"]
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did: trials run now, stored in all, outcome counts, whether it finished."""
+
+    store: str
+    planned: int
+    stored: int
+    ran: int
+    counts: dict[str, int] = field(default_factory=dict)
+    elapsed: float = 0.0
+    interrupted: bool = False
+    complete: bool = False
+
+    @property
+    def rate(self) -> float:
+        return self.ran / self.elapsed if self.elapsed > 0 else 0.0
+
+
+def parse_shard(shard: str | None) -> tuple[int, int] | None:
+    """``'i/N'`` → ``(i, N)`` with ``0 <= i < N``.
+
+    >>> parse_shard("1/4")
+    (1, 4)
+    """
+    if shard is None:
+        return None
+    try:
+        i, n = (int(x) for x in shard.split("/"))
+    except ValueError:
+        raise OptionError(f"--shard takes i/N (e.g. 0/8), got {shard!r}") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise OptionError(f"--shard {shard}: need 0 <= i < N")
+    return i, n
+
+
+def campaign_cells(campaign: Campaign) -> list[Cell]:
+    """Expand the campaign's grid against its target (reads layouts or calls the factory once)."""
+    epochs: list[int | None] = list(campaign.cells.epochs) if campaign.cells.epochs else [None]
+    if campaign.target.factory is not None:
+        arrays = call_factory(campaign)
+        by_epoch = {e: target_tensors(campaign, e, arrays) for e in epochs}
+    else:
+        by_epoch = {e: target_tensors(campaign, e) for e in epochs}
+    return expand_cells(campaign, by_epoch)
+
+
+def open_or_create(
+    store_path: str, campaign: Campaign | None, shard: str | None = None
+) -> tuple[ResultStore, Campaign, list[Cell], list[int]]:
+    """Open the store for writing (creating it from ``campaign`` when absent) and check it matches."""
+    if os.path.exists(store_path):
+        st = ResultStore.open(store_path, writable=True)
+        try:
+            stored = Campaign.from_dict(st.config)
+            if campaign is not None and config_hash(campaign.definition()) != st.config_hash:
+                raise StoreError(
+                    f"store {store_path} holds another campaign ({st.name!r}, different settings); "
+                    "use a new store or the campaign it was made with"
+                )
+            campaign = campaign or stored
+            if shard is not None and shard != st.shard:
+                raise StoreError(f"store {store_path} is shard {st.shard or 'none'}, not {shard}")
+            hashes = input_hashes(campaign)
+            if hashes != st.input_hashes:
+                raise StoreError(f"the campaign's checkpoint changed since store {store_path} was started; refusing to mix results")
+            cells = campaign_cells(campaign)
+            planned = planned_counts(campaign, cells)
+            want = [c.row(n) for c, n in zip(cells, planned)]
+            have = [{k: v for k, v in r.items() if k != "cell_id"} for r in st.cells()]
+            if want != have:
+                raise StoreError(f"the campaign's cells no longer match store {store_path} (did the target change?)")
+        except BaseException:
+            st.close()
+            raise
+        return st, campaign, cells, planned
+    if campaign is None:
+        raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
+    cells = campaign_cells(campaign)
+    planned = planned_counts(campaign, cells)
+    st = ResultStore.create(
+        store_path, campaign.to_dict(), [c.row(n) for c, n in zip(cells, planned)],
+        input_hashes=input_hashes(campaign), shard=shard, chash=config_hash(campaign.definition()),
+    )
+    return st, campaign, cells, planned
+
+
+def _shard_filter(cell_id: int, trials: np.ndarray, shard: tuple[int, int] | None) -> np.ndarray:
+    if shard is None:
+        return trials
+    i, n = shard
+    return trials[(trials + cell_id) % n == i]
+
+
+def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int]) -> dict[int, np.ndarray]:
+    """Per open cell, the missing trials of its next block (empty dict: every cell has stopped)."""
+    from ..stats import should_stop
+
+    tr = campaign.trials
+    assert tr.half_width is not None
+    need: dict[int, np.ndarray] = {}
+    for cid, cap in enumerate(planned):
+        rows = st.conn.execute("SELECT trial, outcome FROM trials WHERE cell_id = ? AND trial < ?", (cid, cap)).fetchall()
+        have = np.zeros(cap, dtype=bool)
+        fail = np.zeros(cap, dtype=bool)
+        if rows:
+            arr = np.array(rows, dtype=np.int64)
+            have[arr[:, 0]] = True
+            fail[arr[:, 0]] = arr[:, 1] != 0
+        for lo in range(0, cap, tr.block):
+            hi = min(lo + tr.block, cap)
+            if not have[lo:hi].all():
+                need[cid] = lo + np.flatnonzero(~have[lo:hi])
+                break
+            if should_stop(int(fail[:hi].sum()), hi, half_width=tr.half_width, confidence=tr.confidence,
+                           min_trials=tr.min_trials, max_trials=cap):
+                break
+    return need
+
+
+def _chunks(work: dict[int, np.ndarray], size: int) -> deque:
+    q: deque = deque()
+    for cid, trials in work.items():
+        for s in range(0, len(trials), size):
+            q.append((cid, trials[s : s + size]))
+    return q
+
+
+def _crash_row(runner_seed: int, cell_id: int, trial: int, message: str) -> TrialRow:
+    return TrialRow(cell_id, trial, trial_seed(runner_seed, cell_id, trial), None, DUE, None, None, message[:400],
+                    None, None)
+
+
+def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> list[TrialRow]:
+    """Worker side: unpickle the campaign once per process, then run the chunk."""
+    if isinstance(payload, (bytes, bytearray)):
+        campaign_dict, cells = pickle.loads(payload)
+    else:
+        campaign_dict, cells = payload
+    runner = get_runner(token, campaign_dict, cells)
+    return [runner.run(cell_id, int(t)) for t in trials]
+
+
+def sweep(
+    campaign: Campaign | None,
+    store: str,
+    *,
+    workers: int | None = None,
+    executor: str = "local",
+    dask: str | None = None,
+    shard: str | None = None,
+    chunk: int | None = None,
+    progress: bool | None = None,
+    flush_rows: int = 20_000,
+    flush_seconds: float = 1.0,
+    stream: Any = None,
+) -> SweepResult:
+    """Run every missing trial of ``campaign`` into ``store`` (see the module docstring).
+
+    Parameters
+    ----------
+    campaign : Campaign or None
+        None resumes the campaign recorded in an existing store.
+    store : str
+        The SQLite results store (created if absent).
+    workers : int, optional
+        Worker processes (default: all cores); 0 runs in this process.
+    executor : {'local', 'serial'}
+    dask : str, optional
+        ``'local'`` (a LocalCluster) or a scheduler address; overrides ``executor``.
+    shard : str, optional
+        ``'i/N'``: run this shard's trials only.
+    chunk : int, optional
+        Trials per task (default: sized so that each worker gets many tasks).
+    progress : bool, optional
+        Draw a progress bar (default: on a terminal, not under CI).
+    """
+    shard_t = parse_shard(shard)
+    st, campaign, cells, planned = open_or_create(store, campaign, shard)
+    sequential = campaign.trials.sequential
+    if sequential and (shard_t is not None and shard_t[1] > 1):
+        st.close()
+        raise OptionError("--shard cannot split a sequential ([trials] half_width) campaign: its cells stop on shared counts")
+    t0 = time.monotonic()
+    token = st.config_hash
+    planned_total = sum(planned) if shard_t is None else sum(
+        len(_shard_filter(c, np.arange(n), shard_t)) for c, n in enumerate(planned))
+    stored_before = st.n_trials()
+    prog = Progress(planned_total, stored_before, enabled=progress, stream=stream)
+    result = SweepResult(store, planned_total, stored_before, 0)
+    try:
+        ex = make_executor(executor, workers=workers, dask=dask)
+    except BaseException:
+        st.close()
+        raise
+    payload: Any = pickle.dumps((campaign.to_dict(), cells), protocol=pickle.HIGHEST_PROTOCOL)
+    if hasattr(ex, "_client"):
+        payload = ex._client.scatter((campaign.to_dict(), cells), broadcast=True)
+    pending: list[TrialRow] = []
+    last_flush = time.monotonic()
+    stopping = False
+    successes = crash_streak = 0
+
+    def flush() -> None:
+        nonlocal last_flush
+        if pending:
+            st.add_trials(pending)
+            result.ran += len(pending)
+            pending.clear()
+        last_flush = time.monotonic()
+
+    try:
+        while not stopping:
+            if sequential:
+                work = _sequential_needs(st, campaign, planned)
+            else:
+                work = {c: _shard_filter(c, m, shard_t) for c, m in st.missing(dict(enumerate(planned))).items()}
+                work = {c: m for c, m in work.items() if len(m)}
+            if not work:
+                result.complete = True
+                break
+            total = sum(len(v) for v in work.values())
+            size = chunk or max(1, min(500, math.ceil(total / (ex.workers * 8))))
+            tasks = _chunks(work, size)
+            suspects: deque = deque()  # single trials of chunks that were in flight when a worker died
+            in_flight: dict[Any, tuple[int, np.ndarray, bool]] = {}
+            while (tasks or suspects or in_flight) and not (stopping and not in_flight):
+                try:
+                    if not stopping:
+                        if suspects:
+                            if not in_flight:
+                                cid, trials = suspects.popleft()
+                                in_flight[ex.submit(_run_payload, token, payload, cid, trials)] = (cid, trials, True)
+                        else:
+                            while tasks and len(in_flight) < 2 * ex.workers + 2:
+                                cid, trials = tasks.popleft()
+                                in_flight[ex.submit(_run_payload, token, payload, cid, trials)] = (cid, trials, False)
+                    done, _ = ex.wait(list(in_flight), 0.25)
+                    crashed = False
+                    for fut in done:
+                        cid, trials, single = in_flight.pop(fut)
+                        try:
+                            rows = ex.result(fut)
+                        except WorkerCrash as exc:
+                            crashed = True
+                            crash_streak += int(single)
+                            if successes == 0 and crash_streak >= 3:
+                                raise StoreError(
+                                    f"worker processes die before finishing any trial ({exc}); "
+                                    "check the target factory and evaluator (run with --workers 0 to see the error)"
+                                ) from exc
+                            if single:
+                                pending.append(_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}"))
+                                prog.update([DUE])
+                            else:
+                                suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
+                            continue
+                        except Exception as exc:
+                            raise StoreError(f"a worker could not run trials: {worker_error(exc)}") from exc
+                        successes += 1
+                        pending.extend(rows)
+                        prog.update(r.outcome for r in rows)
+                    if crashed:
+                        for fut, (cid, trials, single) in list(in_flight.items()):
+                            fut.cancel()
+                            suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
+                        in_flight.clear()
+                        ex.restart()
+                    if len(pending) >= flush_rows or time.monotonic() - last_flush >= flush_seconds:
+                        flush()
+                except KeyboardInterrupt:
+                    if stopping:  # second Ctrl-C: abandon what is in flight
+                        for fut in in_flight:
+                            fut.cancel()
+                        in_flight.clear()
+                        break
+                    stopping = True
+                    result.interrupted = True
+                    prog.message("interrupted: saving finished trials (Ctrl-C again to abandon the ones in flight)")
+            flush()
+            if not sequential:
+                result.complete = not stopping and not tasks and not suspects
+                if result.complete:
+                    break
+    except KeyboardInterrupt:
+        result.interrupted = True
+    finally:
+        try:
+            flush()
+        finally:
+            try:
+                ex.close(cancel=True)
+            finally:
+                counts = st.outcome_counts().sum(axis=0)
+                result.counts = {name: int(n) for name, n in zip(OUTCOMES, counts)}
+                result.stored = st.n_trials()
+                result.elapsed = time.monotonic() - t0
+                st.close()
+                prog.close()
+    if not sequential and not result.interrupted:
+        result.complete = result.stored >= planned_total or result.complete
+    return result

@@ -1,0 +1,39 @@
+"""``fastflip sweep``: run or resume a campaign into its SQLite results store."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "sweep",
+        help="run or resume a statistical campaign (local processes, Dask, or a shard of a job array)",
+        description="Run every missing trial of a campaign into a results store. Run it again (with or without the "
+        "campaign file) to resume after Ctrl-C, a crash or pre-emption: no trial is lost or run twice.",
+    )
+    p.add_argument("campaign", nargs="?", help="campaign file (.toml/.yaml); omit to resume the store's campaign")
+    p.add_argument("-o", "--store", required=True, help="results store (SQLite; created on the first run)")
+    p.add_argument("-j", "--workers", type=int, default=None, help="worker processes (default: all cores; 0: in this process)")
+    p.add_argument("--dask", metavar="local|tcp://HOST:PORT", help="run on Dask: a LocalCluster or an existing scheduler")
+    p.add_argument("--shard", metavar="i/N", help="run only shard i of N (job arrays); combine with 'fastflip merge'")
+    p.add_argument("--chunk", type=int, default=None, help="trials per task (default: automatic)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the progress bar")
+    g.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..campaign.config import load_campaign
+    from ..campaign.sweep import sweep
+
+    campaign = load_campaign(args.campaign) if args.campaign else None
+    res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
+                progress=args.progress)
+    counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
+    state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
+    print(f"{res.store}: {res.stored}/{res.planned} trials stored ({state}); ran {res.ran} in {res.elapsed:.1f} s "
+          f"({res.rate:,.0f} trials/s); {counts}")
+    return 130 if res.interrupted else 0

@@ -1,0 +1,76 @@
+"""Targets and evaluators for the campaign tests (imported by worker processes through `paths`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+_rng = np.random.default_rng(1234)
+X = _rng.standard_normal((64, 16)).astype(np.float32)
+_W0 = {
+    "dense/kernel": (_rng.standard_normal((16, 8)) * 0.5).astype(np.float32),
+    "dense/bias": (_rng.standard_normal(8) * 0.1).astype(np.float32),
+    "out/kernel": (_rng.standard_normal((8, 4)) * 0.5).astype(np.float32),
+}
+
+
+def _forward(w):
+    h = np.maximum(X @ w["dense/kernel"] + w["dense/bias"], 0)
+    return h @ w["out/kernel"]
+
+
+Y = np.argmax(_forward(_W0), axis=1)
+Y[::5] = (Y[::5] + 1) % 4  # golden accuracy 0.8: room to go up and down
+
+
+def weights():
+    """A fresh copy of the small MLP's weights."""
+    return {k: v.copy() for k, v in _W0.items()}
+
+
+def evaluate(w):
+    """Logits and accuracy on a fixed batch."""
+    logits = _forward(w)
+    with np.errstate(all="ignore"):
+        acc = float(np.mean(np.argmax(logits, axis=1) == Y))
+    return logits, acc
+
+
+def heldout():
+    return X, Y
+
+
+class Model:
+    """A callable model (for the built-in accuracy evaluator)."""
+
+    def __init__(self):
+        self.w = weights()
+
+    def __call__(self, x):
+        h = np.maximum(x @ self.w["dense/kernel"] + self.w["dense/bias"], 0)
+        return h @ self.w["out/kernel"]
+
+
+def picky(w):
+    """Raises on huge weights (a DUE by exception), else evaluates."""
+    if any(np.abs(a).max() > 1e30 for a in w.values()):
+        raise ValueError("weights out of range")
+    return evaluate(w)
+
+
+def crashing(w):
+    """Kills its own process on huge weights in out/kernel (a worker crash)."""
+    if np.abs(w["out/kernel"]).max() > 1e30:
+        os._exit(7)
+    return evaluate(w)
+
+
+def slow(w):
+    time.sleep(0.002)
+    return evaluate(w)
+
+
+def constant(w):
+    return 1.0

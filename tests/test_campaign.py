@@ -1,0 +1,333 @@
+"""Campaigns: definition files, cells, trials and outcomes, sweeps, resume, shards, sequential stopping."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+
+import numpy as np
+import pytest
+
+from fastflip.campaign import Campaign, load_campaign
+from fastflip.campaign.cells import expand_cells, planned_counts, tensors_from_arrays
+from fastflip.campaign.sweep import campaign_cells, sweep
+from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner, classify, trial_seed
+from fastflip.errors import OptionError, StoreError
+from fastflip.sampling import SiteSpace
+from fastflip.stats import sample_size, should_stop
+from fastflip.store import ResultStore, merge_stores
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import campaign_helpers  # noqa: E402
+
+
+def make(**over):
+    d = {
+        "name": "t", "seed": 11, "paths": [HERE],
+        "target": {"factory": "campaign_helpers:weights"},
+        "cells": {"bits": ["31", "30", "22", "0"], "group_by": "tensor"},
+        "trials": {"per_cell": 20},
+        "evaluator": {"function": "campaign_helpers:picky", "critical": 0.05},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return Campaign.from_dict(d)
+
+
+def results(path):
+    """Every stored trial without timing/worker columns (what must not depend on how it ran)."""
+    con = sqlite3.connect(path)
+    rows = con.execute(
+        "SELECT cell_id, trial, seed, sites, outcome, metric, delta, message FROM trials ORDER BY cell_id, trial"
+    ).fetchall()
+    con.close()
+    return rows
+
+
+# ----------------------------------------------------------------------------- definition
+TOML = """
+name = "demo"
+seed = 42
+paths = ["."]
+[target]
+factory = "campaign_helpers:weights"
+[select]
+include = ["dense/*"]
+[cells]
+bits = ["31", "exponent"]
+group_by = "layer"
+flips = [1, 2]
+faults = ["flip", "stuck-at-1"]
+[trials]
+margin = 0.05
+confidence = 0.9
+[evaluator]
+function = "campaign_helpers:evaluate"
+critical = 0.1
+"""
+
+YAML = """
+name: demo
+seed: 42
+paths: ["."]
+target: {factory: "campaign_helpers:weights"}
+select: {include: ["dense/*"]}
+cells: {bits: ["31", "exponent"], group_by: layer, flips: [1, 2], faults: [flip, stuck-at-1]}
+trials: {margin: 0.05, confidence: 0.9}
+evaluator: {function: "campaign_helpers:evaluate", critical: 0.1}
+"""
+
+
+def test_toml_yaml_and_python_forms_agree(tmp_path):
+    (tmp_path / "c.toml").write_text(TOML)
+    (tmp_path / "c.yaml").write_text(YAML)
+    a = load_campaign(str(tmp_path / "c.toml"))
+    b = load_campaign(str(tmp_path / "c.yaml"))
+    assert a == b
+    assert a.base_dir == str(tmp_path) and a.resolve("x") == str(tmp_path / "x")
+    assert Campaign.from_dict(a.to_dict()) == a
+    assert a.select == {"include": ["dense/*"]}
+    assert a.trials.margin == 0.05 and a.cells.faults == ["flip", "stuck-at-1"]
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"trials": {"per_cell": 5, "margin": 0.1}}, "exactly one"),
+        ({"cells": {"bits": ["99x"]}}, "bit"),
+        ({"cells": {"group_by": "colour"}}, "group_by"),
+        ({"cells": {"faults": ["melt"]}}, "unknown"),
+        ({"evaluator": {"function": "nocolon"}}, "module:function"),
+        ({"select": {"roles": ["kernel-ish"]}}, "role"),
+        ({"seed": -1}, "seed"),
+        ({"mode": "checkpoint"}, "checkpoint"),
+        ({"cells": {"epochs": [1]}}, "epochs"),
+        ({"colour": 1}, "unknown key"),
+    ],
+)
+def test_bad_definitions_are_one_clear_error(bad, match):
+    with pytest.raises(OptionError, match=match):
+        make(**bad)
+
+
+def test_bad_files(tmp_path):
+    (tmp_path / "x.toml").write_text("name = [")
+    with pytest.raises(OptionError, match="TOML"):
+        load_campaign(str(tmp_path / "x.toml"))
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(OptionError, match=".toml or .yaml"):
+        load_campaign(str(tmp_path / "x.json"))
+    with pytest.raises(OptionError, match="cannot read"):
+        load_campaign(str(tmp_path / "missing.toml"))
+
+
+# ----------------------------------------------------------------------------- cells
+def test_cells_grid_populations_and_planned_counts():
+    c = make(cells={"bits": ["31", "exponent"], "group_by": "layer", "flips": [1, 2], "faults": ["flip", "burst:2"]},
+             trials={"per_cell": None, "margin": 0.05})
+    cells = campaign_cells(c)
+    layers = sorted({x.group for x in cells})
+    assert layers == ["dense", "out"]
+    assert len(cells) == 2 * 2 * 2 * 2
+    dense = [x for x in cells if x.group == "dense" and x.bits == "exponent" and x.flips == 1 and x.fault == "flip"][0]
+    assert dense.population == (16 * 8 + 8) * 8 and set(dense.tensors) == {"dense/kernel", "dense/bias"}
+    assert len({x.key for x in cells}) == len(cells)
+    assert planned_counts(c, cells) == [sample_size(x.population, margin=0.05) for x in cells]
+    # order: bits outermost, then group, flips, fault
+    assert [x.bits for x in cells[:8]] == ["31"] * 8
+
+
+def test_cells_by_role_and_selection():
+    c = make(cells={"bits": ["31"], "group_by": "role"}, select={"roles": ["weight"]})
+    cells = campaign_cells(c)
+    assert [x.group for x in cells] == ["weight"]
+    assert set(cells[0].tensors) == {"dense/kernel", "out/kernel"}
+    c2 = make(cells={"bits": ["31"], "group_by": "none"})
+    assert campaign_cells(c2)[0].population == 16 * 8 + 8 + 8 * 4
+
+
+# ----------------------------------------------------------------------------- trials
+def test_classify_outcomes():
+    g = np.array([[1.0, 2.0]])
+    assert classify(g, 0.8, g.copy(), 0.8, critical=0.1) == (MASKED, 0.0)
+    assert classify(g, 0.8, g + 1e-6, 0.8, critical=0.1) == (SDC, 0.0)
+    assert classify(g, 0.8, g + 1, 0.75, critical=0.1) == (SDC, 0.05)
+    assert classify(g, 0.8, g + 1, 0.6, critical=0.1) == (CRITICAL, 0.2)
+    assert classify(g, 0.8, g * np.inf, 0.8, critical=0.1)[0] == DUE
+    assert classify(g, 0.8, g + 1, float("nan"), critical=0.1)[0] == DUE
+
+
+def test_trial_is_regenerated_from_seed_cell_and_index_and_reverts_exactly():
+    c = make()
+    cells = campaign_cells(c)
+    r1 = TrialRunner(c, cells)
+    before = {k: v.copy() for k, v in r1.targets[None].items()}
+    rows = [r1.run(cid, t) for cid in range(len(cells)) for t in range(5)]
+    for k, v in r1.targets[None].items():
+        assert v.tobytes() == before[k].tobytes()  # every trial reverted bit for bit
+    r2 = TrialRunner(c, cells)
+    for row in rows[::-1]:  # any order, fresh process state: same sites and outcome
+        again = r2.run(row.cell_id, row.trial)
+        assert again[:8] == row[:8]
+    # the sites come from SiteSpace.plan(seed, stream=(cell, trial)) alone
+    cell = cells[3]
+    space = SiteSpace([r1.live[None].refs()[[r.name for r in r1.live[None].refs()].index(n)] for n in cell.tensors],
+                      bits=cell.bits)
+    p = space.plan(seed=c.seed, stream=(3, 4), count=1, model="flip")
+    assert rows[3 * 5 + 4].sites == f"{cell.tensors[0]}[{int(p.index[0])}]^b{cell.bits}"
+    assert rows[0].seed == trial_seed(c.seed, 0, 0)
+
+
+def test_outcomes_match_a_direct_computation():
+    c = make()
+    cells = campaign_cells(c)
+    r = TrialRunner(c, cells)
+    golden_logits, golden_acc = campaign_helpers.evaluate(campaign_helpers.weights())
+    for cid in range(len(cells)):
+        for t in range(3):
+            row = r.run(cid, t)
+            w = campaign_helpers.weights()
+            plan = r.plan(cid, t)
+            from fastflip.reference import apply_plan
+
+            apply_plan(w, plan)
+            if any(np.abs(a).max() > 1e30 for a in w.values()):
+                assert row.outcome == DUE and "out of range" in row.message
+                continue
+            logits, acc = campaign_helpers.evaluate(w)
+            if not np.isfinite(logits).all():
+                assert row.outcome == DUE
+            elif np.array_equal(logits, golden_logits):
+                assert row.outcome == MASKED
+            else:
+                assert row.outcome == (CRITICAL if golden_acc - acc > 0.05 else SDC)
+                assert row.delta == pytest.approx(golden_acc - acc)
+                assert row.metric == pytest.approx(acc)
+
+
+def test_builtin_accuracy_evaluator():
+    c = make(target={"factory": "campaign_helpers:Model"}, evaluator={"function": None, "builtin": "accuracy",
+                                                                          "data": "campaign_helpers:heldout"})
+    with pytest.raises(OptionError):  # a plain object exposes no tensors to the live adapters
+        campaign_cells(c)
+    c = make(evaluator={"function": None, "builtin": "accuracy", "data": "campaign_helpers:heldout"},
+             target={"factory": "campaign_helpers:weights"})
+    with pytest.raises(Exception):  # a dict is not callable: the golden run fails clearly
+        TrialRunner(c, campaign_cells(c))
+
+
+# ----------------------------------------------------------------------------- sweeps
+def test_serial_and_process_pool_give_identical_stores(tmp_path):
+    c = make()
+    a = sweep(c, str(tmp_path / "a.db"), workers=0, progress=False)
+    b = sweep(c, str(tmp_path / "b.db"), workers=2, chunk=7, progress=False)
+    assert a.complete and b.complete and a.stored == b.stored == 12 * 20
+    assert results(tmp_path / "a.db") == results(tmp_path / "b.db")
+    assert sum(a.counts.values()) == 240 and a.counts["due"] > 0 and a.counts["sdc"] > 0
+    with ResultStore.open(str(tmp_path / "b.db")) as st:
+        workers = {r[-1] for rows in st.iter_trials() for r in rows}
+    assert len(workers) == 2  # both pool processes took part
+
+
+def test_resume_after_losing_trials_runs_only_the_missing_ones(tmp_path):
+    c = make()
+    sweep(c, str(tmp_path / "ref.db"), workers=0, progress=False)
+    sweep(c, str(tmp_path / "r.db"), workers=0, progress=False)
+    con = sqlite3.connect(tmp_path / "r.db")
+    con.execute("DELETE FROM trials WHERE (cell_id * 7 + trial) % 3 = 0")
+    con.commit()
+    lost = 240 - con.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    con.close()
+    res = sweep(None, str(tmp_path / "r.db"), workers=0, progress=False)  # resume from the store alone
+    assert res.ran == lost and res.complete
+    assert results(tmp_path / "r.db") == results(tmp_path / "ref.db")
+    again = sweep(c, str(tmp_path / "r.db"), workers=0, progress=False)
+    assert again.ran == 0 and again.complete
+
+
+def test_store_of_another_campaign_is_refused(tmp_path):
+    sweep(make(), str(tmp_path / "r.db"), workers=0, progress=False)
+    with pytest.raises(StoreError, match="another campaign"):
+        sweep(make(seed=12), str(tmp_path / "r.db"), workers=0, progress=False)
+    with pytest.raises(StoreError, match="does not exist"):
+        sweep(None, str(tmp_path / "nothing.db"), workers=0)
+
+
+def test_shards_merge_to_the_full_campaign(tmp_path):
+    c = make()
+    sweep(c, str(tmp_path / "ref.db"), workers=0, progress=False)
+    parts = []
+    for i in range(3):
+        p = str(tmp_path / f"s{i}.db")
+        r = sweep(c, p, workers=0, shard=f"{i}/3", progress=False)
+        assert r.complete and 70 <= r.stored <= 90
+        parts.append(p)
+    with pytest.raises(StoreError, match="shard 0/3, not 1/3"):
+        sweep(c, parts[0], workers=0, shard="1/3")
+    merge_stores(str(tmp_path / "m.db"), parts)
+    assert results(tmp_path / "m.db") == results(tmp_path / "ref.db")
+    # merge of an incomplete set: the merged store resumes the rest
+    merge_stores(str(tmp_path / "m2.db"), parts[:2])
+    res = sweep(None, str(tmp_path / "m2.db"), workers=0, progress=False)
+    assert res.ran == len(results(parts[2])) and results(tmp_path / "m2.db") == results(tmp_path / "ref.db")
+
+
+def test_sequential_stopping_is_deterministic_and_follows_the_rule(tmp_path):
+    c = make(trials={"per_cell": None, "half_width": 0.08, "block": 20, "min_trials": 40, "max_per_cell": 200})
+    res = sweep(c, str(tmp_path / "s.db"), workers=0, progress=False)
+    assert res.complete
+    rows = results(tmp_path / "s.db")
+    by_cell: dict[int, list[int]] = {}
+    for cid, trial, *_rest in rows:
+        by_cell.setdefault(cid, []).append(_rest[2])
+    sizes = []
+    for cid, outs in by_cell.items():
+        n = len(outs)
+        sizes.append(n)
+        assert n % 20 == 0 and 40 <= n <= 200
+        fails = np.cumsum(np.array(outs) != 0)
+        # it stopped at the first block end where the rule held, not before
+        for end in range(20, n, 20):
+            assert not should_stop(int(fails[end - 1]), end, half_width=0.08, min_trials=40, max_trials=200)
+        assert should_stop(int(fails[n - 1]), n, half_width=0.08, min_trials=40, max_trials=200)
+    assert len(set(sizes)) > 1  # cells with rates near 0 stop early, others run on
+    # a fresh run in a pool, and a resumed one after losing trials, decide the same
+    sweep(c, str(tmp_path / "p.db"), workers=2, progress=False)
+    assert results(tmp_path / "p.db") == rows
+    con = sqlite3.connect(tmp_path / "p.db")
+    con.execute("DELETE FROM trials WHERE trial >= 30")
+    con.commit()
+    con.close()
+    sweep(None, str(tmp_path / "p.db"), workers=0, progress=False)
+    assert results(tmp_path / "p.db") == rows
+
+
+def test_sequential_campaign_cannot_be_sharded(tmp_path):
+    c = make(trials={"per_cell": None, "half_width": 0.1})
+    with pytest.raises(OptionError, match="shard"):
+        sweep(c, str(tmp_path / "s.db"), workers=0, shard="0/2")
+
+
+def test_a_trial_that_kills_its_worker_is_a_due_and_the_campaign_goes_on(tmp_path):
+    c = make(cells={"bits": ["30", "0"], "group_by": "tensor"}, trials={"per_cell": 4},
+             evaluator={"function": "campaign_helpers:crashing"})
+    res = sweep(c, str(tmp_path / "c.db"), workers=2, chunk=4, progress=False)
+    assert res.complete and res.stored == 24
+    rows = results(tmp_path / "c.db")
+    cells = campaign_cells(c)
+    for cid, trial, seed, sites, outcome, metric, delta, message in rows:
+        if cells[cid].bits == "30" and cells[cid].group == "out/kernel":
+            assert outcome == DUE and message.startswith("WorkerCrash") and sites is None
+        else:
+            assert message is None or not message.startswith("WorkerCrash")
+
+
+def test_workers_that_cannot_start_stop_the_sweep_with_a_clear_error(tmp_path):
+    c = make(evaluator={"function": "campaign_helpers:nonexistent"})
+    with pytest.raises(StoreError, match="could not run trials"):
+        sweep(c, str(tmp_path / "x.db"), workers=2, progress=False)
