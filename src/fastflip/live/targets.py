@@ -70,7 +70,8 @@ class Targets:
     def __init__(self, tensors: list[LiveTensor], skipped: list[str] | None = None) -> None:
         self.tensors = list(tensors)
         self.skipped = list(skipped or [])
-        self.index = {t.name: i for i, t in enumerate(self.tensors)}
+        # names compare without a leading "/": a layout calls a dataset "/model/w", a live model "model/w"
+        self.index = {t.name.lstrip("/"): i for i, t in enumerate(self.tensors)}
         if len(self.index) != len(self.tensors):
             raise OptionError("two live tensors have the same name")
         for t in self.tensors:
@@ -106,8 +107,14 @@ class Targets:
         return len(self.tensors)
 
     def refs(self) -> list[TensorRef]:
-        """:class:`~fastflip.plan.TensorRef` of every tensor (to build a ``SiteSpace`` from a live model)."""
-        return [TensorRef(t.name, t.dtype.str, t.shape) for t in self.tensors]
+        """:class:`~fastflip.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
+
+        Ordered as a checkpoint's layout orders its datasets (HDF5 name order, group by
+        group), so that a site space over a live model and one over its checkpoint are
+        the same space: the same seed draws the same sites in both.
+        """
+        order = sorted(range(len(self.tensors)), key=lambda i: self.tensors[i].name.strip("/").split("/"))
+        return [TensorRef(self.tensors[i].name, self.tensors[i].dtype.str, self.tensors[i].shape) for i in order]
 
     # ------------------------------------------------------------------ plan validation
 
@@ -138,7 +145,7 @@ class Targets:
             return hit[1]
         mapping = np.empty(len(refs), dtype=np.int32)
         for j, ref in enumerate(refs):
-            i = self.index.get(ref.name)
+            i = self.index.get(ref.name.lstrip("/"))
             if i is None:
                 near = ", ".join(list(self.index)[:5])
                 raise TensorNotFoundError(f"the plan names tensor {ref.name!r}, which these tensors lack (have: {near}, ...)")
