@@ -55,14 +55,14 @@ __all__ = [
 #: Rates the tables carry: the four exclusive outcomes, SDC of either kind, and failure.
 RATE_KINDS = (*OUTCOMES, "sdc_total", "failure")
 
-# The bit position of a trial (see the module docstring); NULL when it has none.
-_BIT_SQL = (
-    "CASE WHEN c.bits <> '' AND c.bits NOT GLOB '*[^0-9]*' THEN CAST(c.bits AS INTEGER) "
-    "WHEN t.sites IS NULL THEN NULL "
-    "WHEN instr(t.sites, ';') > 0 THEN NULL "
-    "WHEN instr(t.sites, '^b') = 0 THEN NULL "
-    "WHEN instr(substr(t.sites, instr(t.sites, '^b') + 2), ',') > 0 THEN NULL "
-    "ELSE CAST(substr(t.sites, instr(t.sites, '^b') + 2) AS INTEGER) END"
+# The bit position of a trial of a cell whose bit spec is not one plain position: the
+# single bit of its single site (see the module docstring); NULL when it has none.
+_SITE_BIT_SQL = (
+    "CASE WHEN sites IS NULL THEN NULL "
+    "WHEN instr(sites, ';') > 0 THEN NULL "
+    "WHEN instr(sites, '^b') = 0 THEN NULL "
+    "WHEN instr(substr(sites, instr(sites, '^b') + 2), ',') > 0 THEN NULL "
+    "ELSE CAST(substr(sites, instr(sites, '^b') + 2) AS INTEGER) END"
 )
 
 
@@ -159,16 +159,23 @@ def load_campaign_data(path: str | os.PathLike[str], *, confidence: float | None
                 f"store {path} holds no trials yet ({len(cells)} cells planned); run 'fastflip sweep' first"
             )
         by_bit: dict[tuple[int, int | None], np.ndarray] = {}
-        q = (
-            f"SELECT t.cell_id, {_BIT_SQL} AS bit, t.outcome, COUNT(*) FROM trials t "
-            "JOIN cells c ON c.cell_id = t.cell_id GROUP BY t.cell_id, bit, t.outcome"
-        )
-        for cell_id, bit, outcome, n in st.conn.execute(q):
-            key = (int(cell_id), None if bit is None else int(bit))
-            arr = by_bit.get(key)
-            if arr is None:
-                arr = by_bit[key] = np.zeros(len(OUTCOMES), dtype=np.int64)
-            arr[int(outcome)] += int(n)
+        other: list[int] = []
+        for c in cells:  # a plain-position cell: its counts are the cell's (no second scan)
+            if str(c["bits"] or "").isdigit():
+                if c["trials"]:
+                    by_bit[(c["cell_id"], int(c["bits"]))] = np.array([c[o] for o in OUTCOMES], dtype=np.int64)
+            elif c["trials"]:
+                other.append(int(c["cell_id"]))
+        for start in range(0, len(other), 500):  # the others: read each trial's bit from its sites
+            ids = ",".join(str(i) for i in other[start:start + 500])
+            q = (f"SELECT cell_id, {_SITE_BIT_SQL} AS bit, outcome, COUNT(*) FROM trials "
+                 f"WHERE cell_id IN ({ids}) GROUP BY cell_id, bit, outcome")
+            for cell_id, bit, outcome, n in st.conn.execute(q):
+                key = (int(cell_id), None if bit is None else int(bit))
+                arr = by_bit.get(key)
+                if arr is None:
+                    arr = by_bit[key] = np.zeros(len(OUTCOMES), dtype=np.int64)
+                arr[int(outcome)] += int(n)
         if confidence is None:
             confidence = float((st.config.get("trials") or {}).get("confidence") or 0.95)
         conditions: list[str] = []
