@@ -231,3 +231,20 @@ def test_torch_bfloat16_is_skipped_in_models_and_refused_in_mappings() -> None:
     assert tg.skipped == ["model/weight", "model/bias"] and len(tg) == 0
     with pytest.raises(OptionError, match="bfloat16"):
         live.targets({"w": lin.weight})
+
+
+def test_injected_nan_policy_avoid_reads_live_words() -> None:
+    from fastflip.errors import NaNPolicyError
+
+    # exponent-MSB flips: 1.0 (exponent 0x7F) would become Inf, 0.5 (0x7E) stays finite
+    w = {"w": np.where(np.arange(200) % 2 == 0, 1.0, 0.5).astype(np.float32)}
+    with live.injected(w, seed=8, count=20, bits="exponent-msb", nan_policy="avoid") as log:
+        assert len(log) == 20 and log.inf_count == 0 and log.nan_count == 0
+        assert np.isfinite(w["w"]).all()
+    with live.injected(w, seed=8, count=20, bits="exponent-msb") as log:
+        assert log.inf_count > 0  # the same draw without the policy does create Inf values
+    ones = {"w": np.ones(50, dtype=np.float32)}
+    with pytest.raises(NaNPolicyError):
+        with live.injected(ones, seed=1, count=5, bits="exponent-msb", nan_policy="avoid"):
+            pass
+    assert (ones["w"] == 1).all()
