@@ -44,6 +44,10 @@ def make_trainer(spec: Mapping[str, Any], seed: int = 0, base_dir: str | None = 
     if framework not in FRAMEWORKS:
         raise OptionError(f"trainer.framework: {framework!r}; use one of {', '.join(FRAMEWORKS)}")
     model_file = opts.pop("model_file", None)
+    if framework == "keras":  # quiet, deterministic TensorFlow before a user file imports Keras
+        from .keras_trainer import import_keras
+
+        import_keras(opts.get("threads", 1))
     if model_file and base_dir and not os.path.isabs(model_file):
         model_file = os.path.join(base_dir, model_file)
     mod = load_user_module(model_file) if model_file else None

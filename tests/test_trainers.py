@@ -1,0 +1,150 @@
+"""Built-in Keras / PyTorch trainers, user model files, and the Keras injection callback (real frameworks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from flip_helper import words_of
+from fastflip.errors import OptionError
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TOY = str(Path(__file__).with_name("toy_trainer.py"))
+
+
+@pytest.fixture(scope="module")
+def keras():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return require("keras")
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return require("torch")
+
+
+def _controls(framework, **trainer):
+    return {
+        "epochs": 3, "seed": 4, "trainer": {"framework": framework, **trainer},
+        "scenarios": [{"name": "c1", "epoch": 1, "control": True, "repetitions": 1},
+                      {"name": "c0", "epoch": 0, "control": True, "repetitions": 1},
+                      {"name": "flip", "epoch": 1, "count": 3, "bits": "0-3", "repetitions": 1,
+                       "selection": {"roles": ["weight"]}}],
+    }
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("framework, extra", [("torch", {}), ("keras", {}), ("keras", {"checkpoint_format": "keras"})])
+def test_resume_from_unaltered_checkpoint_reproduces_golden(framework, extra, tmp_path, request):
+    request.getfixturevalue(framework)
+    from fastflip.experiment import run_experiment
+
+    res = run_experiment(_controls(framework, **extra), tmp_path / "o", plot=False)
+    c1, c0, flip = res.results
+    assert c1["matches_golden"] is True and c0["matches_golden"] is True, res.results
+    assert flip["error"] is None and flip["flips"] == 3  # the injection path works for this checkpoint kind
+    suffix = ".keras" if extra else (".weights.h5" if framework == "keras" else ".h5")
+    assert (tmp_path / f"o/golden/ckpt-e003{suffix}").is_file()
+
+
+@pytest.mark.framework
+def test_keras_checkpoint_of_another_model_names_the_tensor(keras, tmp_path):
+    from fastflip.torch import CheckpointMismatchError
+    from fastflip.trainers.keras_trainer import KerasTrainer, digits_data
+
+    def other():
+        m = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
+        m.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        return m
+
+    t = KerasTrainer(seed=0)
+    t.build()
+    t.save_checkpoint(tmp_path / "mine.weights.h5")
+    o = KerasTrainer(other, digits_data, seed=0)
+    o.build()
+    with pytest.raises(CheckpointMismatchError, match=r"tensor /layers/.* is missing|has shape"):
+        o.load_checkpoint(tmp_path / "mine.weights.h5")
+    o.save_checkpoint(tmp_path / "other.weights.h5")
+    with pytest.raises(CheckpointMismatchError, match=r"/layers/dense/vars/0 has shape \(64, 5\) but the model "
+                                                      r"expects \(512, 10\)"):
+        t.load_checkpoint(tmp_path / "other.weights.h5")
+    with pytest.raises(OptionError, match="must end in .weights.h5"):
+        t.save_checkpoint(tmp_path / "x.h5")
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("framework, module", [("keras", "keras_model.py"), ("torch", "torch_model.py")])
+def test_example_model_files_plug_in(framework, module, tmp_path, request):
+    request.getfixturevalue(framework)
+    from fastflip.trainers import make_trainer
+
+    t = make_trainer({"framework": framework, "model_file": module, "batch_size": 64}, seed=0,
+                     base_dir=str(EXAMPLES))
+    t.build()
+    first = t.evaluate()["accuracy"]
+    for e in (1, 2):
+        assert np.isfinite(t.train_epoch(e)["loss"])
+    m = t.evaluate()
+    assert m["accuracy"] > max(0.5, first)  # it learns
+    p = tmp_path / f"ck{t.checkpoint_suffix}"
+    t.save_checkpoint(p)
+    t.train_epoch(3)
+    t.load_checkpoint(p)
+    assert t.evaluate() == m
+
+
+def test_user_file_errors(tmp_path):
+    from fastflip.trainers import make_trainer
+
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(OptionError, match="must define make_trainer"):
+        make_trainer({"framework": "custom", "model_file": str(tmp_path / "empty.py")})
+    (tmp_path / "bad.py").write_text("def make_trainer(seed, **kw):\n    return object()\n")
+    with pytest.raises(OptionError, match="without the Trainer methods"):
+        make_trainer({"framework": "custom", "model_file": str(tmp_path / "bad.py")})
+    with pytest.raises(OptionError, match="framework"):
+        make_trainer({"framework": "jax"})
+    t = make_trainer({"framework": "custom", "model_file": TOY, "lr": 0.1}, seed=5)
+    assert t.seed == 5 and t.lr == 0.1
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
+def test_keras_callback_injects_and_reloads(keras, tmp_path, suffix):
+    from fastflip.log import InjectionLog
+    from fastflip.trainers.keras_callback import FaultInjectionCallback
+    from fastflip.trainers.keras_trainer import digits_cnn, digits_data
+
+    keras.utils.set_random_seed(0)
+    x, y, _, _ = digits_data()
+    x, y = x[:256], y[:256]
+    model = digits_cnn()
+    seen = {}
+
+    class Snapshot(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch + 1 == 2:
+                self.model.save_weights(tmp_path / "after-reload.weights.h5")
+            if epoch + 1 == 3:
+                seen["done"] = True
+
+    cb = FaultInjectionCallback(str(tmp_path / ("ck/e{epoch:03d}" + suffix)), inject_epoch=2, seed=11, count=6,
+                                bits="exponent-msb", selection={"roles": ["weight"]})
+    model.fit(x, y, epochs=3, batch_size=64, verbose=0, shuffle=False, callbacks=[cb, Snapshot()])
+    assert seen["done"] and sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.endswith("fflog")) == [
+        f"e001{suffix}", f"e002.injected{suffix}", f"e002{suffix}", f"e003{suffix}"]
+    assert cb.injected_path == tmp_path / f"ck/e002.injected{suffix}"
+    log = InjectionLog.load(str(cb.injected_path) + ".fflog")
+    assert len(log) == 6 and log.manifest["seed"] == 11
+    with h5py.File(tmp_path / "after-reload.weights.h5") as f:  # the model carried the altered values on
+        for rec in log.records():
+            stored = f[rec["tensor"]][()].reshape(-1)
+            assert int(words_of(stored)[rec["index"]]) == rec["new_word"], rec
+            assert 30 in rec["bit_positions"]
+    with pytest.raises(OptionError, match="must end in"):
+        FaultInjectionCallback(str(tmp_path / "x.h5"), 1, seed=0, count=1)
