@@ -90,8 +90,11 @@ class Targets:
         self._mappings: dict[int, tuple[tuple[TensorRef, ...], np.ndarray]] = {}
         self._sizes = np.array([t.size for t in self.tensors], dtype=np.int64)
         self._writable = np.array([t.writable for t in self.tensors], dtype=bool)
+        self._all_writable = bool(self._writable.all())
         self._contiguous = np.array([t.kind == "tf" or t.contiguous for t in self.tensors], dtype=bool)
+        self._all_contiguous = bool(self._contiguous.all())
         self._kind = np.array([{"cpu": 0, "cuda": 1, "tf": 2}[t.kind] for t in self.tensors], dtype=np.int8)
+        self._all_cpu = not self._kind.any()
         self._device = np.array([t.device for t in self.tensors], dtype=np.int64)
         self._spans: dict[int, tuple[Any, int]] = {}
 
@@ -168,30 +171,30 @@ class Targets:
         tid = np.ascontiguousarray(mapping[plan.tensor]) if n else np.zeros(0, dtype=np.int32)
         idx = plan.index
         if n:
-            bad = np.flatnonzero((idx < 0) | (idx >= self._sizes[tid]))
-            if len(bad):
-                t = self.tensors[int(tid[bad[0]])]
-                raise PlanMismatchError(f"tensor {t.name!r}: element index {int(idx[bad[0]])} is outside its {t.size} elements")
-            ro = np.flatnonzero(~self._writable[tid])
-            if len(ro):
-                t = self.tensors[int(tid[ro[0]])]
+            outside = (idx < 0) | (idx >= self._sizes[tid])
+            if outside.any():
+                b = int(np.flatnonzero(outside)[0])
+                t = self.tensors[int(tid[b])]
+                raise PlanMismatchError(f"tensor {t.name!r}: element index {int(idx[b])} is outside its {t.size} elements")
+            if not self._all_writable and not self._writable[tid].all():
+                t = self.tensors[int(tid[np.flatnonzero(~self._writable[tid])[0]])]
                 raise ReadOnlyTargetError(f"tensor {t.name!r} is read-only: pass a writable array (np.array(x) or mmap mode 'r+')")
             if n > 1:
                 key = np.sort(tid.astype(np.int64) * (1 << 40) + idx)
-                dup = np.flatnonzero(key[1:] == key[:-1])
-                if len(dup):
-                    t = self.tensors[int(key[dup[0]] >> 40)]
+                same = key[1:] == key[:-1]
+                if same.any():
+                    t = self.tensors[int(key[np.flatnonzero(same)[0]] >> 40)]
                     raise PlanMismatchError(f"tensor {t.name!r}: the plan hits an element twice (merge duplicate sites first)")
         offsets = idx * self.table.itemsizes[tid].astype(np.int64)
-        strided = ~self._contiguous[tid]
-        if strided.any():
+        strided = None if self._all_contiguous else ~self._contiguous[tid]
+        if strided is not None and strided.any():
             for i in np.unique(tid[strided]):
                 pos = np.flatnonzero(tid == i)
                 offsets[pos] = self.tensors[int(i)].byte_offsets(idx[pos])
-        kinds = self._kind[tid]
+        kinds = None if self._all_cpu else self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
         prep = Prepared(tid=tid, offsets=np.ascontiguousarray(offsets), cpu=None, bitwise=bitwise)
-        if n and kinds.any():
+        if n and kinds is not None and kinds.any():
             prep.cpu = np.flatnonzero(kinds == 0)
             for i in np.unique(tid[kinds == 2]):
                 prep.tf.append((int(i), np.flatnonzero(tid == i)))
