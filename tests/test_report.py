@@ -433,6 +433,13 @@ def test_newer_store_is_refused(store, tmp_path, capsys):
         write_report(newer, tmp_path / "rep2")
 
 
+def test_report_never_writes_into_its_experiment(experiment, capsys):
+    before = (experiment / "curves.csv").read_bytes()
+    code, err = _cli(capsys, experiment, "-o", experiment, "--force")
+    assert code == 2 and "is the experiment itself" in err
+    assert (experiment / "curves.csv").read_bytes() == before
+
+
 def test_newer_experiment_is_refused(experiment, tmp_path, capsys):
     copy = tmp_path / "exp"
     shutil.copytree(experiment, copy)

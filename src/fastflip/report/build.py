@@ -302,6 +302,8 @@ def write_report(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     t0 = time.perf_counter()
     src, dst = os.fspath(source), os.fspath(out)
     kind = detect_source(src)
+    if os.path.realpath(dst) == os.path.realpath(src):
+        raise OutputError(f"cannot write the report into {dst}: it is the {kind} itself; choose another directory")
     data: Any = load_campaign_data(src) if kind == "campaign" else load_experiment_data(src)
     _prepare_out(dst, force)
     rep = Report(kind, src, dst, os.path.join(dst, "index.html"))
