@@ -180,7 +180,8 @@ def test_trial_is_regenerated_from_seed_cell_and_index_and_reverts_exactly():
                       bits=cell.bits)
     p = space.plan(seed=c.seed, stream=(3, 4), count=1, model="flip")
     assert rows[3 * 5 + 4].sites == f"{cell.tensors[0]}[{int(p.index[0])}]^b{cell.bits}"
-    assert rows[0].seed == trial_seed(c.seed, 0, 0)
+    assert rows[0].seed == c.seed
+    assert trial_seed(c.seed, 3, 4).entropy == [c.seed, 3, 4]
 
 
 def test_outcomes_match_a_direct_computation():

@@ -357,13 +357,23 @@ class ResultStore:
 
     def add_trials(self, rows: Iterable[TrialRow]) -> int:
         """Insert finished trials in one transaction; return how many. A duplicate is an error."""
+        batches: dict[str | None, list[tuple]] = {}
+        for r in rows:
+            batches.setdefault(r[9], []).append(tuple(r[:9]))
+        return self.add_batches(list(batches.items()))
+
+    def add_batches(self, batches: Sequence[tuple[str | None, Sequence[tuple]]]) -> int:
+        """Insert ``[(worker label, [9-column trial tuples]), ...]`` in one transaction (the sweep's fast path)."""
         if not self.writable:
             raise StoreError(f"store {self.path} is open read-only")
         conn = self.conn
+        n = 0
         conn.execute("BEGIN IMMEDIATE")
         try:
-            data = [(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], self._worker_id(r[9])) for r in rows]
-            conn.executemany("INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", data)
+            for worker, rows in batches:
+                wid = self._worker_id(worker)
+                conn.executemany(f"INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {'NULL' if wid is None else int(wid)})", rows)
+                n += len(rows)
             conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
             conn.execute("ROLLBACK")
@@ -373,7 +383,7 @@ class ResultStore:
             conn.execute("ROLLBACK")
             self._workers = {label: wid for wid, label in conn.execute("SELECT worker_id, label FROM workers")}
             raise
-        return len(data)
+        return n
 
     def done_trials(self, cell_id: int) -> np.ndarray:
         """Sorted trial indices stored for one cell."""

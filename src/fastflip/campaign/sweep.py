@@ -37,7 +37,7 @@ from .cells import Cell, expand_cells, input_hashes, planned_counts, target_tens
 from .config import Campaign
 from .executors import WorkerCrash, make_executor
 from .progress import Progress
-from .trials import DUE, get_runner, trial_seed, worker_error
+from .trials import DUE, get_runner, worker_error
 
 __all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_create"]
 
@@ -170,18 +170,22 @@ def _chunks(work: dict[int, np.ndarray], size: int) -> deque:
 
 
 def _crash_row(runner_seed: int, cell_id: int, trial: int, message: str) -> TrialRow:
-    return TrialRow(cell_id, trial, trial_seed(runner_seed, cell_id, trial), None, DUE, None, None, message[:400],
+    return TrialRow(cell_id, trial, runner_seed, None, DUE, None, None, message[:400],
                     None, None)
 
 
-def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> list[TrialRow]:
-    """Worker side: unpickle the campaign once per process, then run the chunk."""
+def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[str, list[tuple]]:
+    """Worker side: unpickle the campaign once per process, then run the chunk.
+
+    Returns the worker's label and plain 9-column rows (cheap to ship back).
+    """
     if isinstance(payload, (bytes, bytearray)):
         campaign_dict, cells = pickle.loads(payload)
     else:
         campaign_dict, cells = payload
     runner = get_runner(token, campaign_dict, cells)
-    return [runner.run(cell_id, int(t)) for t in trials]
+    run = runner.run
+    return runner.worker, [run(cell_id, t)[:9] for t in trials.tolist()]
 
 
 def sweep(
@@ -239,17 +243,18 @@ def sweep(
     payload: Any = pickle.dumps((campaign.to_dict(), cells), protocol=pickle.HIGHEST_PROTOCOL)
     if hasattr(ex, "_client"):
         payload = ex._client.scatter((campaign.to_dict(), cells), broadcast=True)
-    pending: list[TrialRow] = []
+    pending: list[tuple[str | None, list[tuple]]] = []
+    n_pending = 0
     last_flush = time.monotonic()
     stopping = False
     successes = crash_streak = 0
 
     def flush() -> None:
-        nonlocal last_flush
+        nonlocal last_flush, n_pending
         if pending:
-            st.add_trials(pending)
-            result.ran += len(pending)
+            result.ran += st.add_batches(pending)
             pending.clear()
+            n_pending = 0
         last_flush = time.monotonic()
 
     try:
@@ -293,7 +298,8 @@ def sweep(
                                     "check the target factory and evaluator (run with --workers 0 to see the error)"
                                 ) from exc
                             if single:
-                                pending.append(_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}"))
+                                pending.append((None, [_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}")[:9]]))
+                                n_pending += 1
                                 prog.update([DUE])
                             else:
                                 suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
@@ -301,15 +307,17 @@ def sweep(
                         except Exception as exc:
                             raise StoreError(f"a worker could not run trials: {worker_error(exc)}") from exc
                         successes += 1
-                        pending.extend(rows)
-                        prog.update(r.outcome for r in rows)
+                        worker, rows = rows
+                        pending.append((worker, rows))
+                        n_pending += len(rows)
+                        prog.update(r[4] for r in rows)
                     if crashed:
                         for fut, (cid, trials, single) in list(in_flight.items()):
                             fut.cancel()
                             suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
                         in_flight.clear()
                         ex.restart()
-                    if len(pending) >= flush_rows or time.monotonic() - last_flush >= flush_seconds:
+                    if n_pending >= flush_rows or time.monotonic() - last_flush >= flush_seconds:
                         flush()
                 except KeyboardInterrupt:
                     if stopping:  # second Ctrl-C: abandon what is in flight

@@ -49,20 +49,19 @@ from .config import Campaign
 __all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classify", "sites_summary", "trial_seed", "TrialRunner", "run_chunk"]
 
 MASKED, SDC, CRITICAL, DUE = 0, 1, 2, 3
+_INF = float("inf")
 _MESSAGE_LIMIT = 400
 
 
-def trial_seed(seed: int, cell_id: int, trial: int) -> int:
-    """A 63-bit number naming trial ``trial`` of cell ``cell_id`` (stored with the trial).
+def trial_seed(seed: int, cell_id: int, trial: int) -> np.random.SeedSequence:
+    """The key trial ``trial`` of cell ``cell_id`` draws its sites from: ``SeedSequence([seed, cell, trial])``.
 
-    It is the first word of ``SeedSequence([seed, cell, trial])``, the key the trial's
-    sites are drawn from.
+    The store keeps (campaign seed, cell, trial) per row, which is this key.
 
-    >>> trial_seed(1, 0, 0) == trial_seed(1, 0, 0) != trial_seed(1, 0, 1)
-    True
+    >>> trial_seed(1, 0, 0).entropy
+    [1, 0, 0]
     """
-    ss = np.random.SeedSequence([int(seed), int(cell_id), int(trial)])
-    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+    return np.random.SeedSequence([int(seed), int(cell_id), int(trial)])
 
 
 def sites_summary(plan: Any) -> str:
@@ -76,8 +75,12 @@ def sites_summary(plan: Any) -> str:
     names = [t.name for t in plan.tensors]
     out = []
     for t, i, b in zip(plan.tensor.tolist(), plan.index.tolist(), plan.bits.tolist()):
-        bits = ",".join(str(k) for k in range(63, -1, -1) if (b >> k) & 1)
-        out.append(f"{names[t]}[{i}]^b{bits}")
+        bits = []
+        while b:
+            k = b.bit_length() - 1
+            bits.append(str(k))
+            b ^= 1 << k
+        out.append(f"{names[t]}[{i}]^b{','.join(bits)}")
     return ";".join(out)
 
 
@@ -222,6 +225,10 @@ class TrialRunner:
         from ..faults import FaultModel
 
         self.models = [FaultModel.parse(c.fault) for c in self.cells]
+        self.flips = [c.flips for c in self.cells]
+        from .. import live
+
+        self._live = live
 
     @staticmethod
     def _read_checkpoint(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
@@ -248,42 +255,50 @@ class TrialRunner:
         return self.spaces[cell_id].plan(seed=self.seed, stream=(cell_id, trial), count=c.flips,
                                          model=self.models[cell_id])
 
+    def _judge(self, result: Any, epoch: int | None) -> tuple[int, float | None, float | None]:
+        """(outcome, metric, delta) of an evaluator's result against the golden run."""
+        golden, golden_metric = self.golden[epoch]
+        if type(result) is float and golden.ndim == 0:  # fast path: a scalar metric
+            if result != result or result in (_INF, -_INF):
+                return DUE, None, None
+            if result == golden_metric:
+                return MASKED, result, 0.0
+            delta = round(golden_metric - result, 12)
+            return (CRITICAL if delta > self.critical else SDC), result, delta
+        outputs, metric = _split_result(result)
+        outcome, delta = classify(golden, golden_metric, outputs, metric, critical=self.critical)
+        return outcome, (metric if np.isfinite(metric) else None), delta
+
     def run(self, cell_id: int, trial: int) -> TrialRow:
         """Run one trial; exceptions of the evaluator become a DUE outcome."""
         start = time.perf_counter()
-        c = self.cells[cell_id]
-        plan = self.plan(cell_id, trial)
-        target = self.targets[c.epoch]
-        golden, golden_metric = self.golden[c.epoch]
+        epoch = self.cells[cell_id].epoch
+        plan = self.spaces[cell_id].plan(seed=self.seed, stream=(cell_id, trial), count=self.flips[cell_id],
+                                         model=self.models[cell_id])
+        target = self.targets[epoch]
         message = None
-        metric: float | None = None
         if self.campaign.mode == "memory":
-            from .. import live
-
-            tg = self.live[c.epoch]
+            live = self._live
+            tg = self.live[epoch]
             log = live.inject(tg, plan)
             try:
-                outputs, metric = _split_result(self.evaluate(target))
-                outcome, delta = classify(golden, golden_metric, outputs, metric, critical=self.critical)
+                outcome, metric, delta = self._judge(self.evaluate(target), epoch)
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-                outcome, delta, message = DUE, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
             finally:
                 live.revert(tg, log)
         else:
             from ..inject import inject_file, revert
 
-            res = inject_file(target, in_place=True, atomic=False, plan=plan, layout=self.layouts[c.epoch],
+            res = inject_file(target, in_place=True, atomic=False, plan=plan, layout=self.layouts[epoch],
                               log_path=False, hash_files=False)
             try:
-                outputs, metric = _split_result(self.evaluate(target))
-                outcome, delta = classify(golden, golden_metric, outputs, metric, critical=self.critical)
+                outcome, metric, delta = self._judge(self.evaluate(target), epoch)
             except Exception as exc:
-                outcome, delta, message = DUE, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
             finally:
                 revert(res.log, target, atomic=False)
-        if metric is not None and not np.isfinite(metric):
-            metric = None
-        return TrialRow(cell_id, trial, trial_seed(self.seed, cell_id, trial), sites_summary(plan), outcome, metric,
+        return TrialRow(cell_id, trial, self.seed, sites_summary(plan), outcome, metric,
                         delta, message, time.perf_counter() - start, self.worker)
 
 
