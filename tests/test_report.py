@@ -476,3 +476,22 @@ def test_other_bad_inputs(store, tmp_path, capsys):
     assert _cli(capsys, store, "-o", busy)[0] == 0  # an earlier report may be rewritten
     with pytest.raises(OutputError, match="is a file"):
         write_report(store, tmp_path / "notes.txt")
+
+
+def test_sequential_campaign_margin_against_target(tmp_path):
+    c = Campaign.from_dict({
+        "name": "seq", "seed": 11, "target": {"factory": "campaign_helpers:weights"}, "paths": [str(TESTS)],
+        "cells": {"bits": ["30", "0"]},
+        "trials": {"half_width": 0.1, "block": 20, "min_trials": 20, "max_per_cell": 200},
+        "evaluator": {"function": "campaign_helpers:evaluate", "critical": 0.05},
+    })
+    store = str(tmp_path / "seq.db")
+    assert sweep(c, store, workers=0, progress=False).complete
+    rep = write_report(store, tmp_path / "rep")
+    _, _, by_cell, _ = _raw_counts(store)
+    hws = [float(wilson_half_width(sum(v.values()) - v["masked"], sum(v.values()))) for v in by_cell.values()]
+    ok = sum(h <= 0.1 for h in hws)
+    text = Path(rep.index).read_text()
+    assert f"±{max(hws):.4f} at 95% confidence; {ok} of 2 cells within the target ±0.1" in text
+    margin = _csv_rows(Path(rep.out) / "margin.csv")
+    assert float(margin[0]["max_half_width"]) == pytest.approx(max(hws), abs=1e-12)

@@ -175,6 +175,12 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
               else f"margin {trials_cfg['margin']}" if trials_cfg.get("margin") is not None
               else f"{trials_cfg.get('per_cell')} trials per cell" if trials_cfg.get("per_cell") is not None else "–")
     worst = max((m["max_half_width"] for m in margin), default=float("nan"))
+    wanted = trials_cfg.get("half_width") if trials_cfg.get("half_width") is not None else trials_cfg.get("margin")
+    reached = ""
+    if wanted is not None:
+        hws = [(c["failure_high"] - c["failure_low"]) / 2 for c in cells if c["trials"] > 0]
+        ok = sum(1 for h in hws if h <= float(wanted) + 1e-12)
+        reached = f"; {ok} of {len(cells)} cells within the target ±{float(wanted):g}"
     header = H.key_values([
         ("campaign", data.name),
         ("results store", os.path.abspath(data.path)),
@@ -188,8 +194,8 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
         ("trials", f"{n:,} stored of {data.n_planned:,} planned"),
         ("outcomes", ", ".join(f"{o} {totals[o]:,} ({totals[o] / n:.2%})" for o in OUTCOMES)),
         ("trials rule", target),
-        ("margin reached", f"largest per-cell Wilson half-width of the failure rate {worst:.4f} "
-                           f"at {data.confidence:g} confidence"),
+        ("margin reached", f"largest per-cell Wilson half-width of the failure rate ±{worst:.4f} "
+                           f"at {data.confidence:.0%} confidence{reached}"),
     ])
     margin_html = H.table(margin, [
         ("condition", "condition", None), ("cells", "cells", None), ("trials", "trials", "{:,}"),
@@ -219,7 +225,7 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
          f"</summary><pre>{H.esc(json.dumps(data.config, indent=2, sort_keys=True, default=str))}</pre></details>"),
     ]
     return H.page(f"fastflip campaign report: {data.name}", sections,
-                  subtitle=f"{n:,} trials in {len(data.cells)} cells; rates with {data.confidence:g} Wilson intervals")
+                  subtitle=f"{n:,} trials in {len(data.cells)} cells; rates with {data.confidence:.0%} Wilson intervals")
 
 
 def _experiment_report(data: ExperimentData, out: str, rep: Report) -> str:
