@@ -1,11 +1,18 @@
-"""GPU word kernel: a Numba CUDA kernel driven with CuPy arrays, one launch per plan.
+"""GPU word kernels driven with CuPy arrays, one launch per plan.
 
-The kernel compiles the per-site functions of :mod:`fastflip.kernels_numba`
-(:func:`~fastflip.kernels_numba.load_word`, ``store_word``, ``rule``) with
-``numba.cuda.jit(device=True)``, so the word logic the GPU runs is the one the CPU
-tests check against :mod:`fastflip.reference`. Under ``NUMBA_ENABLE_CUDASIM=1``
-the same kernel runs in Numba's CUDA simulator on NumPy arrays, which is how the
-tests exercise it on machines without a GPU.
+Two interchangeable engines, both checked without a GPU:
+
+- ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
+  same source, with a grid-stride loop that degenerates to a plain loop, is compiled
+  by the host C compiler in the tests (:func:`build_host_library`) and checked
+  against :mod:`fastflip.reference` — one word-rule source, two instantiations.
+- ``'numba'``: a Numba CUDA kernel compiling the per-site functions of
+  :mod:`fastflip.kernels_numba` (``load_word``, ``store_word``, ``rule``) with
+  ``numba.cuda.jit(device=True)``; under ``NUMBA_ENABLE_CUDASIM=1`` it runs in
+  Numba's CUDA simulator on NumPy arrays.
+
+``'auto'`` takes ``'raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba'``
+for NumPy arrays (the simulator).
 
 Several tensors on one device are addressed through one ``uint8`` *span*: a view
 from the lowest tensor address to the end of the highest (device memory is one flat
@@ -36,7 +43,8 @@ import numpy as np
 from .kernels_numba import load_word, rule, store_word
 from .wordrule import scale_words
 
-__all__ = ["SiteArrays", "get_gpu_kernels", "launch_apply", "launch_read", "launch_write", "device_span", "THREADS"]
+__all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
+           "launch_read", "launch_write", "device_span", "THREADS"]
 
 THREADS = 256
 _KERNELS: dict[str, Any] = {}
@@ -46,8 +54,8 @@ cuda: Any = None  # numba.cuda, bound on first use (a module global so the simul
 def get_gpu_kernels() -> dict[str, Any]:
     """Compile (once per process) the CUDA kernels ``apply``, ``read`` and ``write``."""
     global cuda
-    if _KERNELS:
-        return _KERNELS
+    if "numba" in _KERNELS:
+        return _KERNELS["numba"]
     from numba import cuda as numba_cuda
 
     cuda = numba_cuda
@@ -81,8 +89,8 @@ def get_gpu_kernels() -> dict[str, Any]:
             t = tensor[i]
             d_store(buf, offsets[i], sizes[t], little[t], words[i])
 
-    _KERNELS.update(apply=apply, read=read, write=write)
-    return _KERNELS
+    _KERNELS["numba"] = {"apply": apply, "read": read, "write": write}
+    return _KERNELS["numba"]
 
 
 @dataclass
@@ -132,6 +140,118 @@ class SiteArrays:
         )
 
 
+CUDA_SOURCE = r"""
+typedef unsigned long long ff_u64;
+typedef long long ff_i64;
+#ifdef FF_HOST
+#define FF_DEVICE static inline
+#define FF_GLOBAL
+#define FF_SITES(i, n) for (ff_i64 i = 0; i < (n); ++i)
+#else
+#define FF_DEVICE __device__ __forceinline__
+#define FF_GLOBAL extern "C" __global__
+#define FF_SITES(i, n) \
+    for (ff_i64 i = (ff_i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (ff_i64)blockDim.x * gridDim.x)
+#endif
+
+/* word of `size` bytes at p; `little`: stored little-endian */
+FF_DEVICE ff_u64 ff_load(const unsigned char* p, int size, int little) {
+    ff_u64 w = 0;
+    for (int j = 0; j < size; ++j) w |= ((ff_u64)p[j]) << (8 * (little ? j : size - 1 - j));
+    return w;
+}
+
+FF_DEVICE void ff_store(unsigned char* p, int size, int little, ff_u64 w) {
+    for (int j = 0; j < size; ++j) p[j] = (unsigned char)(w >> (8 * (little ? j : size - 1 - j)));
+}
+
+FF_DEVICE ff_u64 ff_rule(ff_u64 old, ff_u64 a, ff_u64 o, ff_u64 x, int size) {
+    ff_u64 width = size >= 8 ? ~0ULL : ((1ULL << (8 * size)) - 1ULL);
+    return (((old & a) | o) ^ x) & width;
+}
+
+FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                        const unsigned char* little, const ff_u64* a, const ff_u64* o, const ff_u64* x,
+                        ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        unsigned char* p = buf + offsets[i];
+        ff_u64 old = ff_load(p, sizes[t], little[t]);
+        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], sizes[t]);
+        ff_store(p, sizes[t], little[t], nw);
+        old_out[i] = old;
+        new_out[i] = nw;
+    }
+}
+
+FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                       const unsigned char* little, ff_u64* out, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        out[i] = ff_load(buf + offsets[i], sizes[t], little[t]);
+    }
+}
+
+FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                        const unsigned char* little, const ff_u64* words, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        ff_store(buf + offsets[i], sizes[t], little[t], words[i]);
+    }
+}
+"""
+
+
+def build_host_library(directory: str, compiler: str = "cc") -> Any:
+    """Compile :data:`CUDA_SOURCE` for the host (``-DFF_HOST``) and load it with ctypes.
+
+    The returned library has ``ff_apply``, ``ff_read`` and ``ff_write`` taking the
+    kernel's arguments as raw pointers; tests use it to check the GPU source.
+    """
+    import ctypes
+    import os
+    import subprocess
+
+    src = os.path.join(directory, "ff_kernels.c")
+    lib = os.path.join(directory, "ff_kernels.so")
+    with open(src, "w") as f:
+        f.write(CUDA_SOURCE)
+    subprocess.run([compiler, "-DFF_HOST", "-O2", "-shared", "-fPIC", "-o", lib, src], check=True,
+                   capture_output=True, text=True)
+    return ctypes.CDLL(lib)
+
+
+def get_raw_kernels() -> dict[str, Any]:
+    """Compile (once per process, cached by CuPy) the CUDA C kernels with NVRTC."""
+    if "raw" not in _KERNELS:
+        import cupy
+
+        module = cupy.RawModule(code=CUDA_SOURCE)
+        _KERNELS["raw"] = {k: module.get_function(f"ff_{k}") for k in ("apply", "read", "write")}
+    return _KERNELS["raw"]
+
+
+DEFAULT_ENGINE = "auto"  # what engine="auto" means: 'auto' (raw for CuPy, numba for NumPy), 'raw' or 'numba'
+
+
+def _engine(xp: Any, engine: str) -> str:
+    if engine == "auto":
+        engine = DEFAULT_ENGINE
+    if engine == "auto":
+        return "numba" if xp is np else "raw"
+    if engine not in ("raw", "numba"):
+        raise ValueError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+    return engine
+
+
+def _launch(kind: str, engine: str, n: int, *args: Any) -> None:
+    """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n)."""
+    if engine == "raw":
+        get_raw_kernels()[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
+    else:
+        get_gpu_kernels()[kind][_grid(n), THREADS](*args)
+
+
 def _grid(n: int) -> int:
     return max(1, (n + THREADS - 1) // THREADS)
 
@@ -140,53 +260,53 @@ def _host(xp: Any, arr: Any) -> np.ndarray:
     return np.asarray(arr) if xp is np else xp.asnumpy(arr)
 
 
-def launch_apply(buf: Any, sites: SiteArrays, sync: bool = True) -> tuple[Any, Any]:
+def launch_apply(buf: Any, sites: SiteArrays, sync: bool = True, engine: str = "auto") -> tuple[Any, Any]:
     """Apply ``sites`` to the device span ``buf`` in one launch; returns (old, new) device arrays.
 
     Scale sites (if any) then take one read-back of their old words, the host
     computation, and one more launch to write their new words.
     """
     xp, n = sites.xp, len(sites)
+    eng = _engine(xp, engine)
     old = xp.empty(n, dtype=xp.uint64)
     new = xp.empty(n, dtype=xp.uint64)
     if n == 0:
         return old, new
-    k = get_gpu_kernels()
-    k["apply"][_grid(n), THREADS](buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
-                                  sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
+    _launch("apply", eng, n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+            sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
     if sites.scale_pos is not None:
         pos = sites.scale_pos
         old_h = _host(xp, old)[pos]
         tid_h = _host(xp, sites.tensor)[pos]
         new_h = np.empty(len(pos), dtype=np.uint64)
-        assert sites.scale_dtypes is not None
+        assert sites.scale_dtypes is not None and sites.scale_factors is not None
         for t in np.unique(tid_h):
             sel = tid_h == t
             new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.scale_dtypes[int(t)])
         d_pos = xp.asarray(pos)
         new[d_pos] = xp.asarray(new_h)
-        k["write"][_grid(len(pos)), THREADS](buf, sites.offsets[d_pos], sites.tensor[d_pos], sites.sizes,
-                                             sites.little, new[d_pos])
+        _launch("write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
+                xp.ascontiguousarray(sites.tensor[d_pos]), sites.sizes, sites.little, xp.ascontiguousarray(new[d_pos]))
     if sync and xp is not np:
         xp.cuda.get_current_stream().synchronize()
     return old, new
 
 
-def launch_read(buf: Any, sites: SiteArrays) -> Any:
+def launch_read(buf: Any, sites: SiteArrays, engine: str = "auto") -> Any:
     """Words (native order) of every site, as a device array."""
     xp, n = sites.xp, len(sites)
     out = xp.empty(n, dtype=xp.uint64)
     if n:
-        get_gpu_kernels()["read"][_grid(n), THREADS](buf, sites.offsets, sites.tensor, sites.sizes, sites.little, out)
+        _launch("read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little, out)
     return out
 
 
-def launch_write(buf: Any, sites: SiteArrays, words: Any) -> None:
+def launch_write(buf: Any, sites: SiteArrays, words: Any, engine: str = "auto") -> None:
     """Store ``words`` (device array, native order) at every site."""
-    n = len(sites)
+    xp, n = sites.xp, len(sites)
     if n:
-        get_gpu_kernels()["write"][_grid(n), THREADS](buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
-                                                      sites.xp.asarray(words))
+        _launch("write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+                xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
 
 
 def device_span(ptrs: Sequence[int], nbytes: Sequence[int], device_id: int, owner: Any) -> tuple[Any, int]:
