@@ -163,6 +163,8 @@ def test_unsupported_inputs_refused() -> None:
         live.targets({"x": [1.0, 2.0]})
     with pytest.raises(OptionError, match="cannot find tensors"):
         live.targets(42)
+    with pytest.raises(OptionError, match="negative strides"):
+        live.targets({"r": np.zeros(4, dtype=np.float32)[::-1]})
     with pytest.raises(OptionError, match="plan must be"):
         live.inject({"w": np.zeros(2)}, "not a plan")  # type: ignore[arg-type]
 
