@@ -258,3 +258,22 @@ def test_classify_rules():
     assert classify(g, {1: 0.9, 2: 0.12}, {2: 0.1}, tolerance=0.01, chance=0.1) == "diverged"
     assert classify(g, {1: 0.9, 2: 0.95}, {2: float("inf")}, tolerance=0.01) == "diverged"
     assert classify(g, {}, {}, tolerance=0.01, error="boom") == "crashed"
+
+
+def test_cli_experiment(tmp_path, capsys):
+    import yaml
+
+    from fastflip.cli import main
+
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(_cfg(repetitions=1)))
+    assert main(["experiment", str(tmp_path / "e.yaml"), "--out", str(tmp_path / "o"), "-q", "--no-plot"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["scenario", "E", "runs"] and "low-mant" in out
+    assert (tmp_path / "o/results.csv").exists() and not (tmp_path / "o/accuracy.png").exists()
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(_cfg(epochs=-1)))
+    assert main(["experiment", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastflip experiment: error: epochs:") and len(err.strip().splitlines()) == 1
+    (tmp_path / "noout.yaml").write_text(yaml.safe_dump(_cfg()))
+    assert main(["experiment", str(tmp_path / "noout.yaml")]) == 2
+    assert "no output directory" in capsys.readouterr().err
