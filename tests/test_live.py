@@ -250,3 +250,23 @@ def test_injected_nan_policy_avoid_reads_live_words() -> None:
         with live.injected(ones, seed=1, count=5, bits="exponent-msb", nan_policy="avoid"):
             pass
     assert (ones["w"] == 1).all()
+
+
+def test_gpu_tensor_without_cupy_is_refused_clearly() -> None:
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy is installed here: the refusal path is not reachable")
+    except ImportError:
+        pass
+    from fastflip.live.adapters import LiveTensor
+    from fastflip.live.targets import Targets
+
+    cpu = np.zeros(4, dtype=np.float32)
+    fake = LiveTensor("g", np.dtype("<f4"), (4,), "cuda", ptr=0, strides=(4,), device=0)
+    tg = Targets([LiveTensor("c", cpu.dtype, (4,), "cpu", cpu.ctypes.data, (4,), obj=cpu), fake])
+    plan = Plan.from_sites([TensorRef("c", "<f4", (4,)), TensorRef("g", "<f4", (4,))], [0, 1], [0, 0], xor_mask=[1, 1])
+    with pytest.raises(OptionError, match="CuPy"):
+        live.inject(tg, plan)
+    assert not cpu.any()

@@ -221,8 +221,10 @@ class Targets:
         return self._spans[device]
 
     def _site_arrays(self, plan: Plan, pos: np.ndarray, device: int, tid: np.ndarray, offsets: np.ndarray) -> Any:
-        import cupy
-
+        try:
+            import cupy
+        except ImportError as exc:
+            raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
         from ..kernels_cupy import SiteArrays
 
         _, base = self._span(device)
