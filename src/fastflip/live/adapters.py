@@ -16,6 +16,14 @@ raw address; CUDA: device address), CuPy arrays (device address) and TensorFlow 
 Keras variables (updated sparsely through ``tf.gather`` / ``scatter_nd_update``:
 correct and proportional to the number of sites, but not zero-copy).
 
+Why TensorFlow variables are not written through a raw address: a variable's
+buffer can be reached (DLPack of its value), but TensorFlow replaces the buffer
+(copy-on-write) whenever it is updated while another tensor still refers to it, and
+holding that reference to keep the address valid is exactly what would trigger the
+copy: the next training step would leave fastflip writing to a stale buffer with no
+error. Gather/scatter through the variable is always exact. (A bool variable holds
+0/1 only: bool words other than 0 and 1 are stored as True.)
+
 Examples
 --------
 >>> import numpy as np
