@@ -124,6 +124,9 @@ class Targets:
     def prepare(self, plan: Plan) -> Prepared:
         """Check ``plan`` against these tensors (once per plan object) and resolve its sites.
 
+        The result is cached while the plan object lives: treat a plan as immutable once
+        it has been applied (build a new one, e.g. ``plan.select(...)``, to change sites).
+
         Raises
         ------
         TensorNotFoundError, PlanMismatchError
