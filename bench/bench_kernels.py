@@ -1,6 +1,6 @@
 """Word-kernel throughput per backend (fastflip.native): 10^6 sites in a 256 MiB buffer.
 
-Run: ``pytest bench/test_kernels_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
+Run: ``pytest bench/bench_kernels.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Live-tensor injection speed: per-trial cost, bulk flips/s, and PyTorchFI side by side.
 
-Run: ``pytest bench/test_live_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
+Run: ``pytest bench/bench_live.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 Figures go to bench/README.md (section "Live tensors and word kernels").
 """
 
