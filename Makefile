@@ -40,7 +40,9 @@ test: setup chainer-venv report-deps
 test-fast: setup
 	$(PY) -m pytest -m "not framework and not slow"
 
+# PyTorchFI (side-by-side live-injection benchmark) declares torchvision, which would pull another torch: no deps.
 bench: setup
+	$(PIP) install -q --no-deps pytorchfi==0.6.0
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
 
 clean:
