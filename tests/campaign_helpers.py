@@ -17,8 +17,9 @@ _W0 = {
 
 
 def _forward(w):
-    h = np.maximum(X @ w["dense/kernel"] + w["dense/bias"], 0)
-    return h @ w["out/kernel"]
+    with np.errstate(all="ignore"):  # flipped exponents overflow: that is the point
+        h = np.maximum(X @ w["dense/kernel"] + w["dense/bias"], 0)
+        return h @ w["out/kernel"]
 
 
 Y = np.argmax(_forward(_W0), axis=1)
@@ -74,3 +75,16 @@ def slow(w):
 
 def constant(w):
     return 1.0
+
+
+def evaluate_h5(w):
+    """Memory mode on an HDF5 target: the arrays are keyed by their '/paths'."""
+    return evaluate({k.lstrip("/"): v for k, v in w.items()})
+
+
+def evaluate_file(path):
+    """Checkpoint mode: read the (faulty) file and evaluate it."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return evaluate({k: f[k][()] for k in ("dense/kernel", "dense/bias", "out/kernel")})

@@ -1,0 +1,139 @@
+"""The plan / sweep / export / merge commands, and checkpoint-mode campaigns."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from test_campaign import HERE, results
+
+from fastflip.cli import main
+from fastflip.stats import sample_size
+
+TOML = """
+name = "cli"
+seed = 9
+paths = [{here!r}]
+[target]
+factory = "campaign_helpers:weights"
+[cells]
+bits = ["31", "exponent"]
+group_by = "layer"
+[trials]
+per_cell = 10
+[evaluator]
+function = "campaign_helpers:picky"
+"""
+
+
+@pytest.fixture
+def camp(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(TOML.format(here=HERE))
+    return str(p)
+
+
+def test_plan_population_and_campaign(camp, capsys):
+    assert main(["plan", "--population", "1000000", "--margin", "0.01"]) == 0
+    assert "n = 9513" in capsys.readouterr().out
+    assert main(["plan", camp, "--margin", "0.05", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    pops = {r["cell"]: r["population"] for r in out["cells"]}
+    assert pops["bits=31|layer=dense|flips=1|fault=flip"] == 16 * 8 + 8
+    assert pops["bits=exponent|layer=out|flips=1|fault=flip"] == 8 * 4 * 8
+    assert all(r["n"] == sample_size(r["population"], margin=0.05) for r in out["cells"])
+    assert out["total_per_cell"] == sum(r["n"] for r in out["cells"])
+    assert main(["plan", camp]) == 0
+    assert "whole population" in capsys.readouterr().out
+
+
+def test_plan_errors_are_one_line(capsys):
+    assert main(["plan"]) == 2
+    assert main(["plan", "--population", "100", "--margin", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("fastflip plan: error:") for line in err)
+
+
+def test_sweep_export_merge_round_trip(camp, tmp_path, capsys):
+    store = str(tmp_path / "r.db")
+    assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0
+    assert "40/40 trials stored (complete)" in capsys.readouterr().out
+    assert main(["sweep", "-o", store, "--workers", "0", "--quiet"]) == 0  # resume: nothing left
+    assert "ran 0 " in capsys.readouterr().out
+    assert main(["export", store, "--csv", str(tmp_path / "t.csv")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "t.csv")))
+    assert len(rows) == 40 and {r["outcome"] for r in rows} <= {"masked", "sdc", "critical", "due"}
+    assert main(["export", store, "--csv", str(tmp_path / "t.csv")]) == 2  # exists: refused
+    assert main(["export", store, "--csv", str(tmp_path / "t.csv"), "--force"]) == 0
+    require("pyarrow")
+    assert main(["export", store, "--parquet", str(tmp_path / "t.parquet")]) == 0
+    shards = []
+    for i in range(2):
+        s = str(tmp_path / f"s{i}.db")
+        assert main(["sweep", camp, "-o", s, "--workers", "0", "--shard", f"{i}/2", "--quiet"]) == 0
+        shards.append(s)
+    capsys.readouterr()
+    assert main(["merge", *shards, "-o", str(tmp_path / "m.db")]) == 0
+    assert "40 trials from 2 stores" in capsys.readouterr().out
+    assert results(tmp_path / "m.db") == results(store)
+
+
+def test_sweep_refuses_foreign_store_and_keeps_it(camp, tmp_path, capsys):
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("my thesis\n")
+    assert main(["sweep", camp, "-o", str(foreign), "--workers", "0"]) == 2
+    assert "not a fastflip results store" in capsys.readouterr().err
+    assert foreign.read_text() == "my thesis\n"
+    assert main(["sweep", camp, "-o", str(tmp_path / "x.db"), "--shard", "3/2"]) == 2
+
+
+CKPT = """
+name = "ckpt"
+seed = 3
+mode = "{mode}"
+paths = [{here!r}]
+[target]
+checkpoint = "model-{{epoch}}.h5"
+[cells]
+bits = ["31", "30"]
+group_by = "tensor"
+epochs = [1, 2]
+[trials]
+per_cell = 6
+[evaluator]
+function = "{fn}"
+critical = 0.05
+"""
+
+
+def _write_checkpoints(tmp_path):
+    import campaign_helpers
+
+    for epoch in (1, 2):
+        with h5py.File(tmp_path / f"model-{epoch}.h5", "w") as f:
+            for name, arr in campaign_helpers.weights().items():
+                f.create_dataset(name, data=arr * epoch)
+
+
+def test_checkpoint_campaign_in_file_and_memory_modes_agree(tmp_path):
+    _write_checkpoints(tmp_path)
+    before = {e: open(tmp_path / f"model-{e}.h5", "rb").read() for e in (1, 2)}
+    (tmp_path / "file.toml").write_text(CKPT.format(mode="checkpoint", here=HERE, fn="campaign_helpers:evaluate_file"))
+    (tmp_path / "mem.toml").write_text(CKPT.format(mode="memory", here=HERE, fn="campaign_helpers:evaluate_h5"))
+    assert main(["sweep", str(tmp_path / "file.toml"), "-o", str(tmp_path / "f.db"), "--workers", "0", "--quiet"]) == 0
+    assert main(["sweep", str(tmp_path / "mem.toml"), "-o", str(tmp_path / "m.db"), "--workers", "2", "--quiet"]) == 0
+    f_rows, m_rows = results(tmp_path / "f.db"), results(tmp_path / "m.db")
+    assert len(f_rows) == 2 * 3 * 2 * 6
+    assert f_rows == m_rows  # same sites, same outcomes whether flipped in the file or in memory
+    for e in (1, 2):  # the user's checkpoints were never touched
+        assert open(tmp_path / f"model-{e}.h5", "rb").read() == before[e]
+    # a changed checkpoint is noticed on resume
+    with h5py.File(tmp_path / "model-2.h5", "a") as f:
+        f["dense/bias"][0] = 5.0
+    assert main(["sweep", "-o", str(tmp_path / "f.db"), "--workers", "0"]) == 2
