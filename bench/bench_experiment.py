@@ -4,7 +4,7 @@ An experiment adds, per faulty run, one injection (copy of the epoch-E checkpoin
 10 flips, log written) and one checkpoint load; the golden run adds one checkpoint
 save per epoch. Compare those with one training epoch (train + evaluate).
 
-Run: ``pytest bench/test_experiment_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
+Run: ``pytest bench/bench_experiment.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 """
 
 from __future__ import annotations
