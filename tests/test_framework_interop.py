@@ -164,3 +164,25 @@ def test_keras_legacy_h5_save_inject_load(keras, tmp_path):
     got = _all_words(tmp_path / "again.h5")
     exp = _expected(before, res.log)
     _assert_words(got, exp, [k for k in exp if k.startswith("/model_weights/")])
+
+
+def test_tf_keras_legacy_save_weights_file(keras, tmp_path):
+    """The tf.keras ``save_weights('x.h5')`` layout (root attributes layer_names / weight_names)."""
+    from keras.src.legacy.saving import legacy_h5_format
+
+    from fastflip.inject import inject_file
+    from fastflip.layout import read_layout
+
+    m = _keras_model(keras)
+    src = tmp_path / "w.h5"
+    with h5py.File(src, "w") as f:  # what tf.keras Model.save_weights wrote for an .h5 name
+        legacy_h5_format.save_weights_to_hdf5_group(f, m)
+        assert "layer_names" in f.attrs
+    assert {t.framework for t in read_layout(src).tensors} == {"keras-legacy"}
+    before = _all_words(src)
+    res = inject_file(src, tmp_path / "alt.h5", seed=6, count=10, bits="all", selection={"roles": ["weight"]})
+    m2 = _keras_model(keras)
+    m2.load_weights(tmp_path / "alt.h5")  # Keras 3 reads the legacy layout through its public API
+    with h5py.File(tmp_path / "again.h5", "w") as f:
+        legacy_h5_format.save_weights_to_hdf5_group(f, m2)
+    _assert_words(_all_words(tmp_path / "again.h5"), _expected(before, res.log))

@@ -148,3 +148,20 @@ def test_keras_callback_injects_and_reloads(keras, tmp_path, suffix):
             assert 30 in rec["bit_positions"]
     with pytest.raises(OptionError, match="must end in"):
         FaultInjectionCallback(str(tmp_path / "x.h5"), 1, seed=0, count=1)
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_injected_nan_keeps_training_and_is_diverged(framework, tmp_path, request):
+    request.getfixturevalue(framework)
+    from fastflip.experiment import run_experiment
+    from fastflip.experiment_outcomes import read_csv
+
+    cfg = {"epochs": 2, "seed": 1, "trainer": {"framework": framework},
+           "scenarios": [{"name": "nan", "epoch": 1, "bits": "exponent", "model": "stuck-at-1:8", "count": 4,
+                          "repetitions": 1, "selection": {"roles": ["weight"]}}]}
+    res = run_experiment(cfg, tmp_path / "o", plot=False)
+    row = res.results[0]
+    assert row["outcome"] == "diverged" and row["error"] is None, row
+    assert row["nan_created"] + row["inf_created"] == 4
+    assert [m["epoch"] for m in read_csv(tmp_path / "o/runs/nan/000/metrics.csv")] == [1, 2]
