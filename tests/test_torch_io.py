@@ -66,7 +66,9 @@ def test_checkpoint_round_trip_is_bit_exact(torch, tmp_path):
 
 
 def test_documented_layout(torch, tmp_path):
-    from fastflip.torch import save_checkpoint
+    import json
+
+    from fastflip.torch import save_checkpoint, save_state_dict
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
@@ -75,12 +77,19 @@ def test_documented_layout(torch, tmp_path):
         assert f["/model/0.weight"].shape == (4, 1, 3, 3) and f["/model/0.weight"].dtype == np.float32
         nbt = f["/model/1.num_batches_tracked"]
         assert nbt.shape == () and nbt.dtype == np.int64 and int(nbt[()]) == 2
-        assert f["/model/1.running_var"].attrs["torch_dtype"] == "float32"
+        keys = {k[0]: k for k in json.loads(f["/model"].attrs["fastflip_keys"])}
+        assert keys["1.running_var"] == ["1.running_var", "str", "float32"]
+        assert "torch_dtype" not in f["/model/1.running_var"].attrs  # the stored dtype says it
+        assert [k[:2] for k in json.loads(f["/optimizer/state"].attrs["fastflip_keys"])][0] == ["0", "int"]
         assert f["/optimizer/state/0/exp_avg"].shape == (4, 1, 3, 3)
         assert f["/optimizer/state/0/step"].shape == ()
         assert "param_groups" in f["/optimizer"].attrs
         # contiguous storage by default, so injection can patch bytes in place
         assert f["/model/4.weight"].chunks is None
+    p = save_state_dict({"b": torch.ones(2, dtype=torch.bfloat16), "a": np.ones(2)}, tmp_path / "x.h5")
+    with h5py.File(p) as f:
+        assert f["b"].attrs["torch_dtype"] == "bfloat16" and f["b"].dtype == np.uint16
+        assert f["a"].attrs["torch_dtype"] == "ndarray"
 
 
 def test_dtypes_nested_and_odd_values(torch, tmp_path):
@@ -203,3 +212,28 @@ def test_missing_and_foreign_files(torch, tmp_path):
         f.attrs["fastflip_layout"] = "something-else/1"
     with pytest.raises(InputFileError, match="not a torch state file"):
         load_state_dict(tmp_path / "k.h5")
+
+
+def test_damaged_and_older_key_lists(torch, tmp_path):
+    import json
+
+    from fastflip.errors import InputFileError
+    from fastflip.torch import load_state_dict, save_state_dict
+
+    state = {"m": {"w": torch.arange(4.0), "n": torch.tensor(3)}, "epoch": 5}
+    p = save_state_dict(state, tmp_path / "s.h5")
+    with h5py.File(p, "r+") as f:  # key lists without the kind column (read by looking entries up)
+        for g in (f, f["m"]):
+            g.attrs["fastflip_keys"] = json.dumps([k[:2] for k in json.loads(g.attrs["fastflip_keys"])])
+    back = load_state_dict(p)
+    assert back["epoch"] == 5 and torch.equal(back["m"]["w"], state["m"]["w"]) and back["m"]["n"].dtype == torch.int64
+    with h5py.File(p, "r+") as f:
+        del f["m/w"]
+    with pytest.raises(InputFileError, match="/m: entry 'w' is listed but missing"):
+        load_state_dict(p)
+    p2 = save_state_dict(state, tmp_path / "t.h5")
+    with h5py.File(p2, "r+") as f:
+        del f["m/n"]
+        f["m/n"] = np.float32(1.0)  # replaced by a dataset of another dtype
+    with pytest.raises(InputFileError, match="stored as float32 but labelled torch.int64"):
+        load_state_dict(p2)
