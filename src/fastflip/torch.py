@@ -8,10 +8,10 @@ PyTorch models: save → :func:`fastflip.inject.inject_file` → load → resume
 Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
 ------------------------------------------------------------------
 - every mapping is an HDF5 group; its entries, in order, are listed in the group
-  attribute ``fastflip_keys`` (JSON ``[[name, key type, kind], ...]``): the key type
-  is ``"str"`` or ``"int"`` (e.g. the parameter ids of an optimizer's ``state``), the
-  kind is the torch dtype of a tensor (``"float32"``, ``"int64"``...), ``"ndarray"``,
-  ``"group"`` or ``"value"``;
+  attribute ``fastflip_keys`` (JSON ``[[name, key type], ...]``, the key type being
+  ``"str"`` or ``"int"``, e.g. the parameter ids of an optimizer's ``state``) and
+  their kinds in ``fastflip_kinds`` (JSON list, same order: the torch dtype of a
+  tensor such as ``"float32"``, or ``"ndarray"``, ``"group"``, ``"value"``);
 - every ``torch.Tensor`` is a dataset of the same shape and dtype (0-d tensors such
   as ``num_batches_tracked`` or Adam's ``step`` are scalar datasets), stored
   contiguous and uncompressed unless asked; ``bfloat16`` has no NumPy dtype and is
@@ -66,6 +66,7 @@ __all__ = [
 FORMAT = "torch-state-dict"
 FORMAT_VERSION = 1
 _KEYS_ATTR = "fastflip_keys"
+_KINDS_ATTR = "fastflip_kinds"
 _DTYPE_ATTR = "torch_dtype"
 
 
@@ -139,7 +140,8 @@ def _create_dataset(group: Any, name: str, arr: np.ndarray, compression: str | N
 def _write_group(group: Any, state: Mapping, where: str, compression: str | None) -> None:
     import torch
 
-    keys = []
+    keys: list[list[str]] = []
+    kinds: list[str] = []
     for key, value in state.items():
         name, ktype = _key_name(key, where)
         here = f"{where}/{name}"
@@ -159,8 +161,10 @@ def _write_group(group: Any, state: Mapping, where: str, compression: str | None
             _create_dataset(group, name, arr, compression)
             if kind in ("bfloat16", "ndarray"):  # not told by the stored dtype alone
                 group[name].attrs[_DTYPE_ATTR] = kind
-        keys.append([name, ktype, kind])
+        keys.append([name, ktype])
+        kinds.append(kind)
     group.attrs[_KEYS_ATTR] = json.dumps(keys)
+    group.attrs[_KINDS_ATTR] = json.dumps(kinds)
 
 
 def save_state_dict(state: Mapping, path: str | os.PathLike, *, compression: str | None = None) -> Path:
@@ -245,7 +249,12 @@ def _read_group(group: Any) -> dict:
             [name, "str", "value"] for name in group.attrs if not name.startswith("fastflip_")
         ]
     else:
-        keys = [k if len(k) == 3 else [*k, None] for k in json.loads(raw)]
+        listed = json.loads(raw)
+        kinds_raw = group.attrs.get(_KINDS_ATTR)
+        kinds = json.loads(kinds_raw) if kinds_raw is not None else [None] * len(listed)
+        if len(kinds) != len(listed):
+            raise InputFileError(f"{group.name}: fastflip_keys and fastflip_kinds disagree (damaged file?)")
+        keys = [[name, ktype, kind] for (name, ktype), kind in zip(listed, kinds)]
     out: dict = {}
     prefix = group.name.rstrip("/")
     for name, ktype, kind in keys:
