@@ -165,3 +165,17 @@ def test_injected_nan_keeps_training_and_is_diverged(framework, tmp_path, reques
     assert row["outcome"] == "diverged" and row["error"] is None, row
     assert row["nan_created"] + row["inf_created"] == 4
     assert [m["epoch"] for m in read_csv(tmp_path / "o/runs/nan/000/metrics.csv")] == [1, 2]
+
+
+@pytest.mark.framework
+def test_demo_runs_and_reports(torch, tmp_path, capsys):
+    from fastflip.demo import main
+
+    assert main([str(tmp_path / "d"), "--framework", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "control run reproduces golden exactly: True" in out
+    for name in ("weights-exp-msb", "weights-low-mantissa", "optimizer-exp-msb"):
+        assert name in out
+    assert (tmp_path / "d/torch/accuracy.png").is_file() and (tmp_path / "d/torch/results.csv").is_file()
+    assert main([str(tmp_path / "d"), "--framework", "torch"]) == 0  # second time: everything reused
+    assert capsys.readouterr().out.count("[reused]") == 16
