@@ -88,3 +88,15 @@ def evaluate_file(path):
 
     with h5py.File(path, "r") as f:
         return evaluate({k: f[k][()] for k in ("dense/kernel", "dense/bias", "out/kernel")})
+
+
+def torch_model():
+    """The same MLP as a torch.nn.Sequential (float32, eval mode)."""
+    import torch
+
+    m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4, bias=False))
+    with torch.no_grad():
+        m[0].weight.copy_(torch.from_numpy(_W0["dense/kernel"].T.copy()))
+        m[0].bias.copy_(torch.from_numpy(_W0["dense/bias"]))
+        m[2].weight.copy_(torch.from_numpy(_W0["out/kernel"].T.copy()))
+    return m.eval()

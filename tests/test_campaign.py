@@ -332,3 +332,41 @@ def test_workers_that_cannot_start_stop_the_sweep_with_a_clear_error(tmp_path):
     c = make(evaluator={"function": "campaign_helpers:nonexistent"})
     with pytest.raises(StoreError, match="could not run trials"):
         sweep(c, str(tmp_path / "x.db"), workers=2, progress=False)
+
+
+# ----------------------------------------------------------------------------- progress
+class _Tty:
+    def __init__(self, tty):
+        self.tty = tty
+        self.text = ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_on_a_terminal_and_quiet_in_logs(monkeypatch):
+    from fastflip.campaign.progress import Progress
+
+    monkeypatch.delenv("CI", raising=False)
+    tty = _Tty(True)
+    p = Progress(100, 10, stream=tty, interval=0.0)
+    assert p.enabled
+    p.update([0, 1, 3, 3])
+    assert "\r14/100" in tty.text and "trials/s" in tty.text and "ETA" in tty.text
+    assert "masked 1 sdc 1 critical 0 due 2" in tty.text
+    p.close()
+    assert tty.text.endswith("\n")
+    log = _Tty(False)
+    q = Progress(100, stream=log)
+    q.update([0] * 50)
+    assert log.text == ""  # nothing while running in a log
+    q.close()
+    assert log.text.count("\n") == 1 and log.text.startswith("50/100")
+    monkeypatch.setenv("CI", "true")
+    assert not Progress(5, stream=_Tty(True)).enabled

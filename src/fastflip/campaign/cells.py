@@ -70,13 +70,14 @@ def import_object(spec: str, paths: Sequence[str] = ()) -> Any:
 
 def tensors_from_refs(refs: Sequence[Any]) -> list[Tensor]:
     """:class:`~fastflip.layout.Tensor` records for live tensors' refs (layer and role guessed from names)."""
-    from ..roles import label_path
+    from ..roles import detect_framework, label_path
 
+    aliases = [r.name if r.name.startswith("/") else "/" + r.name for r in refs]
+    framework = detect_framework(aliases)
     out = []
-    for ref in refs:
+    for ref, alias in zip(refs, aliases):
         dtype = np.dtype(ref.dtype)
-        alias = ref.name if ref.name.startswith("/") else "/" + ref.name
-        layer, role = label_path(alias, None, len(ref.shape), dtype.kind)
+        layer, role = label_path(alias, framework, len(ref.shape), dtype.kind)
         out.append(Tensor(ref.name, (alias,), dtype, tuple(ref.shape), int(ref.size), "memory",
                           nbytes=int(ref.size) * dtype.itemsize, layer=layer, role=role))
     return out

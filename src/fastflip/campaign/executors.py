@@ -129,7 +129,16 @@ class DaskExecutor:
                 self._client = Client(address, timeout="30s")
             except OSError as exc:
                 raise OptionError(f"cannot reach the Dask scheduler at {address}: {exc}") from exc
-        self.workers = max(1, len(self._client.scheduler_info().get("workers", {})) or int(workers or 1))
+        self._min_workers = int(workers or 1)
+
+    @property
+    def workers(self) -> int:
+        """Workers now connected (jobs of a batch system join over time)."""
+        try:
+            n = len(self._client.scheduler_info().get("workers", {}))
+        except Exception:  # pragma: no cover - a scheduler going away shows up in the futures
+            n = 0
+        return max(1, n or self._min_workers)
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
         # pure=False: a chunk that failed on a lost worker is run again, never served from cache

@@ -1,0 +1,37 @@
+"""Campaigns on a real framework model: a PyTorch module through the live adapters, built-in accuracy."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import require
+from test_campaign import make, results
+
+from fastflip.campaign.sweep import campaign_cells, sweep
+from fastflip.campaign.trials import DUE, MASKED, TrialRunner
+
+
+@pytest.mark.framework
+def test_torch_module_with_builtin_accuracy(tmp_path):
+    torch = require("torch")
+    c = make(target={"factory": "campaign_helpers:torch_model"},
+             evaluator={"function": None, "builtin": "accuracy", "data": "campaign_helpers:heldout", "critical": 0.05},
+             cells={"bits": ["30", "0"], "group_by": "layer"}, trials={"per_cell": 12})
+    cells = campaign_cells(c)
+    assert {x.group for x in cells} == {"0", "2"}  # Sequential's layers
+    runner = TrialRunner(c, cells)
+    model = runner.targets[None]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    golden_logits, golden_acc = runner.golden[None]
+    import campaign_helpers
+
+    assert golden_acc == campaign_helpers.evaluate(campaign_helpers.weights())[1] == 51 / 64
+    rows = [runner.run(cid, t) for cid in range(len(cells)) for t in range(12)]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])  # every trial reverted exactly
+    by_bits = {b: [r.outcome for r, cell in zip(rows, [x for x in cells for _ in range(12)]) if cell.bits == b]
+               for b in ("30", "0")}
+    assert any(o != MASKED for o in by_bits["30"])  # exponent MSB flips matter
+    assert DUE in by_bits["30"] or any(o != MASKED for o in by_bits["30"])
+    res = sweep(c, str(tmp_path / "t.db"), workers=2, progress=False)
+    assert res.complete and [r[:8] for r in results(tmp_path / "t.db")] == [tuple(r[:8]) for r in rows]
