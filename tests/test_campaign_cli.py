@@ -137,3 +137,73 @@ def test_checkpoint_campaign_in_file_and_memory_modes_agree(tmp_path):
     with h5py.File(tmp_path / "model-2.h5", "a") as f:
         f["dense/bias"][0] = 5.0
     assert main(["sweep", "-o", str(tmp_path / "f.db"), "--workers", "0"]) == 2
+
+
+def test_checkpoint_campaign_with_an_evaluator_command(tmp_path):
+    import sys
+
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import sweep
+    from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC
+
+    _write_checkpoints(tmp_path)
+
+    def camp(cmd):
+        return Campaign.from_dict({
+            "name": "cmd", "seed": 5, "mode": "checkpoint", "target": {"checkpoint": "model-1.h5"},
+            "cells": {"bits": ["30", "0"], "group_by": "tensor"}, "trials": {"per_cell": 3},
+            "evaluator": {"command": cmd, "critical": 0.05},
+        }, base_dir=str(tmp_path))
+
+    helper = os.path.join(HERE, "campaign_helpers.py")
+    res = sweep(camp(f"{sys.executable} {helper} {{checkpoint}}"), str(tmp_path / "c.db"), workers=0, progress=False)
+    assert res.complete and res.stored == 18
+    fn = sweep(camp(f"{sys.executable} {helper} {{checkpoint}}"), str(tmp_path / "c.db"), workers=0)  # resumable
+    assert fn.ran == 0
+    # the command sees only the metric: compare with the function evaluator on the same sites
+    ref = (tmp_path / "ref.toml")
+    ref.write_text(CKPT.format(mode="checkpoint", here=HERE, fn="campaign_helpers:evaluate_file")
+                   .replace('epochs = [1, 2]', 'epochs = []').replace("model-{epoch}.h5", "model-1.h5")
+                   .replace("seed = 3", "seed = 5").replace("per_cell = 6", "per_cell = 3").replace('bits = ["31", "30"]', 'bits = ["30", "0"]'))
+    assert main(["sweep", str(ref), "-o", str(tmp_path / "ref.db"), "--workers", "0", "--quiet"]) == 0
+    got = {(r[0], r[1]): r for r in results(tmp_path / "c.db")}
+    compared = 0
+    for r in results(tmp_path / "ref.db"):
+        g = got[(r[0], r[1])]
+        assert g[3] == r[3]  # same sites
+        if r[4] == DUE:
+            continue
+        compared += 1
+        # the command reports the accuracy only: an unchanged accuracy counts as masked
+        assert g[5] == pytest.approx(r[5])
+        assert g[4] == (MASKED if r[6] == 0 else r[4])
+    assert compared >= 9
+    from fastflip.errors import StoreError
+
+    with pytest.raises(StoreError, match="command exited 3: cannot evaluate"):
+        sweep(camp(f"{sys.executable} {helper} {{checkpoint}} fail"), str(tmp_path / "f.db"), workers=0)
+
+
+def test_summary_wilson_per_cell_and_stratified_total(camp, tmp_path, capsys):
+    from fastflip.stats import stratified_estimate, wilson_interval
+
+    store = str(tmp_path / "r.db")
+    assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["export", store, "--summary", "--json", "--confidence", "0.9"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    rows = results(store)
+    for cell in s["cells"]:
+        outs = [r[4] for r in rows if r[0] == cell["cell_id"]]
+        fail = sum(o != 0 for o in outs)
+        lo, hi = wilson_interval(fail, len(outs), 0.9)
+        assert (cell["trials"], cell["failures"]) == (len(outs), fail)
+        assert (cell["failure_low"], cell["failure_high"]) == (float(lo), float(hi))
+        assert cell["due"] == sum(o == 3 for o in outs)
+    (tot,) = s["totals"]
+    est = stratified_estimate([c["failures"] for c in s["cells"]], [c["trials"] for c in s["cells"]],
+                              populations=[c["population"] for c in s["cells"]], confidence=0.9)
+    assert tot["rate"] == pytest.approx(est.rate) and tot["variance"] == pytest.approx(est.variance)
+    assert main(["export", store, "--summary"]) == 0
+    text = capsys.readouterr().out
+    assert "stratified total (flips=1 fault=flip, 4 cells, 40 trials)" in text and "Wilson" in text

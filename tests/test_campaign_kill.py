@@ -31,7 +31,7 @@ critical = 0.05
 """
 
 
-def write_campaign(tmp_path, per_cell=300):
+def write_campaign(tmp_path, per_cell=600):
     p = tmp_path / "c.toml"
     p.write_text(CAMPAIGN.format(here=HERE, per_cell=per_cell))
     return str(p)
@@ -67,7 +67,7 @@ def wait_for_progress(path, above, proc, timeout=60.0):
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_path):
     camp = write_campaign(tmp_path)
-    planned = 12 * 300
+    planned = 12 * 600
     ref = str(tmp_path / "ref.db")
     r = subprocess.run([sys.executable, "-m", "fastflip", "sweep", camp, "-o", ref, "--workers", "2", "--quiet"],
                        capture_output=True, text=True, timeout=300)
@@ -81,7 +81,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
         before = stored(store)
         proc = start([camp, "-o", store, "--workers", "2", "--quiet"])
         wait_for_progress(store, before, proc)
-        time.sleep(rng.uniform(0.0, 0.6))
+        time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

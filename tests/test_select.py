@@ -93,7 +93,7 @@ def test_roles_and_layers(torch_layout):
     assert paths(select(ts, Selection(layers=("layer1.*",)))) == ["/model/layer1.0.fc.bias",
                                                                   "/model/layer1.0.fc.weight"]
     with pytest.raises(OptionError, match="unknown role"):
-        Selection(roles=("weights",))
+        Selection(roles=("weightz",))
 
 
 def test_nothing_selected_names_what_exists(torch_layout):
@@ -139,3 +139,7 @@ def test_glob_agrees_with_fnmatch_per_component(path_parts, pat_parts):
 def test_double_star_zero_components():
     assert glob_to_regex("a/**/b").match("/a/b") and glob_to_regex("a/**/b").match("/a/x/y/b")
     assert not glob_to_regex("a/**/b").match("/ab")
+
+
+def test_role_short_names():
+    assert Selection(roles=("optimizer", "bn", "counter")).roles == ("optimizer-moment", "bn-statistic", "step-counter")

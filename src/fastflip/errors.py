@@ -30,6 +30,7 @@ __all__ = [
     "PlanMismatchError",
     "ReadOnlyTargetError",
     "StoreError",
+    "CheckpointMismatchError",
 ]
 
 
@@ -94,3 +95,7 @@ class ReadOnlyTargetError(FastflipError, ValueError):
 
 class StoreError(FastflipError, OSError):
     """A results store is corrupt, foreign, newer, or locked by another sweep."""
+
+
+class CheckpointMismatchError(FastflipError, ValueError):
+    """A checkpoint does not fit the model it is loaded into (names the tensor)."""

@@ -104,7 +104,8 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
     from .keras_io import inject_checkpoint_file
 
     extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "source": str(src)}}
-    return inject_checkpoint_file(src, dst, seed=seed, log_path=log_path, extra_manifest=extra,
+    # per-run copies are scratch files (rebuilt on re-run): atomic, but not fsync'ed
+    return inject_checkpoint_file(src, dst, seed=seed, log_path=log_path, extra_manifest=extra, durable=False,
                                   **scenario.inject_kwargs())
 
 

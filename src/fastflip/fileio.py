@@ -75,15 +75,21 @@ def fsync_path(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(target: str | os.PathLike[str], *, suffix: str = "") -> Iterator[str]:
-    """Yield a temporary path beside ``target``; on success fsync it and rename it onto ``target``."""
+def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: bool = True) -> Iterator[str]:
+    """Yield a temporary path beside ``target``; on success fsync it and rename it onto ``target``.
+
+    ``durable=False`` skips the fsyncs (the rename is still atomic: readers see the old
+    or the new file, never a partial one) — for scratch files such as an experiment's
+    per-run checkpoint copies, where a crash may lose them but never corrupt them.
+    """
     target = check_output_dir(target)
     d = os.path.dirname(os.path.abspath(target))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".fastflip-tmp" + suffix, dir=d)
     os.close(fd)
     try:
         yield tmp
-        fsync_path(tmp)
+        if durable:
+            fsync_path(tmp)
         if os.path.exists(target):
             try:
                 os.chmod(tmp, os.stat(target).st_mode & 0o7777)
@@ -92,7 +98,8 @@ def atomic_output(target: str | os.PathLike[str], *, suffix: str = "") -> Iterat
         else:
             os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
-        fsync_path(d)
+        if durable:
+            fsync_path(d)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -177,7 +177,8 @@ def _only_negative(r: SiteRoute) -> SiteRoute:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+           backend: str, hash_files: bool, finish: Any, durable: bool = True
+           ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
     routes = route_sites(src, plan, by_name)
     if in_place and not atomic:
@@ -188,7 +189,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         old, new, _ = apply_plan_to_file(src, plan, by_name, routes, backend)
         out_hash = sha256_file(src) if hash_files else None
         return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, None)
-    with atomic_output(target) as tmp:
+    with atomic_output(target, durable=durable) as tmp:
         in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend)
         undo = None
         h5_routes = [r for r in routes if (r.offsets < 0).any()]
@@ -226,6 +227,7 @@ def inject_file(
     layout: Layout | None = None,
     backend: str = "auto",
     hash_files: bool = True,
+    durable: bool = True,
     extra_manifest: Mapping[str, Any] | None = None,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
@@ -258,6 +260,9 @@ def inject_file(
         Where to write the log (default ``<output>.fflog``; False: keep it in memory only).
     plan : Plan, optional
         Apply this plan instead of sampling one (selection/bits/mode are then ignored).
+    durable : bool
+        fsync the output and the log (default). ``False`` keeps the atomic rename but skips
+        the fsyncs: for scratch copies (an experiment's per-run checkpoints).
     """
     src = check_input(src)
     target = _targets(src, dst, in_place)
@@ -277,6 +282,7 @@ def inject_file(
         "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": sign_first,
         "model": model_obj.as_dict(), "count": count, "rate": rate, "ber": ber, "distribution": distribution,
         "replace": replace, "nan_policy": nan_policy, "in_place": in_place, "atomic": atomic, "stream": list(stream),
+        "durable": durable,
     }
     lp: str | None
     if log_path is False:
@@ -301,10 +307,10 @@ def inject_file(
         }
         log = InjectionLog.from_plan(plan, old, new, manifest, undo)
         if lp is not None:
-            log.save(lp)
+            log.save(lp, durable=durable)
         return log
 
-    _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish)
+    _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, durable)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 

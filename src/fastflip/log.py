@@ -136,10 +136,10 @@ class InjectionLog:
                    repr(float(cols["old_value"][i])), repr(float(cols["new_value"][i]))]
 
     # -- persistence ---------------------------------------------------------------------
-    def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the log atomically to ``path``; return the path."""
+    def save(self, path: str | os.PathLike[str], *, durable: bool = True) -> str:
+        """Write the log atomically to ``path`` (fsync'ed unless ``durable=False``); return the path."""
         path = os.fspath(path)
-        with atomic_output(path) as tmp:
+        with atomic_output(path, durable=durable) as tmp:
             with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
                 z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
                 for name, arr in self.columns().items():

@@ -45,9 +45,13 @@ from typing import Any, Iterable, Sequence, TypeVar
 
 from .layout import Layout, Tensor, replace
 
-__all__ = ["ROLES", "FRAMEWORKS", "annotate", "detect_framework", "label_path"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "other")
+# short names accepted by selections (``--role optimizer``)
+ROLE_ALIASES = {"optimizer": "optimizer-moment", "moment": "optimizer-moment", "bn": "bn-statistic",
+                "batchnorm": "bn-statistic", "counter": "step-counter", "step": "step-counter",
+                "weights": "weight", "biases": "bias"}
 FRAMEWORKS = ("keras3", "keras-legacy", "torch", "chainer")
 
 _KERAS3_VAR = re.compile(r"^(?P<group>/.*)/vars/(?P<i>\d+)$")

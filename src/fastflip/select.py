@@ -114,7 +114,9 @@ class Selection:
         ``float32``, ``f4`` (either byte order), ``>f4`` (one byte order), or groups:
         ``float``, ``int`` (every integer type, signed or not), ``signed``, ``uint``, ``bool``.
     roles : tuple of str
-        ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``other``.
+        ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``other``
+        (short forms: ``optimizer`` = ``optimizer-moment``, ``bn`` = ``bn-statistic``,
+        ``counter`` = ``step-counter``).
     layers : tuple of str
         Globs on layer names (fnmatch, ``*`` matches anything).
     """
@@ -129,8 +131,9 @@ class Selection:
     def __post_init__(self) -> None:
         for name in ("include", "exclude", "regex", "dtypes", "roles", "layers"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
-        from .roles import ROLES
+        from .roles import ROLE_ALIASES, ROLES
 
+        object.__setattr__(self, "roles", tuple(dict.fromkeys(ROLE_ALIASES.get(r, r) for r in self.roles)))
         bad = [r for r in self.roles if r not in ROLES]
         if bad:
             raise OptionError(f"unknown role {bad[0]!r}: choose from {', '.join(ROLES)}")

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
+from .errors import CheckpointMismatchError, FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
 from .fileio import atomic_output
 
 __all__ = [
@@ -68,10 +68,6 @@ FORMAT_VERSION = 1
 _KEYS_ATTR = "fastflip_keys"
 _KINDS_ATTR = "fastflip_kinds"
 _DTYPE_ATTR = "torch_dtype"
-
-
-class CheckpointMismatchError(FastflipError, ValueError):
-    """A checkpoint does not fit the model it is loaded into (names the tensor)."""
 
 
 # ---------------------------------------------------------------------------- JSON values

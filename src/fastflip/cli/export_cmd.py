@@ -1,4 +1,4 @@
-"""``fastflip export``: a results store as CSV or Parquet (one row per trial, for pandas)."""
+"""``fastflip export``: a results store as CSV or Parquet (one row per trial, for pandas), or its statistics."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ from typing import Any
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("export", help="export a results store to CSV or Parquet",
-                       description="Write one row per trial (with its cell's columns) to CSV or Parquet.")
+    p = sub.add_parser("export", help="export a results store to CSV or Parquet, or print its statistics",
+                       description="Write one row per trial (with its cell's columns) to CSV or Parquet, or print "
+                       "per-cell rates with Wilson intervals and stratified totals (--summary).")
     p.add_argument("store", help="results store")
     fmt = p.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--csv", metavar="OUT", help="CSV output file")
     fmt.add_argument("--parquet", metavar="OUT", help="Parquet output file (needs pyarrow)")
+    fmt.add_argument("--summary", action="store_true", help="print per-cell rates, Wilson intervals, stratified totals")
+    p.add_argument("--json", action="store_true", help="with --summary: print JSON")
+    p.add_argument("--confidence", type=float, default=0.95, help="with --summary: confidence level (default 0.95)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     return p
 
@@ -20,6 +24,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..store import ResultStore
 
+    if args.summary:
+        import json
+
+        from ..campaign.summary import format_summary, summarize
+
+        s = summarize(args.store, confidence=args.confidence)
+        print(json.dumps(s, indent=2) if args.json else format_summary(s))
+        return 0
     with ResultStore.open(args.store) as st:
         if args.csv:
             n, out = st.export_csv(args.csv, overwrite=args.force), args.csv
