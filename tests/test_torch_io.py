@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import require
+from flip_helper import flip_bits
 
 pytestmark = pytest.mark.framework
 
@@ -174,19 +175,9 @@ def test_flipped_bits_load_exactly(torch, tmp_path):
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
-    rng = np.random.default_rng(5)
-    expected = {}
-    with h5py.File(p, "r+") as f:  # flip through the file, independently of fastflip's reader
-        for name in ["model/0.weight", "model/1.running_mean", "optimizer/state/2/exp_avg_sq",
-                     "model/1.num_batches_tracked"]:
-            ds = f[name]
-            arr = ds[()]
-            words = np.atleast_1d(arr).reshape(-1).view(f"u{arr.dtype.itemsize}").copy()
-            i = int(rng.integers(words.size))
-            bit = int(rng.integers(arr.dtype.itemsize * 8))
-            words[i] ^= np.array(1, words.dtype) << np.array(bit, words.dtype)
-            ds[()] = words.view(arr.dtype).reshape(arr.shape)
-            expected[name] = words.reshape(arr.shape)
+    # flip through the file, independently of fastflip's reader
+    expected = flip_bits(p, ["model/0.weight", "model/1.running_mean", "optimizer/state/2/exp_avg_sq",
+                             "model/1.num_batches_tracked"], seed=5)
     net2, _ = _trained(torch)
     opt2 = torch.optim.Adam(net2.parameters())
     load_checkpoint(p, net2, opt2)

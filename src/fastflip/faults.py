@@ -152,6 +152,16 @@ def _bits_to_mask(positions: np.ndarray) -> np.ndarray:
     return np.left_shift(np.uint64(1), positions.astype(np.uint64))
 
 
+def _bitwise(kind: str, bm: np.ndarray, and_m: np.ndarray, or_m: np.ndarray,
+             xor_m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masks of flipping (flip/burst), clearing (stuck-at-0) or setting (stuck-at-1) the bits ``bm``."""
+    if kind == "stuck-at-0":
+        return ~bm, or_m, xor_m
+    if kind == "stuck-at-1":
+        return and_m, bm, xor_m
+    return and_m, or_m, bm
+
+
 def _windows(allowed: int, pattern: int, width: int) -> list[int]:
     """Shifts s with (pattern << s) inside ``allowed`` and the word."""
     out = []
@@ -182,26 +192,14 @@ def site_masks(
         if bit_choice is None:
             bit_choice = pos[rng.integers(0, m, size=n_sites)] if m else np.zeros(0, np.int64)
         bm = _bits_to_mask(np.asarray(bit_choice))
-        if kind == "flip":
-            xor_m = bm
-        elif kind == "stuck-at-0":
-            and_m = ~bm
-        else:
-            or_m = bm
-        return and_m, or_m, xor_m, bm
+        return (*_bitwise(kind, bm, and_m, or_m, xor_m), bm)
     if kind in ("burst", "stuck-at-0", "stuck-at-1"):
         if model.n > m:
             raise OptionError(f"fault model {model.describe()}: only {m} bits are allowed for this dtype")
         keys = rng.random((n_sites, m))
         chosen = pos[np.argsort(keys, axis=1)[:, : model.n]]
         bm = np.bitwise_or.reduce(_bits_to_mask(chosen), axis=1) if n_sites else np.zeros(0, np.uint64)
-        if kind == "burst":
-            xor_m = bm
-        elif kind == "stuck-at-0":
-            and_m = ~bm
-        else:
-            or_m = bm
-        return and_m, or_m, xor_m, bm
+        return (*_bitwise(kind, bm, and_m, or_m, xor_m), bm)
     if kind in ("adjacent", "mask"):
         pattern = (1 << model.n) - 1 if kind == "adjacent" else int(model.mask or 0)
         if kind == "mask" and model.mask_position == "fixed":
