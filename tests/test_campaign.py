@@ -370,3 +370,15 @@ def test_progress_bar_on_a_terminal_and_quiet_in_logs(monkeypatch):
     assert log.text.count("\n") == 1 and log.text.startswith("50/100")
     monkeypatch.setenv("CI", "true")
     assert not Progress(5, stream=_Tty(True)).enabled
+
+
+def test_campaign_saves_to_toml_and_yaml_and_loads_back_equal(tmp_path):
+    c = make(cells={"bits": ["31", "0-22"], "flips": [1, 3], "faults": ["flip", "mask:0b101@random"]},
+             select={"include": ["dense/*"], "dtypes": ["float32"]},
+             trials={"per_cell": None, "half_width": 0.02, "block": 50})
+    for name in ("c.toml", "c.yaml"):
+        c.save(str(tmp_path / name))
+        back = load_campaign(str(tmp_path / name))
+        assert back.definition() == c.definition()
+    with pytest.raises(OptionError):
+        c.save(str(tmp_path / "c.ini"))

@@ -453,7 +453,7 @@ class ResultStore:
     def export_csv(self, out: str, *, overwrite: bool = False) -> int:
         """Write every trial (joined with its cell) to a CSV file, atomically; return the row count."""
         n = 0
-        with _atomic_output(out, overwrite) as tmp:
+        with _output(out, overwrite) as tmp:
             with open(tmp, "w", newline="") as fh:
                 w = csv.writer(fh)
                 w.writerow(EXPORT_COLUMNS)
@@ -478,7 +478,7 @@ class ResultStore:
             ]
         )
         n = 0
-        with _atomic_output(out, overwrite) as tmp:
+        with _output(out, overwrite) as tmp:
             with pq.ParquetWriter(tmp, schema) as writer:
                 for rows in self.iter_trials():
                     cols = list(zip(*rows))
@@ -495,28 +495,14 @@ EXPORT_COLUMNS = (
 )
 
 
-class _atomic_output:
-    """Context manager: a temporary path beside ``out`` renamed onto it on success."""
+def _output(out: str, overwrite: bool) -> Any:
+    """:func:`fastflip.fileio.atomic_output` for an export, refusing to replace a file unless asked."""
+    from .fileio import atomic_output
 
-    def __init__(self, out: str, overwrite: bool) -> None:
-        self.out = os.fspath(out)
-        if os.path.exists(self.out) and not overwrite:
-            raise OutputError(f"{self.out} exists; pass --force (overwrite=True) to replace it")
-        directory = os.path.dirname(os.path.abspath(self.out))
-        try:
-            fd, self.tmp = tempfile.mkstemp(prefix=".fastflip-", suffix=".part", dir=directory)
-        except OSError as exc:
-            raise OutputError(f"cannot write in {directory}: {exc.strerror or exc}") from exc
-        os.close(fd)
-
-    def __enter__(self) -> str:
-        return self.tmp
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        if exc_type is None:
-            os.replace(self.tmp, self.out)
-        elif os.path.exists(self.tmp):
-            os.unlink(self.tmp)
+    out = os.fspath(out)
+    if os.path.exists(out) and not overwrite:
+        raise OutputError(f"{out} exists; pass --force (overwrite=True) to replace it")
+    return atomic_output(out)
 
 
 def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:

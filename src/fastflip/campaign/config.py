@@ -274,6 +274,39 @@ class Campaign:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def to_toml(self) -> str:
+        """The campaign as a TOML file's text (``load_campaign`` reads it back to an equal campaign).
+
+        >>> c = Campaign.from_dict({"name": "x", "seed": 3, "target": {"factory": "m:f"},
+        ...                         "trials": {"per_cell": 10}, "evaluator": {"function": "m:e"}})
+        >>> print(c.to_toml().splitlines()[0])
+        name = "x"
+        """
+        d = self.definition()
+        lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict) and v is not None]
+        for k, v in d.items():
+            if isinstance(v, dict):
+                lines.append(f"\n[{k}]")
+                lines += [f"{kk} = {_toml_value(vv)}" for kk, vv in v.items() if vv is not None]
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str) -> None:
+        """Write the campaign to a ``.toml`` or ``.yaml`` file (relative paths stay relative)."""
+        ext = os.path.splitext(path)[1].lower()
+        if ext == ".toml":
+            text = self.to_toml()
+        elif ext in (".yaml", ".yml"):
+            import yaml
+
+            text = yaml.safe_dump(self.definition(), sort_keys=False)
+        else:
+            raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
+        from ..fileio import atomic_output
+
+        with atomic_output(path) as tmp:
+            with open(tmp, "w") as fh:
+                fh.write(text)
+
     def resolve(self, path: str) -> str:
         """A path of the campaign file, made absolute against ``base_dir``."""
         return path if os.path.isabs(path) else os.path.normpath(os.path.join(self.base_dir, path))
@@ -284,6 +317,18 @@ class Campaign:
         if epoch is not None:
             p = p.replace("{epoch}", str(epoch))
         return self.resolve(p)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise OptionError(f"cannot write {type(v).__name__} values to TOML")
 
 
 def load_campaign(path: str) -> Campaign:

@@ -135,14 +135,21 @@ def _shard_filter(cell_id: int, trials: np.ndarray, shard: tuple[int, int] | Non
     return trials[(trials + cell_id) % n == i]
 
 
-def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int]) -> dict[int, np.ndarray]:
-    """Per open cell, the missing trials of its next block (empty dict: every cell has stopped)."""
+def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int],
+                      stopped: set[int] | None = None) -> dict[int, np.ndarray]:
+    """Per open cell, the missing trials of its next block (empty dict: every cell has stopped).
+
+    Cells found stopped are added to ``stopped`` and skipped on later rounds.
+    """
     from ..stats import should_stop
 
     tr = campaign.trials
     assert tr.half_width is not None
     need: dict[int, np.ndarray] = {}
+    stopped = stopped if stopped is not None else set()
     for cid, cap in enumerate(planned):
+        if cid in stopped:
+            continue
         rows = st.conn.execute("SELECT trial, outcome FROM trials WHERE cell_id = ? AND trial < ?", (cid, cap)).fetchall()
         have = np.zeros(cap, dtype=bool)
         fail = np.zeros(cap, dtype=bool)
@@ -157,6 +164,7 @@ def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int
                 break
             if should_stop(int(fail[:hi].sum()), hi, half_width=tr.half_width, confidence=tr.confidence,
                            min_trials=tr.min_trials, max_trials=cap):
+                stopped.add(cid)
                 break
     return need
 
@@ -248,6 +256,7 @@ def sweep(
     last_flush = time.monotonic()
     stopping = False
     successes = crash_streak = 0
+    stopped_cells: set[int] = set()
 
     def flush() -> None:
         nonlocal last_flush, n_pending
@@ -260,7 +269,7 @@ def sweep(
     try:
         while not stopping:
             if sequential:
-                work = _sequential_needs(st, campaign, planned)
+                work = _sequential_needs(st, campaign, planned, stopped_cells)
             else:
                 work = {c: _shard_filter(c, m, shard_t) for c, m in st.missing(dict(enumerate(planned))).items()}
                 work = {c: m for c, m in work.items() if len(m)}
