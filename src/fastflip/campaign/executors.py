@@ -6,7 +6,8 @@ bounded number in flight and streams finished rows to the single store writer.
 
 * :class:`SerialExecutor` — runs chunks inline (tests, debugging, ``--workers 0``).
 * :class:`LocalExecutor` — a ``spawn`` process pool (default: all cores); workers ignore
-  SIGINT so that Ctrl-C reaches only the sweep, which then saves what finished.
+  SIGINT so that Ctrl-C reaches only the sweep, which then saves what finished, and run
+  one BLAS/OpenMP thread each (unless ``OMP_NUM_THREADS`` etc. say otherwise).
 * :class:`DaskExecutor` — ``dask.distributed``: ``'local'`` starts a ``LocalCluster`` of
   worker processes, ``'tcp://host:port'`` connects to a running scheduler.
 
@@ -64,8 +65,15 @@ class SerialExecutor:
         pass
 
 
-def _ignore_sigint() -> None:
+_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+def _init_worker(single_threaded: bool) -> None:
+    """Pool worker set-up: Ctrl-C is the sweep's business; one BLAS/OpenMP thread per worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if single_threaded:  # N processes x N threads would oversubscribe the cores
+        for var in _THREAD_VARS:
+            os.environ.setdefault(var, "1")
 
 
 class LocalExecutor:
@@ -83,7 +91,8 @@ class LocalExecutor:
         self._pool = self._new_pool()
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_ignore_sigint)
+        return cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
+                                      initargs=(self.workers > 1,))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         return self._pool.submit(fn, *args)
