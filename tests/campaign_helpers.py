@@ -110,3 +110,10 @@ if __name__ == "__main__":  # the evaluator command of checkpoint campaigns: pri
         sys.exit(3)
     print("evaluating", sys.argv[1])
     print(evaluate_file(sys.argv[1])[1])
+
+
+def unseeded_weights():
+    """Weights that differ on every call (a factory mistake the sweep must catch)."""
+    w = weights()
+    w["dense/bias"] = np.random.default_rng().standard_normal(8).astype(np.float32)
+    return w

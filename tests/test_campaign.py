@@ -382,3 +382,20 @@ def test_campaign_saves_to_toml_and_yaml_and_loads_back_equal(tmp_path):
         assert back.definition() == c.definition()
     with pytest.raises(OptionError):
         c.save(str(tmp_path / "c.ini"))
+
+
+def test_factory_that_changes_between_calls_is_refused(tmp_path):
+    c = make(target={"factory": "campaign_helpers:unseeded_weights"})
+    with pytest.raises(StoreError, match="gives other tensors"):
+        sweep(c, str(tmp_path / "u.db"), workers=0, progress=False)
+    # and a store's factory target that changed since is refused on resume
+    sweep(make(), str(tmp_path / "ok.db"), workers=0, progress=False)
+    import campaign_helpers as h
+
+    original = h._W0["out/kernel"][0, 0]
+    h._W0["out/kernel"][0, 0] = original + 1
+    try:
+        with pytest.raises(StoreError, match="target factory's tensors changed"):
+            sweep(make(), str(tmp_path / "ok.db"), workers=0, progress=False)
+    finally:
+        h._W0["out/kernel"][0, 0] = original

@@ -44,6 +44,7 @@ __all__ = [
     "expand_cells",
     "planned_counts",
     "input_hashes",
+    "target_digest",
 ]
 
 
@@ -212,10 +213,36 @@ def planned_counts(campaign: Campaign, cells: Sequence[Cell]) -> list[int]:
     return [int(tr.max_per_cell)] * len(cells)
 
 
-def input_hashes(campaign: Campaign) -> dict[str, str]:
-    """SHA-256 of every checkpoint file the campaign reads (to detect a changed input on resume)."""
+def target_digest(obj: Any) -> str | None:
+    """SHA-256 over a factory target's tensors (names, dtypes, shapes, bytes); None when unknown.
+
+    Mappings of arrays and PyTorch modules are covered; for other models (Keras) None.
+
+    >>> target_digest({"a": np.zeros(2, "f4")}) == target_digest({"a": np.zeros(2, "f4")})
+    True
+    """
+    if isinstance(obj, Mapping):
+        items = [(str(k), np.asarray(v)) for k, v in obj.items()]
+    elif type(obj).__module__.startswith("torch") and hasattr(obj, "state_dict"):
+        items = [(k, v.detach().cpu().numpy()) for k, v in obj.state_dict().items()]
+    else:
+        return None
+    h = hashlib.sha256()
+    for name, a in items:
+        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).view(np.uint8).reshape(-1).data if a.size else b"")
+    return h.hexdigest()
+
+
+def input_hashes(campaign: Campaign, obj: Any = None) -> dict[str, str]:
+    """SHA-256 of every checkpoint the campaign reads, or of the factory's tensors (``obj``).
+
+    Stored with the campaign: a resumed sweep (and every worker) checks that its input is
+    the same, so that no store mixes results of two different targets.
+    """
     if campaign.target.checkpoint is None:
-        return {}
+        digest = target_digest(obj if obj is not None else call_factory(campaign))
+        return {} if digest is None else {"factory": digest}
     epochs: list[int | None] = list(campaign.cells.epochs) if campaign.cells.epochs else [None]
     out = {}
     for e in epochs:

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import OptionError, StoreError
 from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
-from .cells import Cell, expand_cells, input_hashes, planned_counts, target_tensors, call_factory
+from .cells import Cell, call_factory, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
 from .executors import WorkerCrash, make_executor
 from .progress import Progress
@@ -77,15 +77,22 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def campaign_cells(campaign: Campaign) -> list[Cell]:
-    """Expand the campaign's grid against its target (reads layouts or calls the factory once)."""
+def campaign_cells(campaign: Campaign, *, with_hashes: bool = False) -> Any:
+    """Expand the campaign's grid against its target (reads layouts or calls the factory once).
+
+    With ``with_hashes=True`` returns ``(cells, input_hashes)`` from that same call.
+    """
     epochs: list[int | None] = list(campaign.cells.epochs) if campaign.cells.epochs else [None]
+    obj = None
     if campaign.target.factory is not None:
-        arrays = call_factory(campaign)
-        by_epoch = {e: target_tensors(campaign, e, arrays) for e in epochs}
+        obj = call_factory(campaign)
+        by_epoch = {e: target_tensors(campaign, e, obj) for e in epochs}
     else:
         by_epoch = {e: target_tensors(campaign, e) for e in epochs}
-    return expand_cells(campaign, by_epoch)
+    cells = expand_cells(campaign, by_epoch)
+    if with_hashes:
+        return cells, input_hashes(campaign, obj)
+    return cells
 
 
 def open_or_create(
@@ -104,10 +111,10 @@ def open_or_create(
             campaign = campaign or stored
             if shard is not None and shard != st.shard:
                 raise StoreError(f"store {store_path} is shard {st.shard or 'none'}, not {shard}")
-            hashes = input_hashes(campaign)
+            cells, hashes = campaign_cells(campaign, with_hashes=True)
             if hashes != st.input_hashes:
-                raise StoreError(f"the campaign's checkpoint changed since store {store_path} was started; refusing to mix results")
-            cells = campaign_cells(campaign)
+                what = "checkpoint" if campaign.target.checkpoint else "target factory's tensors"
+                raise StoreError(f"the campaign's {what} changed since store {store_path} was started; refusing to mix results")
             planned = planned_counts(campaign, cells)
             want = [c.row(n) for c, n in zip(cells, planned)]
             have = [{k: v for k, v in r.items() if k != "cell_id"} for r in st.cells()]
@@ -119,11 +126,11 @@ def open_or_create(
         return st, campaign, cells, planned
     if campaign is None:
         raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
-    cells = campaign_cells(campaign)
+    cells, hashes = campaign_cells(campaign, with_hashes=True)
     planned = planned_counts(campaign, cells)
     st = ResultStore.create(
         store_path, campaign.to_dict(), [c.row(n) for c, n in zip(cells, planned)],
-        input_hashes=input_hashes(campaign), shard=shard, chash=config_hash(campaign.definition()),
+        input_hashes=hashes, shard=shard, chash=config_hash(campaign.definition()),
     )
     return st, campaign, cells, planned
 
@@ -188,10 +195,9 @@ def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[s
     Returns the worker's label and plain 9-column rows (cheap to ship back).
     """
     if isinstance(payload, (bytes, bytearray)):
-        campaign_dict, cells = pickle.loads(payload)
-    else:
-        campaign_dict, cells = payload
-    runner = get_runner(token, campaign_dict, cells)
+        payload = pickle.loads(payload)
+    campaign_dict, cells, digest = payload
+    runner = get_runner(token, campaign_dict, cells, digest)
     run = runner.run
     return runner.worker, [run(cell_id, t)[:9] for t in trials.tolist()]
 
@@ -248,9 +254,10 @@ def sweep(
     except BaseException:
         st.close()
         raise
-    payload: Any = pickle.dumps((campaign.to_dict(), cells), protocol=pickle.HIGHEST_PROTOCOL)
+    shipped = (campaign.to_dict(), cells, st.input_hashes.get("factory"))
+    payload: Any = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
     if hasattr(ex, "_client"):
-        payload = ex._client.scatter((campaign.to_dict(), cells), broadcast=True)
+        payload = ex._client.scatter(shipped, broadcast=True)
     pending: list[tuple[str | None, list[tuple]]] = []
     n_pending = 0
     last_flush = time.monotonic()

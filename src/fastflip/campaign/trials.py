@@ -306,21 +306,35 @@ class TrialRunner:
 _RUNNERS: dict[str, TrialRunner] = {}
 
 
-def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell]) -> TrialRunner:
-    """The process's runner for a campaign (built on first use, then reused)."""
+def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell],
+               digest: str | None = None) -> TrialRunner:
+    """The process's runner for a campaign (built on first use, then reused).
+
+    ``digest`` is the factory target's :func:`~fastflip.campaign.cells.target_digest` in the
+    sweep process: a worker whose factory gives other tensors refuses to run.
+    """
     runner = _RUNNERS.get(token)
     if runner is None:
         for old in _RUNNERS.values():
             old.close()
         _RUNNERS.clear()
         runner = TrialRunner(Campaign.from_dict(campaign_dict), cells)
+        if digest is not None:
+            from .cells import target_digest
+
+            mine = target_digest(runner.targets[None])
+            if mine != digest:
+                raise OptionError(
+                    f"the target factory {runner.campaign.target.factory} gives other tensors in worker "
+                    f"{runner.worker} than in the sweep (unseeded random weights?); results would not be reproducible"
+                )
         _RUNNERS[token] = runner
     return runner
 
 
 def run_chunk(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell], cell_id: int,
               trials: Sequence[int]) -> list[TrialRow]:
-    """Run trials of one cell in this process; the unit of work every executor ships."""
+    """Run trials of one cell in this process (a convenience for harnesses with their own executor)."""
     runner = get_runner(token, campaign_dict, cells)
     return [runner.run(cell_id, int(t)) for t in trials]
 
