@@ -117,3 +117,14 @@ def unseeded_weights():
     w = weights()
     w["dense/bias"] = np.random.default_rng().standard_normal(8).astype(np.float32)
     return w
+
+
+def keras_model():
+    """The same MLP as a Keras Sequential model."""
+    import keras
+
+    m = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8, activation="relu", name="dense"),
+                          keras.layers.Dense(4, use_bias=False, name="out")])
+    m.get_layer("dense").set_weights([_W0["dense/kernel"], _W0["dense/bias"]])
+    m.get_layer("out").set_weights([_W0["out/kernel"]])
+    return m

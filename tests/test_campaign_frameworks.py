@@ -35,3 +35,27 @@ def test_torch_module_with_builtin_accuracy(tmp_path):
     assert DUE in by_bits["30"] or any(o != MASKED for o in by_bits["30"])
     res = sweep(c, str(tmp_path / "t.db"), workers=2, progress=False)
     assert res.complete and [r[:8] for r in results(tmp_path / "t.db")] == [tuple(r[:8]) for r in rows]
+
+
+@pytest.mark.framework
+def test_keras_model_with_builtin_accuracy(tmp_path):
+    require("keras")
+    import numpy as np
+
+    c = make(target={"factory": "campaign_helpers:keras_model"},
+             evaluator={"function": None, "builtin": "accuracy", "data": "campaign_helpers:heldout", "critical": 0.05},
+             cells={"bits": ["30", "0"], "group_by": "tensor"}, trials={"per_cell": 5})
+    res = sweep(c, str(tmp_path / "k.db"), workers=0, progress=False)
+    assert res.complete and res.stored == 2 * 3 * 5
+    rows = results(tmp_path / "k.db")
+    names = {r[3].split("[")[0] for r in rows}
+    assert len(names) == 3 and any("dense" in n for n in names) and any("out" in n for n in names)
+    assert any(r[4] != MASKED for r in rows)
+    # a fresh runner regenerates the same trials; weights are restored after each
+    cells = campaign_cells(c)
+    runner = TrialRunner(c, cells)
+    model = runner.targets[None]
+    before = [w.copy() for w in model.get_weights()]
+    again = [runner.run(r[0], r[1])[:8] for r in rows]
+    assert again == [tuple(r) for r in rows]
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), before))
