@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -263,14 +264,20 @@ def sweep(
     last_flush = time.monotonic()
     stopping = False
     successes = crash_streak = 0
+    held: list[tuple[str | None, list[tuple]]] = []  # crash rows seen before any success
     stopped_cells: set[int] = set()
 
     def flush() -> None:
         nonlocal last_flush, n_pending
         if pending:
-            result.ran += st.add_batches(pending)
-            pending.clear()
-            n_pending = 0
+            # Ctrl-C waits until the rows are both committed and forgotten (never stored twice)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                result.ran += st.add_batches(pending)
+                pending.clear()
+                n_pending = 0
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
         last_flush = time.monotonic()
 
     try:
@@ -314,7 +321,9 @@ def sweep(
                                     "check the target factory and evaluator (run with --workers 0 to see the error)"
                                 ) from exc
                             if single:
-                                pending.append((None, [_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}")[:9]]))
+                                row = _crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}")[:9]
+                                # until some trial has succeeded, a crash may be the workers' fault, not the trial's
+                                (held if successes == 0 else pending).append((None, [row]))
                                 n_pending += 1
                                 prog.update([DUE])
                             else:
@@ -323,6 +332,9 @@ def sweep(
                         except Exception as exc:
                             raise StoreError(f"a worker could not run trials: {worker_error(exc)}") from exc
                         successes += 1
+                        if held:
+                            pending.extend(held)
+                            held.clear()
                         worker, rows = rows
                         pending.append((worker, rows))
                         n_pending += len(rows)
@@ -344,6 +356,9 @@ def sweep(
                     stopping = True
                     result.interrupted = True
                     prog.message("interrupted: saving finished trials (Ctrl-C again to abandon the ones in flight)")
+            if not stopping:  # the round ran to its end: isolated crashes are the trials' own
+                pending.extend(held)
+                held.clear()
             flush()
             if not sequential:
                 result.complete = not stopping and not tasks and not suspects
