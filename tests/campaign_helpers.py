@@ -128,3 +128,12 @@ def keras_model():
     m.get_layer("dense").set_weights([_W0["dense/kernel"], _W0["dense/bias"]])
     m.get_layer("out").set_weights([_W0["out/kernel"]])
     return m
+
+
+def dies_in_workers():
+    """Weights in the sweep process; a hard crash in any pool worker (a broken install, say)."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        os._exit(9)
+    return weights()

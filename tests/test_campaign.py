@@ -399,3 +399,11 @@ def test_factory_that_changes_between_calls_is_refused(tmp_path):
             sweep(make(), str(tmp_path / "ok.db"), workers=0, progress=False)
     finally:
         h._W0["out/kernel"][0, 0] = original
+
+
+def test_workers_dying_at_start_stop_the_sweep_and_store_nothing(tmp_path):
+    c = make(target={"factory": "campaign_helpers:dies_in_workers"}, trials={"per_cell": 3})
+    with pytest.raises(StoreError, match="die before finishing any trial"):
+        sweep(c, str(tmp_path / "d.db"), workers=2, chunk=2, progress=False)
+    with ResultStore.open(str(tmp_path / "d.db")) as st:
+        assert st.n_trials() == 0  # no false DUEs: a fixed set-up reruns every trial
