@@ -407,3 +407,13 @@ def test_workers_dying_at_start_stop_the_sweep_and_store_nothing(tmp_path):
         sweep(c, str(tmp_path / "d.db"), workers=2, chunk=2, progress=False)
     with ResultStore.open(str(tmp_path / "d.db")) as st:
         assert st.n_trials() == 0  # no false DUEs: a fixed set-up reruns every trial
+
+
+def test_the_documented_campaign_file_is_valid():
+    import re
+    import tomllib
+
+    doc = open(os.path.join(HERE, "..", "docs", "campaigns.md")).read()
+    block = re.search(r"```toml\n(.*?)```", doc, re.S).group(1)
+    c = Campaign.from_dict(tomllib.loads(block))
+    assert c.cells.group_by == "layer" and c.trials.per_cell == 1000
