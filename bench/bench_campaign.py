@@ -83,6 +83,24 @@ def test_trial_cost_in_process(benchmark):
     benchmark(lambda: runner.run(0, next(counter)))
 
 
+def test_checkpoint_trial_cost(benchmark, tmp_path):
+    """One checkpoint-mode trial on a ~100 MB ResNet-50 checkpoint: inject into the worker's copy, evaluate, restore."""
+    import resnet50
+
+    ckpt = resnet50.write_keras_legacy_checkpoint(str(tmp_path / "r50.h5"))
+    c = Campaign.from_dict({
+        "name": "ckpt", "seed": 1, "mode": "checkpoint", "paths": [HERE], "target": {"checkpoint": ckpt},
+        "select": {"dtypes": ["float32"]}, "cells": {"bits": ["all"]}, "trials": {"per_cell": 10**9},
+        "evaluator": {"function": "bench_campaign:constant"},
+    })
+    runner = TrialRunner(c, campaign_cells(c))
+    counter = iter(range(10**9))
+    try:
+        benchmark(lambda: runner.run(0, next(counter)))
+    finally:
+        runner.close()
+
+
 def test_sweep_overhead(benchmark, tmp_path):
     pytest.importorskip("psutil")
     c = overhead_campaign(TRIALS)

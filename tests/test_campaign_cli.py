@@ -207,3 +207,31 @@ def test_summary_wilson_per_cell_and_stratified_total(camp, tmp_path, capsys):
     assert main(["export", store, "--summary"]) == 0
     text = capsys.readouterr().out
     assert "stratified total (flips=1 fault=flip, 4 cells, 40 trials)" in text and "Wilson" in text
+
+
+def test_checkpoint_trials_restore_the_working_copy_bit_for_bit(tmp_path):
+    import hashlib
+
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    _write_checkpoints(tmp_path)
+    with h5py.File(tmp_path / "gz.h5", "w") as f:  # a filtered (re-encoded chunk) dataset as well
+        import campaign_helpers
+
+        for name, arr in campaign_helpers.weights().items():
+            f.create_dataset(name, data=arr, chunks=True, compression="gzip" if "kernel" in name else None)
+    for ckpt in ("model-1.h5", "gz.h5"):
+        c = Campaign.from_dict({
+            "name": "restore", "seed": 1, "mode": "checkpoint", "target": {"checkpoint": ckpt}, "paths": [HERE],
+            "cells": {"bits": ["30", "all"], "group_by": "tensor"}, "trials": {"per_cell": 5},
+            "evaluator": {"function": "campaign_helpers:evaluate_file"}}, base_dir=str(tmp_path))
+        runner = TrialRunner(c, campaign_cells(c))
+        copy = runner.targets[None]
+        digest = hashlib.sha256(open(copy, "rb").read()).hexdigest()
+        rows = [runner.run(cid, t) for cid in range(len(runner.cells)) for t in range(5)]
+        assert hashlib.sha256(open(copy, "rb").read()).hexdigest() == digest
+        assert any(r.outcome != 0 for r in rows)
+        runner.close()
+        assert not os.path.exists(copy)

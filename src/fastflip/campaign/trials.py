@@ -192,6 +192,8 @@ class TrialRunner:
         self.golden: dict[int | None, tuple[np.ndarray, float]] = {}
         self._workdir: str | None = None
         self.layouts: dict[int | None, Any] = {}
+        self._by_name: dict[int | None, dict[str, Any]] = {}
+        self._raw_cells: dict[int, bool] = {}
         self.live: dict[int | None, Any] = {}
         refs_by_epoch = {}
         for e in epochs:
@@ -236,6 +238,19 @@ class TrialRunner:
 
         with open_h5(path) as f:
             return {n: np.array(f[n][()]) for n in names}
+
+    def _restore(self, path: str, log: Any, epoch: int | None) -> None:
+        """Undo one injection in the worker's own copy: the revert of :func:`fastflip.inject.revert`
+        without its whole-file hashes and layout walk (the copy is ours; its layout is known)."""
+        if log.undo is not None:  # re-encoded chunks: restore their bytes
+            log.undo.apply(path)
+        else:
+            from ..h5target import write_words_to_file
+
+            by_name = self._by_name.get(epoch)
+            if by_name is None:
+                by_name = self._by_name[epoch] = {t.path: t for t in self.layouts[epoch].tensors}
+            write_words_to_file(path, log.plan, by_name, log.old_words)
 
     def _working_copy(self, path: str) -> str:
         if self._workdir is None:
@@ -288,16 +303,21 @@ class TrialRunner:
             finally:
                 live.revert(tg, log)
         else:
-            from ..inject import inject_file, revert
+            from ..inject import inject_file
 
-            res = inject_file(target, in_place=True, atomic=False, plan=plan, layout=self.layouts[epoch],
+            raw = self._raw_cells.get(cell_id)
+            if raw is None:
+                by_path = {t.path: t for t in self.layouts[epoch].tensors}
+                raw = self._raw_cells[cell_id] = all(by_path[n].raw_writable for n in self.cells[cell_id].tensors)
+            # raw storage: rewrite the words where they lie; filtered chunks: re-encode through a temporary copy
+            res = inject_file(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
                               log_path=False, hash_files=False)
             try:
                 outcome, metric, delta = self._judge(self.evaluate(target), epoch)
             except Exception as exc:
                 outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
             finally:
-                revert(res.log, target, atomic=False)
+                self._restore(target, res.log, epoch)
         return TrialRow(cell_id, trial, self.seed, sites_summary(plan), outcome, metric,
                         delta, message, time.perf_counter() - start, self.worker)
 
