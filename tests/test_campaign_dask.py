@@ -22,3 +22,18 @@ def test_dask_local_cluster_equals_local_executor(tmp_path):
     pids = {label.rsplit(":", 1)[1] for (label,) in con.execute("SELECT label FROM workers")}
     con.close()
     assert len(pids) >= 2 and str(os.getpid()) not in pids  # ran in >= 2 worker processes, not here
+
+
+def test_cli_dask_local(tmp_path, capsys):
+    require("distributed")
+    from test_campaign_cli import TOML
+
+    from fastflip.cli import main
+    from test_campaign import HERE
+
+    camp = tmp_path / "c.toml"
+    camp.write_text(TOML.format(here=HERE))
+    assert main(["sweep", str(camp), "-o", str(tmp_path / "d.db"), "--dask", "local", "-j", "2", "--quiet"]) == 0
+    assert "40/40 trials stored (complete)" in capsys.readouterr().out
+    assert main(["sweep", str(camp), "-o", str(tmp_path / "s.db"), "--workers", "0", "--quiet"]) == 0
+    assert results(tmp_path / "d.db") == results(tmp_path / "s.db")
