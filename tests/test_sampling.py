@@ -187,3 +187,47 @@ def test_mode_and_option_errors():
     with pytest.raises(OptionError):
         SiteSpace([TensorRef("e", "<f4", (0,))])
     assert len(make_plan(REFS, seed=1, count=3)) == 3
+
+
+def test_merge_of_sorted_plans_with_triples_matches_sequential():
+    """The fast path for plans ordered by (tensor, index) composes repeats in plan order."""
+    rng = np.random.default_rng(1)
+    refs = [TensorRef("u", "<u2", (4,)), TensorRef("v", "<u1", (3,))]
+    n = 40
+    tensor = np.sort(rng.integers(0, 2, n))
+    index = np.where(tensor == 0, rng.integers(0, 4, n), rng.integers(0, 3, n))
+    order = np.lexsort((index, tensor))
+    tensor, index = tensor[order], index[order]
+    and_m = rng.integers(0, 2**16, n, dtype=np.uint64) | np.uint64(0xFFFFFFFFFFFF0000)
+    plan = Plan.from_sites(refs, tensor, index, and_mask=and_m, or_mask=rng.integers(0, 2**16, n, dtype=np.uint64) & ~and_m,
+                           xor_mask=rng.integers(0, 2**16, n, dtype=np.uint64))
+    arrays = {"u": np.array([1, 2, 3, 4], "<u2"), "v": np.array([5, 6, 7], "<u1")}
+    seq = {k: v.copy() for k, v in arrays.items()}
+    for i in range(n):
+        ref = refs[int(plan.tensor[i])]
+        j = int(plan.index[i])
+        seq[ref.name][j] = word_rule(int(seq[ref.name][j]), int(plan.and_mask[i]), int(plan.or_mask[i]),
+                                     int(plan.xor_mask[i]), np.dtype(ref.dtype).itemsize * 8)
+    merged = merge_duplicate_elements(plan)
+    assert len(merged) == len(set(zip(tensor.tolist(), index.tolist())))
+    apply_plan(arrays, merged)
+    assert all(arrays[k].tolist() == seq[k].tolist() for k in arrays)
+
+
+def test_bulk_path_exact_distinct_and_proportional():
+    """From _BULK sites on, draws go tensor by tensor: still exact, distinct, deterministic, size-proportional."""
+    from fastflip import sampling
+
+    chi2 = pytest.importorskip("scipy.stats").chisquare
+    refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]
+    sp = SiteSpace(refs, bits="0-7")
+    k = sampling._BULK + 1000
+    p = sp.plan(seed=3, count=k)
+    keys = p.tensor.astype(np.int64) * 2**40 + p.index
+    assert p.meta["flips"] == k and len(np.unique(keys)) == len(p) and int(np.bitwise_count(p.bits).sum()) == k
+    assert np.array_equal(p.index, sp.plan(seed=3, count=k).index)
+    hits = np.bincount(p.tensor, weights=np.bitwise_count(p.bits), minlength=3)
+    sizes = np.array([r.size for r in refs], float)
+    assert chi2(hits, hits.sum() * sizes / sizes.sum()).pvalue > 1e-3
+    q = SiteSpace(refs, bits="0-7").plan(seed=3, ber=k / (sizes.sum() * 8))
+    assert abs(q.meta["flips"] - k) < 5 * np.sqrt(k)

@@ -222,6 +222,33 @@ def compose_masks(
     return and_mask, or_mask, xor_mask
 
 
+def _merge_sorted(plan: Plan, step: np.ndarray) -> Plan:
+    """:func:`merge_duplicate_elements` for a plan already ordered by (tensor, index): only repeats are touched."""
+    start = np.empty(len(plan), dtype=bool)
+    start[0] = True
+    np.not_equal(step, 0, out=start[1:])
+    dpos = np.flatnonzero(~start)
+    first = dpos - 1
+    while True:  # walk back to each repeat's first site
+        back = ~start[first]
+        if not back.any():
+            break
+        first[back] -= 1
+    # compress first, then compose the repeats into their element's (compressed) row
+    a, o, x = plan.and_mask[start], plan.or_mask[start], plan.xor_mask[start]
+    bits = plan.bits[start] if plan.bits is not None else None
+    row = np.cumsum(start)[first] - 1
+    dist = dpos - first
+    for d in np.unique(dist).tolist():  # second sites first, then third, ...: plan order within each element
+        at = dist == d
+        f, p = row[at], dpos[at]
+        a[f], o[f], x[f] = compose_masks((a[f], o[f], x[f]), (plan.and_mask[p], plan.or_mask[p], plan.xor_mask[p]))
+        if bits is not None:
+            bits[f] |= plan.bits[p]
+    return Plan(plan.tensors, plan.tensor[start], plan.index[start], a, o, x,
+                None if plan.scale is None else plan.scale[start], bits, dict(plan.meta))
+
+
 def merge_duplicate_elements(plan: Plan) -> Plan:
     """Merge sites that hit the same element into one site (masks composed in plan order).
 
@@ -239,13 +266,15 @@ def merge_duplicate_elements(plan: Plan) -> Plan:
     step = key[1:] - key[:-1]
     if (step > 0).all():  # sorted and distinct: nothing to merge
         return plan
-    order = np.arange(len(key)) if (step >= 0).all() else np.argsort(key, kind="stable")
+    if plan.scale is not None and not np.isnan(plan.scale).all():
+        raise OptionError("a scale site cannot share an element with another site")
+    if (step >= 0).all():
+        return _merge_sorted(plan, step)
+    order = np.argsort(key, kind="stable")
     sk = key[order]
     start = np.empty(len(sk), dtype=bool)
     start[0] = True
     np.not_equal(sk[1:], sk[:-1], out=start[1:])
-    if plan.scale is not None and not np.isnan(plan.scale).all():
-        raise OptionError("a scale site cannot share an element with another site")
     first_pos = np.flatnonzero(start)
     counts = np.diff(np.append(first_pos, len(sk)))
     first = order[first_pos]

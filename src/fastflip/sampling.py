@@ -28,9 +28,10 @@ then K distinct elements.
 ``ber=P``    each allowed bit is flipped with probability P: K ~ Binomial(total bits, P),
 then K distinct (element, bit) pairs, uniform over all pairs.
 
-Draws happen in this order: the Binomial (rate/ber), the sites (rounds of draws,
-duplicates dropped in draw order), then each dtype group's random masks in group
-order; resampling for ``nan_policy='avoid'`` continues the same stream.
+Draws happen in this order: the Binomial (rate/ber), the sites (rounds of draws
+with a margin for collisions; repeats dropped, a surplus removed at uniformly drawn
+positions), then each dtype group's random masks in group order; resampling for
+``nan_policy='avoid'`` continues the same stream.
 
 Examples
 --------
@@ -62,6 +63,7 @@ __all__ = ["SiteSpace", "make_plan", "generator"]
 _BIT_SLOTS = 64  # pair key = element * 64 + bit
 _DENSE_FRACTION = 0.25  # above this fill ratio, draw exactly with choice(replace=False)
 _MAX_ROUNDS = 64
+_BULK = 300_000  # from this many sites on, draw tensor by tensor (see SiteSpace._sample_bulk)
 
 
 def generator(seed: int, stream: Sequence[int] = ()) -> np.random.Generator:
@@ -175,9 +177,10 @@ class SiteSpace:
         """k sites as (global element, bit or None), sorted by element then bit.
 
         ``taken`` holds site keys (sorted) that must not be drawn again. Draws go in
-        rounds: the missing number of sites is drawn, duplicates of earlier sites are
-        dropped, until k distinct sites are held; in the sparse case of real
-        checkpoints one round is the rule.
+        rounds: the missing number of sites plus a margin for collisions is drawn,
+        repeats are dropped, and a surplus is removed at positions drawn uniformly
+        (a uniform subset of uniform distinct draws stays uniform); in the sparse case
+        of real checkpoints one round is the rule.
         """
         if k == 0:
             return np.zeros(0, np.int64), (np.zeros(0, np.int64) if pairs else None)
@@ -193,15 +196,21 @@ class SiteSpace:
                 return self._pairs_from_index(idx)
             return np.sort(rng.choice(self.n_elements, size=k, replace=False).astype(np.int64)), None
         keys = np.zeros(0, np.int64)
+        if not replace and taken is None and uniform and k >= _BULK:
+            keys = self._sample_bulk(rng, k, pairs, pair_uniform)
+            if len(keys) == k:
+                return (keys // _BIT_SLOTS, keys % _BIT_SLOTS) if pairs else (keys, None)
         known = np.zeros(0, np.int64) if taken is None else np.asarray(taken, np.int64)
         for _ in range(_MAX_ROUNDS):
             need = k - len(keys)
             if need <= 0:
                 break
+            # draw a few more than needed (the expected collisions, twice, plus a little): one round is the rule
+            n = need if replace else need + int(2.0 * need * (need + len(keys) + len(known)) / max(cap, 1)) + 8
             if pairs and pair_uniform:
-                elem, bit = self._pairs_from_index(rng.integers(0, self.n_pairs, size=need, dtype=np.int64))
+                elem, bit = self._pairs_from_index(rng.integers(0, self.n_pairs, size=n, dtype=np.int64))
             else:
-                elem = self._draw_elements(rng, need)
+                elem = self._draw_elements(rng, n)
                 bit = self._draw_bits(rng, elem) if pairs else None
             new = elem * _BIT_SLOTS + bit if pairs else elem
             if replace:
@@ -213,12 +222,45 @@ class SiteSpace:
                 keys = _sorted_distinct(np.concatenate([keys, np.sort(new)]), merge=True)
             else:
                 keys = _sorted_distinct(new)
+            if len(keys) > k:  # the surplus goes at random positions: a uniform subset of uniform distinct draws
+                keys = np.delete(keys, rng.choice(len(keys), len(keys) - k, replace=False))
         if len(keys) < k:
             raise CapacityError(f"could not place {k} distinct sites after {_MAX_ROUNDS} rounds of draws "
                                 "(the distribution concentrates on too few sites); lower the count or allow repeats")
         if pairs:
             return keys // _BIT_SLOTS, keys % _BIT_SLOTS
         return keys, None
+
+    def _sample_bulk(self, rng: np.random.Generator, k: int, pairs: bool, pair_uniform: bool) -> np.ndarray:
+        """Many distinct sites at once, tensor by tensor (sorted keys; at most k, rarely fewer).
+
+        The number of draws per tensor is multinomial in the tensor's share (elements, or
+        (element, bit) pairs for per-bit rates); each tensor's draws are uniform in it and
+        sorted and de-duplicated on their own, which is cheaper than one global sort and
+        yields the tensor of every site without a search.
+        """
+        weight = self.sizes * self.nbits if pair_uniform else self.sizes
+        total = int(weight.sum())
+        n = k + int(2.0 * k * k / max(self._capacity(pairs), 1)) + 8
+        counts = rng.multinomial(n, weight / total)
+        parts = []
+        for t in np.flatnonzero(counts).tolist():
+            c = int(counts[t])
+            local = rng.integers(0, int(self.sizes[t]), size=c, dtype=np.int64)
+            if pairs:
+                g = int(self.group_of[t])
+                local = local * _BIT_SLOTS + self.groups[g].positions[rng.integers(0, int(self._gm[g]), size=c)]
+            local.sort()
+            if c > 1:
+                keep = np.empty(c, bool)
+                keep[0] = True
+                np.not_equal(local[1:], local[:-1], out=keep[1:])
+                local = local[keep]
+            parts.append(local + int(self.starts[t]) * (_BIT_SLOTS if pairs else 1))
+        keys = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        if len(keys) > k:
+            keys = np.delete(keys, rng.choice(len(keys), len(keys) - k, replace=False))
+        return keys
 
     # -- plans ---------------------------------------------------------------------------
     def plan(
@@ -298,13 +340,16 @@ class SiteSpace:
         or_m = np.empty(n, np.uint64)
         xor_m = np.empty(n, np.uint64)
         touched = np.empty(n, np.uint64)
-        g = self.group_of[t] if n else np.zeros(0, np.int64)
-        for gi, group in enumerate(self.groups):
-            at = np.flatnonzero(g == gi)
-            if not len(at):
-                continue
-            a, o, x, b = site_masks(model, group, len(at), rng, None if bit is None else bit[at])
-            and_m[at], or_m[at], xor_m[at], touched[at] = a, o, x, b
+        if len(self.groups) == 1:
+            and_m, or_m, xor_m, touched = site_masks(model, self.groups[0], n, rng, bit)
+        else:
+            g = self.group_of[t] if n else np.zeros(0, np.int64)
+            for gi, group in enumerate(self.groups):
+                at = np.flatnonzero(g == gi)
+                if not len(at):
+                    continue
+                a, o, x, b = site_masks(model, group, len(at), rng, None if bit is None else bit[at])
+                and_m[at], or_m[at], xor_m[at], touched[at] = a, o, x, b
         scale = np.full(n, model.factor, np.float64) if model.kind == "scale" else None
         plan = Plan(self.tensors, t.astype(np.int32), elem - self.starts[t], and_m, or_m, xor_m, scale, touched)
         return merge_duplicate_elements(plan) if len(plan) > 1 else plan
