@@ -152,15 +152,96 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
             ds[()] = block.reshape(())
 
 
-def _raw_map(path: str, write: bool, sites: int) -> tuple[np.ndarray, mmap.mmap]:
-    """Map the file shared (writes reach the page cache; the caller fsyncs when it needs durability)."""
+@dataclass
+class RawSites:
+    """The raw-path sites of a plan, sorted by file offset (the order every block walk uses)."""
+
+    site: np.ndarray  # positions in the plan
+    offs: np.ndarray  # absolute byte offsets, increasing
+    size: np.ndarray  # word size of each site
+    dcode: np.ndarray  # index into dtypes
+    dtypes: list[np.dtype]
+
+    @classmethod
+    def from_routes(cls, routes: list[SiteRoute]) -> "RawSites":
+        raw = [r for r in routes if (r.offsets >= 0).any()]
+        if not raw:
+            z = np.zeros(0, np.int64)
+            return cls(z, z, z, z, [])
+        keep = [r.offsets >= 0 for r in raw]
+        site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)])
+        offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)])
+        size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in zip(raw, keep)])
+        dcode = np.concatenate([np.full(int(k.sum()), i, np.int64) for i, k in enumerate(keep)])
+        order = np.argsort(offs, kind="stable")
+        return cls(site[order], offs[order], size[order], dcode[order], [r.tensor.dtype for r in raw])
+
+    def __len__(self) -> int:
+        return len(self.site)
+
+    def stop(self, lo: int, end: int) -> int:
+        """Index one past the last site (from ``lo``) that starts before byte ``end``."""
+        return lo + int(np.searchsorted(self.offs[lo:], end, side="left"))
+
+    def spill(self, hi: int, end: int) -> int:
+        """Bytes the last site before ``hi`` reaches past ``end`` (0 when none does)."""
+        return max(0, int(self.offs[hi - 1] + self.size[hi - 1] - end)) if hi else 0
+
+    def run_block(self, arr: np.ndarray, base: int, lo: int, hi: int, plan: Plan, mode: str,
+                  words: np.ndarray | None, old: np.ndarray, new: np.ndarray, backend: str) -> None:
+        """Read / apply / write the sites ``lo:hi`` that lie in ``arr`` (the file's bytes from ``base``)."""
+        codes = self.dcode[lo:hi]
+        for c in np.unique(codes).tolist():
+            at = np.flatnonzero(codes == c) + lo
+            pos = self.site[at]
+            offs = self.offs[at] - base
+            dt = self.dtypes[c]
+            wt = word_type(dt)
+            if mode == "apply":
+                o, w = native.apply_at_offsets(
+                    arr, offs, wt.itemsize, wt.swapped, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos],
+                    backend=backend, scale=None if plan.scale is None else plan.scale[pos], dtype=dt)
+                old[pos], new[pos] = o, w
+                continue
+            old[pos] = native.read_at_offsets(arr, offs, wt.itemsize, wt.swapped, backend=backend)
+            if mode == "write":
+                assert words is not None
+                native.write_at_offsets(arr, offs, wt.itemsize, wt.swapped, words[pos], backend=backend)
+                new[pos] = words[pos]
+
+
+_WINDOW = 32 << 20  # bytes of the file mapped at a time: memory stays bounded whatever the file size
+
+
+def _run_raw_mapped(path: str, raw: RawSites, plan: Plan, mode: str, words: np.ndarray | None, old: np.ndarray,
+                    new: np.ndarray, backend: str) -> None:
+    """Visit the raw sites through shared mappings of bounded windows of the file.
+
+    Writes reach the page cache (the caller fsyncs when it needs durability). Only
+    windows that hold sites are mapped, one at a time, so the resident set stays
+    bounded by the window size even for multi-GB files.
+    """
+    write = mode != "read"
     fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
     try:
+        fsize = os.fstat(fd).st_size
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
-        mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=prot)
+        lo = 0
+        while lo < len(raw):
+            base = int(raw.offs[lo]) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+            end = min(base + _WINDOW, fsize)
+            hi = raw.stop(lo, end)
+            end = min(end + raw.spill(hi, end), fsize)
+            mm = mmap.mmap(fd, end - base, flags=mmap.MAP_SHARED, prot=prot, offset=base)
+            try:
+                arr = np.frombuffer(mm, dtype=np.uint8)
+                raw.run_block(arr, base, lo, hi, plan, mode, words, old, new, backend)
+                del arr
+            finally:
+                mm.close()
+            lo = hi
     finally:
         os.close(fd)
-    return np.frombuffer(mm, dtype=np.uint8), mm
 
 
 def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.ndarray | None = None,
@@ -169,31 +250,9 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
     old = np.zeros(n, np.uint64)
     new = np.zeros(n, np.uint64)
     write = mode != "read"
-    raw = [r for r in routes if (r.offsets >= 0).any()]
-    if raw:
-        buf, mm = _raw_map(path, write, sum(int((r.offsets >= 0).sum()) for r in raw))
-        try:
-            for r in raw:
-                sel = np.flatnonzero(r.offsets >= 0)
-                site = r.positions[sel]
-                offs = r.offsets[sel]
-                wt = word_type(r.tensor.dtype)
-                if mode == "read":
-                    old[site] = native.read_at_offsets(buf, offs, wt.itemsize, wt.swapped, backend=backend)
-                elif mode == "apply":
-                    o, w = native.apply_at_offsets(
-                        buf, offs, wt.itemsize, wt.swapped, plan.and_mask[site], plan.or_mask[site],
-                        plan.xor_mask[site], backend=backend,
-                        scale=None if plan.scale is None else plan.scale[site], dtype=r.tensor.dtype)
-                    old[site], new[site] = o, w
-                else:
-                    assert words is not None
-                    old[site] = native.read_at_offsets(buf, offs, wt.itemsize, wt.swapped, backend=backend)
-                    native.write_at_offsets(buf, offs, wt.itemsize, wt.swapped, words[site], backend=backend)
-                    new[site] = words[site]
-        finally:
-            del buf
-            mm.close()
+    raw = RawSites.from_routes(routes)
+    if len(raw):
+        _run_raw_mapped(path, raw, plan, mode, words, old, new, backend)
     h5 = [r for r in routes if (r.offsets < 0).any()]
     if h5:
         import h5py
@@ -241,50 +300,27 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     n = len(plan)
     old = np.zeros(n, np.uint64)
     new = np.zeros(n, np.uint64)
-    raw = [r for r in routes if (r.offsets >= 0).any()]
-    if raw:
-        site = np.concatenate([r.positions[r.offsets >= 0] for r in raw])
-        offs = np.concatenate([r.offsets[r.offsets >= 0] for r in raw])
-        size = np.concatenate([np.full(int((r.offsets >= 0).sum()), r.tensor.itemsize, np.int64) for r in raw])
-        order = np.argsort(offs, kind="stable")
-        site, offs, size = site[order], offs[order], size[order]
-        dcode = np.concatenate([np.full(int((r.offsets >= 0).sum()), i, np.int64) for i, r in enumerate(raw)])[order]
-        dtypes = [r.tensor.dtype for r in raw]
-    else:
-        site = offs = size = dcode = np.zeros(0, np.int64)
-        dtypes = []
+    raw = RawSites.from_routes(routes)
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
     buf = bytearray(block + 8)
     view = memoryview(buf)
     arr = np.frombuffer(buf, dtype=np.uint8)
-    base = 0
-    lo = 0
+    base = lo = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         while True:
             got = fin.readinto(view[:block])
             if not got:
                 break
             end = base + got
-            hi = int(np.searchsorted(offs, end, side="left"))
-            # a word that starts in this block but ends after it: read the few bytes it needs
-            if hi > lo and offs[hi - 1] + size[hi - 1] > end:
-                extra = int(offs[hi - 1] + size[hi - 1] - end)
+            hi = raw.stop(lo, end)
+            extra = raw.spill(hi, end)  # a word that starts in this block but ends after it
+            if extra:
                 more = fin.readinto(view[got : got + extra])
                 got += more
                 end += more
             h_in.update(view[:got])
             if hi > lo:
-                sl = slice(lo, hi)
-                codes = dcode[sl]
-                for c in np.unique(codes).tolist():
-                    at = np.flatnonzero(codes == c) + lo
-                    pos = site[at]
-                    wt = word_type(dtypes[c])
-                    o, w = native.apply_at_offsets(
-                        arr[:got], offs[at] - base, wt.itemsize, wt.swapped, plan.and_mask[pos], plan.or_mask[pos],
-                        plan.xor_mask[pos], backend=backend,
-                        scale=None if plan.scale is None else plan.scale[pos], dtype=dtypes[c])
-                    old[pos], new[pos] = o, w
+                raw.run_block(arr[:got], base, lo, hi, plan, "apply", None, old, new, backend)
                 lo = hi
             h_out.update(view[:got])
             fout.write(view[:got])

@@ -71,16 +71,17 @@ def _backend_module(name: str) -> Any:
     return None
 
 
+def _imports(name: str) -> bool:
+    try:
+        _backend_module(name)
+    except ImportError:
+        return False
+    return True
+
+
 def available_backends() -> list[str]:
     """Backends that import on this machine, in the order ``'auto'`` tries them."""
-    out = []
-    for name in BACKENDS:
-        try:
-            _backend_module(name)
-        except ImportError:
-            continue
-        out.append(name)
-    return out
+    return [name for name in BACKENDS if _imports(name)]
 
 
 _RESOLVED: dict[str, str] = {}
@@ -94,8 +95,8 @@ def resolve_backend(backend: str = "auto") -> str:
     """
     if backend in _RESOLVED:
         return _RESOLVED[backend]
-    if backend == "auto":
-        name = available_backends()[0]
+    if backend == "auto":  # the first that imports; later ones (Numba: a heavy import) are not touched
+        name = next(n for n in BACKENDS if _imports(n))
     elif backend in BACKENDS:
         try:
             _backend_module(backend)
