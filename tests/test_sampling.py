@@ -215,7 +215,7 @@ def test_merge_of_sorted_plans_with_triples_matches_sequential():
 
 
 def test_bulk_path_exact_distinct_and_proportional():
-    """From _BULK sites on, draws go tensor by tensor: still exact, distinct, deterministic, size-proportional."""
+    """From _BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
     from fastflip import sampling
 
     chi2 = pytest.importorskip("scipy.stats").chisquare

@@ -9,8 +9,9 @@ Two paths, chosen per site, giving identical words (tested):
   loop per flip.
   When the output is a new file (the default), the raw sites are applied while the
   file is copied (:func:`copy_apply`): each block read from the input is hashed,
-  patched in memory by the kernel at the offsets that fall inside it, hashed again
-  and written — no page faults on a mapped file and one read of the input.
+  patched in memory by the kernel at the offsets that fall inside it, then hashed
+  again and written by a helper thread while the next block is read — no page
+  faults on a mapped file and one read of the input.
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -154,27 +156,37 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
 
 @dataclass
 class RawSites:
-    """The raw-path sites of a plan, sorted by file offset (the order every block walk uses)."""
+    """The raw-path sites of a plan in file-offset order (the order every block walk uses).
+
+    The plan's columns are gathered into that order once, so each block works on
+    slices; results are collected in that order and scattered back once.
+    """
 
     site: np.ndarray  # positions in the plan
     offs: np.ndarray  # absolute byte offsets, increasing
     size: np.ndarray  # word size of each site
     dcode: np.ndarray  # index into dtypes
     dtypes: list[np.dtype]
+    cols: dict[str, np.ndarray | None]  # and/or/xor/scale/words in this order
 
     @classmethod
-    def from_routes(cls, routes: list[SiteRoute]) -> "RawSites":
+    def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
         raw = [r for r in routes if (r.offsets >= 0).any()]
-        if not raw:
-            z = np.zeros(0, np.int64)
-            return cls(z, z, z, z, [])
         keep = [r.offsets >= 0 for r in raw]
-        site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)])
-        offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)])
-        size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in zip(raw, keep)])
-        dcode = np.concatenate([np.full(int(k.sum()), i, np.int64) for i, k in enumerate(keep)])
-        order = np.argsort(offs, kind="stable")
-        return cls(site[order], offs[order], size[order], dcode[order], [r.tensor.dtype for r in raw])
+        z = np.zeros(0, np.int64)
+        site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
+        offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
+        size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in zip(raw, keep)]) if raw else z
+        dtypes = list(dict.fromkeys(r.tensor.dtype for r in raw))  # sites are grouped by dtype, not by tensor
+        dcode = np.concatenate([np.full(int(k.sum()), dtypes.index(r.tensor.dtype), np.int64)
+                                for r, k in zip(raw, keep)]) if raw else z
+        if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
+            order = np.argsort(offs, kind="stable")
+            site, offs, size, dcode = site[order], offs[order], size[order], dcode[order]
+        cols = {"and": plan.and_mask[site], "or": plan.or_mask[site], "xor": plan.xor_mask[site],
+                "scale": None if plan.scale is None else plan.scale[site],
+                "words": None if words is None else np.asarray(words, np.uint64)[site]}
+        return cls(site, offs, size, dcode, dtypes, cols)
 
     def __len__(self) -> int:
         return len(self.site)
@@ -187,34 +199,42 @@ class RawSites:
         """Bytes the last site before ``hi`` reaches past ``end`` (0 when none does)."""
         return max(0, int(self.offs[hi - 1] + self.size[hi - 1] - end)) if hi else 0
 
-    def run_block(self, arr: np.ndarray, base: int, lo: int, hi: int, plan: Plan, mode: str,
-                  words: np.ndarray | None, old: np.ndarray, new: np.ndarray, backend: str) -> None:
-        """Read / apply / write the sites ``lo:hi`` that lie in ``arr`` (the file's bytes from ``base``)."""
+    def run_block(self, arr: np.ndarray, base: int, lo: int, hi: int, mode: str, old: np.ndarray,
+                  new: np.ndarray, backend: str) -> None:
+        """Read / apply / write the sites ``lo:hi`` that lie in ``arr`` (the file's bytes from ``base``);
+        old and new words go to ``old[lo:hi]``, ``new[lo:hi]`` (this object's order)."""
         codes = self.dcode[lo:hi]
-        for c in np.unique(codes).tolist():
-            at = np.flatnonzero(codes == c) + lo
-            pos = self.site[at]
-            offs = self.offs[at] - base
-            dt = self.dtypes[c]
+        if codes[0] == codes[-1] and bool((codes == codes[0]).all()):
+            groups = [(int(codes[0]), slice(lo, hi))]
+        else:
+            groups = [(c, np.flatnonzero(codes == c) + lo) for c in np.unique(codes).tolist()]
+        c = self.cols
+        for code, at in groups:
+            dt = self.dtypes[code]
             wt = word_type(dt)
+            offs = self.offs[at] - base
             if mode == "apply":
-                o, w = native.apply_at_offsets(
-                    arr, offs, wt.itemsize, wt.swapped, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos],
-                    backend=backend, scale=None if plan.scale is None else plan.scale[pos], dtype=dt)
-                old[pos], new[pos] = o, w
+                old[at], new[at] = native.apply_at_offsets(
+                    arr, offs, wt.itemsize, wt.swapped, c["and"][at], c["or"][at], c["xor"][at], backend=backend,
+                    scale=None if c["scale"] is None else c["scale"][at], dtype=dt)
                 continue
-            old[pos] = native.read_at_offsets(arr, offs, wt.itemsize, wt.swapped, backend=backend)
+            old[at] = native.read_at_offsets(arr, offs, wt.itemsize, wt.swapped, backend=backend)
             if mode == "write":
-                assert words is not None
-                native.write_at_offsets(arr, offs, wt.itemsize, wt.swapped, words[pos], backend=backend)
-                new[pos] = words[pos]
+                assert c["words"] is not None
+                native.write_at_offsets(arr, offs, wt.itemsize, wt.swapped, c["words"][at], backend=backend)
+                new[at] = c["words"][at]
+
+    def scatter(self, old: np.ndarray, new: np.ndarray, old_out: np.ndarray, new_out: np.ndarray) -> None:
+        """Move results from this object's order to plan order."""
+        old_out[self.site] = old
+        new_out[self.site] = new
 
 
 _WINDOW = 32 << 20  # bytes of the file mapped at a time: memory stays bounded whatever the file size
 
 
-def _run_raw_mapped(path: str, raw: RawSites, plan: Plan, mode: str, words: np.ndarray | None, old: np.ndarray,
-                    new: np.ndarray, backend: str) -> None:
+def _run_raw_mapped(path: str, raw: RawSites, mode: str, old_out: np.ndarray, new_out: np.ndarray,
+                    backend: str) -> None:
     """Visit the raw sites through shared mappings of bounded windows of the file.
 
     Writes reach the page cache (the caller fsyncs when it needs durability). Only
@@ -222,6 +242,8 @@ def _run_raw_mapped(path: str, raw: RawSites, plan: Plan, mode: str, words: np.n
     bounded by the window size even for multi-GB files.
     """
     write = mode != "read"
+    old = np.zeros(len(raw), np.uint64)
+    new = np.zeros(len(raw), np.uint64)
     fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
     try:
         fsize = os.fstat(fd).st_size
@@ -235,13 +257,14 @@ def _run_raw_mapped(path: str, raw: RawSites, plan: Plan, mode: str, words: np.n
             mm = mmap.mmap(fd, end - base, flags=mmap.MAP_SHARED, prot=prot, offset=base)
             try:
                 arr = np.frombuffer(mm, dtype=np.uint8)
-                raw.run_block(arr, base, lo, hi, plan, mode, words, old, new, backend)
+                raw.run_block(arr, base, lo, hi, mode, old, new, backend)
                 del arr
             finally:
                 mm.close()
             lo = hi
     finally:
         os.close(fd)
+    raw.scatter(old, new, old_out, new_out)
 
 
 def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.ndarray | None = None,
@@ -250,9 +273,9 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
     old = np.zeros(n, np.uint64)
     new = np.zeros(n, np.uint64)
     write = mode != "read"
-    raw = RawSites.from_routes(routes)
+    raw = RawSites.from_routes(routes, plan, words)
     if len(raw):
-        _run_raw_mapped(path, raw, plan, mode, words, old, new, backend)
+        _run_raw_mapped(path, raw, mode, old, new, backend)
     h5 = [r for r in routes if (r.offsets < 0).any()]
     if h5:
         import h5py
@@ -298,16 +321,26 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     import hashlib
 
     n = len(plan)
-    old = np.zeros(n, np.uint64)
-    new = np.zeros(n, np.uint64)
-    raw = RawSites.from_routes(routes)
+    raw = RawSites.from_routes(routes, plan)
+    old = np.zeros(len(raw), np.uint64)
+    new = np.zeros(len(raw), np.uint64)
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
-    buf = bytearray(block + 8)
-    view = memoryview(buf)
-    arr = np.frombuffer(buf, dtype=np.uint8)
-    base = lo = 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
+    # two buffers: while the main thread reads, hashes and patches block i, a helper thread
+    # hashes and writes block i-1 (hashlib and file writes release the GIL)
+    bufs = [bytearray(block + 8), bytearray(block + 8)]
+    pending: list[Any] = [None, None]
+    base = lo = i = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
+
+        def emit(chunk: memoryview) -> None:
+            h_out.update(chunk)
+            fout.write(chunk)
+
         while True:
+            slot = i % 2
+            if pending[slot] is not None:
+                pending[slot].result()  # the helper is done with this buffer
+            view = memoryview(bufs[slot])
             got = fin.readinto(view[:block])
             if not got:
                 break
@@ -320,10 +353,16 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
                 end += more
             h_in.update(view[:got])
             if hi > lo:
-                raw.run_block(arr[:got], base, lo, hi, plan, "apply", None, old, new, backend)
+                raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
-            h_out.update(view[:got])
-            fout.write(view[:got])
+            pending[slot] = pool.submit(emit, view[:got])
             base = end
+            i += 1
+        for f in pending:
+            if f is not None:
+                f.result()
         fout.flush()
-    return h_in.hexdigest(), h_out.hexdigest(), old, new
+    old_out = np.zeros(n, np.uint64)
+    new_out = np.zeros(n, np.uint64)
+    raw.scatter(old, new, old_out, new_out)
+    return h_in.hexdigest(), h_out.hexdigest(), old_out, new_out

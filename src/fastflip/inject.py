@@ -163,7 +163,7 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
         "sites": int(len(plan)),
         "flips": int(np.bitwise_count(plan.bits).sum()) if len(plan) else 0,
         "changed": int((old != new).sum()),
-        "tensors_hit": int(len(np.unique(plan.tensor))),
+        "tensors_hit": len(plan.per_tensor()),
         "nan_created": nan_n,
         "inf_created": inf_n,
         "nan_resampled": int(plan.meta.get("nan_resampled", 0)),

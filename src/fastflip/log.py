@@ -11,12 +11,15 @@ Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding
     storage}``; records refer to it by position) and ``undo`` (``null`` or ``{"size": N}``).
 ``<column>.npy``
     One NumPy array per record column, all of the same length, one row per changed element:
-    ``tensor`` (int32, position in ``tensors``), ``index`` (int64, flat C-order element
-    index), ``bits`` (uint64 mask of the bit positions the fault touched; bit 0 = LSB),
-    ``and_mask``/``or_mask``/``xor_mask`` (uint64, the word rule
-    ``new = ((old & and) | or) ^ xor``), ``scale`` (float64, NaN unless the site scaled
-    its value), ``old_word``/``new_word`` (uint64, the stored word as an unsigned
-    integer in native order), ``old_value``/``new_value`` (float64 rendering of the values).
+    ``tensor`` (position in ``tensors``), ``index`` (flat C-order element index), ``bits``
+    (mask of the bit positions the fault touched; bit 0 = LSB), ``and_mask``/``or_mask``/
+    ``xor_mask`` (the word rule ``new = ((old & and) | or) ^ xor``), ``scale`` (NaN unless
+    the site scaled its value), ``old_word``/``new_word`` (the stored word as an unsigned
+    integer in native order), ``old_value``/``new_value`` (the values). Each column is
+    stored in the narrowest type that holds it exactly (words and masks as unsigned
+    integers of the widest tensor's word size, values as float32 when every tensor's
+    values are exact in float32, indices as int32 below 2**31); :meth:`InjectionLog.load`
+    widens them to int32/int64/uint64/float64.
 ``undo_offsets.npy``, ``undo_lengths.npy``, ``undo_data.bin`` (optional)
     When the HDF5 read-modify-write path was used (filtered or compact data), the
     original bytes of every file byte range that changed, so that revert restores the
@@ -142,7 +145,7 @@ class InjectionLog:
         with atomic_output(path, durable=durable) as tmp:
             with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
                 z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
-                for name, arr in self.columns().items():
+                for name, arr in _narrow(self.columns(), self.plan).items():
                     _write_npy(z, f"{name}.npy", arr)
                 if self.undo is not None:
                     _write_npy(z, "undo_offsets.npy", self.undo.offsets)
@@ -175,15 +178,41 @@ class InjectionLog:
         return log
 
 
+_WIDE = {"tensor": np.int32, "index": np.int64, "bits": np.uint64, "and_mask": np.uint64, "or_mask": np.uint64,
+         "xor_mask": np.uint64, "scale": np.float64, "old_word": np.uint64, "new_word": np.uint64,
+         "old_value": np.float64, "new_value": np.float64}
+
+
+def _narrow(cols: dict[str, np.ndarray], plan: Plan) -> dict[str, np.ndarray]:
+    """Columns in the narrowest dtype that holds them exactly (the format allows it; readers widen)."""
+    width = max((np.dtype(t.dtype).itemsize for t in plan.tensors), default=8)
+    word = np.dtype(f"u{width}")
+    exact32 = all(np.dtype(t.dtype).kind == "f" and np.dtype(t.dtype).itemsize <= 4
+                  or np.dtype(t.dtype).kind in "iub" and np.dtype(t.dtype).itemsize <= 2 for t in plan.tensors)
+    out = dict(cols)
+    for c in ("bits", "and_mask", "or_mask", "xor_mask", "old_word", "new_word"):
+        out[c] = cols[c].astype(word, copy=False)
+    if exact32:
+        with np.errstate(over="ignore", invalid="ignore"):
+            out["old_value"] = cols["old_value"].astype(np.float32)
+            out["new_value"] = cols["new_value"].astype(np.float32)
+    if len(cols["index"]) and int(cols["index"].max()) < 2**31:
+        out["index"] = cols["index"].astype(np.int32)
+    if np.isnan(cols["scale"]).all():
+        out["scale"] = cols["scale"].astype(np.float32)
+    return out
+
+
 def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
-    bio = io.BytesIO()
-    np.lib.format.write_array(bio, np.ascontiguousarray(arr), allow_pickle=False)
-    z.writestr(name, bio.getvalue())
+    with z.open(name, "w", force_zip64=True) as fh:
+        np.lib.format.write_array(fh, np.ascontiguousarray(arr), allow_pickle=False)
 
 
 def _read_npy(z: zipfile.ZipFile, name: str) -> np.ndarray:
     with z.open(name) as fh:
-        return np.lib.format.read_array(io.BytesIO(fh.read()), allow_pickle=False)
+        arr = np.lib.format.read_array(io.BytesIO(fh.read()), allow_pickle=False)
+    wide = _WIDE.get(name[:-4])
+    return arr.astype(wide) if wide is not None and arr.dtype != wide else arr
 
 
 def _json_default(obj: Any) -> Any:

@@ -28,10 +28,11 @@ then K distinct elements.
 ``ber=P``    each allowed bit is flipped with probability P: K ~ Binomial(total bits, P),
 then K distinct (element, bit) pairs, uniform over all pairs.
 
-Draws happen in this order: the Binomial (rate/ber), the sites (rounds of draws
-with a margin for collisions; repeats dropped, a surplus removed at uniformly drawn
-positions), then each dtype group's random masks in group order; resampling for
-``nan_policy='avoid'`` continues the same stream.
+Draws happen in this order: the Binomial (rate/ber), the sites (from 4096 sites on,
+uniform draws generated in sorted order from exponential spacings; below that, rounds
+of draws with a margin for collisions; either way repeats are dropped and a surplus is
+removed at uniformly drawn positions), then each dtype group's random masks in group
+order; resampling for ``nan_policy='avoid'`` continues the same stream.
 
 Examples
 --------
@@ -63,7 +64,7 @@ __all__ = ["SiteSpace", "make_plan", "generator"]
 _BIT_SLOTS = 64  # pair key = element * 64 + bit
 _DENSE_FRACTION = 0.25  # above this fill ratio, draw exactly with choice(replace=False)
 _MAX_ROUNDS = 64
-_BULK = 300_000  # from this many sites on, draw tensor by tensor (see SiteSpace._sample_bulk)
+_BULK = 4096  # from this many sites on, draw them already sorted (see SiteSpace._sample_bulk)
 
 
 def generator(seed: int, stream: Sequence[int] = ()) -> np.random.Generator:
@@ -232,32 +233,34 @@ class SiteSpace:
         return keys, None
 
     def _sample_bulk(self, rng: np.random.Generator, k: int, pairs: bool, pair_uniform: bool) -> np.ndarray:
-        """Many distinct sites at once, tensor by tensor (sorted keys; at most k, rarely fewer).
+        """Many distinct sites at once, drawn already sorted (at most k keys, rarely fewer).
 
-        The number of draws per tensor is multinomial in the tensor's share (elements, or
-        (element, bit) pairs for per-bit rates); each tensor's draws are uniform in it and
-        sorted and de-duplicated on their own, which is cheaper than one global sort and
-        yields the tensor of every site without a search.
+        Sorted uniform draws come from the spacings of exponential variates (the order
+        statistics of n uniforms are the normalised cumulative sums of n + 1 exponentials),
+        so no sort is needed: linear time. A draw ``u`` in [0, N) picks element ``floor(u)``
+        and, for bit sites, the bit ``floor(frac(u) * m)`` of that element's m allowed bits
+        (uniform, as ``u`` is uniform inside the element). Per-bit rates draw uniformly over
+        all (element, bit) pairs instead.
         """
-        weight = self.sizes * self.nbits if pair_uniform else self.sizes
-        total = int(weight.sum())
+        space = self.n_pairs if pair_uniform else self.n_elements
         n = k + int(2.0 * k * k / max(self._capacity(pairs), 1)) + 8
-        counts = rng.multinomial(n, weight / total)
-        parts = []
-        for t in np.flatnonzero(counts).tolist():
-            c = int(counts[t])
-            local = rng.integers(0, int(self.sizes[t]), size=c, dtype=np.int64)
-            if pairs:
-                g = int(self.group_of[t])
-                local = local * _BIT_SLOTS + self.groups[g].positions[rng.integers(0, int(self._gm[g]), size=c)]
-            local.sort()
-            if c > 1:
-                keep = np.empty(c, bool)
-                keep[0] = True
-                np.not_equal(local[1:], local[:-1], out=keep[1:])
-                local = local[keep]
-            parts.append(local + int(self.starts[t]) * (_BIT_SLOTS if pairs else 1))
-        keys = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        spacing = np.cumsum(rng.standard_exponential(n + 1))
+        u = spacing[:-1] * (space / spacing[-1])
+        whole = np.minimum(u.astype(np.int64), space - 1)
+        if pair_uniform:
+            elem, bit = self._pairs_from_index(whole)
+            keys = elem * _BIT_SLOTS + bit
+        elif pairs:
+            t = np.repeat(np.arange(len(self.tensors)), np.diff(np.searchsorted(whole, self.starts)))
+            g = self.group_of[t]
+            slot = np.minimum(((u - whole) * self._gm[g]).astype(np.int64), self._gm[g] - 1)
+            keys = whole * _BIT_SLOTS + self._pos_table[g, slot]
+        else:
+            keys = whole
+        keep = np.empty(len(keys), bool)
+        keep[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=keep[1:])
+        keys = keys[keep]
         if len(keys) > k:
             keys = np.delete(keys, rng.choice(len(keys), len(keys) - k, replace=False))
         return keys
