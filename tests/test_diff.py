@@ -196,7 +196,7 @@ def test_cli_diff_errors(tmp_path, capsys):
     bad = hf.not_hdf5(tmp_path / "bad.h5")
     assert main(["diff", bad, a]) == 2
     assert "not an HDF5 file" in capsys.readouterr().err
-    assert main(["diff", a, a, "--role", "weights"]) == 2
+    assert main(["diff", a, a, "--role", "weightz"]) == 2
     assert "unknown role" in capsys.readouterr().err
     assert main(["diff", a, a, "--include", "zz*"]) == 2
     assert "matched no tensor" in capsys.readouterr().err
