@@ -327,6 +327,7 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
     # two buffers: while the main thread reads, hashes and patches block i, a helper thread
     # hashes and writes block i-1 (hashlib and file writes release the GIL)
+    block = max(1, min(block, os.path.getsize(src)))  # small files: small buffers (they are zero-filled)
     bufs = [bytearray(block + 8), bytearray(block + 8)]
     pending: list[Any] = [None, None]
     base = lo = i = 0
