@@ -124,6 +124,9 @@ def test_same_seed_same_output_and_in_place(tmp_path):
     r3 = inject_file(src, in_place=True, seed=42, count=30)
     assert sha256_file(src) == sha256_file(r1.output)
     assert r3.log_path == src + ".fflog"
+    r4 = inject_file(src, in_place=True, seed=7, count=5)  # a second in-place injection keeps the first log
+    assert r4.log_path == src + ".2.fflog" and os.path.exists(src + ".fflog")
+    revert(r4.log_path, src)
     revert(r3.log_path, src)
     assert sha256_file(src) == r3.log.manifest["input"]["sha256"]
 

@@ -80,9 +80,17 @@ class RevertResult:
     sites: int
 
 
-def default_log_path(output: str) -> str:
-    """``<output>.fflog``."""
-    return os.fspath(output) + ".fflog"
+def default_log_path(output: str, keep_existing: bool = False) -> str:
+    """``<output>.fflog``; with ``keep_existing`` the first free ``<output>.<k>.fflog`` (k = 2, 3, ...)
+    when that exists, so that repeated in-place injections never overwrite the log that reverts an earlier one.
+    """
+    base = os.fspath(output)
+    path = base + ".fflog"
+    k = 2
+    while keep_existing and os.path.exists(path):
+        path = f"{base}.{k}.fflog"
+        k += 1
+    return path
 
 
 def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
@@ -257,7 +265,8 @@ def inject_file(
         Allow a site to be drawn twice.
     nan_policy : 'allow' or 'avoid'
     log_path : path, False or None
-        Where to write the log (default ``<output>.fflog``; False: keep it in memory only).
+        Where to write the log (default ``<output>.fflog``; in place, an existing log is kept and the new
+        one is ``<file>.<k>.fflog``; False: keep it in memory only).
     plan : Plan, optional
         Apply this plan instead of sampling one (selection/bits/mode are then ignored).
     durable : bool
@@ -288,7 +297,8 @@ def inject_file(
     if log_path is False:
         lp = None
     else:
-        lp = os.fspath(log_path) if log_path not in (None, True) else default_log_path(target)  # type: ignore[arg-type]
+        lp = (os.fspath(log_path) if log_path not in (None, True)  # type: ignore[arg-type]
+              else default_log_path(target, keep_existing=in_place))
         check_output_dir(lp)
 
     in_size = os.path.getsize(src)
