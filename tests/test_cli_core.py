@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
@@ -132,7 +131,5 @@ def test_help_imports_no_framework():
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "bad = [m for m in ('torch', 'tensorflow', 'keras', 'numba', 'cupy', 'dask', 'matplotlib') if m in sys.modules]\n"
             "print('LOADED', bad)")
-    t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "LOADED []" in out, out
-    assert time.perf_counter() - t < 30  # sanity only; speed is measured in bench/
+    assert "LOADED []" in out, out  # speed is measured in bench/, not here
