@@ -141,54 +141,76 @@ def copy_with_hash(src: str, dst: str) -> str:
 
 @dataclass
 class ByteUndo:
-    """Byte ranges that differ between an original file and its altered copy, with the original bytes.
+    """The byte ranges in which an altered copy differs from its original, with both versions.
 
-    Writing ``data`` back at ``offsets`` and truncating to ``size`` restores the original exactly.
+    ``apply`` (undo) writes the original bytes back and truncates to ``size``;
+    ``redo`` writes the altered bytes and sets the length to ``new_size``. Either
+    turns one file into the other exactly, whatever HDF5 wrote (re-encoded chunks,
+    moved blocks, or bytes it leaves uninitialised).
     """
 
     offsets: np.ndarray  # int64 start of each range
-    lengths: np.ndarray  # int64 length of each range
-    data: bytes  # original bytes of all ranges, concatenated
+    lengths: np.ndarray  # int64 length of each range (old and new versions alike; past a file's end, the other's)
+    data: bytes  # original bytes of all ranges that lie inside the original, concatenated
     size: int  # original file size
+    new_data: bytes = b""  # altered bytes of all ranges that lie inside the altered file
+    new_size: int = -1  # altered file size (-1: unknown, redo impossible)
 
-    def apply(self, path: str) -> None:
+    def _write(self, path: str, data: bytes, limit: int, size: int) -> None:
         with open(path, "r+b") as fh:
             pos = 0
             for off, ln in zip(self.offsets.tolist(), self.lengths.tolist()):
-                fh.seek(off)
-                fh.write(self.data[pos : pos + ln])
-                pos += ln
-            fh.truncate(self.size)
+                n = max(0, min(ln, limit - off))
+                if n:
+                    fh.seek(off)
+                    fh.write(data[pos : pos + n])
+                pos += n
+            fh.truncate(size)
             fh.flush()
             os.fsync(fh.fileno())
 
+    def apply(self, path: str) -> None:
+        """Undo: the original bytes again."""
+        self._write(path, self.data, self.size, self.size)
+
+    def redo(self, path: str) -> None:
+        """Redo: the altered bytes again (on a copy of the original)."""
+        if self.new_size < 0:
+            raise ValueError("this delta holds no altered bytes")
+        with open(path, "r+b") as fh:
+            fh.truncate(max(self.new_size, os.fstat(fh.fileno()).st_size))
+        self._write(path, self.new_data, self.new_size, self.new_size)
+
 
 def byte_diff(original: str, altered: str) -> ByteUndo:
-    """Compare two files block by block and record the original bytes of every differing range."""
+    """Compare two files block by block and record every differing byte range, both versions."""
     offsets: list[int] = []
     lengths: list[int] = []
-    chunks: list[bytes] = []
+    old_chunks: list[bytes] = []
+    new_chunks: list[bytes] = []
     size = os.path.getsize(original)
+    new_size = os.path.getsize(altered)
+    common = min(size, new_size)
     with open(original, "rb") as fa, open(altered, "rb") as fb:
         base = 0
-        while True:
-            a = fa.read(_BLOCK)
-            b = fb.read(_BLOCK)
-            if not a:
-                break
-            if a != b[: len(a)] or len(b) < len(a):
-                av = np.frombuffer(a, np.uint8)
-                bv = np.zeros(len(a), np.uint8)
-                bv[: len(b)] = np.frombuffer(b[: len(a)], np.uint8)
-                diff = np.flatnonzero(av != bv) if len(b) >= len(a) else np.flatnonzero(np.concatenate(
-                    [av[: len(b)] != bv[: len(b)], np.ones(len(a) - len(b), bool)]))
+        while base < common:
+            a = fa.read(min(_BLOCK, common - base))
+            b = fb.read(len(a))
+            if a != b:
+                diff = np.flatnonzero(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8))
                 # group differing bytes into ranges (gaps of < 16 bytes are merged)
                 brk = np.flatnonzero(np.diff(diff) > 16)
                 starts = np.concatenate([[diff[0]], diff[brk + 1]])
                 ends = np.concatenate([diff[brk], [diff[-1]]]) + 1
-                for s, e in zip(starts.tolist(), ends.tolist()):
-                    offsets.append(base + s)
-                    lengths.append(e - s)
-                    chunks.append(a[s:e])
+                for s_, e in zip(starts.tolist(), ends.tolist()):
+                    offsets.append(base + s_)
+                    lengths.append(e - s_)
+                    old_chunks.append(a[s_:e])
+                    new_chunks.append(b[s_:e])
             base += len(a)
-    return ByteUndo(np.array(offsets, np.int64), np.array(lengths, np.int64), b"".join(chunks), size)
+        if size != new_size:  # the tail only one of them has
+            offsets.append(common)
+            lengths.append(abs(size - new_size))
+            (old_chunks if size > new_size else new_chunks).append((fa if size > new_size else fb).read())
+    return ByteUndo(np.array(offsets, np.int64), np.array(lengths, np.int64), b"".join(old_chunks), size,
+                    b"".join(new_chunks), new_size)

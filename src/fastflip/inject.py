@@ -348,17 +348,29 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     by_name = {t.path: t for t in layout.tensors}
     want_out = lg.manifest.get("output", {}).get("sha256")
 
-    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+    def check(old: np.ndarray, new: np.ndarray, out_hash: str | None) -> None:
         if not np.array_equal(new, lg.new_words) or not np.array_equal(old, lg.old_words):
             raise LogMismatchError(f"replaying onto {src} gave other words than the log records; the file is not the logged input")
         if want_out and out_hash != want_out:
             raise LogMismatchError("the replayed output differs from the logged output (sha256); nothing was written")
+
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        check(old, new, out_hash)
         manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
         new_log = InjectionLog(manifest, lg.plan, old, new, undo)
         if log_path not in (None, False):
             new_log.save(default_log_path(target) if log_path is True else os.fspath(log_path))  # type: ignore[arg-type]
         return new_log
 
+    if lg.undo is not None and lg.undo.new_size >= 0:
+        # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
+        with atomic_output(target) as tmp:
+            copy_with_hash(src, tmp)
+            lg.undo.redo(tmp)
+            after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
+            new = read_words(tmp, lg.plan, after)
+            new_log = finish(None, sha256_file(tmp), lg.old_words, new, lg.undo)
+        return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish)
     return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
 

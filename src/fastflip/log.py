@@ -20,10 +20,12 @@ Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding
     integers of the widest tensor's word size, values as float32 when every tensor's
     values are exact in float32, indices as int32 below 2**31); :meth:`InjectionLog.load`
     widens them to int32/int64/uint64/float64.
-``undo_offsets.npy``, ``undo_lengths.npy``, ``undo_data.bin`` (optional)
-    When the HDF5 read-modify-write path was used (filtered or compact data), the
-    original bytes of every file byte range that changed, so that revert restores the
-    file exactly even where HDF5 re-encoded chunks.
+``undo_offsets.npy``, ``undo_lengths.npy``, ``undo_data.bin``, ``redo_data.bin`` (optional)
+    When the HDF5 read-modify-write path was used (filtered or compact data), every
+    file byte range that changed, with its original bytes (``undo_data``) and its
+    altered bytes (``redo_data``): revert restores the original exactly, and replay
+    reproduces the output exactly, even where HDF5 re-encoded or moved chunks or wrote
+    bytes it does not initialise. Ranges past the end of one file hold only the other's bytes.
 
 Examples
 --------
@@ -85,7 +87,8 @@ class InjectionLog:
         m.setdefault("format", LOG_FORMAT)
         m["tensors"] = [dict(t.as_dict(), **(m.get("_storage", {}).get(t.name, {}))) for t in plan.tensors]
         m.pop("_storage", None)
-        m["undo"] = None if undo is None else {"size": int(undo.size), "ranges": int(len(undo.offsets))}
+        m["undo"] = None if undo is None else {"size": int(undo.size), "new_size": int(undo.new_size),
+                                               "ranges": int(len(undo.offsets))}
         return cls(m, plan, np.asarray(old_words, np.uint64), np.asarray(new_words, np.uint64), undo)
 
     def __len__(self) -> int:
@@ -151,6 +154,7 @@ class InjectionLog:
                     _write_npy(z, "undo_offsets.npy", self.undo.offsets)
                     _write_npy(z, "undo_lengths.npy", self.undo.lengths)
                     z.writestr("undo_data.bin", self.undo.data)
+                    z.writestr("redo_data.bin", self.undo.new_data)
         return path
 
     @classmethod
@@ -165,8 +169,11 @@ class InjectionLog:
                 cols = {c: _read_npy(z, f"{c}.npy") for c in _COLUMNS}
                 undo = None
                 if manifest.get("undo"):
+                    u = manifest["undo"]
                     undo = ByteUndo(_read_npy(z, "undo_offsets.npy"), _read_npy(z, "undo_lengths.npy"),
-                                    z.read("undo_data.bin"), int(manifest["undo"]["size"]))
+                                    z.read("undo_data.bin"), int(u["size"]),
+                                    z.read("redo_data.bin") if "redo_data.bin" in z.namelist() else b"",
+                                    int(u.get("new_size", -1)))
         except (zipfile.BadZipFile, KeyError, ValueError, json.JSONDecodeError) as exc:
             raise InputFileError(f"{p}: not a readable fastflip log ({exc}); give the .fflog written by inject") from None
         tensors = tuple(TensorRef(t["name"], t["dtype"], tuple(t["shape"])) for t in manifest["tensors"])
@@ -204,8 +211,11 @@ def _narrow(cols: dict[str, np.ndarray], plan: Plan) -> dict[str, np.ndarray]:
 
 
 def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
+    """One ``.npy`` member, its bytes handed to the archive without an intermediate copy."""
+    arr = np.ascontiguousarray(arr)
     with z.open(name, "w", force_zip64=True) as fh:
-        np.lib.format.write_array(fh, np.ascontiguousarray(arr), allow_pickle=False)
+        np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(arr))
+        fh.write(memoryview(arr).cast("B") if arr.size else b"")
 
 
 def _read_npy(z: zipfile.ZipFile, name: str) -> np.ndarray:
