@@ -133,3 +133,27 @@ def test_help_imports_no_framework():
             "print('LOADED', bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "LOADED []" in out, out  # speed is measured in bench/, not here
+
+
+@pytest.mark.framework
+def test_keras_archive_via_cli(tmp_path, capsys):
+    """`fastflip inspect/inject` on a real .keras archive: the inner weights change, Keras loads the result."""
+    from conftest import require
+
+    keras = require("keras")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="dense")])
+    src = str(tmp_path / "m.keras")
+    model.save(src)
+    rc, o, _ = run(capsys, "inspect", src)
+    assert rc == 0 and "layers/dense/vars/0" in o
+    out = str(tmp_path / "o.keras")
+    rc, o, e = run(capsys, "inject", src, "-o", out, "--count", "3", "--bits", "sign", "--seed", "1",
+                   "--include", "layers/dense/vars/0")
+    assert rc == 0, e
+    log = InjectionLog.load(out + ".fflog")
+    loaded = keras.saving.load_model(out)
+    kernel = np.asarray(loaded.get_layer("dense").kernel.numpy()).reshape(-1)
+    original = np.asarray(model.get_layer("dense").kernel.numpy()).reshape(-1)
+    changed = np.flatnonzero(kernel.view(np.uint32) != original.view(np.uint32))
+    assert sorted(changed.tolist()) == sorted(log.plan.index.tolist())
+    assert np.array_equal(kernel.view(np.uint32)[log.plan.index], log.new_words.astype(np.uint32))

@@ -101,7 +101,19 @@ def run(args: argparse.Namespace) -> int:
         kwargs["log_path"] = args.log
     for w in warnings:
         print(f"fastflip inject: warning: {w}", file=sys.stderr)
-    res = inject_file(src, args.output, in_place=args.in_place, **kwargs)
+    from ..keras_io import inject_checkpoint_file, is_keras_archive
+
+    if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
+        if args.config:
+            raise OptionError("--config works on HDF5 files; for a .keras archive give the options directly")
+        out = src if args.in_place else args.output
+        if not out:
+            raise OptionError("give an output path (-o OUT.keras); the input is only changed with --in-place")
+        kwargs.setdefault("log_path", out + ".fflog")
+        res = inject_checkpoint_file(src, out, **kwargs)
+        res.output = out
+    else:
+        res = inject_file(src, args.output, in_place=args.in_place, **kwargs)
     c = res.counts
     if args.json:
         print(json.dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c}))

@@ -97,7 +97,14 @@ def run(args: argparse.Namespace) -> int:
     from ..layout import Layout, read_layout
     from ..select import select, selection_from_args
 
-    layout = read_layout(args.file)
+    from ..keras_io import is_keras_archive, read_archive
+
+    if is_keras_archive(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
+        with read_archive(args.file) as inner:
+            layout = read_layout(inner)
+        layout.file = f"{args.file} (model.weights.h5 inside the archive)"
+    else:
+        layout = read_layout(args.file)
     sel = selection_from_args(args)
     tensors = layout.tensors if sel.is_all else select(layout.tensors, sel)
     if args.json:
