@@ -174,11 +174,13 @@ def _windows(allowed: int, pattern: int, width: int) -> list[int]:
 
 
 def site_masks(
-    model: FaultModel, group: GroupBits, n_sites: int, rng: np.random.Generator, bit_choice: np.ndarray | None = None
+    model: FaultModel, group: GroupBits, n_sites: int, rng: np.random.Generator, bit_choice: np.ndarray | None = None,
+    bit_masks: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """AND/OR/XOR masks and touched-bits mask for ``n_sites`` sites of one dtype group.
 
-    ``bit_choice`` holds already drawn positions for pair sites (flip / single stuck-at).
+    ``bit_choice`` holds already drawn positions for pair sites (flip / single stuck-at);
+    ``bit_masks`` (instead) holds, per element, the OR of several distinct drawn bits.
     Random choices for element-level models are drawn from ``rng`` in a fixed order.
     """
     full = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -189,6 +191,9 @@ def site_masks(
     m = len(pos)
     kind = model.kind
     if kind in ("flip", "stuck-at-0", "stuck-at-1") and model.n == 1:
+        if bit_masks is not None:
+            bm = np.asarray(bit_masks, dtype=np.uint64)
+            return (*_bitwise(kind, bm, and_m, or_m, xor_m), bm)
         if bit_choice is None:
             bit_choice = pos[rng.integers(0, m, size=n_sites)] if m else np.zeros(0, np.int64)
         bm = _bits_to_mask(np.asarray(bit_choice))

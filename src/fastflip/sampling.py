@@ -323,7 +323,7 @@ class SiteSpace:
             pair_uniform = True
             mode = {"ber": float(ber), "drawn": k}
         elem, bit = self._sample(rng, k, pairs, replace, pair_uniform)
-        plan = self._build(rng, model, elem, bit)
+        plan = self._build(rng, model, elem, bit, distinct=not replace)
         if nan_policy == "avoid" and len(plan):
             plan = self._avoid_nonfinite(plan, rng, model, pairs, replace, pair_uniform, read_words, elem, bit,
                                          max_resample_rounds)
@@ -335,7 +335,19 @@ class SiteSpace:
         })
         return plan
 
-    def _build(self, rng: np.random.Generator, model: FaultModel, elem: np.ndarray, bit: np.ndarray | None) -> Plan:
+    def _build(self, rng: np.random.Generator, model: FaultModel, elem: np.ndarray, bit: np.ndarray | None,
+               distinct: bool = True) -> Plan:
+        bmask = None
+        if bit is not None and distinct and len(elem) > 1:
+            # distinct (element, bit) sites of one bitwise model: the bits of one element combine by OR
+            bmask = np.left_shift(np.uint64(1), bit.astype(np.uint64))
+            first = np.empty(len(elem), bool)
+            first[0] = True
+            np.not_equal(elem[1:], elem[:-1], out=first[1:])
+            if not first.all():
+                starts = np.flatnonzero(first)
+                bmask = np.bitwise_or.reduceat(bmask, starts)
+                elem = elem[starts]
         n = len(elem)
         # elements come sorted: find each tensor's run with one search per tensor
         t = np.repeat(np.arange(len(self.tensors)), np.diff(np.searchsorted(elem, self.starts)))
@@ -344,14 +356,15 @@ class SiteSpace:
         xor_m = np.empty(n, np.uint64)
         touched = np.empty(n, np.uint64)
         if len(self.groups) == 1:
-            and_m, or_m, xor_m, touched = site_masks(model, self.groups[0], n, rng, bit)
+            and_m, or_m, xor_m, touched = site_masks(model, self.groups[0], n, rng, bit, bmask)
         else:
             g = self.group_of[t] if n else np.zeros(0, np.int64)
             for gi, group in enumerate(self.groups):
                 at = np.flatnonzero(g == gi)
                 if not len(at):
                     continue
-                a, o, x, b = site_masks(model, group, len(at), rng, None if bit is None else bit[at])
+                a, o, x, b = site_masks(model, group, len(at), rng, None if bit is None else bit[at],
+                                        None if bmask is None else bmask[at])
                 and_m[at], or_m[at], xor_m[at], touched[at] = a, o, x, b
         scale = np.full(n, model.factor, np.float64) if model.kind == "scale" else None
         plan = Plan(self.tensors, t.astype(np.int32), elem - self.starts[t], and_m, or_m, xor_m, scale, touched)
