@@ -173,6 +173,10 @@ class RawSites:
     def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
         raw = [r for r in routes if (r.offsets >= 0).any()]
         keep = [r.offsets >= 0 for r in raw]
+        # tensors in file order: then the concatenation is already sorted when each tensor's offsets are
+        firsts = [int(r.offsets[k][0]) for r, k in zip(raw, keep)]
+        order_t = sorted(range(len(raw)), key=firsts.__getitem__)
+        raw, keep = [raw[i] for i in order_t], [keep[i] for i in order_t]
         z = np.zeros(0, np.int64)
         site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
         offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
