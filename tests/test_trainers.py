@@ -177,5 +177,6 @@ def test_demo_runs_and_reports(torch, tmp_path, capsys):
     for name in ("weights-exp-msb", "weights-low-mantissa", "optimizer-exp-msb"):
         assert name in out
     assert (tmp_path / "d/torch/accuracy.png").is_file() and (tmp_path / "d/torch/results.csv").is_file()
+    assert (tmp_path / "d/torch-report/index.html").is_file() and (tmp_path / "d/torch-report/accuracy.png").is_file()
     assert main([str(tmp_path / "d"), "--framework", "torch"]) == 0  # second time: everything reused
     assert capsys.readouterr().out.count("[reused]") == 16

@@ -90,8 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if train > 0:
             print(f"time: training {train:.1f} s, checkpoint save/inject/load {handling:.2f} s "
                   f"({100 * handling / train:.1f}% of training)")
-        print(f"outputs: {res.out}/results.csv, curves.csv, accuracy.png  ({time.perf_counter() - t:.1f} s)\n",
-              flush=True)
+        from .report import write_report
+
+        report = write_report(res.out, root / f"{fw}-report")
+        print(f"outputs: {res.out}/results.csv, curves.csv, accuracy.png; report {report.index} "
+              f"({time.perf_counter() - t:.1f} s)\n", flush=True)
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 
