@@ -113,6 +113,7 @@ def test_revert_refuses_wrong_file(tmp_path):
     with pytest.raises(LogMismatchError, match="not the input"):
         replay(res.log_path, res.output, str(tmp_path / "c.h5"))
     assert not os.path.exists(tmp_path / "c.h5")
+    assert listdir_clean(str(tmp_path)) == []  # refusals leave no temporary file behind
 
 
 def test_same_seed_same_output_and_in_place(tmp_path):

@@ -341,12 +341,12 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     lg = _load(log)
     src = check_input(file)
     want_in = lg.manifest.get("input", {}).get("sha256")
-    if want_in and sha256_file(src) != want_in:
-        raise LogMismatchError(f"{src} is not the input this log was made from (sha256 differs); give the original file")
     target = _targets(src, out, in_place)
-    layout = read_layout(src)
-    by_name = {t.path: t for t in layout.tensors}
     want_out = lg.manifest.get("output", {}).get("sha256")
+
+    def check_input_hash(in_hash: str | None) -> None:  # hashed while copied: the input is read once
+        if want_in and in_hash != want_in:
+            raise LogMismatchError(f"{src} is not the input this log was made from (sha256 differs); give the original file")
 
     def check(old: np.ndarray, new: np.ndarray, out_hash: str | None) -> None:
         if not np.array_equal(new, lg.new_words) or not np.array_equal(old, lg.old_words):
@@ -355,6 +355,7 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
             raise LogMismatchError("the replayed output differs from the logged output (sha256); nothing was written")
 
     def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        check_input_hash(in_hash)
         check(old, new, out_hash)
         manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
         new_log = InjectionLog(manifest, lg.plan, old, new, undo)
@@ -365,12 +366,14 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     if lg.undo is not None and lg.undo.new_size >= 0:
         # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
         with atomic_output(target) as tmp:
-            copy_with_hash(src, tmp)
+            in_hash = copy_with_hash(src, tmp)
+            check_input_hash(in_hash)
             lg.undo.redo(tmp)
             after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
             new = read_words(tmp, lg.plan, after)
-            new_log = finish(None, sha256_file(tmp), lg.old_words, new, lg.undo)
+            new_log = finish(in_hash, sha256_file(tmp), lg.old_words, new, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
+    by_name = {t.path: t for t in read_layout(src).tensors}
     _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish)
     return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
 
@@ -390,30 +393,32 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     src = check_input(file)
     want_out = lg.manifest.get("output", {}).get("sha256")
     want_in = lg.manifest.get("input", {}).get("sha256")
-    if want_out and sha256_file(src) != want_out:
-        raise LogMismatchError(f"{src} is not the output this log describes (sha256 differs); nothing was changed")
     target = src if out is None else _targets(src, out, False)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
-    routes = route_sites(src, lg.plan, by_name)
-    current = read_words(src, lg.plan, by_name, routes)
-    if not np.array_equal(current, lg.new_words):
-        raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
+    routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
+
+    def check(path: str, digest: str) -> None:
+        if want_out and digest != want_out:
+            raise LogMismatchError(f"{src} is not the output this log describes (sha256 differs); nothing was changed")
+        if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
+            raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
 
     def restore(path: str) -> str:
         if lg.undo is not None:
             lg.undo.apply(path)
         else:
-            write_words_to_file(path, lg.plan, by_name, lg.old_words, route_sites(path, lg.plan, by_name))
+            write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
         digest = sha256_file(path)
         if want_in and digest != want_in:
             raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")
         return digest
 
     if not atomic and out is None:
+        check(src, sha256_file(src))
         digest = restore(src)
     else:
         with atomic_output(target) as tmp:
-            copy_with_hash(src, tmp)
+            check(tmp, copy_with_hash(src, tmp))  # the file is read once: hashed while copied
             digest = restore(tmp)
     return RevertResult(target, digest, len(lg.plan))
