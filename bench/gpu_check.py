@@ -5,7 +5,7 @@ Run on a machine with an NVIDIA GPU, CuPy and Numba's CUDA target::
     python bench/gpu_check.py            # about a minute on an H200
     python bench/gpu_check.py --quick    # correctness only
 
-1. Correctness: for every fault model (flip, stuck-at-0/1, burst, adjacent, mask,
+1. Correctness: for every fault model (flip, stuck-at-0/1, random-bits, adjacent, mask,
    random-value, zero, scale) and every dtype (float16/32/64, int/uint 8-64, bool),
    a seeded plan is applied to CuPy arrays through ``fastflip.live.inject`` and to a
    host copy through ``fastflip.reference.apply_plan``; the old/new words and every
@@ -41,7 +41,7 @@ from fastflip.reference import apply_plan  # noqa: E402
 from fastflip.sampling import SiteSpace  # noqa: E402
 
 DTYPES = ["<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"]
-MODELS = [FaultModel("flip"), FaultModel("stuck-at-0"), FaultModel("stuck-at-1", n=2), FaultModel("burst", n=3),
+MODELS = [FaultModel("flip"), FaultModel("stuck-at-0"), FaultModel("stuck-at-1", n=2), FaultModel("random-bits", n=3),
           FaultModel("adjacent", n=2), FaultModel("mask", mask=0b101, mask_position="random"),
           FaultModel("random-value"), FaultModel("zero"), FaultModel("scale", factor=-2.5)]
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -75,7 +75,7 @@ def check_correctness(n_elem: int, n_sites: int) -> list[str]:
     failures: list[str] = []
     rng = np.random.default_rng(2026)
     for model in MODELS:
-        multi_bit = model.kind in ("scale", "burst", "adjacent", "mask") or model.n > 1
+        multi_bit = model.kind in ("scale", "random-bits", "adjacent", "mask") or model.n > 1
         dtypes = [d for d in DTYPES if not (multi_bit and d == "|b1")]  # bool has one allowed bit
         host = {f"t_{np.dtype(d).name}": random_words(d, n_elem + 7 * i, rng) for i, d in enumerate(dtypes)}
         refs = [TensorRef(k, v.dtype.str, v.shape) for k, v in host.items()]
@@ -145,14 +145,14 @@ def check_torch_cuda() -> list[str]:
     rng = np.random.default_rng(5)
     a = random_words("<f4", 1 << 16, rng)
     t = {"w": torch.from_numpy(a.copy()).cuda()}
-    plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(seed=3, count=5000, model=FaultModel("burst", n=2))
+    plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(seed=3, count=5000, model=FaultModel("random-bits", n=2))
     oracle = {"w": a.copy()}
     _, exp_new = apply_plan(oracle, plan)
     log = live.inject(t, plan)
     ok = log.new_words.tolist() == exp_new.tolist() and t["w"].cpu().numpy().tobytes() == oracle["w"].tobytes()
     live.revert(t, log)
     ok = ok and t["w"].cpu().numpy().tobytes() == a.tobytes()
-    print(f"  torch CUDA tensor, 5000 burst sites: {'ok' if ok else 'FAIL'}")
+    print(f"  torch CUDA tensor, 5000 random-bits sites: {'ok' if ok else 'FAIL'}")
     return [] if ok else ["torch CUDA tensor differs from the oracle"]
 
 

@@ -17,7 +17,7 @@ from fastflip.log import InjectionLog
 from fastflip.select import Selection
 from h5fixtures import ALL_DTYPES, dtype_zoo, storage_zoo
 
-MODELS = ["flip", "burst:2", "adjacent:2", "mask:0b11@random", "stuck-at-0", "stuck-at-1", "random-value", "zero"]
+MODELS = ["flip", "random-bits:2", "adjacent:2", "mask:0b11@random", "stuck-at-0", "stuck-at-1", "random-value", "zero"]
 STORAGES = {"contiguous": {}, "chunked": {"chunks": (2, 2)}, "gzip": {"chunks": (2, 2), "compression": "gzip"},
             "shuffle-lzf": {"chunks": (3, 2), "compression": "lzf", "shuffle": True}}
 
@@ -42,7 +42,7 @@ def test_every_dtype_matches_reference(tmp_path, storage, model):
     src, out = str(tmp_path / "in.h5"), str(tmp_path / "out.h5")
     arrays = dtype_zoo(src, shape=(4, 5), **STORAGES[storage])
     before = sha256_file(src)
-    multi = model.split(":")[0] in ("burst", "adjacent", "mask")
+    multi = model.split(":")[0] in ("random-bits", "adjacent", "mask")
     # bool has one meaningful bit (bit 0) unless more are named: multi-bit models name all 8
     res = inject_file(src, out, seed=11, count=60, model=model, bits="0-7" if multi else None)
     assert sha256_file(src) == before  # input untouched
@@ -75,7 +75,7 @@ def test_raw_and_hdf5_paths_give_identical_results(tmp_path):
     a, b = str(tmp_path / "contig.h5"), str(tmp_path / "gzip.h5")
     dtype_zoo(a, shape=(6, 6))
     dtype_zoo(b, shape=(6, 6), chunks=(4, 4), compression="gzip", shuffle=True)
-    ra = inject_file(a, a + ".out", seed=9, count=300, model="burst:3", bits="0-7")
+    ra = inject_file(a, a + ".out", seed=9, count=300, model="random-bits:3", bits="0-7")
     rb = inject_file(b, b + ".out", plan=ra.log.plan)  # same plan through the HDF5 path
     assert np.array_equal(ra.log.new_words, rb.log.new_words)
     ga, gb = read_all(a + ".out"), read_all(b + ".out")

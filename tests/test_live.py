@@ -271,7 +271,7 @@ def test_gpu_tensor_without_cupy_is_refused_clearly() -> None:
     assert not cpu.any()
 
 
-@pytest.mark.parametrize("model", ["flip", "stuck-at-0", "stuck-at-1:2", "burst:3", "adjacent:2", "mask:0b1011@random",
+@pytest.mark.parametrize("model", ["flip", "stuck-at-0", "stuck-at-1:2", "random-bits:3", "adjacent:2", "mask:0b1011@random",
                                    "mask:0b11", "random-value", "zero", "scale:0.75", "scale:1e39"])
 def test_every_fault_model_matches_reference(model: str) -> None:
     from fastflip.sampling import make_plan as sample

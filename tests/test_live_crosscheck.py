@@ -21,7 +21,7 @@ pytestmark = pytest.mark.framework
 
 SAMPLING = [
     dict(count=40, model="flip"),
-    dict(count=25, model="burst:3", bits="exponent"),
+    dict(count=25, model="random-bits:3", bits="exponent"),
     dict(rate=0.02, model="stuck-at-1"),
     dict(count=30, model="scale:-3.0"),
 ]

@@ -11,8 +11,10 @@ kind           effect on the word                                          site 
 flip           XOR one allowed bit                                         (element, bit)
 stuck-at-0     clear ``n`` distinct allowed bits (AND)                     (element, bit)*
 stuck-at-1     set ``n`` distinct allowed bits (OR)                        (element, bit)*
-burst          XOR ``n`` distinct allowed bits chosen at random            element
-adjacent       XOR ``n`` consecutive allowed bits (random start)           element
+random-bits    XOR ``n`` distinct allowed bits chosen at random            element
+               (not adjacent; what the older tool called ``burst``)
+adjacent       XOR ``n`` consecutive allowed bits (random start): an       element
+               adjacent-bit burst; ``burst:n`` is an alias
 mask           XOR the pattern ``mask``; ``mask_position='random'`` shifts  element
                it to a random place where all its bits are allowed
 random-value   set every allowed bit to a random value                     element
@@ -24,8 +26,10 @@ scale          value <- value * ``factor`` (value-level)                   eleme
 
 Examples
 --------
->>> FaultModel("burst", n=3).describe()
-'burst of 3 distinct bits'
+>>> FaultModel("random-bits", n=3).describe()
+'3 distinct random bits'
+>>> FaultModel.parse("burst:3").kind  # the literature's burst: adjacent bits
+'adjacent'
 >>> FaultModel.parse("mask:0b101@random").mask
 5
 """
@@ -41,9 +45,10 @@ from .errors import OptionError
 
 __all__ = ["FaultModel", "FAULT_KINDS", "GroupBits", "site_masks"]
 
-FAULT_KINDS = ("flip", "stuck-at-0", "stuck-at-1", "burst", "adjacent", "mask", "random-value", "zero", "scale")
+FAULT_KINDS = ("flip", "stuck-at-0", "stuck-at-1", "random-bits", "adjacent", "mask", "random-value", "zero", "scale")
 _ALIASES = {"bitflip": "flip", "bit-flip": "flip", "single": "flip", "stuck0": "stuck-at-0", "stuck1": "stuck-at-1",
-            "sa0": "stuck-at-0", "sa1": "stuck-at-1", "random": "random-value", "set-random": "random-value"}
+            "sa0": "stuck-at-0", "sa1": "stuck-at-1", "random": "random-value", "set-random": "random-value",
+            "burst": "adjacent", "distinct": "random-bits"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class FaultModel:
     kind : str
         One of :data:`FAULT_KINDS`.
     n : int
-        Bits per site for ``burst``, ``adjacent``, ``stuck-at-*``.
+        Bits per site for ``random-bits``, ``adjacent``, ``stuck-at-*``.
     mask : int, optional
         The pattern of ``mask`` (bit 0 = LSB).
     mask_position : {'fixed', 'random'}
@@ -89,7 +94,7 @@ class FaultModel:
 
     @classmethod
     def parse(cls, text: "str | FaultModel | None") -> "FaultModel":
-        """Parse the CLI form: ``flip``, ``burst:3``, ``adjacent:2``, ``stuck-at-1``, ``stuck-at-0:2``,
+        """Parse the CLI form: ``flip``, ``random-bits:3``, ``adjacent:2`` (alias ``burst:2``), ``stuck-at-1``, ``stuck-at-0:2``,
         ``mask:0b101`` or ``mask:0x5@random``, ``scale:2.0``, ``random-value``, ``zero``."""
         if text is None:
             return cls()
@@ -98,7 +103,7 @@ class FaultModel:
         name, _, arg = str(text).strip().partition(":")
         kind = _ALIASES.get(name.lower(), name.lower())
         try:
-            if kind in ("burst", "adjacent", "stuck-at-0", "stuck-at-1") and arg:
+            if kind in ("random-bits", "adjacent", "stuck-at-0", "stuck-at-1") and arg:
                 return cls(kind, n=int(arg))
             if kind == "mask":
                 pattern, _, where = arg.partition("@")
@@ -117,8 +122,8 @@ class FaultModel:
         return self.kind == "flip" or (self.kind in ("stuck-at-0", "stuck-at-1") and self.n == 1)
 
     def describe(self) -> str:
-        if self.kind == "burst":
-            return f"burst of {self.n} distinct bits"
+        if self.kind == "random-bits":
+            return f"{self.n} distinct random bits"
         if self.kind == "adjacent":
             return f"adjacent burst of {self.n} bits"
         if self.kind == "mask":
@@ -154,7 +159,7 @@ def _bits_to_mask(positions: np.ndarray) -> np.ndarray:
 
 def _bitwise(kind: str, bm: np.ndarray, and_m: np.ndarray, or_m: np.ndarray,
              xor_m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Masks of flipping (flip/burst), clearing (stuck-at-0) or setting (stuck-at-1) the bits ``bm``."""
+    """Masks of flipping (flip/random-bits), clearing (stuck-at-0) or setting (stuck-at-1) the bits ``bm``."""
     if kind == "stuck-at-0":
         return ~bm, or_m, xor_m
     if kind == "stuck-at-1":
@@ -198,7 +203,7 @@ def site_masks(
             bit_choice = pos[rng.integers(0, m, size=n_sites)] if m else np.zeros(0, np.int64)
         bm = _bits_to_mask(np.asarray(bit_choice))
         return (*_bitwise(kind, bm, and_m, or_m, xor_m), bm)
-    if kind in ("burst", "stuck-at-0", "stuck-at-1"):
+    if kind in ("random-bits", "stuck-at-0", "stuck-at-1"):
         if model.n > m:
             raise OptionError(f"fault model {model.describe()}: only {m} bits are allowed for this dtype")
         keys = rng.random((n_sites, m))

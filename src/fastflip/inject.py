@@ -255,7 +255,7 @@ def inject_file(
     bits, sign_first
         Allowed bit positions (see :class:`fastflip.bits.BitSpec`).
     model : FaultModel or str
-        Fault model (``flip``, ``burst:3``, ``stuck-at-1``, ``scale:2``, ...).
+        Fault model (``flip``, ``adjacent:3``, ``random-bits:3``, ``stuck-at-1``, ``scale:2``, ...).
     count, rate, ber
         Exactly one: number of sites, fraction of elements, or per-bit rate.
     seed : int, optional

@@ -34,7 +34,7 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sign-first", action="store_true",
                    help="read --bits in the old tools' numbering where 0 is the sign (most significant) bit")
     g.add_argument("--model", default="flip", metavar="MODEL",
-                   help="flip, burst:N, adjacent:N, mask:0b101[@random], stuck-at-0[:N], stuck-at-1[:N], "
+                   help="flip, random-bits:N, adjacent:N (alias burst:N), mask:0b101[@random], stuck-at-0[:N], stuck-at-1[:N], "
                    "scale:F, random-value, zero (default flip)")
     m = g.add_mutually_exclusive_group()
     m.add_argument("--count", type=int, metavar="K", help="exactly K sites (default 1)")
