@@ -13,9 +13,11 @@ import pytest
 from fastflip.errors import OptionError, SelectionError
 from fastflip.experiment import golden_checkpoint, run_experiment
 from fastflip.experiment_config import ExperimentConfig, load_config
-from fastflip.experiment_outcomes import classify, read_csv
+from fastflip.experiment_outcomes import Verdict, classify, read_csv, summarize
 from fastflip.log import InjectionLog
 from fastflip.trainers.data import digits
+
+from outcome_rules import independent_outcome
 
 TOY = str(Path(__file__).with_name("toy_trainer.py"))
 
@@ -68,17 +70,16 @@ def test_experiment_outputs_and_outcomes(tmp_path):
     control = rows[-1]
     assert control["outcome"] == "masked" and control["matches_golden"] is True
     assert all(r["matches_golden"] is False for r in rows[:3])
-    # the outcome is what classify() says from the recorded curves
+    # the outcome is what an independent reading of the recorded curves says
     curves = read_csv(out / "curves.csv")
     yv = digits()[3]
     chance = float(np.bincount(yv).max() / len(yv))
-    gacc = {r["epoch"]: r["accuracy"] for r in golden}
     for r in rows:
         mine = [c for c in curves if c["scenario"] == r["scenario"] and c["rep"] == r["rep"]]
         assert [c["epoch"] for c in mine] == list(range(r["epoch"], 5))
-        acc = {c["epoch"]: c["accuracy"] for c in mine}
-        losses = {c["epoch"]: c[k] for c in mine for k in ("loss", "val_loss") if c[k] is not None}
-        assert r["outcome"] == classify(gacc, acc, losses, tolerance=0.02, chance=chance, chance_margin=0.05)
+        assert [c["phase"] for c in mine] == ["injected"] + ["train"] * (4 - r["epoch"])
+        assert all(c["loss"] is not None and c["train_accuracy"] is not None for c in mine[1:])  # both recorded
+        assert (r["outcome"], r["epochs_to_recovery"]) == independent_outcome(mine, golden, 0.02, chance, 0.05)
     assert res.table().splitlines()[0].split()[:3] == ["scenario", "E", "runs"]
 
 
@@ -250,14 +251,88 @@ def test_relative_model_file_and_output_resolve_against_the_config(tmp_path):
     assert res.out == tmp_path / "res" and (tmp_path / "res/results.csv").exists()
 
 
-def test_classify_rules():
-    g = {0: 0.1, 1: 0.9, 2: 0.95}
-    assert classify(g, {1: 0.9, 2: 0.96}, {2: 0.1}, tolerance=0.01) == "masked"
-    assert classify(g, {1: 0.5, 2: 0.945}, {2: 0.1}, tolerance=0.01) == "recovered"
-    assert classify(g, {1: 0.9, 2: 0.9}, {2: 0.1}, tolerance=0.01) == "degraded"
-    assert classify(g, {1: 0.9, 2: 0.12}, {2: 0.1}, tolerance=0.01, chance=0.1) == "diverged"
-    assert classify(g, {1: 0.9, 2: 0.95}, {2: float("inf")}, tolerance=0.01) == "diverged"
-    assert classify(g, {}, {}, tolerance=0.01, error="boom") == "crashed"
+NAN, INF = float("nan"), float("inf")
+G = [{"val_loss": 0.3, "accuracy": 0.9}, {"loss": 0.2, "train_accuracy": 0.93, "val_loss": 0.25, "accuracy": 0.92},
+     {"loss": 0.1, "train_accuracy": 0.95, "val_loss": 0.2, "accuracy": 0.95}]
+
+
+def _pt(acc, loss=0.1, train=0.95, val=0.2):
+    return {"loss": loss, "train_accuracy": train, "val_loss": val, "accuracy": acc}
+
+
+@pytest.mark.parametrize("run, kw, want", [
+    # masked: never beyond tolerance (higher is within)
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.96)], {}, Verdict("masked", 0)),
+    # a transient NaN/Inf in the evaluation right after injection, ending at golden accuracy: recovered
+    ([{"val_loss": NAN, "accuracy": 0.1}, _pt(0.92), _pt(0.95)], {}, Verdict("recovered", 1)),
+    ([{"val_loss": INF, "accuracy": 0.9}, _pt(0.92), _pt(0.95)], {}, Verdict("recovered", 1)),
+    # a training loss that became NaN is never masked, even with accuracy at golden's
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92, loss=NAN), _pt(0.95)], {}, Verdict("recovered", 2)),
+    # ... and ending on a NaN training loss is diverged
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.95, loss=NAN)], {}, Verdict("diverged", None)),
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.95, val=INF)], {}, Verdict("diverged", None)),
+    # training accuracy checked too: a dip in it alone leaves tolerance
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92, train=0.5), _pt(0.95)], {}, Verdict("recovered", 2)),
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.95, train=0.5)], {}, Verdict("degraded", None)),
+    # left, came back, left again, came back: recovery counts to the last return
+    ([{"val_loss": 0.3, "accuracy": 0.2}, _pt(0.6), _pt(0.94)], {}, Verdict("recovered", 2)),
+    # degraded: ends finite, above chance, beyond tolerance
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.5)], {"chance": 0.1}, Verdict("degraded", None)),
+    # diverged: ends at chance (within the margin)
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.14)], {"chance": 0.1}, Verdict("diverged", None)),
+    ([{"val_loss": 0.3, "accuracy": 0.9}, _pt(0.92), _pt(0.16)], {"chance": 0.1}, Verdict("degraded", None)),
+    ([], {"error": "boom"}, Verdict("crashed", None)),
+    ([{"val_loss": 0.3, "accuracy": 0.9}], {"error": "RuntimeError: x"}, Verdict("crashed", None)),
+])
+def test_classify_rules(run, kw, want):
+    assert classify(run, G[: len(run)] if run else [], tolerance=0.02, **kw) == want
+
+
+def test_classify_agrees_with_the_independent_rules_on_random_curves():
+    rng = np.random.default_rng(0)
+    golden = [{"epoch": e, "loss": 0.5 / (e + 1), "train_accuracy": 0.8 + 0.04 * e, "val_loss": 0.4 / (e + 1),
+               "accuracy": 0.78 + 0.04 * e} for e in range(5)]
+    seen = set()
+    for _ in range(3000):
+        start = int(rng.integers(0, 4))
+        run = []
+        for e in range(start, 5):
+            p = {"epoch": e, "phase": "injected" if e == start else "train", "val_loss": float(rng.random()),
+                 "accuracy": float(rng.choice([0.1, golden[e]["accuracy"] - 0.05, golden[e]["accuracy"], 0.99]))}
+            if e > start:
+                p.update(loss=float(rng.choice([0.1, NAN, INF], p=[0.8, 0.1, 0.1])),
+                         train_accuracy=float(rng.choice([0.5, golden[e]["train_accuracy"]])))
+            if rng.random() < 0.1:
+                p["val_loss"] = NAN
+            run.append(p)
+        gp = [{k: golden[p["epoch"]][k] for k in (("val_loss", "accuracy") if p["phase"] == "injected"
+                                                   else ("loss", "train_accuracy", "val_loss", "accuracy"))} for p in run]
+        got = classify(run, gp, tolerance=0.02, chance=0.1, chance_margin=0.05)
+        assert tuple(got) == independent_outcome(run, golden, 0.02, 0.1, 0.05)
+        seen.add(got.outcome)
+    assert seen == {"masked", "recovered", "degraded", "diverged"}
+
+
+def test_summary_intervals_and_failure_definition():
+    from scipy.stats import binomtest
+
+    rows = [{"scenario": "a", "epoch": 1, "outcome": o, "final_accuracy": 0.9}
+            for o in ["masked"] * 7 + ["recovered"] * 2 + ["diverged"] * 3]
+    s = summarize(rows)[0]
+    assert (s["runs"], s["masked"], s["recovered"], s["diverged"], s["failures"]) == (12, 7, 2, 3, 3)
+    z = 1.959963984540054
+    for o, k in (("masked", 7), ("recovered", 2), ("failure", 3), ("crashed", 0)):
+        n, ph = 12, k / 12  # Wilson's formula written out
+        c = (ph + z * z / (2 * n)) / (1 + z * z / n)
+        h = z / (1 + z * z / n) * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n))
+        assert s[f"{o}_rate"] == ph
+        assert s[f"{o}_low"] == pytest.approx(max(0.0, c - h), abs=1e-12)
+        assert s[f"{o}_high"] == pytest.approx(min(1.0, c + h), abs=1e-12)
+        assert binomtest(k, n).proportion_ci(0.95, method="wilson").low == pytest.approx(s[f"{o}_low"], abs=1e-9)
+    s2 = summarize(rows, failure=["recovered", "diverged"])[0]
+    assert s2["failures"] == 5 and s2["failure_classes"] == "recovered+diverged"
+    with pytest.raises(OptionError, match="failure: unknown outcome class 'sdc'"):
+        summarize(rows, failure=["sdc"])
 
 
 def test_cli_experiment(tmp_path, capsys):
@@ -277,3 +352,87 @@ def test_cli_experiment(tmp_path, capsys):
     (tmp_path / "noout.yaml").write_text(yaml.safe_dump(_cfg()))
     assert main(["experiment", str(tmp_path / "noout.yaml")]) == 2
     assert "no output directory" in capsys.readouterr().err
+
+
+def test_injection_at_an_iteration_within_an_epoch(tmp_path):
+    cfg = _cfg(scenarios=[
+        {"name": "mid-control", "at": {"epoch": 2, "iteration": 7}, "control": True, "repetitions": 1},
+        {"name": "mid-exp", "at": {"epoch": 2, "iteration": 7}, "bits": "exponent-msb", "count": 10,
+         "selection": {"include": ["model/*"]}, "repetitions": 2},
+    ])
+    res = run_experiment(cfg, tmp_path / "o")
+    out = tmp_path / "o"
+    g = {r["epoch"]: r for r in res.golden}
+    ctrl, *runs = res.results
+    # the golden state after 7 batches of epoch 2, made once: resuming from it reproduces golden exactly
+    assert (out / "golden/ckpt-e002-i000007.h5").is_file()
+    assert ctrl["matches_golden"] is True and ctrl["outcome"] == "masked" and ctrl["final_accuracy"] == g[4]["accuracy"]
+    m = read_csv(out / "runs/mid-control/000/metrics.csv")
+    assert [(r["epoch"], r["iteration"], r["phase"]) for r in m] == [(2, 7, "injected"), (2, None, "train"),
+                                                                     (3, None, "train"), (4, None, "train")]
+    assert [r["val_loss"] for r in m[1:]] == [g[e]["val_loss"] for e in (2, 3, 4)]
+    with h5py.File(out / "golden/ckpt-e002-i000007.h5") as f:  # 7 optimizer steps after epoch 1's checkpoint
+        with h5py.File(golden_checkpoint(out, 1, ".h5")) as f1:
+            steps_per_epoch = -(-len(digits()[1]) // 64)
+            assert int(f["optimizer/step"][()]) == int(f1["optimizer/step"][()]) + 7 == 7 + steps_per_epoch
+    for r in runs:
+        assert r["iteration"] == 7 and r["epoch"] == 2 and r["flips"] == 10
+        log = InjectionLog.load(out / "runs/mid-exp" / f"{r['rep']:03d}" / "injection.fflog")
+        assert log.manifest["input"]["path"].endswith("golden/ckpt-e002-i000007.h5")
+        assert r["matches_golden"] is False
+    rows = read_csv(out / "results.csv")
+    assert rows[1]["iteration"] == 7
+
+
+def test_iteration_errors(tmp_path):
+    bad = _cfg(scenarios=[{"name": "x", "at": {"epoch": 2, "iteration": 1000}, "count": 1,
+                           "selection": {"include": ["model/*"]}}])
+    with pytest.raises(OptionError, match=r"an epoch has only 23 iterations; choose an iteration from 1 to 22"):
+        run_experiment(bad, tmp_path / "o")
+    with pytest.raises(OptionError, match="give either epoch or at"):
+        ExperimentConfig.from_dict(_cfg(scenarios=[{"name": "x", "epoch": 1, "at": {"epoch": 1}, "count": 1}]))
+    with pytest.raises(OptionError, match=r"at.iteration: expected an integer >= 1"):
+        ExperimentConfig.from_dict(_cfg(scenarios=[{"name": "x", "at": {"epoch": 1, "iteration": 0}, "count": 1}]))
+
+    class NoRange:
+        framework, checkpoint_suffix = "x", ".h5"
+
+        def build(self): ...
+        def train_epoch(self, epoch): ...
+        def evaluate(self): ...
+        def save_checkpoint(self, path): ...
+        def load_checkpoint(self, path): ...
+
+    cfg = _cfg(scenarios=[{"name": "x", "at": {"epoch": 2, "iteration": 3}, "count": 1}])
+    with pytest.raises(OptionError, match=r"scenario x: injecting at an iteration needs train_epoch\(epoch, start, stop\)"):
+        run_experiment(cfg, tmp_path / "n", trainer=NoRange())
+
+
+def test_pairwise_tests_between_scenarios_in_results(tmp_path):
+    from scipy.stats import fisher_exact
+
+    res = run_experiment(_cfg(repetitions=4), tmp_path / "o")
+    meta = json.loads((tmp_path / "o/experiment.json").read_text())
+    tests = read_csv(tmp_path / "o/tests.csv")
+    assert [(t["a"], t["b"]) for t in tests] == [("exp-msb", "low-mant")]  # control left out by default
+    by = {s["scenario"]: s for s in res.summary}
+    a, b = by["exp-msb"], by["low-mant"]
+    want = fisher_exact([[a["failures"], 4 - a["failures"]], [b["failures"], 4 - b["failures"]]]).pvalue
+    assert tests[0]["p_value"] == pytest.approx(want, rel=1e-9) and meta["tests"][0]["p_value"] == tests[0]["p_value"]
+    assert tests[0]["p_holm"] == tests[0]["p_value"]  # a family of one
+    summary = read_csv(tmp_path / "o/summary.csv")
+    assert {"failure_low", "failure_high", "masked_low", "diverged_high"} <= set(summary[0])
+    assert "Fisher p" in res.table()
+
+
+def test_requested_test_with_a_scenario_without_runs_is_one_clear_line(tmp_path):
+    with pytest.raises(OptionError, match="compare: no scenario named 'nope'"):
+        ExperimentConfig.from_dict(_cfg(compare=[["exp-msb", "nope"]]))
+    from fastflip.experiment import scenario_tests
+
+    cfg = ExperimentConfig.from_dict(_cfg(compare=[["exp-msb", "low-mant"]]))
+    summary = summarize([{"scenario": "exp-msb", "epoch": 2, "outcome": "diverged"}])
+    with pytest.raises(OptionError, match="^test exp-msb vs low-mant: scenario 'low-mant' has no trials; run it"):
+        scenario_tests(summary, cfg)
+    with pytest.raises(OptionError, match="failure: unknown outcome class 'sdc'"):
+        ExperimentConfig.from_dict(_cfg(failure=["sdc"]))

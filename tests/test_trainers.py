@@ -33,6 +33,7 @@ def _controls(framework, **trainer):
         "epochs": 3, "seed": 4, "trainer": {"framework": framework, **trainer},
         "scenarios": [{"name": "c1", "epoch": 1, "control": True, "repetitions": 1},
                       {"name": "c0", "epoch": 0, "control": True, "repetitions": 1},
+                      {"name": "cmid", "at": {"epoch": 2, "iteration": 10}, "control": True, "repetitions": 1},
                       {"name": "flip", "epoch": 1, "count": 3, "bits": "0-3", "repetitions": 1,
                        "selection": {"roles": ["weight"]}}],
     }
@@ -45,8 +46,10 @@ def test_resume_from_unaltered_checkpoint_reproduces_golden(framework, extra, tm
     from fastflip.experiment import run_experiment
 
     res = run_experiment(_controls(framework, **extra), tmp_path / "o", plot=False)
-    c1, c0, flip = res.results
+    c1, c0, cmid, flip = res.results
     assert c1["matches_golden"] is True and c0["matches_golden"] is True, res.results
+    # split after 10 batches of epoch 2, checkpointed, reloaded, finished: the golden curve exactly
+    assert cmid["matches_golden"] is True and cmid["iteration"] == 10, res.results
     assert flip["error"] is None and flip["flips"] == 3  # the injection path works for this checkpoint kind
     suffix = ".keras" if extra else (".weights.h5" if framework == "keras" else ".h5")
     assert (tmp_path / f"o/golden/ckpt-e003{suffix}").is_file()
@@ -165,6 +168,42 @@ def test_injected_nan_keeps_training_and_is_diverged(framework, tmp_path, reques
     assert row["outcome"] == "diverged" and row["error"] is None, row
     assert row["nan_created"] + row["inf_created"] == 4
     assert [m["epoch"] for m in read_csv(tmp_path / "o/runs/nan/000/metrics.csv")] == [1, 2]
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_outcome_rules_on_real_training(framework, tmp_path, request):
+    """Exponent-MSB flips into real Keras / PyTorch models: both losses and accuracies recorded, outcome by the rules."""
+    request.getfixturevalue(framework)
+    from outcome_rules import independent_outcome
+
+    from fastflip.experiment import run_experiment
+    from fastflip.experiment_outcomes import read_csv
+
+    cfg = {"epochs": 3, "seed": 2, "trainer": {"framework": framework},
+           "scenarios": [{"name": "msb", "epoch": 1, "bits": "exponent-msb", "count": 2, "repetitions": 3,
+                          "selection": {"roles": ["weight"]}},
+                         {"name": "mid", "at": {"epoch": 2, "iteration": 5}, "bits": "exponent-msb", "count": 1,
+                          "repetitions": 2, "selection": {"roles": ["weight"]}}]}
+    res = run_experiment(cfg, tmp_path / "o", plot=False)
+    golden = read_csv(tmp_path / "o/golden/metrics.csv")
+    assert all(g["loss"] is not None and g["train_accuracy"] is not None and g["val_loss"] is not None
+               for g in golden[1:])
+    assert golden[1]["loss"] != golden[1]["val_loss"]  # two losses, not one overwriting the other
+    from fastflip.trainers.data import digits
+
+    yv = digits()[3]
+    chance = float(np.bincount(yv).max() / len(yv))
+    for r in res.results:
+        m = read_csv(tmp_path / f"o/runs/{r['scenario']}/{r['rep']:03d}/metrics.csv")
+        assert r["error"] is None
+        if r["scenario"] == "msb":
+            assert r["outcome"] in ("masked", "recovered", "degraded", "diverged")
+            assert (r["outcome"], r["epochs_to_recovery"]) == independent_outcome(m, golden, 0.02, chance, 0.05)
+        else:
+            assert [(x["epoch"], x["phase"]) for x in m] == [(2, "injected"), (2, "train"), (3, "train")]
+        if any(x["loss"] is not None and not np.isfinite(x["loss"]) for x in m):
+            assert r["outcome"] != "masked"
 
 
 @pytest.mark.framework

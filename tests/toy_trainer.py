@@ -46,13 +46,20 @@ class ToyTrainer:
             p[np.arange(len(y)), y] -= 1
             return loss, (x.T @ p / len(y)).astype(np.float32), p.mean(axis=0).astype(np.float32)
 
-    def train_epoch(self, epoch):
+    @property
+    def iterations_per_epoch(self):
+        return -(-len(self.y) // self.bs)
+
+    def train_epoch(self, epoch, start=0, stop=None):
         if self.crash_above is not None and np.nanmax(np.abs(self.W)) > self.crash_above:
             raise RuntimeError("toy trainer: weights out of range")
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.y))
-        losses = []
+        order = order[start * self.bs: None if stop is None else stop * self.bs]
+        losses, correct = [], 0
         for s in range(0, len(order), self.bs):
             i = order[s:s + self.bs]
+            with np.errstate(all="ignore"):
+                correct += int((self._logits(self.x[i]).argmax(axis=1) == self.y[i]).sum())
             loss, gW, gb = self._loss_grad(self.x[i], self.y[i])
             with np.errstate(all="ignore"):
                 self.vW = (self.mu * self.vW + gW).astype(np.float32)
@@ -61,7 +68,7 @@ class ToyTrainer:
                 self.b = (self.b - self.lr * self.vb).astype(np.float32)
             self.step += 1
             losses.append(loss)
-        return {"loss": float(np.mean(losses))}
+        return {"loss": float(np.mean(losses)), "train_accuracy": correct / len(order)}
 
     def evaluate(self):
         loss, _, _ = self._loss_grad(self.xv, self.yv)

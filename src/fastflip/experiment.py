@@ -25,7 +25,9 @@ See ``python -m fastflip.demo`` and ``docs/experiment.md``; a doctest would trai
 
 from __future__ import annotations
 
+import inspect
 import json
+import math
 import os
 import shutil
 import time
@@ -47,8 +49,9 @@ from .experiment_outcomes import (
     write_csv,
 )
 from .fileio import atomic_output
+from .significance import PAIRWISE_FIELDS, format_tests, pairwise_tests
 
-__all__ = ["ExperimentResult", "run_experiment", "inject_checkpoint", "golden_checkpoint"]
+__all__ = ["ExperimentResult", "run_experiment", "inject_checkpoint", "golden_checkpoint", "golden_mid_checkpoint"]
 
 Progress = Callable[[str], None]
 
@@ -64,15 +67,21 @@ class ExperimentResult:
     summary: list[dict[str, Any]]
     timings: dict[str, float] = field(default_factory=dict)
     reused: int = 0
+    tests: list[dict[str, Any]] = field(default_factory=list)
 
     def table(self) -> str:
         """The per-scenario outcome table as text."""
-        return format_summary(self.summary)
+        return format_summary(self.summary) + ("\n\n" + format_tests(self.tests) if self.tests else "")
 
 
 def golden_checkpoint(out: Path, epoch: int, suffix: str) -> Path:
     """Path of the golden checkpoint saved after ``epoch`` (0 = initial state)."""
     return Path(out) / "golden" / f"ckpt-e{epoch:03d}{suffix}"
+
+
+def golden_mid_checkpoint(out: Path, epoch: int, iteration: int, suffix: str) -> Path:
+    """Path of the golden checkpoint after ``iteration`` batches of ``epoch`` (made for ``at:`` scenarios)."""
+    return Path(out) / "golden" / f"ckpt-e{epoch:03d}-i{iteration:06d}{suffix}"
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -103,7 +112,8 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
     """
     from .keras_io import inject_checkpoint_file
 
-    extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "source": str(src)}}
+    extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "iteration": scenario.iteration,
+                            "source": str(src)}}
     # per-run copies are scratch files (rebuilt on re-run): atomic, but not fsync'ed
     return inject_checkpoint_file(src, dst, seed=seed, log_path=log_path, extra_manifest=extra, durable=False,
                                   **scenario.inject_kwargs())
@@ -179,24 +189,71 @@ class _Driver:
                      f"accuracy {m.get('accuracy', float('nan')):.4f}")
         return read_csv(mpath)  # the rows as every later reader sees them
 
+    # ------------------------------------------------------------------ mid-epoch golden state
+    def golden_mid(self, epoch: int, iteration: int) -> dict[str, Any]:
+        """Golden state after ``iteration`` batches of ``epoch``: its checkpoint and metrics (made once).
+
+        Returns ``{"injected": <evaluation there>, "rest": <training metrics of the
+        epoch's remaining batches>}``; the checkpoint is :func:`golden_mid_checkpoint`.
+        """
+        ckpt = golden_mid_checkpoint(self.out, epoch, iteration, self.suffix)
+        mpath = ckpt.with_name(ckpt.name[: -len(self.suffix)] + ".json")
+        got = _read_json(mpath)
+        if got and ckpt.exists() and got.get("golden_digest") == self.cfg.golden_digest():
+            return got
+        if not self.built:
+            self._build()
+        self.trainer.load_checkpoint(golden_checkpoint(self.out, epoch - 1, self.suffix))
+        per_epoch = getattr(self.trainer, "iterations_per_epoch", None)
+        if per_epoch is not None and iteration >= int(per_epoch):
+            raise OptionError(f"at: {{epoch: {epoch}, iteration: {iteration}}}: an epoch has only {int(per_epoch)} "
+                              f"iterations; choose an iteration from 1 to {int(per_epoch) - 1}")
+        self.trainer.train_epoch(epoch, stop=iteration)
+        self.trainer.save_checkpoint(ckpt)
+        injected = self._evaluate()
+        rest = {k: float(v) for k, v in self.trainer.train_epoch(epoch, start=iteration).items()}
+        data = {"epoch": epoch, "iteration": iteration, "injected": injected, "rest": rest,
+                "golden_digest": self.cfg.golden_digest()}
+        _write_json(mpath, data)
+        self.say(f"golden state after {iteration} iterations of epoch {epoch}: accuracy {injected['accuracy']:.4f}")
+        return data
+
+    def golden_points(self, sc: Scenario, golden: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Golden's metrics at every point of a run of ``sc`` (the run's points line up with these)."""
+        g = {int(r["epoch"]): r for r in golden}
+        val = ("val_loss", "accuracy")
+        if sc.iteration is None:
+            pts = [{k: g[sc.epoch].get(k) for k in val}]
+        else:
+            mid = self.golden_mid(sc.epoch, sc.iteration)
+            pts = [{k: mid["injected"].get(k) for k in val},
+                   {**{k: g[sc.epoch].get(k) for k in val}, **{k: mid["rest"].get(k) for k in ("loss", "train_accuracy")}}]
+        keys = ("loss", "train_accuracy", *val)
+        return pts + [{k: g[e].get(k) for k in keys} for e in range(sc.epoch + 1, self.cfg.epochs + 1)]
+
     # ------------------------------------------------------------------ one faulty run
     def run(self, sc: Scenario, rep: int, golden: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict], bool]:
         seed = self.cfg.run_seed(sc, rep)
         rdir = self.out / "runs" / sc.name / f"{rep:03d}"
         done = _read_json(rdir / "result.json")
         if (done and done.get("scenario_digest") == sc.digest() and done.get("seed") == seed
-                and done.get("golden_digest") == self.cfg.golden_digest() and (rdir / "metrics.csv").exists()):
+                and done.get("golden_digest") == self.cfg.golden_digest() and (rdir / "metrics.csv").exists()
+                and "epochs_to_recovery" in done.get("row", {})):
             return dict(done["row"]), read_csv(rdir / "metrics.csv"), True
         if rdir.exists():
             shutil.rmtree(rdir)
+        gpts = self.golden_points(sc, golden)
         rdir.mkdir(parents=True)
         if not self.built:
             self._build()
-        src = golden_checkpoint(self.out, sc.epoch, self.suffix)
+        if sc.iteration is None:
+            src = golden_checkpoint(self.out, sc.epoch, self.suffix)
+        else:
+            src = golden_mid_checkpoint(self.out, sc.epoch, sc.iteration, self.suffix)
         altered = rdir / f"injected{self.suffix}"
         g = {int(r["epoch"]): r for r in golden}
         row: dict[str, Any] = {"scenario": sc.name, "rep": rep, "seed": seed, "epoch": sc.epoch,
-                               "framework": getattr(self.trainer, "framework", ""),
+                               "iteration": sc.iteration, "framework": getattr(self.trainer, "framework", ""),
                                "golden_accuracy": g[self.cfg.epochs]["accuracy"], "flips": 0,
                                "nan_created": 0, "inf_created": 0}
         rows: list[dict[str, Any]] = []
@@ -221,7 +278,13 @@ class _Driver:
                 self.trainer.load_checkpoint(altered)
                 t2 = time.perf_counter()
                 self.timings["run_load_s"] += t2 - t1
-                rows.append({"epoch": sc.epoch, "phase": "injected", **self._evaluate(), "seconds": 0.0})
+                rows.append({"epoch": sc.epoch, "iteration": sc.iteration, "phase": "injected", **self._evaluate(),
+                             "seconds": 0.0})
+                if sc.iteration is not None:  # the rest of the epoch the fault landed in
+                    ta = time.perf_counter()
+                    m = {k: float(v) for k, v in self.trainer.train_epoch(sc.epoch, start=sc.iteration).items()}
+                    m.update(self._evaluate())
+                    rows.append({"epoch": sc.epoch, "phase": "train", **m, "seconds": time.perf_counter() - ta})
                 for e in range(sc.epoch + 1, self.cfg.epochs + 1):
                     ta = time.perf_counter()
                     m = {k: float(v) for k, v in self.trainer.train_epoch(e).items()}
@@ -235,18 +298,23 @@ class _Driver:
         row["train_seconds"] = train_s
         if not self.cfg.keep_checkpoints and altered.exists():
             altered.unlink()
-        acc = {int(r["epoch"]): r["accuracy"] for r in rows}
-        losses = {int(r["epoch"]): r[k] for r in rows for k in ("loss", "val_loss") if k in r}
-        gacc = {e: r["accuracy"] for e, r in g.items()}
-        row["outcome"] = classify(gacc, acc, losses, tolerance=self.cfg.tolerance, chance=self._chance(),
-                                  chance_margin=self.cfg.chance_margin, error=error) if (acc or error) else "crashed"
+        verdict = classify(rows, gpts[: len(rows)], tolerance=self.cfg.tolerance, chance=self._chance(),
+                           chance_margin=self.cfg.chance_margin, error=error)
+        row["outcome"], row["epochs_to_recovery"] = verdict
         row["error"] = error
+        complete = len(rows) == len(gpts)
         if rows:
-            row["final_accuracy"] = rows[-1]["accuracy"] if len(rows) == self.cfg.epochs - sc.epoch + 1 else None
+            last = rows[-1]
+            row["final_accuracy"] = last["accuracy"] if complete else None
+            row["final_loss"] = last.get("loss") if complete else None
+            row["final_val_loss"] = last.get("val_loss") if complete else None
             row["min_accuracy"] = min(r["accuracy"] for r in rows)
             row["post_injection_accuracy"] = rows[0]["accuracy"]
             row["delta"] = None if row["final_accuracy"] is None else row["final_accuracy"] - row["golden_accuracy"]
-        row["matches_golden"] = error is None and _matches_golden(rows, g)
+            row["nonfinite_points"] = sum(1 for r in rows if any(
+                r.get(k) is not None and not math.isfinite(float(r[k]))
+                for k in ("loss", "train_accuracy", "val_loss", "accuracy")))
+        row["matches_golden"] = error is None and complete and _matches_golden(rows, gpts)
         write_csv(rdir / "metrics.csv", rows, METRIC_FIELDS)
         _write_json(rdir / "result.json", {"row": row, "seed": seed, "scenario": sc.name,
                                            "scenario_digest": sc.digest(), "golden_digest": self.cfg.golden_digest()})
@@ -260,16 +328,11 @@ class _Driver:
         return float(c) if c is not None else None
 
 
-def _matches_golden(rows: list[dict[str, Any]], golden: Mapping[int, Mapping[str, Any]]) -> bool:
-    """True when every metric of a run equals golden's at the same epoch, exactly."""
-    if not rows:
+def _matches_golden(rows: list[dict[str, Any]], golden: list[Mapping[str, Any]]) -> bool:
+    """True when every metric of a run equals golden's at the same point, exactly."""
+    if not rows or len(rows) != len(golden):
         return False
-    for r in rows:
-        g = golden[int(r["epoch"])]
-        keys = ("val_loss", "accuracy") if r["phase"] == "injected" else ("loss", "val_loss", "accuracy")
-        if any(r.get(k) != g.get(k) for k in keys):
-            return False
-    return True
+    return all(r.get(k) == g.get(k) for r, g in zip(rows, golden) for k in g)
 
 
 def _versions() -> dict[str, str]:
@@ -334,10 +397,14 @@ def run_experiment(
     _write_json(meta_path, meta)
     drv = _Driver(cfg, out, trainer, say)
     t_start = time.perf_counter()
+    for sc in cfg.scenarios:
+        if sc.iteration is not None and not _takes_range(trainer):
+            raise OptionError(f"scenario {sc.name}: injecting at an iteration needs train_epoch(epoch, start, stop) "
+                              f"but {type(trainer).__name__}.train_epoch takes no start/stop (docs/experiment.md)")
     golden = drv.golden()
     for sc in cfg.scenarios:
         if not sc.control:
-            _check_selection(golden_checkpoint(out, sc.epoch, trainer.checkpoint_suffix), sc)
+            _check_selection(golden_checkpoint(out, sc.start_epoch, trainer.checkpoint_suffix), sc)
     results: list[dict[str, Any]] = []
     curves: list[dict[str, Any]] = [{"scenario": "golden", "rep": None, "seed": cfg.seed, "outcome": None, **r}
                                     for r in golden]
@@ -358,12 +425,38 @@ def run_experiment(
                 + (" [reused]" if was_reused else "") + (f" - {row['error']}" if row.get("error") else ""))
     write_csv(out / "results.csv", results, RESULT_FIELDS)
     write_csv(out / "curves.csv", curves, ("scenario", "rep", "seed", "outcome", *METRIC_FIELDS))
-    summary = summarize(results)
+    summary = summarize(results, failure=cfg.failure)
+    tests = scenario_tests(summary, cfg)
+    write_csv(out / "summary.csv", summary, list(summary[0]) if summary else ["scenario"])
+    write_csv(out / "tests.csv", tests, PAIRWISE_FIELDS)
     if plot:
         gacc = {int(r["epoch"]): float(r["accuracy"]) for r in golden}
         plot_accuracy(out / "accuracy.png", gacc, plotted, cfg.scenarios,
                       title=f"{cfg.name}: accuracy after injection vs golden ({meta['framework']})")
     timings = dict(drv.timings, total_s=time.perf_counter() - t_start)
-    meta.update(status="complete", timings=timings, summary=summary, reused_runs=reused)
+    meta.update(status="complete", timings=timings, summary=summary, tests=tests, reused_runs=reused)
     _write_json(meta_path, meta)
-    return ExperimentResult(out, cfg, golden, results, summary, timings, reused)
+    return ExperimentResult(out, cfg, golden, results, summary, timings, reused, tests)
+
+
+def _takes_range(trainer: Any) -> bool:
+    try:
+        params = inspect.signature(trainer.train_epoch).parameters
+    except (TypeError, ValueError):
+        return False
+    return "start" in params and "stop" in params
+
+
+def scenario_tests(summary: list[dict[str, Any]], cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """Fisher's exact test of the failure rate between scenarios, Holm-corrected over the family.
+
+    The pairs are the configuration's ``compare`` list, else every pair of
+    non-control scenarios. A requested scenario without runs raises one clear line.
+    """
+    control = {sc.name for sc in cfg.scenarios if sc.control}
+    wanted = cfg.compare
+    groups = {s["scenario"]: (int(s["failures"]), int(s["runs"])) for s in summary
+              if wanted is not None or s["scenario"] not in control}
+    for sc in cfg.scenarios:  # a scenario named in compare but without any run: (0, 0), refused below
+        groups.setdefault(sc.name, (0, 0)) if wanted is not None else None
+    return pairwise_tests(groups, wanted, what="scenario")

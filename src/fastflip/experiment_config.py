@@ -9,9 +9,12 @@ A configuration is a mapping (a YAML or JSON file, or a dict)::
     tolerance: 0.02        # accuracy tolerance of "masked" / "recovered"
     chance: null           # chance-level accuracy (default: the trainer's, else none)
     chance_margin: 0.05    # final accuracy <= chance + margin counts as diverged
+    failure: [degraded, diverged, crashed]   # outcome classes counted as failure (rates, tests)
+    compare: [[exp-msb-10, low-mantissa]]    # scenario pairs to test (default: every non-control pair)
     trainer: {framework: keras, batch_size: 32}
     scenarios:
       - {name: exp-msb-10, epoch: 2, bits: exponent-msb, count: 10, selection: {roles: [weight, bias]}}
+      - {name: mid-epoch, at: {epoch: 3, iteration: 10}, bits: exponent-msb, count: 10}
       - {name: control, epoch: 2, control: true, repetitions: 1}
 
 Each scenario takes the golden checkpoint saved after epoch ``epoch`` (0 = the
@@ -19,6 +22,8 @@ initial weights), injects with ``selection``/``bits``/``model``/``count`` (or
 ``rate``/``ber``)/``distribution``/``nan_policy`` (the arguments of
 :func:`fastflip.inject.inject_file`), and resumes training to epoch N. A
 ``control`` scenario injects nothing: its runs must reproduce the golden curve.
+``at: {epoch: E, iteration: I}`` injects after ``I`` batches of epoch ``E`` instead:
+the golden state there is made once from checkpoint ``E - 1`` and checkpointed.
 
 Examples
 --------
@@ -46,10 +51,10 @@ from .errors import InputFileError, OptionError
 __all__ = ["Scenario", "ExperimentConfig", "load_config"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SCENARIO_KEYS = {"name", "epoch", "selection", "bits", "model", "count", "rate", "ber", "distribution",
+_SCENARIO_KEYS = {"name", "epoch", "at", "selection", "bits", "model", "count", "rate", "ber", "distribution",
                   "nan_policy", "repetitions", "control", "sign_first"}
 _CONFIG_KEYS = {"name", "epochs", "seed", "repetitions", "tolerance", "chance", "chance_margin", "trainer",
-                "scenarios", "output", "keep_checkpoints"}
+                "scenarios", "output", "keep_checkpoints", "failure", "compare"}
 
 
 def _digest(obj: Any) -> str:
@@ -73,6 +78,12 @@ class Scenario:
     sign_first: bool = False
     repetitions: int = 5
     control: bool = False
+    iteration: int | None = None
+
+    @property
+    def start_epoch(self) -> int:
+        """The golden checkpoint a run starts from: ``epoch``, or ``epoch - 1`` for a mid-epoch injection."""
+        return self.epoch if self.iteration is None else self.epoch - 1
 
     def inject_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`fastflip.inject.inject_file` for this scenario."""
@@ -86,7 +97,10 @@ class Scenario:
 
     def digest(self) -> str:
         """A fingerprint of everything that determines this scenario's runs."""
-        return _digest(asdict(self))
+        d = asdict(self)
+        if d["iteration"] is None:  # scenarios injecting between epochs keep their earlier fingerprint
+            del d["iteration"]
+        return _digest(d)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,8 @@ class ExperimentConfig:
     output: str | None = None
     keep_checkpoints: bool = False
     base_dir: str | None = None
+    failure: tuple[str, ...] = ("degraded", "diverged", "crashed")
+    compare: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], base_dir: str | None = None) -> "ExperimentConfig":
@@ -130,13 +146,17 @@ class ExperimentConfig:
             raise OptionError("trainer: expected a mapping such as {framework: keras}")
         tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
         chance = d.get("chance")
+        from .experiment_outcomes import check_failure
+
+        failure = check_failure(d.get("failure"))
+        compare = _compare(d.get("compare"), names)
         return cls(
             epochs=epochs, scenarios=tuple(scenarios), name=str(d.get("name", "experiment")),
             seed=_int(d.get("seed", 0), "seed", 0), tolerance=tol,
             chance=None if chance is None else _float(chance, "chance", 0.0, 1.0),
             chance_margin=_float(d.get("chance_margin", 0.05), "chance_margin", 0.0, 1.0),
             trainer=dict(trainer), output=d.get("output"), keep_checkpoints=bool(d.get("keep_checkpoints", False)),
-            base_dir=base_dir,
+            base_dir=base_dir, failure=failure, compare=compare,
         )
 
     def golden_digest(self) -> str:
@@ -176,7 +196,20 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     name = str(s.get("name", f"scenario{i}"))
     if not _NAME.match(name):
         raise OptionError(f"scenarios[{i}].name: {name!r}; use letters, digits, '.', '_' and '-'")
-    epoch = _int(s.get("epoch"), f"scenarios[{i}].epoch", 0)
+    iteration = None
+    if s.get("at") is not None:
+        at = s["at"]
+        if s.get("epoch") is not None:
+            raise OptionError(f"scenarios[{i}] ({name}): give either epoch or at, not both")
+        if not isinstance(at, Mapping) or set(at) - {"epoch", "iteration"} or "epoch" not in at:
+            raise OptionError(f"scenarios[{i}].at: expected {{epoch: E, iteration: I}} (inject after I batches of epoch E)")
+        epoch = _int(at.get("epoch"), f"scenarios[{i}].at.epoch", 1)
+        if at.get("iteration") is not None:
+            iteration = _int(at["iteration"], f"scenarios[{i}].at.iteration", 1)
+        else:  # {epoch: E} alone: at the end of epoch E, the plain form
+            pass
+    else:
+        epoch = _int(s.get("epoch"), f"scenarios[{i}].epoch", 0)
     if epoch > epochs:
         raise OptionError(f"scenarios[{i}].epoch: {epoch} is after the last epoch ({epochs})")
     control = bool(s.get("control", False))
@@ -196,7 +229,23 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
         rate=s.get("rate"), ber=s.get("ber"), distribution=str(s.get("distribution", "element")),
         nan_policy=str(s.get("nan_policy", "allow")), sign_first=bool(s.get("sign_first", False)),
         repetitions=_int(s.get("repetitions", default_reps), f"scenarios[{i}].repetitions", 1), control=control,
+        iteration=iteration,
     )
+
+
+def _compare(raw: Any, names: list[str]) -> tuple[tuple[str, str], ...] | None:
+    """Validate ``compare: [[a, b], ...]`` (pairs of scenario names to test against each other)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, (list, tuple)) or not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in raw):
+        raise OptionError("compare: expected a list of scenario pairs such as [[exp-msb, control]]")
+    for a, b in raw:
+        for n in (a, b):
+            if str(n) not in names:
+                raise OptionError(f"compare: no scenario named {n!r} (scenarios: {', '.join(names)})")
+        if str(a) == str(b):
+            raise OptionError(f"compare: {a!r} cannot be tested against itself")
+    return tuple((str(a), str(b)) for a, b in raw)
 
 
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> ExperimentConfig:

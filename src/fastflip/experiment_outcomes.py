@@ -1,31 +1,42 @@
 """Outcomes of faulty runs, the per-epoch metric files, the results table and the accuracy plot.
 
+A run is a sequence of *points*: the evaluation right after the injection
+(phase ``injected``), then one point per epoch trained after it (phase ``train``).
+Each point carries the training loss and accuracy of that epoch (``loss``,
+``train_accuracy``; none at the ``injected`` point) and the validation ones
+(``val_loss``, ``accuracy``), and is compared with the golden run's point at the
+same place. A point is *beyond tolerance* when
+
+* any recorded loss or accuracy is NaN/Inf (a transient one included), or
+* the validation accuracy, or the training accuracy where both runs record it, is
+  more than ``tolerance`` below golden's at that point (higher counts as within).
+
 Outcome classes (checked in this order):
 
 ``crashed``
-    loading the altered checkpoint, training or evaluating raised; the message is kept.
+    injecting, loading the altered checkpoint, training or evaluating raised.
 ``diverged``
-    a loss became NaN/Inf after the injection, or the final accuracy is at chance
-    level (``<= chance + chance_margin``).
+    the run *ends* non-finite (a loss or accuracy of its last point is NaN/Inf) or at
+    chance level (final accuracy ``<= chance + chance_margin``).
 ``degraded``
-    the final accuracy is more than ``tolerance`` below the golden run's.
+    it ends finite and above chance, but beyond tolerance.
 ``recovered``
-    the final accuracy is within ``tolerance`` of golden, but at some epoch from the
-    injection on (the evaluation right after injecting included) it was more than
-    ``tolerance`` below golden's accuracy at that epoch.
+    it ends within tolerance after being beyond it at some point;
+    ``epochs_to_recovery`` counts the epochs trained after the injection until it was
+    back within tolerance for good.
 ``masked``
-    within ``tolerance`` of golden at every epoch from the injection on.
+    never beyond tolerance (``epochs_to_recovery`` is 0).
 
 Examples
 --------
->>> golden = {0: 0.1, 1: 0.8, 2: 0.9, 3: 0.95}
->>> classify(golden, {2: 0.9, 3: 0.95}, {3: 0.1}, tolerance=0.02)
-'masked'
->>> classify(golden, {2: 0.2, 3: 0.94}, {3: 0.1}, tolerance=0.02)
-'recovered'
->>> classify(golden, {2: 0.2, 3: 0.5}, {3: 0.1}, tolerance=0.02)
+>>> g = [{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.95}]       # golden at E and E+1
+>>> classify([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
+Verdict(outcome='masked', epochs_to_recovery=0)
+>>> classify([{"val_loss": float("nan"), "accuracy": 0.1}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
+Verdict(outcome='recovered', epochs_to_recovery=1)
+>>> classify([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.5}], g, tolerance=0.02).outcome
 'degraded'
->>> classify(golden, {2: 0.9, 3: 0.9}, {3: float("nan")}, tolerance=0.02)
+>>> classify([{"accuracy": 0.9}, {"loss": float("nan"), "accuracy": 0.95}], g, tolerance=0.02).outcome
 'diverged'
 """
 
@@ -36,18 +47,30 @@ import math
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from .fileio import atomic_output
 
-__all__ = ["OUTCOMES", "classify", "write_csv", "read_csv", "summarize", "format_summary", "plot_accuracy",
-           "METRIC_FIELDS", "RESULT_FIELDS"]
+__all__ = ["OUTCOMES", "Verdict", "classify", "beyond_tolerance", "write_csv", "read_csv", "summarize",
+           "format_summary", "plot_accuracy", "METRIC_FIELDS", "RESULT_FIELDS", "DEFAULT_FAILURE",
+           "check_failure"]
 
 OUTCOMES = ("masked", "recovered", "degraded", "diverged", "crashed")
-METRIC_FIELDS = ("epoch", "phase", "loss", "val_loss", "accuracy", "seconds")
-RESULT_FIELDS = ("scenario", "rep", "seed", "epoch", "framework", "outcome", "final_accuracy", "golden_accuracy",
-                 "delta", "min_accuracy", "post_injection_accuracy", "matches_golden", "flips", "nan_created",
+METRIC_FIELDS = ("epoch", "iteration", "phase", "loss", "train_accuracy", "val_loss", "accuracy", "seconds")
+RESULT_FIELDS = ("scenario", "rep", "seed", "epoch", "iteration", "framework", "outcome", "epochs_to_recovery",
+                 "final_accuracy", "golden_accuracy", "delta", "min_accuracy", "post_injection_accuracy",
+                 "final_loss", "final_val_loss", "nonfinite_points", "matches_golden", "flips", "nan_created",
                  "inf_created", "inject_seconds", "train_seconds", "error")
+
+_LOSSES = ("loss", "val_loss")
+_ACCURACIES = ("accuracy", "train_accuracy")
+
+
+class Verdict(NamedTuple):
+    """The outcome of one run and the epochs it took to come back within tolerance (None if it did not)."""
+
+    outcome: str
+    epochs_to_recovery: int | None
 
 
 def _finite(x: Any) -> bool:
@@ -57,29 +80,60 @@ def _finite(x: Any) -> bool:
         return False
 
 
+def _recorded(point: Mapping[str, Any], key: str) -> bool:
+    return point.get(key) is not None and point.get(key) != ""
+
+
+def _nonfinite(point: Mapping[str, Any]) -> bool:
+    return any(_recorded(point, k) and not _finite(point[k]) for k in (*_LOSSES, *_ACCURACIES))
+
+
+def beyond_tolerance(point: Mapping[str, Any], golden: Mapping[str, Any], tolerance: float) -> bool:
+    """True when a run's point is beyond tolerance of golden's (see the module docs).
+
+    >>> beyond_tolerance({"loss": float("inf"), "accuracy": 0.9}, {"loss": 0.2, "accuracy": 0.9}, 0.02)
+    True
+    >>> beyond_tolerance({"accuracy": 0.89}, {"accuracy": 0.9}, 0.02)
+    False
+    """
+    if _nonfinite(point):
+        return True
+    for k in _ACCURACIES:
+        if _recorded(point, k) and _finite(golden.get(k)) and float(point[k]) < float(golden[k]) - tolerance:
+            return True
+    return False
+
+
 def classify(
-    golden_accuracy: Mapping[int, float],
-    run_accuracy: Mapping[int, float],
-    run_losses: Mapping[int, float],
+    run: Sequence[Mapping[str, Any]],
+    golden: Sequence[Mapping[str, Any]],
     *,
     tolerance: float,
     chance: float | None = None,
     chance_margin: float = 0.05,
     error: str | None = None,
-) -> str:
-    """Classify one run from its per-epoch accuracies and losses against golden's (see module docs)."""
-    if error:
-        return "crashed"
-    if any(not _finite(v) for v in run_losses.values()) or any(not _finite(v) for v in run_accuracy.values()):
-        return "diverged"
-    last = max(run_accuracy)
-    final = float(run_accuracy[last])
-    if chance is not None and final <= chance + chance_margin:
-        return "diverged"
-    if final < float(golden_accuracy[last]) - tolerance:
-        return "degraded"
-    dropped = any(float(acc) < float(golden_accuracy[e]) - tolerance for e, acc in run_accuracy.items())
-    return "recovered" if dropped else "masked"
+) -> Verdict:
+    """Classify one run from its points and golden's at the same places (see the module docs).
+
+    ``run[i]`` and ``golden[i]`` are metric mappings (``loss``, ``train_accuracy``,
+    ``val_loss``, ``accuracy``); ``run[0]`` is the evaluation right after injecting.
+    """
+    if error or not run:
+        return Verdict("crashed", None)
+    if len(golden) != len(run):
+        raise ValueError(f"classify: {len(run)} run points but {len(golden)} golden points")
+    out = [beyond_tolerance(p, g, tolerance) for p, g in zip(run, golden)]
+    last = run[-1]
+    if _nonfinite(last) or not _recorded(last, "accuracy"):
+        return Verdict("diverged", None)
+    if chance is not None and float(last["accuracy"]) <= chance + chance_margin:
+        return Verdict("diverged", None)
+    if out[-1]:
+        return Verdict("degraded", None)
+    if not any(out):
+        return Verdict("masked", 0)
+    back = max(i for i, o in enumerate(out) if o) + 1  # the first point of the final stretch within tolerance
+    return Verdict("recovered", back)
 
 
 def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]], fields: Sequence[str]) -> None:
@@ -113,8 +167,56 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, Any]]:
         return [{k: _parse(v) for k, v in row.items()} for row in csv.DictReader(fh)]
 
 
-def summarize(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per scenario: runs, outcome counts, mean and minimum final accuracy."""
+#: Outcome classes counted as failure unless an experiment's ``failure`` says otherwise.
+DEFAULT_FAILURE = ("degraded", "diverged", "crashed")
+
+
+def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:
+    """Validate a ``failure`` list of outcome classes (default :data:`DEFAULT_FAILURE`).
+
+    >>> check_failure(["diverged", "degraded"])
+    ('degraded', 'diverged')
+    >>> check_failure(["sdc"])
+    Traceback (most recent call last):
+    ...
+    fastflip.errors.OptionError: failure: unknown outcome class 'sdc'; experiment outcomes are masked, recovered, degraded, diverged, crashed
+    """
+    from .errors import OptionError
+
+    if failure is None:
+        return DEFAULT_FAILURE
+    if isinstance(failure, str) or not isinstance(failure, Iterable):
+        raise OptionError(f"failure: expected a list of outcome classes such as [degraded, diverged], got {failure!r}")
+    got = [str(f) for f in failure]
+    for f in got:
+        if f not in OUTCOMES:
+            raise OptionError(f"failure: unknown outcome class {f!r}; experiment outcomes are {', '.join(OUTCOMES)}")
+    if not got:
+        raise OptionError("failure: give at least one outcome class")
+    return tuple(o for o in OUTCOMES if o in got)
+
+
+def summarize(
+    results: Iterable[Mapping[str, Any]],
+    *,
+    failure: Iterable[str] | None = None,
+    confidence: float = 0.95,
+) -> list[dict[str, Any]]:
+    """One row per scenario: runs, each outcome's count, rate and Wilson interval, failures, accuracies.
+
+    Columns: ``scenario, epoch, iteration, runs``, per outcome ``o, o_rate, o_low, o_high``,
+    ``failures, failure_rate, failure_low, failure_high`` (failure = the classes of
+    ``failure``, default :data:`DEFAULT_FAILURE`), ``mean_epochs_to_recovery`` (of
+    recovered runs), ``mean_final_accuracy, min_final_accuracy, golden_accuracy``.
+
+    >>> rows = summarize([{"scenario": "a", "epoch": 2, "outcome": "masked", "final_accuracy": 0.9},
+    ...                   {"scenario": "a", "epoch": 2, "outcome": "diverged", "final_accuracy": 0.1}])
+    >>> rows[0]["failures"], rows[0]["failure_rate"], round(rows[0]["failure_low"], 4)
+    (1, 0.5, 0.0945)
+    """
+    from .stats import wilson_interval
+
+    fail = check_failure(failure)
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in results:
         by.setdefault(str(r["scenario"]), []).append(r)
@@ -122,28 +224,40 @@ def summarize(results: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for name, rows in by.items():
         counts = Counter(str(r["outcome"]) for r in rows)
         finals = [float(r["final_accuracy"]) for r in rows if _finite(r.get("final_accuracy"))]
-        out.append({
-            "scenario": name, "epoch": rows[0].get("epoch"), "runs": len(rows), **{o: counts.get(o, 0) for o in OUTCOMES},
-            "mean_final_accuracy": sum(finals) / len(finals) if finals else float("nan"),
-            "min_final_accuracy": min(finals) if finals else float("nan"),
-            "golden_accuracy": rows[0].get("golden_accuracy"),
-        })
+        rec = [float(r["epochs_to_recovery"]) for r in rows
+               if r.get("outcome") == "recovered" and _finite(r.get("epochs_to_recovery"))]
+        n = len(rows)
+        row: dict[str, Any] = {"scenario": name, "epoch": rows[0].get("epoch"), "iteration": rows[0].get("iteration"),
+                               "runs": n}
+        for o, k in [*((o, counts.get(o, 0)) for o in OUTCOMES), ("failure", sum(counts.get(o, 0) for o in fail))]:
+            lo, hi = wilson_interval(k, n, confidence)
+            row["failures" if o == "failure" else o] = k
+            row.update({f"{o}_rate": k / n, f"{o}_low": float(lo), f"{o}_high": float(hi)})
+        row.update(
+            failure_classes="+".join(fail),
+            mean_epochs_to_recovery=sum(rec) / len(rec) if rec else None,
+            mean_final_accuracy=sum(finals) / len(finals) if finals else float("nan"),
+            min_final_accuracy=min(finals) if finals else float("nan"),
+            golden_accuracy=rows[0].get("golden_accuracy"),
+        )
+        out.append(row)
     return out
 
 
 def format_summary(summary: Sequence[Mapping[str, Any]]) -> str:
-    """A plain-text table of :func:`summarize`'s rows.
+    """A plain-text table of :func:`summarize`'s rows (failure rate with its Wilson interval).
 
-    >>> print(format_summary([{"scenario": "a", "epoch": 2, "runs": 1, "masked": 1, "recovered": 0,
-    ...     "degraded": 0, "diverged": 0, "crashed": 0, "mean_final_accuracy": 0.9, "min_final_accuracy": 0.9,
-    ...     "golden_accuracy": 0.91}]))
-    scenario  E  runs  masked  recovered  degraded  diverged  crashed  mean acc  min acc  golden
-    a         2     1       1          0         0         0        0    0.9000   0.9000  0.9100
+    >>> print(format_summary(summarize([{"scenario": "a", "epoch": 2, "outcome": "masked",
+    ...     "final_accuracy": 0.9, "golden_accuracy": 0.91}])))
+    scenario  E  runs  masked  recovered  degraded  diverged  crashed    failure [95% CI]  mean acc  min acc  golden
+    a         2     1       1          0         0         0        0  0.0% [0.0%, 79.3%]    0.9000   0.9000  0.9100
     """
-    head = ["scenario", "E", "runs", *OUTCOMES, "mean acc", "min acc", "golden"]
+    head = ["scenario", "E", "runs", *OUTCOMES, "failure [95% CI]", "mean acc", "min acc", "golden"]
     body = []
     for s in summary:
-        body.append([str(s["scenario"]), str(s["epoch"]), str(s["runs"]), *(str(s[o]) for o in OUTCOMES),
+        e = str(s["epoch"]) + (f".{s['iteration']}" if s.get("iteration") not in (None, "") else "")
+        body.append([str(s["scenario"]), e, str(s["runs"]), *(str(s[o]) for o in OUTCOMES),
+                     f"{s['failure_rate']:.1%} [{s['failure_low']:.1%}, {s['failure_high']:.1%}]",
                      f"{float(s['mean_final_accuracy']):.4f}", f"{float(s['min_final_accuracy']):.4f}",
                      f"{float(s['golden_accuracy']):.4f}" if _finite(s.get("golden_accuracy")) else "-"])
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]

@@ -71,6 +71,7 @@ def digits_cnn(learning_rate: float = 3e-3) -> Any:
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
     )
     return model
 
@@ -159,14 +160,33 @@ class KerasTrainer:
         counts = np.unique(np.asarray(self._data[3]), return_counts=True)[1]
         return float(counts.max() / counts.sum())
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
+    @property
+    def iterations_per_epoch(self) -> int:
+        """Batches in one epoch (after :meth:`build`)."""
+        assert self._data is not None, "call build() first"
+        return -(-len(self._data[1]) // self.batch_size)
+
+    def train_epoch(self, epoch: int, start: int = 0, stop: int | None = None) -> dict[str, float]:
+        """Train epoch ``epoch``, or only its batches ``start`` to ``stop`` (0-based, stop excluded).
+
+        Returns the mean training loss (and accuracy, when the model was compiled
+        with an ``accuracy`` metric) of the batches trained.
+        """
         keras = import_keras()
         assert self._data is not None, "call build() first"
         x, y = self._data[0], self._data[1]
         keras.utils.set_random_seed((self.seed * 1_000_003 + epoch) % 2**31)
         order = np.random.default_rng([self.seed, epoch]).permutation(len(y))
+        order = order[start * self.batch_size: None if stop is None else stop * self.batch_size]
+        if len(order) == 0:
+            raise OptionError(f"epoch {epoch} has {self.iterations_per_epoch} iterations; none left from {start}")
         hist = self.model.fit(x[order], y[order], batch_size=self.batch_size, epochs=1, shuffle=False, verbose=0)
-        return {"loss": float(hist.history["loss"][-1])}
+        out = {"loss": float(hist.history["loss"][-1])}
+        for k in ("accuracy", "sparse_categorical_accuracy", "acc"):
+            if k in hist.history:
+                out["train_accuracy"] = float(hist.history[k][-1])
+                break
+        return out
 
     def evaluate(self) -> dict[str, float]:
         keras = import_keras()

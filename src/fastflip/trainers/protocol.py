@@ -56,7 +56,14 @@ class Trainer(Protocol):
         """Create the model and optimizer in their initial state (seeded)."""
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        """Train epoch ``epoch`` (1-based); return training metrics, at least ``loss``."""
+        """Train epoch ``epoch`` (1-based); return training metrics, at least ``loss``.
+
+        Optionally ``train_accuracy`` too (checked against golden's like the validation
+        accuracy). A trainer that accepts ``train_epoch(epoch, start=0, stop=None)``
+        (batches ``start`` to ``stop`` of the epoch, 0-based, in the epoch's fixed order)
+        supports injection at an iteration (``at: {epoch: E, iteration: I}``); an
+        ``iterations_per_epoch`` attribute lets the driver check ``I`` up front.
+        """
 
     def evaluate(self) -> dict[str, float]:
         """Evaluate on held-out data; return at least ``accuracy`` (and ``val_loss``)."""

@@ -118,23 +118,39 @@ class TorchTrainer:
         counts = np.unique(np.asarray(self._data[3].numpy()), return_counts=True)[1]
         return float(counts.max() / counts.sum())
 
-    def train_epoch(self, epoch: int) -> dict[str, float]:
+    @property
+    def iterations_per_epoch(self) -> int:
+        """Batches in one epoch (after :meth:`build`)."""
+        return -(-len(self._data[1]) // self.batch_size)
+
+    def train_epoch(self, epoch: int, start: int = 0, stop: int | None = None) -> dict[str, float]:
+        """Train epoch ``epoch``, or only its batches ``start`` to ``stop`` (0-based, stop excluded).
+
+        Returns the mean training loss and accuracy of the batches trained.
+        """
         import torch
 
         x, y = self._data[0], self._data[1]
         torch.manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
         order = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(len(y)))
+        order = order[start * self.batch_size: None if stop is None else stop * self.batch_size]
+        if len(order) == 0:
+            from ..errors import OptionError
+
+            raise OptionError(f"epoch {epoch} has {self.iterations_per_epoch} iterations; none left from {start}")
         self.model.train()
-        total, n = 0.0, 0
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        total, correct, n = 0.0, 0, 0
+        for first in range(0, len(order), self.batch_size):
+            idx = order[first : first + self.batch_size]
             self.optimizer.zero_grad(set_to_none=True)
-            loss = self._loss(self.model(x[idx]), y[idx])
+            logits = self.model(x[idx])
+            loss = self._loss(logits, y[idx])
             loss.backward()
             self.optimizer.step()
             total += float(loss.detach()) * len(idx)
+            correct += int((logits.detach().argmax(dim=-1) == y[idx]).sum())
             n += len(idx)
-        return {"loss": total / max(n, 1)}
+        return {"loss": total / max(n, 1), "train_accuracy": correct / max(n, 1)}
 
     def evaluate(self) -> dict[str, float]:
         import torch
