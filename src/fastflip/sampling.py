@@ -373,28 +373,33 @@ class SiteSpace:
     def _avoid_nonfinite(self, plan: Plan, rng: np.random.Generator, model: FaultModel, pairs: bool, replace: bool,
                          pair_uniform: bool, read_words: Callable[[Plan], np.ndarray], elem: np.ndarray,
                          bit: np.ndarray | None, rounds: int) -> Plan:
-        if model.pair_sites and replace:
-            raise OptionError("nan_policy='avoid' with repeats is not supported; draw without replacement")
+        """Redraw the drawn sites of every element whose new value would be NaN/Inf.
+
+        The plan holds unique elements (several drawn bits of one element are one row), while
+        ``elem``/``bit`` hold the drawn sites: a bad row drops every drawn site of its element, and
+        as many sites are drawn again (never a site drawn before), so the number of drawn sites stays
+        the requested one for every fault model.
+        """
         keys = _sorted_distinct(elem * _BIT_SLOTS + bit if bit is not None else elem)
         bad = self._nonfinite_sites(plan, read_words)
         resampled = 0
         for _ in range(rounds):
             if not bad.any():
                 break
-            nb = int(bad.sum())
+            bad_elems = _sorted_distinct(self.starts[plan.tensor[bad]] + plan.index[bad])
+            drop = _sorted_contains(bad_elems, elem)
+            nb = int(drop.sum())
             resampled += nb
-            good_elem, good_bit = elem[~bad], (bit[~bad] if bit is not None else None)
             try:
                 new_elem, new_bit = self._sample(rng, nb, pairs, replace, pair_uniform, taken=keys)
             except CapacityError:
                 break
             new_keys = new_elem * _BIT_SLOTS + new_bit if new_bit is not None else new_elem
             keys = _sorted_distinct(np.concatenate([keys, new_keys]))
-            extra = self._build(rng, model, new_elem, new_bit)
-            kept = plan.select(~bad)
-            plan = _concat(kept, extra)
-            elem = np.concatenate([good_elem, new_elem])
-            bit = None if bit is None else np.concatenate([good_bit, new_bit])
+            extra = self._build(rng, model, new_elem, new_bit, distinct=not replace)
+            plan = _concat(plan.select(~bad), extra)
+            elem = np.concatenate([elem[~drop], new_elem])
+            bit = None if bit is None or new_bit is None else np.concatenate([bit[~drop], new_bit])
             bad = self._nonfinite_sites(plan, read_words)
         if bad.any():
             raise NaNPolicyError(

@@ -19,6 +19,7 @@ from .. import __version__
 COMMANDS: tuple[tuple[str, str], ...] = (
     ("inspect", "inspect_cmd"),
     ("inject", "inject_cmd"),
+    ("hdf5-corrupter", "hdf5_corrupter_cmd"),
     ("replay", "replay_cmd"),
     ("revert", "revert_cmd"),
     ("diff", "diff_cmd"),

@@ -47,7 +47,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", help="the HDF5 checkpoint (or hdf5_file of --config)")
     p.add_argument("-o", "--output", help="output file")
     p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically)")
-    p.add_argument("--config", metavar="YAML", help="an old hdf5_corrupter config (its keys are mapped faithfully)")
+    p.add_argument("--config", metavar="YAML", help="an hdf5_corrupter config, run with the older tool's sampling "
+                   "and value rules (docs/oldtool.md)")
+    p.add_argument("--design", choices=("oldtool", "fastflip"), default="oldtool",
+                   help="with --config: oldtool (default: reproduce the older tool: a dataset uniformly, then an "
+                   "element, with replacement; float_precision packing) or fastflip (elements uniform, without "
+                   "replacement, stored words flipped exactly)")
     p.add_argument("--log", metavar="PATH", help="log path (default OUTPUT.fflog)")
     p.add_argument("--no-log", action="store_true", help="write no log file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -59,8 +64,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..inject import inject_file
-    from ..layout import read_layout
-    from ..select import select, selection_from_args
+    from ..select import selection_from_args
 
     kwargs: dict[str, Any] = {
         "selection": selection_from_args(args), "bits": args.bits, "sign_first": args.sign_first,
@@ -70,42 +74,17 @@ def run(args: argparse.Namespace) -> int:
     modes = {k: getattr(args, k) for k in ("count", "rate", "ber") if getattr(args, k) is not None}
     kwargs.update(modes or {"count": 1})
     src = args.file
-    warnings: list[str] = []
     if args.config:
-        from ..oldconfig import load_old_config, map_old_config
-
-        cfg = load_old_config(args.config)
-        src = src or cfg.get("hdf5_file")
-        if not src:
-            raise OptionError("no input file: give FILE or hdf5_file in the config")
-        layout = read_layout(src)
-        chosen = select(layout.tensors, kwargs["selection"])
-        if kwargs["seed"] is None:
-            import secrets
-
-            kwargs["seed"] = secrets.randbits(63)
-        mapped = map_old_config(cfg, [t.dtype.str for t in chosen], sum(t.size for t in chosen), kwargs["seed"])
-        warnings = mapped.warnings
-        for k in ("count", "rate", "ber"):
-            kwargs.pop(k, None)
-        if "selection" in mapped.kwargs and not kwargs["selection"].is_all:
-            raise OptionError("the config names locations_to_corrupt; do not also give selection options")
-        kwargs.update({k: v for k, v in mapped.kwargs.items() if v is not None or k == "bits"})
-        kwargs["layout"] = layout
-        kwargs["extra_manifest"] = {"old_config": {k: cfg[k] for k in cfg}, "old_config_attempts": mapped.attempts}
+        return _run_config(args, kwargs)
     if not src:
         raise OptionError("give the HDF5 file to inject into")
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
         kwargs["log_path"] = args.log
-    for w in warnings:
-        print(f"fastflip inject: warning: {w}", file=sys.stderr)
     from ..keras_io import inject_checkpoint_file, is_keras_archive
 
     if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
-        if args.config:
-            raise OptionError("--config works on HDF5 files; for a .keras archive give the options directly")
         out = src if args.in_place else args.output
         if not out:
             raise OptionError("give an output path (-o OUT.keras); the input is only changed with --in-place")
@@ -114,11 +93,42 @@ def run(args: argparse.Namespace) -> int:
         res.output = out
     else:
         res = inject_file(src, args.output, in_place=args.in_place, **kwargs)
+    _print_summary(res, args.json)
+    return 0
+
+
+def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
     c = res.counts
-    if args.json:
-        print(json.dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c}))
+    if as_json:
+        print(json.dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c,
+                          **(extra or {})}))
     else:
         print(f"wrote {res.output}: {c['flips']} bit(s) in {c['sites']} element(s) of {c['tensors_hit']} tensor(s); "
               f"NaN created {c['nan_created']}, Inf created {c['inf_created']}; seed {res.log.manifest['seed']}"
               + (f"; log {res.log_path}" if res.log_path else ""))
+        if extra:
+            print("; ".join(f"{k} {v}" for k, v in extra.items()))
+
+
+def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    """``--config old.yaml``: the older tool's settings, run in the chosen design."""
+    from ..compat.run import run_old_settings
+    from ..errors import OptionError
+    from ..oldconfig import load_old_config, settings_from_config
+
+    given = [f"--{k}" for k in ("count", "rate", "ber", "bits") if getattr(args, k) is not None]
+    given += ["--model"] if args.model != "flip" else []
+    if given:
+        raise OptionError(f"--config sets what to flip; drop {', '.join(given)}")
+    settings = settings_from_config(load_old_config(args.config), source=args.config)
+    log: Any = False if args.no_log else args.log
+    r = run_old_settings(settings, args.file, args.output, in_place=args.in_place, seed=kwargs["seed"],
+                         design=args.design, log_path=log, selection=kwargs["selection"])
+    for w in r.warnings:
+        print(f"fastflip inject: warning: {w}", file=sys.stderr)
+    extra = {} if r.run is None else {"attempts": r.run.attempts, "corrupted": r.run.corrupted,
+                                      "unchanged": int(r.run.plan.meta["unchanged"])}
+    if r.sequence_path:
+        extra["sequence"] = r.sequence_path
+    _print_summary(r.result, args.json, extra)
     return 0

@@ -1,0 +1,160 @@
+"""Run older-tool settings on a checkpoint: either design, fastflip's log, the older tool's sequence JSON.
+
+Orchestration layer (imports :mod:`fastflip.inject`). :func:`run_old_settings` is what
+``fastflip inject --config old.yaml`` and ``fastflip hdf5-corrupter`` call. The input is copied to the
+output unless ``in_place`` (the older tool always edited its input); either way fastflip's log is written,
+so every run replays (``fastflip replay``) and reverts (``fastflip revert``) bit for bit.
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> from fastflip.oldconfig import OldSettings
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "m.h5")
+>>> with h5py.File(src, "w") as f:
+...     f["a"] = np.ones(8, "f4"); f["b"] = np.arange(64, dtype="i4")
+>>> r = run_old_settings(OldSettings(tries=10, precision=32), src, os.path.join(d, "o.h5"), seed=4)
+>>> r.run.attempts, r.result.log_path.endswith("o.h5.fflog")
+(10, True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dtypes import from_words
+from ..errors import InputFileError, OptionError
+from ..fileio import atomic_output, check_output_dir
+from ..h5target import read_words
+from ..inject import InjectionResult, cached_layout, inject_file
+from ..layout import Tensor
+from ..oldconfig import OldSettings, map_old_config
+from ..plan import Plan
+from ..select import Selection, select
+from .oldtool import OldToolRun, old_tool_plan
+
+__all__ = ["OldRunResult", "run_old_settings", "load_sequence", "save_sequence", "location_list", "DESIGNS"]
+
+DESIGNS = ("oldtool", "fastflip")
+
+
+@dataclass
+class OldRunResult:
+    """The injection result, the simulated run (``oldtool`` design) and the sequence file written, if any."""
+
+    result: InjectionResult
+    run: OldToolRun | None = None
+    sequence_path: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def location_list(s: OldSettings, tensors: Sequence[Tensor]) -> tuple[list[int], list[str]]:
+    """The older tool's location list as tensor ids, and the location (prefix) each came from.
+
+    Random locations (or a sequence to load, whose locations pick among all): every tensor once. Otherwise each prefix expands to every tensor whose path (or an
+    alias) starts with it, prefix by prefix, so a tensor under two prefixes is listed twice.
+    """
+    if s.use_random_locations or s.load_sequence:
+        return list(range(len(tensors))), [t.path for t in tensors]
+    ids: list[int] = []
+    bases: list[str] = []
+    for loc in s.locations:
+        p = "/" + str(loc).lstrip("/")
+        hit = [i for i, t in enumerate(tensors) if any(a.startswith(p) for a in t.aliases)]
+        if not hit:
+            raise OptionError(f"there are no datasets with the prefix {p!r} (locations_to_corrupt)")
+        ids.extend(hit)
+        bases.extend([p] * len(hit))
+    return ids, bases
+
+
+def load_sequence(path: str) -> dict[str, list[Any]]:
+    """Read an injection-sequence JSON of the older tool (``{location: [[indexes, bits], ...]}``)."""
+    if not os.path.isfile(path):
+        raise InputFileError(f"{path}: injection sequence file not found")
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except ValueError as exc:
+        raise OptionError(f"{path}: not an injection sequence (invalid JSON: {exc})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise OptionError(f"{path}: an injection sequence maps each location to a list of [indexes, bits]")
+    return {"/" + str(k).lstrip("/"): v for k, v in data.items()}
+
+
+def save_sequence(sequence: dict[str, list[Any]], path: str) -> str:
+    """Write the sequence as the older tool did (``.json`` appended when missing, indent 2), atomically."""
+    path = path if path.endswith(".json") else path + ".json"
+    check_output_dir(path)
+    with atomic_output(path) as tmp:
+        with open(tmp, "w") as fh:
+            json.dump(sequence, fh, indent=2)
+    return path
+
+
+def _reader(src: str, tensors: Sequence[Tensor]) -> Any:
+    by_name = {t.path: t for t in tensors}
+
+    def read_values(t: int, idx: np.ndarray) -> np.ndarray:
+        ref = tensors[t].ref()
+        probe = Plan.from_sites([ref], np.zeros(len(idx), np.int32), np.asarray(idx, np.int64))
+        return from_words(read_words(src, probe, by_name), ref.dtype)
+
+    return read_values
+
+
+def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = None, *, in_place: bool = False,
+                     seed: int | None = None, design: str = "oldtool", log_path: str | bool | None = None,
+                     selection: Selection | None = None, sequence_out: str | None = None) -> OldRunResult:
+    """Run settings ``s`` on ``src`` (default ``s.hdf5_file``); see the module docstring.
+
+    ``design`` is ``'oldtool'`` (the older tool's sampling and value rules) or ``'fastflip'``
+    (:func:`fastflip.oldconfig.map_old_config`). ``selection`` narrows the datasets the settings see.
+    The sequence JSON is written when ``s.save_sequence`` (to ``s.sequence_path``, else ``sequence_out``,
+    else ``<output>.sequence.json``).
+    """
+    import secrets
+
+    if design not in DESIGNS:
+        raise OptionError(f"design {design!r}: use oldtool or fastflip")
+    src = src or s.hdf5_file
+    if not src:
+        raise OptionError("no input file: give FILE (--hdf5File) or hdf5_file in the config")
+    layout = cached_layout(src)
+    tensors = select(layout.tensors, selection) if selection is not None and not selection.is_all else list(layout.tensors)
+    if not tensors:
+        raise OptionError(f"{src}: no numeric datasets to corrupt")
+    seed = secrets.randbits(63) if seed is None else int(seed)
+    entries = int(sum(t.size for t in layout.tensors))
+    extra = {"old_settings": {k: v for k, v in asdict(s).items() if k != "warnings"}, "design": design}
+    warnings = list(s.warnings)
+    lp: Any = log_path
+    run: OldToolRun | None = None
+    if design == "oldtool":
+        ids, bases = location_list(s, tensors)
+        seq = load_sequence(s.sequence_path) if s.load_sequence else None
+        run = old_tool_plan(s, [t.ref() for t in tensors], _reader(src, tensors), seed=seed, locations=ids,
+                            bases=bases, file_entries=entries, sequence=seq)
+        res = inject_file(src, dst, in_place=in_place, plan=run.plan, seed=seed, log_path=lp, layout=layout,
+                          extra_manifest=extra)
+    else:
+        if s.load_sequence:
+            raise OptionError("an injection sequence replays the older tool's design; drop --design fastflip")
+        names = sorted({a for t in tensors for a in t.aliases})
+        mapped = map_old_config(s, [t.dtype.str for t in tensors], entries, seed, names=names)
+        warnings = mapped.warnings
+        kw = dict(mapped.kwargs)
+        kw.pop("log_path", None)
+        sel = kw.pop("selection", None)
+        if sel is not None and selection is not None and not selection.is_all:
+            raise OptionError("the config names locations_to_corrupt; do not also give selection options")
+        res = inject_file(src, dst, in_place=in_place, seed=seed, log_path=lp, layout=layout,
+                          selection=sel if sel is not None else selection, extra_manifest=extra, **kw)
+    seq_path = None
+    if s.save_sequence and run is not None:
+        seq_path = save_sequence(run.sequence, s.sequence_path or sequence_out or res.output + ".sequence")
+    return OldRunResult(res, run, seq_path, warnings)
