@@ -79,6 +79,7 @@ class TensorDiff:
     new_nan: int = 0
     new_inf: int = 0
     note: str = ""
+    oldtool: dict[str, Any] | None = None
 
     @property
     def identical(self) -> bool:
@@ -101,6 +102,7 @@ class TensorDiff:
             "new_nan": self.new_nan,
             "new_inf": self.new_inf,
             "note": self.note,
+            **({"oldtool": self.oldtool} if self.oldtool is not None else {}),
         }
 
 
@@ -182,9 +184,10 @@ def iter_blocks(shape: tuple[int, ...], itemsize: int, block_bytes: int = BLOCK_
 
 
 class _Acc:
-    """Running statistics of one tensor pair."""
+    """Running statistics of one tensor pair (and, with ``oldtool``, the older tool's comparator figures)."""
 
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, oldtool: bool = False) -> None:
+        self.old = _OldAcc() if oldtool else None
         self.n_diff = 0
         self.hist = np.zeros(bits, dtype=np.int64)
         self.max_abs = -math.inf
@@ -195,6 +198,8 @@ class _Acc:
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             self._add(a, b)
+            if self.old is not None:
+                self.old.add(np.asarray(a), np.asarray(b))
 
     def _add(self, a: np.ndarray, b: np.ndarray) -> None:
         wa, wb = to_words(a).reshape(-1), to_words(b).reshape(-1)
@@ -229,7 +234,40 @@ class _Acc:
             bit_hist=self.hist, max_abs=self.max_abs if self.max_abs > -math.inf else math.nan,
             max_rel=self.max_rel if self.max_rel > -math.inf else math.nan,
             new_nan=self.new_nan, new_inf=self.new_inf,
+            oldtool=None if self.old is None else self.old.result(t),
         )
+
+
+class _OldAcc:
+    """The older tool's comparator (hdf5_comparator) per dataset: entries whose values differ (``x != y``, so
+    NaN counts as differing from itself and ``-0.0`` equals ``0.0``), their percentage, the Euclidean distance
+    ``||before - after||`` and the relative differences ``|y - x| / x`` (signed ``x``, as it divided), all
+    computed in float64 (the older tool used the dataset's own arithmetic: float32 norms could overflow to
+    Inf and integer differences wrap)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.sq = 0.0
+        self.rel: list[np.ndarray] = []
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        fa, fb = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+        ne = a.reshape(-1) != b.reshape(-1)
+        self.n += int(np.count_nonzero(ne))
+        d = fa - fb
+        self.sq += float(np.dot(d, d))
+        if ne.any():
+            self.rel.append(np.abs(fb[ne] - fa[ne]) / fa[ne])
+
+    def result(self, t: Tensor) -> dict[str, Any]:
+        rel = np.concatenate(self.rel) if self.rel else np.zeros(0)
+        scalar = len(t.shape) == 0
+        return {
+            "entries": int(t.size), "diff_count": self.n,
+            "diff_percent": (100.0 * self.n / t.size) if t.size else 0.0,
+            "euclidean_distance": None if scalar else _json_num(math.sqrt(self.sq) if self.sq >= 0 else math.nan),
+            "relative_diffs": [] if scalar else [_json_num(float(x)) for x in rel],
+        }
 
 
 def diff_arrays(a: np.ndarray, b: np.ndarray, path: str = "") -> TensorDiff:
@@ -268,6 +306,7 @@ def diff_files(
     selection: Selection | None = None,
     *,
     block_bytes: int = BLOCK_BYTES,
+    oldtool: bool = False,
 ) -> DiffResult:
     """Compare the numeric tensors of two HDF5 files.
 
@@ -279,6 +318,9 @@ def diff_files(
         Compare only these tensors (applied to each file's layout).
     block_bytes : int
         Upper bound of the data read at once per file.
+    oldtool : bool
+        Also compute what the older tool's comparator reported per dataset (``TensorDiff.oldtool``:
+        ``entries``, ``diff_count``, ``diff_percent``, ``euclidean_distance``, ``relative_diffs``).
 
     Raises
     ------
@@ -308,7 +350,7 @@ def diff_files(
             if note:
                 result.tensors.append(TensorDiff(t.path, t.dtype.str, t.shape, t.size, note=note))
                 continue
-            acc = _Acc(t.itemsize * 8)
+            acc = _Acc(t.itemsize * 8, oldtool)
             da, db = fa[t.path], fb[other.path]
             for sl in iter_blocks(t.shape, t.itemsize, max(1, block_bytes // 2)):
                 acc.add(np.asarray(da[sl]), np.asarray(db[sl]))

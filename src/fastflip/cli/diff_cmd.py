@@ -26,6 +26,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("b", help="file to compare with the reference")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--all", action="store_true", help="list identical tensors too")
+    p.add_argument("--oldtool", action="store_true",
+                   help="also report what the older tool's comparator did per dataset: differing entries, their "
+                   "%%, Euclidean distance, relative differences |b-a|/a (all of them in --json)")
     add_selection_arguments(p)
     return p
 
@@ -71,14 +74,40 @@ def format_diff(result: Any, show_all: bool = False) -> str:
     return "\n".join(out)
 
 
+def format_oldtool(result: Any, show_all: bool = False) -> str:
+    """The older tool's comparator figures per dataset (``fastflip diff --oldtool``)."""
+    from .inspect_cmd import format_table
+
+    rows = []
+    for t in result.tensors:
+        o = t.oldtool
+        if o is None or (o["diff_count"] == 0 and not show_all):
+            continue
+        rel = [float("nan") if x is None else float(x) for x in o["relative_diffs"]]
+        finite = sorted(abs(x) for x in rel if math.isfinite(x))
+        med = finite[len(finite) // 2] if finite else float("nan")
+        dist = o["euclidean_distance"]
+        rows.append([t.path, str(o["entries"]), str(o["diff_count"]), f"{o['diff_percent']:.4g}%",
+                     "-" if dist is None else str(dist) if isinstance(dist, str) else _fmt(float(dist)),
+                     _fmt(finite[0]) if finite else "-", _fmt(med), _fmt(finite[-1]) if finite else "-",
+                     str(len(rel) - len(finite))])
+    head = "the older tool's comparator (values compared with !=; relative diff |b-a|/a):"
+    if not rows:
+        return head + " no differing entries"
+    return head + "\n" + format_table(["path", "entries", "diff count", "%", "euclidean", "|rel| min", "|rel| median",
+                                       "|rel| max", "rel inf/nan"], rows, right=[1, 2, 3, 4, 5, 6, 7, 8])
+
+
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff_files
     from ..select import selection_from_args
 
     sel = selection_from_args(args)
-    result = diff_files(args.a, args.b, None if sel.is_all else sel)
+    result = diff_files(args.a, args.b, None if sel.is_all else sel, oldtool=args.oldtool)
     if args.json:
         print(result.to_json())
     else:
         print(format_diff(result, show_all=args.all))
+        if args.oldtool:
+            print(format_oldtool(result, show_all=args.all))
     return 0 if result.identical else 1
