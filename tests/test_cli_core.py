@@ -93,15 +93,23 @@ def test_old_config(ckpt, tmp_path, capsys):
     cfg.write_text(
         f"hdf5_file: {ckpt}\ninjection_probability: 1.0\ninjection_type: count\ninjection_tries: 7\n"
         "float_precision: 64\nfirst_bit: 1\nlast_bit: 8\nallow_sign_change: false\nallow_NaN_values: false\n"
-        "use_random_locations: true\nsave_injection_sequence: true\n"
-        f"injection_sequence_path: {tmp_path / 'seq.fflog'}\n")
-    rc, o, e = run(capsys, "inject", "--config", str(cfg), "-o", str(tmp_path / "o.h5"), "--seed", "2", "--dtype", "float32")
+        "use_random_locations: true\nsave_injection_sequence: true\nlog_file_path: logs-\n"
+        f"injection_sequence_path: {tmp_path / 'seq'}\nlocations_to_corrupt: []\n")
+    # fastflip's design: the stored float32 words, elements uniform, distinct sites
+    rc, o, e = run(capsys, "inject", "--config", str(cfg), "-o", str(tmp_path / "o.h5"), "--seed", "2",
+                   "--dtype", "float32", "--design", "fastflip")
     assert rc == 0, e
-    assert "float_precision 64 disagrees" in e  # warned, real dtype used
-    log = InjectionLog.load(str(tmp_path / "seq.fflog"))
+    assert "float_precision 64 on 32-bit floats" in e  # warned, real dtype used
+    log = InjectionLog.load(str(tmp_path / "o.h5.fflog"))
     assert log.manifest["counts"]["flips"] == 7 and log.manifest["counts"]["nan_created"] == 0
     # sign-first 1..8 = the exponent of float32 (LSB numbering 30..23)
     assert all(23 <= b <= 30 for r in log.records() for b in r["bit_positions"])
+    # the older tool's design (default): 7 attempts, their sequence saved as its JSON
+    rc, o, e = run(capsys, "inject", "--config", str(cfg), "-o", str(tmp_path / "p.h5"), "--seed", "2", "--json")
+    assert rc == 0, e
+    assert json.loads(o)["attempts"] == 7
+    seq = json.loads((tmp_path / "seq.json").read_text())
+    assert sum(len(v) for v in seq.values()) == 7 and all(1 <= b <= 8 for v in seq.values() for _, bb in v for b in bb)
 
 
 def test_old_config_percentage_and_probability(ckpt, tmp_path, capsys):
@@ -114,12 +122,15 @@ def test_old_config_percentage_and_probability(ckpt, tmp_path, capsys):
                         ["<f4"], seed=3)
     assert 180 < m2.kwargs["count"] < 320 and m2.kwargs["count"] == map_old_config(
         {"injection_type": "count", "injection_tries": 1000, "injection_probability": 0.25}, ["<f4"], seed=3).kwargs["count"]
-    m3 = map_old_config({"bit_mask": "11", "first_bit": 1}, ["<f4"])
-    assert m3.kwargs["model"] == "mask:0x60000000"
-    m4 = map_old_config({"burst": 3, "scaling_factor": 2}, ["<f4"])
-    assert m4.kwargs["model"] == "adjacent:3"
-    m5 = map_old_config({"use_random_locations": False, "locations_to_corrupt": ["a/b"]}, ["<f4"])
-    assert m5.kwargs["selection"].include == ("/a/b",)
+    m3 = map_old_config({"bit_mask": "11", "float_precision": 32}, ["<f4"])
+    assert m3.kwargs["model"] == "mask:0b11@random"  # the older tool placed the mask at a random offset
+    m4 = map_old_config({"burst": 3, "float_precision": 32}, ["<f4"])
+    assert m4.kwargs["model"] == "random-bits:3"  # its burst: distinct random bits, not adjacent ones
+    m5 = map_old_config({"use_random_locations": False, "locations_to_corrupt": ["a/"]}, ["<f4"],
+                        names=["/a/b", "/a/c", "/b/a"])
+    assert m5.kwargs["selection"].regex == ("^/a/b$", "^/a/c$")  # prefixes expand to every dataset below
+    with pytest.raises(Exception, match="incompatible"):
+        map_old_config({"burst": 3, "scaling_factor": 2}, ["<f4"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("hdf5_file: x\nnot_a_key: 1\n")
     rc, o, e = run(capsys, "inject", "--config", str(bad), "-o", str(tmp_path / "z.h5"))

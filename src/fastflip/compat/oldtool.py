@@ -93,8 +93,13 @@ def _pack(value: np.generic, width: int) -> int:
 
 
 def _unpack(word: int, width: int, dtype: np.dtype) -> np.generic:
+    """The value written back: through a Python float (float64) as the older tool's ``struct.unpack`` gave it,
+    which quiets a signalling NaN and, for half floats, returns the canonical NaN (payload lost)."""
     with np.errstate(all="ignore"):
-        return np.array([word], _UINTS[width]).view(_FLOATS[width]).astype(dtype)[0]
+        v = np.array([word], _UINTS[width]).view(_FLOATS[width]).astype(np.float64)
+        if width == 16 and np.isnan(v[0]):
+            v[0] = np.copysign(np.nan, -1.0 if word >> 15 else 1.0)
+        return v.astype(dtype)[0]
 
 
 def flip_float(value: np.generic, dtype: np.dtype, width: int, bits: Sequence[int], allow_nan: bool,

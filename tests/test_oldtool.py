@@ -1,0 +1,475 @@
+"""The older tool (hdf5_corrupter) reproduced: configs as it ships them, its sampling and value rules, its
+float64 path, its comparator, the drop-in command; checked against an independent re-implementation of
+each rule (struct packing and bit strings, as the older tool itself worked) and against distributions."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip.cli import main
+from fastflip.compat.oldtool import draw_slots, old_tool_plan
+from fastflip.compat.run import run_old_settings
+from fastflip.inject import replay, revert
+from fastflip.log import InjectionLog
+from fastflip.oldconfig import OldSettings, load_old_config, settings_from_config
+from fastflip.plan import TensorRef
+from fastflip.sampling import generator
+
+SIZES = {"a": 8, "b": 64, "c": 1024, "d": 4096}
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    """Four float32 datasets of 8/64/1024/4096 values under /predictor/<x>/W, plus integers."""
+    p = tmp_path / "m.h5"
+    rng = np.random.default_rng(0)
+    data = {}
+    with h5py.File(p, "w") as f:
+        for k, n in SIZES.items():
+            v = (rng.standard_normal(n) * 0.05).astype("<f4")
+            f[f"predictor/{k}/W"] = v
+            data[f"/predictor/{k}/W"] = v
+    return p, data
+
+
+def write_yaml(path, text):
+    path.write_text(text)
+    return path
+
+
+def base_cfg(h5, **kw):
+    cfg = {"hdf5_file": str(h5), "log_file_path": "log-", "injection_probability": 1, "injection_type": "count",
+           "injection_tries": 10, "allow_sign_change": True, "allow_NaN_values": True,
+           "use_random_locations": True, "locations_to_corrupt": [], "save_injection_sequence": False,
+           "float_precision": 32}
+    cfg.update(kw)
+    return settings_from_config(cfg)
+
+
+def seq_of(s: OldSettings, h5, tmp_path, seed=1, name="o.h5"):
+    """Run the oldtool design and return (result, the per-attempt sequence)."""
+    r = run_old_settings(s, str(h5), str(tmp_path / name), seed=seed)
+    return r, r.run.sequence
+
+
+# -- an independent re-implementation of the older tool's rules (bit strings, struct) ------------------------
+
+_CODE = {16: ">e", 32: ">f", 64: ">d"}
+
+
+def ref_bits(x: float, w: int) -> str:
+    return "".join(f"{c:08b}" for c in struct.pack(_CODE[w], x))
+
+
+def ref_value(bits: str, w: int) -> float:
+    return struct.unpack(_CODE[w], int(bits, 2).to_bytes(w // 8, "big"))[0]
+
+
+def ref_flip(bits: str, i: int) -> str:
+    return bits[:i] + ("1" if bits[i] == "0" else "0") + bits[i + 1:]
+
+
+def ref_slots(rng, start, end, length, sign):
+    m = end - start + 1
+    chunk = max(m - 1, 1)
+    out = []
+    while length > 0:
+        take = chunk if length > chunk else length
+        out += [int(x) + start for x in rng.choice(m, size=take, replace=False)] if m > 1 else [start] * take
+        length -= take
+    return [0 if sign and s == start else s for s in out]
+
+
+def reference_run(cfg: dict, data: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """The older tool's loop on in-memory arrays, written from its description, drawing from fastflip's
+    generator in the documented order (location, element, probability; then per attempt its bits)."""
+    rng = generator(seed)
+    data = {k: v.copy() for k, v in data.items()}
+    names = list(data)
+    if not cfg.get("use_random_locations", True):
+        names = [n for p in cfg["locations_to_corrupt"] for n in data if n.startswith(p)]
+    n = int(cfg["injection_tries"])
+    pick = rng.integers(0, len(names), size=n) if len(names) > 1 else np.zeros(n, np.int64)
+    sizes = np.array([data[names[i]].size for i in pick], np.int64)
+    elem = (rng.random(n) * sizes).astype(np.int64)
+    passed = rng.random(n) < float(cfg.get("injection_probability", 1))
+    w = int(cfg.get("float_precision", 64))
+    first, last = cfg.get("first_bit", 0), cfg.get("last_bit", w - 1)
+    sign = bool(cfg.get("allow_sign_change", True))
+    if sign and first > 0:
+        first -= 1
+    allow_nan = bool(cfg.get("allow_NaN_values", False))
+    for i in range(n):
+        if not passed[i]:
+            continue
+        arr = data[names[pick[i]]].reshape(-1)
+        v = arr[elem[i]]
+        if arr.dtype.kind in "iu":
+            a = abs(int(v))
+            s = bin(a)[2:]
+            k = int(rng.integers(0, len(s)))
+            new = int(ref_flip(s, k), 2)
+            arr[elem[i]] = -new if int(v) < 0 else new
+            continue
+        bits = ref_bits(float(v), w)
+        if cfg.get("bit_mask"):
+            mask = cfg["bit_mask"]
+            while True:
+                off = int(rng.integers(0, w - len(mask) + 1))
+                full = "0" * off + mask + "0" * (w - len(mask) - off)
+                cand = "".join(str(int(x) ^ int(y)) for x, y in zip(bits, full))
+                if allow_nan or math.isfinite(ref_value(cand, w)):
+                    bits = cand
+                    break
+        else:
+            pending = ref_slots(rng, first, last, int(cfg.get("burst", 1)), sign)
+            while pending:
+                failed = 0
+                for b in pending:
+                    cand = ref_flip(bits, b)
+                    if not allow_nan and not math.isfinite(ref_value(cand, w)):
+                        failed += 1
+                    else:
+                        bits = cand
+                if not failed:
+                    break
+                pending = ref_slots(rng, first, last, failed, sign)
+        with np.errstate(all="ignore"):
+            arr[elem[i]] = np.array(ref_value(bits, w)).astype(arr.dtype)
+    return data
+
+
+def read_all(path) -> dict[str, np.ndarray]:
+    out = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda n, o: out.__setitem__("/" + n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    return out
+
+
+def same_words(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and np.array_equal(a.view(f"u{a.dtype.itemsize}"), b.view(f"u{b.dtype.itemsize}"))
+
+
+@pytest.mark.parametrize("cfg", [
+    {"first_bit": 1, "last_bit": 8, "burst": 1, "allow_sign_change": True, "float_precision": 32},
+    {"first_bit": 0, "last_bit": 8, "burst": 3, "allow_sign_change": False, "float_precision": 32},
+    {"first_bit": 2, "last_bit": 12, "burst": 12, "allow_sign_change": True, "float_precision": 64},
+    {"first_bit": 1, "last_bit": 11, "burst": 2, "allow_NaN_values": False, "float_precision": 64},
+    {"first_bit": 1, "last_bit": 8, "burst": 2, "allow_NaN_values": False, "float_precision": 32},
+    {"bit_mask": "1011", "allow_NaN_values": False, "float_precision": 64},
+    {"bit_mask": "11", "float_precision": 16},
+    {"use_random_locations": False, "locations_to_corrupt": ["/predictor/a/", "/predictor/"], "first_bit": 9,
+     "last_bit": 31, "float_precision": 32, "injection_probability": 0.5},
+])
+def test_matches_independent_reimplementation(ckpt, tmp_path, cfg):
+    h5, data = ckpt
+    with h5py.File(h5, "a") as f:
+        f["predictor/i/n"] = np.array([1000, -5, 0, 7, -128], "i8")
+    data = read_all(h5)
+    full = {"injection_tries": 400, "allow_NaN_values": True, **cfg}
+    s = base_cfg(h5, **full)
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=11)
+    want = reference_run(full, data, seed=11)
+    got = read_all(tmp_path / "o.h5")
+    for k in data:
+        assert same_words(got[k], want[k]), k
+    assert same_words(read_all(h5)["/predictor/a/W"], data["/predictor/a/W"])  # the input is untouched
+    # the log replays and reverts the run bit for bit
+    replay(r.result.log_path, str(h5), str(tmp_path / "re.h5"))
+    assert all(same_words(read_all(tmp_path / "re.h5")[k], got[k]) for k in got)
+    revert(r.result.log_path, str(tmp_path / "o.h5"))
+    assert all(same_words(read_all(tmp_path / "o.h5")[k], data[k]) for k in data)
+
+
+def test_config_exactly_as_the_older_tool_ships_it(ckpt, tmp_path, capsys):
+    h5, _ = ckpt
+    with h5py.File(h5, "a") as f:
+        for k in ("conv1", "conv2", "conv5"):
+            f[f"predictor/{k}/W"] = np.ones((4, 3), "f4")
+            f[f"predictor/{k}/b"] = np.ones(4, "f4")
+    cfg = write_yaml(tmp_path / "config.yaml", f"""\
+################################################# Injector Parameters #################################################
+#
+#    hdf5_file                    the path to the hdf5 file to corrupt
+#    log_file_path                path where to save the log files.
+#    float_precision              32 or 64, the number or bits to use for each float value
+################################################# Injector Parameters #################################################
+
+hdf5_file: "{h5}"
+injection_probability: 1 # 1e-8
+injection_type: "count" #"percentage"
+injection_tries: 3000
+log_file_path: "/home/diego/PycharmProjects/hdf5_corrupter/log-"
+float_precision: 64
+#first_bit: 2
+#last_bit: 31
+#burst: 3
+#scaling_factor: 100
+bit_mask: "101101"
+allow_sign_change: True
+allow_NaN_values: False
+#injection_sequence_path: "/home/diego/PycharmProjects/hdf5_corrupter/injectionSequence.json"
+save_injection_sequence: True
+use_random_locations: False
+locations_to_corrupt:
+  - "/predictor/conv1/"
+  - "/predictor/conv2/"
+  - "/predictor/conv5/"
+""")
+    rc, out, err = run(capsys, "inject", "--config", str(cfg), "-o", str(tmp_path / "o.h5"), "--seed", "5", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert res["attempts"] == 3000 and res["corrupted"] == 3000
+    seq = json.loads((tmp_path / "o.h5.sequence.json").read_text())
+    assert set(seq) == {"/predictor/conv1/", "/predictor/conv2/", "/predictor/conv5/"}
+    assert sum(len(v) for v in seq.values()) == 3000
+    for entries in seq.values():  # six bits "101101" at a random offset: bits off, off+2, off+3, off+5
+        for idx, bits in entries:
+            off = bits[0]
+            assert bits == [off, off + 2, off + 3, off + 5] and 0 <= off <= 58
+    diff = read_all(tmp_path / "o.h5")
+    assert np.array_equal(diff["/predictor/a/W"], read_all(h5)["/predictor/a/W"])  # only the listed prefixes
+    log = InjectionLog.load(res["log"])
+    assert {log.plan.tensors[t].name.split("/")[2] for t in log.plan.tensor} == {"conv1", "conv2", "conv5"}
+
+
+def test_dataset_uniform_picks_chi_square(ckpt, tmp_path):
+    stats = require("scipy.stats")
+    h5, _ = ckpt
+    s = base_cfg(h5, injection_tries=3000, save_injection_sequence=True)
+    _, seq = seq_of(s, h5, tmp_path, seed=2)
+    counts = [len(seq[f"/predictor/{k}/W"]) for k in SIZES]
+    assert sum(counts) == 3000
+    assert stats.chisquare(counts).pvalue > 1e-3, counts  # ~750 each, whatever the size
+    # fastflip's design: in proportion to size, without replacement
+    r = run_old_settings(s, str(h5), str(tmp_path / "f.h5"), seed=2, design="fastflip")
+    log = InjectionLog.load(r.result.log_path)
+    pairs = np.bitwise_count(log.plan.bits)  # distinct (element, bit) sites, uniform over all of them
+    assert int(pairs.sum()) == 3000
+    n = {t.name: 0 for t in log.plan.tensors}
+    for t, k in zip(log.plan.tensor, pairs):
+        n[log.plan.tensors[t].name] += int(k)
+    lo, hi = stats.hypergeom(sum(SIZES.values()) * 32, SIZES["d"] * 32, 3000).interval(0.999)
+    assert lo <= n["/predictor/d/W"] <= hi and n.get("/predictor/a/W", 0) <= 20, n
+
+
+@pytest.mark.parametrize("sign,first,expected", [(True, 1, list(range(9))), (False, 0, list(range(9))),
+                                                 (False, 1, list(range(1, 9))), (True, 4, [0, 4, 5, 6, 7, 8])])
+def test_sign_slot_rule_bit_distribution(ckpt, tmp_path, sign, first, expected):
+    stats = require("scipy.stats")
+    h5, _ = ckpt
+    s = base_cfg(h5, injection_tries=4500, first_bit=first, last_bit=8, allow_sign_change=sign,
+                 save_injection_sequence=True)
+    assert s.slot_bits(32) == expected
+    _, seq = seq_of(s, h5, tmp_path)
+    bits = [b for v in seq.values() for _, bb in v for b in bb]
+    counts = [bits.count(b) for b in expected]
+    assert sum(counts) == 4500 and stats.chisquare(counts).pvalue > 1e-3, counts
+
+
+def test_burst_is_distinct_random_bits(ckpt, tmp_path):
+    stats = require("scipy.stats")
+    h5, _ = ckpt
+    s = base_cfg(h5, injection_tries=3000, first_bit=9, last_bit=31, burst=3, allow_sign_change=False,
+                 save_injection_sequence=True)
+    _, seq = seq_of(s, h5, tmp_path)
+    draws = [bb for v in seq.values() for _, bb in v]
+    assert all(len(set(bb)) == 3 and all(9 <= b <= 31 for b in bb) for bb in draws)
+    assert any(max(bb) - min(bb) > 2 for bb in draws)  # not adjacent
+    flat = [b for bb in draws for b in bb]
+    assert stats.chisquare([flat.count(b) for b in range(9, 32)]).pvalue > 1e-3
+    # a burst longer than the range: chunks of (range - 1) distinct slots, so bits may repeat and cancel
+    rng = generator(3)
+    longer = draw_slots(rng, 0, 3, 7, False)
+    assert len(longer) == 7 and len(set(longer[:3])) == 3 and len(set(longer[3:6])) == 3
+
+
+def test_bit_mask_at_random_offset(ckpt, tmp_path):
+    stats = require("scipy.stats")
+    h5, data = ckpt
+    s = base_cfg(h5, injection_tries=3000, bit_mask="101", save_injection_sequence=True)
+    r, seq = seq_of(s, h5, tmp_path)
+    offs = [bb[0] for v in seq.values() for _, bb in v]
+    assert all(bb == [bb[0], bb[0] + 2] for v in seq.values() for _, bb in v)
+    assert stats.chisquare([offs.count(o) for o in range(30)]).pvalue > 1e-3  # 0..29 uniformly
+    log = InjectionLog.load(r.result.log_path)
+    single = [int(x) for x in log.plan.xor_mask]  # every mask is 0b101 shifted (or a XOR of such)
+    assert any(x in {0b101 << k for k in range(30)} for x in single)
+
+
+def test_integers_flip_their_own_binary_digits(tmp_path):
+    h5 = tmp_path / "i.h5"
+    with h5py.File(h5, "w") as f:
+        f["n"] = np.array([1000], "i8")
+        f["m"] = np.array([-5], "i4")
+        f["z"] = np.array([0], "u2")
+    seen: dict[str, set[int]] = {"/n": set(), "/m": set(), "/z": set()}
+    for seed in range(60):
+        s = base_cfg(h5, injection_tries=1, float_precision=64)
+        run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=seed, log_path=False)
+        out = read_all(tmp_path / "o.h5")
+        for k in seen:
+            seen[k].add(int(out[k][0]))
+    assert seen["/n"] - {1000} <= {1000 ^ (1 << k) for k in range(10)} and len(seen["/n"]) > 5
+    assert max(seen["/n"]) < 1024  # the old tool's 1000 stays small (a 64-bit word flip would not)
+    assert seen["/m"] - {-5} <= {-1, -7, -4} and seen["/m"] - {-5}
+    assert seen["/z"] - {0} == {1}
+
+
+def test_float64_path_bit_for_bit(tmp_path):
+    h5 = tmp_path / "f.h5"
+    vals = np.array([1.5, -0.0731, 3.0e-39, 2.0e38], "f4")
+    with h5py.File(h5, "w") as f:
+        f["w"] = vals
+    for b in range(64):
+        s = base_cfg(h5, injection_tries=1, first_bit=b, last_bit=b, allow_sign_change=False, float_precision=64)
+        for seed in range(2):
+            run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=seed, log_path=False)
+            got = read_all(tmp_path / "o.h5")["/w"]
+            changed = np.flatnonzero(got.view("u4") != vals.view("u4"))
+            assert len(changed) <= 1 and (len(changed) == 1 or b > 11)  # sign/exponent flips always show
+            i = int(changed[0]) if len(changed) else None
+            for j in range(4):
+                if j == i:
+                    want = np.array(ref_value(ref_flip(ref_bits(float(vals[j]), 64), b), 64))
+                    with np.errstate(all="ignore"):
+                        assert got[j:j + 1].view("u4")[0] == want.astype("f4").reshape(1).view("u4")[0], (b, j)
+    # Infs are written although NaN values are not allowed: the check ran on the float64 value
+    with h5py.File(h5, "w") as f:
+        f["w"] = np.array([-0.0731, 3.0e-39], "f4")
+    s = base_cfg(h5, injection_tries=1, first_bit=1, last_bit=1, allow_sign_change=False, allow_NaN_values=False,
+                 float_precision=64)
+    run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=0, log_path=False)
+    assert np.isinf(read_all(tmp_path / "o.h5")["/w"]).sum() == 1
+
+
+def test_counts_percentage_truncates_and_attempts_exceed_sites(ckpt, tmp_path):
+    h5, _ = ckpt
+    total = sum(SIZES.values())
+    s = base_cfg(h5, injection_type="percentage", injection_tries=1)
+    assert s.attempts(total) == int(total / 100) == 51  # 51.92 truncated
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=1)
+    assert r.run.attempts == 51
+    assert base_cfg(h5, injection_tries=7.9).attempts(total) == 7
+    tiny = tmp_path / "t.h5"
+    with h5py.File(tiny, "w") as f:
+        f["w"] = np.full(4, 1.5, "f4")
+    r = run_old_settings(base_cfg(tiny, injection_tries=100, first_bit=20, last_bit=31), str(tiny),
+                         str(tmp_path / "o2.h5"), seed=1)
+    assert r.run.attempts == 100 and len(r.run.plan) == 4  # with replacement: 4 elements, hit many times
+
+
+def test_repeated_flips_cancel_and_are_logged(tmp_path):
+    h5 = tmp_path / "one.h5"
+    with h5py.File(h5, "w") as f:
+        f["w"] = np.array([1.5], "f4")
+    s = base_cfg(h5, injection_tries=2, first_bit=5, last_bit=5, allow_sign_change=False)
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=1)
+    assert r.run.corrupted == 2 and len(r.run.plan) == 1 and int(r.run.plan.xor_mask[0]) == 0
+    assert read_all(tmp_path / "o.h5")["/w"][0] == 1.5
+    log = InjectionLog.load(r.result.log_path)
+    assert len(log) == 1 and log.manifest["plan"]["unchanged"] == 1
+
+
+def test_prefixes_and_nan_redraw(ckpt, tmp_path, capsys):
+    h5, data = ckpt
+    s = base_cfg(h5, use_random_locations=False, locations_to_corrupt=["/predictor/b/", "predictor/c"],
+                 injection_tries=500, first_bit=1, last_bit=8, burst=3, allow_NaN_values=False)
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=4)
+    out = read_all(tmp_path / "o.h5")
+    assert np.array_equal(out["/predictor/a/W"], data["/predictor/a/W"])
+    assert all(np.isfinite(v).all() for v in out.values()) and r.run.nan_redraws > 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"hdf5_file: {h5}\nuse_random_locations: false\nlocations_to_corrupt: ['/nothing/']\n"
+                   "injection_type: count\ninjection_tries: 3\n")
+    rc, _, err = run(capsys, "inject", "--config", str(bad), "-o", str(tmp_path / "z.h5"))
+    assert rc == 2 and "no datasets with the prefix '/nothing/'" in err and "Traceback" not in err
+
+
+def test_every_key_accepted_and_checked(tmp_path, capsys):
+    keys = dict(hdf5_file="x.h5", log_file_path="l-", injection_probability=0.5, injection_type="count",
+                injection_tries=3, allow_sign_change=False, allow_NaN_values=True, use_random_locations=True,
+                locations_to_corrupt=[], save_injection_sequence=False, float_precision="auto", burst=2,
+                injection_sequence_path="", load_injection_sequence=False, log_file="l")
+    s = settings_from_config(keys)
+    assert s.precision == "auto" and s.burst == 2 and s.probability == 0.5
+    p = write_yaml(tmp_path / "c.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in keys.items()))
+    assert load_old_config(p)["log_file_path"] == "l-"
+    from fastflip.errors import OptionError
+
+    for bad, msg in [({"bit_mask": "11", "burst": 3}, "incompatible"), ({"first_bit": 9, "last_bit": 3}, "interval"),
+                     ({"injection_type": "often"}, "percentage"), ({"bit_mask": "12"}, "0 and 1"),
+                     ({"use_random_locations": False}, "locations_to_corrupt")]:
+        with pytest.raises(OptionError, match=msg):
+            settings_from_config({**keys, "float_precision": 32, "burst": 1, **bad})
+
+
+def test_drop_in_command(ckpt, tmp_path, capsys):
+    h5, data = ckpt
+    before = h5.read_bytes()
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "30", "--injectionType",
+                       "count", "--firstBit", "1", "--lastBit", "8", "--floatPrecision", "32", "--useRandomLocations",
+                       "--allowSignChange", "--burst", "2", "--saveInjectionSequence", str(tmp_path / "seq"), "true",
+                       "--seed", "3", "--json")
+    assert rc == 0, err
+    res = json.loads(out)
+    assert h5.read_bytes() == before and "unchanged" in err and "--inPlace" in err  # a copy by default
+    assert res["output"].endswith("m.corrupted.h5") and res["attempts"] == 30
+    seq = json.loads((tmp_path / "seq.json").read_text())
+    assert sum(len(v) for v in seq.values()) == 30 and all(len(i) == 1 for v in seq.values() for i, _ in v)
+    # the saved sequence (with indexes) loads as a plan: the same float flips at the same elements
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
+                       str(tmp_path / "seq.json"), "--floatPrecision", "32", "-o", str(tmp_path / "re.h5"), "--json")
+    assert rc == 0, err
+    a, b = read_all(res["output"]), read_all(tmp_path / "re.h5")
+    assert all(same_words(a[k], b[k]) for k in a)
+    # the older format (bits only) loads too
+    (tmp_path / "old.json").write_text(json.dumps({"/predictor/a/": [[1], [2, 3], None]}))
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
+                       str(tmp_path / "old.json"), "--floatPrecision", "32", "-o", str(tmp_path / "old.h5"), "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == 2
+    # --inPlace edits the input like the older tool; the log reverts it
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "5", "--injectionType",
+                       "count", "--useRandomLocations", "--floatPrecision", "32", "--inPlace", "--seed", "1", "--json")
+    assert rc == 0 and h5.read_bytes() != before
+    assert run(capsys, "revert", json.loads(out)["log"], str(h5))[0] == 0 and h5.read_bytes() == before
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionType", "count",
+                       "--injectionTries", "2")
+    assert rc == 2 and "locations_to_corrupt" in err  # switches absent are false, as in the older tool
+
+
+def test_diff_oldtool_comparator(tmp_path, capsys):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    x = np.array([1.0, -2.0, 0.0, 4.0, np.nan], "f4")
+    y = np.array([1.0, -3.0, 0.5, 4.0, np.nan], "f4")
+    with h5py.File(a, "w") as f:
+        f["w"] = x
+        f["s"] = np.float32(2.0)
+    with h5py.File(b, "w") as f:
+        f["w"] = y
+        f["s"] = np.float32(3.0)
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--json")
+    assert rc == 1
+    t = {d["path"]: d["oldtool"] for d in json.loads(out)["tensors"]}
+    w = t["/w"]
+    ne = [(float(p), float(q)) for p, q in zip(x, y) if p != q]  # the older tool: x != y, NaN differs from itself
+    assert w["diff_count"] == len(ne) == 3 and w["diff_percent"] == pytest.approx(60.0)
+    assert w["euclidean_distance"] is None  # NaN - NaN: the distance is NaN (null in JSON)
+    rel = [abs(q - p) / p if p else math.inf for p, q in ne[:2]]
+    assert w["relative_diffs"][0] == pytest.approx(rel[0]) and w["relative_diffs"][1] == "inf"
+    assert t["/s"]["diff_count"] == 1 and t["/s"]["euclidean_distance"] is None
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool")
+    assert "diff count" in out and "euclidean" in out
