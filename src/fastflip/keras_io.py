@@ -58,15 +58,22 @@ class UnsafeArchiveError(InputFileError):
 
 
 def is_keras_archive(path: str | os.PathLike) -> bool:
-    """True when ``path`` is a zip file (what a ``.keras`` file is), whatever its name.
+    """True when ``path`` is a zip file that is not a torch.save file or .npz (what a ``.keras`` file is), whatever its name.
 
     >>> is_keras_archive(__file__)
     False
     """
     try:
-        return zipfile.is_zipfile(path)
+        if not zipfile.is_zipfile(path):
+            return False
     except OSError:
         return False
+    from .formats import FormatError, detect_format  # torch.save files and .npz are zips too
+
+    try:
+        return detect_format(path) == "keras"
+    except FormatError:
+        return True  # a damaged or foreign zip: check_archive names the problem
 
 
 def _unsafe(name: str) -> bool:

@@ -187,6 +187,7 @@ class Layout:
     tensors: list[Tensor] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     framework: str | None = None
+    format: str = "hdf5"
 
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.tensors)
@@ -227,6 +228,7 @@ class Layout:
         return {
             "file": self.file,
             "framework": self.framework,
+            "format": self.format,
             "tensors": [t.as_dict() for t in self.tensors],
             "skipped": [s.as_dict() for s in self.skipped],
             "totals": self.totals,
@@ -407,6 +409,12 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     from h5py import h5d, h5o, h5s
 
     p = os.fspath(path)
+    if os.path.isfile(p):  # other checkpoint formats (torch.save, safetensors, npy/npz): detected by content
+        from .formats import detect_format, read_layout as read_other_layout
+
+        fmt = detect_format(p)
+        if fmt != "hdf5":
+            return read_other_layout(p, fmt)
     with open_h5(p) as f:
         skipped: list[Skipped] = []
         tensors: list[Tensor] = []

@@ -1,0 +1,99 @@
+"""NumPy ``.npy`` files and ``.npz`` archives: where each array's bytes lie.
+
+A ``.npy`` file is a magic string, a header (dtype, fortran_order, shape) and the raw
+array; an ``.npz`` file is a zip of ``.npy`` members. Members stored uncompressed
+(``np.savez``) have fixed byte offsets in the archive and take the raw path; members of
+``np.savez_compressed`` archives are deflated and are skipped with the reason (fastflip
+does not rewrite compressed members). Object arrays are never unpickled; Fortran-ordered
+arrays are skipped (their flat order is not C order).
+
+Examples
+--------
+>>> import os, tempfile, numpy as np
+>>> p = os.path.join(tempfile.mkdtemp(), "w.npz")
+>>> np.savez(p, conv1_weight=np.ones((2, 2), ">f8"), step=np.int64(3))
+>>> [(t.path, t.dtype.str, t.shape) for t in read_numpy_layout(p, "npz").tensors]
+[('/conv1_weight', '>f8', (2, 2)), ('/step', '<i8', ())]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..dtypes import is_supported_dtype
+from ..layout import Layout, Skipped, Tensor, _natural_key
+from . import FormatError
+from .naming import label_tensors
+from .zipraw import stored_entries
+
+__all__ = ["npy_header", "read_numpy_layout"]
+
+
+def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:  # type: ignore[no-untyped-def]
+    """(dtype, fortran_order, shape, header length) of the ``.npy`` stream at ``fh``'s position."""
+    from numpy.lib import format as npf
+
+    start = fh.tell()
+    try:
+        major, _ = npf.read_magic(fh)
+        if major == 1:
+            shape, fortran, dtype = npf.read_array_header_1_0(fh, max_header_size=1 << 20)
+        elif major in (2, 3):
+            shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 20)
+        else:
+            raise ValueError(f"npy format version {major}")
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise FormatError(f"{where}: damaged .npy header ({exc})") from None
+    hlen = fh.tell() - start
+    nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject:
+        return dtype, fortran, tuple(shape), hlen
+    if hlen + nbytes > limit:
+        raise FormatError(f"{where}: array of {nbytes} bytes runs past the end of its data ({limit - hlen} bytes)")
+    return dtype, fortran, tuple(shape), hlen
+
+
+def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offset: int,
+            skipped: list[Skipped]) -> Tensor | None:
+    if dt.hasobject:
+        skipped.append(Skipped(name, "object array (never unpickled)"))
+    elif not is_supported_dtype(dt) or dt.fields is not None:
+        skipped.append(Skipped(name, f"unsupported dtype {dt}"))
+    elif fortran and sum(s > 1 for s in shape) > 1:
+        skipped.append(Skipped(name, "Fortran-ordered array (flat order is not C order); save np.ascontiguousarray"))
+    elif math.prod(shape) == 0:
+        skipped.append(Skipped(name, "empty"))
+    else:
+        size = math.prod(shape)
+        return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="contiguous",
+                      offset=offset, nbytes=size * dt.itemsize)
+    return None
+
+
+def read_numpy_layout(path: str, fmt: str) -> Layout:
+    """Tensors of a ``.npy`` file (one, named ``/array``) or an ``.npz`` archive (``/<member>``)."""
+    tensors: list[Tensor] = []
+    skipped: list[Skipped] = []
+    if fmt == "npy":
+        with open(path, "rb") as fh:
+            dt, fortran, shape, hlen = npy_header(fh, os.path.getsize(path), path)
+        t = _tensor("/array", dt, fortran, shape, hlen, skipped)
+        tensors = [t] if t else []
+    else:
+        with open(path, "rb") as fh:
+            for name, e in stored_entries(path).items():
+                key = "/" + (name[:-4] if name.endswith(".npy") else name)
+                if not e.stored:
+                    skipped.append(Skipped(key, "compressed npz member (np.savez_compressed); save with np.savez"))
+                    continue
+                fh.seek(e.offset)
+                dt, fortran, shape, hlen = npy_header(fh, e.size, f"{path}:{name}")
+                t = _tensor(key, dt, fortran, shape, e.offset + hlen, skipped)
+                if t:
+                    tensors.append(t)
+    tensors.sort(key=lambda t: _natural_key(t.path))
+    skipped.sort(key=lambda s: s.path)
+    return Layout(file=path, tensors=label_tensors(tensors, None), skipped=skipped, framework=None, format=fmt)
