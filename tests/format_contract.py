@@ -38,6 +38,11 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         old, new = reference.apply_plan(want, res.log.plan)
         assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
         got = load(out)
+        if fmt in ("torch", "npz"):  # a valid archive: every entry's CRC-32 matches its bytes
+            import zipfile
+
+            with zipfile.ZipFile(out) as z:
+                assert z.testzip() is None
         for t in lay.tensors:
             a, b = got[t.path], want[t.path]
             assert a.shape == b.shape and a.tobytes() == b.astype(a.dtype).tobytes(), (model, t.path)
@@ -53,4 +58,9 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         b.write(a.read())
     res = inject_file(work, in_place=True, atomic=False, seed=99, count=count)
     assert sha256_file(work) != before
+    if fmt in ("torch", "npz"):
+        import zipfile
+
+        with zipfile.ZipFile(work) as z:
+            assert z.testzip() is None
     assert revert(res.log_path, work).sha256 == before

@@ -38,7 +38,7 @@ from .plan import Plan
 from .wordrule import rule_words, scale_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
-           "copy_apply"]
+           "copy_apply", "new_words_for"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
@@ -93,7 +93,8 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
     return routes
 
 
-def _new_words(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype)."""
     wt = word_type(dtype)
     new = rule_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], wt.bits)
     if plan.scale is not None:
@@ -145,7 +146,7 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
         old_out[site] = old
         if mode == "read":
             continue
-        new = _new_words(old, plan, site, t.dtype) if mode == "apply" else words[site]  # type: ignore[index]
+        new = new_words_for(old, plan, site, t.dtype) if mode == "apply" else words[site]  # type: ignore[index]
         new_out[site] = new
         flat[local] = from_words(new.astype(word_type(t.dtype).uint), t.dtype)
         if region:
@@ -316,12 +317,17 @@ _BLOCK = 8 << 20
 
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
-               block: int = _BLOCK) -> tuple[str, str, np.ndarray, np.ndarray]:
+               block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = ()
+               ) -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
     (input sha256, output sha256 before any hdf5-path edit, old words, new words).
 
     Sites that need the hdf5 path are left untouched here (their old/new stay 0).
+    ``patches`` — sorted, non-overlapping ``(offset, old bytes, new bytes)`` — are written
+    over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks).
     """
+    pstart = np.array([p[0] for p in patches], np.int64)
+    pend = np.array([p[0] + len(p[2]) for p in patches], np.int64)
     import hashlib
 
     n = len(plan)
@@ -360,6 +366,11 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
             if hi > lo:
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
+            if len(pstart):
+                for k in np.flatnonzero((pstart < end) & (pend > base)).tolist():
+                    off, _, data = patches[k]
+                    a, b = max(off, base), min(off + len(data), end)
+                    view[a - base : b - base] = data[a - off : b - off]
             pending[slot] = pool.submit(emit, view[:got])
             base = end
             i += 1

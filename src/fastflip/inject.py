@@ -45,6 +45,7 @@ from .h5target import (SiteRoute, apply_plan_to_file, check_storage, copy_apply,
                        write_words_to_file)
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
+from .patches import crc_patches, expected_new, is_zip_container, write_patches
 from .plan import Plan
 from .sampling import SiteSpace
 from .select import Selection, select
@@ -189,16 +190,25 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
     routes = route_sites(src, plan, by_name)
+    zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
     if in_place and not atomic:
         if any((r.offsets < 0).any() for r in routes):
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks); "
                               "this plan touches filtered/compact data: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
         old, new, _ = apply_plan_to_file(src, plan, by_name, routes, backend)
+        if zipped:
+            write_patches(src, crc_patches(src, routes, old, new))
         out_hash = sha256_file(src) if hash_files else None
         return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, None)
+    patches = []
+    if zipped:  # CRC fields precede and follow the data: work them out before streaming
+        old0 = read_words(src, plan, by_name, routes)
+        patches = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
     with atomic_output(target, durable=durable) as tmp:
-        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend)
+        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=patches)
+        if zipped and not np.array_equal(old, old0):
+            raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
         undo = None
         h5_routes = [r for r in routes if (r.offsets < 0).any()]
         if h5_routes:  # filtered / compact / unallocated data: HDF5 read-modify-write on the copy
@@ -409,6 +419,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
             lg.undo.apply(path)
         else:
             write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
+            if is_zip_container(path):
+                write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
         digest = sha256_file(path)
         if want_in and digest != want_in:
             raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")

@@ -26,9 +26,9 @@ Examples
 ...     def __reduce__(self):
 ...         return (eval, ("1 + 1",))
 >>> try:
-...     restricted_loads(pickle.dumps(Evil(), protocol=2), "evil.pt")
+...     restricted_loads(pickle.dumps(Evil(), protocol=4), "evil.pt")
 ... except UnsafeInputError as e:
-...     print(str(e)[:56])
+...     print(str(e)[:58])
 evil.pt: the pickle asks for builtins.eval, which fastflip
 """
 
@@ -162,6 +162,10 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("builtins", "frozenset"): frozenset,
     ("builtins", "complex"): complex,
     ("builtins", "slice"): slice,
+    ("__builtin__", "set"): set,  # protocol-2 names (find_class sees them unmapped)
+    ("__builtin__", "frozenset"): frozenset,
+    ("__builtin__", "complex"): complex,
+    ("__builtin__", "slice"): slice,
     ("_codecs", "encode"): _codecs_encode,
     ("torch.storage", "UntypedStorage"): _StorageType(None, "UntypedStorage"),
     ("torch", "UntypedStorage"): _StorageType(None, "UntypedStorage"),

@@ -23,7 +23,7 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
-__all__ = ["ZipEntry", "stored_entries"]
+__all__ = ["ZipEntry", "stored_entries", "central_records"]
 
 
 @dataclass(frozen=True)
@@ -72,4 +72,26 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
                 out[info.filename] = ZipEntry(info.filename, data, int(info.file_size), stored, info)
     except (zipfile.BadZipFile, EOFError, ValueError) as exc:
         raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
+    return out
+
+
+def central_records(path: str) -> dict[str, int]:
+    """Absolute file offset of each entry's central-directory record (its CRC-32 is at +16)."""
+    from . import FormatError
+
+    with zipfile.ZipFile(path) as zf:
+        pos = int(zf.start_dir)  # type: ignore[attr-defined]
+        n = len(zf.infolist())
+    out: dict[str, int] = {}
+    with open(path, "rb") as fh:
+        for _ in range(n):
+            fh.seek(pos)
+            rec = fh.read(46)
+            if len(rec) != 46 or rec[:4] != b"PK\x01\x02":
+                raise FormatError(f"{path}: damaged zip central directory at byte {pos}")
+            flags = struct.unpack("<H", rec[8:10])[0]
+            nlen, xlen, clen = struct.unpack("<HHH", rec[28:34])
+            name = fh.read(nlen).decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            out[name] = pos
+            pos += 46 + nlen + xlen + clen
     return out

@@ -1,0 +1,72 @@
+"""Byte patches that ride along the raw word writes: fields whose value follows the words.
+
+A zip container (``torch.save`` files, ``.npz``) records a CRC-32 per entry; when words
+inside an entry change, its CRC fields (local header, data descriptor, central directory)
+are patched from the words' old and new values alone (:mod:`fastflip.formats.zipcrc`),
+so the output is a valid archive that ``zipfile``/``np.load`` accept, and revert restores
+the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``; the copy
+path applies them while streaming (:func:`fastflip.h5target.copy_apply`), the in-place
+paths write them after the words.
+
+Core layer: imports :mod:`fastflip.h5target` and :mod:`fastflip.formats`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .h5target import SiteRoute, new_words_for
+from .layout import Tensor
+from .plan import Plan
+
+__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches"]
+
+Patch = tuple[int, bytes, bytes]
+
+
+def is_zip_container(path: str) -> bool:
+    """True for torch.save files and .npz archives (zip containers of raw tensor data)."""
+    from .formats import FormatError, detect_format
+
+    try:
+        return detect_format(path) in ("torch", "npz")
+    except FormatError:
+        return False
+
+
+def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` (plan order)."""
+    new = np.zeros(len(plan), np.uint64)
+    for r in routes:
+        new[r.positions] = new_words_for(old[r.positions], plan, r.positions, r.tensor.dtype)
+    return new
+
+
+def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
+    """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
+    from .formats.zipcrc import zip_crc_patches
+
+    live = [r for r in routes if len(r.positions)]
+    if not live:
+        return []
+    pos = np.concatenate([r.positions for r in live])
+    offs = np.concatenate([r.offsets for r in live])
+    size = np.concatenate([np.full(len(r.positions), r.tensor.itemsize, np.int64) for r in live])
+    big = np.concatenate([np.full(len(r.positions), r.tensor.dtype.byteorder == ">", bool) for r in live])
+    return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
+
+
+def write_patches(path: str, patches: Sequence[Patch], *, new: bool = True) -> None:
+    """Write each patch's new (or, with ``new=False``, old) bytes into the file at ``path``."""
+    if not patches:
+        return
+    with open(path, "r+b") as fh:
+        for off, ob, nb in patches:
+            fh.seek(off)
+            fh.write(nb if new else ob)
+
+
+def tensors_of(routes: Sequence[SiteRoute]) -> Mapping[str, Tensor]:
+    return {r.tensor.path: r.tensor for r in routes}
