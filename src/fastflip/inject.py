@@ -45,7 +45,9 @@ from .h5target import (SiteRoute, apply_plan_to_file, check_storage, copy_apply,
                        write_words_to_file)
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
-from .patches import crc_patches, expected_new, is_zip_container, write_patches
+from .h5chunks import chunk_patches
+from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
+                      write_patches)
 from .plan import Plan
 from .sampling import SiteSpace
 from .select import Selection, select
@@ -179,45 +181,50 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
     }
 
 
-def _only_negative(r: SiteRoute) -> SiteRoute:
-    """The route restricted to its hdf5-path sites."""
-    keep = r.offsets < 0
-    return SiteRoute(r.tensor, r.positions[keep], r.offsets[keep])
-
-
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
            backend: str, hash_files: bool, finish: Any, durable: bool = True
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
+    # filtered HDF5 chunks fastflip can re-encode: byte patches worked out from the input's chunks
+    cp = chunk_patches(src, plan, routes)
+    h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
-        if any((r.offsets < 0).any() for r in routes):
-            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks); "
-                              "this plan touches filtered/compact data: use atomic=True")
+        if h5_rest:
+            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
+                              "chunks fastflip re-encodes (gzip/shuffle/fletcher32); this plan touches other "
+                              "filtered/compact data: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
-        old, new, _ = apply_plan_to_file(src, plan, by_name, routes, backend)
+        old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
+        undo = None
         if zipped:
             write_patches(src, crc_patches(src, routes, old, new))
+        if cp.patches:
+            old[cp.handled], new[cp.handled] = cp.old, cp.new
+            write_patches(src, cp.patches)
+            undo = patch_undo(cp.patches + word_patches(routes, old, new), os.path.getsize(src))
         out_hash = sha256_file(src) if hash_files else None
-        return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, None)
-    patches = []
+        return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
+    patches = list(cp.patches)
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
         old0 = read_words(src, plan, by_name, routes)
-        patches = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
+        patches += crc_patches(src, routes, old0, expected_new(plan, routes, old0))
     with atomic_output(target, durable=durable) as tmp:
-        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=patches)
+        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches))
         if zipped and not np.array_equal(old, old0):
             raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
         undo = None
-        h5_routes = [r for r in routes if (r.offsets < 0).any()]
-        if h5_routes:  # filtered / compact / unallocated data: HDF5 read-modify-write on the copy
-            o, w, _ = apply_plan_to_file(tmp, plan, by_name, [_only_negative(r) for r in h5_routes], backend)
-            for r in h5_routes:
-                at = r.positions[r.offsets < 0]
-                old[at], new[at] = o[at], w[at]
+        if len(cp.handled):
+            old[cp.handled], new[cp.handled] = cp.old, cp.new
+        if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
+            o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
+            for r in h5_rest:
+                old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
             undo = byte_diff(src, tmp)
             out_hash = sha256_file(tmp)
+        elif cp.patches:
+            undo = patch_undo(cp.patches + word_patches(routes, old, new), os.path.getsize(src))
         result = finish(in_hash, out_hash, old, new, undo)
     return in_hash, out_hash, old, new, result
 

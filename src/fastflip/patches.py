@@ -17,11 +17,14 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .dtypes import from_words, word_type
+from .fileio import ByteUndo
 from .h5target import SiteRoute, new_words_for
 from .layout import Tensor
 from .plan import Plan
 
-__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches"]
+__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
+           "without_positions"]
 
 Patch = tuple[int, bytes, bytes]
 
@@ -66,6 +69,40 @@ def write_patches(path: str, patches: Sequence[Patch], *, new: bool = True) -> N
         for off, ob, nb in patches:
             fh.seek(off)
             fh.write(nb if new else ob)
+
+
+def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
+    """The raw-path sites of ``routes`` as patches (stored bytes of their old and new words)."""
+    out: list[Patch] = []
+    for r in routes:
+        keep = r.offsets >= 0
+        if not keep.any():
+            continue
+        pos, offs = r.positions[keep], r.offsets[keep]
+        u = word_type(r.tensor.dtype).uint
+        ob = from_words(old[pos].astype(u), r.tensor.dtype).tobytes()
+        nb = from_words(new[pos].astype(u), r.tensor.dtype).tobytes()
+        w = r.tensor.itemsize
+        out.extend((int(o), ob[i * w:(i + 1) * w], nb[i * w:(i + 1) * w]) for i, o in enumerate(offs.tolist()))
+    return out
+
+
+def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
+    """A :class:`~fastflip.fileio.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
+    ps = sorted(patches)
+    return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
+                    b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)
+
+
+def without_positions(routes: Sequence[SiteRoute], done: np.ndarray, *, only_h5: bool = True) -> list[SiteRoute]:
+    """``routes`` restricted to hdf5-path sites (offset -1) whose plan positions are not in ``done``."""
+    out = []
+    for r in routes:
+        keep = (r.offsets < 0) if only_h5 else np.ones(len(r.offsets), bool)
+        keep &= ~np.isin(r.positions, done)
+        if keep.any():
+            out.append(SiteRoute(r.tensor, r.positions[keep], r.offsets[keep]))
+    return out
 
 
 def tensors_of(routes: Sequence[SiteRoute]) -> Mapping[str, Tensor]:
