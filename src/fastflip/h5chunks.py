@@ -74,22 +74,22 @@ def fletcher32(data: bytes | np.ndarray) -> int:
     return (((s2 - 1) % 65535 + 1) << 16) | ((s1 - 1) % 65535 + 1)
 
 
-def shuffle(data: bytes, itemsize: int) -> bytes:
-    """HDF5's byte shuffle: byte k of every element together, k = 0..itemsize-1 (a tail is kept as is)."""
+def _byte_transpose(data: bytes, itemsize: int, inverse: bool) -> bytes:
     n = len(data) // itemsize
     if itemsize <= 1 or n <= 1:
         return bytes(data)
-    a = np.frombuffer(data, np.uint8, n * itemsize).reshape(n, itemsize)
+    a = np.frombuffer(data, np.uint8, n * itemsize).reshape((itemsize, n) if inverse else (n, itemsize))
     return a.T.tobytes() + bytes(data[n * itemsize :])
+
+
+def shuffle(data: bytes, itemsize: int) -> bytes:
+    """HDF5's byte shuffle: byte k of every element together, k = 0..itemsize-1 (a tail is kept as is)."""
+    return _byte_transpose(data, itemsize, False)
 
 
 def unshuffle(data: bytes, itemsize: int) -> bytes:
     """Inverse of :func:`shuffle`."""
-    n = len(data) // itemsize
-    if itemsize <= 1 or n <= 1:
-        return bytes(data)
-    a = np.frombuffer(data, np.uint8, n * itemsize).reshape(itemsize, n)
-    return a.T.tobytes() + bytes(data[n * itemsize :])
+    return _byte_transpose(data, itemsize, True)
 
 
 def _say(reason: str) -> None:
