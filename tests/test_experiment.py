@@ -436,3 +436,10 @@ def test_requested_test_with_a_scenario_without_runs_is_one_clear_line(tmp_path)
         scenario_tests(summary, cfg)
     with pytest.raises(OptionError, match="failure: unknown outcome class 'sdc'"):
         ExperimentConfig.from_dict(_cfg(failure=["sdc"]))
+
+
+def test_example_configuration_validates():
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "demo_experiment.yaml")
+    names = [s.name for s in cfg.scenarios]
+    assert cfg.compare == (("random-bits", "spare-exp-msb"),) and "control" in names
+    assert any(s.iteration == 10 for s in cfg.scenarios)

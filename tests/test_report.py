@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import require
 from fastflip.campaign import Campaign
 from fastflip.campaign.sweep import sweep
 from fastflip.cli import main as cli_main
@@ -278,12 +279,13 @@ def test_report_import_is_light():
 
 # ---------------------------------------------------------------------------- experiment
 def test_experiment_report_files_and_tables(experiment, experiment_report):
+    stats = require("scipy.stats")
     out = Path(experiment_report.out)
     assert experiment_report.kind == "experiment"
-    assert sorted(experiment_report.figures) == ["accuracy.png", "loss.png"]
+    assert sorted(experiment_report.figures) == ["accuracy.png", "loss.png", "outcome_rates.png"]
     for name in experiment_report.figures:
         _check_png(out / name)
-    assert _check_page(out) == {"accuracy.png", "loss.png"}
+    assert _check_page(out) == {"accuracy.png", "loss.png", "outcome_rates.png"}
     results = read_csv(experiment / "results.csv")
     summary = _csv_rows(out / "summary.csv")
     assert [s["scenario"] for s in summary] == ["exp-msb", "low-mant", "control"]
@@ -298,6 +300,17 @@ def test_experiment_report_files_and_tables(experiment, experiment_report):
         if finals:
             assert float(s["mean_final_accuracy"]) == pytest.approx(sum(finals) / len(finals), rel=1e-12)
             assert float(s["min_final_accuracy"]) == min(finals)
+        k = counts["degraded"] + counts["diverged"] + counts["crashed"]  # the default failure classes
+        assert int(s["failures"]) == k
+        lo, hi = stats.binomtest(k, len(mine)).proportion_ci(0.95, method="wilson")
+        assert (float(s["failure_low"]), float(s["failure_high"])) == pytest.approx((lo, hi), abs=1e-9)
+    tests = _csv_rows(out / "tests.csv")
+    by = {s["scenario"]: s for s in summary}
+    assert [(t["a"], t["b"]) for t in tests] == [("exp-msb", "low-mant")]
+    a, b = by["exp-msb"], by["low-mant"]
+    table = [[int(a["failures"]), int(a["runs"]) - int(a["failures"])],
+             [int(b["failures"]), int(b["runs"]) - int(b["failures"])]]
+    assert float(tests[0]["p_value"]) == pytest.approx(stats.fisher_exact(table).pvalue, rel=1e-9)
     golden = {r["epoch"]: r for r in read_csv(experiment / "golden" / "metrics.csv")}
     src = [r for r in read_csv(experiment / "curves.csv") if r["scenario"] != "golden"]
     got = read_csv(out / "curves.csv")

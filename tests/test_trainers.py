@@ -209,13 +209,26 @@ def test_outcome_rules_on_real_training(framework, tmp_path, request):
 @pytest.mark.framework
 def test_demo_runs_and_reports(torch, tmp_path, capsys):
     from fastflip.demo import main
+    from fastflip.experiment_outcomes import read_csv
 
-    assert main([str(tmp_path / "d"), "--framework", "torch"]) == 0
+    assert main([str(tmp_path / "d"), "--framework", "torch", "--repetitions", "3"]) == 0
     out = capsys.readouterr().out
     assert "control run reproduces golden exactly: True" in out
-    for name in ("weights-exp-msb", "weights-low-mantissa", "optimizer-exp-msb"):
-        assert name in out
+    assert "| torch | random-bits | 3 |" in out and "| torch | spare-exp-msb | 3 |" in out
+    assert "| torch:random-bits vs torch:spare-exp-msb |" in out
+    contrast = read_csv(tmp_path / "d/contrast.csv")
+    assert [(r["a"], r["b"]) for r in contrast] == [("torch:random-bits", "torch:spare-exp-msb")]
+    results = read_csv(tmp_path / "d/torch/results.csv")
+    fails = {s: sum(r["outcome"] in ("degraded", "diverged", "crashed") for r in results if r["scenario"] == s)
+             for s in ("random-bits", "spare-exp-msb")}
+    assert (contrast[0]["a_failures"], contrast[0]["b_failures"]) == (fails["random-bits"], fails["spare-exp-msb"])
+    for r in results:  # the spared scenario really never flipped bit 30
+        if r["scenario"] == "spare-exp-msb":
+            from fastflip.log import InjectionLog
+
+            log = InjectionLog.load(tmp_path / f"d/torch/runs/spare-exp-msb/{r['rep']:03d}/injection.fflog")
+            assert len(log) == 32 and all(30 not in x["bit_positions"] for x in log.records())
     assert (tmp_path / "d/torch/accuracy.png").is_file() and (tmp_path / "d/torch/results.csv").is_file()
     assert (tmp_path / "d/torch-report/index.html").is_file() and (tmp_path / "d/torch-report/accuracy.png").is_file()
-    assert main([str(tmp_path / "d"), "--framework", "torch"]) == 0  # second time: everything reused
-    assert capsys.readouterr().out.count("[reused]") == 16
+    assert main([str(tmp_path / "d"), "--framework", "torch", "--repetitions", "3"]) == 0  # again: all reused
+    assert capsys.readouterr().out.count("[reused]") == 7

@@ -1,65 +1,114 @@
-"""``make demo`` / ``python -m fastflip.demo``: a real checkpoint-alteration experiment, offline.
+"""``make demo`` / ``python -m fastflip.demo``: the headline contrast of bit flips in training, measured, offline.
 
-A small CNN learns scikit-learn's 8x8 handwritten digits for 5 epochs, once in
+A small CNN learns scikit-learn's 8x8 handwritten digits for 4 epochs, once in
 Keras and once in PyTorch, saving an HDF5 checkpoint after every epoch (the golden
-run). From the epoch-2 checkpoint, each scenario flips 10 bits (5 repetitions,
-each with its own recorded seed) and training resumes to epoch 5:
+run). From the epoch-2 checkpoint, each run flips a few dozen bits in the model's
+weights and biases and training resumes to epoch 4:
 
-- ``weights-exp-msb``: the exponent's most significant bit of weights and biases;
-- ``weights-low-mantissa``: the 8 lowest mantissa bits of weights and biases;
-- ``optimizer-exp-msb``: the exponent MSB of the optimizer's moment estimates;
+- ``random-bits``: each flip at a random bit of a random float32 word;
+- ``spare-exp-msb``: the same number of flips at random bits other than the
+  exponent's most significant bit (bit 30);
 - ``control``: no flip at all (must reproduce the golden curve bit for bit).
 
-It prints the outcome table per framework and writes everything (checkpoints,
-logs, ``results.csv``, ``curves.csv``, ``accuracy.png``) under ``demo-out/``.
-Running it again reuses what is already there. The outcomes are measured, not
-chosen: nothing here is tuned to produce a particular answer.
+Every run is classified (masked, recovered, degraded, diverged, crashed; see
+``docs/experiment.md``); *failure* is degraded + diverged + crashed. The demo prints,
+per framework and scenario, the failure rate with its 95% Wilson interval, and
+Fisher's exact test of the two scenarios against each other (and of the two
+frameworks on each scenario), Holm-corrected over those four comparisons. It
+writes everything (checkpoints, logs, ``results.csv``, ``summary.csv``,
+``tests.csv``, ``accuracy.png``, an HTML report per framework and
+``contrast.csv``) under ``demo-out/``; running it again reuses what is there. The
+outcomes are measured, not chosen: nothing here is tuned to produce an answer.
 
-Usage: ``python -m fastflip.demo [OUT_DIR] [--fresh] [--framework keras|torch]``.
+Usage: ``python -m fastflip.demo [OUT_DIR] [--fresh] [--framework keras|torch] [--repetitions R]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["demo_config", "main"]
+__all__ = ["demo_config", "contrast_tests", "format_contrast", "main"]
 
-EPOCHS = 5
+EPOCHS = 4
 INJECT_EPOCH = 2
-REPETITIONS = 5
-FLIPS = 10
+REPETITIONS = 12
+FLIPS = 32
+#: Every float32 bit but the exponent's most significant one (bit 30).
+SPARE_EXP_MSB = "0-29,31"
 
 
-def demo_config(framework: str) -> dict[str, Any]:
+def demo_config(framework: str, repetitions: int = REPETITIONS) -> dict[str, Any]:
     """The demo experiment for ``framework`` (``"keras"`` or ``"torch"``) as a configuration mapping.
 
     >>> cfg = demo_config("torch")
-    >>> [s["name"] for s in cfg["scenarios"]]
-    ['weights-exp-msb', 'weights-low-mantissa', 'optimizer-exp-msb', 'control']
+    >>> [(s["name"], s.get("bits"), s.get("count")) for s in cfg["scenarios"]]
+    [('random-bits', 'all', 32), ('spare-exp-msb', '0-29,31', 32), ('control', None, None)]
     """
     model_tensors = {"roles": ["weight", "bias"]}
     return {
         "name": f"digits-{framework}",
         "epochs": EPOCHS,
         "seed": 0,
-        "repetitions": REPETITIONS,
+        "repetitions": repetitions,
         "tolerance": 0.02,
         "trainer": {"framework": framework, "batch_size": 32},
+        "failure": ["degraded", "diverged", "crashed"],
+        "compare": [["random-bits", "spare-exp-msb"]],
         "scenarios": [
-            {"name": "weights-exp-msb", "epoch": INJECT_EPOCH, "bits": "exponent-msb", "count": FLIPS,
+            {"name": "random-bits", "epoch": INJECT_EPOCH, "bits": "all", "count": FLIPS,
              "selection": model_tensors},
-            {"name": "weights-low-mantissa", "epoch": INJECT_EPOCH, "bits": "0-7", "count": FLIPS,
+            {"name": "spare-exp-msb", "epoch": INJECT_EPOCH, "bits": SPARE_EXP_MSB, "count": FLIPS,
              "selection": model_tensors},
-            {"name": "optimizer-exp-msb", "epoch": INJECT_EPOCH, "bits": "exponent-msb", "count": FLIPS,
-             "selection": {"roles": ["optimizer-moment"]}},
             {"name": "control", "epoch": INJECT_EPOCH, "control": True, "repetitions": 1},
         ],
     }
+
+
+def contrast_tests(summaries: Mapping[str, Sequence[Mapping[str, Any]]],
+                   scenarios: Sequence[str] = ("random-bits", "spare-exp-msb")) -> list[dict[str, Any]]:
+    """Fisher's exact tests of the failure rate: the scenarios within each framework, and the frameworks
+    on each scenario, Holm-corrected together.
+
+    ``summaries`` maps a framework to its experiment's summary rows
+    (:func:`fastflip.experiment_outcomes.summarize`). Groups are named ``framework:scenario``.
+
+    >>> s = {"keras": [{"scenario": "a", "failures": 9, "runs": 10}, {"scenario": "b", "failures": 0, "runs": 10}]}
+    >>> [(r["a"], r["b"]) for r in contrast_tests(s, ("a", "b"))]
+    [('keras:a', 'keras:b')]
+    """
+    from .significance import pairwise_tests
+
+    groups = {f"{fw}:{r['scenario']}": (int(r["failures"]), int(r["runs"]))
+              for fw, rows in summaries.items() for r in rows if r["scenario"] in scenarios}
+    fws = list(summaries)
+    pairs = [(f"{fw}:{scenarios[0]}", f"{fw}:{scenarios[1]}") for fw in fws]
+    pairs += [(f"{a}:{sc}", f"{b}:{sc}") for sc in scenarios
+              for i, a in enumerate(fws) for b in fws[i + 1:]]
+    return pairwise_tests(groups, [p for p in pairs if p[0] in groups and p[1] in groups], what="scenario")
+
+
+def format_contrast(summaries: Mapping[str, Sequence[Mapping[str, Any]]], tests: Sequence[Mapping[str, Any]],
+                    scenarios: Sequence[str] = ("random-bits", "spare-exp-msb")) -> str:
+    """The contrast as a Markdown table (failure rates with Wilson intervals) and the tests below it."""
+    lines = ["| framework | scenario | runs | masked | recovered | degraded | diverged | crashed "
+             "| failure rate [95% Wilson] |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for fw, rows in summaries.items():
+        for r in rows:
+            if r["scenario"] in scenarios:
+                lines.append(f"| {fw} | {r['scenario']} | {r['runs']} | {r['masked']} | {r['recovered']} | "
+                             f"{r['degraded']} | {r['diverged']} | {r['crashed']} | {r['failures']}/{r['runs']} = "
+                             f"{r['failure_rate']:.0%} [{r['failure_low']:.0%}, {r['failure_high']:.0%}] |")
+    lines += ["", "| comparison | failures | Fisher exact p | Holm-adjusted p |", "|---|---|---:|---:|"]
+    for t in tests:
+        lines.append(f"| {t['a']} vs {t['b']} | {t['a_failures']}/{t['a_trials']} vs {t['b_failures']}/{t['b_trials']}"
+                     f" | {t['p_value']:.3g} | {t['p_holm']:.3g}{' *' if t['significant'] else ''} |")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,19 +118,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="delete earlier demo results first")
     p.add_argument("--framework", choices=("keras", "torch"), action="append",
                    help="run only this framework (repeatable; default both)")
+    p.add_argument("--repetitions", type=int, default=REPETITIONS, help=f"runs per scenario (default {REPETITIONS})")
     args = p.parse_args(argv)
     from .experiment import run_experiment
+    from .experiment_outcomes import write_csv
+    from .report import write_report
+    from .significance import PAIRWISE_FIELDS
 
     root = Path(args.out)
     if args.fresh and root.exists():
         shutil.rmtree(root)
     t0 = time.perf_counter()
+    summaries: dict[str, list[dict[str, Any]]] = {}
     for fw in args.framework or ["keras", "torch"]:
         t = time.perf_counter()
-        print(f"== {fw}: golden run of {EPOCHS} epochs, then {FLIPS} flips at epoch {INJECT_EPOCH}, "
-              f"{REPETITIONS} repetitions per scenario", flush=True)
-        res = run_experiment(demo_config(fw), root / fw, progress=lambda s: print("  " + s, flush=True))
+        print(f"== {fw}: golden run of {EPOCHS} epochs, then {FLIPS} flips in weights and biases at epoch "
+              f"{INJECT_EPOCH}, {args.repetitions} runs per scenario", flush=True)
+        res = run_experiment(demo_config(fw, args.repetitions), root / fw,
+                             progress=lambda s: print("  " + s, flush=True))
         print(res.table())
+        summaries[fw] = res.summary
         control = [r for r in res.results if r["scenario"] == "control"]
         print(f"control run reproduces golden exactly: {all(r['matches_golden'] for r in control)}")
         tm = res.timings
@@ -90,11 +146,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if train > 0:
             print(f"time: training {train:.1f} s, checkpoint save/inject/load {handling:.2f} s "
                   f"({100 * handling / train:.1f}% of training)")
-        from .report import write_report
-
         report = write_report(res.out, root / f"{fw}-report")
-        print(f"outputs: {res.out}/results.csv, curves.csv, accuracy.png; report {report.index} "
+        print(f"outputs: {res.out}/results.csv, summary.csv, tests.csv, accuracy.png; report {report.index} "
               f"({time.perf_counter() - t:.1f} s)\n", flush=True)
+    tests = contrast_tests(summaries)
+    write_csv(root / "contrast.csv", tests, [*PAIRWISE_FIELDS, "a_low", "a_high", "b_low", "b_high"])
+    print(f"== what was measured: {FLIPS} bit flips per run into the weights and biases of a digits CNN after "
+          f"epoch {INJECT_EPOCH} of {EPOCHS};\n   failure = the run ends degraded (>2% accuracy below golden), "
+          "diverged (NaN/Inf or chance) or crashed\n")
+    print(format_contrast(summaries, tests))
+    print(f"\n(* significant at 0.05 after Holm's correction; table in {os.path.join(str(root), 'contrast.csv')})")
     print(f"demo finished in {time.perf_counter() - t0:.1f} s")
     return 0
 

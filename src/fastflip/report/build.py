@@ -27,6 +27,7 @@ from .. import __version__
 from ..errors import InputFileError, OutputError
 from ..experiment_outcomes import RESULT_FIELDS, write_csv
 from ..fileio import atomic_output
+from ..significance import PAIRWISE_FIELDS
 from ..store import OUTCOMES
 from . import html as H
 from .campaign_data import (
@@ -41,9 +42,11 @@ from .experiment_data import (
     EXPERIMENT_OUTCOMES,
     ExperimentData,
     curve_table,
+    failure_classes,
     is_experiment_dir,
     load_experiment_data,
     summary_table,
+    tests_table,
 )
 
 __all__ = ["Report", "write_report", "detect_source", "MARKER"]
@@ -229,16 +232,19 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
 
 
 def _experiment_report(data: ExperimentData, out: str, rep: Report) -> str:
-    from .figures import curve_figure
+    from .figures import curve_figure, run_outcome_figure
 
-    summary, curves = summary_table(data), curve_table(data)
+    summary, curves, tests = summary_table(data), curve_table(data), tests_table(data)
+    fail = failure_classes(data)
     _csv(summary, out, "summary.csv", rep)
+    _csv(tests, out, "tests.csv", rep, fields=[*PAIRWISE_FIELDS, "a_low", "a_high", "b_low", "b_high"])
     _csv(data.results, out, "runs.csv", rep, fields=RESULT_FIELDS)
     _csv(curves, out, "curves.csv", rep)
     with atomic_output(os.path.join(out, "experiment.json")) as tmp, open(tmp, "w") as fh:
         json.dump(dict(data.meta, input_hashes=data.input_hashes), fh, indent=2, sort_keys=True, default=str)
     rep.tables.append("experiment.json")
     _save(curve_figure(data, "accuracy"), out, "accuracy.png", rep)
+    _save(run_outcome_figure(data), out, "outcome_rates.png", rep)
     has_val = any(isinstance(p["val_loss"], float) for p in curves)
     loss_metric = "val_loss" if has_val else "loss"
     _save(curve_figure(data, loss_metric), out, "loss.png", rep)
@@ -261,17 +267,31 @@ def _experiment_report(data: ExperimentData, out: str, rep: Report) -> str:
     ])
     sum_cols: list[H.Column] = [("scenario", "scenario", None), ("epoch", "E", None), ("runs", "runs", None)]
     sum_cols += [(o, o, None) for o in EXPERIMENT_OUTCOMES]
-    sum_cols += [("mean_final_accuracy", "mean final acc", "{:.4f}"), ("min_final_accuracy", "min final acc", "{:.4f}"),
+    sum_cols += [("failures", "failures", None), ("failure_rate", "failure rate", _PCT),
+                 ("failure_low", "low", _PCT), ("failure_high", "high", _PCT),
+                 ("mean_epochs_to_recovery", "epochs to recovery (mean)", "{:.2f}"),
+                 ("mean_final_accuracy", "mean final acc", "{:.4f}"), ("min_final_accuracy", "min final acc", "{:.4f}"),
                  ("golden_accuracy", "golden", "{:.4f}")]
+    test_cols: list[H.Column] = [("a", "scenario A", None), ("a_failures", "failures A", None),
+                                 ("a_trials", "runs A", None), ("a_rate", "rate A", _PCT), ("b", "scenario B", None),
+                                 ("b_failures", "failures B", None), ("b_trials", "runs B", None),
+                                 ("b_rate", "rate B", _PCT), ("p_value", "Fisher p", "{:.4g}"),
+                                 ("p_holm", "Holm p", "{:.4g}"), ("significant", "significant", None)]
     run_cols: list[H.Column] = [("scenario", "scenario", None), ("rep", "rep", None), ("seed", "seed", None),
-                                ("epoch", "E", None), ("flips", "flips", None), ("outcome", "outcome", None),
+                                ("epoch", "E", None), ("iteration", "iteration", None), ("flips", "flips", None),
+                                ("outcome", "outcome", None), ("epochs_to_recovery", "epochs to recovery", None),
                                 ("post_injection_accuracy", "acc after injection", "{:.4f}"),
                                 ("min_accuracy", "min acc", "{:.4f}"), ("final_accuracy", "final acc", "{:.4f}"),
                                 ("delta", "Δ vs golden", "{:+.4f}"), ("error", "error", None)]
     sections: list[tuple[str | None, str]] = [
         (None, header),
-        ("Outcomes per scenario", H.table(summary, sum_cols) + '<p class="muted">Data: <a href="summary.csv">'
-         'summary.csv</a></p>'),
+        ("Outcomes per scenario", H.table(summary, sum_cols) + H.figure(
+            "outcome_rates.png", "outcome rates per scenario with Wilson intervals",
+            f"Rate of each outcome per scenario with {0.95:.0%} Wilson intervals; failure = {' + '.join(fail)}.",
+            ["summary.csv"])),
+        ("Tests between scenarios", (H.table(tests, test_cols) if tests else "<p>No pair of scenarios to test.</p>")
+         + '<p class="muted">Fisher\'s exact test (two-sided) of failure vs not, p-values Holm-corrected over the '
+           'family; * significant at 0.05. Data: <a href="tests.csv">tests.csv</a></p>'),
         ("Accuracy per epoch", H.figure(
             "accuracy.png", "accuracy per epoch against golden",
             "Accuracy of every run (coloured by outcome) against the golden run; dotted line: injection epoch.",

@@ -22,11 +22,12 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputFileError, StoreError
-from ..experiment_outcomes import OUTCOMES, read_csv, summarize
+from ..experiment_outcomes import OUTCOMES, check_failure, read_csv, summarize
 from ..fileio import sha256_file
 from ..store import _version_tuple
 
-__all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table"]
+__all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
+           "failure_classes"]
 
 _REQUIRED = ("experiment.json", "results.csv", "curves.csv", "golden/metrics.csv")
 
@@ -124,15 +125,40 @@ def _num(v: Any) -> float | None:
         return math.nan
 
 
-def summary_table(data: ExperimentData) -> list[dict[str, Any]]:
-    """Per scenario: runs, outcome counts, mean / minimum final accuracy, golden accuracy.
+def failure_classes(data: ExperimentData) -> tuple[str, ...]:
+    """The outcome classes the experiment counts as failure (its configuration's ``failure``)."""
+    return check_failure((data.meta.get("config") or {}).get("failure"))
 
-    The same numbers as :func:`fastflip.experiment_outcomes.summarize` over ``results.csv``.
+
+def summary_table(data: ExperimentData) -> list[dict[str, Any]]:
+    """Per scenario: runs, each outcome's count, rate and Wilson interval, failures, accuracies.
+
+    The same numbers as :func:`fastflip.experiment_outcomes.summarize` over ``results.csv``
+    with the experiment's failure classes.
     """
-    rows = summarize(data.results)
+    rows = summarize(data.results, failure=failure_classes(data))
     order = [s["name"] for s in data.scenarios]
     rows.sort(key=lambda r: order.index(str(r["scenario"])) if str(r["scenario"]) in order else len(order))
     return rows
+
+
+def tests_table(data: ExperimentData) -> list[dict[str, Any]]:
+    """Fisher's exact tests of the failure rate between scenarios, Holm-corrected.
+
+    The configuration's ``compare`` pairs, else every pair of non-control scenarios
+    with runs (:func:`fastflip.significance.pairwise_tests`).
+    """
+    from ..significance import pairwise_tests
+
+    cfg = data.meta.get("config") or {}
+    wanted = cfg.get("compare")
+    control = {s["name"] for s in data.scenarios if s["control"]}
+    groups = {str(r["scenario"]): (int(r["failures"]), int(r["runs"])) for r in summary_table(data)
+              if wanted or r["scenario"] not in control}
+    if wanted:
+        for s in data.scenarios:
+            groups.setdefault(s["name"], (0, 0))
+    return pairwise_tests(groups, [tuple(p) for p in wanted] if wanted else None, what="scenario")
 
 
 def curve_table(data: ExperimentData) -> list[dict[str, Any]]:

@@ -30,12 +30,12 @@ import numpy as np
 
 from ..store import OUTCOMES
 from .campaign_data import CampaignData, bit_table, cell_table, heatmap_table, load_campaign_data
-from .experiment_data import ExperimentData, curve_table, load_experiment_data
+from .experiment_data import ExperimentData, curve_table, load_experiment_data, summary_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "save_png", "short_labels",
+__all__ = ["bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "run_outcome_figure", "save_png", "short_labels",
            "OUTCOME_COLOURS", "MAX_CELL_BARS"]
 
 OUTCOME_COLOURS = {"masked": "#4daf4a", "sdc": "#ff7f00", "critical": "#e41a1c", "due": "#6a3d9a"}
@@ -279,4 +279,33 @@ def curve_figure(data: "ExperimentData | str | os.PathLike[str]", metric: str = 
     for ax in list(axes.flat)[len(scen):]:
         ax.set_axis_off()
     fig.suptitle(f"{data.name}: {metric.replace('_', ' ')} per epoch vs golden", fontsize=10)
+    return fig
+
+
+def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figure":
+    """Rate of each run outcome and of failure per scenario, with 95% Wilson intervals."""
+    from ..experiment_outcomes import OUTCOMES as RUN_OUTCOMES
+
+    data = _experiment(data)
+    rows = summary_table(data)
+    kinds = [*RUN_OUTCOMES, "failure"]
+    fig = _figure(max(6.5, 1.4 * len(rows) + 3.0), 3.6)
+    ax = fig.subplots()
+    width = 0.8 / len(kinds)
+    for j, k in enumerate(kinds):
+        x = np.arange(len(rows)) - 0.4 + width * (j + 0.5)
+        y = np.array([r[f"{k}_rate"] for r in rows])
+        lo = np.array([r[f"{k}_low"] for r in rows])
+        hi = np.array([r[f"{k}_high"] for r in rows])
+        colour = "black" if k == "failure" else RUN_COLOURS[k]
+        ax.bar(x, y, width * 0.9, color=colour, alpha=0.35 if k != "failure" else 0.6, label=k)
+        ax.errorbar(x, y, yerr=[np.maximum(y - lo, 0), np.maximum(hi - y, 0)], fmt="none", ecolor=colour,
+                    elinewidth=1.2, capsize=2)
+    ax.set_xticks(range(len(rows)), [f"{r['scenario']}\n(n={r['runs']})" for r in rows], fontsize=8)
+    ax.set_ylim(0, 1.02)
+    ax.set_ylabel("fraction of runs (95% Wilson interval)")
+    fail = rows[0]["failure_classes"].replace("+", " + ") if rows else ""
+    ax.set_title(f"{data.name}: outcomes per scenario (failure = {fail})", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     return fig
