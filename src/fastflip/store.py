@@ -20,8 +20,10 @@ Schema (version :data:`SCHEMA_VERSION`; ``PRAGMA application_id`` is
 
 ``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`OUTCOMES`). Only one
 sweep may write a store at a time: the writer holds an exclusive ``flock`` on the
-sidecar ``<store>.lock`` for as long as it is open (the kernel drops it if the
-process dies, so a killed sweep never leaves a stale lock).
+store file itself (its inode, so symlinks and hard links share it) for as long as it
+is open, and records who it is (pid, host, start time) in ``meta`` under ``writer``;
+the kernel drops the lock if the process dies, so a killed sweep never leaves a
+stale lock.
 
 Examples
 --------
@@ -45,13 +47,13 @@ import os
 import sqlite3
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from . import __version__
 from .errors import OutputError, StoreError
+from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -132,45 +134,13 @@ def _check_header(path: str) -> None:
         raise StoreError(f"{path} is not a fastflip results store (not an SQLite file); it was left untouched")
 
 
-@dataclass
-class _Lock:
-    path: str
-    fd: int
-
-    @classmethod
-    def acquire(cls, store_path: str) -> "_Lock":
-        import fcntl
-
-        lock_path = store_path + ".lock"
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreError(f"cannot create lock file {lock_path}: {exc.strerror or exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            try:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-            finally:
-                os.close(fd)
-            raise StoreError(f"store {store_path} is in use by another sweep (lock held by {holder}); refusing to write")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
-        return cls(lock_path, fd)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = -1
-
-
 class ResultStore:
     """An open results store. Use :meth:`create` or :meth:`open`; close it (or use ``with``).
 
     A writer (``writable=True``) holds the exclusive sweep lock until :meth:`close`.
     """
 
-    def __init__(self, path: str, conn: sqlite3.Connection, lock: _Lock | None) -> None:
+    def __init__(self, path: str, conn: sqlite3.Connection, lock: WriterLock | None) -> None:
         self.path = path
         self.conn = conn
         self._lock = lock
@@ -275,7 +245,7 @@ class ResultStore:
         if not os.path.exists(path):
             raise StoreError(f"store {path} does not exist")
         _check_header(path)
-        lock = _Lock.acquire(path) if writable else None
+        lock = WriterLock.acquire(path) if writable else None
         try:
             try:
                 if writable:
@@ -301,6 +271,11 @@ class ResultStore:
                     if res != "ok":
                         conn.close()
                         raise StoreError(f"store {path} is corrupt ({res}); it was left untouched")
+                try:
+                    check_schema(conn, path)
+                except StoreError:
+                    conn.close()
+                    raise
                 wrote = conn.execute("SELECT fastflip_version FROM campaign WHERE id = 1").fetchone()
                 if wrote and _version_tuple(wrote[0]) > _version_tuple(__version__):
                     conn.close()
@@ -310,9 +285,10 @@ class ResultStore:
                 if writable:
                     conn.execute("PRAGMA journal_mode = WAL")
                     conn.execute("PRAGMA synchronous = NORMAL")
+                    WriterLock.record(conn)
                 return cls(path, conn, lock)
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"store {path} is corrupt or unreadable ({exc}); it was left untouched") from exc
+            except sqlite3.Error as exc:
+                raise sqlite_error(path, exc, "opening it") from exc
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -368,22 +344,32 @@ class ResultStore:
             raise StoreError(f"store {self.path} is open read-only")
         conn = self.conn
         n = 0
-        conn.execute("BEGIN IMMEDIATE")
         try:
+            conn.execute("BEGIN IMMEDIATE")
             for worker, rows in batches:
                 wid = self._worker_id(worker)
                 conn.executemany(f"INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {'NULL' if wid is None else int(wid)})", rows)
                 n += len(rows)
             conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
-            conn.execute("ROLLBACK")
-            self._workers = {label: wid for wid, label in conn.execute("SELECT worker_id, label FROM workers")}
+            rollback_quietly(conn)
+            self._reload_workers()
             raise StoreError(f"store {self.path}: a trial was stored twice ({exc})") from exc
+        except sqlite3.Error as exc:  # disk full, I/O error, locked: name the cause, not the rollback
+            rollback_quietly(conn)
+            self._reload_workers()
+            raise sqlite_error(self.path, exc, "saving trials") from exc
         except BaseException:
-            conn.execute("ROLLBACK")
-            self._workers = {label: wid for wid, label in conn.execute("SELECT worker_id, label FROM workers")}
+            rollback_quietly(conn)
+            self._reload_workers()
             raise
         return n
+
+    def _reload_workers(self) -> None:
+        try:
+            self._workers = {label: wid for wid, label in self.conn.execute("SELECT worker_id, label FROM workers")}
+        except sqlite3.Error:
+            self._workers = {}
 
     def done_trials(self, cell_id: int) -> np.ndarray:
         """Sorted trial indices stored for one cell."""
@@ -571,7 +557,7 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
         total = dst.n_trials()
     except BaseException:
         dst.close()
-        for p in (out, out + "-wal", out + "-shm", out + ".lock"):
+        for p in (out, out + "-wal", out + "-shm"):
             if os.path.exists(p):
                 os.unlink(p)
         raise
