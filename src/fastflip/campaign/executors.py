@@ -6,8 +6,9 @@ bounded number in flight and streams finished rows to the single store writer.
 
 * :class:`SerialExecutor` — runs chunks inline (tests, debugging, ``--workers 0``).
 * :class:`LocalExecutor` — a ``spawn`` process pool (default: all cores); workers ignore
-  SIGINT so that Ctrl-C reaches only the sweep, which then saves what finished, and run
-  one BLAS/OpenMP thread each (unless ``OMP_NUM_THREADS`` etc. say otherwise).
+  SIGINT so that Ctrl-C reaches only the sweep, which then saves what finished, exit
+  when the sweep's process dies (even by SIGKILL), and run one BLAS/OpenMP thread each
+  (unless ``OMP_NUM_THREADS`` etc. say otherwise).
 * :class:`DaskExecutor` — ``dask.distributed``: ``'local'`` starts a ``LocalCluster`` of
   worker processes, ``'tcp://host:port'`` connects to a running scheduler.
 
@@ -28,6 +29,7 @@ import signal
 from typing import Any, Callable, Sequence
 
 from ..errors import OptionError
+from .lifeline import watch_parent
 
 __all__ = ["SerialExecutor", "LocalExecutor", "DaskExecutor", "make_executor", "WorkerCrash"]
 
@@ -68,9 +70,11 @@ class SerialExecutor:
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def _init_worker(single_threaded: bool) -> None:
-    """Pool worker set-up: Ctrl-C is the sweep's business; one BLAS/OpenMP thread per worker process."""
+def _init_worker(single_threaded: bool, parent: int) -> None:
+    """Pool worker set-up: Ctrl-C is the sweep's business; the worker dies with the sweep
+    (:func:`fastflip.campaign.lifeline.watch_parent`); one BLAS/OpenMP thread per worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent(parent)
     if single_threaded:  # N processes x N threads would oversubscribe the cores
         for var in _THREAD_VARS:
             os.environ.setdefault(var, "1")
@@ -92,7 +96,7 @@ class LocalExecutor:
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
-                                      initargs=(self.workers > 1,))
+                                      initargs=(self.workers > 1, os.getpid()))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         return self._pool.submit(fn, *args)
@@ -113,7 +117,21 @@ class LocalExecutor:
         self._pool = self._new_pool()
 
     def close(self, cancel: bool = False) -> None:
-        self._pool.shutdown(wait=not cancel, cancel_futures=cancel)
+        """Shut the pool down; with ``cancel`` stop the workers now (SIGTERM: they remove their
+        temporaries) instead of letting them finish what they hold, and wait until they are gone."""
+        if not cancel:
+            self._pool.shutdown(wait=True)
+            return
+        procs = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():  # pragma: no cover - a worker stuck in C code that ignores SIGTERM
+                proc.kill()
+                proc.join(5)
 
 
 class DaskExecutor:

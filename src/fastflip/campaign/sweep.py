@@ -17,6 +17,11 @@ equal to an uninterrupted run.
 * A worker process that dies (segfault, out of memory) does not stop the campaign:
   the chunks it held run again one trial at a time, and a trial that kills its worker
   again is stored as a DUE.
+* Nothing is left behind: workers exit when the sweep's process dies, even by SIGKILL
+  (:mod:`fastflip.campaign.lifeline`); their working copies (checkpoint mode) are
+  removed when the sweep ends by success, error, Ctrl-C or SIGTERM, and those of
+  killed sweeps at the next start. SIGTERM stops the sweep like a second Ctrl-C
+  (finished trials saved, those in flight abandoned), then takes its usual course.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import math
 import os
 import pickle
 import signal
+import sqlite3
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -34,11 +41,13 @@ import numpy as np
 
 from ..errors import OptionError, StoreError
 from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
+from ..store_guard import sqlite_error
 from .cells import Cell, call_factory, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
 from .executors import WorkerCrash, make_executor
+from .lifeline import remove_workdirs, sweep_leftovers
 from .progress import Progress
-from .trials import DUE, get_runner, worker_error
+from .trials import DUE, close_runners, get_runner, worker_error
 
 __all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_create"]
 
@@ -203,6 +212,39 @@ def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[s
     return runner.worker, [run(cell_id, t)[:9] for t in trials.tolist()]
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the sweep's thread so that it saves, cleans up, then exits."""
+
+
+_TERMINATED = {"flag": False, "raise": True}
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _TERMINATED["flag"] = True
+    if _TERMINATED["raise"]:  # once the sweep is cleaning up, a SIGTERM only waits for the end
+        _TERMINATED["raise"] = False
+        raise _Terminated()
+
+
+def _catch_sigterm() -> Any:
+    """Turn SIGTERM into :class:`_Terminated` while the sweep runs (main thread, default handler only)."""
+    _TERMINATED.update(flag=False, **{"raise": True})
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None  # the caller handles SIGTERM itself
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _release_sigterm(old: Any) -> bool:
+    """Restore the SIGTERM handler; True if a SIGTERM arrived meanwhile."""
+    if old is not None:
+        signal.signal(signal.SIGTERM, old)
+    hit = _TERMINATED["flag"]
+    _TERMINATED["flag"] = False
+    return hit and old is not None
+
+
 def sweep(
     campaign: Campaign | None,
     store: str,
@@ -238,7 +280,13 @@ def sweep(
         Draw a progress bar (default: on a terminal, not under CI).
     """
     shard_t = parse_shard(shard)
-    st, campaign, cells, planned = open_or_create(store, campaign, shard)
+    if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
+        raise OptionError(f"--chunk must be a positive integer (trials per task), got {chunk!r}")
+    sweep_leftovers()
+    try:
+        st, campaign, cells, planned = open_or_create(store, campaign, shard)
+    except sqlite3.Error as exc:
+        raise sqlite_error(store, exc, "opening it") from exc
     sequential = campaign.trials.sequential
     if sequential and (shard_t is not None and shard_t[1] > 1):
         st.close()
@@ -266,12 +314,13 @@ def sweep(
     successes = crash_streak = 0
     held: list[tuple[str | None, list[tuple]]] = []  # crash rows seen before any success
     stopped_cells: set[int] = set()
+    old_term = _catch_sigterm()
 
     def flush() -> None:
         nonlocal last_flush, n_pending
         if pending:
-            # Ctrl-C waits until the rows are both committed and forgotten (never stored twice)
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            # Ctrl-C and SIGTERM wait until the rows are both committed and forgotten (never stored twice)
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:
                 result.ran += st.add_batches(pending)
                 pending.clear()
@@ -347,8 +396,10 @@ def sweep(
                         ex.restart()
                     if n_pending >= flush_rows or time.monotonic() - last_flush >= flush_seconds:
                         flush()
-                except KeyboardInterrupt:
-                    if stopping:  # second Ctrl-C: abandon what is in flight
+                except KeyboardInterrupt as exc:
+                    if stopping or isinstance(exc, _Terminated):  # second Ctrl-C, SIGTERM: abandon what is in flight
+                        stopping = True
+                        result.interrupted = True
                         for fut in in_flight:
                             fut.cancel()
                         in_flight.clear()
@@ -366,19 +417,31 @@ def sweep(
                     break
     except KeyboardInterrupt:
         result.interrupted = True
+    except sqlite3.Error as exc:
+        raise sqlite_error(store, exc, "sweeping") from exc
     finally:
+        _TERMINATED["raise"] = False
         try:
             flush()
         finally:
             try:
                 ex.close(cancel=True)
             finally:
-                counts = st.outcome_counts().sum(axis=0)
-                result.counts = {name: int(n) for name, n in zip(OUTCOMES, counts)}
-                result.stored = st.n_trials()
-                result.elapsed = time.monotonic() - t0
-                st.close()
-                prog.close()
+                try:
+                    close_runners()  # working copies of an in-process (serial) sweep
+                    remove_workdirs(os.getpid())  # and of workers that could not remove their own
+                    counts = st.outcome_counts().sum(axis=0)
+                    result.counts = {name: int(n) for name, n in zip(OUTCOMES, counts)}
+                    result.stored = st.n_trials()
+                except sqlite3.Error:
+                    pass  # the error that matters is already on its way
+                finally:
+                    result.elapsed = time.monotonic() - t0
+                    st.close()
+                    prog.close()
+                    terminated = _release_sigterm(old_term)
+    if terminated:  # cleaned up and saved: now let SIGTERM take its usual course
+        os.kill(os.getpid(), signal.SIGTERM)
     if not sequential and not result.interrupted:
         result.complete = result.stored >= planned_total or result.complete
     return result

@@ -31,11 +31,11 @@ Examples
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -45,8 +45,9 @@ from ..errors import FastflipError, OptionError
 from ..store import TrialRow
 from .cells import Cell, call_factory, import_object, target_tensors
 from .config import Campaign
+from .lifeline import make_workdir
 
-__all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classify", "sites_summary", "trial_seed", "TrialRunner", "run_chunk"]
+__all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classify", "sites_summary", "trial_seed", "TrialRunner", "run_chunk", "close_runners"]
 
 MASKED, SDC, CRITICAL, DUE = 0, 1, 2, 3
 _INF = float("inf")
@@ -254,7 +255,9 @@ class TrialRunner:
 
     def _working_copy(self, path: str) -> str:
         if self._workdir is None:
-            self._workdir = tempfile.mkdtemp(prefix="fastflip-trial-")
+            self._workdir = make_workdir()
+            # removed when the worker process ends normally; the sweep removes it after a kill
+            multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         dst = os.path.join(self._workdir, f"{len(os.listdir(self._workdir))}-{os.path.basename(path)}")
         shutil.copyfile(path, dst)
         return dst
@@ -350,6 +353,13 @@ def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell],
                 )
         _RUNNERS[token] = runner
     return runner
+
+
+def close_runners() -> None:
+    """Close this process's runners (removes their working copies)."""
+    for runner in _RUNNERS.values():
+        runner.close()
+    _RUNNERS.clear()
 
 
 def run_chunk(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell], cell_id: int,
