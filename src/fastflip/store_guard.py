@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import StoreError
 
-__all__ = ["WriterLock", "check_schema", "sqlite_error", "rollback_quietly"]
+__all__ = ["WriterLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
 
 # table -> columns, in order (the schema of fastflip.store, version 1)
 TABLES = {
@@ -50,7 +50,21 @@ def _holder_text(info: dict[str, Any] | None) -> str:
     return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, since {when}"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine and is not a zombie.
+
+    >>> pid_alive(os.getpid())
+    True
+    """
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # a zombie is dead for our purpose
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -73,7 +87,7 @@ def _read_holder(path: str) -> dict[str, Any] | None:
         return None
     if not isinstance(info, dict):
         return None
-    if info.get("host") == os.uname().nodename and isinstance(info.get("pid"), int) and not _alive(info["pid"]):
+    if info.get("host") == os.uname().nodename and isinstance(info.get("pid"), int) and not pid_alive(info["pid"]):
         return None  # a dead writer's record: the new holder has not written its own yet
     return info
 

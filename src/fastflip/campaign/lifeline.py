@@ -1,7 +1,7 @@
 """Workers die with their sweep, and their temporaries with them.
 
 Imported by the executors (worker set-up), the trial runner (working copies) and the
-sweep (clean-up at the end and at the next start); it imports nothing of fastflip.
+sweep (clean-up at the end and at the next start).
 
 * :func:`watch_parent` — run in each pool worker: on Linux ``prctl(PR_SET_PDEATHSIG)``
   asks the kernel to send SIGTERM when the sweep's process dies (even by SIGKILL), and
@@ -35,6 +35,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from ..store_guard import pid_alive
 
 __all__ = ["OWNER_ENV", "watch_parent", "make_workdir", "remove_workdirs", "sweep_leftovers", "host_tag"]
 
@@ -91,25 +93,6 @@ def remove_workdirs(owner: int) -> int:
     return len(found)
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:  # a zombie is dead for our purpose
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_leftovers() -> int:
     """Remove work folders whose sweep and worker processes are both gone; return how many.
 
@@ -118,7 +101,7 @@ def sweep_leftovers() -> int:
     """
     n = 0
     for path, owner, pid in _ours():
-        if not _alive(owner) and not _alive(pid):
+        if not pid_alive(owner) and not pid_alive(pid):
             shutil.rmtree(path, ignore_errors=True)
             n += 1
     return n
