@@ -31,6 +31,9 @@ __all__ = [
     "ReadOnlyTargetError",
     "StoreError",
     "CheckpointMismatchError",
+    "FileLockedError",
+    "one_line",
+    "DiskFullError",
 ]
 
 
@@ -99,3 +102,21 @@ class StoreError(FastflipError, OSError):
 
 class CheckpointMismatchError(FastflipError, ValueError):
     """A checkpoint does not fit the model it is loaded into (names the tensor)."""
+
+
+class FileLockedError(FastflipError, OSError):
+    """Another process is writing the file (or store); the message names it (pid, command)."""
+
+
+class DiskFullError(OutputError):
+    """The disk (or quota) filled up while writing; nothing half-written was left behind."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message (its type name when empty).
+
+    >>> one_line(OSError("disk full\\nmore detail"))
+    'disk full'
+    """
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

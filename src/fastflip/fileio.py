@@ -18,6 +18,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -26,9 +27,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import InputFileError, OutputError
+from .errors import DiskFullError, FastflipError, InputFileError, OutputError, one_line
+from .paths import sweep_stale, temp_prefix
 
-__all__ = ["atomic_output", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
+__all__ = ["atomic_output", "write_error", "as_fastflip_error", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
            "byte_diff", "fsync_path"]
 
 _BLOCK = 8 << 20
@@ -84,7 +86,11 @@ def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: 
     """
     target = check_output_dir(target)
     d = os.path.dirname(os.path.abspath(target))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(target) + ".", suffix=".fastflip-tmp" + suffix, dir=d)
+    sweep_stale(d)  # temporaries a killed run left here
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp" + suffix, dir=d)
+    except OSError as exc:
+        raise write_error(target, exc) from None
     os.close(fd)
     try:
         yield tmp
@@ -100,10 +106,69 @@ def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: 
         os.replace(tmp, target)
         if durable:
             fsync_path(d)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, FastflipError) and exc.errno in _WRITE_ERRNOS:
+            raise write_error(target, exc) from None
         raise
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
+
+
+def write_error(target: str, exc: OSError) -> OutputError:
+    """The one-line error for an OS failure while writing ``target`` (disk full, too large, permission...)."""
+    reason = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(f"{target}: disk full while writing ({reason}); free space and run again "
+                             "(nothing was written)")
+    if exc.errno == errno.EFBIG:
+        return OutputError(f"{target}: file too large for this file system ({reason}); nothing was written")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return OutputError(f"{target}: cannot write ({reason}); check permissions or choose another path")
+    return OutputError(f"{target}: write failed ({reason}); nothing was written")
+
+
+def as_fastflip_error(exc: BaseException, subject: str) -> FastflipError | None:
+    """Map an exception from h5py, zipfile, zlib, JSON/text decoding or OS I/O to a one-line FastflipError
+    naming ``subject`` (the file being worked on); None for exceptions that are not about a file (bugs).
+
+    >>> str(as_fastflip_error(OSError(28, "No space left on device"), "out.h5"))
+    'out.h5: disk full while writing (No space left on device); free space and run again (nothing was written)'
+    """
+    import zipfile
+    import zlib
+
+    if isinstance(exc, FastflipError):
+        return exc
+    first = one_line(exc)
+    if isinstance(exc, OSError):
+        name = exc.filename if isinstance(exc.filename, str) else subject
+        if exc.errno in _WRITE_ERRNOS:
+            return write_error(name, exc)
+        return InputFileError(f"{name}: cannot read or use the file ({first})")
+    if isinstance(exc, UnicodeDecodeError):
+        return InputFileError(f"{subject}: not a text file (binary bytes where text was expected); check the path")
+    if isinstance(exc, (zipfile.BadZipFile, zlib.error, EOFError)):
+        return InputFileError(f"{subject}: damaged archive or compressed data ({first})")
+    if isinstance(exc, MemoryError):
+        return InputFileError(f"{subject}: needs more memory than is available (declared sizes too large?)")
+    if isinstance(exc, (OverflowError, RecursionError)):
+        return InputFileError(f"{subject}: declared sizes or nesting beyond what can be handled ({first})")
+    if _raised_in(exc, ("h5py",)):
+        return InputFileError(f"{subject}: damaged HDF5 file ({first})")
+    return None
+
+
+def _raised_in(exc: BaseException, packages: tuple[str, ...]) -> bool:
+    """True when the innermost frames of ``exc`` lie in one of ``packages`` (e.g. h5py's own checks)."""
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return last is not None and any(f"{os.sep}{p}{os.sep}" in last for p in packages)
 
 
 def _umask() -> int:

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import secrets
@@ -39,6 +40,8 @@ import numpy as np
 from . import __version__
 from .bits import BitSpec
 from .errors import LogMismatchError, OptionError
+from .locks import WriterLock
+from .paths import resolve_output
 from .faults import FaultModel
 from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
 from .h5target import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
@@ -76,11 +79,17 @@ class InjectionResult:
 
 @dataclass
 class RevertResult:
-    """What :func:`revert` restored."""
+    """What :func:`revert` restored.
+
+    ``verified`` is True when the restored file's sha256 was compared with the logged input's
+    (and the reverted file's with the logged output's); False when the log holds no hashes and
+    ``verify=False`` allowed the revert anyway (only the words at the logged sites were checked).
+    """
 
     output: str
     sha256: str
     sites: int
+    verified: bool = True
 
 
 def default_log_path(output: str, keep_existing: bool = False) -> str:
@@ -151,21 +160,32 @@ def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool) -> str:
+def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overwrite: bool = True,
+             inputs: Sequence[str] = ()) -> str:
+    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output."""
     if in_place:
         if dst is not None and not _same_file(src, os.fspath(dst)):
             raise OptionError("give either an output path or in_place=True (--in-place), not both")
-        return src
+        return resolve_output(src, inputs=inputs, in_place_of=src)
     if dst is None:
         raise OptionError("give an output path (-o OUT); the input is only changed with --in-place")
     dst = os.fspath(dst)
     if os.path.exists(dst) and _same_file(src, dst):
         raise OptionError(f"{dst}: the output is the input; use --in-place to change the input")
-    check_output_dir(dst)
-    return dst
+    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite)
+
+
+def _log_target(lp: str, src: str, target: str, inputs: Sequence[str] = ()) -> str:
+    """The checked real path of a log: never an input, never the output."""
+    return resolve_output(lp, inputs=[src, *inputs], others={"output": target}, what="log")
+
+
+def _lock(path: str, what: str, on: bool) -> Any:
+    """A :class:`WriterLock` on ``path`` when ``on`` (an existing file being rewritten), else nothing."""
+    return WriterLock(path, what) if on and os.path.exists(path) else contextlib.nullcontext()
 
 
 def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
@@ -254,6 +274,8 @@ def inject_file(
     hash_files: bool = True,
     durable: bool = True,
     extra_manifest: Mapping[str, Any] | None = None,
+    overwrite: bool = True,
+    lock: bool = True,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
 
@@ -289,9 +311,30 @@ def inject_file(
     durable : bool
         fsync the output and the log (default). ``False`` keeps the atomic rename but skips
         the fsyncs: for scratch copies (an experiment's per-run checkpoints).
+    overwrite : bool
+        Replace an existing output (default True in the API; the CLI asks for ``--force``).
+        Outputs and logs are checked by :func:`fastflip.paths.resolve_output`: never the input,
+        never each other, never a directory, device, FIFO or socket; symlinks are written through.
+    lock : bool
+        In place, hold a :class:`fastflip.locks.WriterLock` on the file while it is changed (default):
+        a second writer of the same file is refused instead of losing one injection.
+
+    The log is written to a temporary first and renamed after the output is in place: a run that
+    fails leaves an existing output and its log as they were.
     """
     src = check_input(src)
-    target = _targets(src, dst, in_place)
+    with _lock(src, "inject --in-place", in_place and lock):
+        return _inject_locked(src, dst, in_place, atomic, selection, bits, sign_first, model, count, rate, ber, seed,
+                              stream, distribution, replace, nan_policy, log_path, plan, layout, backend, hash_files,
+                              durable, extra_manifest, overwrite)
+
+
+def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, bits: Any, sign_first: bool,
+                   model: Any, count: int | None, rate: float | None, ber: float | None, seed: int | None,
+                   stream: Sequence[int], distribution: Any, replace: bool, nan_policy: str, log_path: Any,
+                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
+                   extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
+    target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
     layout = layout or cached_layout(src)
@@ -316,7 +359,7 @@ def inject_file(
     else:
         lp = (os.fspath(log_path) if log_path not in (None, True)  # type: ignore[arg-type]
               else default_log_path(target, keep_existing=in_place))
-        check_output_dir(lp)
+        lp = _log_target(lp, src, target)
 
     in_size = os.path.getsize(src)
 
@@ -333,11 +376,12 @@ def inject_file(
             **dict(extra_manifest or {}),
         }
         log = InjectionLog.from_plan(plan, old, new, manifest, undo)
-        if lp is not None:
-            log.save(lp, durable=durable)
+        if lp is not None:  # written now, renamed into place only once the output is
+            log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
         return log
 
-    _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, durable)
+    with contextlib.ExitStack() as log_commit:
+        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, durable)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
@@ -345,10 +389,22 @@ def _load(log: InjectionLog | str | os.PathLike[str]) -> InjectionLog:
     return log if isinstance(log, InjectionLog) else InjectionLog.load(log)
 
 
+def _container(lg: InjectionLog) -> bool:
+    """True when the log describes the weights file inside a container (a ``.keras`` archive)."""
+    return lg.manifest.get("container") is not None
+
+
+def _log_inputs(log: InjectionLog | str | os.PathLike[str]) -> list[str]:
+    return [] if isinstance(log, InjectionLog) else [os.fspath(log)]
+
+
 def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
            out: str | os.PathLike[str] | None = None, *, in_place: bool = False,
-           log_path: str | os.PathLike[str] | bool | None = False) -> InjectionResult:
+           log_path: str | os.PathLike[str] | bool | None = False, overwrite: bool = True) -> InjectionResult:
     """Re-apply a logged injection to ``file`` (the logged input); the output equals the logged one bit for bit.
+
+    ``overwrite`` (default True; the CLI's ``--force``) allows replacing an existing output.
+    In place, the file is locked (:class:`fastflip.locks.WriterLock`) while it is rewritten.
 
     Raises
     ------
@@ -357,9 +413,22 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     """
     lg = _load(log)
     src = check_input(file)
+    if _container(lg):
+        from .keras_io import replay_archive
+
+        return replay_archive(lg, src, None if out is None else os.fspath(out), in_place=in_place,
+                              overwrite=overwrite, log_inputs=_log_inputs(log))
+    with _lock(src, "replay --in-place", in_place):
+        return _replay_locked(lg, src, out, in_place, log_path, overwrite, _log_inputs(log))
+
+
+def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_path: Any, overwrite: bool,
+                   inputs: list[str]) -> InjectionResult:
     want_in = lg.manifest.get("input", {}).get("sha256")
-    target = _targets(src, out, in_place)
+    target = _targets(src, out, in_place, overwrite, inputs)
     want_out = lg.manifest.get("output", {}).get("sha256")
+    new_lp = None if log_path in (None, False) else _log_target(
+        default_log_path(target) if log_path is True else os.fspath(log_path), src, target, inputs)
 
     def check_input_hash(in_hash: str | None) -> None:  # hashed while copied: the input is read once
         if want_in and in_hash != want_in:
@@ -376,8 +445,8 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         check(old, new, out_hash)
         manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
         new_log = InjectionLog(manifest, lg.plan, old, new, undo)
-        if log_path not in (None, False):
-            new_log.save(default_log_path(target) if log_path is True else os.fspath(log_path))  # type: ignore[arg-type]
+        if new_lp is not None:
+            new_log.save(new_lp)
         return new_log
 
     if lg.undo is not None and lg.undo.new_size >= 0:
@@ -396,21 +465,46 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 
 def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
-           out: str | os.PathLike[str] | None = None, *, atomic: bool = True) -> RevertResult:
+           out: str | os.PathLike[str] | None = None, *, atomic: bool = True, verify: bool = True,
+           overwrite: bool = True) -> RevertResult:
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
-    ``file`` is changed in place (atomically) unless ``out`` is given.
+    ``file`` is changed in place (atomically, under a :class:`fastflip.locks.WriterLock`) unless
+    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``).
+
+    A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
+    it is refused unless ``verify=False``; then only the words at the logged sites are checked
+    and the result says ``verified=False``.
 
     Raises
     ------
     LogMismatchError
-        When ``file`` is not the logged output (its sha256 or its words differ); nothing is changed.
+        When ``file`` is not the logged output (its sha256 or its words differ), or the log holds no
+        hashes and ``verify`` is True; nothing is changed.
     """
     lg = _load(log)
     src = check_input(file)
     want_out = lg.manifest.get("output", {}).get("sha256")
     want_in = lg.manifest.get("input", {}).get("sha256")
-    target = src if out is None else _targets(src, out, False)
+    if verify and not (want_in and want_out):
+        raise LogMismatchError(f"{src}: the log holds no sha256 of the original, so a revert cannot be verified; "
+                               "give --no-verify (verify=False) to revert without that check")
+    if _container(lg):
+        from .keras_io import revert_archive
+
+        res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
+                             log_inputs=_log_inputs(log), want_in=want_in, want_out=want_out)
+        res.verified = bool(want_in and want_out)
+        return res
+    with _lock(src, "revert", out is None):
+        res = _revert_locked(lg, src, out, atomic, overwrite, _log_inputs(log), want_in, want_out)
+    res.verified = bool(want_in and want_out)
+    return res
+
+
+def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
+                   want_in: str | None, want_out: str | None) -> RevertResult:
+    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too

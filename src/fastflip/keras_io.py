@@ -10,7 +10,13 @@ fastflip alters the inner HDF5 file and writes a new archive that Keras loads:
   letters, backslashes) is refused as a whole, before anything is unpacked;
 - the new archive keeps every other entry byte for byte, in order, with each
   entry's compression, and replaces the target atomically (a temporary file beside
-  it renamed into place), so an error leaves the target untouched.
+  it renamed into place), so an error leaves the target untouched;
+- an archive with two entries of one name is refused (which copy a reader takes is
+  not defined, so it could not be kept exactly);
+- every member is streamed in blocks, never read whole, under limits on its inflated
+  size and its compression ratio (:data:`LIMITS`; environment variables
+  ``FASTFLIP_ARCHIVE_MAX_BYTES`` and ``FASTFLIP_ARCHIVE_MAX_RATIO``, or the ``limits``
+  argument): a zip bomb is refused with one line, memory stays flat.
 
 Examples
 --------
@@ -34,23 +40,90 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
-import tempfile
 import zipfile
+import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 from .errors import InputFileError, OutputError
-from .fileio import atomic_output
+from .fileio import atomic_output, sha256_file
+from .paths import make_temp_dir
 
-__all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "is_keras_archive", "check_archive", "read_archive", "edit_archive",
-           "inject_checkpoint_file"]
+__all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "ArchiveLimits", "LIMITS", "is_keras_archive", "check_archive",
+           "read_archive", "edit_archive", "inject_checkpoint_file", "replay_archive", "revert_archive"]
 
 WEIGHTS_ENTRY = "model.weights.h5"
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """Bounds on one archive member: inflated bytes, and inflated/compressed ratio (members over 1 MiB).
+
+    Deflate cannot exceed a ratio of about 1032, so the default ratio bound never refuses an
+    honest deflated archive; it stops bzip2/lzma bombs. The byte bound caps disk use.
+    """
+
+    max_bytes: int = 64 << 30
+    max_ratio: float = 1100.0
+
+    @classmethod
+    def from_env(cls) -> "ArchiveLimits":
+        """Defaults, overridden by ``FASTFLIP_ARCHIVE_MAX_BYTES`` / ``FASTFLIP_ARCHIVE_MAX_RATIO``."""
+        d = cls()
+        try:
+            return cls(int(os.environ.get("FASTFLIP_ARCHIVE_MAX_BYTES", d.max_bytes)),
+                       float(os.environ.get("FASTFLIP_ARCHIVE_MAX_RATIO", d.max_ratio)))
+        except ValueError:
+            raise InputFileError("FASTFLIP_ARCHIVE_MAX_BYTES / FASTFLIP_ARCHIVE_MAX_RATIO must be numbers") from None
+
+
+LIMITS = ArchiveLimits()
+
+
+def _limits(limits: ArchiveLimits | None) -> ArchiveLimits:
+    return limits if limits is not None else ArchiveLimits.from_env()
+
+
+def _zip_error(path: Any, exc: BaseException) -> InputFileError:
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return InputFileError(f"{path}: damaged .keras archive ({first})")
+
+
+def _stream_member(path: Any, zin: zipfile.ZipFile, info: zipfile.ZipInfo, dst: IO[bytes],
+                   limits: ArchiveLimits) -> int:
+    """Copy one member's inflated bytes to ``dst`` in blocks, enforcing ``limits``; return the byte count."""
+    def refuse(n: int) -> InputFileError:
+        return InputFileError(f"{path}: archive member {info.filename!r} inflates past the limit "
+                              f"({n} bytes, {limits.max_bytes} allowed, ratio bound {limits.max_ratio:g}); "
+                              "refusing it (raise FASTFLIP_ARCHIVE_MAX_BYTES / _MAX_RATIO if it is genuine)")
+
+    def over(n: int) -> bool:
+        return n > limits.max_bytes or (n > _BLOCK and n > limits.max_ratio * max(1, info.compress_size))
+
+    if over(info.file_size):
+        raise refuse(info.file_size)
+    total = 0
+    try:
+        with zin.open(info) as src:
+            while True:
+                b = src.read(_BLOCK)
+                if not b:
+                    break
+                total += len(b)
+                if over(total):
+                    raise refuse(total)
+                dst.write(b)
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError) as exc:
+        raise _zip_error(path, exc) from None
+    return total
 
 
 class UnsafeArchiveError(InputFileError):
@@ -100,12 +173,16 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise InputFileError(f"{path}: damaged .keras archive: {exc}") from exc
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
+        raise _zip_error(path, exc) from None
     for info in infos:
         if _unsafe(info.filename):
             raise UnsafeArchiveError(f"{path}: refusing archive with unsafe entry name {info.filename!r}")
     names = [i.filename for i in infos]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise InputFileError(f"{path}: archive holds entry {dup[0]!r} more than once (which copy counts is "
+                             "undefined); refusing it")
     if names.count(WEIGHTS_ENTRY) != 1:
         raise InputFileError(
             f"{path}: a .keras archive needs exactly one {WEIGHTS_ENTRY} entry (found {names.count(WEIGHTS_ENTRY)})"
@@ -113,64 +190,147 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
     return infos
 
 
-def _unpack_weights(path: Path, tmpdir: str) -> Path:
+def _unpack_weights(path: Path, tmpdir: str, limits: ArchiveLimits) -> Path:
     dest = Path(tmpdir) / WEIGHTS_ENTRY
-    with zipfile.ZipFile(path) as zf, zf.open(WEIGHTS_ENTRY) as src, open(dest, "wb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+    try:
+        with zipfile.ZipFile(path) as zf, open(dest, "wb") as dst:
+            _stream_member(path, zf, zf.getinfo(WEIGHTS_ENTRY), dst, limits)
+    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
+        raise _zip_error(path, exc) from None
     return dest
 
 
 @contextmanager
-def read_archive(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path to a copy of the archive's ``model.weights.h5`` (read it; changes are dropped)."""
-    path = Path(path)
-    check_archive(path)
-    with tempfile.TemporaryDirectory(prefix="fastflip-keras-") as tmp:
-        yield _unpack_weights(path, tmp)
+def _temp_dir() -> Iterator[str]:
+    """A private ``$TMPDIR/fastflip-keras-<pid>-*`` folder, removed on exit (stale ones of dead runs swept)."""
+    d = make_temp_dir("keras")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextmanager
-def edit_archive(path: str | os.PathLike, out: str | os.PathLike) -> Iterator[Path]:
+def read_archive(path: str | os.PathLike, *, limits: ArchiveLimits | None = None) -> Iterator[Path]:
+    """Yield a temporary path to a copy of the archive's ``model.weights.h5`` (read it; changes are dropped)."""
+    path = Path(path)
+    check_archive(path)
+    with _temp_dir() as tmp:
+        yield _unpack_weights(path, tmp, _limits(limits))
+
+
+@contextmanager
+def edit_archive(path: str | os.PathLike, out: str | os.PathLike, *,
+                 limits: ArchiveLimits | None = None) -> Iterator[Path]:
     """Edit the weights file inside a ``.keras`` archive and write the result to ``out``.
 
     Yields a temporary path to the unpacked ``model.weights.h5``; alter it in the
     ``with`` block. On a clean exit a new archive (every other entry unchanged) is
     written atomically to ``out`` (which may equal ``path`` to rewrite in place);
-    on an exception nothing is written.
+    on an exception nothing is written. Members are streamed under ``limits``.
     """
     path, out = Path(path), Path(out)
+    lim = _limits(limits)
     infos = check_archive(path)
-    with tempfile.TemporaryDirectory(prefix="fastflip-keras-") as tmp:
-        weights = _unpack_weights(path, tmp)
+    with _temp_dir() as tmp:
+        weights = _unpack_weights(path, tmp, lim)
         yield weights
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(f"cannot write {out}: {exc}") from exc
+        if not out.parent.is_dir():
+            raise OutputError(f"{out}: output directory {out.parent} does not exist; create it first")
         with atomic_output(out) as tmp_out:
             with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp_out, "w") as zout:
                 for info in infos:
+                    new = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+                    new.compress_type = info.compress_type
+                    new.external_attr = info.external_attr
+                    new.comment = info.comment
+                    strip = getattr(zipfile, "_strip_extra", None)  # the writer adds its own zip64 record
+                    new.extra = strip(info.extra, (0x0001,)) if strip is not None else b""
                     if info.filename == WEIGHTS_ENTRY:
-                        new = zipfile.ZipInfo(WEIGHTS_ENTRY, date_time=info.date_time)
-                        new.compress_type = info.compress_type
-                        new.external_attr = info.external_attr
                         big = os.path.getsize(weights) > 2**31 - 1
                         with zout.open(new, "w", force_zip64=big) as dst, open(weights, "rb") as src:
-                            shutil.copyfileobj(src, dst, 1 << 20)
+                            shutil.copyfileobj(src, dst, _BLOCK)
                     else:
-                        zout.writestr(info, zin.read(info.filename))
+                        with zout.open(new, "w", force_zip64=info.file_size > 2**31 - 1) as dst:
+                            _stream_member(path, zin, info, dst, lim)
 
 
-def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike, **inject_kwargs: Any) -> Any:
+def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None = None, *, in_place: bool = False,
+                           log_path: str | os.PathLike | bool | None = None, overwrite: bool = True,
+                           limits: ArchiveLimits | None = None, **inject_kwargs: Any) -> Any:
     """:func:`fastflip.inject.inject_file` for an HDF5 checkpoint or a ``.keras`` archive.
 
-    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and
-    written to ``dst`` as a new archive; pass ``log_path`` to keep the log (the
-    default log beside a temporary inner file would be lost).
+    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and written
+    to ``dst`` (or, ``in_place``, to ``src`` under a writer lock) as a new archive. The log
+    (default ``<dst>.fflog``; in place, an existing log is kept and the new one is
+    ``<src>.<k>.fflog``) names the archives and records the inner file's hashes, so
+    :func:`fastflip.inject.replay` and :func:`fastflip.inject.revert` accept the archive.
+    The log is renamed into place only after the archive is: a failed run leaves an
+    existing output and its log unchanged.
     """
-    from .inject import inject_file
+    from .inject import _lock, _log_target, _targets, default_log_path, inject_file
 
-    if is_keras_archive(src):
-        with edit_archive(src, dst) as inner:
-            return inject_file(inner, in_place=True, **inject_kwargs)
-    return inject_file(src, dst, **inject_kwargs)
+    if not is_keras_archive(src):
+        return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
+    src = os.fspath(src)
+    durable = inject_kwargs.get("durable", True)
+    with _lock(src, "inject --in-place", in_place):
+        target = _targets(src, dst, in_place, overwrite)
+        lp = None
+        if log_path is not False:
+            lp = _log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
+                             default_log_path(target, keep_existing=in_place), src, target)
+        in_sha = sha256_file(src)
+        with contextlib.ExitStack() as log_commit:
+            with edit_archive(src, target, limits=limits) as inner:
+                res = inject_file(inner, in_place=True, log_path=False, lock=False, **inject_kwargs)
+                m = res.log.manifest
+                m["input"]["path"] = os.path.abspath(src)
+                m["output"]["path"] = os.path.abspath(target)
+                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
+            m["container"]["output_sha256"] = sha256_file(target)
+            if lp is not None:
+                res.log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+            # the archive is in place; leaving the stack renames the log beside it
+        res.output, res.log_path = target, lp
+    return res
+
+
+def _container(log: Any) -> dict[str, Any] | None:
+    c = log.manifest.get("container")
+    if c is None:
+        return None
+    if not isinstance(c, dict) or c.get("format") != "keras" or c.get("entry") != WEIGHTS_ENTRY:
+        from .errors import LogMismatchError
+
+        raise LogMismatchError(f"the log names a container fastflip cannot open ({c!r})")
+    return c
+
+
+def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = False, overwrite: bool = True,
+                   log_inputs: list[str] | None = None) -> Any:
+    """Replay a ``.keras`` log onto the archive ``file``: the inner weights file is checked against
+    the logged hashes and the new archive is written to ``out`` (or ``file`` in place)."""
+    from .inject import _lock, _replay_locked, _targets
+
+    with _lock(file, "replay --in-place", in_place):
+        target = _targets(file, out, in_place, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _replay_locked(log, str(inner), None, True, False, True, [])
+        res.output = target
+        res.log.manifest["output"]["path"] = os.path.abspath(target)
+    return res
+
+
+def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
+                   want_in: str | None = None, want_out: str | None = None) -> Any:
+    """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
+    gets its original bytes back (checked by sha256); other entries are kept as they are."""
+    from .inject import _lock, _revert_locked, _targets
+
+    with _lock(file, "revert", out is None):
+        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
+        res.output = target
+    return res

@@ -146,16 +146,20 @@ class InjectionLog:
         """Write the log atomically to ``path`` (fsync'ed unless ``durable=False``); return the path."""
         path = os.fspath(path)
         with atomic_output(path, durable=durable) as tmp:
-            with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as z:
-                z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
-                for name, arr in _narrow(self.columns(), self.plan).items():
-                    _write_npy(z, f"{name}.npy", arr)
-                if self.undo is not None:
-                    _write_npy(z, "undo_offsets.npy", self.undo.offsets)
-                    _write_npy(z, "undo_lengths.npy", self.undo.lengths)
-                    z.writestr("undo_data.bin", self.undo.data)
-                    z.writestr("redo_data.bin", self.undo.new_data)
+            self.write(tmp)
         return path
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write the log's bytes to ``path`` as they are (no temporary, no fsync): see :meth:`save`."""
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
+            z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
+            for name, arr in _narrow(self.columns(), self.plan).items():
+                _write_npy(z, f"{name}.npy", arr)
+            if self.undo is not None:
+                _write_npy(z, "undo_offsets.npy", self.undo.offsets)
+                _write_npy(z, "undo_lengths.npy", self.undo.lengths)
+                z.writestr("undo_data.bin", self.undo.data)
+                z.writestr("redo_data.bin", self.undo.new_data)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "InjectionLog":

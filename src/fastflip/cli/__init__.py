@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
-from typing import Sequence
+import threading
+from typing import Any, Sequence
 
 from .. import __version__
 
@@ -61,17 +64,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    from ..errors import one_line
+
+    previous = _catch_sigterm()
     try:
         return int(args._run(args) or 0)
     except FastflipError as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"fastflip {args.command}: error: {msg}", file=sys.stderr)
+        print(f"fastflip {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"fastflip {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Terminated) as exc:  # temporaries were removed on the way out
+        print(f"fastflip {args.command}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the one error path: whatever a damaged input provokes is one line, not a traceback
+        from ..fileio import as_fastflip_error
+
+        if os.environ.get("FASTFLIP_DEBUG"):
+            raise
+        mapped = as_fastflip_error(exc, _subject(args))
+        if mapped is None:
+            print(f"fastflip {args.command}: internal error ({type(exc).__name__}: {one_line(exc)}); please report "
+                  "it (FASTFLIP_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 3
+        print(f"fastflip {args.command}: error: {one_line(mapped)}", file=sys.stderr)
+        return 2
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so that every ``finally``/``except`` cleanup runs."""
+
+
+def _catch_sigterm() -> Any:
+    """Turn SIGTERM into :class:`Terminated` (main thread only); return the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    return signal.signal(signal.SIGTERM, handler)
+
+
+def _subject(args: argparse.Namespace) -> str:
+    """The file a command works on, for messages (its FILE or LOG argument)."""
+    for name in ("file", "log", "config", "store", "path"):
+        v = getattr(args, name, None)
+        if isinstance(v, str):
+            return v
+    return args.command
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,7 +46,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "file (atomically; the input is untouched unless --in-place) and a log that replays and reverts it.")
     p.add_argument("file", nargs="?", help="the HDF5 checkpoint (or hdf5_file of --config)")
     p.add_argument("-o", "--output", help="output file")
-    p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically)")
+    p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically; symlinks are followed "
+                   "to the real file, which is locked against other writers)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--config", metavar="YAML", help="an hdf5_corrupter config, run with the older tool's sampling "
                    "and value rules (docs/oldtool.md)")
     p.add_argument("--design", choices=("oldtool", "fastflip"), default="oldtool",
@@ -85,14 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from ..keras_io import inject_checkpoint_file, is_keras_archive
 
     if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
-        out = src if args.in_place else args.output
-        if not out:
-            raise OptionError("give an output path (-o OUT.keras); the input is only changed with --in-place")
-        kwargs.setdefault("log_path", out + ".fflog")
-        res = inject_checkpoint_file(src, out, **kwargs)
-        res.output = out
+        res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
-        res = inject_file(src, args.output, in_place=args.in_place, **kwargs)
+        res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     _print_summary(res, args.json)
     return 0
 

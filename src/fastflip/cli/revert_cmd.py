@@ -15,12 +15,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("log", help="the .fflog written by inject")
     p.add_argument("file", help="the injected (logged output) file; changed in place unless -o is given")
     p.add_argument("-o", "--output", help="write the restored file here instead")
+    p.add_argument("--force", action="store_true", help="replace an existing -o file")
+    p.add_argument("--no-verify", action="store_true",
+                   help="allow a log without sha256 hashes (the result cannot be verified as the original)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from ..inject import revert
 
-    res = revert(args.log, args.file, args.output)
-    print(f"restored {res.output}: {res.sites} element(s); sha256 {res.sha256} matches the logged input")
+    res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
+    if res.verified:
+        print(f"restored {res.output}: {res.sites} element(s); sha256 {res.sha256} matches the logged input")
+    else:
+        print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no sha256 of the "
+              f"original; only the logged words were checked); sha256 now {res.sha256}")
     return 0
