@@ -32,7 +32,7 @@ import numpy as np
 
 from . import native
 from .dtypes import from_words, to_words, word_type
-from .errors import LogMismatchError, UnsupportedStorageError
+from .errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from .layout import Tensor, chunk_index, open_h5
 from .plan import Plan
 from .wordrule import rule_words, scale_words
@@ -68,6 +68,7 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
     groups = plan.per_tensor()
     need_h5 = any(tensors[plan.tensors[tid].name].storage == "chunked" for tid, _ in groups)
     f = open_h5(path) if need_h5 else None
+    fsize = os.path.getsize(path)
     try:
         for tid, pos in groups:
             ref = plan.tensors[tid]
@@ -86,6 +87,8 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
                 offs = chunk_index(f, t).byte_offsets(idx)
             else:
                 offs = np.full(len(idx), -1, np.int64)
+            if len(offs) and int(offs.max()) + t.itemsize > fsize:
+                raise InputFileError(f"{path}: damaged HDF5 file: data of {t.path} lies past the end of the file")
             routes.append(SiteRoute(t, pos, offs))
     finally:
         if f is not None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from . import __version__
 from .bits import BitSpec
-from .errors import LogMismatchError, OptionError
+from .errors import LogMismatchError, OptionError, SelectionError, one_line
 from .locks import WriterLock
 from .paths import resolve_output
 from .faults import FaultModel
@@ -147,7 +147,14 @@ def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
     hit = _SPACES.get(key)
     if hit is not None and hit[0] is layout:
         return hit[2]
-    tensors = select(layout.tensors, selection)
+    try:
+        tensors = select(layout.tensors, selection)
+    except SelectionError as exc:
+        if not layout.skipped:
+            raise
+        shown = "; ".join(f"{k.path}: {k.reason}" for k in layout.skipped[:2])
+        raise SelectionError(f"{one_line(exc)} (not tensors: {shown}"
+                             f"{'; ...' if len(layout.skipped) > 2 else ''})") from None
     check_storage(tensors)
     space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
     if len(_SPACES) >= 16:

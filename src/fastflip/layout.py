@@ -355,35 +355,108 @@ def _encode(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
-def _walk(gid: Any, prefix: str, ancestors: tuple[int, ...], datasets: list[tuple[str, int]],
-          skipped: list[Skipped]) -> None:
-    """Collect (path, object address) of every dataset link below a group (low-level h5py API).
+MAX_DEPTH = 100_000  # groups below the root; deeper groups are reported in ``skipped``, not walked
 
-    Groups are entered through hard and soft links alike; a group already on the current
-    path (a cycle) is not re-entered; external links are recorded as skipped, never followed.
+
+def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: list[Skipped],
+          group_links: list[tuple[str, str]], max_depth: int = MAX_DEPTH) -> None:
+    """Collect (path, object address) of every dataset link below the root group (low-level h5py API).
+
+    Iterative (no recursion limit) and breadth-first with names in order; each group
+    *object* is walked once, by address, under the first path that reaches it — a group
+    reached again through another link goes to ``group_links`` as (link path, walked path)
+    (aliases are derived from it afterwards, see :func:`_group_aliases`), and a link back to
+    an ancestor (a cycle) is not followed. A doubling chain of hard links thus costs one
+    visit per group, not one per path. External and user-defined links are recorded in
+    ``skipped``, never followed.
     """
+    from collections import deque
+
     from h5py import h5g, h5l, h5o
 
-    entries: list[tuple[bytes, int]] = []
-    gid.links.iterate(lambda name, info: entries.append((name, info.type)), info=True)
-    for bname, ltype in entries:
-        name = bname.decode("utf-8", "surrogateescape")
-        path = f"{prefix}/{name}" if prefix != "/" else f"/{name}"
-        if ltype == h5l.TYPE_EXTERNAL:
-            skipped.append(Skipped(path, EXTERNAL_LINK_REASON))
-            continue
-        if ltype not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
-            skipped.append(Skipped(path, "user-defined link (not followed)"))
-            continue
-        try:
-            info = h5o.get_info(gid, bname)
-        except (KeyError, RuntimeError, OSError, ValueError):
-            skipped.append(Skipped(path, "dangling link"))
-            continue
-        if info.type == h5o.TYPE_DATASET:
-            datasets.append((path, int(info.addr)))
-        elif info.type == h5o.TYPE_GROUP and info.addr not in ancestors:
-            _walk(h5g.open(gid, bname), path, ancestors + (int(info.addr),), datasets, skipped)
+    seen: dict[int, str] = {root_addr: "/"}
+    queue: deque[tuple[Any, str, int]] = deque([(root, "/", 0)])
+    while queue:
+        gid, prefix, depth = queue.popleft()
+        entries: list[tuple[bytes, int]] = []
+        gid.links.iterate(lambda name, info: entries.append((name, info.type)), info=True)
+        for bname, ltype in entries:
+            name = bname.decode("utf-8", "surrogateescape")
+            path = f"{prefix}/{name}" if prefix != "/" else f"/{name}"
+            if ltype == h5l.TYPE_EXTERNAL:
+                skipped.append(Skipped(path, EXTERNAL_LINK_REASON))
+                continue
+            if ltype not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
+                skipped.append(Skipped(path, "user-defined link (not followed)"))
+                continue
+            try:
+                info = h5o.get_info(gid, bname)
+            except (KeyError, RuntimeError, OSError, ValueError):
+                skipped.append(Skipped(path, "dangling link"))
+                continue
+            addr = int(info.addr)
+            if info.type == h5o.TYPE_DATASET:
+                datasets.append((path, addr))
+            elif info.type == h5o.TYPE_GROUP:
+                if addr in seen:
+                    first = seen[addr]
+                    if not (path + "/").startswith(first.rstrip("/") + "/"):  # not a link back to an ancestor
+                        group_links.append((path, first))
+                elif depth + 1 > max_depth:
+                    skipped.append(Skipped(path, f"group nested deeper than {max_depth} levels (not walked)"))
+                else:
+                    seen[addr] = path
+                    queue.append((h5g.open(gid, bname), path, depth + 1))
+        del gid  # close the group before the next one
+
+
+MAX_ALIASES = 16  # paths listed per dataset; more (hard-link chains) are reported in ``skipped``
+
+
+def _group_aliases(found: list[tuple[str, int]], group_links: list[tuple[str, str]],
+                   skipped: list[Skipped]) -> list[tuple[str, int]]:
+    """Add the dataset paths that go through a second link to a group, at most MAX_ALIASES per dataset."""
+    if not group_links:
+        return found
+    paths: dict[int, list[str]] = {}
+    for lp, addr in found:
+        paths.setdefault(addr, []).append(lp)
+    capped: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for link, target in group_links:
+            pre = target.rstrip("/") + "/"
+            for addr, lst in paths.items():
+                for q in list(lst):
+                    if not q.startswith(pre):
+                        continue
+                    alias = link + "/" + q[len(pre):]
+                    if alias in lst:
+                        continue
+                    if len(lst) >= MAX_ALIASES:
+                        capped.add(addr)
+                        continue
+                    lst.append(alias)
+                    changed = True
+    for addr in capped:
+        skipped.append(Skipped(min(paths[addr]), f"more than {MAX_ALIASES} paths reach this dataset "
+                               "(chained group links); only the first are listed as aliases"))
+    return [(lp, addr) for addr, lst in paths.items() for lp in lst]
+
+
+MAX_BYTES = 2**60  # tensors up to 1 EiB: element x bit counts stay below 2**63
+
+
+def _open_dataset(fid: Any, path: str) -> Any:
+    """Open a dataset by path one link at a time (HDF5's path traversal has a nesting limit)."""
+    from h5py import h5d, h5g
+
+    parts = [x for x in path.split("/") if x]
+    gid = fid
+    for part in parts[:-1]:
+        gid = h5g.open(gid, _encode(part))
+    return h5d.open(gid, _encode(parts[-1]))
 
 
 def _natural_key(path: str) -> tuple[Any, ...]:
@@ -416,17 +489,20 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         if fmt != "hdf5":
             return read_other_layout(p, fmt)
     with open_h5(p) as f:
+        fsize = os.path.getsize(p)
         skipped: list[Skipped] = []
         tensors: list[Tensor] = []
         try:
             found: list[tuple[str, int]] = []
-            _walk(f.id, "/", (int(h5o.get_info(f.id).addr),), found, skipped)
+            group_links: list[tuple[str, str]] = []
+            _walk(f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links)
+            found = _group_aliases(found, group_links, skipped)
             by_addr: dict[int, list[str]] = {}
             for lpath, addr in found:
                 by_addr.setdefault(addr, []).append(lpath)
             for paths in by_addr.values():
                 aliases = tuple(sorted(set(paths)))
-                dsid = h5d.open(f.id, _encode(paths[0]))
+                dsid = _open_dataset(f.id, paths[0])
                 dtype = np.dtype(dsid.dtype)
                 space = dsid.get_space()
                 shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
@@ -436,7 +512,14 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                     continue
                 assert shape is not None
                 storage, offset, chunks, filters = _storage(dsid)
-                size = math.prod(shape)
+                size = math.prod(shape)  # Python ints: no overflow whatever the declared shape
+                if size * dtype.itemsize >= MAX_BYTES:
+                    skipped.append(Skipped(aliases[0], f"declares {size} elements ({size * dtype.itemsize} bytes), "
+                                           f"more than can be addressed (2**60 bytes)"))
+                    continue
+                if storage == "contiguous" and offset is not None and offset + size * dtype.itemsize > fsize:
+                    skipped.append(Skipped(aliases[0], "data lies past the end of the file (damaged or truncated)"))
+                    continue
                 tensors.append(
                     Tensor(
                         path=aliases[0],
@@ -451,7 +534,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                         nbytes=size * dtype.itemsize,
                     )
                 )
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
         tensors.sort(key=lambda t: _natural_key(t.path))
@@ -466,6 +549,9 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
 
 # --------------------------------------------------------------------------------------------
 # chunk index and element offsets
+
+
+_DENSE_MAX = 1 << 24  # chunk-grid cells held as a dense offset table (128 MiB); larger grids use a lookup
 
 
 @dataclass(frozen=True)
@@ -515,7 +601,11 @@ class ChunkIndex:
         ch = [np.int64(c) for c in self.chunks]
         chunk_pos = tuple(c // k for c, k in zip(coords, ch))
         within = np.ravel_multi_index(tuple(c % k for c, k in zip(coords, ch)), self.chunks)
-        base = self.dense[chunk_pos]
+        if math.prod(self.grid) > _DENSE_MAX:  # a huge, sparse chunk grid: look allocated chunks up by coordinates
+            have = {tuple(r): int(o) for r, o in zip((self.coords // np.asarray(ch)).tolist(), self.offsets.tolist())}
+            base = np.array([have.get(k, -1) for k in zip(*(c.tolist() for c in chunk_pos))], np.int64)
+        else:
+            base = self.dense[chunk_pos]
         out = base + within.astype(np.int64) * self.itemsize
         out[base < 0] = -1
         return out

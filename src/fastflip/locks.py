@@ -5,8 +5,10 @@ file: it belongs to the file (its inode), so a symlink or a hard link to the sam
 the same lock, and it does not interfere with HDF5's own ``flock`` on the file (a process may
 hold the lock and still open the file with h5py). A second writer is refused at once with a
 :class:`~fastflip.errors.FileLockedError` naming the holder: the pid, command and start time
-come from a small record ``.<name>.fastflip-lock`` beside the file (removed on release; a
-record left by a killed process is ignored because the kernel drops the lock with the process).
+come from a small record named by the file's device and inode in a lock folder
+(``$FASTFLIP_LOCK_DIR``, default ``$TMPDIR/fastflip-locks``), so every name of the file finds
+it; the record is removed on release, and one left by a killed process does no harm: the
+kernel drops the lock with the process and the next holder rewrites the record.
 
 Where OFD locks do not exist (non-Linux), ``fcntl.flock`` is used instead on a descriptor of
 the file (also per inode).
@@ -39,9 +41,19 @@ from .errors import FileLockedError, OutputError
 __all__ = ["WriterLock", "lock_record_path", "FileLockedError"]
 
 
-def lock_record_path(real: str) -> str:
-    """Where the holder's record of a lock on ``real`` lives."""
-    return os.path.join(os.path.dirname(real), f".{os.path.basename(real)}.fastflip-lock")
+def lock_record_path(fd: int) -> str:
+    """Where the holder's record of a lock on the open file ``fd`` lives (by device and inode)."""
+    import tempfile
+
+    st = os.fstat(fd)
+    d = os.environ.get("FASTFLIP_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "fastflip-locks")
+    if not os.path.isdir(d):
+        try:
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, 0o1777)  # shared by users, like /tmp
+        except OSError:
+            pass
+    return os.path.join(d, f"{st.st_dev}-{st.st_ino}.json")
 
 
 def _try_lock(fd: int) -> bool:
@@ -90,9 +102,9 @@ class WriterLock:
         self.fd: int | None = None
         self._record: str | None = None
 
-    def _holder(self) -> str:
+    def _holder(self, fd: int) -> str:
         try:
-            with open(lock_record_path(self.real)) as fh:
+            with open(lock_record_path(fd)) as fh:
                 rec = json.load(fh)
             return f"pid {int(rec['pid'])} ({rec.get('what', '?')}, since {rec.get('since', '?')})"
         except (OSError, ValueError, KeyError, TypeError):
@@ -107,8 +119,9 @@ class WriterLock:
             except OSError as exc:
                 raise OutputError(f"{self.path}: cannot open for writing ({exc.strerror or exc})") from None
             if not _try_lock(fd):
+                holder = self._holder(fd)
                 os.close(fd)
-                raise FileLockedError(f"{self.path}: {self._holder()} is writing this file; "
+                raise FileLockedError(f"{self.path}: {holder} is writing this file; "
                                       "wait for it to finish (or stop it) and run again")
             try:  # the name may have been given another file (atomic rename) before we locked: lock that one
                 same = os.stat(self.real).st_ino == os.fstat(fd).st_ino
@@ -116,15 +129,15 @@ class WriterLock:
                 same = False
             if same:
                 self.fd = fd
-                self._write_record()
+                self._write_record(fd)
                 return self
             os.close(fd)
         raise FileLockedError(f"{self.path}: the file keeps being replaced by another process; run again later")
 
-    def _write_record(self) -> None:
-        rec = {"pid": os.getpid(), "what": self.what,
+    def _write_record(self, fd: int) -> None:
+        rec = {"pid": os.getpid(), "what": self.what, "path": self.real,
                "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        path = lock_record_path(self.real)
+        path = lock_record_path(fd)
         try:
             with open(path, "w") as fh:
                 fh.write(json.dumps(rec))

@@ -43,6 +43,7 @@ import io
 import json
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -50,6 +51,7 @@ import numpy as np
 
 from .errors import InputFileError, LogMismatchError
 from .fileio import ByteUndo, atomic_output, check_input
+from .logcheck import validate_log
 from .plan import Plan, TensorRef
 from .wordrule import words_to_values
 
@@ -168,18 +170,27 @@ class InjectionLog:
         try:
             with zipfile.ZipFile(p) as z:
                 manifest = json.loads(z.read("manifest.json"))
-                if manifest.get("format") != LOG_FORMAT:
-                    raise LogMismatchError(f"{p}: not a {LOG_FORMAT} log (format {manifest.get('format')!r})")
-                cols = {c: _read_npy(z, f"{c}.npy") for c in _COLUMNS}
-                undo = None
+                if not isinstance(manifest, dict) or manifest.get("format") != LOG_FORMAT:
+                    fmt = manifest.get("format") if isinstance(manifest, dict) else None
+                    raise LogMismatchError(f"{p}: not a {LOG_FORMAT} log (format {fmt!r:.40})")
+                cols = {c: _read_npy(z, f"{c}.npy", wide=False) for c in _COLUMNS}
+                undo_cols = blobs = None
                 if manifest.get("undo"):
-                    u = manifest["undo"]
-                    undo = ByteUndo(_read_npy(z, "undo_offsets.npy"), _read_npy(z, "undo_lengths.npy"),
-                                    z.read("undo_data.bin"), int(u["size"]),
-                                    z.read("redo_data.bin") if "redo_data.bin" in z.namelist() else b"",
-                                    int(u.get("new_size", -1)))
-        except (zipfile.BadZipFile, KeyError, ValueError, json.JSONDecodeError) as exc:
-            raise InputFileError(f"{p}: not a readable fastflip log ({exc}); give the .fflog written by inject") from None
+                    undo_cols = (_read_npy(z, "undo_offsets.npy"), _read_npy(z, "undo_lengths.npy"))
+                    blobs = (z.read("undo_data.bin"), z.read("redo_data.bin") if "redo_data.bin" in z.namelist() else b"")
+        except (zipfile.BadZipFile, KeyError, ValueError, EOFError, NotImplementedError, RuntimeError, OSError,
+                zlib.error, UnicodeDecodeError) as exc:
+            if isinstance(exc, LogMismatchError):
+                raise
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise InputFileError(f"{p}: not a readable fastflip log ({first}); give the .fflog written by inject") from None
+        validate_log(p, manifest, cols, blobs, undo_cols)  # types, lengths, ranges: before anything uses it
+        cols = {c: a.astype(_WIDE[c]) if a.dtype != _WIDE[c] else a for c, a in cols.items()}
+        undo = None
+        if undo_cols is not None and blobs is not None:
+            u = manifest["undo"]
+            undo = ByteUndo(undo_cols[0].astype(np.int64), undo_cols[1].astype(np.int64), blobs[0], int(u["size"]),
+                            blobs[1], int(u.get("new_size", -1)))
         tensors = tuple(TensorRef(t["name"], t["dtype"], tuple(t["shape"])) for t in manifest["tensors"])
         scale = cols["scale"] if not np.isnan(cols["scale"]).all() else None
         plan = Plan(tensors, cols["tensor"], cols["index"], cols["and_mask"], cols["or_mask"], cols["xor_mask"], scale,
@@ -222,11 +233,17 @@ def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
         fh.write(memoryview(arr).cast("B") if arr.size else b"")
 
 
-def _read_npy(z: zipfile.ZipFile, name: str) -> np.ndarray:
-    with z.open(name) as fh:
-        arr = np.lib.format.read_array(io.BytesIO(fh.read()), allow_pickle=False)
-    wide = _WIDE.get(name[:-4])
-    return arr.astype(wide) if wide is not None and arr.dtype != wide else arr
+def _read_npy(z: zipfile.ZipFile, name: str, wide: bool = True) -> np.ndarray:
+    info = z.getinfo(name)
+    if info.file_size > _MAX_COLUMN_BYTES:
+        raise ValueError(f"{name} declares {info.file_size} bytes")
+    with z.open(info) as fh:
+        arr = np.lib.format.read_array(io.BytesIO(fh.read(_MAX_COLUMN_BYTES + 1)), allow_pickle=False)
+    w = _WIDE.get(name[:-4])
+    return arr.astype(w) if wide and w is not None and arr.dtype != w else arr
+
+
+_MAX_COLUMN_BYTES = 16 << 30  # a column of 2**31 eight-byte rows; larger is not a log fastflip wrote
 
 
 def _json_default(obj: Any) -> Any:
