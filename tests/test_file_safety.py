@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from conftest import require
-from fastflip.cli import main
 from fastflip.errors import FileLockedError, InputFileError, LogMismatchError, OutputError
 from fastflip.fileio import sha256_file
 from fastflip.inject import inject_file, replay, revert
@@ -25,21 +24,13 @@ from fastflip.locks import WriterLock
 from fastflip.log import InjectionLog
 from fastflip.paths import sweep_stale
 from h5fixtures import keras_legacy_like
+from test_cli_core import ckpt, run  # noqa: F401  (ckpt is a fixture)
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
 
-@pytest.fixture
-def ckpt(tmp_path):
-    p = str(tmp_path / "model.h5")
-    keras_legacy_like(p)
-    return p
-
-
 def cli(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run(capsys, *map(str, argv))
 
 
 def cli_proc(*argv, env=None, timeout=120):
@@ -342,8 +333,7 @@ def test_sigterm_removes_temporaries(tmp_path):
             time.sleep(60)
             return r
         inj.copy_apply = slow
-        from fastflip.cli import main
-        sys.exit(main(["inject", {src!r}, "-o", {str(tmp_path / 'o.h5')!r}, "--count", "3"]))
+                sys.exit(main(["inject", {src!r}, "-o", {str(tmp_path / 'o.h5')!r}, "--count", "3"]))
         """)
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=SRC))
