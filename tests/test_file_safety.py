@@ -333,7 +333,8 @@ def test_sigterm_removes_temporaries(tmp_path):
             time.sleep(60)
             return r
         inj.copy_apply = slow
-                sys.exit(main(["inject", {src!r}, "-o", {str(tmp_path / 'o.h5')!r}, "--count", "3"]))
+        from fastflip.cli import main
+        sys.exit(main(["inject", {src!r}, "-o", {str(tmp_path / 'o.h5')!r}, "--count", "3"]))
         """)
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=SRC))
