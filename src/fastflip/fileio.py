@@ -109,9 +109,21 @@ def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: 
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, FastflipError) and exc.errno in _WRITE_ERRNOS:
-            raise write_error(target, exc) from None
+        if isinstance(exc, OSError) and not isinstance(exc, FastflipError):
+            if exc.errno is None and _full(d):  # h5py reports a failed write without errno
+                exc = OSError(errno.ENOSPC, f"No space left on device ({one_line(exc)})")
+            if exc.errno in _WRITE_ERRNOS:
+                raise write_error(target, exc) from None
         raise
+
+
+def _full(directory: str) -> bool:
+    """True when the file system holding ``directory`` has (almost) no free blocks left."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (64 << 10)
 
 
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
@@ -156,19 +168,26 @@ def as_fastflip_error(exc: BaseException, subject: str) -> FastflipError | None:
         return InputFileError(f"{subject}: needs more memory than is available (declared sizes too large?)")
     if isinstance(exc, (OverflowError, RecursionError)):
         return InputFileError(f"{subject}: declared sizes or nesting beyond what can be handled ({first})")
-    if _raised_in(exc, ("h5py",)):
+    origin = _origins(exc)
+    if "h5py" in origin:
         return InputFileError(f"{subject}: damaged HDF5 file ({first})")
+    if "zipfile" in origin:
+        return InputFileError(f"{subject}: damaged zip archive ({first})")
     return None
 
 
-def _raised_in(exc: BaseException, packages: tuple[str, ...]) -> bool:
-    """True when the innermost frames of ``exc`` lie in one of ``packages`` (e.g. h5py's own checks)."""
+def _origins(exc: BaseException) -> set[str]:
+    """Which of h5py / zipfile the traceback of ``exc`` passes through (their own checks of damaged input)."""
+    out: set[str] = set()
     tb = exc.__traceback__
-    last = None
     while tb is not None:
-        last = tb.tb_frame.f_code.co_filename
+        fn = tb.tb_frame.f_code.co_filename.replace(os.sep, "/")
+        if "/h5py/" in fn or fn.startswith("h5py/"):
+            out.add("h5py")
+        if fn.endswith("/zipfile.py") or "/zipfile/" in fn:
+            out.add("zipfile")
         tb = tb.tb_next
-    return last is not None and any(f"{os.sep}{p}{os.sep}" in last for p in packages)
+    return out
 
 
 def _umask() -> int:
