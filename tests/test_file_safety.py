@@ -414,3 +414,24 @@ def test_real_keras_archive_log_replays_and_reverts(tmp_path, capsys):
     back = keras.models.load_model(out)
     for a, b in zip(back.weights, m.weights):
         assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_declared_shapes_near_2_64_are_refused_clearly(tmp_path, capsys):
+    src = str(tmp_path / "huge.h5")
+    with h5py.File(src, "w") as f:  # chunked, never written: the declared shape costs no disk
+        f.create_dataset("ok", shape=(2**56,), dtype="f8", chunks=(1024,))
+        f.create_dataset("big", shape=(2**62,), dtype="f8", chunks=(1024,))
+        f.create_dataset("max", shape=(2**63 - 1,), dtype="i1", chunks=(4096,))
+        for i in range(10):  # 10 x 2**59 bytes: each addressable, all together 2**65.3 bits
+            f.create_dataset(f"many/{i}", shape=(2**56,), dtype="f8", chunks=(1024,))
+    rc, out, err = cli(capsys, "inject", src, "-o", tmp_path / "o.h5", "--include", "ok", "--count", "5", "--seed", "1")
+    assert rc == 0 and "5 bit(s) in 5 element(s)" in out, err
+    got = InjectionLog.load(str(tmp_path / "o.h5.fflog"))
+    assert (got.plan.index >= 0).all() and (got.plan.index < 2**56).all()
+    for name in ("big", "max"):
+        rc, out, err = cli(capsys, "inject", src, "-o", tmp_path / "p.h5", "--include", name, "--count", "5")
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "more than can be addressed" in err, err
+    rc, out, err = cli(capsys, "inject", src, "-o", tmp_path / "p.h5", "--include", "many/*", "--count", "5")
+    assert rc == 2 and "more than can be addressed (2**63)" in err, err
+    rc, out, err = cli(capsys, "inspect", src)
+    assert rc == 0 and "big" in out

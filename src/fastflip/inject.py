@@ -39,7 +39,7 @@ import numpy as np
 
 from . import __version__
 from .bits import BitSpec
-from .errors import LogMismatchError, OptionError, SelectionError, one_line
+from .errors import CapacityError, LogMismatchError, OptionError, SelectionError, one_line
 from .locks import WriterLock
 from .paths import resolve_output
 from .faults import FaultModel
@@ -156,6 +156,10 @@ def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
         raise SelectionError(f"{one_line(exc)} (not tensors: {shown}"
                              f"{'; ...' if len(layout.skipped) > 2 else ''})") from None
     check_storage(tensors)
+    total_bits = sum(t.size * t.itemsize * 8 for t in tensors)  # Python ints: exact whatever the shapes
+    if total_bits >= 2**63:
+        raise CapacityError(f"the selection holds {total_bits} bits in {len(tensors)} tensors, more than can be "
+                            "addressed (2**63); select fewer tensors")
     space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
     if len(_SPACES) >= 16:
         _SPACES.pop(next(iter(_SPACES)))
