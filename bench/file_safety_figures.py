@@ -42,7 +42,6 @@ def keras_with_member(path: str, member_bytes: int, weights_mb: int = 4) -> None
         z.writestr("config.json", "{}")
         z.write(inner, "model.weights.h5", compress_type=zipfile.ZIP_STORED)
         with z.open(zipfile.ZipInfo("assets/big.bin"), "w", force_zip64=True) as fh:
-            info_ct = zipfile.ZIP_DEFLATED  # noqa: F841
             left = member_bytes
             while left:
                 n = min(left, len(block))
@@ -106,26 +105,30 @@ def kills(d: str, n: int = 10) -> None:
                 + [os.path.join("outdir", x) for x in os.listdir(outdir) if ".fastflip-" in x])
 
     killed = 0
+    seen: list[str] = []  # leftovers right after each kill, before any later run could sweep them
     for i in range(n):
         src = h5 if i % 2 == 0 else ker
         out = os.path.join(outdir, "o" + os.path.splitext(src)[1])
         p = subprocess.Popen([sys.executable, "-m", "fastflip", "inject", src, "-o", out, "--count", "2000",
                               "--force", "--include", "**"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.8, 3.0))
+        time.sleep(rng.uniform(0.5, 2.0))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             killed += 1
         p.wait()
+        now = leftovers()
+        seen += [x for x in now if x not in seen]
     before = leftovers()
     r = subprocess.run([sys.executable, "-m", "fastflip", "inject", h5, "-o", os.path.join(outdir, "o.h5"),
                         "--count", "1", "--force"], env=env, capture_output=True, text=True)
     r2 = subprocess.run([sys.executable, "-m", "fastflip", "inject", ker, "-o", os.path.join(outdir, "o.keras"),
                          "--count", "1", "--force"], env=env, capture_output=True, text=True)
     after = leftovers()
-    print(f"{n} runs, {killed} killed by SIGKILL mid-run: {len(before)} leftovers "
-          f"({', '.join(sorted(before))[:300]}); after the next start (HDF5 rc {r.returncode}, .keras rc "
-          f"{r2.returncode}): {len(after)} leftovers {after}")
+    print(f"{n} runs, {killed} killed by SIGKILL mid-run; {len(seen)} distinct leftovers seen right after the "
+          f"kills (each later start swept the earlier ones): {', '.join(sorted(seen))[:400]}; "
+          f"{len(before)} present before the next start; after the next start (HDF5 rc {r.returncode}, "
+          f".keras rc {r2.returncode}): {len(after)} leftovers {after}")
 
 
 def main() -> None:

@@ -5,10 +5,11 @@ file: it belongs to the file (its inode), so a symlink or a hard link to the sam
 the same lock, and it does not interfere with HDF5's own ``flock`` on the file (a process may
 hold the lock and still open the file with h5py). A second writer is refused at once with a
 :class:`~fastflip.errors.FileLockedError` naming the holder: the pid, command and start time
-come from a small record named by the file's device and inode in a lock folder
-(``$FASTFLIP_LOCK_DIR``, default ``$TMPDIR/fastflip-locks``), so every name of the file finds
-it; the record is removed on release, and one left by a killed process does no harm: the
-kernel drops the lock with the process and the next holder rewrites the record.
+come from a small record ``.fastflip-<dev>-<inode>.lock`` in the folder of the real file (so
+every name of the file in that folder finds it; a hard link in another folder meets the lock
+but its message cannot name the pid). The record is removed on release; one left by a killed
+process does no harm (the kernel drops the lock with the process, the next holder rewrites the
+record) and :func:`fastflip.paths.sweep_stale` removes it.
 
 Where OFD locks do not exist (non-Linux), ``fcntl.flock`` is used instead on a descriptor of
 the file (also per inode).
@@ -41,19 +42,10 @@ from .errors import FileLockedError, OutputError
 __all__ = ["WriterLock", "lock_record_path", "FileLockedError"]
 
 
-def lock_record_path(fd: int) -> str:
-    """Where the holder's record of a lock on the open file ``fd`` lives (by device and inode)."""
-    import tempfile
-
+def lock_record_path(fd: int, real: str) -> str:
+    """Where the holder's record of a lock on the open file ``fd`` (at ``real``) lives: by device and inode."""
     st = os.fstat(fd)
-    d = os.environ.get("FASTFLIP_LOCK_DIR") or os.path.join(tempfile.gettempdir(), "fastflip-locks")
-    if not os.path.isdir(d):
-        try:
-            os.makedirs(d, exist_ok=True)
-            os.chmod(d, 0o1777)  # shared by users, like /tmp
-        except OSError:
-            pass
-    return os.path.join(d, f"{st.st_dev}-{st.st_ino}.json")
+    return os.path.join(os.path.dirname(real), f".fastflip-{st.st_dev}-{st.st_ino}.lock")
 
 
 def _try_lock(fd: int) -> bool:
@@ -104,7 +96,7 @@ class WriterLock:
 
     def _holder(self, fd: int) -> str:
         try:
-            with open(lock_record_path(fd)) as fh:
+            with open(lock_record_path(fd, self.real)) as fh:
                 rec = json.load(fh)
             return f"pid {int(rec['pid'])} ({rec.get('what', '?')}, since {rec.get('since', '?')})"
         except (OSError, ValueError, KeyError, TypeError):
@@ -137,7 +129,7 @@ class WriterLock:
     def _write_record(self, fd: int) -> None:
         rec = {"pid": os.getpid(), "what": self.what, "path": self.real,
                "since": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
-        path = lock_record_path(fd)
+        path = lock_record_path(fd, self.real)
         try:
             with open(path, "w") as fh:
                 fh.write(json.dumps(rec))

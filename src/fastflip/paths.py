@@ -47,6 +47,7 @@ __all__ = ["resolve_output", "check_run_paths", "temp_prefix", "make_temp_dir", 
 
 _TEMP_FILE = re.compile(r"^\..*\.fastflip-(\d+)-[A-Za-z0-9_]+\.tmp.*$")
 _TEMP_DIR = re.compile(r"^fastflip-[a-z0-9]+-(\d+)-[A-Za-z0-9_]+$")
+_LOCK_RECORD = re.compile(r"^\.fastflip-\d+-\d+\.lock$")
 
 
 def _same(a: str, b: str) -> bool:
@@ -165,11 +166,30 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _sweep_lock_record(path: str) -> list[str]:
+    """Remove a writer-lock record (:mod:`fastflip.locks`) whose holder is gone."""
+    import json
+
+    try:
+        with open(path) as fh:
+            pid = int(json.load(fh)["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if pid_alive(pid):
+        return []
+    try:
+        os.unlink(path)
+    except OSError:
+        return []
+    return [path]
+
+
 def sweep_stale(directory: str) -> list[str]:
     """Remove fastflip temporaries in ``directory`` whose creating process is gone; return what was removed.
 
-    Only names fastflip makes are touched (``.<x>.fastflip-<pid>-<r>.tmp*`` files and
-    ``fastflip-<kind>-<pid>-<r>`` folders); a temporary of a live process is kept. On a
+    Only names fastflip makes are touched (``.<x>.fastflip-<pid>-<r>.tmp*`` files,
+    ``fastflip-<kind>-<pid>-<r>`` folders and ``.fastflip-<dev>-<ino>.lock`` writer-lock records);
+    a temporary of a live process is kept. On a
     file system shared between machines a pid names a process of this machine only.
     """
     removed: list[str] = []
@@ -181,6 +201,8 @@ def sweep_stale(directory: str) -> list[str]:
     for name in names:
         m = _TEMP_FILE.match(name) or _TEMP_DIR.match(name)
         if m is None:
+            if _LOCK_RECORD.match(name):
+                removed += _sweep_lock_record(os.path.join(directory, name))
             continue
         pid = int(m.group(1))
         if pid == me or pid_alive(pid):

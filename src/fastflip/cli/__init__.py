@@ -72,10 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FastflipError as exc:
         print(f"fastflip {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Terminated) as exc:  # temporaries were removed on the way out
-        print(f"fastflip {args.command}: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}",
-              file=sys.stderr)
-        return 143 if isinstance(exc, Terminated) else 130
+    except KeyboardInterrupt:  # temporaries were removed on the way out
+        print(f"fastflip {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:  # cleanups ran on the way out; now die of the signal as the sender expects
+        print(f"fastflip {args.command}: terminated", file=sys.stderr)
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 143
     except BrokenPipeError:
         return 0
     except Exception as exc:  # the one error path: whatever a damaged input provokes is one line, not a traceback
