@@ -200,12 +200,12 @@ def _check_rates(row: dict[str, str], counts: Counter) -> None:
 def test_campaign_report_files(campaign_report):
     out = Path(campaign_report.out)
     assert campaign_report.kind == "campaign"
-    assert sorted(campaign_report.figures) == ["bits.png", "heatmap.png", "outcomes.png"]
+    assert sorted(campaign_report.figures) == ["bits.png", "drops.png", "heatmap.png", "outcomes.png"]
     for name in campaign_report.figures:
         _check_png(out / name)
-    for name in ("bits.csv", "heatmap.csv", "cells.csv", "margin.csv", "campaign.json"):
+    for name in ("bits.csv", "heatmap.csv", "cells.csv", "margin.csv", "drops.csv", "campaign.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
-    assert _check_page(out) == {"bits.png", "heatmap.png", "outcomes.png"}
+    assert _check_page(out) == {"bits.png", "drops.png", "heatmap.png", "outcomes.png"}
 
 
 def test_campaign_tables_equal_store(store, campaign_report):
@@ -238,6 +238,101 @@ def test_campaign_tables_equal_store(store, campaign_report):
         ns = [sum(c.values()) for c in mine]
         assert int(m["trials"]) == sum(ns)
         assert float(m["max_half_width"]) == pytest.approx(float(np.max(wilson_half_width(fails, ns))), abs=1e-12)
+
+
+F32_CLASS = {**{b: "mantissa" for b in range(23)}, **{b: "exponent" for b in range(23, 31)}, 31: "sign"}
+
+
+def test_store_records_cell_dtypes_and_merge_keeps_them(store, tmp_path):
+    con = sqlite3.connect(store)
+    got = json.loads(con.execute("SELECT value FROM meta WHERE key = 'cell_dtypes'").fetchone()[0])
+    keys = [k for (k,) in con.execute("SELECT key FROM cells")]
+    con.close()
+    assert set(got) == set(keys) and all(v == ["float32"] for v in got.values())
+    from fastflip.store import merge_stores
+
+    merge_stores(str(tmp_path / "m.db"), [store])
+    con = sqlite3.connect(tmp_path / "m.db")
+    assert json.loads(con.execute("SELECT value FROM meta WHERE key = 'cell_dtypes'").fetchone()[0]) == got
+    con.close()
+
+
+def test_report_columns_match_export(store, campaign_report, tmp_path):
+    out = Path(campaign_report.out)
+    assert cli_main(["export", store, "--csv", str(tmp_path / "t.csv")]) == 0
+    export_cols = set(_csv_rows(tmp_path / "t.csv")[0])
+    cells = _csv_rows(out / "cells.csv")
+    shared = {"cell_id", "cell", "bits", "group", "flips", "fault", "epoch"}
+    assert shared <= export_cols and shared <= set(cells[0])
+    assert not {"key", "grp"} & set(cells[0])
+    for r in cells:  # numeric bit where the cell is one position, its class from the recorded dtype
+        assert r["bit"] == (r["bits"] if r["bits"].isdigit() else "")
+        assert r["bit_class"] == (F32_CLASS[int(r["bit"])] if r["bit"] else "")
+    for name in ("bits.csv", "heatmap.csv"):
+        for r in _csv_rows(out / name):
+            assert r["bit"].isdigit() and r["bit_class"] == F32_CLASS[int(r["bit"])]
+
+
+def test_heatmap_failure_rate_counts_hatching_and_bit_classes(store):
+    stats = require("scipy.stats")
+    data = load_campaign_data(store)
+    _, by_group, _, _ = _raw_counts(store)
+    fig = heatmap_figure(data)  # default: the failure rate, DUE included
+    panels = [a for a in fig.axes if a.images]
+    assert len(panels) == 2
+    for ax, cond in zip(panels, data.conditions):
+        grid = ax.images[0].get_array()
+        groups = [t.get_text() for t in ax.get_yticklabels()]
+        bits = [int(t.get_text()) for t in ax.get_xticklabels()]
+        texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text() for t in ax.texts
+                 if "\n" in t.get_text()}
+        for (c, g, b), counts in by_group.items():
+            if c != cond:
+                continue
+            n = sum(counts.values())
+            i, j = groups.index(g), bits.index(b)
+            assert grid[i, j] == pytest.approx((counts["sdc"] + counts["critical"] + counts["due"]) / n)
+            assert texts[(j, i)].split("\n")[1] == str(n)  # the trial count printed in the square
+        assert not [p for p in ax.patches if p.get_hatch()]  # per_cell campaign: no target, nothing hatched
+        labels = [t.get_text() for t in ax.texts if t.get_text() in ("sign", "exponent", "mantissa")]
+        assert labels == [c for c in ("mantissa", "exponent", "sign") if any(F32_CLASS[b] == c for b in bits)]
+        lines = sorted(float(ln.get_xdata()[0]) for ln in ax.lines)
+        want = [bits.index(b) - 0.5 for b in (23, 31) if b in bits and bits.index(b) > 0]
+        assert lines == want
+    data.config["trials"] = {"half_width": 0.05}  # the same data against a precision target
+    fig = heatmap_figure(data)
+    hatched = 0
+    for ax, cond in zip([a for a in fig.axes if a.images], data.conditions):
+        wide = 0
+        for (c, g, b), counts in by_group.items():
+            if c == cond:
+                n = sum(counts.values())
+                k = n - counts["masked"]
+                ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
+                wide += (ci.high - ci.low) / 2 > 0.05
+        assert len([p for p in ax.patches if p.get_hatch()]) == wide
+        hatched += wide
+        assert "hatched: interval wider than ±0.05" in ax.get_title()
+    assert 0 < hatched < sum(1 for _ in by_group)
+
+
+def test_metric_drops_by_bit_class(store, campaign_report):
+    con = sqlite3.connect(store)
+    rows = con.execute("SELECT c.bits, c.flips, c.fault, t.sites, t.delta FROM trials t JOIN cells c USING (cell_id) "
+                       "WHERE t.delta IS NOT NULL").fetchall()
+    con.close()
+    want = defaultdict(list)
+    for bits, flips, fault, sites, delta in rows:
+        b = _bit_of(bits, sites)
+        if b is not None:
+            want[(f"fault {fault}, {flips} flip{'s' if flips != 1 else ''}/trial", F32_CLASS[b])].append(delta)
+    got = _csv_rows(Path(campaign_report.out) / "drops.csv")
+    assert {(r["condition"], r["bit_class"]) for r in got} == set(want)
+    for r in got:
+        v = np.array(want[(r["condition"], r["bit_class"])])
+        assert int(r["trials"]) == len(v) and int(r["with_drop"]) == int((v > 0).sum())
+        assert float(r["mean_drop"]) == pytest.approx(v.mean()) and float(r["max_drop"]) == v.max()
+        assert float(r["median_drop"]) == pytest.approx(np.median(v))
 
 
 def test_campaign_page_header(store, campaign_report):

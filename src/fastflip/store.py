@@ -313,6 +313,18 @@ class ResultStore:
     def writable(self) -> bool:
         return self._lock is not None
 
+    def meta_value(self, key: str) -> str | None:
+        """A value of the ``meta`` table (None when absent), e.g. ``cell_dtypes``."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a value of the ``meta`` table (``cell_dtypes``: JSON cell key → dtype names of its tensors)."""
+        if not self.writable:
+            raise StoreError(f"store {self.path} is open read-only; cannot set {key}")
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
     # ------------------------------------------------------------------ content
     def cells(self) -> list[dict[str, Any]]:
         """The campaign's cells in cell_id order (dicts of the ``cells`` columns)."""
@@ -521,10 +533,13 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
         config = first.config
         hashes = first.input_hashes
         chash = first.config_hash
+        dtypes = first.meta_value("cell_dtypes")
     finally:
         for st in opened:
             st.close()
     dst = ResultStore.create(out, config, cells, input_hashes=hashes, chash=chash)
+    if dtypes is not None:
+        dst.set_meta("cell_dtypes", dtypes)
     duplicates = 0
     try:
         conn = dst.conn

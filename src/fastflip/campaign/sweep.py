@@ -26,6 +26,7 @@ equal to an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -87,10 +88,13 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def campaign_cells(campaign: Campaign, *, with_hashes: bool = False) -> Any:
+def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
+                   dtypes: dict[str, list[str]] | None = None) -> Any:
     """Expand the campaign's grid against its target (reads layouts or calls the factory once).
 
     With ``with_hashes=True`` returns ``(cells, input_hashes)`` from that same call.
+    ``dtypes``, when given, is filled with each cell's key → the dtype names of its
+    tensors (what the report needs to draw sign / exponent / mantissa boundaries).
     """
     epochs: list[int | None] = list(campaign.cells.epochs) if campaign.cells.epochs else [None]
     obj = None
@@ -100,6 +104,9 @@ def campaign_cells(campaign: Campaign, *, with_hashes: bool = False) -> Any:
     else:
         by_epoch = {e: target_tensors(campaign, e) for e in epochs}
     cells = expand_cells(campaign, by_epoch)
+    if dtypes is not None:
+        dtype_of = {t.path: str(t.dtype) for ts in by_epoch.values() for t in ts}
+        dtypes.update({c.key: sorted({dtype_of[n] for n in c.tensors if n in dtype_of}) for c in cells})
     if with_hashes:
         return cells, input_hashes(campaign, obj)
     return cells
@@ -136,12 +143,14 @@ def open_or_create(
         return st, campaign, cells, planned
     if campaign is None:
         raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
-    cells, hashes = campaign_cells(campaign, with_hashes=True)
+    dtypes: dict[str, list[str]] = {}
+    cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
     planned = planned_counts(campaign, cells)
     st = ResultStore.create(
         store_path, campaign.to_dict(), [c.row(n) for c, n in zip(cells, planned)],
         input_hashes=hashes, shard=shard, chash=config_hash(campaign.definition()),
     )
+    st.set_meta("cell_dtypes", json.dumps(dtypes, sort_keys=True))
     return st, campaign, cells, planned
 
 

@@ -6,7 +6,8 @@ figures come back as matplotlib figures for notebooks::
     from fastflip import report
     data = report.load_campaign_data("results.db")   # aggregated in SQL
     report.bit_figure(data)                          # outcome rate per bit, Wilson intervals
-    report.heatmap_figure(data)                      # bit × layer/tensor/role SDC rate
+    report.heatmap_figure(data)                      # bit × layer/tensor/role failure rate, counts, classes
+    report.drop_figure(data)                         # metric drop by bit class
     report.outcome_figure(data)                      # outcome breakdown per cell
     exp = report.load_experiment_data("runs/")       # an experiment directory
     report.curve_figure(exp, "accuracy")             # per scenario, against golden
@@ -36,13 +37,21 @@ from .campaign_data import (
     margin_table,
     rate_columns,
 )
-from .experiment_data import ExperimentData, curve_table, load_experiment_data, summary_table
-from .figures import bit_figure, curve_figure, heatmap_figure, outcome_figure, save_png
+from .experiment_data import ExperimentData, curve_table, load_experiment_data, summary_table, tests_table
+from .figures import (
+    bit_figure,
+    curve_figure,
+    drop_figure,
+    heatmap_figure,
+    outcome_figure,
+    run_outcome_figure,
+    save_png,
+)
 
 __all__ = [
     "Report", "write_report", "detect_source",
     "CampaignData", "load_campaign_data", "bit_table", "heatmap_table", "cell_table", "margin_table", "rate_columns",
     "RATE_KINDS",
-    "ExperimentData", "load_experiment_data", "summary_table", "curve_table",
-    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "save_png",
+    "ExperimentData", "load_experiment_data", "summary_table", "curve_table", "tests_table",
+    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "drop_figure", "run_outcome_figure", "save_png",
 ]

@@ -154,14 +154,51 @@ _PCT = "{:.2%}"
 _RATE = "{:.4f}"
 
 
-def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
-    from .figures import bit_figure, heatmap_figure, outcome_figure
+#: Report column names that differ from ``fastflip export``'s, renamed so both read the same.
+_EXPORT_NAMES = {"key": "cell", "grp": "group"}
 
+
+def _export_names(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with ``fastflip export``'s column names and a numeric ``bit`` (None unless one plain position)."""
+    out = []
+    for r in rows:
+        d: dict[str, Any] = {}
+        for k, v in r.items():
+            d[_EXPORT_NAMES.get(k, k)] = v
+            if k == "bits" and "bit" not in r:
+                d["bit"] = int(v) if str(v or "").isdigit() else None
+        out.append(d)
+    return out
+
+
+def _with_classes(rows: Sequence[dict[str, Any]], fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows with ``bit_class`` (sign / exponent / mantissa; empty where the dtype is unknown) after ``bit``."""
+    from .bitclass import bit_class
+
+    out = []
+    for r in rows:
+        d: dict[str, Any] = {}
+        for k, v in r.items():
+            d[k] = v
+            if k == "bit":
+                f = fields.get(r.get("condition"))
+                d["bit_class"] = bit_class(int(v), f) if v is not None else None
+        out.append(d)
+    return out
+
+
+def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
+    from .bitclass import DROP_FIELDS, condition_fields, drop_table
+    from .figures import bit_figure, drop_figure, failure_label, heatmap_figure, outcome_figure, target_half_width
+
+    fields = condition_fields(data)
     bits, heat, cells, margin = bit_table(data), heatmap_table(data), cell_table(data), margin_table(data)
-    _csv(bits, out, "bits.csv", rep)
-    _csv(heat, out, "heatmap.csv", rep)
-    _csv(cells, out, "cells.csv", rep)
+    drops = drop_table(data)
+    _csv(_with_classes(bits, fields), out, "bits.csv", rep)
+    _csv(_with_classes(heat, fields), out, "heatmap.csv", rep)
+    _csv(_with_classes(_export_names(cells), fields), out, "cells.csv", rep)
     _csv(margin, out, "margin.csv", rep)
+    _csv(drops, out, "drops.csv", rep, fields=DROP_FIELDS)
     with atomic_output(os.path.join(out, "campaign.json")) as tmp, open(tmp, "w") as fh:
         json.dump({"name": data.name, "seed": data.seed, "config": data.config, "config_hash": data.config_hash,
                    "fastflip_version": data.fastflip_version, "input_hashes": data.input_hashes,
@@ -170,6 +207,9 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
     _save(bit_figure(data), out, "bits.png", rep)
     _save(heatmap_figure(data), out, "heatmap.png", rep)
     _save(outcome_figure(data), out, "outcomes.png", rep)
+    _save(drop_figure(data), out, "drops.png", rep)
+    hw_target = target_half_width(data)
+    flabel = failure_label(data)
 
     totals = data.totals()
     n = data.n_trials
@@ -219,8 +259,21 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
             "Trials that flip several sites or bits count in their cell only.", ["bits.csv"])
          + H.table(bits, bit_cols)),
         ("Bit × " + data.group_by, H.figure(
-            "heatmap.png", "SDC rate heatmap",
-            f"SDC rate (SDC + critical SDC) per {data.group_by} and bit position; grey: no trials.", ["heatmap.csv"])),
+            "heatmap.png", "failure rate heatmap",
+            f"{flabel[0].upper() + flabel[1:]} per {data.group_by} and bit position; each square prints its rate and "
+            "its number of trials; "
+            + (f"hatched squares have a Wilson interval wider than the target ±{hw_target:g}; " if hw_target else "")
+            + "blue lines: sign / exponent / mantissa boundaries (where the store records dtypes); grey: no trials.",
+            ["heatmap.csv"])),
+        ("Metric drop by bit class", H.figure(
+            "drops.png", "metric drop by bit class",
+            "Distribution of the metric drop (golden − faulty) of single-bit trials per bit class; trials without a "
+            "metric (DUE) are not drawn.", ["drops.csv"])
+         + (H.table(drops, [("condition", "condition", None), ("bit_class", "bit class", None),
+                            ("trials", "trials", "{:,}"), ("with_drop_rate", "dropped", _PCT),
+                            ("mean_drop", "mean drop", _RATE), ("median_drop", "median", _RATE),
+                            ("p90_drop", "90th pct", _RATE), ("max_drop", "max", _RATE),
+                            ("nonfinite", "non-finite", None)]) if drops else "")),
         ("Outcomes per cell", H.figure(
             "outcomes.png", "outcome breakdown per cell",
             "Fractions of masked / SDC / critical SDC / DUE trials per cell.", ["cells.csv"])),

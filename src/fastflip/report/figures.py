@@ -35,7 +35,7 @@ from .experiment_data import ExperimentData, curve_table, load_experiment_data, 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "run_outcome_figure", "save_png", "short_labels",
+__all__ = ["bit_figure", "heatmap_figure", "failure_label", "target_half_width", "drop_figure", "outcome_figure", "curve_figure", "run_outcome_figure", "save_png", "short_labels",
            "OUTCOME_COLOURS", "MAX_CELL_BARS"]
 
 OUTCOME_COLOURS = {"masked": "#4daf4a", "sdc": "#ff7f00", "critical": "#e41a1c", "due": "#6a3d9a"}
@@ -94,8 +94,11 @@ def save_png(fig: "Figure", path: str | os.PathLike[str], dpi: int = 100) -> str
 
 def bit_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     """Rate of each outcome per bit position, with Wilson intervals; one panel per condition."""
+    from .bitclass import condition_fields
+
     data = _campaign(data)
     rows = bit_table(data)
+    fields = condition_fields(data)
     conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)] or ["(no single-bit trials)"]
     nbits = max((r["bit"] for r in rows), default=31) + 1
     fig = _figure(min(18.0, max(7.0, 0.28 * nbits + 2.5)), 3.6 * len(conds))
@@ -127,16 +130,54 @@ def bit_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
         ax.set_ylabel("rate (95% Wilson interval)" if abs(data.confidence - 0.95) < 1e-9
                       else f"rate ({data.confidence:g} Wilson interval)")
         n = sum(r["trials"] for r in mine)
-        ax.set_title(f"{data.name}: outcome rate by bit position — {cond}, {n:,} trials", fontsize=10)
+        ax.set_title(f"{data.name}: outcome rate by bit position — {cond}, {n:,} trials", fontsize=10, pad=14)
+        if fields.get(cond) is not None:
+            _draw_classes(ax, fields[cond], list(range(nbits)), heat=False)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     return fig
 
 
-def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "sdc_total") -> "Figure":
-    """Bit × group heatmap of a rate (default the SDC rate, ``sdc + critical``); one panel per condition.
+def failure_label(data: CampaignData) -> str:
+    """``failure rate (sdc + critical + due)``: the failure classes the campaign counts."""
+    fail = getattr(data, "failure", None) or ("sdc", "critical", "due")
+    return f"failure rate ({' + '.join(OUTCOME_LABELS.get(f, f) for f in fail)})"
 
-    ``kind`` is one of :data:`fastflip.report.campaign_data.RATE_KINDS`. Grey squares
-    are (group, bit) pairs without trials.
+
+def target_half_width(data: CampaignData) -> float | None:
+    """The precision the campaign aimed at: ``[trials] half_width`` or ``margin`` (None with ``per_cell``)."""
+    tr = data.config.get("trials") or {}
+    for k in ("half_width", "margin"):
+        if tr.get(k) is not None:
+            return float(tr[k])
+    return None
+
+
+def _draw_classes(ax: Any, fields: Any, positions: Sequence[int], *, heat: bool) -> None:
+    """Sign / exponent / mantissa boundaries and labels on a bit axis (bit positions or heatmap columns)."""
+    from .bitclass import class_spans
+
+    pos = list(positions)
+    if not pos:
+        return
+    for name, lo, hi in class_spans(fields):
+        inside = [i for i, b in enumerate(pos) if lo <= b <= hi] if heat else [b for b in pos if lo <= b <= hi]
+        if not inside:
+            continue
+        x0, x1 = min(inside) - 0.5, max(inside) + 0.5
+        if lo > 0 and (heat and min(inside) > 0 or not heat):
+            ax.axvline(x0, color="#1f78b4", lw=1.6, ls="-" if heat else "--", alpha=0.9, zorder=4)
+        ax.text((x0 + x1) / 2, 1.01, name, transform=ax.get_xaxis_transform(), ha="center", va="bottom",
+                fontsize=7, color="#1f78b4")
+
+
+def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "failure") -> "Figure":
+    """Bit × group heatmap of a rate (default the failure rate as the campaign defines it, DUE included).
+
+    One panel per condition. Each square prints its rate and trial count; squares
+    whose Wilson half-width (of that rate) is wider than the campaign's target
+    (``[trials] half_width`` or ``margin``) are hatched; grey squares have no trials.
+    Sign / exponent / mantissa boundaries are drawn where the store records the
+    cells' dtypes. ``kind`` is one of :data:`fastflip.report.campaign_data.RATE_KINDS`.
     """
     from .campaign_data import RATE_KINDS
 
@@ -144,28 +185,38 @@ def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "s
         from ..errors import OptionError
 
         raise OptionError(f"heatmap kind must be one of {', '.join(RATE_KINDS)}, got {kind!r}")
+    from .bitclass import condition_fields
+
     data = _campaign(data)
     rows = heatmap_table(data)
+    fields = condition_fields(data)
+    target = target_half_width(data)
     conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)] or ["(no single-bit trials)"]
     groups: list[str] = []
     for r in rows:
         if r["group"] not in groups:
             groups.append(r["group"])
     bits = sorted({r["bit"] for r in rows})
-    height = min(40.0, max(2.8, 0.28 * len(groups) + 1.8))
-    fig = _figure(min(18.0, max(6.5, 0.32 * len(bits) + 0.12 * max((len(g) for g in groups), default=4) + 2.5)),
+    height = min(40.0, max(3.0, 0.34 * len(groups) + 2.0))
+    fig = _figure(min(20.0, max(6.5, 0.42 * len(bits) + 0.12 * max((len(g) for g in groups), default=4) + 2.5)),
                   height * len(conds))
     axes = fig.subplots(len(conds), 1, squeeze=False)[:, 0]
-    label = {"sdc_total": "SDC rate (SDC + critical SDC)", "failure": "failure rate (not masked)"}.get(
+    label = failure_label(data) if kind == "failure" else {"sdc_total": "SDC rate (SDC + critical SDC)"}.get(
         kind, f"{OUTCOME_LABELS.get(kind, kind)} rate")
     from matplotlib import colormaps
+    from matplotlib.patches import Rectangle
 
     cmap = colormaps["magma_r"].with_extremes(bad="#d9d9d9")
     for ax, cond in zip(axes, conds):
         grid = np.full((len(groups), len(bits)), np.nan)
+        trials = np.zeros((len(groups), len(bits)), dtype=np.int64)
+        wide = np.zeros((len(groups), len(bits)), dtype=bool)
         for r in rows:
             if r["condition"] == cond:
-                grid[groups.index(r["group"]), bits.index(r["bit"])] = r[f"{kind}_rate"]
+                i, j = groups.index(r["group"]), bits.index(r["bit"])
+                grid[i, j] = r[f"{kind}_rate"]
+                trials[i, j] = r["trials"]
+                wide[i, j] = target is not None and (r[f"{kind}_high"] - r[f"{kind}_low"]) / 2 > target + 1e-12
         if not bits:
             ax.text(0.5, 0.5, "no trial has a single bit position", ha="center", va="center", transform=ax.transAxes)
             ax.set_axis_off()
@@ -174,17 +225,30 @@ def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "s
                        interpolation="nearest")
         ax.set_xticks(range(len(bits)), [str(b) for b in bits], fontsize=7)
         ax.set_yticks(range(len(groups)), groups, fontsize=7)
-        ax.set_xlabel("bit position")
+        ax.set_xlabel("bit position (0 = least significant)")
         ax.set_ylabel(data.group_by if data.group_by != "none" else "")
-        ax.set_title(f"{data.name}: {label} — {cond}", fontsize=10)
-        if grid.size <= 600:
-            for i in range(grid.shape[0]):
-                for j in range(grid.shape[1]):
-                    v = grid[i, j]
-                    if not math.isnan(v):
-                        ax.text(j, i, f"{v:.2f}"[1:] if 0 < v < 1 else f"{v:.0f}", ha="center", va="center",
-                                fontsize=6, color="white" if v > 0.55 else "black")
-        fig.colorbar(im, ax=ax, label=label, shrink=0.9)
+        notes = []
+        if target is not None:
+            notes.append(f"hatched: interval wider than ±{target:g}")
+        if fields.get(cond) is None:
+            notes.append("bit classes unknown (dtype not recorded or mixed)")
+        ax.set_title(f"{data.name}: {label} — {cond}" + ("\n" + "; ".join(notes) if notes else ""), fontsize=9,
+                     pad=14)
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                v = grid[i, j]
+                if math.isnan(v):
+                    continue
+                if wide[i, j]:
+                    ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="////", lw=0,
+                                           edgecolor="#808080" if v <= 0.55 else "#bfbfbf", zorder=3))
+                if grid.size <= 900:
+                    txt = (f"{v:.2f}"[1:] if 0 < v < 1 else f"{v:.0f}") + f"\n{trials[i, j]}"
+                    ax.text(j, i, txt, ha="center", va="center", fontsize=5.5, linespacing=0.9,
+                            color="white" if v > 0.55 else "black", zorder=5)
+        if fields.get(cond) is not None:
+            _draw_classes(ax, fields[cond], bits, heat=True)
+        fig.colorbar(im, ax=ax, label="rate" if kind != "failure" else "failure rate", shrink=0.9)
     return fig
 
 
@@ -308,4 +372,55 @@ def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figu
     ax.set_title(f"{data.name}: outcomes per scenario (failure = {fail})", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
+    return fig
+
+
+def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
+    """Distribution of the metric drop (golden − faulty) of single-bit trials by bit class, per condition.
+
+    Box plots (median, quartiles, 5–95% whiskers) with every trial as a dot; the
+    label under each box gives the trials and the share that dropped at all. Trials
+    whose metric was NaN/Inf are counted on the label, not drawn. Needs the dtypes the
+    store records (older stores get a panel that says so).
+    """
+    from .bitclass import BIT_CLASSES, drop_values
+
+    data = _campaign(data)
+    values = drop_values(data)
+    conds = [c for c in data.conditions if any(k[0] == c for k in values)]
+    fig = _figure(7.5, 3.4 * max(1, len(conds)))
+    axes = fig.subplots(max(1, len(conds)), 1, squeeze=False)[:, 0]
+    if not conds:
+        axes[0].text(0.5, 0.5, "no single-bit trial with a recorded metric and known bit classes\n"
+                     "(the store records dtypes from this fastflip on)", ha="center", va="center",
+                     transform=axes[0].transAxes)
+        axes[0].set_axis_off()
+        return fig
+    rng = np.random.default_rng(0)  # jitter only
+    colours = {"sign": "#1b9e77", "exponent": "#d95f02", "mantissa": "#7570b3"}
+    for ax, cond in zip(axes, conds):
+        classes = [c for c in BIT_CLASSES[::-1] if (cond, c) in values]  # mantissa, exponent, sign
+        finite = []
+        labels = []
+        for cls in classes:
+            arr = np.asarray(values[(cond, cls)], dtype=np.float64)
+            fin = arr[np.isfinite(arr)]
+            finite.append(fin)
+            share = float((fin > 0).sum() / arr.size) if arr.size else 0.0
+            labels.append(f"{cls}\n{arr.size:,} trials, {share:.1%} dropped"
+                          + (f"\n{arr.size - fin.size} non-finite" if arr.size > fin.size else ""))
+        pos = np.arange(len(classes))
+        ax.boxplot([f if f.size else np.array([np.nan]) for f in finite], positions=pos, widths=0.5, whis=(5, 95),
+                   showfliers=False, medianprops={"color": "black"})
+        for x, cls, fin in zip(pos, classes, finite):
+            ax.scatter(x + rng.uniform(-0.18, 0.18, fin.size), fin, s=6, alpha=0.35, color=colours[cls], lw=0,
+                       zorder=3)
+        ax.set_xticks(pos, labels, fontsize=8)
+        ax.axhline(0, color="gray", lw=0.8)
+        allv = np.concatenate(finite) if finite else np.array([])
+        if allv.size and np.nanmax(np.abs(allv)) > 0:
+            ax.set_yscale("symlog", linthresh=max(1e-3, float(np.nanmax(np.abs(allv))) * 1e-3))
+        ax.set_ylabel("metric drop (golden − faulty)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_title(f"{data.name}: metric drop by bit class — {cond}", fontsize=10)
     return fig
