@@ -14,8 +14,9 @@ Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
   tensor such as ``"float32"``, or ``"ndarray"``, ``"group"``, ``"value"``);
 - every ``torch.Tensor`` is a dataset of the same shape and dtype (0-d tensors such
   as ``num_batches_tracked`` or Adam's ``step`` are scalar datasets), stored
-  contiguous and uncompressed unless asked; ``bfloat16`` has no NumPy dtype and is
-  stored as its ``uint16`` words with the attribute ``torch_dtype = "bfloat16"``;
+  contiguous and uncompressed unless asked; ``bfloat16`` and the float8 types have no
+  NumPy dtype and are stored as their ``uint16``/``uint8`` words with the attribute
+  ``torch_dtype`` naming them (``"bfloat16"``, ``"float8_e4m3fn"``, ...);
 - every NumPy array is a dataset with the attribute ``torch_dtype = "ndarray"``;
 - every other value (numbers, strings, ``None``, lists, tuples, mappings inside
   lists such as an optimizer's ``param_groups``) is a JSON attribute of its
@@ -68,6 +69,9 @@ FORMAT_VERSION = 1
 _KEYS_ATTR = "fastflip_keys"
 _KINDS_ATTR = "fastflip_kinds"
 _DTYPE_ATTR = "torch_dtype"
+# torch dtypes without a NumPy dtype, stored as their unsigned words
+_WORD_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "float8_e4m3fnuz": "uint8",
+                "float8_e5m2fnuz": "uint8"}
 
 
 # ---------------------------------------------------------------------------- JSON values
@@ -144,7 +148,8 @@ def _write_group(group: Any, state: Mapping, where: str, compression: str | None
         if isinstance(value, torch.Tensor):
             t = value.detach().cpu().contiguous()
             kind = str(t.dtype).replace("torch.", "")
-            arr = t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+            words = _WORD_DTYPES.get(kind)  # no NumPy dtype: stored as unsigned words
+            arr = t.view(getattr(torch, words)).numpy() if words else t.numpy()
         elif isinstance(value, np.ndarray):
             kind, arr = "ndarray", value
         elif isinstance(value, Mapping):
@@ -155,7 +160,7 @@ def _write_group(group: Any, state: Mapping, where: str, compression: str | None
             group.attrs[name] = json.dumps(_encode(value, here))
         if kind not in ("group", "value"):
             _create_dataset(group, name, arr, compression)
-            if kind in ("bfloat16", "ndarray"):  # not told by the stored dtype alone
+            if kind in _WORD_DTYPES or kind == "ndarray":  # not told by the stored dtype alone
                 group[name].attrs[_DTYPE_ATTR] = kind
         keys.append([name, ktype])
         kinds.append(kind)
@@ -223,8 +228,8 @@ def _to_tensor(arr: np.ndarray, tname: str, where: str) -> Any:
 
     if tname == "ndarray":
         return arr
-    if tname == "bfloat16":
-        return torch.from_numpy(arr.view(np.uint16)).view(torch.bfloat16)
+    if tname in _WORD_DTYPES:
+        return torch.from_numpy(arr.view(_WORD_DTYPES[tname])).view(getattr(torch, tname))
     tensor = torch.from_numpy(arr)
     if tname == "tensor":
         return tensor

@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("replay", "replay_cmd"),
     ("revert", "revert_cmd"),
     ("diff", "diff_cmd"),
+    ("convert", "convert_cmd"),
     ("log", "log_cmd"),
     ("experiment", "experiment_cmd"),
     ("plan", "plan_cmd"),

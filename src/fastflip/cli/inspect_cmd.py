@@ -1,4 +1,5 @@
-"""``fastflip inspect FILE``: list the tensors of an HDF5 checkpoint (paths, dtypes, storage, roles)."""
+"""``fastflip inspect FILE``: list the tensors of a checkpoint — HDF5, torch.save, safetensors, .npy/.npz —
+(paths, dtypes, storage, roles)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         "inspect",
-        help="list the tensors of an HDF5 file",
+        help="list the tensors of a checkpoint (HDF5, torch.save, safetensors, npy/npz)",
         description="List every numeric dataset once (aliases merged) with dtype, shape, storage, "
         "framework role, and the datasets fastflip skips with the reason.",
     )
-    p.add_argument("file", help="HDF5 file (opened read-only)")
+    p.add_argument("file", help="checkpoint file, format detected by content (opened read-only)")
     p.add_argument("--json", action="store_true", help="print the layout as JSON")
     add_selection_arguments(p)
     return p
