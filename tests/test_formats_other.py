@@ -138,3 +138,17 @@ def test_truncated_npy(tmp_path):
     with pytest.raises(FormatError, match="past the end"):
         inject_file(p, str(tmp_path / "o.npy"), seed=1)
     assert not os.path.exists(tmp_path / "o.npy")
+
+
+def test_diff_and_log_on_raw_formats(tmp_path, capsys):
+    from fastflip.diff import diff_files
+
+    p = str(tmp_path / "w.npz")
+    np.savez(p, a=np.ones((10, 10), "<f4"), b=np.arange(7, dtype=">i4"))
+    out = str(tmp_path / "o.npz")
+    res = inject_file(p, out, seed=3, count=6, bits="sign")
+    r = diff_files(p, out)
+    assert sum(t.n_diff for t in r.tensors) == res.counts["changed"] == 6
+    assert main(["diff", p, out]) == 1
+    assert main(["log", res.log_path]) == 0
+    assert "/a" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Compare two HDF5 checkpoints tensor by tensor, bit by bit.
+"""Compare two checkpoints (HDF5, torch.save, safetensors, npy/npz) tensor by tensor, bit by bit.
 
 Tensors are matched by path (any alias). For each pair the raw stored words are
 compared, so a changed NaN payload or ``0.0`` → ``-0.0`` counts as a difference.
@@ -20,6 +20,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -300,6 +301,17 @@ def _selected(layout: Layout, selection: Selection | None) -> list[Tensor]:
     return [t for t in layout.tensors if selection.matches(t)]
 
 
+@contextlib.contextmanager
+def _datasets(layout: Layout) -> Iterator[Any]:
+    """A function tensor → sliceable array: h5py datasets for HDF5, read-only memory maps for raw formats
+    (torch.save, safetensors, npy/npz: every tensor is contiguous at a byte offset)."""
+    if layout.format != "hdf5":
+        yield lambda t: np.memmap(layout.file, dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
+        return
+    with open_h5(layout.file) as f:
+        yield lambda t: f[t.path]
+
+
 def diff_files(
     a: str | os.PathLike[str],
     b: str | os.PathLike[str],
@@ -339,7 +351,7 @@ def diff_files(
     b_by_alias = {alias: t for t in tb for alias in t.aliases}
     result = DiffResult(a=pa, b=pb)
     matched_b: set[str] = set()
-    with open_h5(pa) as fa, open_h5(pb) as fb:
+    with _datasets(la) as fa, _datasets(lb) as fb:
         for t in ta:
             other = next((b_by_alias[x] for x in t.aliases if x in b_by_alias), None)
             if other is None:
@@ -351,7 +363,7 @@ def diff_files(
                 result.tensors.append(TensorDiff(t.path, t.dtype.str, t.shape, t.size, note=note))
                 continue
             acc = _Acc(t.itemsize * 8, oldtool)
-            da, db = fa[t.path], fb[other.path]
+            da, db = fa(t), fb(other)
             for sl in iter_blocks(t.shape, t.itemsize, max(1, block_bytes // 2)):
                 acc.add(np.asarray(da[sl]), np.asarray(db[sl]))
             result.tensors.append(acc.result(t))

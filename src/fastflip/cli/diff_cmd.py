@@ -17,7 +17,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
         "diff",
-        help="compare two HDF5 files bit by bit",
+        help="compare two checkpoints bit by bit (HDF5, torch.save, safetensors, npy/npz)",
         description="Compare the stored words of every tensor (matched by path) of two HDF5 files: "
         "differing elements, histogram of flipped bit positions (bit 0 = LSB), largest absolute and "
         "relative change, new NaN/Inf. Exit 0 when identical, 1 when they differ, 2 on error.",
