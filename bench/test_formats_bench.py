@@ -1,0 +1,157 @@
+"""Benchmarks of issue 15: chunk-level HDF5 patching and the torch.save / safetensors raw path.
+
+Run: ``pytest bench/test_formats_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds -s``
+
+Files are built under a temporary directory by the frameworks themselves (h5py with gzip chunks,
+``torch.save``, ``safetensors.torch.save_file``) and deleted when the module finishes:
+
+* HDF5, gzip level 4, 256 KiB chunks (64 × 1024 float32): 50 MB (3 tensors) and 800 MB (48 tensors);
+* a 1 GiB ``torch.save`` file and a 1 GiB safetensors file (16 float32 tensors of 4096 × 4096).
+
+Figures: 10 flips into each HDF5 file (in place, the campaign fast path; and to a new file), the
+same through h5py's whole-chunk read-modify-write (chunk patching switched off) for comparison,
+peak RSS of a fresh process doing it, 100k flips end to end into the 1 GiB files against ``cp``,
+and the 1-flip in-place latency per format.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from fastflip.inject import inject_file
+
+ROUNDS = 3
+CHUNKS = (64, 1024)
+
+
+def _h5(path: str, n_tensors: int) -> None:
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        for i in range(n_tensors):
+            a = (rng.standard_normal((4096, 1024), dtype=np.float32) * 0.02)
+            f.create_dataset(f"model/layer{i}.weight", data=a, chunks=CHUNKS, compression="gzip", compression_opts=4)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("formats_bench")
+    out = {"dir": str(d)}
+    t0 = time.perf_counter()
+    for name, n in (("h5_50", 3), ("h5_800", 48)):
+        out[name] = str(d / f"{name}.h5")
+        _h5(out[name], n)
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(0)
+    sd = {f"layer{i}.weight": torch.randn(4096, 4096, generator=g) for i in range(16)}
+    out["pt"] = str(d / "model.pt")
+    torch.save(sd, out["pt"])
+    out["st"] = str(d / "model.safetensors")
+    st.save_file(sd, out["st"])
+    del sd
+    print(f"\nbuilt files in {time.perf_counter() - t0:.0f} s:",
+          {k: f"{os.path.getsize(v) / 1e6:.0f} MB" for k, v in out.items() if k != "dir"})
+    yield out
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _fresh(path: str, d: str) -> str:
+    work = os.path.join(d, "work" + os.path.splitext(path)[1])
+    shutil.copyfile(path, work)
+    return work
+
+
+@pytest.mark.parametrize("size", ["h5_50", "h5_800"])
+def test_h5_10_flips_in_place(benchmark, files, size):
+    work = _fresh(files[size], files["dir"])
+    seeds = iter(range(1000))
+    benchmark.pedantic(lambda: inject_file(work, in_place=True, atomic=False, seed=next(seeds), count=10,
+                                           log_path=False, hash_files=False), rounds=ROUNDS, iterations=1)
+    os.unlink(work)
+
+
+@pytest.mark.parametrize("size", ["h5_50", "h5_800"])
+def test_h5_10_flips_new_file(benchmark, files, size):
+    out = os.path.join(files["dir"], "out.h5")
+    seeds = iter(range(1000))
+    benchmark.pedantic(lambda: inject_file(files[size], out, seed=next(seeds), count=10, log_path=False),
+                       rounds=ROUNDS, iterations=1)
+    os.unlink(out)
+
+
+@pytest.mark.parametrize("size", ["h5_50", "h5_800"])
+def test_h5_10_flips_new_file_h5py_path(benchmark, files, size, monkeypatch):
+    """The path before chunk patching (h5py whole-chunk rewrite + byte diff of the files), for comparison."""
+    from fastflip import h5chunks, inject
+
+    monkeypatch.setattr(inject, "chunk_patches", lambda *a: h5chunks.ChunkPatches())
+    out = os.path.join(files["dir"], "out.h5")
+    seeds = iter(range(1000))
+    benchmark.pedantic(lambda: inject_file(files[size], out, seed=next(seeds), count=10, log_path=False),
+                       rounds=2, iterations=1)
+    os.unlink(out)
+
+
+_RSS = """
+import resource, sys
+from fastflip.inject import inject_file
+src, mode = sys.argv[1], sys.argv[2]
+if mode == "in-place":
+    inject_file(src, in_place=True, atomic=False, seed=7, count=10, log_path=False, hash_files=False)
+else:
+    inject_file(src, src + ".out", seed=7, count=10)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+@pytest.mark.parametrize("mode", ["in-place", "new-file"])
+def test_h5_800_peak_rss(benchmark, files, mode):
+    work = _fresh(files["h5_800"], files["dir"])
+    rss = []
+
+    def run():
+        r = subprocess.run([sys.executable, "-c", _RSS, work, mode], capture_output=True, text=True, check=True)
+        rss.append(int(r.stdout.split()[-1]))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info["peak_rss_mb"] = max(rss)
+    print(f"\npeak RSS, 10 flips into 800 MB gzip HDF5, {mode}: {max(rss)} MB")
+    for p in (work, work + ".out", work + ".out.fflog"):
+        if os.path.exists(p):
+            os.unlink(p)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "st"])
+def test_cp_baseline(benchmark, files, fmt):
+    out = os.path.join(files["dir"], "cp.out")
+    benchmark.pedantic(lambda: subprocess.run(["cp", files[fmt], out], check=True), rounds=ROUNDS, iterations=1)
+    os.unlink(out)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "st"])
+def test_100k_flips_new_file(benchmark, files, fmt):
+    out = os.path.join(files["dir"], "out." + fmt)
+    seeds = iter(range(1000))
+    benchmark.pedantic(lambda: inject_file(files[fmt], out, seed=next(seeds), count=100_000), rounds=ROUNDS,
+                       iterations=1)
+    for p in (out, out + ".fflog"):
+        os.unlink(p)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "st", "h5_800"])
+def test_1_flip_in_place_latency(benchmark, files, fmt):
+    work = _fresh(files[fmt], files["dir"])
+    seeds = iter(range(10_000))
+    inject_file(work, in_place=True, atomic=False, seed=0, count=1, log_path=False, hash_files=False)  # layout walk
+    benchmark.pedantic(lambda: inject_file(work, in_place=True, atomic=False, seed=next(seeds), count=1,
+                                           log_path=False, hash_files=False), rounds=20, iterations=1)
+    os.unlink(work)
