@@ -271,3 +271,18 @@ def test_cli_inspect_and_inject(tmp_path, capsys):
     diff = sum(int((back[k] != v).sum()) for k, v in m.state_dict().items() if v.dtype.is_floating_point)
     assert 0 < diff <= 20  # emb/head are tied: a flip there shows under both keys
     assert sha256_file(p) != sha256_file(o)
+
+
+@pytest.mark.parametrize("keep", [0.02, 0.2, 0.5, 0.8, 0.97, 0.999])
+def test_truncated_anywhere_is_one_line(tmp_path, keep):
+    torch = require("torch")
+    from fastflip.errors import FastflipError
+
+    p = str(tmp_path / "ok.pt")
+    torch.save({"a": torch.ones(1000), "b": torch.arange(50)}, p)
+    data = open(p, "rb").read()
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(FastflipError) as ei:
+        inject_file(str(cut), str(tmp_path / "o.pt"), seed=1, count=3)
+    assert "\n" not in str(ei.value) and not (tmp_path / "o.pt").exists()
