@@ -45,22 +45,35 @@ def _table() -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _zero_powers() -> list[np.ndarray]:
-    """Columns of Z**(2**k), k = 0..63, where Z advances the register over one zero byte."""
+    """Z**(2**k), k = 0..63, as byte tables (4 × 256 words each), where Z advances the register over one
+    zero byte: a matrix times v is the XOR of the tables' entries for v's four bytes."""
     tab = _table()
     e = np.uint64(1) << np.arange(32, dtype=np.uint64)
     cols = tab[(e & np.uint64(0xFF)).astype(np.int64)] ^ (e >> np.uint64(8))  # Z applied to each basis vector
-    out = [cols]
-    for _ in range(63):
-        out.append(_apply(out[-1], out[-1]))  # (Z^m)^2: apply the matrix to its own columns
+    out = []
+    for _ in range(64):
+        out.append(_byte_tables(cols))
+        cols = _apply_cols(cols, cols)  # (Z^m)^2: apply the matrix to its own columns
     return out
 
 
-def _apply(cols: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """GF(2) matrix (columns ``cols``) times each 32-bit vector in ``v``."""
+def _apply_cols(cols: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """GF(2) matrix (columns ``cols``) times each 32-bit vector in ``v`` (bit by bit: for building tables)."""
     r = np.zeros_like(v)
     for j in range(32):
         r ^= np.where((v >> np.uint64(j)) & np.uint64(1), cols[j], np.uint64(0))
     return r
+
+
+def _byte_tables(cols: np.ndarray) -> np.ndarray:
+    b = np.arange(256, dtype=np.uint64)
+    return np.stack([_apply_cols(cols, b << np.uint64(8 * j)) for j in range(4)])
+
+
+def _apply(tables: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The matrix of ``tables`` times each 32-bit vector in ``v``: four lookups and three XORs."""
+    i = v.astype(np.int64)
+    return tables[0][i & 0xFF] ^ tables[1][(i >> 8) & 0xFF] ^ tables[2][(i >> 16) & 0xFF] ^ tables[3][(i >> 24) & 0xFF]
 
 
 def crc_delta(offsets: np.ndarray, deltas: np.ndarray, widths: np.ndarray, length: int) -> int:
@@ -79,14 +92,14 @@ def crc_delta(offsets: np.ndarray, deltas: np.ndarray, widths: np.ndarray, lengt
         step = tab[((v ^ b) & np.uint64(0xFF)).astype(np.int64)] ^ (v >> np.uint64(8))
         v = np.where(live, step, v)
     rest = (length - offsets - widths).astype(np.uint64)
-    for k, cols in enumerate(_zero_powers()):
+    for k, tables in enumerate(_zero_powers()):
         bit = (rest >> np.uint64(k)) & np.uint64(1)
         if not bit.any():
             if not (rest >> np.uint64(k)).any():
                 break
             continue
         at = np.flatnonzero(bit)
-        v[at] = _apply(cols, v[at])
+        v[at] = _apply(tables, v[at])
     return int(np.bitwise_xor.reduce(v))
 
 
