@@ -473,3 +473,78 @@ def test_diff_oldtool_comparator(tmp_path, capsys):
     assert t["/s"]["diff_count"] == 1 and t["/s"]["euclidean_distance"] is None
     rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool")
     assert "diff count" in out and "euclidean" in out
+
+
+def test_console_script_entry_point(ckpt, tmp_path, capsys):
+    from fastflip.cli.hdf5_corrupter_cmd import main as script_main
+
+    h5, _ = ckpt
+    rc = script_main(["--hdf5File", str(h5), "--injectionTries", "4", "--injectionType", "count",
+                      "--useRandomLocations", "--floatPrecision", "auto", "-o", str(tmp_path / "s.h5"), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["attempts"] == 4, err
+
+
+@pytest.mark.framework
+def test_pytorch_checkpoint_as_users_make_it(tmp_path, capsys):
+    """A real PyTorch model (a subclass with nesting and BatchNorm, its int64 counters and momentum buffers),
+    saved with fastflip.torch, corrupted with the older tool's PyTorch-style config, loaded back."""
+    torch = require("torch")
+    from fastflip.torch import load_checkpoint, save_checkpoint
+
+    class Block(torch.nn.Module):
+        def __init__(self, cin: int) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(cin, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return torch.relu(self.bn(self.conv(x)))
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer1 = torch.nn.Sequential(Block(3), Block(4))
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.layer1(x).mean((2, 3)))
+
+    torch.manual_seed(0)
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        opt.zero_grad()
+        net(torch.randn(2, 3, 9, 9)).sum().backward()
+        opt.step()
+    ck = save_checkpoint(tmp_path / "ck.h5", net, opt, epoch=3)
+    cfg = write_yaml(tmp_path / "config-pytorch.yaml", f"""\
+hdf5_file: "{ck}"
+log_file_path: "/tmp/log-"
+injection_probability: 1
+injection_type: "count"
+injection_tries: 300
+float_precision: 32
+first_bit: 1
+last_bit: 8
+allow_sign_change: True
+allow_NaN_values: False
+save_injection_sequence: True
+use_random_locations: False
+locations_to_corrupt:
+  - "/model/layer1.0.bn."
+  - "/model/layer1.1.bn.num_batches_tracked"
+  - "/model/fc.weight"
+""")
+    rc, out, err = run(capsys, "inject", "--config", str(cfg), "-o", str(tmp_path / "bad.h5"), "--seed", "9", "--json")
+    assert rc == 0, err
+    seq = json.loads((tmp_path / "bad.h5.sequence.json").read_text())
+    assert sum(len(v) for v in seq.values()) == 300
+    before, after = read_all(ck), read_all(tmp_path / "bad.h5")
+    counter = "/model/layer1.1.bn.num_batches_tracked"
+    assert before[counter] == 3 and 0 <= int(after[counter]) < 4  # digits of 3 ('11'): it stays in 0..3
+    changed = {k for k in before if not same_words(before[k], after[k])}
+    assert changed and changed <= {k for k in before if k.startswith(("/model/layer1.0.bn.", counter, "/model/fc.weight"))}
+    assert all(np.isfinite(after[k]).all() for k in changed if after[k].dtype.kind == "f")
+    state = load_checkpoint(tmp_path / "bad.h5", net, opt)  # loads back into the model and optimizer
+    assert state["epoch"] == 3
