@@ -471,8 +471,11 @@ def test_diff_oldtool_comparator(tmp_path, capsys):
     rel = [abs(q - p) / p if p else math.inf for p, q in ne[:2]]
     assert w["relative_diffs"][0] == pytest.approx(rel[0]) and w["relative_diffs"][1] == "inf"
     assert t["/s"]["diff_count"] == 1 and t["/s"]["euclidean_distance"] is None
-    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool")
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/w", "s")
     assert "diff count" in out and "euclidean" in out
+    assert 'for "/w" --- 3 diff count of 5 entries' in out and 'for "/s" --- 1 diff count of 1 entries' in out
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/", "--json")
+    assert json.loads(out)["oldtool_locations"]["/"]["diff_count"] == 4
 
 
 def test_console_script_entry_point(ckpt, tmp_path, capsys):

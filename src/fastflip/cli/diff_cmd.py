@@ -29,6 +29,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--oldtool", action="store_true",
                    help="also report what the older tool's comparator did per dataset: differing entries, their "
                    "%%, Euclidean distance, relative differences |b-a|/a (all of them in --json)")
+    p.add_argument("--locations", nargs="+", metavar="PREFIX",
+                   help="with --oldtool: also sum the figures per location prefix, as its -l option did")
     add_selection_arguments(p)
     return p
 
@@ -98,16 +100,40 @@ def format_oldtool(result: Any, show_all: bool = False) -> str:
                                        "|rel| max", "rel inf/nan"], rows, right=[1, 2, 3, 4, 5, 6, 7, 8])
 
 
+def oldtool_summary(result: Any, prefixes: list[str]) -> dict[str, dict[str, Any]]:
+    """The older comparator's per-location summary: entries, differing entries and their % summed over the
+    datasets whose path starts with each prefix (it printed no distance for a summary)."""
+    out: dict[str, dict[str, Any]] = {}
+    for raw in prefixes:
+        p = "/" + raw.strip().lstrip("/")
+        ts = [t.oldtool for t in result.tensors if t.oldtool is not None and t.path.startswith(p)]
+        entries = sum(o["entries"] for o in ts)
+        diff = sum(o["diff_count"] for o in ts)
+        out[p] = {"datasets": len(ts), "entries": entries, "diff_count": diff,
+                  "diff_percent": 100.0 * diff / entries if entries else 0.0,
+                  "relative_diffs": [x for o in ts for x in o["relative_diffs"]]}
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from ..diff import diff_files
     from ..select import selection_from_args
 
     sel = selection_from_args(args)
     result = diff_files(args.a, args.b, None if sel.is_all else sel, oldtool=args.oldtool)
+    summary = oldtool_summary(result, args.locations) if args.oldtool and args.locations else None
     if args.json:
-        print(result.to_json())
+        import json
+
+        d = result.as_dict()
+        if summary is not None:
+            d["oldtool_locations"] = summary
+        print(json.dumps(d, indent=2))
     else:
         print(format_diff(result, show_all=args.all))
         if args.oldtool:
             print(format_oldtool(result, show_all=args.all))
+        for p, o in (summary or {}).items():
+            print(f"--Summary of comparison for \"{p}\" --- {o['diff_count']} diff count of {o['entries']} entries "
+                  f"in {o['datasets']} dataset(s). Representing {o['diff_percent']:.4g}%")
     return 0 if result.identical else 1
