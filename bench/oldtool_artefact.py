@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from fastflip.compat.oldtool import old_tool_plan
+from fastflip.compat.oldtool import array_reader, old_tool_plan
 from fastflip.oldconfig import OldSettings
 from fastflip.plan import TensorRef
 
@@ -24,7 +24,7 @@ from fastflip.plan import TensorRef
 def measure(precision: int, attempts: int, seed: int) -> dict[str, float]:
     vals = (np.random.default_rng(seed).standard_normal(1_000_000) * 0.05).astype("<f4")
     s = OldSettings(tries=attempts, precision=precision, allow_nan=False, allow_sign_change=False)
-    run = old_tool_plan(s, [TensorRef("/w", "<f4", vals.shape)], lambda t, i: vals[i], seed=seed)
+    run = old_tool_plan(s, [TensorRef("/w", "<f4", vals.shape)], array_reader([vals]), seed=seed)
     p = run.plan
     old = vals[p.index]
     new = (old.view("u4") ^ p.xor_mask.astype("u4")).view("f4")

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from fastflip.compat.oldtool import old_tool_plan
+from fastflip.compat.oldtool import array_reader, old_tool_plan
 from fastflip.compat.run import run_old_settings
 from fastflip.oldconfig import OldSettings
 from fastflip.plan import TensorRef
@@ -24,7 +24,7 @@ SETTINGS = OldSettings(tries=3000, precision=64, first_bit=1, last_bit=8, burst=
 def test_simulate(benchmark):
     vals = (np.random.default_rng(0).standard_normal(1 << 20) * 0.05).astype("<f4")
     refs = [TensorRef("/w", "<f4", vals.shape)]
-    run = benchmark(lambda: old_tool_plan(SETTINGS, refs, lambda t, i: vals[i], seed=1))
+    run = benchmark(lambda: old_tool_plan(SETTINGS, refs, array_reader([vals]), seed=1))
     assert run.attempts == 3000
 
 

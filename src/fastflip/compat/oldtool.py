@@ -27,7 +27,7 @@ Examples
 >>> from fastflip.plan import TensorRef
 >>> s = OldSettings(tries=4, precision=32, first_bit=0, last_bit=0, allow_sign_change=False)
 >>> ts = [TensorRef("/w", "<f4", (8,))]
->>> r = old_tool_plan(s, ts, lambda t, i: np.full(len(i), 2.0, "<f4"), seed=1)
+>>> r = old_tool_plan(s, ts, array_reader([np.full(8, 2.0, "<f4")]), seed=1)
 >>> r.attempts, sorted({hex(int(x)) for x in r.plan.xor_mask} - {'0x0'})
 (4, ['0x80000000'])
 """
@@ -39,19 +39,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..dtypes import to_words
+from ..dtypes import from_words, to_words
 from ..errors import NaNPolicyError, OptionError
 from ..oldconfig import OldSettings
 from ..plan import Plan, TensorRef
 from ..sampling import generator
 
-__all__ = ["OldToolRun", "old_tool_plan", "draw_slots", "flip_float", "flip_int", "MAX_REDRAWS"]
+__all__ = ["OldToolRun", "old_tool_plan", "array_reader", "draw_slots", "flip_float", "flip_int", "MAX_REDRAWS"]
 
 MAX_REDRAWS = 1000  # the older tool recursed without bound (and crashed); fastflip stops and says so
 _FLOATS = {16: np.float16, 32: np.float32, 64: np.float64}
 _UINTS = {16: np.uint16, 32: np.uint32, 64: np.uint64}
 _EXP = {16: 0x7C00, 32: 0x7F800000, 64: 0x7FF0000000000000}
-ReadValues = Callable[[int, np.ndarray], np.ndarray]
+ReadWords = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (tensor ids, flat indices) -> uint64 words
 
 
 @dataclass
@@ -208,15 +208,28 @@ class _Simulator:
         return new, done
 
 
-def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_values: ReadValues, *, seed: int,
+def array_reader(arrays: Sequence[np.ndarray]) -> ReadWords:
+    """A ``read_words`` for :func:`old_tool_plan` over in-memory arrays (one per tensor, in tensor order)."""
+
+    def read(tids: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(idx), np.uint64)
+        for t in np.unique(tids).tolist():
+            at = tids == t
+            out[at] = to_words(np.asarray(arrays[t]).reshape(-1)[idx[at]]).astype(np.uint64)
+        return out
+
+    return read
+
+
+def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_words: ReadWords, *, seed: int,
                   stream: Sequence[int] = (), locations: Sequence[int] | None = None,
                   bases: Sequence[str] | None = None, file_entries: int | None = None,
                   sequence: "dict[str, list[Any]] | None" = None) -> OldToolRun:
     """Simulate the older tool on ``tensors`` and return the plan (see the module docstring).
 
     ``locations`` lists tensor ids as the older tool's location list (default: each tensor once);
-    ``bases`` the location (prefix) each entry came from, for the saved sequence. ``read_values(tensor_id,
-    flat_indices)`` returns stored values. ``sequence`` replays an older tool's injection sequence
+    ``bases`` the location (prefix) each entry came from, for the saved sequence. ``read_words(tensor_ids,
+    flat_indices)`` returns the stored words (native-order uint64) of those elements, all in one call. ``sequence`` replays an older tool's injection sequence
     (``{prefix: [[indexes, bits], ...]}`` or ``{prefix: [bits, ...]}``) instead of drawing attempts.
     """
     rng = generator(seed, stream)
@@ -256,11 +269,10 @@ def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_values: Rea
     keys = np.unique(tid[passed] * (1 << 40) + elem[passed])
     ut, ue = keys >> 40, keys & ((1 << 40) - 1)
     current: dict[int, np.generic] = {}
-    old_words = np.zeros(len(keys), np.uint64)
+    old_words = np.asarray(read_words(ut, ue), np.uint64) if len(keys) else np.zeros(0, np.uint64)
     for t in np.unique(ut).tolist():
         at = np.flatnonzero(ut == t)
-        vals = np.asarray(read_values(int(t), ue[at]))
-        old_words[at] = to_words(vals).astype(np.uint64)
+        vals = from_words(old_words[at], tensors[t].dtype)
         for j, v in zip(at.tolist(), vals):
             current[int(keys[j])] = v
     seq: dict[str, list[Any]] = {}
@@ -273,7 +285,7 @@ def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_values: Rea
             dt = np.dtype(tensors[t].dtype)
             current[k], bits = sim.hit(current[k], dt, given[i])
             corrupted += 1
-        idx = [int(x) for x in np.unravel_index(e, tensors[t].shape)] if tensors[t].shape else []
+        idx = [int(x) for x in np.unravel_index(e, tensors[t].shape)] if tensors[t].shape else [0]
         seq.setdefault(base[i], []).append([idx if s.save_indexes else [], bits])
     new_words = np.zeros(len(keys), np.uint64)
     for t in np.unique(ut).tolist():

@@ -26,7 +26,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dtypes import from_words
 from ..errors import InputFileError, OptionError
 from ..fileio import atomic_output, check_output_dir
 from ..h5target import read_words
@@ -97,14 +96,15 @@ def save_sequence(sequence: dict[str, list[Any]], path: str) -> str:
 
 
 def _reader(src: str, tensors: Sequence[Tensor]) -> Any:
+    """Stored words of (tensor id, element) pairs: one pass over the file (an identity plan read)."""
     by_name = {t.path: t for t in tensors}
+    refs = [t.ref() for t in tensors]
 
-    def read_values(t: int, idx: np.ndarray) -> np.ndarray:
-        ref = tensors[t].ref()
-        probe = Plan.from_sites([ref], np.zeros(len(idx), np.int32), np.asarray(idx, np.int64))
-        return from_words(read_words(src, probe, by_name), ref.dtype)
+    def read(tids: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        probe = Plan.from_sites(refs, np.asarray(tids, np.int32), np.asarray(idx, np.int64))
+        return read_words(src, probe, by_name)
 
-    return read_values
+    return read
 
 
 def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = None, *, in_place: bool = False,
