@@ -7,7 +7,7 @@ import pytest
 
 from conftest import require
 from fastflip import live
-from fastflip.errors import (LogMismatchError, OptionError, PlanMismatchError, ReadOnlyTargetError,
+from fastflip.errors import (SelectionError, LogMismatchError, OptionError, PlanMismatchError, ReadOnlyTargetError,
                              TensorNotFoundError)
 from fastflip.plan import Plan, TensorRef
 from test_kernels import DTYPES, make_plan, random_array, reference
@@ -192,8 +192,9 @@ def test_torch_module_names_match_checkpoint_and_inject_exactly() -> None:
     model.eval()
     tg = live.targets(model)
     state = model.state_dict()
-    assert sorted(r.name for r in tg.refs()) == sorted(f"model/{k}" for k in state)
-    before = {f"model/{k}": v.detach().numpy().copy() for k, v in state.items()}
+    assert sorted(r.name for r in tg.refs()) == sorted(state)  # the framework's own names
+    assert {a for t in tg.tensors for a in t.aliases} == {f"model/{k}" for k in state}  # checkpoint paths
+    before = {k: v.detach().numpy().copy() for k, v in state.items()}
     rng = np.random.default_rng(1)
     plan = make_plan(tg.refs(), rng, per_tensor=5)
     expected, exp_old, exp_new = reference(before, plan)
@@ -202,11 +203,11 @@ def test_torch_module_names_match_checkpoint_and_inject_exactly() -> None:
     log = live.inject(model, plan)
     assert log.new_words.tolist() == exp_new.tolist()
     for k, v in model.state_dict().items():
-        assert v.detach().numpy().tobytes() == expected[f"model/{k}"].tobytes(), k
+        assert v.detach().numpy().tobytes() == expected[k].tobytes(), k
     live.revert(tg, log)
     assert torch.equal(model(x), clean)
     for k, v in model.state_dict().items():
-        assert v.detach().numpy().tobytes() == before[f"model/{k}"].tobytes(), k
+        assert v.detach().numpy().tobytes() == before[k].tobytes(), k
 
 
 @pytest.mark.parametrize("tdtype", ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"])
@@ -229,8 +230,8 @@ def test_torch_tensor_dtypes(tdtype: str) -> None:
 def test_torch_bfloat16_is_skipped_in_models_and_refused_in_mappings() -> None:
     torch = require("torch")
     lin = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    tg = live.targets(lin)
-    assert tg.skipped == ["model/weight", "model/bias"] and len(tg) == 0
+    with pytest.raises(SelectionError, match="left out: weight, bias"):  # nothing left: one clear error
+        live.targets(lin)
     with pytest.raises(OptionError, match="bfloat16"):
         live.targets({"w": lin.weight})
 

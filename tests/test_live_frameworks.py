@@ -59,7 +59,7 @@ def test_tf_variables_match_reference(scale: bool) -> None:
         assert v.numpy().tobytes() == arrays[k].tobytes(), k
 
 
-def test_keras_names_are_weights_h5_paths(tmp_path) -> None:
+def test_keras_names_are_layer_paths_with_weights_h5_aliases(tmp_path) -> None:
     h5py = require("h5py")
     model = keras_model()
     path = tmp_path / "m.weights.h5"
@@ -67,16 +67,21 @@ def test_keras_names_are_weights_h5_paths(tmp_path) -> None:
     with h5py.File(path, "r") as f:
         stored = {}
         f.visititems(lambda n, o: stored.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
-    refs = live.tensor_refs(model)
-    names = [r.name for r in refs]
-    assert set(names) == {n for n in stored if not n.startswith("optimizer/")}
-    assert "layers/sequential/layers/dense_1/vars/0" in names  # Keras names by class, not layer name
     tg = live.targets(model)
+    names = [t.name for t in tg.tensors]
+    assert names == [v.path for v in model.weights]  # Keras's own paths, with the user's layer names
+    assert names[:3] == ["c1/kernel", "c1/bias", "bn/gamma"] and "sub/d2/kernel" in names  # nested Sequential
+    aliases = {t.aliases[0] for t in tg.tensors}
+    assert aliases == {n for n in stored if not n.startswith("optimizer/")}  # the .weights.h5 paths
     for t in tg.tensors:
-        assert t.obj.numpy().tobytes() == stored[t.name].tobytes(), t.name
+        assert t.obj.numpy().tobytes() == stored[t.aliases[0]].tobytes(), t.name
+    roles = {t.name: t.role for t in tg.tensors}
+    assert roles["c1/kernel"] == "weight" and roles["c1/bias"] == "bias" and roles["bn/gamma"] == "weight"
+    assert roles["bn/moving_variance"] == "bn-statistic"
+    assert {t.layer for t in tg.tensors} == {"c1", "bn", "sub/d1", "sub/d2"}
     with_opt = live.targets(model, include_optimizer=True)
-    # an optimizer that has not been built stores plain values, not variables: those are skipped
-    assert {t.name for t in with_opt.tensors} | set(with_opt.skipped) == set(stored)
+    extra = {t.name: t.role for t in with_opt.tensors if t.name not in roles}
+    assert extra == {"optimizer/iteration": "step-counter", "optimizer/learning_rate": "other"}
 
 
 def test_keras_model_inject_changes_outputs_and_reverts() -> None:
@@ -84,7 +89,7 @@ def test_keras_model_inject_changes_outputs_and_reverts() -> None:
     x = np.random.default_rng(0).normal(size=(3, 6, 6, 2)).astype(np.float32)
     clean = model.predict(x, verbose=0)
     refs = live.tensor_refs(model)
-    kernel = [j for j, r in enumerate(refs) if r.name == "layers/conv2d/vars/0"][0]
+    kernel = [j for j, r in enumerate(refs) if r.name == "c1/kernel"][0]
     from fastflip.plan import Plan
 
     plan = Plan.from_sites(refs, [kernel], [0], xor_mask=[1 << 30])  # exponent MSB of one conv weight

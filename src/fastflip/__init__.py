@@ -21,7 +21,7 @@ _EXPORTS = {
     "Selection": "select", "select": "select", "BitSpec": "bits", "FaultModel": "faults",
     "SiteSpace": "sampling", "make_plan": "sampling", "Plan": "plan", "TensorRef": "plan",
     "diff_files": "diff", "FastflipError": "errors",
-    "injected": "live", "tensor_refs": "live",
+    "injected": "live", "tensor_refs": "live", "site": "live",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -42,12 +42,14 @@ class BitSpec:
     sign_first: bool = False
 
     @classmethod
-    def parse(cls, spec: "str | Sequence[int | str] | BitSpec | None", *, sign_first: bool = False) -> "BitSpec":
-        """Parse ``"0-22"``, ``"sign,exponent"``, ``[30, 31]`` or ``None`` (all bits)."""
+    def parse(cls, spec: "str | int | Sequence[int | str] | BitSpec | None", *, sign_first: bool = False) -> "BitSpec":
+        """Parse ``"0-22"``, ``"sign,exponent"``, ``[30, 31]``, ``30`` or ``None`` (all bits)."""
         if isinstance(spec, BitSpec):
             return spec
         if spec is None:
             return cls(("all",), sign_first)
+        if isinstance(spec, (int, np.integer)):
+            spec = [int(spec)]
         if isinstance(spec, str):
             raw = [s.strip() for s in spec.split(",")]
         else:
@@ -89,6 +91,15 @@ class BitSpec:
             positions = range(lo, hi + 1)
             out.update((wt.bits - 1 - p) if self.sign_first else p for p in positions)
         return tuple(sorted(out))
+
+    def missing_fields(self, dtype: np.dtype | str) -> tuple[str, ...]:
+        """The named fields of this spec that ``dtype`` lacks (``exponent`` for an integer type).
+
+        >>> BitSpec.parse("exponent-msb").missing_fields("i8"), BitSpec.parse("sign").missing_fields("i8")
+        (('exponent-msb',), ())
+        """
+        fields = word_type(dtype).fields
+        return tuple(it for it in self.items if it in FIELD_NAMES and it not in fields)
 
     def __str__(self) -> str:
         return ",".join(self.items) + (" (sign-first)" if self.sign_first else "")

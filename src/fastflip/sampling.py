@@ -54,7 +54,7 @@ import numpy as np
 
 from .bits import BitSpec
 from .dtypes import word_type
-from .errors import CapacityError, NaNPolicyError, OptionError
+from .errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from .faults import FaultModel, GroupBits, site_masks
 from .plan import Plan, TensorRef, merge_duplicate_elements
 from .wordrule import nonfinite, rule_words, scale_words
@@ -96,6 +96,7 @@ class SiteSpace:
         if not self.tensors:
             raise OptionError("no tensors to sample from")
         self.bits = BitSpec.parse(bits)
+        self.tensors, self.left_out = _with_fields(self.tensors, self.bits)
         self.sizes = np.array([t.size for t in self.tensors], dtype=np.int64)
         if (self.sizes == 0).any():
             empty = [t.name for t, s in zip(self.tensors, self.sizes) if s == 0]
@@ -328,6 +329,8 @@ class SiteSpace:
             plan = self._avoid_nonfinite(plan, rng, model, pairs, replace, pair_uniform, read_words, elem, bit,
                                          max_resample_rounds)
         plan.meta["flips"] = int(_popcount(plan.bits).sum())
+        if self.left_out:
+            plan.meta["left_out"] = dict(self.left_out)
         plan.meta.update({
             "seed": int(seed), "stream": [int(s) for s in stream], "model": model.as_dict(), "bits": list(self.bits.items),
             "sign_first": self.bits.sign_first, "distribution": self.distribution, "replace": bool(replace),
@@ -424,6 +427,34 @@ class SiteSpace:
             nan, inf = nonfinite(new, dtype)
             bad[at] = nan | inf
         return bad
+
+
+def _with_fields(tensors: tuple[TensorRef, ...], bits: BitSpec) -> tuple[tuple[TensorRef, ...], dict[str, Any]]:
+    """Named fields select the tensors that have them: the others are left out (and said so).
+
+    Returns the kept tensors and ``{}`` or ``{"fields": [...], "tensors": [names]}``.
+
+    Raises
+    ------
+    BitRangeError
+        When no tensor has the fields (the message names the tensors and the fix).
+    """
+    missing: dict[str, tuple[str, ...]] = {}
+    for d in dict.fromkeys(t.dtype for t in tensors):
+        m = bits.missing_fields(d)
+        if m:
+            missing[d] = m
+    if not missing:
+        return tensors, {}
+    keep = tuple(t for t in tensors if t.dtype not in missing)
+    out = [t.name for t in tensors if t.dtype in missing]
+    fields = sorted({f for m in missing.values() for f in m})
+    if not keep:
+        names = ", ".join(f"{t.name} ({word_type(t.dtype).dtype})" for t in tensors[:5])
+        more = f" and {len(tensors) - 5} more" if len(tensors) > 5 else ""
+        raise BitRangeError(f"bits {','.join(bits.items)}: no selected tensor has the field(s) {', '.join(fields)} "
+                            f"({names}{more}); select float tensors (--dtype float) or give bit positions")
+    return keep, {"fields": fields, "tensors": out}
 
 
 def _popcount(x: np.ndarray) -> np.ndarray:

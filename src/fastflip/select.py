@@ -194,7 +194,9 @@ def _available(tensors: Sequence[Tensor]) -> str:
     paths = ", ".join(t.path for t in tensors[:5]) + (f" (+{len(tensors) - 5} more)" if len(tensors) > 5 else "")
     dts = ", ".join(sorted({t.dtype.str for t in tensors}))
     roles = ", ".join(sorted({t.role for t in tensors if t.role}))
-    return f"available: {paths or 'no tensors'}; dtypes: {dts or '-'}; roles: {roles or '-'}"
+    names = sorted({t.layer for t in tensors if t.layer})
+    layers = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")
+    return f"available: {paths or 'no tensors'}; dtypes: {dts or '-'}; roles: {roles or '-'}; layers: {layers or '-'}"
 
 
 def select(tensors: Iterable[Tensor], selection: Selection | None = None) -> list[Tensor]:

@@ -110,9 +110,9 @@ def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None
 
         tensors = read_layout(campaign.checkpoint_path(epoch)).tensors
     else:
-        from ..live import tensor_refs
+        from ..live import targets
 
-        tensors = tensors_from_refs(tensor_refs(obj if obj is not None else call_factory(campaign)))
+        tensors = targets(obj if obj is not None else call_factory(campaign)).records()  # names, layers, roles
     return select(tensors, Selection.from_dict(campaign.select))
 
 

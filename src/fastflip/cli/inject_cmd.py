@@ -96,13 +96,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
     c = res.counts
+    left = (res.log.manifest.get("plan") or {}).get("left_out")  # tensors without the named bit fields
     if as_json:
         print(json.dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c,
-                          **(extra or {})}))
+                          **({"left_out": left} if left else {}), **(extra or {})}))
     else:
+        note = ""
+        if left:
+            names = ", ".join(left["tensors"][:3]) + (", ..." if len(left["tensors"]) > 3 else "")
+            note = f"; left out {len(left['tensors'])} tensor(s) without {'/'.join(left['fields'])} ({names})"
         print(f"wrote {res.output}: {c['flips']} bit(s) in {c['sites']} element(s) of {c['tensors_hit']} tensor(s); "
               f"NaN created {c['nan_created']}, Inf created {c['inf_created']}; seed {res.log.manifest['seed']}"
-              + (f"; log {res.log_path}" if res.log_path else ""))
+              + (f"; log {res.log_path}" if res.log_path else "") + note)
         if extra:
             print("; ".join(f"{k} {v}" for k, v in extra.items()))
 

@@ -2,7 +2,8 @@
 
 ``inject(tensors, plan) -> LiveLog``, ``revert(tensors, log)``, ``injected(...)``
 (context manager), ``targets(model)`` (prepare once for many trials) and
-``tensor_refs(model)`` (to build a ``SiteSpace`` from a live model). See
+``tensor_refs(model)`` (to build a ``SiteSpace`` from a live model), ``site(model,
+name, index, bits)`` (one explicit element). See
 :mod:`fastflip.live.api`, :mod:`fastflip.live.targets` and
 :mod:`fastflip.live.adapters` (tensor naming per framework).
 
@@ -19,7 +20,9 @@ Examples
 [0, 0, 0]
 """
 
-from .api import LiveLog, inject, injected, revert, targets, tensor_refs
+from .api import LiveLog, inject, injected, plan_for, revert, select_live, targets, tensor_refs
+from .sites import site
 from .targets import Targets
 
-__all__ = ["LiveLog", "Targets", "inject", "injected", "revert", "targets", "tensor_refs"]
+__all__ = ["LiveLog", "Targets", "inject", "injected", "plan_for", "revert", "select_live", "site", "targets",
+           "tensor_refs"]

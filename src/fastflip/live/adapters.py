@@ -1,15 +1,20 @@
 """Adapters: turn arrays, framework tensors and whole models into named :class:`LiveTensor` records.
 
-Names follow each framework's checkpoint, so that a plan sampled from a checkpoint
-applies to the loaded model as is:
+Names are the framework's own (see :mod:`fastflip.live.frameworks`); each tensor
+also carries its checkpoint path as an alias, so that a plan sampled from a
+checkpoint applies to the loaded model as is:
 
-- a PyTorch ``nn.Module``: ``model/<state_dict key>`` (``model/conv1.weight``), the
-  path :func:`fastflip.torch.save_checkpoint` writes (``/model/<key>``) without the
-  leading slash;
-- a Keras 3 model or layer: the dataset paths of its ``.weights.h5``
-  (``layers/dense/vars/0``), found by Keras's own saving walk; optimizer variables
-  only when asked;
+- any PyTorch ``nn.Module`` (subclasses, nested blocks): its parameter and buffer
+  names (``layer4.1.conv2.weight``; alias ``model/layer4.1.conv2.weight``, the path
+  :func:`fastflip.torch.save_checkpoint` writes); optimizer state when asked;
+- any Keras 3 model or layer: the variable paths below the model
+  (``hidden/kernel``; alias: the ``.weights.h5`` dataset path when Keras can tell);
+  optimizer variables when asked;
 - a mapping: its keys, as given.
+
+Storage reached under several names (tied weights) is one tensor with aliases; a
+tensor lying inside another one's memory (a view) is kept for addressing but not
+sampled (``view_of``), so every physical element is one site.
 
 Supported tensors: NumPy arrays (``np.memmap`` included), PyTorch tensors (CPU:
 raw address; CUDA: device address), CuPy arrays (device address) and TensorFlow /
@@ -69,6 +74,12 @@ class LiveTensor:
     writable: bool = True
     device: int = -1
     obj: Any = field(default=None, repr=False)
+    aliases: tuple[str, ...] = ()
+    layer: str | None = None
+    role: str | None = None
+    format: str | None = None
+    order: str | None = None  # sort key (the checkpoint path when known)
+    view_of: str | None = None  # name of the tensor whose memory holds this one
 
     @property
     def size(self) -> int:
@@ -161,68 +172,61 @@ def tensor(name: str, t: Any) -> LiveTensor:
                       "(use numpy, torch, cupy or tensorflow/keras variables)")
 
 
-def keras_variables(model: Any, include_optimizer: bool = False) -> list[tuple[str, Any]]:
-    """``(weights.h5 path, variable)`` pairs of a Keras 3 model, named by Keras's own saving walk."""
-    try:
-        from keras.src.saving import saving_lib
-    except ImportError as exc:  # pragma: no cover - Keras 2
-        raise OptionError(f"Keras 3 is needed to name a Keras model's variables: {exc}") from None
-    found: list[tuple[str, Any]] = []
+def framework_of(obj: Any) -> str | None:
+    """``'torch'``, ``'torch-optim'``, ``'keras'`` or None: what kind of model ``obj`` is.
 
-    class _Group(dict):  # type: ignore[type-arg]
-        def __init__(self, path: str) -> None:
-            super().__init__()
-            self.path = path
-
-        def __setitem__(self, key: str, value: Any) -> None:
-            found.append((f"{self.path}/vars/{key}" if self.path else f"vars/{key}", value))
-
-    class _Recorder(saving_lib.H5IOStore):  # records what save_weights would write, writes nothing
-        def __init__(self) -> None:  # noqa: D401 - no file is opened
-            pass
-
-        def __bool__(self) -> bool:
-            return True
-
-        def make(self, path: str, metadata: Any = None) -> _Group:
-            return _Group(path)
-
-    try:
-        saving_lib._save_state(model, weights_store=_Recorder(), assets_store=None, inner_path="",
-                               visited_saveables=set())
-    except TypeError as exc:  # a Keras whose private saving walk changed
-        raise OptionError(f"cannot name this Keras model's variables ({exc}); pass a mapping name -> variable") from None
-    if not include_optimizer:
-        found = [(n, v) for n, v in found if not n.startswith("optimizer/")]
-    return found
-
-
-def collect(obj: Any, *, include_optimizer: bool = False) -> tuple[list[LiveTensor], list[str]]:
-    """Named live tensors of a mapping, a PyTorch module or a Keras model/layer; and the names left out.
-
-    In a mapping every tensor must be supported; in a model, tensors of other dtypes
-    (``bfloat16``, complex) are left out and named in the second list.
+    Looks through the class hierarchy, so user subclasses defined anywhere count
+    (``class Net(nn.Module)`` in ``__main__``). Frameworks are not imported here: an
+    object can only be a torch module when torch is already loaded.
     """
-    mod = _module_of(obj)
-    pairs: Iterable[tuple[str, Any]]
-    strict = True
+    import sys
+
+    mods = {c.__module__.split(".")[0] for c in type(obj).__mro__}
+    if "torch" in mods and "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if isinstance(obj, torch.nn.Module):
+            return "torch"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "torch-optim"
+    if mods & {"keras", "tf_keras"} and hasattr(obj, "weights"):
+        return "keras"
+    return None
+
+
+def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> tuple[list[LiveTensor], list[str]]:
+    """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left out.
+
+    In a mapping every tensor must be supported; in a model, tensors that cannot be
+    injected (complex, on a ``meta`` device, empty) are left out and named in the
+    second list. ``optimizer`` (a ``torch.optim`` optimizer, or ``True`` for a Keras
+    model's own) / ``include_optimizer`` add optimizer state.
+    """
+    from . import frameworks
+
+    fw = framework_of(obj)
     if isinstance(obj, Mapping):
-        pairs = obj.items()
-    elif mod == "torch" and hasattr(obj, "state_dict"):
-        pairs = [(f"model/{k}", v) for k, v in obj.state_dict().items()]
-        strict = False
-    elif mod in ("keras", "tf_keras") and hasattr(obj, "weights"):
-        pairs = keras_variables(obj, include_optimizer=include_optimizer)
-        strict = False
+        out = [tensor(str(name), t) for name, t in obj.items()]
+        frameworks.label_mapping(out)
+        return frameworks.merge_shared(out), []
+    if fw == "torch":
+        pairs = frameworks.torch_tensors(obj, optimizer)
+    elif fw == "torch-optim":
+        pairs = frameworks.torch_optimizer_tensors(obj, {})
+    elif fw == "keras":
+        pairs = frameworks.keras_tensors(obj, include_optimizer or optimizer is not None and optimizer is not False)
     else:
-        raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a mapping name -> tensor, "
-                          "a torch.nn.Module or a Keras model")
+        raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a torch.nn.Module, a Keras model "
+                          "or a mapping name -> tensor")
     out, skipped = [], []
-    for name, t in pairs:
+    for p in pairs:
         try:
-            out.append(tensor(str(name), t))
+            t = tensor(p.name, p.value)
         except OptionError:
-            if strict:
-                raise
-            skipped.append(str(name))
-    return out, skipped
+            skipped.append(p.name)
+            continue
+        if t.size == 0:
+            skipped.append(p.name)
+            continue
+        t.aliases, t.layer, t.role, t.order = p.aliases, p.layer, p.role, p.order
+        out.append(t)
+    return frameworks.merge_shared(out), skipped

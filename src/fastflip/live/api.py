@@ -27,30 +27,50 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+import secrets
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import LogMismatchError, OptionError
+from ..layout import Tensor
 from ..plan import Plan, TensorRef
+from ..select import Selection, select
 from ..wordrule import nonfinite
 from .targets import Targets
 
-__all__ = ["LiveLog", "inject", "revert", "injected", "tensor_refs", "targets"]
+__all__ = ["LiveLog", "inject", "revert", "injected", "tensor_refs", "targets", "select_live", "plan_for"]
 
 
-def targets(obj: Any, *, include_optimizer: bool = False) -> Targets:
-    """:class:`Targets` of a mapping, a PyTorch module or a Keras model (build once, reuse per trial)."""
-    return Targets.from_tensors(obj, include_optimizer=include_optimizer)
+def targets(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> Targets:
+    """:class:`Targets` of a mapping, a PyTorch module or a Keras model (build once, reuse per trial).
+
+    ``optimizer``: a ``torch.optim`` optimizer whose state joins the targets;
+    ``include_optimizer=True``: a Keras model's optimizer variables.
+    """
+    return Targets.from_tensors(obj, include_optimizer=include_optimizer, optimizer=optimizer)
 
 
-def tensor_refs(obj: Any) -> list[TensorRef]:
-    """Names, dtypes and shapes of live tensors, in the order a ``SiteSpace`` should use.
+def tensor_refs(obj: Any, selection: "Selection | Mapping[str, Any] | None" = None) -> list[TensorRef]:
+    """Names, dtypes and shapes of live tensors (optionally selected), in the order a ``SiteSpace`` should use.
 
     >>> [r.name for r in tensor_refs({"b": np.zeros(2, np.int8)})]
     ['b']
     """
-    return targets(obj).refs()
+    return [t.ref() for t in select_live(targets(obj), selection)]
+
+
+def select_live(tg: Targets, selection: "Selection | Mapping[str, Any] | None" = None) -> list[Tensor]:
+    """The records (:meth:`Targets.records`) that ``selection`` matches, with the CLI's meaning.
+
+    Raises
+    ------
+    SelectionError
+        Nothing matches; the message lists what exists.
+    """
+    if isinstance(selection, Mapping):
+        selection = Selection.from_dict(selection)
+    return select(tg.records(), selection)
 
 
 @dataclass
@@ -84,6 +104,11 @@ class LiveLog:
     @property
     def inf_count(self) -> int:
         return self._became()[1]
+
+    @property
+    def seed(self) -> int | None:
+        """The seed the plan was drawn with (drawn from the OS when none was given); None for a hand-made plan."""
+        return self.plan.meta.get("seed")
 
     @property
     def changed(self) -> int:
@@ -156,24 +181,80 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
     tg.write(prep, log.old_words, backend)
 
 
+_SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")
+
+
+def plan_for(tg: Targets, *, seed: int | None = None, count: int | None = None, rate: float | None = None,
+             ber: float | None = None, bits: Any = None, model: Any = None,
+             selection: "Selection | Mapping[str, Any] | None" = None, distribution: Any = "element",
+             replace: bool = False, nan_policy: str = "allow", sign_first: bool = False,
+             stream: Sequence[int] = (), **selection_fields: Any) -> Plan:
+    """Draw one plan over the selected live tensors (what :func:`injected` does without a plan).
+
+    ``selection`` (a :class:`~fastflip.select.Selection` or its mapping) or its fields
+    as keywords (``include=``, ``layers=``, ``roles=``...) choose tensors with the
+    CLI's ``--include/--exclude/--regex/--dtype/--role/--layer`` meaning. A seed left
+    out is drawn from the OS and recorded in ``plan.meta['seed']``.
+    """
+    from ..bits import BitSpec
+    from ..sampling import SiteSpace
+
+    unknown = set(selection_fields) - set(_SELECTION_KEYS)
+    if unknown:
+        raise OptionError(f"unknown option {sorted(unknown)[0]!r}: sampling takes seed, count/rate/ber, bits, model, "
+                          f"selection (or its fields {', '.join(_SELECTION_KEYS)}), distribution, replace, nan_policy")
+    if selection_fields:
+        if selection is not None:
+            raise OptionError(f"give either selection= or its fields ({', '.join(selection_fields)}), not both")
+        selection = Selection(**selection_fields)
+    chosen = select_live(tg, selection)
+    if count is None and rate is None and ber is None:
+        raise OptionError("give one of count=, rate= or ber= (how many sites to hit)")
+    if seed is None:
+        seed = secrets.randbits(63)
+    space = SiteSpace([t.ref() for t in chosen], bits=BitSpec.parse(bits, sign_first=sign_first),
+                      distribution=distribution)
+    plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model, replace=replace,
+                      nan_policy=nan_policy, read_words=tg.word_reader() if nan_policy == "avoid" else None)
+    if selection is not None:
+        plan.meta["selection"] = (selection if isinstance(selection, Selection)
+                                  else Selection.from_dict(selection)).as_dict()
+    return plan
+
+
 @contextlib.contextmanager
-def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = "auto",
-             **sampling_kwargs: Any) -> Iterator[LiveLog]:
+def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = "auto", optimizer: Any = None,
+             include_optimizer: bool = False, **sampling: Any) -> Iterator[LiveLog]:
     """Inject on entry, revert on exit (also when the body raises).
 
-    Without ``plan``, one is drawn by :func:`fastflip.sampling.make_plan` over all the
-    tensors with ``sampling_kwargs`` (``seed=``, ``count=``/``rate=``/``ber=``,
-    ``model=``, ``bits=``...).
-    """
-    tg = targets(model_or_tensors)
-    if plan is None:
-        from ..sampling import make_plan
+    Parameters
+    ----------
+    model_or_tensors : torch.nn.Module, Keras model, mapping name -> tensor, or Targets
+    plan : Plan, optional
+        Apply this plan (e.g. from :func:`fastflip.live.site`); otherwise one is drawn.
+    **sampling
+        ``seed=None`` (drawn from the OS and recorded in ``log.seed``), ``count=`` /
+        ``rate=`` / ``ber=``, ``bits=``, ``model=`` (fault model), ``selection=`` (or
+        ``include=``, ``exclude=``, ``regex=``, ``dtypes=``, ``roles=``, ``layers=``),
+        ``distribution=``, ``replace=``, ``nan_policy=``, ``sign_first=``, ``stream=``:
+        see :func:`plan_for`.
+    optimizer, include_optimizer
+        Add a ``torch.optim`` optimizer's state / a Keras model's optimizer variables.
 
-        if sampling_kwargs.get("nan_policy") == "avoid":
-            sampling_kwargs.setdefault("read_words", tg.word_reader())
-        plan = make_plan(tg.refs(), **sampling_kwargs)
-    elif sampling_kwargs:
-        raise OptionError(f"pass either a plan or sampling options, not both ({', '.join(sampling_kwargs)})")
+    Examples
+    --------
+    >>> w = {"w": np.ones(8, np.float32), "step": np.zeros((), np.int64)}
+    >>> with injected(w, seed=3, count=2, bits="exponent-msb") as log:
+    ...     sorted(set(w["w"].tolist())), log.plan.meta["left_out"]["tensors"]
+    ([1.0, inf], ['step'])
+    >>> w["w"].tolist() == [1.0] * 8
+    True
+    """
+    tg = targets(model_or_tensors, include_optimizer=include_optimizer, optimizer=optimizer)
+    if plan is None:
+        plan = plan_for(tg, **sampling)
+    elif sampling:
+        raise OptionError(f"pass either a plan or sampling options, not both ({', '.join(sampling)})")
     log = inject(tg, plan, backend=backend)
     try:
         yield log

@@ -23,6 +23,7 @@ Examples
 
 from __future__ import annotations
 
+import difflib
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -31,7 +32,8 @@ import numpy as np
 
 from .. import native
 from ..dtypes import word_type
-from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, TensorNotFoundError
+from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
+from ..layout import Tensor
 from ..plan import Plan, TensorRef
 from ..wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
@@ -74,6 +76,10 @@ class Targets:
         self.index = {t.name.lstrip("/"): i for i, t in enumerate(self.tensors)}
         if len(self.index) != len(self.tensors):
             raise OptionError("two live tensors have the same name")
+        for i, t in enumerate(self.tensors):  # aliases (tied names, checkpoint paths) reach the same tensor
+            for a in t.aliases:
+                self.index.setdefault(a.lstrip("/"), i)
+        self._has_views = any(t.view_of for t in self.tensors)
         for t in self.tensors:
             if t.kind != "tf" and any(s < 0 for s in t.strides):
                 raise OptionError(f"tensor {t.name!r} has negative strides: pass a contiguous array")
@@ -99,11 +105,24 @@ class Targets:
         self._spans: dict[int, tuple[Any, int]] = {}
 
     @classmethod
-    def from_tensors(cls, obj: Any, *, include_optimizer: bool = False) -> "Targets":
-        """Targets of a mapping name -> tensor, a PyTorch module or a Keras model (see :mod:`.adapters`)."""
+    def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
+        """Targets of a mapping name -> tensor, a PyTorch module or a Keras model (see :mod:`.adapters`).
+
+        ``optimizer``: a ``torch.optim`` optimizer whose state joins the targets (for a
+        Keras model, ``include_optimizer=True`` adds its own optimizer's variables).
+
+        Raises
+        ------
+        SelectionError
+            The object holds no tensor that can be injected (the message lists what was left out).
+        """
         if isinstance(obj, Targets):
             return obj
-        tensors, skipped = collect(obj, include_optimizer=include_optimizer)
+        tensors, skipped = collect(obj, include_optimizer=include_optimizer, optimizer=optimizer)
+        if not tensors:
+            left = f" (left out: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})" if skipped else ""
+            raise SelectionError(f"no tensors to inject in this {type(obj).__name__}{left}; "
+                                 "pass a model with float/int tensors or a mapping name -> tensor")
         return cls(tensors, skipped)
 
     def __len__(self) -> int:
@@ -116,8 +135,43 @@ class Targets:
         group), so that a site space over a live model and one over its checkpoint are
         the same space: the same seed draws the same sites in both.
         """
-        order = sorted(range(len(self.tensors)), key=lambda i: self.tensors[i].name.strip("/").split("/"))
-        return [TensorRef(self.tensors[i].name, self.tensors[i].dtype.str, self.tensors[i].shape) for i in order]
+        return [TensorRef(t.name, t.dtype.str, t.shape) for t in self.sampled()]
+
+    def sampled(self) -> list[LiveTensor]:
+        """The tensors a site space draws from, in checkpoint order (views of other tensors left out)."""
+        keep = [t for t in self.tensors if not t.view_of]
+        return sorted(keep, key=lambda t: (t.order or t.name).strip("/").split("/"))
+
+    def records(self) -> list[Tensor]:
+        """:class:`~fastflip.layout.Tensor` records of :meth:`sampled` (name, aliases, layer, role) for
+        :func:`fastflip.select.select`; every name and alias matches as ``/<name>``."""
+        out = []
+        for t in self.sampled():
+            names = tuple(dict.fromkeys("/" + n.lstrip("/") for n in (t.name, *t.aliases)))
+            out.append(Tensor(t.name, names, t.dtype, t.shape, t.size, "memory", nbytes=t.size * t.dtype.itemsize,
+                              framework="live", layer=t.layer, role=t.role))
+        return out
+
+    def get(self, name: str) -> LiveTensor:
+        """The tensor called ``name`` (or having it as an alias).
+
+        Raises
+        ------
+        TensorNotFoundError
+            With the names that exist.
+        """
+        i = self.index.get(name.lstrip("/"))
+        if i is None:
+            near = difflib.get_close_matches(name.lstrip("/"), list(self.index), n=3)
+            hint = f"did you mean {', '.join(near)}? " if near else ""
+            raise TensorNotFoundError(f"no tensor {name!r} here; {hint}{self.describe_names()}")
+        return self.tensors[i]
+
+    def describe_names(self, limit: int = 8) -> str:
+        """``have: a, b, ... (+N more)`` for error messages."""
+        names = [t.name for t in self.tensors]
+        more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+        return "have: " + (", ".join(names[:limit]) or "no tensors") + more
 
     # ------------------------------------------------------------------ plan validation
 
@@ -153,8 +207,7 @@ class Targets:
         for j, ref in enumerate(refs):
             i = self.index.get(ref.name.lstrip("/"))
             if i is None:
-                near = ", ".join(list(self.index)[:5])
-                raise TensorNotFoundError(f"the plan names tensor {ref.name!r}, which these tensors lack (have: {near}, ...)")
+                raise TensorNotFoundError(f"the plan names tensor {ref.name!r}, which these tensors lack ({self.describe_names(5)})")
             t = self.tensors[i]
             if np.dtype(ref.dtype).newbyteorder("=") != t.dtype.newbyteorder("="):
                 raise PlanMismatchError(f"tensor {ref.name!r}: the plan's dtype is {np.dtype(ref.dtype)}, the tensor's is {t.dtype}")
@@ -182,7 +235,7 @@ class Targets:
             if not self._all_writable and not self._writable[tid].all():
                 t = self.tensors[int(tid[np.flatnonzero(~self._writable[tid])[0]])]
                 raise ReadOnlyTargetError(f"tensor {t.name!r} is read-only: pass a writable array (np.array(x) or mmap mode 'r+')")
-            if n > 1:
+            if n > 1 and not self._has_views:
                 key = np.sort(tid.astype(np.int64) * (1 << 40) + idx)
                 same = key[1:] == key[:-1]
                 if same.any():
@@ -194,6 +247,16 @@ class Targets:
             for i in np.unique(tid[strided]):
                 pos = np.flatnonzero(tid == i)
                 offsets[pos] = self.tensors[int(i)].byte_offsets(idx[pos])
+        if n > 1 and self._has_views:  # a view and its base share memory: compare addresses, not (tensor, index)
+            where = np.array([t.ptr for t in self.tensors], dtype=np.int64)[tid] + offsets
+            dev = self._device[tid] * 4 + self._kind[tid]
+            order = np.lexsort((where, dev))
+            same = (where[order][1:] == where[order][:-1]) & (dev[order][1:] == dev[order][:-1])
+            same &= self._kind[tid][order][1:] != 2
+            if same.any():
+                t = self.tensors[int(tid[order][1:][np.flatnonzero(same)[0]])]
+                raise PlanMismatchError(f"tensor {t.name!r}: the plan hits a stored element twice (through a view or "
+                                        "alias); merge duplicate sites first")
         kinds = None if self._all_cpu else self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
         prep = Prepared(tid=tid, offsets=np.ascontiguousarray(offsets), cpu=None, bitwise=bitwise)

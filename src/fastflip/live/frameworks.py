@@ -1,0 +1,261 @@
+"""Walk PyTorch and Keras models for their tensors: names, checkpoint aliases, layers and roles.
+
+Imported by :mod:`fastflip.live.adapters` only; the frameworks themselves are only
+touched through the objects passed in (nothing here imports torch or keras at
+module level).
+
+PyTorch (any ``nn.Module``: user subclasses, nested blocks, torchvision- or
+Hugging-Face-style structures)
+    Parameters and buffers by their module paths (``layer4.1.conv2.weight``), tied
+    parameters under every name (``named_parameters(remove_duplicate=False)``);
+    alias ``model/<name>`` (the path :func:`fastflip.torch.save_checkpoint` writes);
+    layer = the module path; roles as for checkpoints (``num_batches_tracked`` is a
+    step counter, ``running_mean``/``running_var`` batch-norm statistics).
+    Optimizer state (when a ``torch.optim`` optimizer is passed):
+    ``optimizer/<parameter name>/<state key>`` with alias
+    ``optimizer/state/<id>/<state key>`` (the checkpoint path), layer = the
+    parameter's module.
+Keras 3 (Sequential, functional, subclassed)
+    Variables by their public ``path`` below the model (``hidden/kernel``,
+    ``block/inner/kernel``); layer = the path without the variable name; the
+    ``.weights.h5`` dataset path (``layers/dense/vars/0``) as an alias when Keras's
+    saving walk can tell it (without it nothing else changes). Optimizer variables
+    (when asked): ``optimizer/<path below the optimizer>`` (``optimizer/iteration``,
+    ``optimizer/hidden_kernel_momentum``), layer = the layer of the variable they
+    belong to.
+
+Examples
+--------
+>>> import numpy as np
+>>> from fastflip.live.adapters import tensor
+>>> ts = [tensor("conv1.weight", np.zeros((2, 2), np.float32))]
+>>> label_mapping(ts); (ts[0].layer, ts[0].role)
+('conv1', 'weight')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..roles import detect_framework, label_path
+
+if TYPE_CHECKING:
+    from .adapters import LiveTensor
+
+__all__ = ["Found", "torch_tensors", "torch_optimizer_tensors", "keras_tensors", "label_mapping", "merge_shared"]
+
+
+@dataclass
+class Found:
+    """One named tensor of a model, before conversion to a :class:`~fastflip.live.adapters.LiveTensor`."""
+
+    name: str
+    value: Any
+    aliases: tuple[str, ...] = ()
+    layer: str | None = None
+    role: str | None = None
+    order: str | None = None
+
+
+def _kind(dtype_name: str) -> str:
+    if dtype_name.startswith(("float", "bfloat")):
+        return "f"
+    if dtype_name == "bool":
+        return "b"
+    return "u" if dtype_name.startswith("uint") else "i"
+
+
+# ---------------------------------------------------------------------------------- PyTorch
+
+
+def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
+    """Parameters and buffers of a ``torch.nn.Module`` (every name of tied ones), and optimizer state."""
+    out: list[Found] = []
+    names: dict[int, str] = {}
+    seen: set[str] = set()
+    items = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    for name, t in items:
+        if t is None or name in seen:
+            continue
+        seen.add(name)
+        names.setdefault(id(t), name)
+        alias = f"model/{name}"
+        layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
+        out.append(Found(name, t.detach(), (alias,), layer, role, alias))
+    if optimizer is not None and optimizer is not False:
+        if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
+            from ..errors import OptionError
+
+            raise OptionError(f"optimizer= takes a torch.optim optimizer, not a {type(optimizer).__name__}")
+        out += torch_optimizer_tensors(optimizer, names)
+    return out
+
+
+def torch_optimizer_tensors(optimizer: Any, param_names: dict[int, str]) -> list[Found]:
+    """State tensors of a ``torch.optim`` optimizer, named by parameter when ``param_names`` knows it."""
+    out: list[Found] = []
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        pname = param_names.get(id(p))
+        for key, v in optimizer.state.get(p, {}).items():
+            if not hasattr(v, "data_ptr"):
+                continue  # a Python number: nothing to flip in place
+            ckpt = f"optimizer/state/{i}/{key}"
+            name = f"optimizer/{pname}/{key}" if pname else ckpt
+            role = "step-counter" if key == "step" else ("optimizer-moment" if v.is_floating_point() else "other")
+            layer = pname.rpartition(".")[0] or None if pname else None
+            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt))
+    return out
+
+
+# ---------------------------------------------------------------------------------- Keras
+
+
+def keras_tensors(model: Any, include_optimizer: bool = False) -> list[Found]:
+    """Variables of a Keras 3 model or layer by their paths below it (and its optimizer's, when asked)."""
+    h5 = _weights_h5_paths(model, include_optimizer)
+    out: list[Found] = []
+    seen: set[int] = set()
+    used: set[str] = set()
+    layer_of: dict[str, str | None] = {}
+    for v, path, rest in _unseen(model.weights, model.name, seen):
+        name = _unique(rest, used)
+        layer = name.rpartition("/")[0] or None
+        _, role = label_path("/x/" + name.rpartition("/")[2], None, len(v.shape), _kind(str(v.dtype)))
+        if role == "other" and _kind(str(v.dtype)) == "f" and len(v.shape) >= 2:
+            role = "weight"
+        layer_of[path.replace("/", "_")] = layer
+        out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+    opt = getattr(model, "optimizer", None)
+    if include_optimizer and opt is not None:
+        for v, path, rest in _unseen(opt.variables, opt.name, seen):
+            name = _unique(f"optimizer/{rest}", used)
+            if rest in ("iteration", "iterations") and len(v.shape) == 0:
+                role, layer = "step-counter", None
+            elif len(v.shape) == 0 or _kind(str(v.dtype)) != "f":
+                role, layer = "other", None
+            else:
+                role = "optimizer-moment"
+                hit = max((k for k in layer_of if rest.startswith(k + "_")), key=len, default=None)
+                layer = layer_of[hit] if hit else None
+            out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+    return out
+
+
+def _unseen(variables: Any, owner: str, seen: set[int]) -> Any:
+    """``(variable, path, path below owner)`` of the variables not seen yet (shared layers give one)."""
+    prefix = f"{owner}/"
+    for v in variables:
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        path = str(v.path)
+        yield v, path, path[len(prefix):] if path.startswith(prefix) else path
+
+
+def _unique(name: str, used: set[str]) -> str:
+    k, out = 1, name
+    while out in used:
+        out = f"{name}:{k}"
+        k += 1
+    used.add(out)
+    return out
+
+
+def _weights_h5_paths(model: Any, include_optimizer: bool) -> dict[int, str]:
+    """``id(variable) -> .weights.h5 dataset path``, from Keras's own saving walk; {} when it cannot tell.
+
+    The walk is Keras's private ``saving_lib._save_state`` driven with a store that
+    records instead of writing; it only supplies aliases (checkpoint compatibility),
+    so a Keras whose walk changed costs the aliases and nothing else.
+    """
+    try:
+        from keras.src.saving import saving_lib
+    except ImportError:  # pragma: no cover - Keras 2 / another Keras
+        return {}
+    found: dict[int, str] = {}
+
+    class _Group(dict):  # type: ignore[type-arg]
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.path = path
+
+        def __setitem__(self, key: str, value: Any) -> None:
+            found[id(value)] = f"{self.path}/vars/{key}" if self.path else f"vars/{key}"
+
+    class _Recorder(saving_lib.H5IOStore):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:  # noqa: D401 - no file is opened
+            pass
+
+        def __bool__(self) -> bool:
+            return True
+
+        def make(self, path: str, metadata: Any = None) -> _Group:
+            return _Group(path)
+
+    try:
+        saving_lib._save_state(model, weights_store=_Recorder(), assets_store=None, inner_path="",
+                               visited_saveables=set())
+    except Exception:  # a Keras whose private saving walk changed: no aliases  # noqa: BLE001
+        return {}
+    if not include_optimizer:
+        found = {k: v for k, v in found.items() if not v.startswith("optimizer/")}
+    return found
+
+
+# ---------------------------------------------------------------------------------- mappings and sharing
+
+
+def label_mapping(tensors: "list[LiveTensor]") -> None:
+    """Fill layer and role of a mapping's tensors from their names (checkpoint-style or module paths)."""
+    paths = ["/" + t.name.lstrip("/") for t in tensors]
+    fw = detect_framework(paths)
+    if fw is None and any("." in p.rsplit("/", 1)[-1] for p in paths) and not any("/" in p[1:] for p in paths):
+        fw = "torch"  # bare state_dict keys: conv1.weight
+        paths = ["/model" + p for p in paths]
+    for t, p in zip(tensors, paths):
+        t.layer, t.role = label_path(p, fw, len(t.shape), t.dtype.kind if t.format is None else "f")
+
+
+def merge_shared(tensors: "list[LiveTensor]") -> "list[LiveTensor]":
+    """One tensor per physical storage: names reaching the same memory become aliases; views are marked.
+
+    Tensors with the same address, dtype, shape and strides are one tensor (the
+    first name stays, the others join its aliases). A tensor whose bytes lie inside
+    a contiguous tensor of the same word width is a view of it: kept for plans that
+    name it, marked ``view_of``, left out of sampling.
+    """
+    out: list["LiveTensor"] = []
+    by_key: dict[tuple[Any, ...], "LiveTensor"] = {}
+    for t in tensors:
+        if t.kind == "tf":
+            key: tuple[Any, ...] = ("tf", id(t.obj))
+        else:
+            key = (t.kind, t.device, t.ptr, t.dtype.str, t.format, t.shape, t.strides)
+        first = by_key.get(key)
+        if first is None:
+            by_key[key] = t
+            out.append(t)
+            continue
+        extra = tuple(a for a in (t.name, *t.aliases) if a != first.name and a not in first.aliases)
+        first.aliases = first.aliases + extra
+    mem = sorted((t for t in out if t.kind != "tf" and t.size), key=lambda t: (t.kind, t.device, t.ptr, -t.extent))
+    base: "LiveTensor | None" = None
+    for t in mem:
+        if (base is not None and base.kind == t.kind and base.device == t.device
+                and t.ptr + t.extent <= base.ptr + base.extent and base.contiguous
+                and t.dtype.itemsize == base.dtype.itemsize and (t.ptr - base.ptr) % t.dtype.itemsize == 0
+                and min(t.strides, default=t.dtype.itemsize) >= 0):
+            t.view_of = base.name
+            continue
+        if base is None or t.ptr + t.extent > base.ptr + base.extent or base.kind != t.kind or base.device != t.device:
+            base = t
+    return out
+
+
+def view_index(view: "LiveTensor", base: "LiveTensor", index: np.ndarray) -> np.ndarray:
+    """Flat indices in ``base`` of the flat indices ``index`` of ``view`` (a view made by :func:`merge_shared`)."""
+    return (view.byte_offsets(index) + (view.ptr - base.ptr)) // base.dtype.itemsize
