@@ -227,13 +227,28 @@ def test_torch_tensor_dtypes(tdtype: str) -> None:
     assert raw.contiguous().numpy().tobytes() == expected["t"].tobytes()
 
 
-def test_torch_bfloat16_is_skipped_in_models_and_refused_in_mappings() -> None:
+def test_torch_bfloat16_is_injected_with_its_own_fields() -> None:
     torch = require("torch")
     lin = torch.nn.Linear(2, 2).to(torch.bfloat16)
-    with pytest.raises(SelectionError, match="left out: weight, bias"):  # nothing left: one clear error
-        live.targets(lin)
-    with pytest.raises(OptionError, match="bfloat16"):
-        live.targets({"w": lin.weight})
+    tg = live.targets(lin)
+    assert tg.skipped == [] and [(t.name, t.format) for t in tg.tensors] == [("weight", "bfloat16"), ("bias", "bfloat16")]
+    words = lin.weight.detach().view(torch.int16).numpy().astype(np.uint16).copy()
+    with live.injected(lin, seed=1, count=4, bits="sign") as log:
+        flipped = lin.weight.detach().view(torch.int16).numpy().astype(np.uint16)
+        assert all(int(b) == 1 << 15 for b in log.plan.bits)
+        hit = [int(i) for i, j in zip(log.plan.index, log.plan.tensor) if log.plan.tensors[int(j)].name == "weight"]
+        want = words.reshape(-1).copy()
+        want[hit] ^= 1 << 15
+        assert flipped.reshape(-1).tolist() == want.tolist()
+    assert lin.weight.detach().view(torch.int16).numpy().astype(np.uint16).tolist() == words.tolist()
+    with pytest.raises(SelectionError, match="left out: w"):  # complex tensors are still left out, and said so
+        live.targets(_holder(torch))
+
+
+def _holder(torch):  # a module whose only tensor is complex
+    m = torch.nn.Module()
+    m.register_buffer("w", torch.zeros(2, dtype=torch.complex64))
+    return m
 
 
 def test_injected_nan_policy_avoid_reads_live_words() -> None:

@@ -77,7 +77,7 @@ class BitSpec:
         for it in self.items:
             if it in FIELD_NAMES:
                 if it not in wt.fields:
-                    raise BitRangeError(f"bits: dtype {wt.dtype} has no field {it!r} (it has: {', '.join(sorted(wt.fields))})")
+                    raise BitRangeError(f"bits: dtype {wt.name} has no field {it!r} (it has: {', '.join(sorted(wt.fields))})")
                 out.update(wt.fields[it])
                 continue
             m = _RANGE.match(it)
@@ -86,7 +86,7 @@ class BitSpec:
                 lo, hi = hi, lo
             if hi >= wt.bits:
                 raise BitRangeError(
-                    f"bits: position {hi} is outside {wt.dtype} (bits 0-{wt.bits - 1}); choose bits within the word"
+                    f"bits: position {hi} is outside {wt.name} (bits 0-{wt.bits - 1}); choose bits within the word"
                 )
             positions = range(lo, hi + 1)
             out.update((wt.bits - 1 - p) if self.sign_first else p for p in positions)

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .dtypes import to_words
+from .formats import FORMATS, decode
 from .layout import Layout, Tensor, open_h5, read_layout
 from .select import Selection
 
@@ -187,8 +188,9 @@ def iter_blocks(shape: tuple[int, ...], itemsize: int, block_bytes: int = BLOCK_
 class _Acc:
     """Running statistics of one tensor pair (and, with ``oldtool``, the older tool's comparator figures)."""
 
-    def __init__(self, bits: int, oldtool: bool = False) -> None:
+    def __init__(self, bits: int, oldtool: bool = False, fmt: str | None = None) -> None:
         self.old = _OldAcc() if oldtool else None
+        self.fmt = fmt  # bfloat16 / float8 words: values decoded by the format
         self.n_diff = 0
         self.hist = np.zeros(bits, dtype=np.int64)
         self.max_abs = -math.inf
@@ -214,8 +216,11 @@ class _Acc:
         self.hist += np.unpackbits(xb.view(np.uint8), bitorder="little").reshape(-1, bits).sum(axis=0, dtype=np.int64)
         av = np.asarray(a).reshape(-1)[nz]
         bv = np.asarray(b).reshape(-1)[nz]
-        if av.dtype.kind == "f":
-            fa, fb = av.astype(np.float64), bv.astype(np.float64)
+        if self.fmt or av.dtype.kind == "f":
+            if self.fmt:
+                fa, fb = decode(wa[nz], FORMATS[self.fmt]), decode(wb[nz], FORMATS[self.fmt])
+            else:
+                fa, fb = av.astype(np.float64), bv.astype(np.float64)
             self.new_nan += int(np.count_nonzero(np.isnan(fb) & ~np.isnan(fa)))
             self.new_inf += int(np.count_nonzero(np.isinf(fb) & ~np.isinf(fa)))
             ok = np.isfinite(fa) & np.isfinite(fb)
@@ -231,7 +236,7 @@ class _Acc:
 
     def result(self, t: Tensor) -> TensorDiff:
         return TensorDiff(
-            path=t.path, dtype=t.dtype.str, shape=t.shape, size=t.size, n_diff=self.n_diff,
+            path=t.path, dtype=t.format or t.dtype.str, shape=t.shape, size=t.size, n_diff=self.n_diff,
             bit_hist=self.hist, max_abs=self.max_abs if self.max_abs > -math.inf else math.nan,
             max_rel=self.max_rel if self.max_rel > -math.inf else math.nan,
             new_nan=self.new_nan, new_inf=self.new_inf,
@@ -359,10 +364,12 @@ def diff_files(
                 continue
             matched_b.add(other.path)
             note = _incompatible(t.dtype, t.shape, other.dtype, other.shape)
+            if not note and t.format != other.format:
+                note = f"dtype differs: {t.format or t.dtype.str} vs {other.format or other.dtype.str}"
             if note:
                 result.tensors.append(TensorDiff(t.path, t.dtype.str, t.shape, t.size, note=note))
                 continue
-            acc = _Acc(t.itemsize * 8, oldtool)
+            acc = _Acc(t.itemsize * 8, oldtool, t.format)
             da, db = fa(t), fb(other)
             for sl in iter_blocks(t.shape, t.itemsize, max(1, block_bytes // 2)):
                 acc.add(np.asarray(da[sl]), np.asarray(db[sl]))

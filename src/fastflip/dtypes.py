@@ -24,8 +24,9 @@ from typing import Mapping
 import numpy as np
 
 from .errors import OptionError
+from .formats import FORMATS, format_name
 
-__all__ = ["WordType", "word_type", "to_words", "from_words", "is_supported_dtype", "UINT_FOR_SIZE"]
+__all__ = ["WordType", "word_type", "to_words", "from_words", "is_supported_dtype", "UINT_FOR_SIZE", "dtype_label"]
 
 UINT_FOR_SIZE: Mapping[int, np.dtype] = {
     1: np.dtype(np.uint8),
@@ -55,6 +56,10 @@ class WordType:
     fields : dict
         Named bit fields (``sign``, ``exponent``, ``exponent-msb``, ``mantissa``,
         ``all``; integers also have ``sign`` when signed, ``msb``, ``lsb``).
+    format : str or None
+        A float format NumPy lacks (``bfloat16``, ``float8_e4m3fn``, ``float8_e5m2``,
+        see :mod:`fastflip.formats`) held in the unsigned words ``dtype``; ``kind`` is
+        then ``'f'`` and the fields are the format's.
     """
 
     dtype: np.dtype
@@ -62,6 +67,12 @@ class WordType:
     bits: int
     byteorder: str
     fields: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    format: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``bfloat16`` for a format, else the NumPy name (``float32``)."""
+        return self.format or self.dtype.name
 
     @property
     def itemsize(self) -> int:
@@ -95,27 +106,63 @@ def is_supported_dtype(dtype: np.dtype) -> bool:
     return dtype.kind == "b"
 
 
-def word_type(dtype: np.dtype | str) -> WordType:
-    """Return the :class:`WordType` of a numeric dtype (cached).
+def word_type(dtype: "np.dtype | str | WordType", fmt: str | None = None) -> WordType:
+    """Return the :class:`WordType` of a numeric dtype, or of a float format held in unsigned words (cached).
+
+    ``dtype`` may name a format (``"bfloat16"``, ``">bfloat16"``, ``"float8_e4m3fn"``):
+    its words are then native (or the given) order unsigned integers. ``fmt`` names
+    the format of unsigned ``dtype`` words. A :class:`WordType` is returned as is.
+
+    >>> wt = word_type("<u2", "bfloat16"); (wt.kind, wt.fields["exponent"][-1], wt.name)
+    ('f', 14, 'bfloat16')
+    >>> word_type("float8_e4m3fn").dtype.str
+    '|u1'
 
     Raises
     ------
     OptionError
-        If the dtype is not a supported numeric type.
+        If the dtype is not a supported numeric type, or ``fmt`` does not fit it.
     """
-    return _word_type(np.dtype(dtype))
+    if isinstance(dtype, WordType):
+        return dtype
+    if isinstance(dtype, str) and fmt is None:
+        named = format_name(dtype)
+        if named is not None:
+            order = dtype.strip()[0] if dtype.strip()[:1] in "<>=|" else "="
+            return _word_type(FORMATS[named].storage.newbyteorder(order), named)
+    return _word_type(np.dtype(dtype), format_name(fmt) if fmt is not None else None)
+
+
+def dtype_label(dtype: "np.dtype | str | WordType", fmt: str | None = None) -> str:
+    """A dtype's name for messages: ``bfloat16`` for a format, else NumPy's (``int64``).
+
+    >>> dtype_label("<u2", "bfloat16"), dtype_label("<i8")
+    ('bfloat16', 'int64')
+    """
+    try:
+        return word_type(dtype, fmt).name
+    except OptionError:
+        return str(np.dtype(dtype)) if not isinstance(dtype, WordType) else dtype.name
 
 
 @functools.lru_cache(maxsize=256)
-def _word_type(dtype: np.dtype) -> WordType:
+def _word_type(dtype: np.dtype, fmt: str | None = None) -> WordType:
     if not is_supported_dtype(dtype):
-        raise OptionError(f"dtype {dtype} is not supported: use float16/32/64, int/uint 8-64 or bool")
+        raise OptionError(f"dtype {dtype} is not supported: use float16/32/64, bfloat16, float8_e4m3fn/e5m2, "
+                          "int/uint 8-64 or bool")
     bits = dtype.itemsize * 8
     order = dtype.byteorder
     if order == "=":
         order = _NATIVE
     if dtype.itemsize == 1:
         order = "|"
+    if fmt is not None:
+        f = FORMATS.get(fmt)
+        if f is None:
+            raise OptionError(f"unknown float format {fmt!r}: use {', '.join(FORMATS)}")
+        if dtype.kind != "u" or dtype.itemsize * 8 != f.bits:
+            raise OptionError(f"{fmt} is held in uint{f.bits} words, not {dtype}")
+        return WordType(dtype=dtype, kind="f", bits=bits, byteorder=order, fields=dict(f.fields), format=fmt)
     # bool: the value lives in bit 0; 'all' means that bit (other bits of the byte only when named)
     fields: dict[str, tuple[int, ...]] = {"all": (0,) if dtype.kind == "b" else tuple(range(bits))}
     if dtype.kind == "f":

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import from_words, to_words
+from .dtypes import from_words, to_words, word_type
 from .errors import UnsupportedStorageError
 from .h5target import SiteRoute, new_words_for
 from .layout import open_h5
@@ -237,7 +237,7 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where))
                 arr = np.frombuffer(buf, t.dtype)
                 old = to_words(arr[within[at]]).astype(np.uint64)
-                new = new_words_for(old, plan, pos[at], t.dtype)
+                new = new_words_for(old, plan, pos[at], word_type(t.dtype, t.format))
                 arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
                 enc = _encode(bytes(buf), pipe, t.itemsize, info.size)
                 if enc is None:

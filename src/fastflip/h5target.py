@@ -96,8 +96,9 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
     return routes
 
 
-def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype)."""
+def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: Any) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype; a WordType for
+    bfloat16/float8 words)."""
     wt = word_type(dtype)
     new = rule_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], wt.bits)
     if plan.scale is not None:
@@ -149,7 +150,8 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
         old_out[site] = old
         if mode == "read":
             continue
-        new = new_words_for(old, plan, site, t.dtype) if mode == "apply" else words[site]  # type: ignore[index]
+        new = (new_words_for(old, plan, site, word_type(t.dtype, t.format)) if mode == "apply"
+               else words[site])  # type: ignore[index]
         new_out[site] = new
         flat[local] = from_words(new.astype(word_type(t.dtype).uint), t.dtype)
         if region:
@@ -170,7 +172,7 @@ class RawSites:
     offs: np.ndarray  # absolute byte offsets, increasing
     size: np.ndarray  # word size of each site
     dcode: np.ndarray  # index into dtypes
-    dtypes: list[np.dtype]
+    dtypes: list[tuple[np.dtype, str | None]]  # (stored dtype, float format)
     cols: dict[str, np.ndarray | None]  # and/or/xor/scale/words in this order
 
     @classmethod
@@ -185,8 +187,9 @@ class RawSites:
         site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
         offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
         size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in zip(raw, keep)]) if raw else z
-        dtypes = list(dict.fromkeys(r.tensor.dtype for r in raw))  # sites are grouped by dtype, not by tensor
-        dcode = np.concatenate([np.full(int(k.sum()), dtypes.index(r.tensor.dtype), np.int64)
+        # sites are grouped by dtype (and float format: bfloat16 is not uint16), not by tensor
+        dtypes = list(dict.fromkeys((r.tensor.dtype, r.tensor.format) for r in raw))
+        dcode = np.concatenate([np.full(int(k.sum()), dtypes.index((r.tensor.dtype, r.tensor.format)), np.int64)
                                 for r, k in zip(raw, keep)]) if raw else z
         if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
@@ -218,8 +221,7 @@ class RawSites:
             groups = [(c, np.flatnonzero(codes == c) + lo) for c in np.unique(codes).tolist()]
         c = self.cols
         for code, at in groups:
-            dt = self.dtypes[code]
-            wt = word_type(dt)
+            wt = dt = word_type(*self.dtypes[code])
             offs = self.offs[at] - base
             if mode == "apply":
                 old[at], new[at] = native.apply_at_offsets(

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .dtypes import WordType
 from .kernels_numba import load_word, rule, store_word
 from .wordrule import scale_words
 
@@ -136,7 +137,7 @@ class SiteArrays:
             offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
             little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64), or_mask=put(u64(or_mask), np.uint64),
             xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos, scale_factors=factors,
-            scale_dtypes=None if dtypes is None else [np.dtype(d) for d in dtypes],
+            scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
         )
 
 

@@ -109,6 +109,9 @@ class Tensor:
         Logical size in bytes (``size * itemsize``).
     framework, layer, role : str or None
         Filled by :func:`fastflip.roles.annotate`.
+    format : str or None
+        A float format held in unsigned words (``bfloat16``, ``float8_e4m3fn``,
+        ``float8_e5m2``), from the dataset's ``torch_dtype`` / ``fastflip_format`` attribute.
     """
 
     path: str
@@ -124,6 +127,7 @@ class Tensor:
     framework: str | None = None
     layer: str | None = None
     role: str | None = None
+    format: str | None = None
 
     @property
     def name(self) -> str:
@@ -143,7 +147,7 @@ class Tensor:
         """The :class:`fastflip.plan.TensorRef` (name, dtype, shape) of this tensor."""
         from .plan import TensorRef
 
-        return TensorRef(self.path, self.dtype.str, self.shape)
+        return TensorRef(self.path, self.dtype.str, self.shape, self.format)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready dict (dtype as its byte-order string, e.g. ``'>f4'``)."""
@@ -162,6 +166,7 @@ class Tensor:
             "framework": self.framework,
             "layer": self.layer,
             "role": self.role,
+            **({"format": self.format} if self.format else {}),
         }
 
 
@@ -520,6 +525,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                 if storage == "contiguous" and offset is not None and offset + size * dtype.itemsize > fsize:
                     skipped.append(Skipped(aliases[0], "data lies past the end of the file (damaged or truncated)"))
                     continue
+                fmt = _format_attr(dsid) if dtype.kind == "u" and dtype.itemsize <= 2 else None
                 tensors.append(
                     Tensor(
                         path=aliases[0],
@@ -532,6 +538,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                         chunks=chunks,
                         filters=filters,
                         nbytes=size * dtype.itemsize,
+                        format=fmt,
                     )
                 )
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
@@ -545,6 +552,27 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
 
             _annotate(layout, f)
     return layout
+
+
+_FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
+
+
+def _format_attr(dsid: Any) -> str | None:
+    """The float format that unsigned words carry (``torch_dtype = "bfloat16"`` as fastflip.torch writes it)."""
+    from h5py import Dataset, h5a
+
+    from .formats import FORMATS, format_name
+
+    names = [n for n in _FORMAT_ATTRS if h5a.exists(dsid, n)]
+    if not names:
+        return None
+    attrs = Dataset(dsid).attrs
+    for name in names:
+        value = attrs.get(name.decode())
+        fmt = format_name(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+        if fmt is not None and FORMATS[fmt].bits == 8 * dsid.dtype.itemsize:
+            return fmt
+    return None
 
 
 # --------------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ class InjectionLog:
             u = manifest["undo"]
             undo = ByteUndo(undo_cols[0].astype(np.int64), undo_cols[1].astype(np.int64), blobs[0], int(u["size"]),
                             blobs[1], int(u.get("new_size", -1)))
-        tensors = tuple(TensorRef(t["name"], t["dtype"], tuple(t["shape"])) for t in manifest["tensors"])
+        tensors = tuple(TensorRef(t["name"], t["dtype"], tuple(t["shape"]), t.get("format")) for t in manifest["tensors"])
         scale = cols["scale"] if not np.isnan(cols["scale"]).all() else None
         plan = Plan(tensors, cols["tensor"], cols["index"], cols["and_mask"], cols["or_mask"], cols["xor_mask"], scale,
                     cols["bits"], dict(manifest.get("plan", {})))

@@ -75,11 +75,15 @@ def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tu
     for i, t in enumerate(ts):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("dtype"), str):
             raise _bad(path, f"tensors[{i}] needs a string name and dtype")
+        fmt = t.get("format")  # bfloat16 / float8 words (optional)
         try:
             dt = np.dtype(t["dtype"])
-            word_type(dt)
+            if fmt is not None and not isinstance(fmt, str):
+                raise TypeError
+            word_type(dt, fmt)
         except (TypeError, ValueError, FastflipError):
-            raise _bad(path, f"tensors[{i}] has an unsupported dtype {t['dtype']!r:.40}") from None
+            raise _bad(path, f"tensors[{i}] has an unsupported dtype {t['dtype']!r:.40} "
+                             f"(format {fmt!r:.40})") from None
         shape = t.get("shape")
         if not isinstance(shape, list) or len(shape) > 64:
             raise _bad(path, f"tensors[{i}].shape must be a list of at most 64 sizes")

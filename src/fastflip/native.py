@@ -37,7 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import word_type
+from .dtypes import WordType, word_type
 from .errors import OptionError, ReadOnlyTargetError
 from .wordrule import rule_words, scale_words
 
@@ -327,7 +327,8 @@ class PtrTable:
         # stored little-endian <=> (this machine is little-endian) XOR swap
         self.little = np.ascontiguousarray(self.swaps.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_)
         self.extents = np.ascontiguousarray(extents, dtype=np.int64)
-        self.dtypes = [np.dtype(d) for d in dtypes]
+        # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
+        self.dtypes = [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes]
         n = len(self.ptrs)
         if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
             raise OptionError("pointer table columns must all have the same length")

@@ -43,7 +43,7 @@ def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np
     """The words the plan's rule makes from ``old`` (plan order)."""
     new = np.zeros(len(plan), np.uint64)
     for r in routes:
-        new[r.positions] = new_words_for(old[r.positions], plan, r.positions, r.tensor.dtype)
+        new[r.positions] = new_words_for(old[r.positions], plan, r.positions, word_type(r.tensor.dtype, r.tensor.format))
     return new
 
 

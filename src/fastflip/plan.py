@@ -32,7 +32,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .dtypes import word_type
+from .dtypes import WordType, word_type
+from .formats import format_name
 from .errors import OptionError
 
 __all__ = ["TensorRef", "Plan", "compose_masks", "merge_duplicate_elements"]
@@ -42,22 +43,39 @@ IDENTITY_AND = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 @dataclass(frozen=True)
 class TensorRef:
-    """Name, dtype (byte order included, as a numpy dtype string) and shape of a plan's tensor."""
+    """Name, dtype (byte order included, as a numpy dtype string) and shape of a plan's tensor.
+
+    ``format`` names a float format held in unsigned words (``bfloat16``,
+    ``float8_e4m3fn``, ``float8_e5m2``; see :mod:`fastflip.formats`): ``dtype`` is then
+    the storage (``<u2``) and :attr:`word` describes the bits. A format name may also be
+    given as the dtype: ``TensorRef("w", "bfloat16", (4,))``.
+    """
 
     name: str
     dtype: str
     shape: tuple[int, ...]
+    format: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
+        wt = word_type(self.dtype, self.format) if self.format or format_name(str(self.dtype)) else None
+        object.__setattr__(self, "dtype", wt.dtype.str if wt is not None else np.dtype(self.dtype).str)
+        object.__setattr__(self, "format", wt.format if wt is not None else None)
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def word(self) -> WordType:
+        """The :class:`~fastflip.dtypes.WordType` of the stored words (the format's fields when it has one)."""
+        return word_type(self.dtype, self.format)
+
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        d: dict[str, Any] = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+        if self.format:
+            d["format"] = self.format
+        return d
 
 
 @dataclass
@@ -168,16 +186,21 @@ class Plan:
             meta=dict(self.meta),
         )
 
-    def per_dtype(self) -> list[tuple[str, np.ndarray]]:
-        """Group site positions by tensor dtype: ``[(dtype string, positions), ...]``."""
+    def per_dtype(self) -> list[tuple[Any, np.ndarray]]:
+        """Group site positions by tensor dtype: ``[(dtype string, positions), ...]``.
+
+        A tensor with a float format is grouped under its :class:`~fastflip.dtypes.WordType`
+        (``word_type`` and the word-rule helpers accept either form).
+        """
         if not len(self):
             return []
-        dts = [t.dtype for t in self.tensors]
+        dts = [t.dtype + (f":{t.format}" if t.format else "") for t in self.tensors]
         kinds = sorted(set(dts))
+        word = {d: t.word if t.format else t.dtype for d, t in zip(dts, self.tensors)}
         if len(kinds) == 1:
-            return [(kinds[0], np.arange(len(self)))]
+            return [(word[kinds[0]], np.arange(len(self)))]
         code = np.array([kinds.index(d) for d in dts], dtype=np.int64)[self.tensor]
-        return [(k, np.flatnonzero(code == i)) for i, k in enumerate(kinds) if (code == i).any()]
+        return [(word[k], np.flatnonzero(code == i)) for i, k in enumerate(kinds) if (code == i).any()]
 
     def per_tensor(self) -> list[tuple[int, np.ndarray]]:
         """Group site positions by tensor: ``[(tensor_id, positions), ...]`` in tensor order."""

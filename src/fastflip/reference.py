@@ -17,6 +17,7 @@ Examples
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy as np
 from .dtypes import from_words, to_words, word_type
 from .plan import Plan
 
-__all__ = ["word_rule", "scale_word", "apply_plan"]
+__all__ = ["word_rule", "scale_word", "format_value", "format_scale_word", "apply_plan"]
 
 
 def word_rule(old: int, and_mask: int, or_mask: int, xor_mask: int, bits: int) -> int:
@@ -68,6 +69,49 @@ def scale_word(old: int, factor: float, dtype: np.dtype | str) -> int:
     return int(to_words(new)[0])
 
 
+def format_value(word: int, fmt: str) -> float:
+    """Value of one word of a float format (:mod:`fastflip.formats`), computed bit by bit in Python.
+
+    >>> format_value(0x3F80, "bfloat16"), format_value(0x7F, "float8_e4m3fn")
+    (1.0, nan)
+    """
+    from .formats import FORMATS
+
+    f = FORMATS[fmt]
+    sign = -1.0 if (word >> (f.bits - 1)) & 1 else 1.0
+    e = (word >> f.mantissa) & ((1 << f.exponent) - 1)
+    m = word & ((1 << f.mantissa) - 1)
+    if e == (1 << f.exponent) - 1:
+        if f.nan_all_ones:
+            if m == (1 << f.mantissa) - 1:
+                return math.nan
+        else:
+            return sign * math.inf if m == 0 else math.nan
+    if e == 0:
+        return sign * math.ldexp(m, 1 - f.bias - f.mantissa)
+    return sign * math.ldexp((1 << f.mantissa) + m, e - f.bias - f.mantissa)
+
+
+def format_scale_word(old: int, factor: float, fmt: str) -> int:
+    """Word of ``value(old) * factor`` in a float format: nearest value by search over every word, ties to the
+    even word; overflow gives Inf, or saturates where the format has none (float8_e4m3fn)."""
+    from .formats import FORMATS
+
+    f = FORMATS[fmt]
+    x = format_value(old, fmt) * float(factor)
+    sign = 1 << (f.bits - 1)
+    if math.isnan(x):
+        return sign - 1 if f.nan_all_ones else (((1 << f.exponent) - 1) << f.mantissa) | (1 << (f.mantissa - 1))
+    neg = sign if math.copysign(1.0, x) < 0 else 0
+    finite = [(w, format_value(w, fmt)) for w in range(sign)]
+    finite = [(w, v) for w, v in finite if math.isfinite(v)]
+    top_w, top = finite[-1]
+    if abs(x) >= top + (top - finite[-2][1]) / 2:
+        return neg | ((((1 << f.exponent) - 1) << f.mantissa) if f.has_inf else top_w)
+    best = min(finite, key=lambda wv: (abs(abs(x) - wv[1]), wv[0] % 2))
+    return neg | best[0]
+
+
 def apply_plan(arrays: Mapping[str, np.ndarray], plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     """Apply ``plan`` to ``arrays`` in place, site by site; return (old words, new words) in plan order."""
     old_words = np.zeros(len(plan), dtype=np.uint64)
@@ -80,7 +124,7 @@ def apply_plan(arrays: Mapping[str, np.ndarray], plan: Plan) -> tuple[np.ndarray
         old = int(to_words(flat[int(plan.index[i]) : int(plan.index[i]) + 1])[0])
         factor = None if plan.scale is None else float(plan.scale[i])
         if factor is not None and not np.isnan(factor):
-            new = scale_word(old, factor, arr.dtype)
+            new = format_scale_word(old, factor, ref.format) if ref.format else scale_word(old, factor, arr.dtype)
         else:
             new = word_rule(old, int(plan.and_mask[i]), int(plan.or_mask[i]), int(plan.xor_mask[i]), wt.bits)
         # store the raw word through an unsigned view in the stored byte order (exact for every bit pattern)

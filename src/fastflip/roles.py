@@ -351,7 +351,7 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
         if t.path in special:
             layer, role = special[t.path]
         else:
-            layer, role = label_path(t.path, fw, len(t.shape), t.dtype.kind)
+            layer, role = label_path(t.path, fw, len(t.shape), "f" if t.format else t.dtype.kind)
             layer = opt_layers.get(t.path, layer)
         out.append(replace(t, framework=fw, layer=layer, role=role))
     if isinstance(layout_or_tensors, Layout):

@@ -103,15 +103,16 @@ class SiteSpace:
             raise OptionError(f"empty tensors cannot be injected: {', '.join(empty[:5])}; exclude them")
         self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         self.n_elements = int(self.starts[-1])
-        dtypes: list[str] = []
+        dtypes: list[tuple[str, str | None]] = []  # (storage dtype, float format): bf16 is not uint16
         gid = np.empty(len(self.tensors), dtype=np.int64)
         for i, t in enumerate(self.tensors):
-            if t.dtype not in dtypes:
-                dtypes.append(t.dtype)
-            gid[i] = dtypes.index(t.dtype)
-        self.group_dtypes = dtypes
+            if (t.dtype, t.format) not in dtypes:
+                dtypes.append((t.dtype, t.format))
+            gid[i] = dtypes.index((t.dtype, t.format))
+        self.group_dtypes = [d for d, _ in dtypes]
         self.group_of = gid
-        self.groups = [GroupBits(np.array(self.bits.resolve(d), dtype=np.int64), word_type(d).bits) for d in dtypes]
+        self.groups = [GroupBits(np.array(self.bits.resolve(word_type(d, f)), dtype=np.int64), word_type(d).bits)
+                       for d, f in dtypes]
         self.nbits = np.array([len(self.groups[g].positions) for g in gid], dtype=np.int64)
         maxm = max(len(g.positions) for g in self.groups)
         self._pos_table = np.zeros((len(self.groups), maxm), dtype=np.int64)
@@ -120,7 +121,7 @@ class SiteSpace:
         self._gm = np.array([len(g.positions) for g in self.groups], dtype=np.int64)
         self.pair_starts = np.concatenate([[0], np.cumsum(self.sizes * self.nbits)]).astype(np.int64)
         self.n_pairs = int(self.pair_starts[-1])
-        self.widths = np.array([word_type(d).bits for d in dtypes], dtype=np.int64)
+        self.widths = np.array([word_type(d).bits for d, _ in dtypes], dtype=np.int64)
         if isinstance(distribution, str):
             if distribution not in ("element", "tensor"):
                 raise OptionError(f"distribution must be 'element', 'tensor' or a mapping of weights (got {distribution!r})")
@@ -416,8 +417,8 @@ class SiteSpace:
         old = np.asarray(read_words(plan), dtype=np.uint64)
         bad = np.zeros(len(plan), bool)
         for tid, at in plan.per_tensor():
-            dtype = self.tensors[tid].dtype
-            wt = word_type(dtype)
+            dtype = self.tensors[tid].word
+            wt = dtype
             if wt.kind != "f":
                 continue
             if plan.scale is not None:
@@ -439,18 +440,17 @@ def _with_fields(tensors: tuple[TensorRef, ...], bits: BitSpec) -> tuple[tuple[T
     BitRangeError
         When no tensor has the fields (the message names the tensors and the fix).
     """
-    missing: dict[str, tuple[str, ...]] = {}
-    for d in dict.fromkeys(t.dtype for t in tensors):
-        m = bits.missing_fields(d)
-        if m:
-            missing[d] = m
-    if not missing:
+    missing: dict[tuple[str, str | None], tuple[str, ...]] = {}
+    for t in tensors:
+        if (t.dtype, t.format) not in missing:
+            missing[(t.dtype, t.format)] = bits.missing_fields(t.word)
+    if not any(missing.values()):
         return tensors, {}
-    keep = tuple(t for t in tensors if t.dtype not in missing)
-    out = [t.name for t in tensors if t.dtype in missing]
+    keep = tuple(t for t in tensors if not missing[(t.dtype, t.format)])
+    out = [t.name for t in tensors if missing[(t.dtype, t.format)]]
     fields = sorted({f for m in missing.values() for f in m})
     if not keep:
-        names = ", ".join(f"{t.name} ({word_type(t.dtype).dtype})" for t in tensors[:5])
+        names = ", ".join(f"{t.name} ({t.word.name})" for t in tensors[:5])
         more = f" and {len(tensors) - 5} more" if len(tensors) > 5 else ""
         raise BitRangeError(f"bits {','.join(bits.items)}: no selected tensor has the field(s) {', '.join(fields)} "
                             f"({names}{more}); select float tensors (--dtype float) or give bit positions")

@@ -68,17 +68,27 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
 
 
 def dtype_matcher(spec: str) -> Any:
-    """A predicate on numpy dtypes for one dtype spec ('float32', 'f4', '>f4', 'float', 'int', ...).
+    """A predicate ``(numpy dtype, float format=None)`` for one dtype spec ('float32', 'f4', '>f4', 'float', 'int',
+    'bfloat16', ...).
 
     A spec without a byte order matches both orders; ``'<f4'``/``'>f4'`` match one.
+    Tensors with a float format (bfloat16 and float8 held in unsigned words) match
+    their format's name and ``float``, never an integer spec.
 
     >>> m = dtype_matcher("float32"); m(np.dtype(">f4")), m(np.dtype("<f8"))
     (True, False)
+    >>> dtype_matcher("float")(np.dtype("<u2"), "bfloat16"), dtype_matcher("uint")(np.dtype("<u2"), "bfloat16")
+    (True, False)
     """
+    from .formats import format_name
+
     s = spec.strip().lower()
+    named = format_name(s)
+    if named is not None:
+        return lambda dt, fmt=None: fmt == named
     if s in _DTYPE_GROUPS:
         kinds = _DTYPE_GROUPS[s]
-        return lambda dt: dt.kind in kinds
+        return lambda dt, fmt=None: ("f" in kinds) if fmt else dt.kind in kinds
     try:
         want = np.dtype(s)
     except TypeError:
@@ -86,8 +96,8 @@ def dtype_matcher(spec: str) -> Any:
             f"unknown dtype {spec!r}: use e.g. float32, f4, >f4, int8, float, int, uint, bool"
         ) from None
     if s[:1] in "<>":
-        return lambda dt: dt.str == want.str
-    return lambda dt: dt.newbyteorder("=") == want.newbyteorder("=")
+        return lambda dt, fmt=None: not fmt and dt.str == want.str
+    return lambda dt, fmt=None: not fmt and dt.newbyteorder("=") == want.newbyteorder("=")
 
 
 def _tuple(v: Any) -> tuple[str, ...]:
@@ -178,7 +188,7 @@ class Selection:
                 return False
         if self.exclude and any(glob_to_regex(g).match(a) for g in self.exclude for a in aliases):
             return False
-        if self.dtypes and not any(dtype_matcher(d)(t.dtype) for d in self.dtypes):
+        if self.dtypes and not any(dtype_matcher(d)(t.dtype, getattr(t, "format", None)) for d in self.dtypes):
             return False
         if self.roles and t.role not in self.roles:
             return False
@@ -192,7 +202,7 @@ class Selection:
 
 def _available(tensors: Sequence[Tensor]) -> str:
     paths = ", ".join(t.path for t in tensors[:5]) + (f" (+{len(tensors) - 5} more)" if len(tensors) > 5 else "")
-    dts = ", ".join(sorted({t.dtype.str for t in tensors}))
+    dts = ", ".join(sorted({getattr(t, "format", None) or t.dtype.str for t in tensors}))
     roles = ", ".join(sorted({t.role for t in tensors if t.role}))
     names = sorted({t.layer for t in tensors if t.layer})
     layers = ", ".join(names[:8]) + (f" (+{len(names) - 8} more)" if len(names) > 8 else "")

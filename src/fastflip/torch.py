@@ -16,7 +16,8 @@ Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
   as ``num_batches_tracked`` or Adam's ``step`` are scalar datasets), stored
   contiguous and uncompressed unless asked; ``bfloat16`` and the float8 types have no
   NumPy dtype and are stored as their ``uint16``/``uint8`` words with the attribute
-  ``torch_dtype`` naming them (``"bfloat16"``, ``"float8_e4m3fn"``, ...);
+  ``torch_dtype`` naming them (``"bfloat16"``, ``"float8_e4m3fn"``, ...), read back by
+  :func:`fastflip.layout.read_layout` as the tensor's ``format``;
 - every NumPy array is a dataset with the attribute ``torch_dtype = "ndarray"``;
 - every other value (numbers, strings, ``None``, lists, tuples, mappings inside
   lists such as an optimizer's ``param_groups``) is a JSON attribute of its

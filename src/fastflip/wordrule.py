@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .dtypes import word_type
+from .dtypes import WordType, word_type
+from .formats import FORMATS, decode, encode, nonfinite_words
 
 __all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite"]
 
@@ -31,16 +32,25 @@ def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_m
     return (((old & and_mask) | or_mask) ^ xor_mask) & width
 
 
-def words_to_values(words: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
-    """Values (native byte order) whose raw words are the uint64 column ``words``."""
+def words_to_values(words: np.ndarray, dtype: "np.dtype | str | WordType") -> np.ndarray:
+    """Values (native byte order) whose raw words are the uint64 column ``words``.
+
+    Float formats NumPy lacks (bfloat16, float8) decode exactly to float64.
+    """
     wt = word_type(dtype)
+    if wt.format:
+        return decode(np.asarray(words, dtype=np.uint64), FORMATS[wt.format])
     native = wt.dtype.newbyteorder("=") if wt.itemsize > 1 else wt.dtype
     return np.ascontiguousarray(words.astype(wt.uint)).view(native)
 
 
-def scale_words(old: np.ndarray, factors: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+def scale_words(old: np.ndarray, factors: np.ndarray, dtype: "np.dtype | str | WordType") -> np.ndarray:
     """New words of ``value(old) * factor`` (same rounding/saturation as :func:`fastflip.reference.scale_word`)."""
     wt = word_type(dtype)
+    if wt.format:
+        f = FORMATS[wt.format]
+        with np.errstate(over="ignore", invalid="ignore"):
+            return encode(decode(np.asarray(old, dtype=np.uint64), f) * np.asarray(factors, dtype=np.float64), f)
     values = words_to_values(np.asarray(old, dtype=np.uint64), dtype)
     native = values.dtype
     with np.errstate(over="ignore", invalid="ignore"):
@@ -60,9 +70,14 @@ def scale_words(old: np.ndarray, factors: np.ndarray, dtype: np.dtype | str) -> 
     return np.ascontiguousarray(new).view(wt.uint).astype(np.uint64)
 
 
-def nonfinite(words: np.ndarray, dtype: np.dtype | str) -> tuple[np.ndarray, np.ndarray]:
-    """Boolean columns (is NaN, is Inf) of the values of ``words``; all False for integers."""
+def nonfinite(words: np.ndarray, dtype: "np.dtype | str | WordType") -> tuple[np.ndarray, np.ndarray]:
+    """Boolean columns (is NaN, is Inf) of the values of ``words``; all False for integers.
+
+    Float formats follow their own rules (float8_e4m3fn: no Inf, NaN only at S.1111.111).
+    """
     wt = word_type(dtype)
+    if wt.format:
+        return nonfinite_words(np.asarray(words, dtype=np.uint64), FORMATS[wt.format])
     if wt.kind != "f":
         z = np.zeros(len(words), dtype=bool)
         return z, z.copy()

@@ -73,7 +73,7 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
     for t in tensors:
         role = (t.role or "") + (f" [{t.layer}]" if t.layer else "")
         others = [a for a in t.aliases if a != t.path]
-        rows.append([t.path, t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
+        rows.append([t.path, t.format or t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
                      _storage(t), str(t.nbytes), role, ",".join(others)])
     out = [f"{layout.file}: framework {layout.framework or 'unknown'}"]
     if rows:

@@ -38,22 +38,27 @@ Examples
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from ..dtypes import is_supported_dtype
+from ..formats import FORMATS, format_name
 from ..errors import OptionError
 
 __all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
 
-# torch dtype name -> numpy dtype string (native order); bfloat16 and complex have no word type here
+# torch dtype name -> numpy dtype string (native order); bfloat16 and float8 are held as unsigned
+# words with a format (see fastflip.formats); complex has no word type
 TORCH_DTYPES = {
     "float16": "f2", "float32": "f4", "float64": "f8",
     "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",
     "uint8": "u1", "uint16": "u2", "uint32": "u4", "uint64": "u8", "bool": "?",
+    "bfloat16": "u2", "float8_e4m3fn": "u1", "float8_e5m2": "u1",
 }
+_SUPPORTED = "float16/32/64, bfloat16, float8_e4m3fn/e5m2, int/uint 8-64 and bool"
 
 
 @dataclass
@@ -83,7 +88,7 @@ class LiveTensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def contiguous(self) -> bool:
@@ -99,7 +104,7 @@ class LiveTensor:
         """Bytes from ``ptr`` to the end of the last element (non-negative strides)."""
         if self.size == 0:
             return 0
-        return int(sum((n - 1) * s for n, s in zip(self.shape, self.strides))) + self.dtype.itemsize
+        return sum((int(n) - 1) * int(s) for n, s in zip(self.shape, self.strides)) + self.dtype.itemsize
 
     def byte_offsets(self, index: np.ndarray) -> np.ndarray:
         """Byte offsets (from ``ptr``) of the flat C-order element indices ``index``."""
@@ -124,19 +129,21 @@ def _numpy(name: str, arr: np.ndarray) -> LiveTensor:
 
 def _check_dtype(name: str, dtype: np.dtype) -> None:
     if not is_supported_dtype(dtype):
-        raise OptionError(f"tensor {name!r} has dtype {dtype}: only float16/32/64, int/uint 8-64 and bool can be injected")
+        raise OptionError(f"tensor {name!r} has dtype {dtype}: only {_SUPPORTED} can be injected")
 
 
 def _torch(name: str, t: Any) -> LiveTensor:
     key = str(t.dtype).replace("torch.", "")
     if key not in TORCH_DTYPES:
-        raise OptionError(f"tensor {name!r} has dtype {t.dtype}: only float16/32/64, int/uint 8-64 and bool can be injected")
+        raise OptionError(f"tensor {name!r} has dtype {t.dtype}: only {_SUPPORTED} can be injected")
     dtype = np.dtype(TORCH_DTYPES[key])
+    fmt = format_name(key)
     strides = tuple(int(s) * dtype.itemsize for s in t.stride())
     if t.device.type == "cpu":
-        return LiveTensor(name, dtype, tuple(t.shape), "cpu", int(t.data_ptr()), strides, True, obj=t)
+        return LiveTensor(name, dtype, tuple(t.shape), "cpu", int(t.data_ptr()), strides, True, obj=t, format=fmt)
     if t.device.type == "cuda":
-        return LiveTensor(name, dtype, tuple(t.shape), "cuda", int(t.data_ptr()), strides, True, int(t.device.index), obj=t)
+        return LiveTensor(name, dtype, tuple(t.shape), "cuda", int(t.data_ptr()), strides, True, int(t.device.index),
+                          obj=t, format=fmt)
     raise OptionError(f"tensor {name!r} is on device {t.device}: only CPU and CUDA tensors are supported")
 
 
@@ -152,9 +159,10 @@ def _tf(name: str, v: Any) -> LiveTensor:
         return _torch(name, var)
     if not hasattr(var, "scatter_nd_update"):
         raise OptionError(f"tensor {name!r} ({type(v).__name__}) is a TensorFlow value, not a variable: it cannot be changed in place")
-    dtype = np.dtype(var.dtype.as_numpy_dtype)
+    fmt = format_name(var.dtype.name)
+    dtype = FORMATS[fmt].storage if fmt else np.dtype(var.dtype.as_numpy_dtype)
     _check_dtype(name, dtype)
-    return LiveTensor(name, dtype, tuple(int(s) for s in var.shape), "tf", writable=True, obj=var)
+    return LiveTensor(name, dtype, tuple(int(s) for s in var.shape), "tf", writable=True, obj=var, format=fmt)
 
 
 def tensor(name: str, t: Any) -> LiveTensor:
@@ -197,7 +205,7 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left out.
 
     In a mapping every tensor must be supported; in a model, tensors that cannot be
-    injected (complex, on a ``meta`` device, empty) are left out and named in the
+    injected (complex, on a ``meta`` device, empty; bfloat16 and float8 are supported) are left out and named in the
     second list. ``optimizer`` (a ``torch.optim`` optimizer, or ``True`` for a Keras
     model's own) / ``include_optimizer`` add optimizer state.
     """

@@ -90,7 +90,7 @@ class LiveLog:
     def _became(self) -> tuple[int, int]:
         nan = inf = 0
         for j, pos in self.plan.per_tensor():
-            dtype = self.plan.tensors[j].dtype
+            dtype = self.plan.tensors[j].word
             old_nan, old_inf = nonfinite(self.old_words[pos], dtype)
             new_nan, new_inf = nonfinite(self.new_words[pos], dtype)
             nan += int((new_nan & ~old_nan).sum())

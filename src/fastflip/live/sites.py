@@ -29,9 +29,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..bits import BitSpec
-from ..dtypes import to_words
+from ..dtypes import to_words, word_type
 from ..errors import OptionError, PlanMismatchError
 from ..faults import FaultModel, GroupBits, site_masks
+from ..formats import FORMATS, encode
 from ..plan import Plan, TensorRef, merge_duplicate_elements
 from .targets import Targets
 
@@ -100,15 +101,18 @@ def site(obj: Any, name: "str | Sequence[tuple[Any, ...]]", index: "int | Sequen
         t = tg.get(str(nm))
         if t.name not in refs:
             refs[t.name] = len(tensors)
-            tensors.append(TensorRef(t.name, t.dtype.str, t.shape))
+            tensors.append(TensorRef(t.name, t.dtype.str, t.shape, t.format))
         tid.append(refs[t.name])
         idx.append(flat_index(t.name, t.shape, ix))
         full = np.uint64(0xFFFFFFFFFFFFFFFF)
         if value is not None:
-            word = int(to_words(np.array([value]).astype(t.dtype.newbyteorder("=")))[0])
+            if t.format:
+                word = int(encode(np.array([float(value)]), FORMATS[t.format])[0])
+            else:
+                word = int(to_words(np.array([value]).astype(t.dtype.newbyteorder("=")))[0])
             and_m.append(np.uint64(0)), or_m.append(np.uint64(word)), xor_m.append(np.uint64(0)), scale.append(np.nan)
             continue
-        positions = np.array(BitSpec.parse(bt).resolve(t.dtype), dtype=np.int64)
+        positions = np.array(BitSpec.parse(bt).resolve(word_type(t.dtype, t.format)), dtype=np.int64)
         if fm.kind in ("flip", "stuck-at-0", "stuck-at-1") and bt is not None:
             bm = np.uint64(sum(1 << int(p) for p in positions))
             a, o, x = ((~bm, np.uint64(0), np.uint64(0)) if fm.kind == "stuck-at-0" else

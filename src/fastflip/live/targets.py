@@ -89,7 +89,7 @@ class Targets:
             [t.dtype.itemsize for t in self.tensors],
             [word_type(t.dtype).swapped for t in self.tensors],
             [t.extent if c else 0 for t, c in zip(self.tensors, cpu)],
-            [t.dtype for t in self.tensors],
+            [word_type(t.dtype, t.format) if t.format else t.dtype for t in self.tensors],
         )
         self.kinds = {t.kind for t in self.tensors}
         self._prepared: dict[int, tuple[weakref.ref, Prepared]] = {}
@@ -135,7 +135,7 @@ class Targets:
         group), so that a site space over a live model and one over its checkpoint are
         the same space: the same seed draws the same sites in both.
         """
-        return [TensorRef(t.name, t.dtype.str, t.shape) for t in self.sampled()]
+        return [TensorRef(t.name, t.dtype.str, t.shape, t.format) for t in self.sampled()]
 
     def sampled(self) -> list[LiveTensor]:
         """The tensors a site space draws from, in checkpoint order (views of other tensors left out)."""
@@ -149,7 +149,7 @@ class Targets:
         for t in self.sampled():
             names = tuple(dict.fromkeys("/" + n.lstrip("/") for n in (t.name, *t.aliases)))
             out.append(Tensor(t.name, names, t.dtype, t.shape, t.size, "memory", nbytes=t.size * t.dtype.itemsize,
-                              framework="live", layer=t.layer, role=t.role))
+                              framework="live", layer=t.layer, role=t.role, format=t.format))
         return out
 
     def get(self, name: str) -> LiveTensor:
@@ -209,8 +209,10 @@ class Targets:
             if i is None:
                 raise TensorNotFoundError(f"the plan names tensor {ref.name!r}, which these tensors lack ({self.describe_names(5)})")
             t = self.tensors[i]
-            if np.dtype(ref.dtype).newbyteorder("=") != t.dtype.newbyteorder("="):
-                raise PlanMismatchError(f"tensor {ref.name!r}: the plan's dtype is {np.dtype(ref.dtype)}, the tensor's is {t.dtype}")
+            # a plan's float format may describe plain unsigned words (a checkpoint's bf16 read into a uint16 array)
+            if np.dtype(ref.dtype).newbyteorder("=") != t.dtype.newbyteorder("=") or (t.format and ref.format != t.format):
+                raise PlanMismatchError(f"tensor {ref.name!r}: the plan's dtype is {ref.format or np.dtype(ref.dtype)}, "
+                                        f"the tensor's is {t.format or t.dtype}")
             if tuple(ref.shape) != tuple(t.shape):
                 raise PlanMismatchError(f"tensor {ref.name!r}: the plan's shape is {tuple(ref.shape)}, the tensor's is {t.shape}")
             mapping[j] = i
@@ -259,6 +261,11 @@ class Targets:
                                         "alias); merge duplicate sites first")
         kinds = None if self._all_cpu else self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
+        if not bitwise:
+            bare = [r.name for r, i in zip(plan.tensors, mapping) if r.format and not self.tensors[int(i)].format]
+            if bare:
+                raise PlanMismatchError(f"tensor {bare[0]!r}: scaling {plan.tensors[0].format} values needs a tensor "
+                                        "that knows its format (a torch bfloat16/float8 tensor), not plain words")
         prep = Prepared(tid=tid, offsets=np.ascontiguousarray(offsets), cpu=None, bitwise=bitwise)
         if n and kinds is not None and kinds.any():
             prep.cpu = np.flatnonzero(kinds == 0)
@@ -379,7 +386,7 @@ class Targets:
             if plan.scale is not None:
                 s = ~np.isnan(plan.scale[pos])
                 if s.any():
-                    w[s] = scale_words(o[s], plan.scale[pos][s], t.dtype)
+                    w[s] = scale_words(o[s], plan.scale[pos][s], word_type(t.dtype, t.format))
             _tf_write(t, idx, w)
             old[pos], new[pos] = o, w
         return old, new
