@@ -218,3 +218,22 @@ def test_bf16_and_fp8_checkpoints_fields_values_nan_and_diff(tmp_path) -> None:
     d = {t.path: t for t in diff_files(src, tmp_path / "f.h5").tensors}
     assert d["/bf"].dtype == "bfloat16" and d["/e4"].new_inf == 0 and d["/e5"].new_inf == 16
     assert d["/e4"].max_abs == 255.0  # 1.0 -> 256.0: printed as values of the format
+
+
+@pytest.mark.framework
+def test_keras_bfloat16_variables() -> None:
+    keras = require("keras")
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, dtype="bfloat16", name="hidden")])
+    tg = live.targets(model)
+    assert [(t.name, t.format) for t in tg.tensors] == [("hidden/kernel", "bfloat16"), ("hidden/bias", "bfloat16")]
+    before = {v.path: np.array(v.numpy()).view(np.uint16).copy() for v in model.weights}
+    with fastflip.injected(model, seed=1, count=6, bits="exponent-msb") as log:
+        for i in range(len(log)):
+            name = "sequential/" + log.plan.tensors[int(log.plan.tensor[i])].name
+            now = np.array(model.get_layer("hidden").kernel.numpy() if name.endswith("kernel")
+                           else model.get_layer("hidden").bias.numpy()).view(np.uint16).reshape(-1)
+            k = int(log.plan.index[i])
+            assert int(now[k]) == int(before[name].reshape(-1)[k]) ^ (1 << 14) == int(log.new_words[i])
+    for v in model.weights:
+        assert np.array(v.numpy()).view(np.uint16).tobytes() == before[v.path].tobytes()
