@@ -369,3 +369,16 @@ def test_sitespace_and_inject_file_leave_out_fieldless_tensors(tmp_path) -> None
     assert SiteSpace([TensorRef("n", "<i8", ())], bits="sign").tensors[0].name == "n"  # signed ints have a sign
     with pytest.raises(BitRangeError, match=r"u \(uint8\)"):
         SiteSpace([TensorRef("u", "|u1", (3,))], bits="sign")
+
+
+def test_campaign_cells_with_named_fields_leave_out_int_counters() -> None:
+    require("torch")
+    from fastflip.campaign.sweep import campaign_cells
+    from test_campaign import make
+
+    c = make(target={"factory": "user_models:torch_net"}, cells={"bits": ["exponent-msb", "0"], "group_by": "tensor"})
+    cells = campaign_cells(c)
+    msb = {x.group for x in cells if x.bits == "exponent-msb"}
+    lsb = {x.group for x in cells if x.bits == "0"}
+    assert "blocks.0.bn.num_batches_tracked" in lsb and not any("num_batches" in g for g in msb)
+    assert msb == {g for g in lsb if "num_batches" not in g}

@@ -127,3 +127,11 @@ def keras_subclassed() -> Any:
     rng = np.random.default_rng(0)
     model.fit(rng.normal(size=(16, 5)).astype("float32"), rng.integers(0, 3, 16), epochs=1, verbose=0)
     return model
+
+
+def torch_net() -> Any:
+    """A campaign factory: the nested-block ``Net`` with BatchNorm (seeded)."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch_classes()["Net"]().eval()

@@ -159,6 +159,7 @@ def _group_of(t: Tensor, group_by: str) -> str | None:
 def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Sequence[Tensor]]) -> list[Cell]:
     """The grid in a fixed order: bits, then group (first appearance), flips, fault, epoch."""
     from ..bits import BitSpec
+    from ..dtypes import word_type
 
     spec = campaign.cells
     epochs: list[int | None] = list(spec.epochs) if spec.epochs else [None]
@@ -179,13 +180,15 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
             for flips in spec.flips:
                 for fault in spec.faults:
                     for epoch in epochs:
-                        members = grouped[epoch].get(group)
+                        # named fields select the tensors that have them (no exponent in an int64 counter)
+                        members = [t for t in grouped[epoch].get(group) or ()
+                                   if not bitspec.missing_fields(word_type(t.dtype, t.format))]
                         if not members:
                             continue
                         population = 0
                         for t in members:
                             try:
-                                population += t.size * len(bitspec.resolve(t.dtype))
+                                population += t.size * len(bitspec.resolve(word_type(t.dtype, t.format)))
                             except Exception as exc:  # a field the dtype lacks (e.g. 'exponent' of an int)
                                 raise OptionError(
                                     f"[cells] bits {bits!r} does not apply to {t.path} ({t.dtype}): {exc}"
