@@ -382,3 +382,22 @@ def test_campaign_cells_with_named_fields_leave_out_int_counters() -> None:
     lsb = {x.group for x in cells if x.bits == "0"}
     assert "blocks.0.bn.num_batches_tracked" in lsb and not any("num_batches" in g for g in msb)
     assert msb == {g for g in lsb if "num_batches" not in g}
+
+
+def test_campaign_sweep_over_a_subclass_factory(tmp_path) -> None:
+    torch = require("torch")
+    from fastflip.campaign.sweep import campaign_cells, sweep
+    from fastflip.campaign.trials import TrialRunner
+    from test_campaign import make
+
+    c = make(target={"factory": "user_models:torch_net"}, cells={"bits": ["exponent-msb"], "group_by": "layer"},
+             evaluator={"function": "user_models:evaluate_net", "critical": 0.05}, trials={"per_cell": 4})
+    cells = campaign_cells(c)
+    assert {x.group for x in cells} == {"stem", "blocks.0.conv", "blocks.0.bn", "blocks.1.conv", "blocks.1.bn", "fc"}
+    runner = TrialRunner(c, cells)
+    model = runner.targets[None]
+    before = state_bytes(model)
+    rows = [runner.run(cid, t) for cid in range(len(cells)) for t in range(4)]
+    assert len(rows) == 24 and state_bytes(model) == before  # every trial reverted
+    res = sweep(c, str(tmp_path / "t.db"), workers=0, progress=False)
+    assert res.complete and res.stored == 24

@@ -135,3 +135,16 @@ def torch_net() -> Any:
 
     torch.manual_seed(0)
     return torch_classes()["Net"]().eval()
+
+
+def evaluate_net(model: Any) -> tuple[Any, float]:
+    """A campaign evaluator for ``torch_net``: logits and accuracy on a fixed batch of images."""
+    import numpy as np
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, 8, 8, generator=g)
+    y = torch.randint(0, 10, (32,), generator=g)
+    with torch.no_grad():
+        logits = model(x)
+    return logits.numpy(), float(np.mean(logits.argmax(1).numpy() == y.numpy()))
