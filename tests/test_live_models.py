@@ -401,3 +401,12 @@ def test_campaign_sweep_over_a_subclass_factory(tmp_path) -> None:
     assert len(rows) == 24 and state_bytes(model) == before  # every trial reverted
     res = sweep(c, str(tmp_path / "t.db"), workers=0, progress=False)
     assert res.complete and res.stored == 24
+
+
+def test_tensors_that_cannot_be_injected_are_named_not_skipped_silently() -> None:
+    torch = require("torch")
+    m = torch.nn.Linear(2, 2)
+    m.register_buffer("phase", torch.zeros(3, dtype=torch.complex64))
+    with pytest.warns(UserWarning, match=r"1 tensor\(s\) left out: tensor 'phase' has dtype torch.complex64"):
+        tg = live.targets(m)
+    assert tg.skipped == ["phase"] and {t.name for t in tg.tensors} == {"weight", "bias"}

@@ -39,6 +39,7 @@ Examples
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -225,16 +226,20 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     else:
         raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a torch.nn.Module, a Keras model "
                           "or a mapping name -> tensor")
-    out, skipped = [], []
+    out, skipped, refused = [], [], []
     for p in pairs:
         try:
             t = tensor(p.name, p.value)
-        except OptionError:
+        except OptionError as exc:
             skipped.append(p.name)
+            refused.append(str(exc))
             continue
-        if t.size == 0:
+        if t.size == 0:  # nothing to flip
             skipped.append(p.name)
             continue
         t.aliases, t.layer, t.role, t.order = p.aliases, p.layer, p.role, p.order
         out.append(t)
+    if refused and out:  # part of the model cannot be injected: say so (nothing is left out silently)
+        warnings.warn(f"fastflip: {len(refused)} tensor(s) left out: {refused[0]}"
+                      + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""), stacklevel=3)
     return frameworks.merge_shared(out), skipped
