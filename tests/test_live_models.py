@@ -410,3 +410,18 @@ def test_tensors_that_cannot_be_injected_are_named_not_skipped_silently() -> Non
     with pytest.warns(UserWarning, match=r"1 tensor\(s\) left out: tensor 'phase' has dtype torch.complex64"):
         tg = live.targets(m)
     assert tg.skipped == ["phase"] and {t.name for t in tg.tensors} == {"weight", "bias"}
+
+
+def test_select_takes_live_refs() -> None:
+    torch = require("torch")
+    from fastflip.select import select
+
+    net = torch_classes()["Net"]()
+    refs = fastflip.tensor_refs(net)
+    got = select(refs, Selection(roles=["weight"], layers=["blocks.*"]))
+    assert [r.name for r in got] == ["blocks.0.bn.weight", "blocks.0.conv.weight", "blocks.1.bn.weight",
+                                     "blocks.1.conv.weight"]
+    assert [r.name for r in fastflip.tensor_refs(net, {"roles": ["step-counter"]})] == [
+        "blocks.0.bn.num_batches_tracked", "blocks.1.bn.num_batches_tracked"]
+    with pytest.raises(SelectionError, match="layers: blocks.0.bn"):
+        select(refs, Selection(layers=["decoder*"]))

@@ -45,7 +45,7 @@ from typing import Any, Iterable, Sequence, TypeVar
 
 from .layout import Layout, Tensor, replace
 
-__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "other")
 # short names accepted by selections (``--role optimizer``)
@@ -179,6 +179,20 @@ def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[
         return layer, _guess_role(leaf, ndim, kind)
     # unknown layout: parent group as layer, role from the name
     return ("/".join(parts[:-1]) or None), _guess_role(leaf, ndim, kind)
+
+
+def label_names(names: Sequence[str], ndims: Sequence[int], kinds: Sequence[str]) -> list[tuple[str | None, str]]:
+    """(layer, role) of in-memory tensors from their names alone: checkpoint paths (``/model/fc.weight``,
+    ``layers/dense/vars/0``) or bare PyTorch state_dict keys (``fc.weight``: layer ``fc``).
+
+    >>> label_names(["fc.weight", "bn.num_batches_tracked"], [2, 0], ["f", "i"])
+    [('fc', 'weight'), ('bn', 'step-counter')]
+    """
+    paths = ["/" + n.lstrip("/") for n in names]
+    fw = detect_framework(paths)
+    if fw is None and any("." in p.rsplit("/", 1)[-1] for p in paths) and not any("/" in p[1:] for p in paths):
+        fw, paths = "torch", ["/model" + p for p in paths]  # bare state_dict keys
+    return [label_path(p, fw, n, k) for p, n, k in zip(paths, ndims, kinds)]
 
 
 def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str | None, str]]:

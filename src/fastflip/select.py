@@ -209,8 +209,28 @@ def _available(tensors: Sequence[Tensor]) -> str:
     return f"available: {paths or 'no tensors'}; dtypes: {dts or '-'}; roles: {roles or '-'}; layers: {layers or '-'}"
 
 
-def select(tensors: Iterable[Tensor], selection: Selection | None = None) -> list[Tensor]:
+def _records_of(refs: Sequence[Any]) -> list[Tensor]:
+    """Layout records of :class:`~fastflip.plan.TensorRef` s (layer and role guessed from the names)."""
+    from .roles import label_names
+
+    kinds = ["f" if r.format else np.dtype(r.dtype).kind for r in refs]
+    labels = label_names([r.name for r in refs], [len(r.shape) for r in refs], kinds)
+    return [Tensor(r.name, ("/" + r.name.lstrip("/"),), np.dtype(r.dtype), tuple(r.shape), r.size, "memory",
+                   layer=layer, role=role, format=r.format) for r, (layer, role) in zip(refs, labels)]
+
+
+def select(tensors: Iterable[Any], selection: Selection | None = None) -> list[Any]:
     """The tensors that ``selection`` matches, in their original (layout) order.
+
+    ``tensors`` are layout :class:`~fastflip.layout.Tensor` records, or
+    :class:`~fastflip.plan.TensorRef` s (``fastflip.tensor_refs(model)``; layer and role
+    then come from the names; the matching refs are returned). For live models,
+    ``fastflip.live.select_live`` uses the model's own layers and roles.
+
+    >>> from fastflip.plan import TensorRef
+    >>> refs = [TensorRef("model/fc.weight", "<f4", (2, 2)), TensorRef("model/fc.bias", "<f4", (2,))]
+    >>> [r.name for r in select(refs, Selection(roles=["bias"]))]
+    ['model/fc.bias']
 
     Raises
     ------
@@ -218,6 +238,9 @@ def select(tensors: Iterable[Tensor], selection: Selection | None = None) -> lis
         When nothing matches; the message names the selection and what was available.
     """
     tensors = list(tensors)
+    if tensors and not isinstance(tensors[0], Tensor) and hasattr(tensors[0], "word"):  # TensorRefs
+        chosen = {t.path for t in select(_records_of(tensors), selection)}
+        return [r for r in tensors if r.name in chosen]
     if selection is None or selection.is_all:
         if not tensors:
             raise SelectionError("no tensors to select from (the file holds no numeric datasets)")

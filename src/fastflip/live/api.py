@@ -26,8 +26,8 @@ Examples
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 import secrets
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..roles import detect_framework, label_path
+from ..roles import label_names, label_path
 
 if TYPE_CHECKING:
     from .adapters import LiveTensor
@@ -211,13 +211,10 @@ def _weights_h5_paths(model: Any, include_optimizer: bool) -> dict[int, str]:
 
 def label_mapping(tensors: "list[LiveTensor]") -> None:
     """Fill layer and role of a mapping's tensors from their names (checkpoint-style or module paths)."""
-    paths = ["/" + t.name.lstrip("/") for t in tensors]
-    fw = detect_framework(paths)
-    if fw is None and any("." in p.rsplit("/", 1)[-1] for p in paths) and not any("/" in p[1:] for p in paths):
-        fw = "torch"  # bare state_dict keys: conv1.weight
-        paths = ["/model" + p for p in paths]
-    for t, p in zip(tensors, paths):
-        t.layer, t.role = label_path(p, fw, len(t.shape), t.dtype.kind if t.format is None else "f")
+    labels = label_names([t.name for t in tensors], [len(t.shape) for t in tensors],
+                         [t.dtype.kind if t.format is None else "f" for t in tensors])
+    for t, (layer, role) in zip(tensors, labels):
+        t.layer, t.role = layer, role
 
 
 def merge_shared(tensors: "list[LiveTensor]") -> "list[LiveTensor]":
