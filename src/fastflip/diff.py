@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from .dtypes import to_words
-from .formats import FORMATS, decode
+from .floatformats import FORMATS, decode
 from .layout import Layout, Tensor, open_h5, read_layout
 from .select import Selection
 

@@ -561,7 +561,7 @@ def _format_attr(dsid: Any) -> str | None:
     """The float format that unsigned words carry (``torch_dtype = "bfloat16"`` as fastflip.torch writes it)."""
     from h5py import Dataset, h5a
 
-    from .formats import FORMATS, format_name
+    from .floatformats import FORMATS, format_name
 
     names = [n for n in _FORMAT_ATTRS if h5a.exists(dsid, n)]
     if not names:

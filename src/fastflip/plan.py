@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .dtypes import WordType, word_type
-from .formats import format_name
+from .floatformats import format_name
 from .errors import OptionError
 
 __all__ = ["TensorRef", "Plan", "compose_masks", "merge_duplicate_elements"]
@@ -46,7 +46,7 @@ class TensorRef:
     """Name, dtype (byte order included, as a numpy dtype string) and shape of a plan's tensor.
 
     ``format`` names a float format held in unsigned words (``bfloat16``,
-    ``float8_e4m3fn``, ``float8_e5m2``; see :mod:`fastflip.formats`): ``dtype`` is then
+    ``float8_e4m3fn``, ``float8_e5m2``; see :mod:`fastflip.floatformats`): ``dtype`` is then
     the storage (``<u2``) and :attr:`word` describes the bits. A format name may also be
     given as the dtype: ``TensorRef("w", "bfloat16", (4,))``.
     """

@@ -70,12 +70,12 @@ def scale_word(old: int, factor: float, dtype: np.dtype | str) -> int:
 
 
 def format_value(word: int, fmt: str) -> float:
-    """Value of one word of a float format (:mod:`fastflip.formats`), computed bit by bit in Python.
+    """Value of one word of a float format (:mod:`fastflip.floatformats`), computed bit by bit in Python.
 
     >>> format_value(0x3F80, "bfloat16"), format_value(0x7F, "float8_e4m3fn")
     (1.0, nan)
     """
-    from .formats import FORMATS
+    from .floatformats import FORMATS
 
     f = FORMATS[fmt]
     sign = -1.0 if (word >> (f.bits - 1)) & 1 else 1.0
@@ -95,7 +95,7 @@ def format_value(word: int, fmt: str) -> float:
 def format_scale_word(old: int, factor: float, fmt: str) -> int:
     """Word of ``value(old) * factor`` in a float format: nearest value by search over every word, ties to the
     even word; overflow gives Inf, or saturates where the format has none (float8_e4m3fn)."""
-    from .formats import FORMATS
+    from .floatformats import FORMATS
 
     f = FORMATS[fmt]
     x = format_value(old, fmt) * float(factor)

@@ -80,7 +80,7 @@ def dtype_matcher(spec: str) -> Any:
     >>> dtype_matcher("float")(np.dtype("<u2"), "bfloat16"), dtype_matcher("uint")(np.dtype("<u2"), "bfloat16")
     (True, False)
     """
-    from .formats import format_name
+    from .floatformats import format_name
 
     s = spec.strip().lower()
     named = format_name(s)

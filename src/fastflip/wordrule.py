@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .dtypes import WordType, word_type
-from .formats import FORMATS, decode, encode, nonfinite_words
+from .floatformats import FORMATS, decode, encode, nonfinite_words
 
 __all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite"]
 

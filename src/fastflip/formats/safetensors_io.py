@@ -4,7 +4,7 @@ Each header entry ``{"dtype", "shape", "data_offsets": [begin, end]}`` places a 
 at ``8 + header_length + begin`` in the file. The header is checked before anything is
 used: the sizes match dtype and shape, every range lies inside the file, and no two
 ranges overlap (a header claiming overlapping ranges is refused). BF16 and the float8
-types are listed as their unsigned words (``<u2``, ``|u1``). The ``safetensors``
+types are listed as their unsigned words (``<u2``, ``|u1``) with their ``format`` (BF16, F8_E4M3, F8_E5M2). The ``safetensors``
 package is not needed to read or inject; it is used by :mod:`fastflip.convert` and tests.
 
 Examples
@@ -33,6 +33,8 @@ from .naming import label_tensors
 
 __all__ = ["SAFETENSORS_DTYPES", "read_safetensors_header", "read_safetensors_layout"]
 
+# words whose float format NumPy lacks: read as that format (fields, values, NaN/Inf) by fastflip.floatformats
+_FLOAT_FORMATS = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 SAFETENSORS_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
     "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "|i1",
@@ -101,7 +103,8 @@ def read_safetensors_layout(path: str) -> Layout:
             continue
         dt = np.dtype(SAFETENSORS_DTYPES[e["dtype"]])
         tensors.append(Tensor(path=p, aliases=(p,), dtype=dt, shape=shape, size=size, storage="contiguous",
-                              offset=base + int(e["data_offsets"][0]), nbytes=size * dt.itemsize))
+                              offset=base + int(e["data_offsets"][0]), nbytes=size * dt.itemsize,
+                              format=_FLOAT_FORMATS.get(e["dtype"])))
     tensors.sort(key=lambda t: _natural_key(t.path))
     skipped.sort(key=lambda s: s.path)
     return Layout(file=path, tensors=label_tensors(tensors, "torch"), skipped=skipped, framework="torch",

@@ -17,7 +17,8 @@ tensor's bytes (a slice) and non-contiguous views are skipped with the reason, s
 byte is counted twice.
 
 bfloat16 and float8 tensors have no NumPy dtype here: they are listed as their
-unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB).
+unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB), with
+their ``format`` (bfloat16, float8_e4m3fn, float8_e5m2) so that fields and values are the format's.
 
 Examples
 --------
@@ -43,6 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..floatformats import format_name
 from ..layout import Layout, Skipped, Tensor
 from . import FormatError, UnsafeInputError
 from .naming import label_tensors, optimizer_layers
@@ -319,7 +321,7 @@ def read_torch_layout(path: str) -> Layout:
             skipped.append(Skipped(name, f"non-contiguous view (strides {rec.stride}); save a .contiguous() copy"))
             continue
         t = Tensor(path=name, aliases=aliases, dtype=dt, shape=rec.shape, size=size, storage="contiguous",
-                   offset=start, nbytes=size * dt.itemsize)
+                   offset=start, nbytes=size * dt.itemsize, format=format_name(rec.dtype))
         cands.append((key, t))
     # bytes shared by different views: keep the widest, skip views inside it
     cands.sort(key=lambda kt: (kt[1].offset, -kt[1].nbytes))

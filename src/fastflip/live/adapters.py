@@ -46,7 +46,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..dtypes import is_supported_dtype
-from ..formats import FORMATS, format_name
+from ..floatformats import FORMATS, format_name
 from ..errors import OptionError
 
 __all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]

@@ -32,7 +32,7 @@ from ..bits import BitSpec
 from ..dtypes import to_words, word_type
 from ..errors import OptionError, PlanMismatchError
 from ..faults import FaultModel, GroupBits, site_masks
-from ..formats import FORMATS, encode
+from ..floatformats import FORMATS, encode
 from ..plan import Plan, TensorRef, merge_duplicate_elements
 from .targets import Targets
 

@@ -14,7 +14,7 @@ import fastflip
 from conftest import require
 from fastflip import live
 from fastflip.dtypes import word_type
-from fastflip.formats import FORMATS, decode, encode, nonfinite_words
+from fastflip.floatformats import FORMATS, decode, encode, nonfinite_words
 from fastflip.plan import Plan, TensorRef
 from fastflip.reference import apply_plan, format_scale_word, format_value
 from fastflip.select import Selection, select
@@ -237,3 +237,29 @@ def test_keras_bfloat16_variables() -> None:
             assert int(now[k]) == int(before[name].reshape(-1)[k]) ^ (1 << 14) == int(log.new_words[i])
     for v in model.weights:
         assert np.array(v.numpy()).view(np.uint16).tobytes() == before[v.path].tobytes()
+
+
+@pytest.mark.framework
+@pytest.mark.parametrize("kind", ["torch.save", "safetensors"])
+def test_torch_save_and_safetensors_files_carry_the_format(tmp_path, kind: str) -> None:
+    torch = require("torch")
+    from fastflip.inject import inject_file
+    from fastflip.layout import read_layout
+
+    sd = {"bf": torch.ones(8, dtype=torch.bfloat16), "e4": torch.ones(8).to(torch.float8_e4m3fn),
+          "e5": torch.ones(8).to(torch.float8_e5m2), "n": torch.tensor(3)}
+    if kind == "torch.save":
+        src = tmp_path / "m.pt"
+        torch.save(sd, src)
+    else:
+        require("safetensors")
+        from safetensors.torch import save_file
+
+        src = tmp_path / "m.safetensors"
+        save_file(sd, src)
+    lay = read_layout(src)
+    assert {t.path: t.format for t in lay.tensors} == {"/bf": "bfloat16", "/e4": "float8_e4m3fn",
+                                                       "/e5": "float8_e5m2", "/n": None}
+    res = inject_file(src, tmp_path / ("out" + src.suffix), seed=2, count=24, bits="exponent-msb", log_path=False)
+    # 1.0 everywhere: bf16 and e5m2 become Inf (exponent fills up), e4m3fn becomes 256 (it has no Inf)
+    assert res.counts["inf_created"] == 16 and res.log.plan.meta["left_out"]["tensors"] == ["/n"]
