@@ -230,7 +230,7 @@ def test_keras_bfloat16_variables() -> None:
     before = {v.path: np.array(v.numpy()).view(np.uint16).copy() for v in model.weights}
     with fastflip.injected(model, seed=1, count=6, bits="exponent-msb") as log:
         for i in range(len(log)):
-            name = "sequential/" + log.plan.tensors[int(log.plan.tensor[i])].name
+            name = f"{model.name}/" + log.plan.tensors[int(log.plan.tensor[i])].name  # sequential, sequential_1...
             now = np.array(model.get_layer("hidden").kernel.numpy() if name.endswith("kernel")
                            else model.get_layer("hidden").bias.numpy()).view(np.uint16).reshape(-1)
             k = int(log.plan.index[i])
