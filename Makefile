@@ -5,15 +5,18 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.fastflip-installed
 
-.PHONY: setup demo test test-fast bench chainer-venv report-deps clean
+.PHONY: setup demo test test-fast test-floors bench chainer-venv report-deps clean
 
-$(STAMP): pyproject.toml setup.py ext/_kernels.pyx
+# The package's extras, less `tensorflow`: this set-up takes the CPU-only build (tensorflow-cpu) instead.
+EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,test
+
+$(STAMP): pyproject.toml setup.py ext/_kernels.pyx constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch is pinned: this version installs a CPU build here; anything looser can pull a multi-GB CUDA build
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q "setuptools>=68" wheel "Cython>=3.0" numpy
-	$(PIP) install -q --no-build-isolation -e ".[all,test]"
+	# constraints.txt pins torch to the CPU build this machine has; anything looser can pull a multi-GB CUDA build
+	$(PIP) install -q -c constraints.txt torch tensorflow-cpu
+	$(PIP) install -q "setuptools>=77" wheel "Cython>=3.0" numpy
+	FASTFLIP_REQUIRE_NATIVE=1 $(PIP) install -q -c constraints.txt --no-build-isolation -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -37,6 +40,18 @@ report-deps:
 test: setup chainer-venv report-deps
 	FASTFLIP_CHAINER_PYTHON=$(CURDIR)/.chainer-venv/bin/python FASTFLIP_REQUIRE_EXTRAS=1 $(PY) -m pytest
 
+# The declared floors (pyproject: numpy>=2.0, h5py>=3.11) with no extras at all: the core suite must pass
+# there, and every test that needs an extra skips and says which (FASTFLIP_REQUIRE_EXTRAS is not set).
+FLOORS := .floors-venv
+$(FLOORS)/.stamp: pyproject.toml setup.py ext/_kernels.pyx
+	rm -rf $(FLOORS) && $(PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/python -m pip install -q "setuptools==77.*" wheel "Cython>=3.0" "numpy==2.0.*" "h5py==3.11.*"
+	FASTFLIP_REQUIRE_NATIVE=1 $(FLOORS)/bin/python -m pip install -q --no-build-isolation ".[test]"
+	touch $@
+
+test-floors: $(FLOORS)/.stamp
+	$(FLOORS)/bin/python -m pytest -p no:cacheprovider -q -m "not slow" tests
+
 test-fast: setup
 	$(PY) -m pytest -m "not framework and not slow"
 
@@ -46,4 +61,4 @@ bench: setup
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
 
 clean:
-	rm -rf build src/fastflip/*.so ext/*.c
+	rm -rf build src/fastflip/*.so ext/*.c $(FLOORS)

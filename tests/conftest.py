@@ -1,12 +1,58 @@
-"""Shared test helpers: optional extras fail (not skip) when the README set-up promised them."""
+"""Shared test helpers: optional extras fail (not skip) when the README set-up promised them.
+
+Outside ``make test`` (``FASTFLIP_REQUIRE_EXTRAS`` unset, e.g. after ``pip install .[test]`` alone), a test
+that needs an optional extra is skipped with the extra's name: either it asks with :func:`require`, or it
+fails on importing one of :data:`OPTIONAL_EXTRAS` (directly or through fastflip, which imports extras
+lazily), which :func:`pytest_runtest_makereport` turns into a skip. Under ``make test`` both are failures.
+"""
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from types import ModuleType
 
 import pytest
+
+#: Top-level modules of the package's optional extras (pyproject.toml) and of the test-only peers.
+OPTIONAL_EXTRAS = frozenset({
+    "numba", "torch", "tensorflow", "keras", "dask", "distributed", "dask_jobqueue", "pyarrow", "matplotlib",
+    "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer",
+})
+_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def extras_required() -> bool:
+    """True under ``make test``, where every extra of the README set-up must be present."""
+    return os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1"
+
+
+def _missing_extra(exc: BaseException | None) -> str | None:
+    """The optional extra whose absence raised ``exc`` (looked for along its cause chain), if any."""
+    seen = 0
+    while exc is not None and seen < 10:
+        name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        match = _NO_MODULE.search(str(exc))
+        for cand in (name, match.group(1) if match else None):
+            if cand and cand.split(".")[0] in OPTIONAL_EXTRAS:
+                return cand.split(".")[0]
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Outside ``make test``, a failure caused by a missing optional extra is reported as a skip naming it."""
+    outcome = yield
+    rep = outcome.get_result()
+    if not rep.failed or call.excinfo is None or extras_required():
+        return
+    extra = _missing_extra(call.excinfo.value)
+    if extra is not None:
+        rep.outcome = "skipped"
+        rep.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: optional extra {extra!r} not installed")
 
 
 def require(module: str) -> ModuleType:
@@ -19,9 +65,9 @@ def require(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        if os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1":
+        if extras_required():
             pytest.fail(f"optional extra {module!r} is missing but the README set-up installs it: {exc}")
-        pytest.skip(f"optional extra {module!r} not installed")
+        pytest.skip(f"optional extra {module!r} not installed", allow_module_level=True)
         raise  # unreachable
 
 

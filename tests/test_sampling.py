@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import require
 
 from fastflip.errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from fastflip.faults import FaultModel
@@ -58,7 +59,7 @@ def test_replace_allows_repeats():
 
 def test_element_distribution_is_proportional_to_size():
     """Chi-square of hits per tensor against sizes (p > 0.001 with a fixed seed)."""
-    chi2 = pytest.importorskip("scipy.stats").chisquare
+    chi2 = require("scipy.stats").chisquare
     sp = SiteSpace(REFS)
     hits = np.zeros(len(REFS))
     for s in range(20):
@@ -218,7 +219,7 @@ def test_bulk_path_exact_distinct_and_proportional():
     """From _BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
     from fastflip import sampling
 
-    chi2 = pytest.importorskip("scipy.stats").chisquare
+    chi2 = require("scipy.stats").chisquare
     refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]
     sp = SiteSpace(refs, bits="0-7")
     k = sampling._BULK + 1000

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import require
 
 from fastflip.errors import OptionError
 from fastflip.stats import (
@@ -19,7 +20,7 @@ from fastflip.stats import (
 
 
 def test_z_value_matches_scipy():
-    st = pytest.importorskip("scipy.stats")
+    st = require("scipy.stats")
     for c in (0.8, 0.9, 0.95, 0.99, 0.999):
         assert z_value(c) == pytest.approx(st.norm.ppf(0.5 + c / 2), rel=1e-12)
 
@@ -57,7 +58,7 @@ def test_sample_size_rejects_bad_options(bad):
 
 
 def test_wilson_matches_scipy():
-    st = pytest.importorskip("scipy.stats")
+    st = require("scipy.stats")
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(1, 5000))
