@@ -5,10 +5,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.fastflip-installed
 
-.PHONY: setup demo test test-fast test-floors bench chainer-venv report-deps clean
+.PHONY: setup demo test test-fast test-floors docs bench chainer-venv report-deps clean
 
 # The package's extras, less `tensorflow`: this set-up takes the CPU-only build (tensorflow-cpu) instead.
-EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,test
+EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,docs,test
 
 $(STAMP): pyproject.toml setup.py ext/_kernels.pyx constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ $(FLOORS)/.stamp: pyproject.toml setup.py ext/_kernels.pyx
 test-floors: $(FLOORS)/.stamp
 	$(FLOORS)/bin/python -m pytest -p no:cacheprovider -q -m "not slow" tests
 
+# The reference (numpydoc docstrings) and the guides of docs/, rendered to docs/_build/html; warnings fail.
+docs: setup
+	rm -rf docs/_build docs/api/generated
+	$(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs: docs/_build/html/index.html"
+
 test-fast: setup
 	$(PY) -m pytest -m "not framework and not slow"
 
@@ -61,4 +67,4 @@ bench: setup
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
 
 clean:
-	rm -rf build src/fastflip/*.so ext/*.c $(FLOORS)
+	rm -rf build src/fastflip/*.so ext/*.c $(FLOORS) docs/_build docs/api/generated

@@ -26,9 +26,13 @@ exclude_patterns = ["_build"]
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_rtype = False
+napoleon_use_ivar = True
+# "path" in a numpydoc type means str or os.PathLike, not one of the many attributes named path.
+napoleon_type_aliases = {"path": "path-like"}
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+# Each object is documented once, in the module that defines it (packages re-export names for users).
+autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True, "ignore-module-all": True}
 # Optional extras are imported lazily inside functions; mock the few imported at module level by adapters.
 autodoc_mock_imports = ["cupy", "numba", "dask", "distributed", "tensorflow", "keras", "torch"]
 myst_heading_anchors = 3

@@ -5,22 +5,22 @@ Every model except ``scale`` reduces to the AND/OR/XOR word rule of
 are always drawn from the *allowed* bits of the site's dtype (the resolved
 :class:`~fastflip.bits.BitSpec`).
 
-=============  ==========================================================  ===============
-kind           effect on the word                                          site unit
-=============  ==========================================================  ===============
-flip           XOR one allowed bit                                         (element, bit)
-stuck-at-0     clear ``n`` distinct allowed bits (AND)                     (element, bit)*
-stuck-at-1     set ``n`` distinct allowed bits (OR)                        (element, bit)*
-random-bits    XOR ``n`` distinct allowed bits chosen at random            element
+=============  ==============================================================  ===============
+kind           effect on the word                                              site unit
+=============  ==============================================================  ===============
+flip           XOR one allowed bit                                             (element, bit)
+stuck-at-0     clear ``n`` distinct allowed bits (AND)                         (element, bit)*
+stuck-at-1     set ``n`` distinct allowed bits (OR)                            (element, bit)*
+random-bits    XOR ``n`` distinct allowed bits chosen at random                element
                (not adjacent; what the older tool called ``burst``)
-adjacent       XOR ``n`` consecutive allowed bits (random start): an       element
+adjacent       XOR ``n`` consecutive allowed bits (random start): an           element
                adjacent-bit burst; ``burst:n`` is an alias
-mask           XOR the pattern ``mask``; ``mask_position='random'`` shifts  element
-               it to a random place where all its bits are allowed
-random-value   set every allowed bit to a random value                     element
-zero           clear the whole word                                        element
-scale          value <- value * ``factor`` (value-level)                   element
-=============  ==========================================================  ===============
+mask           XOR the pattern ``mask``; ``mask_position='random'``            element
+               shifts it to a random place where all its bits are allowed
+random-value   set every allowed bit to a random value                         element
+zero           clear the whole word                                            element
+scale          value <- value * ``factor`` (value-level)                       element
+=============  ==============================================================  ===============
 
 (*) with ``n == 1`` stuck-at sites are (element, bit) pairs like flips.
 

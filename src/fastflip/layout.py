@@ -651,6 +651,19 @@ def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
     return f[tensor.path], f
 
 
+def _chunk_address_base(dset: Any) -> int:
+    """What to add to the chunk addresses HDF5 reports to make them file offsets.
+
+    Before HDF5 1.14.4, ``H5Dchunk_iter`` and ``H5Dget_chunk_info`` gave addresses relative to the
+    base address, i.e. without the user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
+    """
+    import h5py
+
+    if h5py.version.hdf5_version_tuple >= (1, 14, 4):
+        return 0
+    return int(dset.file.id.get_create_plist().get_userblock())
+
+
 def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
     """Build the :class:`ChunkIndex` of an unfiltered chunked dataset (one pass over its chunk index).
 
@@ -687,6 +700,7 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
                     info = dset.id.get_chunk_info(i)
                     coords[i] = info.chunk_offset
                     offsets[i] = info.byte_offset
+            offsets += _chunk_address_base(dset)
         return ChunkIndex(
             shape=tuple(int(s) for s in dset.shape),
             chunks=tuple(int(c) for c in dset.chunks),
