@@ -34,6 +34,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("export", "export_cmd"),
     ("merge", "merge_cmd"),
     ("report", "report_cmd"),
+    ("info", "info_cmd"),
 )
 
 

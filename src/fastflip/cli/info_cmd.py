@@ -1,0 +1,25 @@
+"""``fastflip info``: versions, active kernel backends, GPU engines and optional extras."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("info", help="what this installation can use",
+                              description="Versions, the CPU kernel backends that are active, CUDA devices "
+                                          "and which optional extras are installed.")
+    p.add_argument("--json", action="store_true", help="as JSON (schema_version 1; see docs/json.md)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..environment import describe, format_description
+
+    d = describe()
+    print(json.dumps(d, indent=2) if args.json else format_description(d))
+    return 0
