@@ -32,6 +32,7 @@ import contextlib
 import datetime as _dt
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -117,6 +118,7 @@ def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int
 
 
 _LAYOUTS: "dict[tuple[str, int, int, int], Layout]" = {}
+_CACHE_LOCK = threading.Lock()  # the two caches below are shared by the threads of a host harness
 
 
 def cached_layout(path: str) -> Layout:
@@ -127,12 +129,14 @@ def cached_layout(path: str) -> Layout:
     """
     st = os.stat(path)
     key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
-    lay = _LAYOUTS.get(key)
+    with _CACHE_LOCK:
+        lay = _LAYOUTS.get(key)
     if lay is None:
-        lay = read_layout(path)
-        if len(_LAYOUTS) >= 16:
-            _LAYOUTS.pop(next(iter(_LAYOUTS)))
-        _LAYOUTS[key] = lay
+        lay = read_layout(path)  # outside the lock: two threads may both walk a new file, never wrongly
+        with _CACHE_LOCK:
+            while len(_LAYOUTS) >= 16:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            lay = _LAYOUTS.setdefault(key, lay)
     return lay
 
 
@@ -144,7 +148,8 @@ def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
     """The selected tensors' SiteSpace, remembered per (layout object, selection, bits, distribution)."""
     dist_key = distribution if isinstance(distribution, str) else tuple(sorted(distribution.items()))
     key = (id(layout), repr(selection), spec, dist_key)
-    hit = _SPACES.get(key)
+    with _CACHE_LOCK:
+        hit = _SPACES.get(key)
     if hit is not None and hit[0] is layout:
         return hit[2]
     try:
@@ -161,9 +166,10 @@ def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
         raise CapacityError(f"the selection holds {total_bits} bits in {len(tensors)} tensors, more than can be "
                             "addressed (2**63); select fewer tensors")
     space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
-    if len(_SPACES) >= 16:
-        _SPACES.pop(next(iter(_SPACES)))
-    _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
+    with _CACHE_LOCK:
+        while len(_SPACES) >= 16:
+            _SPACES.pop(next(iter(_SPACES)))
+        _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
     return space
 
 

@@ -21,6 +21,7 @@ Examples
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -53,6 +54,7 @@ def rule(old: np.uint64, a: np.uint64, o: np.uint64, x: np.uint64, size: int) ->
 
 
 _CACHE: dict[str, Any] = {}
+_LOCK = threading.Lock()  # one compilation, and no half-filled cache seen by another thread
 
 
 def make_pointer_intrinsic() -> Callable[..., Any]:
@@ -80,8 +82,15 @@ def get_kernels() -> dict[str, Any]:
     ``swap``) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs`` (several tensors by
     base address).
     """
-    if _CACHE:
-        return _CACHE
+    if not _CACHE:
+        with _LOCK:
+            if not _CACHE:
+                _CACHE.update(_compile())  # one C-level update: other threads see all kernels or none
+    return _CACHE
+
+
+def _compile() -> dict[str, Any]:
+    """JIT-compile the CPU kernels (see :func:`get_kernels`)."""
     import numba
 
     jit = numba.njit(cache=True, nogil=True)
@@ -171,8 +180,7 @@ def get_kernels() -> dict[str, Any]:
             t = tensor[i]
             _store(_site_view(ptrs, sizes, t, offsets[i]), 0, sizes[t], little[t], words[i])
 
-    _CACHE.update(
+    return dict(
         apply_words=apply_words, read_words=read_words, write_words=write_words,
         apply_ptrs=apply_ptrs, read_ptrs=read_ptrs, write_ptrs=write_ptrs,
     )
-    return _CACHE
