@@ -62,10 +62,11 @@ def test_plan_errors_are_one_line(capsys):
 
 def test_sweep_export_merge_round_trip(camp, tmp_path, capsys):
     store = str(tmp_path / "r.db")
-    assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0
-    assert "40/40 trials stored (complete)" in capsys.readouterr().out
-    assert main(["sweep", "-o", store, "--workers", "0", "--quiet"]) == 0  # resume: nothing left
-    assert "ran 0 " in capsys.readouterr().out
+    assert main(["sweep", camp, "-o", store, "--workers", "0", "-q"]) == 0
+    assert capsys.readouterr().out == ""  # quiet: nothing but errors
+    assert main(["sweep", "-o", store, "--workers", "0"]) == 0  # resume: nothing left
+    out = capsys.readouterr().out
+    assert "40/40 trials stored (complete)" in out and "ran 0 " in out
     assert main(["export", store, "--csv", str(tmp_path / "t.csv")]) == 0
     rows = list(csv.DictReader(open(tmp_path / "t.csv")))
     assert len(rows) == 40 and {r["outcome"] for r in rows} <= {"masked", "sdc", "critical", "due"}

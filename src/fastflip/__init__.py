@@ -11,9 +11,13 @@ and h5py are imported on first use, deep-learning frameworks only by adapters).
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 __version__ = "0.1.0"
+
+# Library messages go to the "fastflip" logger; a host application decides where they go (the CLI maps -v/-q).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
     "inject_file": "inject", "replay": "inject", "revert": "inject", "InjectionResult": "inject",

@@ -102,7 +102,7 @@ def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: 
             except OSError:
                 pass
         else:
-            os.chmod(tmp, 0o666 & ~_umask())
+            os.chmod(tmp, new_file_mode())
         os.replace(tmp, target)
         if durable:
             fsync_path(d)
@@ -190,10 +190,26 @@ def _origins(exc: BaseException) -> set[str]:
     return out
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def process_umask() -> int:
+    """The process's umask, read without changing it where the system tells (Linux ``/proc``).
+
+    Elsewhere it is read by setting and restoring it, which briefly changes it for every thread.
+    """
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def new_file_mode() -> int:
+    """Permission bits of a new regular file under the process's umask (as ``open(..., 'w')`` gives)."""
+    return 0o666 & ~process_umask()
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -53,7 +53,11 @@ import numpy as np
 
 from . import __version__
 from .errors import OutputError, StoreError
+<<<<<<< HEAD
 from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
+=======
+from .fileio import new_file_mode
+>>>>>>> 183fc23 (Library manners: fastflip logger with a NullHandler, -q/-v on every command (sweep -q prints nothing), JSON outputs carry schema_version, new files and stores follow the umask (read without changing it), docs/cli-conventions.md with exit codes)
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -190,6 +194,7 @@ class ResultStore:
         except OSError as exc:
             raise OutputError(f"cannot create store in {directory}: {exc.strerror or exc}") from exc
         os.close(fd)
+        os.chmod(tmp, new_file_mode())  # mkstemp makes 0600; a store is an ordinary output file
         try:
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:

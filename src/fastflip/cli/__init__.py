@@ -4,12 +4,18 @@ Each subcommand lives in its own module of this package with two functions:
 ``add_parser(subparsers)`` (argparse only, nothing heavy imported) and
 ``run(args) -> int``. Heavy imports happen inside ``run`` so that
 ``fastflip --help`` stays fast and imports no framework.
+
+Every subcommand takes ``-q/--quiet`` (no progress, no informational lines: only the output asked for, and
+errors) and ``-v/--verbose`` (the library's ``fastflip`` log messages at INFO, ``-vv`` DEBUG); they are added
+here unless the subcommand defines its own. Exit codes: 0 success, 1 "differs" (diff) or failed trials,
+2 an error (one line on stderr), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, where handled).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -53,8 +59,33 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         p = mod.add_parser(sub)
+        _add_verbosity(p)
         p.set_defaults(_run=mod.run)
     return parser
+
+
+def _add_verbosity(p: argparse.ArgumentParser) -> None:
+    """``-q/--quiet`` and ``-v/--verbose`` on a subcommand that does not define them itself."""
+    have = p._option_string_actions  # argparse keeps no public view of the options a parser has
+    if "-q" not in have and "--quiet" not in have:
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress or informational output")
+    if "-v" not in have and "--verbose" not in have:
+        p.add_argument("-v", "--verbose", action="count", default=0,
+                       help="show the library's log messages (-vv: debug)")
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    """Send the ``fastflip`` logger to stderr at the level -q/-v ask for (WARNING by default)."""
+    verbose = int(getattr(args, "verbose", 0) or 0)
+    level = logging.ERROR if getattr(args, "quiet", False) else (
+        logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING)
+    logger = logging.getLogger("fastflip")
+    logger.setLevel(level)
+    if not any(getattr(h, "_fastflip_cli", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(f"fastflip {args.command}: %(levelname)s: %(message)s"))
+        handler._fastflip_cli = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    _configure_logging(args)
     from ..errors import one_line
 
     previous = _catch_sigterm()

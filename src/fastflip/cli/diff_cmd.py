@@ -9,6 +9,8 @@ import argparse
 import math
 from typing import Any
 
+from .jsonout import dumps
+
 __all__ = ["add_parser", "run", "format_diff"]
 
 
@@ -123,12 +125,10 @@ def run(args: argparse.Namespace) -> int:
     result = diff_files(args.a, args.b, None if sel.is_all else sel, oldtool=args.oldtool)
     summary = oldtool_summary(result, args.locations) if args.oldtool and args.locations else None
     if args.json:
-        import json
-
         d = result.as_dict()
         if summary is not None:
             d["oldtool_locations"] = summary
-        print(json.dumps(d, indent=2))
+        print(dumps(d))
     else:
         print(format_diff(result, show_all=args.all))
         if args.oldtool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .jsonout import dumps
+
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a results store to CSV or Parquet, or print its statistics",
@@ -25,12 +27,11 @@ def run(args: argparse.Namespace) -> int:
     from ..store import ResultStore
 
     if args.summary:
-        import json
 
         from ..campaign.summary import format_summary, summarize
 
         s = summarize(args.store, confidence=args.confidence)
-        print(json.dumps(s, indent=2) if args.json else format_summary(s))
+        print(dumps(s) if args.json else format_summary(s))
         return 0
     with ResultStore.open(args.store) as st:
         if args.csv:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from .jsonout import dumps
 
 __all__ = ["add_parser", "run"]
 
@@ -21,5 +22,5 @@ def run(args: argparse.Namespace) -> int:
     from ..environment import describe, format_description
 
     d = describe()
-    print(json.dumps(d, indent=2) if args.json else format_description(d))
+    print(dumps(d) if args.json else format_description(d))
     return 0

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from .jsonout import dumps
+
 __all__ = ["add_parser", "run", "parse_distribution"]
 
 
@@ -98,8 +100,8 @@ def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None)
     c = res.counts
     left = (res.log.manifest.get("plan") or {}).get("left_out")  # tensors without the named bit fields
     if as_json:
-        print(json.dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c,
-                          **({"left_out": left} if left else {}), **(extra or {})}))
+        print(dumps({"output": res.output, "log": res.log_path, "seed": res.log.manifest["seed"], **c,
+                     **({"left_out": left} if left else {}), **(extra or {})}, indent=None))
     else:
         note = ""
         if left:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+
+from .jsonout import dumps
 from typing import Any, Sequence
 
 __all__ = ["add_parser", "run", "format_layout", "human_bytes", "format_table"]
@@ -93,7 +95,6 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from ..layout import Layout, read_layout
     from ..select import select, selection_from_args
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         d = shown.as_dict()
         if not sel.is_all:
             d["selection"] = sel.as_dict()
-        print(json.dumps(d, indent=2))
+        print(dumps(d))
     else:
         print(format_layout(layout, tensors))
     return 0

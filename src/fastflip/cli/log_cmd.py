@@ -8,6 +8,8 @@ import json
 import sys
 from typing import Any
 
+from .jsonout import dumps
+
 __all__ = ["add_parser", "run"]
 
 
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             w.writerow(row)
         return 0
     if args.json:
-        print(json.dumps({"manifest": log.manifest, "records": log.records()}, indent=2))
+        print(dumps({"manifest": log.manifest, "records": log.records()}))
         return 0
     m = log.manifest
     c = m.get("counts", {})

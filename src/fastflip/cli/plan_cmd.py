@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
+
+from .jsonout import dumps
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         p = 0.5 if args.p is None else args.p
         n = sample_size(args.population, margin=margin, confidence=conf, p=p)
         if args.json:
-            print(json.dumps({"population": args.population, "margin": margin, "confidence": conf, "p": p, "n": n}))
+            print(dumps({"population": args.population, "margin": margin, "confidence": conf, "p": p, "n": n}, indent=None))
         else:
             print(f"N={_num(args.population)} e={margin} confidence={conf} p={p}: n = {n}")
         return 0
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         "n_whole_population": sample_size(total_pop, margin=margin, confidence=conf, p=p),
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print(dumps(out))
         return 0
     width = max(len(r["cell"]) for r in rows)
     print(f"campaign {campaign.name}: margin {margin}, confidence {conf}, p {p}")

@@ -19,19 +19,23 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dask", metavar="local|tcp://HOST:PORT", help="run on Dask: a LocalCluster or an existing scheduler")
     p.add_argument("--shard", metavar="i/N", help="run only shard i of N (job arrays); combine with 'fastflip merge'")
     p.add_argument("--chunk", type=int, default=None, help="trials per task (default: automatic)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--progress", dest="progress", action="store_true", default=None, help="always draw the progress bar")
-    g.add_argument("--quiet", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="always draw the progress bar (default: only on a terminal)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from ..campaign.config import load_campaign
     from ..campaign.sweep import sweep
+    from ..errors import OptionError
 
     campaign = load_campaign(args.campaign) if args.campaign else None
+    if args.quiet and args.progress:
+        raise OptionError("give either --progress or -q/--quiet, not both")
     res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
-                progress=args.progress)
+                progress=False if args.quiet else args.progress)
+    if args.quiet:
+        return 130 if res.interrupted else 0
     counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
     state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
     print(f"{res.store}: {res.stored}/{res.planned} trials stored ({state}); ran {res.ran} in {res.elapsed:.1f} s "
