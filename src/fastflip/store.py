@@ -53,11 +53,8 @@ import numpy as np
 
 from . import __version__
 from .errors import OutputError, StoreError
-<<<<<<< HEAD
-from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
-=======
 from .fileio import new_file_mode
->>>>>>> 183fc23 (Library manners: fastflip logger with a NullHandler, -q/-v on every command (sweep -q prints nothing), JSON outputs carry schema_version, new files and stores follow the umask (read without changing it), docs/cli-conventions.md with exit codes)
+from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
 
 __all__ = [
     "SCHEMA_VERSION",
