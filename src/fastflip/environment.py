@@ -38,6 +38,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sklearn": ("scikit-learn",),
     "scipy": ("scipy",),
     "yaml": ("pyyaml",),
+    "rich": ("rich",),
+    "safetensors": ("safetensors",),
 }
 
 

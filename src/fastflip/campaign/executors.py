@@ -23,9 +23,11 @@ Examples
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import os
 import signal
+import sys
 from typing import Any, Callable, Sequence
 
 from ..errors import OptionError
@@ -80,6 +82,52 @@ def _init_worker(single_threaded: bool, parent: int) -> None:
             os.environ.setdefault(var, "1")
 
 
+def _calls_sweep(node: ast.AST) -> bool:
+    """True when ``node`` runs a call named ``sweep`` (``sweep(...)``, ``campaign.sweep(...)``) outside a def."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+        return False
+    if isinstance(node, ast.Call):
+        f = node.func
+        if (isinstance(f, ast.Name) and f.id == "sweep") or (isinstance(f, ast.Attribute) and f.attr == "sweep"):
+            return True
+    return any(_calls_sweep(child) for child in ast.iter_child_nodes(node))
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test)
+
+
+def check_main_guard(main_file: str | None = None) -> None:
+    """Refuse to start worker processes from a script that calls ``sweep()`` at its top level.
+
+    Workers start with ``spawn``: each imports the main script again, which would call ``sweep()`` again in
+    every worker (and fail there, looking like a broken factory). Said once, with what to add.
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp(); script = os.path.join(d, "run.py")
+    >>> _ = open(script, "w").write("from fastflip.campaign import sweep\\nsweep(None, 'r.db')\\n")
+    >>> check_main_guard(script)
+    Traceback (most recent call last):
+    ...
+    fastflip.errors.OptionError: ... if __name__ == "__main__": ...
+    """
+    if main_file is None:
+        main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main_file or not str(main_file).endswith(".py") or not os.path.isfile(main_file):
+        return
+    try:
+        with open(main_file, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=main_file)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return
+    for stmt in tree.body:
+        if not _is_main_guard(stmt) and _calls_sweep(stmt):
+            raise OptionError(
+                f"{main_file}:{stmt.lineno}: sweep() runs at the top level of the script, and every worker process "
+                'imports the script again; put it under if __name__ == "__main__": (or use --workers 0)'
+            )
+
+
 class LocalExecutor:
     """A pool of ``workers`` processes (``spawn``: no state leaks from the parent)."""
 
@@ -91,6 +139,7 @@ class LocalExecutor:
         self.workers = int(workers or os.cpu_count() or 1)
         if self.workers < 1:
             raise OptionError(f"--workers must be at least 1, got {workers}")
+        check_main_guard()
         self._ctx = multiprocessing.get_context("spawn")
         self._pool = self._new_pool()
 
@@ -146,6 +195,7 @@ class DaskExecutor:
             raise OptionError("--dask needs dask.distributed: pip install 'fastflip[dask]'") from exc
         self._cluster = None
         if address == "local":
+            check_main_guard()
             n = int(workers or os.cpu_count() or 1)
             self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
             self._client = Client(self._cluster)

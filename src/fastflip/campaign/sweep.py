@@ -32,6 +32,7 @@ import os
 import pickle
 import signal
 import sqlite3
+import sys
 import threading
 import time
 from collections import deque
@@ -45,7 +46,7 @@ from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
 from ..store_guard import sqlite_error
 from .cells import Cell, call_factory, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
-from .executors import WorkerCrash, make_executor
+from .executors import WorkerCrash, check_main_guard, make_executor
 from .lifeline import remove_workdirs, sweep_leftovers
 from .progress import Progress
 from .trials import DUE, close_runners, get_runner, worker_error
@@ -121,9 +122,10 @@ def open_or_create(
         try:
             stored = Campaign.from_dict(st.config)
             if campaign is not None and config_hash(campaign.definition()) != st.config_hash:
+                changed = setting_changes(stored.definition(), campaign.definition())
                 raise StoreError(
-                    f"store {store_path} holds another campaign ({st.name!r}, different settings); "
-                    "use a new store or the campaign it was made with"
+                    f"store {store_path} holds another campaign ({st.name!r}); changed settings: "
+                    f"{changed or 'none visible (check the file)'}; use a new store or the campaign it was made with"
                 )
             campaign = campaign or stored
             if shard is not None and shard != st.shard:
@@ -152,6 +154,41 @@ def open_or_create(
     )
     st.set_meta("cell_dtypes", json.dumps(dtypes, sort_keys=True))
     return st, campaign, cells, planned
+
+
+def setting_changes(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
+    """The settings that differ between two campaign definitions, as ``key: old -> new`` items.
+
+    >>> setting_changes({"seed": 1, "cells": {"bits": [30]}}, {"seed": 1, "cells": {"bits": [30, 31]}})
+    'cells.bits: [30] -> [30, 31]'
+    """
+    items: list[str] = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, dict) and isinstance(b, dict):
+            for k in sorted(set(a) | set(b), key=str):
+                walk(a.get(k, "(unset)"), b.get(k, "(unset)"), f"{key}.{k}" if key else str(k))
+        elif a != b:
+            items.append(f"{key}: {json.dumps(a, default=str)} -> {json.dumps(b, default=str)}")
+
+    walk(old, new, prefix)
+    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+    return "; ".join(items[:limit]) + more
+
+
+def check_imports(campaign: Campaign) -> None:
+    """Import the campaign's factory, evaluator function and data loader in this process, before any store
+    or worker exists, so that a typo is one clear line and leaves nothing behind."""
+    from .cells import import_object
+
+    paths = [campaign.resolve(p) for p in campaign.paths]
+    ev = campaign.evaluator
+    for what, spec in (("[target] factory", campaign.target.factory), ("[evaluator] function", getattr(ev, "function", None)),
+                       ("[evaluator] data", getattr(ev, "data", None))):
+        if spec:
+            obj = import_object(spec, paths)
+            if not callable(obj):
+                raise OptionError(f"{what} {spec} is not callable")
 
 
 def _shard_filter(cell_id: int, trials: np.ndarray, shard: tuple[int, int] | None) -> np.ndarray:
@@ -264,6 +301,7 @@ def sweep(
     shard: str | None = None,
     chunk: int | None = None,
     progress: bool | None = None,
+    status_every: float | None = None,
     flush_rows: int = 20_000,
     flush_seconds: float = 1.0,
     stream: Any = None,
@@ -286,12 +324,28 @@ def sweep(
     chunk : int, optional
         Trials per task (default: sized so that each worker gets many tasks).
     progress : bool, optional
-        Draw a progress bar (default: on a terminal, not under CI).
+        Draw a progress bar (default: on a terminal, not under CI); False also silences the phase and
+        status lines.
+    status_every : float, optional
+        Seconds between status lines when no bar is drawn (default ``FASTFLIP_STATUS_SECONDS`` or 60).
     """
     shard_t = parse_shard(shard)
     if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
         raise OptionError(f"--chunk must be a positive integer (trials per task), got {chunk!r}")
+    out = stream if stream is not None else sys.stderr
+
+    def say(text: str) -> None:
+        if progress is not False:
+            out.write(text + "\n")
+            out.flush()
+
     sweep_leftovers()
+    if dask == "local" or (dask is None and executor == "local" and workers != 0):
+        check_main_guard()  # before the store exists: a script without a main guard leaves nothing behind
+    if campaign is not None:
+        check_imports(campaign)
+        target = campaign.target.factory or campaign.target.checkpoint
+        say(f"loading the target ({target}) and expanding the cells of campaign {campaign.name!r}")
     try:
         st, campaign, cells, planned = open_or_create(store, campaign, shard)
     except sqlite3.Error as exc:
@@ -305,13 +359,22 @@ def sweep(
     planned_total = sum(planned) if shard_t is None else sum(
         len(_shard_filter(c, np.arange(n), shard_t)) for c, n in enumerate(planned))
     stored_before = st.n_trials()
-    prog = Progress(planned_total, stored_before, enabled=progress, stream=stream)
-    result = SweepResult(store, planned_total, stored_before, 0)
+    if stored_before:
+        say(f"resuming {store}: {stored_before:,} of {planned_total:,} trials stored, "
+            f"{max(planned_total - stored_before, 0):,} to run ({len(cells)} cells)")
+    else:
+        say(f"starting {store}: {planned_total:,} trials in {len(cells)} cells")
     try:
         ex = make_executor(executor, workers=workers, dask=dask)
     except BaseException:
         st.close()
         raise
+    if stored_before < planned_total:
+        say(f"running on {ex.workers} {getattr(ex, 'name', executor)} worker(s); each loads the target and "
+            "evaluates the fault-free (golden) run before its first trial")
+    prog = Progress(planned_total, stored_before, enabled=progress, stream=stream,
+                    status_every=0 if progress is False else status_every)
+    result = SweepResult(store, planned_total, stored_before, 0)
     shipped = (campaign.to_dict(), cells, st.input_hashes.get("factory"))
     payload: Any = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
     if hasattr(ex, "_client"):
@@ -447,7 +510,7 @@ def sweep(
                 finally:
                     result.elapsed = time.monotonic() - t0
                     st.close()
-                    prog.close()
+                    prog.close(summary=progress is not False)
                     terminated = _release_sigterm(old_term)
     if terminated:  # cleaned up and saved: now let SIGTERM take its usual course
         os.kill(os.getpid(), signal.SIGTERM)

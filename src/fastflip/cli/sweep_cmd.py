@@ -21,6 +21,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=None, help="trials per task (default: automatic)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always draw the progress bar (default: only on a terminal)")
+    p.add_argument("--status-every", type=float, default=None, metavar="SECONDS",
+                   help="off a terminal, a status line every SECONDS (default 60, or FASTFLIP_STATUS_SECONDS; 0: none)")
     return p
 
 
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet and args.progress:
         raise OptionError("give either --progress or -q/--quiet, not both")
     res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
-                progress=False if args.quiet else args.progress)
+                progress=False if args.quiet else args.progress, status_every=args.status_every)
     if args.quiet:
         return 130 if res.interrupted else 0
     counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
