@@ -69,7 +69,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     camp = write_campaign(tmp_path)
     planned = 12 * 600
     ref = str(tmp_path / "ref.db")
-    r = subprocess.run([sys.executable, "-m", "fastflip", "sweep", camp, "-o", ref, "--workers", "2", "--quiet"],
+    r = subprocess.run([sys.executable, "-m", "fastflip", "sweep", camp, "-o", ref, "--workers", "2", "--status-every", "0"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     store = str(tmp_path / "killed.db")
@@ -79,7 +79,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     while kills < 3 and runs < 20:
         runs += 1
         before = stored(store)
-        proc = start([camp, "-o", store, "--workers", "2", "--quiet"])
+        proc = start([camp, "-o", store, "--workers", "2", "--status-every", "0"])
         wait_for_progress(store, before, proc)
         time.sleep(rng.uniform(0.0, 0.4))
         if proc.poll() is None:
@@ -91,7 +91,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
         else:
             proc.communicate()
     assert kills >= 3
-    final = subprocess.run([sys.executable, "-m", "fastflip", "sweep", "-o", store, "--workers", "2", "--quiet"],
+    final = subprocess.run([sys.executable, "-m", "fastflip", "sweep", "-o", store, "--workers", "2", "--status-every", "0"],
                            capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr
     assert "complete" in final.stdout
@@ -106,7 +106,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
 def test_ctrl_c_saves_finished_trials_and_resume_completes(tmp_path):
     camp = write_campaign(tmp_path, per_cell=200)
     store = str(tmp_path / "int.db")
-    proc = start([camp, "-o", store, "--workers", "2", "--quiet"])
+    proc = start([camp, "-o", store, "--workers", "2", "--status-every", "0"])
     wait_for_progress(store, 0, proc)
     time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group

@@ -9,6 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from conftest import require
 
 from fastflip.errors import OptionError, SelectionError
 from fastflip.experiment import golden_checkpoint, run_experiment
@@ -336,6 +337,7 @@ def test_summary_intervals_and_failure_definition():
 
 
 def test_cli_experiment(tmp_path, capsys):
+    require("sklearn")  # the CLI turns a missing extra into a one-line error, not an ImportError
     import yaml
 
     from fastflip.cli import main

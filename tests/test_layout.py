@@ -319,6 +319,7 @@ def test_cli_inspect_json_and_selection(tmp_path, capsys):
     hf.torch_like(path)
     assert main(["inspect", path, "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
+    assert d.pop("schema_version") == 1
     assert d == json.loads(read_layout(path).to_json())
     assert d["framework"] == "torch"
     assert main(["inspect", path, "--json", "--role", "bn-statistic"]) == 0

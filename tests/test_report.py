@@ -566,6 +566,7 @@ def test_missing_output_parent(store, tmp_path, capsys):
 
 
 def test_other_bad_inputs(store, tmp_path, capsys):
+    require("matplotlib")  # the CLI turns a missing extra into a one-line error, not an ImportError
     code, err = _cli(capsys, tmp_path / "nothing.db", "-o", tmp_path / "rep")
     assert code == 2 and "no such file" in err
     (tmp_path / "plain").mkdir()

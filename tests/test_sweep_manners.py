@@ -117,3 +117,15 @@ def test_sweep_from_a_script(tmp_path, guarded):
         last = proc.stderr.strip().splitlines()[-1]
         assert 'if __name__ == "__main__":' in last and "run.py:" in last
         assert not (tmp_path / "r.db").exists()
+
+
+def test_a_missing_extra_is_one_line_naming_the_extra(tmp_path):
+    store = str(tmp_path / "r.db")
+    sweep(make(), store, workers=0, progress=False)
+    code = ("import sys; sys.modules['matplotlib'] = None\n"  # as if matplotlib were not installed
+            "from fastflip.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "report", store, "-o", str(tmp_path / "rep")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (f"fastflip report: error: {store}: needs matplotlib, which is not installed: "
+                                   "pip install 'fastflip[plot]'")

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import __version__
 
-__all__ = ["EXTRAS", "describe", "format_description"]
+__all__ = ["EXTRAS", "EXTRA_FOR_MODULE", "describe", "format_description", "missing_extra"]
 
 #: Optional extras: import name -> distribution names to read a version from (first found wins).
 EXTRAS: dict[str, tuple[str, ...]] = {
@@ -41,6 +41,27 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "rich": ("rich",),
     "safetensors": ("safetensors",),
 }
+
+
+#: Top-level module -> the package extra that installs it (``pip install 'fastflip[EXTRA]'``).
+EXTRA_FOR_MODULE: dict[str, str] = {
+    "numba": "numba", "torch": "torch", "tensorflow": "tensorflow", "keras": "tensorflow", "cupy": "cupy-cuda12",
+    "dask": "dask", "distributed": "dask", "dask_jobqueue": "dask", "pyarrow": "parquet", "matplotlib": "plot",
+    "sklearn": "demo", "scipy": "test", "yaml": "yaml", "rich": "progress", "safetensors": "safetensors",
+}
+
+
+def missing_extra(exc: BaseException) -> str | None:
+    """The one-line advice for an ImportError of an optional extra, or None if ``exc`` is not one.
+
+    >>> missing_extra(ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib"))
+    "needs matplotlib, which is not installed: pip install 'fastflip[plot]'"
+    """
+    name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+    top = (name or "").split(".")[0]
+    if top not in EXTRA_FOR_MODULE:
+        return None
+    return f"needs {top}, which is not installed: pip install 'fastflip[{EXTRA_FOR_MODULE[top]}]'"
 
 
 def _version(dists: tuple[str, ...]) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 __all__ = [
     "FastflipError",
+    "MissingExtraError",
     "OptionError",
     "InputFileError",
     "NotHDF5Error",
@@ -110,6 +111,10 @@ class FileLockedError(FastflipError, OSError):
 
 class DiskFullError(OutputError):
     """The disk (or quota) filled up while writing; nothing half-written was left behind."""
+
+
+class MissingExtraError(FastflipError, ImportError):
+    """The work needs an optional extra (a framework, Numba, matplotlib, ...) that is not installed."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import DiskFullError, FastflipError, InputFileError, OutputError, one_line
+from .errors import DiskFullError, FastflipError, InputFileError, MissingExtraError, OutputError, one_line
 from .paths import sweep_stale, temp_prefix
 
 __all__ = ["atomic_output", "write_error", "as_fastflip_error", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
@@ -154,6 +154,11 @@ def as_fastflip_error(exc: BaseException, subject: str) -> FastflipError | None:
 
     if isinstance(exc, FastflipError):
         return exc
+    if isinstance(exc, ImportError):
+        from .environment import missing_extra
+
+        advice = missing_extra(exc)
+        return MissingExtraError(f"{subject}: {advice}") if advice else None
     first = one_line(exc)
     if isinstance(exc, OSError):
         name = exc.filename if isinstance(exc.filename, str) else subject

@@ -114,9 +114,18 @@ def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
 
 
 def open_or_create(
-    store_path: str, campaign: Campaign | None, shard: str | None = None
+    store_path: str, campaign: Campaign | None, shard: str | None = None, say: Any = None,
 ) -> tuple[ResultStore, Campaign, list[Cell], list[int]]:
-    """Open the store for writing (creating it from ``campaign`` when absent) and check it matches."""
+    """Open the store for writing (creating it from ``campaign`` when absent) and check it matches.
+
+    ``say(text)``, when given, is told when the (possibly slow) target loading starts.
+    """
+
+    def loading(c: Campaign) -> None:
+        if say is not None:
+            say(f"loading the target ({c.target.factory or c.target.checkpoint}) and expanding the cells of "
+                f"campaign {c.name!r}")
+
     if os.path.exists(store_path):
         st = ResultStore.open(store_path, writable=True)
         try:
@@ -130,6 +139,7 @@ def open_or_create(
             campaign = campaign or stored
             if shard is not None and shard != st.shard:
                 raise StoreError(f"store {store_path} is shard {st.shard or 'none'}, not {shard}")
+            loading(campaign)
             cells, hashes = campaign_cells(campaign, with_hashes=True)
             if hashes != st.input_hashes:
                 what = "checkpoint" if campaign.target.checkpoint else "target factory's tensors"
@@ -146,6 +156,7 @@ def open_or_create(
     if campaign is None:
         raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
     dtypes: dict[str, list[str]] = {}
+    loading(campaign)
     cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
     planned = planned_counts(campaign, cells)
     st = ResultStore.create(
@@ -344,10 +355,8 @@ def sweep(
         check_main_guard()  # before the store exists: a script without a main guard leaves nothing behind
     if campaign is not None:
         check_imports(campaign)
-        target = campaign.target.factory or campaign.target.checkpoint
-        say(f"loading the target ({target}) and expanding the cells of campaign {campaign.name!r}")
     try:
-        st, campaign, cells, planned = open_or_create(store, campaign, shard)
+        st, campaign, cells, planned = open_or_create(store, campaign, shard, say=say)
     except sqlite3.Error as exc:
         raise sqlite_error(store, exc, "opening it") from exc
     sequential = campaign.trials.sequential

@@ -151,7 +151,7 @@ def _catch_sigterm() -> Any:
 
 def _subject(args: argparse.Namespace) -> str:
     """The file a command works on, for messages (its FILE or LOG argument)."""
-    for name in ("file", "log", "config", "store", "path"):
+    for name in ("file", "log", "config", "store", "source", "campaign", "path"):
         v = getattr(args, name, None)
         if isinstance(v, str):
             return v

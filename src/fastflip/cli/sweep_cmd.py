@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
                 progress=False if args.quiet else args.progress, status_every=args.status_every)
     if args.quiet:
+        if res.interrupted:  # even quiet, say why the exit code is not 0
+            print(f"fastflip sweep: interrupted: {res.stored}/{res.planned} trials stored; run again to resume",
+                  file=sys.stderr)
         return 130 if res.interrupted else 0
     counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
     state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
