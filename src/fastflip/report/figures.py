@@ -44,6 +44,8 @@ RUN_COLOURS = {"masked": "tab:green", "recovered": "tab:blue", "degraded": "tab:
                "crashed": "tab:gray"}
 #: The outcome figure draws at most this many cells (those with the highest failure rate).
 MAX_CELL_BARS = 80
+#: The drop figure draws at most this many trials per bit class as dots (the box plots use them all).
+MAX_DROP_DOTS = 3000
 
 
 def _figure(width: float, height: float) -> "Figure":
@@ -378,7 +380,8 @@ def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figu
 def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     """Distribution of the metric drop (golden − faulty) of single-bit trials by bit class, per condition.
 
-    Box plots (median, quartiles, 5–95% whiskers) with every trial as a dot; the
+    Box plots (median, quartiles, 5–95% whiskers) over every trial, with up to
+    :data:`MAX_DROP_DOTS` of them per class drawn as dots (a random sample beyond); the
     label under each box gives the trials and the share that dropped at all. Trials
     whose metric was NaN/Inf are counted on the label, not drawn. Needs the dtypes the
     store records (older stores get a panel that says so).
@@ -413,7 +416,8 @@ def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
         ax.boxplot([f if f.size else np.array([np.nan]) for f in finite], positions=pos, widths=0.5, whis=(5, 95),
                    showfliers=False, medianprops={"color": "black"})
         for x, cls, fin in zip(pos, classes, finite):
-            ax.scatter(x + rng.uniform(-0.18, 0.18, fin.size), fin, s=6, alpha=0.35, color=colours[cls], lw=0,
+            dots = fin if fin.size <= MAX_DROP_DOTS else fin[rng.integers(0, fin.size, MAX_DROP_DOTS)]
+            ax.scatter(x + rng.uniform(-0.18, 0.18, dots.size), dots, s=6, alpha=0.35, color=colours[cls], lw=0,
                        zorder=3)
         ax.set_xticks(pos, labels, fontsize=8)
         ax.axhline(0, color="gray", lw=0.8)
