@@ -32,7 +32,12 @@ def run(args: argparse.Namespace) -> int:
     campaign = load_campaign(args.campaign) if args.campaign else None
     res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
                 progress=args.progress)
-    counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
+    import sys
+
+    for note in res.notes:
+        print(f"fastflip sweep: note: {note}", file=sys.stderr)
+    counts = ", ".join(f"{k} {v}" + (f" (numeric only {res.masked_numeric})" if k == "masked" and res.masked_numeric
+                                       else "") for k, v in res.counts.items())
     state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
     print(f"{res.store}: {res.stored}/{res.planned} trials stored ({state}); ran {res.ran} in {res.elapsed:.1f} s "
           f"({res.rate:,.0f} trials/s); {counts}")
