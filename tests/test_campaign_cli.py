@@ -263,3 +263,34 @@ def test_checkpoint_trials_restore_the_working_copy_bit_for_bit(tmp_path):
         assert any(r.outcome != 0 for r in rows)
         runner.close()
         assert not os.path.exists(copy)
+
+
+def test_export_summary_per_layer_vulnerability_and_failure_override(camp, tmp_path, capsys):
+    store = str(tmp_path / "v.db")
+    assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["export", store, "--summary", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["failure"] == ["sdc", "critical", "due"]
+    groups = {g["group"]: g for g in s["groups"]}
+    assert set(groups) == {"dense", "out"} and all(g["group_by"] == "layer" for g in groups.values())
+    pops = {"dense": 0, "out": 0}
+    fails = {"dense": 0, "out": 0}
+    for c in s["cells"]:
+        pops[c["grp"]] += c["population"]
+        fails[c["grp"]] += c["failures"]
+    total = s["totals"][0]
+    for name, g in groups.items():
+        assert g["share"] == pytest.approx(pops[name] / sum(pops.values()))
+        assert g["failures"] == fails[name] and g["low"] <= g["rate"] <= g["high"]
+        assert g["contribution"] == pytest.approx(g["share"] * g["rate"])
+    assert sum(g["contribution"] for g in groups.values()) == pytest.approx(total["rate"])
+    assert main(["export", store, "--summary"]) == 0
+    text = capsys.readouterr().out
+    assert "vulnerability per layer" in text and "failure = sdc + critical + due" in text
+    assert main(["export", store, "--summary", "--json", "--failure", "due"]) == 0
+    only_due = json.loads(capsys.readouterr().out)
+    assert [c["failures"] for c in only_due["cells"]] == [c["due"] for c in s["cells"]]
+    assert main(["export", store, "--summary", "--failure", "crash"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown outcome class 'crash'" in err[0]
