@@ -34,14 +34,9 @@ def test_torch_module_with_builtin_accuracy(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])  # every trial reverted exactly
     # each outcome against predictions recomputed from the faulty model (argmax of its logits)
-    from fastflip import live
-
     cell_of = [cid for cid in range(len(cells)) for _ in range(12)]
     for r, cid in zip(rows, cell_of):
-        log = live.inject(runner.live[None], runner.plan(cid, r.trial))
-        with torch.no_grad():
-            logits = model(torch.as_tensor(x)).numpy()
-        live.revert(runner.live[None], log)
+        logits = campaign_helpers.faulty_torch_outputs(runner, cid, r.trial, x)
         if not np.isfinite(logits).all():
             assert r.outcome == DUE
             continue
