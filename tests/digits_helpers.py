@@ -85,3 +85,25 @@ def torch_model():
         m[2].weight.copy_(torch.from_numpy(w["out/kernel"].T.copy()))
         m[2].bias.copy_(torch.from_numpy(w["out/bias"]))
     return m.eval()
+
+
+def regression_data():
+    """(images, label as a number): a toy regression target for the built-in regression evaluator."""
+    x, y = heldout()
+    return x, y.astype(np.float32)
+
+
+def torch_regressor():
+    """A least-squares linear fit of the digit's value on its pixels, as a torch.nn.Linear(64, 1)."""
+    import torch
+
+    from sklearn.datasets import load_digits
+
+    xa, ya = load_digits(return_X_y=True)
+    xa = np.hstack([(xa[:1200] / 16.0), np.ones((1200, 1))])
+    coef = np.linalg.lstsq(xa, ya[:1200].astype(np.float64), rcond=None)[0]
+    m = torch.nn.Linear(64, 1)
+    with torch.no_grad():
+        m.weight.copy_(torch.from_numpy(coef[:64].astype(np.float32)[None, :]))
+        m.bias.copy_(torch.tensor([coef[64]], dtype=torch.float32))
+    return m.eval()

@@ -186,3 +186,41 @@ def test_bad_failure_classes_and_unusable_evaluators_are_one_line(tmp_path, caps
         answer_from({"metric": 1.0}, ["predictions", "metric"])
     with pytest.raises(OptionError, match="empty"):
         answer_from({"outputs": np.zeros(0)})
+
+
+@pytest.mark.framework
+def test_builtin_regression_on_a_torch_model_with_tolerance(tmp_path):
+    require("sklearn")
+    require("torch")
+    c = digits_campaign(target={"factory": "digits_helpers:torch_regressor"}, cells={"bits": ["10", "22", "30"]},
+                        trials={"per_cell": 30},
+                        evaluator={"function": None, "returns": None, "builtin": "regression",
+                                   "data": "digits_helpers:regression_data", "rtol": 1e-4, "critical": 0.5})
+    assert c.evaluator.greater_is_better is False
+    cells = campaign_cells(c)
+    r = TrialRunner(c, cells)
+    import digits_helpers
+    from campaign_helpers import faulty_torch_outputs
+
+    x, y = digits_helpers.regression_data()
+    golden = r.golden[None]
+    assert golden.metric == pytest.approx(float(np.mean((golden.outputs.reshape(-1) - y) ** 2)))
+    seen = set()
+    for cid in range(len(cells)):
+        for t in range(30):
+            row = r.run(cid, t)
+            out = faulty_torch_outputs(r, cid, t, x).reshape(y.shape)
+            if not np.isfinite(out).all():
+                assert row.outcome == DUE
+                continue
+            close = np.isclose(out, golden.outputs.reshape(y.shape), rtol=1e-4, atol=0)
+            mse = float(np.mean((out.astype(np.float64) - y) ** 2))
+            if close.all():
+                assert row.outcome == MASKED
+                assert row.numeric == int(not np.array_equal(out, golden.outputs.reshape(y.shape)))
+            else:
+                assert row.changed == pytest.approx(float(np.mean(~close)))
+                assert row.outcome == (CRITICAL if mse - golden.metric > 0.5 else SDC)
+                assert row.delta == pytest.approx(mse - golden.metric, rel=1e-6, abs=1e-9)
+            seen.add((row.outcome, row.numeric))
+    assert (MASKED, 1) in seen and any(o in (SDC, CRITICAL) for o, _ in seen)  # tolerance absorbs small changes
