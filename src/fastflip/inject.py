@@ -207,9 +207,10 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
     ``elements_changed`` (also ``changed``) and ``bits_changed`` count what really differs
     between the old and the new words.
 
-    >>> from fastflip.plan import Plan, TensorRef
-    >>> p = Plan.from_sites([TensorRef("w", "<u1", (2,))], [0, 0], [0, 1], or_mask=[1, 1])
-    >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))
+    >>> from fastflip.plan import TensorRef
+    >>> from fastflip.sampling import SiteSpace
+    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
+    >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
     >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
     (2, 2, 1, 1)
     """
