@@ -43,6 +43,7 @@ from .figures import (
     bit_figure,
     curve_figure,
     drop_figure,
+    group_figure,
     heatmap_figure,
     outcome_figure,
     run_outcome_figure,
@@ -54,5 +55,6 @@ __all__ = [
     "CampaignData", "load_campaign_data", "bit_table", "heatmap_table", "cell_table", "margin_table", "group_table", "rate_columns",
     "RATE_KINDS",
     "ExperimentData", "load_experiment_data", "summary_table", "curve_table", "tests_table",
-    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "drop_figure", "run_outcome_figure", "save_png",
+    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "drop_figure", "group_figure", "run_outcome_figure",
+    "save_png",
 ]
