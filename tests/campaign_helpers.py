@@ -137,3 +137,18 @@ def dies_in_workers():
     if multiprocessing.parent_process() is not None:
         os._exit(9)
     return weights()
+
+
+def faulty_torch_outputs(runner, cell_id, trial, x):
+    """A torch target's outputs on ``x`` under one trial's faults (injected, run, reverted): an
+    evaluation independent of the campaign's evaluator."""
+    import torch
+
+    from fastflip import live
+
+    log = live.inject(runner.live[None], runner.plan(cell_id, trial))
+    try:
+        with torch.no_grad():
+            return runner.targets[None](torch.as_tensor(x)).numpy()
+    finally:
+        live.revert(runner.live[None], log)

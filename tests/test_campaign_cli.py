@@ -15,6 +15,7 @@ from test_campaign import HERE, results
 
 from fastflip.cli import main
 from fastflip.stats import sample_size
+from fastflip.store import ResultStore
 
 TOML = """
 name = "cli"
@@ -47,10 +48,37 @@ def test_plan_population_and_campaign(camp, capsys):
     pops = {r["cell"]: r["population"] for r in out["cells"]}
     assert pops["bits=31|layer=dense|flips=1|fault=flip"] == 16 * 8 + 8
     assert pops["bits=exponent|layer=out|flips=1|fault=flip"] == 8 * 4 * 8
-    assert all(r["n"] == sample_size(r["population"], margin=0.05) for r in out["cells"])
-    assert out["total_per_cell"] == sum(r["n"] for r in out["cells"])
-    assert main(["plan", camp]) == 0
+    assert all(r["n_margin"] == sample_size(r["population"], margin=0.05) for r in out["cells"])
+    assert out["total_margin"] == sum(r["n_margin"] for r in out["cells"])
+    # what sweep runs: per_cell = 10 (the campaign as written), not the margin's sizes
+    assert [r["trials"] for r in out["cells"]] == [10] * 4 and out["total"] == 40
+    assert {r["sampling"] for r in out["cells"]} == {"permutation"}
+    assert main(["plan", camp, "--margin", "0.05"]) == 0
     assert "whole population" in capsys.readouterr().out
+
+
+def test_plan_shows_per_cell_and_exhaustive_cells(camp, capsys, tmp_path):
+    p = tmp_path / "big.toml"
+    p.write_text(open(camp).read().replace("per_cell = 10", "per_cell = 200"))
+    assert main(["plan", str(p), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    runs = {r["cell"]: (r["trials"], r["sampling"]) for r in out["cells"]}
+    # 136 sites in dense at bit 31: all of them, once; 1088 exponent sites: 200 distinct ones
+    assert runs["bits=31|layer=dense|flips=1|fault=flip"] == (136, "exhaustive")
+    assert runs["bits=exponent|layer=dense|flips=1|fault=flip"] == (200, "permutation")
+    assert any("per_cell = 200 exceeds its population of 136" in n and "exhaustive" in n for n in out["notes"])
+    assert main(["plan", str(p)]) == 0
+    text = capsys.readouterr().out
+    assert "note: cell bits=31|layer=dense|flips=1|fault=flip: per_cell = 200 exceeds" in text
+    assert "margin" not in text.splitlines()[0]
+    store = str(tmp_path / "big.db")
+    assert main(["sweep", str(p), "-o", store, "--workers", "0", "--status-every", "0"]) == 0
+    cap = capsys.readouterr()
+    assert "fastflip sweep: note: cell bits=31|layer=dense" in cap.err and "exhaustive" in cap.err
+    assert f"{136 + 32 + 200 + 200}/{136 + 32 + 200 + 200} trials stored" in cap.out
+    with ResultStore.open(store) as st:
+        sites = [r[0] for r in st.conn.execute("SELECT sites FROM trials WHERE cell_id = 0")]
+    assert len(sites) == len(set(sites)) == 136  # every site once
 
 
 def test_plan_errors_are_one_line(capsys):
@@ -236,3 +264,34 @@ def test_checkpoint_trials_restore_the_working_copy_bit_for_bit(tmp_path):
         assert any(r.outcome != 0 for r in rows)
         runner.close()
         assert not os.path.exists(copy)
+
+
+def test_export_summary_per_layer_vulnerability_and_failure_override(camp, tmp_path, capsys):
+    store = str(tmp_path / "v.db")
+    assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["export", store, "--summary", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["failure"] == ["sdc", "critical", "due"]
+    groups = {g["group"]: g for g in s["groups"]}
+    assert set(groups) == {"dense", "out"} and all(g["group_by"] == "layer" for g in groups.values())
+    pops = {"dense": 0, "out": 0}
+    fails = {"dense": 0, "out": 0}
+    for c in s["cells"]:
+        pops[c["grp"]] += c["population"]
+        fails[c["grp"]] += c["failures"]
+    total = s["totals"][0]
+    for name, g in groups.items():
+        assert g["share"] == pytest.approx(pops[name] / sum(pops.values()))
+        assert g["failures"] == fails[name] and g["low"] <= g["rate"] <= g["high"]
+        assert g["contribution"] == pytest.approx(g["share"] * g["rate"])
+    assert sum(g["contribution"] for g in groups.values()) == pytest.approx(total["rate"])
+    assert main(["export", store, "--summary"]) == 0
+    text = capsys.readouterr().out
+    assert "vulnerability per layer" in text and "failure = sdc + critical + due" in text
+    assert main(["export", store, "--summary", "--json", "--failure", "due"]) == 0
+    only_due = json.loads(capsys.readouterr().out)
+    assert [c["failures"] for c in only_due["cells"]] == [c["due"] for c in s["cells"]]
+    assert main(["export", store, "--summary", "--failure", "crash"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown outcome class 'crash'" in err[0]

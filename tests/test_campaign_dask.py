@@ -16,7 +16,7 @@ def test_dask_local_cluster_equals_local_executor(tmp_path):
     c = make(trials={"per_cell": 15})
     local = sweep(c, str(tmp_path / "local.db"), workers=2, progress=False)
     dask = sweep(c, str(tmp_path / "dask.db"), workers=2, dask="local", chunk=10, progress=False)
-    assert local.complete and dask.complete and dask.stored == 12 * 15
+    assert local.complete and dask.complete and dask.stored == 4 * (15 + 8 + 15)  # dense/bias: all 8 sites
     assert results(tmp_path / "dask.db") == results(tmp_path / "local.db")
     con = sqlite3.connect(tmp_path / "dask.db")
     pids = {label.rsplit(":", 1)[1] for (label,) in con.execute("SELECT label FROM workers")}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import require
 from test_campaign import make, results
 
 from fastflip.campaign.sweep import campaign_cells, sweep
-from fastflip.campaign.trials import DUE, MASKED, TrialRunner
+from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner
 
 
 @pytest.mark.framework
@@ -22,13 +23,31 @@ def test_torch_module_with_builtin_accuracy(tmp_path):
     runner = TrialRunner(c, cells)
     model = runner.targets[None]
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    golden_logits, golden_acc = runner.golden[None]
+    golden = runner.golden[None]
     import campaign_helpers
 
-    assert golden_acc == campaign_helpers.evaluate(campaign_helpers.weights())[1] == 51 / 64
+    assert golden.metric == campaign_helpers.evaluate(campaign_helpers.weights())[1] == 51 / 64
+    x, y = campaign_helpers.heldout()
+    golden_pred = np.argmax(golden.outputs, axis=1)
+    assert np.array_equal(golden.predictions, golden_pred)
     rows = [runner.run(cid, t) for cid in range(len(cells)) for t in range(12)]
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])  # every trial reverted exactly
+    # each outcome against predictions recomputed from the faulty model (argmax of its logits)
+    cell_of = [cid for cid in range(len(cells)) for _ in range(12)]
+    for r, cid in zip(rows, cell_of):
+        logits = campaign_helpers.faulty_torch_outputs(runner, cid, r.trial, x)
+        if not np.isfinite(logits).all():
+            assert r.outcome == DUE
+            continue
+        pred = np.argmax(logits, axis=1)
+        changed = float(np.mean(pred != golden_pred))
+        acc = float(np.mean(pred == y))
+        assert r.changed == pytest.approx(changed)
+        if changed == 0:
+            assert r.outcome == MASKED and r.numeric == int(not np.array_equal(logits, golden.outputs))
+        else:
+            assert r.outcome == (CRITICAL if golden.metric - acc > 0.05 else SDC)
     by_bits = {b: [r.outcome for r, cell in zip(rows, [x for x in cells for _ in range(12)]) if cell.bits == b]
                for b in ("30", "0")}
     assert any(o != MASKED for o in by_bits["30"])  # exponent MSB flips matter

@@ -286,3 +286,22 @@ def test_truncated_anywhere_is_one_line(tmp_path, keep):
     with pytest.raises(FastflipError) as ei:
         inject_file(str(cut), str(tmp_path / "o.pt"), seed=1, count=3)
     assert "\n" not in str(ei.value) and not (tmp_path / "o.pt").exists()
+
+
+def test_cli_replay_revert_diff(tmp_path, capsys):
+    torch = require("torch")
+    m, opt = _model()
+    p = str(tmp_path / "ck.pt")
+    torch.save({"model": m.state_dict(), "optimizer": opt.state_dict()}, p)
+    before = sha256_file(p)
+    o = str(tmp_path / "o.pt")
+    assert main(["inject", p, "-o", o, "--seed", "9", "--count", "25", "--role", "optimizer"]) == 0
+    assert main(["replay", o + ".fflog", p, "-o", str(tmp_path / "r.pt")]) == 0
+    assert sha256_file(str(tmp_path / "r.pt")) == sha256_file(o)
+    assert main(["diff", p, o]) == 1
+    out = capsys.readouterr().out
+    assert "/optimizer/state/" in out
+    assert main(["revert", o + ".fflog", o]) == 0
+    assert sha256_file(o) == before
+    with zipfile.ZipFile(o) as z:
+        assert z.testzip() is None

@@ -200,12 +200,12 @@ def _check_rates(row: dict[str, str], counts: Counter) -> None:
 def test_campaign_report_files(campaign_report):
     out = Path(campaign_report.out)
     assert campaign_report.kind == "campaign"
-    assert sorted(campaign_report.figures) == ["bits.png", "drops.png", "heatmap.png", "outcomes.png"]
+    assert sorted(campaign_report.figures) == ["bits.png", "drops.png", "groups.png", "heatmap.png", "outcomes.png"]
     for name in campaign_report.figures:
         _check_png(out / name)
-    for name in ("bits.csv", "heatmap.csv", "cells.csv", "margin.csv", "drops.csv", "campaign.json"):
+    for name in ("bits.csv", "heatmap.csv", "cells.csv", "margin.csv", "drops.csv", "groups.csv", "campaign.json"):
         assert (out / name).is_file() and (out / name).stat().st_size > 0
-    assert _check_page(out) == {"bits.png", "drops.png", "heatmap.png", "outcomes.png"}
+    assert _check_page(out) == {"bits.png", "drops.png", "groups.png", "heatmap.png", "outcomes.png"}
 
 
 def test_campaign_tables_equal_store(store, campaign_report):
@@ -333,6 +333,35 @@ def test_metric_drops_by_bit_class(store, campaign_report):
         assert int(r["trials"]) == len(v) and int(r["with_drop"]) == int((v > 0).sum())
         assert float(r["mean_drop"]) == pytest.approx(v.mean()) and float(r["max_drop"]) == v.max()
         assert float(r["median_drop"]) == pytest.approx(np.median(v))
+
+
+def test_vulnerability_per_layer_table_and_figure(store, campaign_report):
+    from fastflip.report.figures import group_figure
+
+    con = sqlite3.connect(store)
+    cells = con.execute("SELECT cell_id, grp, flips, population FROM cells").fetchall()
+    outcomes = con.execute("SELECT cell_id, outcome FROM trials").fetchall()
+    con.close()
+    n, k = Counter(), Counter()
+    for cid, o in outcomes:
+        n[cid] += 1
+        k[cid] += OUTCOMES[o] != "masked"  # the default failure classes: sdc, critical, due
+    rows = _csv_rows(Path(campaign_report.out) / "groups.csv")
+    assert {(r["group"], r["flips"]) for r in rows} == {(g, str(f)) for _, g, f, _ in cells}
+    for r in rows:  # stratified by population over the group's cells, written out here
+        mine = [(cid, pop) for cid, g, f, pop in cells if g == r["group"] and str(f) == r["flips"]]
+        total = sum(pop for cid, g, f, pop in cells if str(f) == r["flips"])
+        sites = sum(pop for _, pop in mine)
+        rate = sum(pop / sites * k[cid] / n[cid] for cid, pop in mine)
+        assert int(r["sites"]) == sites and float(r["share"]) == pytest.approx(sites / total)
+        assert float(r["rate"]) == pytest.approx(rate) and float(r["low"]) <= rate <= float(r["high"])
+        assert float(r["contribution"]) == pytest.approx(sites / total * rate)
+    fig = group_figure(store)
+    bars = [a for a in fig.axes if a.patches]
+    assert len(bars) == 4  # rate and contribution, for each of the two conditions
+    widths = sorted(round(p.get_width(), 9) for p in bars[0].patches)
+    assert widths == sorted(round(float(r["rate"]), 9) for r in rows if r["flips"] == "1")
+    assert "groups.png" in _check_page(Path(campaign_report.out))
 
 
 def test_campaign_page_header(store, campaign_report):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import require
 from fastflip.errors import OutputError, StoreError
-from fastflip.store import OUTCOMES, ResultStore, TrialRow, merge_stores
+from fastflip.store import OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
 
 CONFIG = {"name": "t", "seed": 7, "cells": {"bits": [0, 31]}}
 CELLS = [
@@ -52,7 +52,7 @@ def test_create_and_reopen_roundtrip(store, tmp_path):
     # sqlite's own view: application_id and WAL
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert con.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     con.close()
 
 
@@ -119,11 +119,18 @@ def test_newer_store_is_refused(store):
         ResultStore.open(path, writable=True)
     con = sqlite3.connect(path)
     con.execute("UPDATE campaign SET fastflip_version = '0.1.0'")
-    con.execute("PRAGMA user_version = 2")
+    con.execute("PRAGMA user_version = 99")
     con.commit()
     con.close()
-    with pytest.raises(StoreError, match="schema version 2"):
+    with pytest.raises(StoreError, match="schema version 99"):
         ResultStore.open(path)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA user_version = 1")  # a store of fastflip 0.1: 'sdc' counted any changed output bit
+    con.commit()
+    con.close()
+    for writable in (False, True):
+        with pytest.raises(StoreError, match="schema version 1.*rerun the campaign into a new store"):
+            ResultStore.open(path, writable=writable)
 
 
 def test_second_writer_refuses_in_process_and_across_processes(store):

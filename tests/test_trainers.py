@@ -154,6 +154,42 @@ def test_keras_callback_injects_and_reloads(keras, tmp_path, suffix):
 
 
 @pytest.mark.framework
+def test_keras_callback_injects_at_an_iteration(keras, tmp_path):
+    from fastflip.log import InjectionLog
+    from fastflip.trainers.keras_callback import FaultInjectionCallback
+    from fastflip.trainers.keras_trainer import digits_cnn, digits_data
+
+    keras.utils.set_random_seed(0)
+    x, y, _, _ = digits_data()
+    x, y = x[:256], y[:256]  # 4 batches of 64 per epoch
+    model = digits_cnn()
+    steps = []
+
+    class Snapshot(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps.append(int(self.model.optimizer.iterations))
+            if len(steps) == 4 + 3:  # epoch 2, after its 3rd batch: right after the callback reloaded
+                self.model.save_weights(tmp_path / "after-reload.weights.h5")
+
+    cb = FaultInjectionCallback(str(tmp_path / "ck/e{epoch:03d}.weights.h5"), inject_epoch=2, inject_iteration=3,
+                                seed=5, count=4, bits="exponent-msb", selection={"roles": ["weight"]})
+    model.fit(x, y, epochs=3, batch_size=64, verbose=0, shuffle=False, callbacks=[cb, Snapshot()])
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir() if not p.name.endswith("fflog"))
+    assert names == ["e001.weights.h5", "e002-i000003.injected.weights.h5", "e002-i000003.weights.h5",
+                     "e002.weights.h5", "e003.weights.h5"]
+    log = InjectionLog.load(str(cb.injected_path) + ".fflog")
+    assert len(log) == 4 and log.manifest["seed"] == 5
+    with h5py.File(tmp_path / "ck/e002-i000003.weights.h5") as f:  # saved after 4 + 3 optimizer steps
+        assert int(f["optimizer/vars/0"][()]) == 7  # Keras 3 stores the optimizer's iteration counter first
+    with h5py.File(tmp_path / "after-reload.weights.h5") as f:  # the model carried the altered values on
+        for rec in log.records():
+            assert int(words_of(f[rec["tensor"]][()].reshape(-1))[rec["index"]]) == rec["new_word"], rec
+    assert steps == list(range(1, 13))
+    with pytest.raises(OptionError, match="inject_iteration"):
+        FaultInjectionCallback(str(tmp_path / "x.weights.h5"), 1, seed=0, count=1, inject_iteration=0)
+
+
+@pytest.mark.framework
 @pytest.mark.parametrize("framework", ["torch", "keras"])
 def test_injected_nan_keeps_training_and_is_diverged(framework, tmp_path, request):
     request.getfixturevalue(framework)

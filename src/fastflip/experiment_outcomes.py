@@ -1,5 +1,8 @@
 """Outcomes of faulty runs, the per-epoch metric files, the results table and the accuracy plot.
 
+The run classes are the experiment rows of fastflip's one outcome vocabulary
+(:data:`fastflip.outcomes.RUN_OUTCOMES`, ``docs/outcomes.md``).
+
 A run is a sequence of *points*: the evaluation right after the injection
 (phase ``injected``), then one point per epoch trained after it (phase ``train``).
 Each point carries the training loss and accuracy of that epoch (``loss``,
@@ -50,12 +53,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from .fileio import atomic_output
+from .outcomes import RUN_DEFAULT_FAILURE, RUN_OUTCOMES
 
 __all__ = ["OUTCOMES", "Verdict", "classify", "beyond_tolerance", "write_csv", "read_csv", "summarize",
            "format_summary", "plot_accuracy", "METRIC_FIELDS", "RESULT_FIELDS", "DEFAULT_FAILURE",
            "check_failure"]
 
-OUTCOMES = ("masked", "recovered", "degraded", "diverged", "crashed")
+OUTCOMES = RUN_OUTCOMES  # the experiment rows of the one vocabulary (fastflip.outcomes, docs/outcomes.md)
 METRIC_FIELDS = ("epoch", "iteration", "phase", "loss", "train_accuracy", "val_loss", "accuracy", "seconds")
 RESULT_FIELDS = ("scenario", "rep", "seed", "epoch", "iteration", "framework", "outcome", "epochs_to_recovery",
                  "final_accuracy", "golden_accuracy", "delta", "min_accuracy", "post_injection_accuracy",
@@ -168,7 +172,7 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 #: Outcome classes counted as failure unless an experiment's ``failure`` says otherwise.
-DEFAULT_FAILURE = ("degraded", "diverged", "crashed")
+DEFAULT_FAILURE = RUN_DEFAULT_FAILURE  # fastflip.outcomes holds every class name and default
 
 
 def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:

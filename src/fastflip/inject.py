@@ -206,11 +206,28 @@ def _lock(path: str, what: str, on: bool) -> Any:
 
 
 def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
+    """What an injection touched and what it changed.
+
+    ``sites`` are the elements the plan touched and ``flips`` the bits it touched (a
+    stuck-at bit already at its value is touched, not changed; ``scale`` touches no bit);
+    ``elements_changed`` (also ``changed``) and ``bits_changed`` count what really differs
+    between the old and the new words.
+
+    >>> from fastflip.plan import TensorRef
+    >>> from fastflip.sampling import SiteSpace
+    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
+    >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
+    >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
+    (2, 2, 1, 1)
+    """
     nan_n, inf_n = nonfinite_created(plan, old, new)
+    old_u, new_u = np.asarray(old, np.uint64), np.asarray(new, np.uint64)
     return {
         "sites": int(len(plan)),
         "flips": int(np.bitwise_count(plan.bits).sum()) if len(plan) else 0,
         "changed": int((old != new).sum()),
+        "elements_changed": int((old_u != new_u).sum()),
+        "bits_changed": int(np.bitwise_count(old_u ^ new_u).sum()) if len(plan) else 0,
         "tensors_hit": len(plan.per_tensor()),
         "nan_created": nan_n,
         "inf_created": inf_n,

@@ -339,6 +339,42 @@ class SiteSpace:
         })
         return plan
 
+    def n_sites(self, model: "FaultModel | str | None" = None) -> int:
+        """The number of site units of ``model``: (element, bit) pairs for pair-site models, else elements."""
+        return self.n_pairs if FaultModel.parse(model).pair_sites else self.n_elements
+
+    def plan_sites(self, sites: "np.ndarray | Sequence[int]", *, seed: int, stream: Sequence[int] = (),
+                   model: "FaultModel | str | None" = None) -> Plan:
+        """The plan of given, distinct site units (indices in ``[0, n_sites(model))``).
+
+        A pair-site unit ``u`` is the ``u``-th (element, bit) pair in tensor order (every
+        pair equally likely when ``u`` is uniform), an element unit the ``u``-th element.
+        Random parts of the fault model (which bits of an element, random values) come
+        from the generator of ``(seed, stream)``. This is the entry of sampling designs
+        that choose the sites themselves (:class:`fastflip.permutation.Permutation`).
+
+        >>> from fastflip.plan import TensorRef
+        >>> space = SiteSpace([TensorRef("a", "<f4", (4,))], bits="30-31")
+        >>> p = space.plan_sites([5, 0], seed=1)
+        >>> p.index.tolist(), [hex(int(x)) for x in p.xor_mask]
+        ([0, 2], ['0x40000000', '0x80000000'])
+        """
+        model = FaultModel.parse(model)
+        u = np.sort(np.asarray(sites, dtype=np.int64).reshape(-1))
+        cap = self.n_sites(model)
+        if len(u) and (u[0] < 0 or u[-1] >= cap):
+            raise OptionError(f"site units must lie in [0, {cap})")
+        if len(u) > 1 and (u[1:] == u[:-1]).any():
+            raise OptionError("plan_sites: the sites must be distinct")
+        rng = generator(seed, stream)
+        elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
+        plan = self._build(rng, model, elem, bit)
+        plan.meta.update({"flips": int(_popcount(plan.bits).sum()), "seed": int(seed),
+                          "stream": [int(x) for x in stream], "model": model.as_dict(), "bits": list(self.bits.items),
+                          "sign_first": self.bits.sign_first, "requested_sites": int(len(u)),
+                          "generator": "philox/seedsequence", "sites": "given"})
+        return plan
+
     def _build(self, rng: np.random.Generator, model: FaultModel, elem: np.ndarray, bit: np.ndarray | None,
                distinct: bool = True) -> Plan:
         bmask = None

@@ -190,6 +190,7 @@ def stratified_estimate(
     weights: "Sequence[float] | np.ndarray | None" = None,
     confidence: float = 0.95,
     finite_population: bool = True,
+    fpc_populations: "Sequence[float | None] | np.ndarray | None" = None,
 ) -> StratifiedEstimate:
     """Stratified total ``sum_h W_h * c_h`` over strata (campaign cells) and its variance.
 
@@ -206,6 +207,13 @@ def stratified_estimate(
         Level of the interval ``rate ± t * stderr`` (clipped to [0, 1]).
     finite_population : bool
         Multiply each stratum's variance by ``1 - n_h / N_h`` (needs ``populations``).
+        This is right only when a stratum's trials are distinct sites drawn without
+        replacement from its ``N_h`` (the campaign's permutation sampling of single
+        deterministic sites); ``n_h = N_h`` is then an exhaustive stratum with variance 0.
+    fpc_populations : sequence, optional
+        The population each stratum's trials were drawn from without replacement, when it
+        differs from ``populations`` (``None`` or ``inf`` for a stratum drawn with
+        replacement: no correction). Defaults to ``populations``.
 
     Notes
     -----
@@ -240,8 +248,14 @@ def stratified_estimate(
     safe_n = np.where(n > 0, n, 1.0)
     c = np.where(n > 0, k / safe_n, 0.0)
     var_h = c * (1.0 - c) / safe_n
-    if finite_population and N is not None:
-        var_h = var_h * np.clip(1.0 - n / N, 0.0, 1.0)
+    if finite_population and (N is not None or fpc_populations is not None):
+        if fpc_populations is not None:
+            F = np.array([np.inf if f is None else float(f) for f in fpc_populations], dtype=np.float64)
+            if F.shape != k.shape or np.any(F <= 0):
+                raise OptionError("stratified_estimate: fpc_populations must be positive (or None), one per stratum")
+        else:
+            F = N
+        var_h = var_h * np.clip(1.0 - n / F, 0.0, 1.0)
     var_h = np.where(n > 0, var_h, np.inf)
     rate = float(np.sum(w * c))
     variance = float(np.sum(np.where(w > 0, w * w * var_h, 0.0)))

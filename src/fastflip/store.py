@@ -13,12 +13,21 @@ Schema (version :data:`SCHEMA_VERSION`; ``PRAGMA application_id`` is
     campaign(id=1, name, config JSON, config_hash, seed, fastflip_version, schema_version,
              input_hashes JSON, shard 'i/N' or NULL, created)
     cells(cell_id INTEGER PRIMARY KEY, key TEXT UNIQUE, bits, grp, group_by, flips, fault,
-          epoch, planned, population)
+          epoch, planned, population, sampling, fpc_population)
     workers(worker_id INTEGER PRIMARY KEY, label TEXT UNIQUE)
     trials(cell_id, trial, seed, sites, outcome, metric, delta, message, duration, worker,
-           PRIMARY KEY (cell_id, trial)) WITHOUT ROWID
+           numeric, changed, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID
 
-``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`OUTCOMES`). Only one
+``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`OUTCOMES`, the vocabulary of
+:mod:`fastflip.outcomes`); ``numeric`` is 1 where the raw outputs changed (a masked trial
+with it is ``masked_numeric``), NULL where the evaluator gave no outputs; ``changed`` is
+the fraction of inputs whose answer changed. A cell's ``sampling`` is ``permutation``
+(distinct sites across trials), ``exhaustive`` (every site once) or ``independent``;
+``fpc_population`` is the N of the finite-population correction (NULL: none applies).
+
+Schema version 2 (fastflip 0.2) added ``numeric``, ``changed``, ``sampling`` and
+``fpc_population``, and changed what ``sdc`` means (a changed answer, not any changed
+output bit); stores of version 1 are refused with a line that says so. Only one
 sweep may write a store at a time: the writer holds an exclusive ``flock`` on the
 store file itself (its inode, so symlinks and hard links share it) for as long as it
 is open, and records who it is (pid, host, start time) in ``meta`` under ``writer``;
@@ -55,6 +64,7 @@ from . import __version__
 from .errors import OutputError, StoreError
 from .fileio import new_file_mode
 from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
+from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -66,9 +76,9 @@ __all__ = [
     "merge_stores",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x46466C70  # "FFlp"
-OUTCOMES = ("masked", "sdc", "critical", "due")
+OUTCOMES = TRIAL_OUTCOMES  # the exclusive classes of a trial, by stored code
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = """
@@ -79,19 +89,25 @@ CREATE TABLE campaign(
     input_hashes TEXT, shard TEXT, created REAL);
 CREATE TABLE cells(
     cell_id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, bits TEXT, grp TEXT, group_by TEXT,
-    flips INTEGER, fault TEXT, epoch INTEGER, planned INTEGER NOT NULL, population INTEGER);
+    flips INTEGER, fault TEXT, epoch INTEGER, planned INTEGER NOT NULL, population INTEGER,
+    sampling TEXT, fpc_population INTEGER);
 CREATE TABLE workers(worker_id INTEGER PRIMARY KEY, label TEXT UNIQUE NOT NULL);
 CREATE TABLE trials(
     cell_id INTEGER NOT NULL, trial INTEGER NOT NULL, seed INTEGER, sites TEXT,
     outcome INTEGER NOT NULL, metric REAL, delta REAL, message TEXT, duration REAL, worker INTEGER,
-    PRIMARY KEY (cell_id, trial)) WITHOUT ROWID;
+    numeric INTEGER, changed REAL, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID;
 """
 
-_CELL_COLUMNS = ("key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population")
+_CELL_COLUMNS = ("key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population", "sampling",
+                 "fpc_population")
 
 
 class TrialRow(NamedTuple):
-    """One finished trial as stored (``outcome`` is an index into :data:`OUTCOMES`)."""
+    """One finished trial as stored (``outcome`` is an index into :data:`OUTCOMES`).
+
+    ``numeric`` (1: the raw outputs changed) and ``changed`` (fraction of inputs whose
+    answer changed) come last so that the first ten fields keep their places.
+    """
 
     cell_id: int
     trial: int
@@ -103,6 +119,8 @@ class TrialRow(NamedTuple):
     message: str | None
     duration: float | None
     worker: str | None
+    numeric: int | None = None
+    changed: float | None = None
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -268,6 +286,13 @@ class ResultStore:
                         f"store {path} has schema version {version}, newer than this fastflip "
                         f"{__version__} reads ({SCHEMA_VERSION}); upgrade fastflip"
                     )
+                if version < SCHEMA_VERSION:
+                    conn.close()
+                    raise StoreError(
+                        f"store {path} has schema version {version}, written before outcomes meant a changed answer "
+                        f"(its 'sdc' counts any changed output bit); fastflip {__version__} reads version "
+                        f"{SCHEMA_VERSION} only: rerun the campaign into a new store"
+                    )
                 if check:
                     res = conn.execute("PRAGMA quick_check").fetchone()[0]
                     if res != "ok":
@@ -349,11 +374,14 @@ class ResultStore:
         """Insert finished trials in one transaction; return how many. A duplicate is an error."""
         batches: dict[str | None, list[tuple]] = {}
         for r in rows:
-            batches.setdefault(r[9], []).append(tuple(r[:9]))
+            batches.setdefault(r[9], []).append(tuple(r[:9]) + tuple(r[10:12]))
         return self.add_batches(list(batches.items()))
 
     def add_batches(self, batches: Sequence[tuple[str | None, Sequence[tuple]]]) -> int:
-        """Insert ``[(worker label, [9-column trial tuples]), ...]`` in one transaction (the sweep's fast path)."""
+        """Insert ``[(worker label, [11-column trial tuples]), ...]`` in one transaction (the sweep's fast path).
+
+        A tuple holds the :class:`TrialRow` fields without ``worker``.
+        """
         if not self.writable:
             raise StoreError(f"store {self.path} is open read-only")
         conn = self.conn
@@ -362,7 +390,8 @@ class ResultStore:
             conn.execute("BEGIN IMMEDIATE")
             for worker, rows in batches:
                 wid = self._worker_id(worker)
-                conn.executemany(f"INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {'NULL' if wid is None else int(wid)})", rows)
+                conn.executemany("INSERT INTO trials VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                                 f"{'NULL' if wid is None else int(wid)}, ?, ?)", rows)
                 n += len(rows)
             conn.execute("COMMIT")
         except sqlite3.IntegrityError as exc:
@@ -413,20 +442,28 @@ class ResultStore:
             out[cell, outcome] = n
         return out
 
-    def cell_summary(self) -> list[dict[str, Any]]:
-        """Per cell: its columns, trials, per-outcome counts and mean metric / delta (one SQL query)."""
+    @property
+    def failure(self) -> tuple[str, ...]:
+        """The outcome classes the campaign counts as failure (``[evaluator] failure``)."""
+        return tuple((self.config.get("evaluator") or {}).get("failure") or DEFAULT_FAILURE)
+
+    def cell_summary(self, failure: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Per cell: its columns, trials, per-outcome counts, ``masked_numeric``, ``failures``
+        (of ``failure``, default the campaign's), mean metric / delta / changed fraction (one SQL query)."""
+        failure = self.failure if failure is None else tuple(failure)
         q = (
-            "SELECT c.cell_id, c.key, c.bits, c.grp, c.group_by, c.flips, c.fault, c.epoch, c.planned, c.population, "
-            "COUNT(t.trial), "
+            f"SELECT c.cell_id, {', '.join('c.' + k for k in _CELL_COLUMNS)}, COUNT(t.trial), "
             + ", ".join(f"SUM(t.outcome = {i})" for i in range(len(OUTCOMES)))
-            + ", AVG(t.metric), AVG(t.delta), AVG(t.duration) "
+            + f", SUM(t.outcome = 0 AND t.numeric = 1), SUM({failure_sql(failure, 't.outcome', 't.numeric')})"
+            ", AVG(t.metric), AVG(t.delta), AVG(t.duration), AVG(t.changed) "
             "FROM cells c LEFT JOIN trials t ON t.cell_id = c.cell_id GROUP BY c.cell_id ORDER BY c.cell_id"
         )
-        names = ("cell_id",) + _CELL_COLUMNS + ("trials",) + OUTCOMES + ("mean_metric", "mean_delta", "mean_duration")
+        names = (("cell_id",) + _CELL_COLUMNS + ("trials",) + OUTCOMES
+                 + (MASKED_NUMERIC, "failures", "mean_metric", "mean_delta", "mean_duration", "mean_changed"))
         rows = []
         for r in self.conn.execute(q):
             d = dict(zip(names, r))
-            for o in OUTCOMES:
+            for o in (*OUTCOMES, MASKED_NUMERIC, "failures"):
                 d[o] = int(d[o] or 0)
             rows.append(d)
         return rows
@@ -438,7 +475,7 @@ class ResultStore:
         """
         q = (
             "SELECT t.cell_id, c.key, c.bits, c.grp, c.flips, c.fault, c.epoch, t.trial, t.seed, t.sites, "
-            "t.outcome, t.metric, t.delta, t.message, t.duration, w.label "
+            "t.outcome, t.numeric, t.changed, t.metric, t.delta, t.message, t.duration, w.label "
             "FROM trials t JOIN cells c ON c.cell_id = t.cell_id LEFT JOIN workers w ON w.worker_id = t.worker "
             "ORDER BY t.cell_id, t.trial"
         )
@@ -473,7 +510,8 @@ class ResultStore:
             [
                 ("cell_id", pa.int32()), ("cell", pa.string()), ("bits", pa.string()), ("group", pa.string()),
                 ("flips", pa.int32()), ("fault", pa.string()), ("epoch", pa.int32()), ("trial", pa.int64()),
-                ("seed", pa.int64()), ("sites", pa.string()), ("outcome", pa.string()), ("metric", pa.float64()),
+                ("seed", pa.int64()), ("sites", pa.string()), ("outcome", pa.string()), ("numeric", pa.int8()),
+                ("changed", pa.float64()), ("metric", pa.float64()),
                 ("delta", pa.float64()), ("message", pa.string()), ("duration", pa.float64()), ("worker", pa.string()),
             ]
         )
@@ -491,7 +529,7 @@ class ResultStore:
 
 EXPORT_COLUMNS = (
     "cell_id", "cell", "bits", "group", "flips", "fault", "epoch", "trial", "seed", "sites",
-    "outcome", "metric", "delta", "message", "duration", "worker",
+    "outcome", "numeric", "changed", "metric", "delta", "message", "duration", "worker",
 )
 
 
@@ -552,6 +590,7 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
                 conflict = conn.execute(
                     "SELECT s.cell_id, s.trial FROM src.trials s JOIN main.trials m USING (cell_id, trial) "
                     "WHERE s.outcome IS NOT m.outcome OR s.sites IS NOT m.sites OR s.metric IS NOT m.metric "
+                    "OR s.numeric IS NOT m.numeric OR s.changed IS NOT m.changed "
                     "OR s.seed IS NOT m.seed LIMIT 1"
                 ).fetchone()
                 if conflict:
@@ -565,7 +604,7 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
                 conn.execute("INSERT OR IGNORE INTO main.workers (label) SELECT label FROM src.workers")
                 conn.execute(
                     "INSERT OR IGNORE INTO main.trials SELECT s.cell_id, s.trial, s.seed, s.sites, s.outcome, s.metric, "
-                    "s.delta, s.message, s.duration, mw.worker_id FROM src.trials s "
+                    "s.delta, s.message, s.duration, mw.worker_id, s.numeric, s.changed FROM src.trials s "
                     "LEFT JOIN src.workers sw ON sw.worker_id = s.worker LEFT JOIN main.workers mw ON mw.label = sw.label"
                 )
                 conn.execute("COMMIT")

@@ -37,9 +37,11 @@ TABLES = {
     "meta": ("key", "value"),
     "campaign": ("id", "name", "config", "config_hash", "seed", "fastflip_version", "schema_version",
                  "input_hashes", "shard", "created"),
-    "cells": ("cell_id", "key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population"),
+    "cells": ("cell_id", "key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population",
+              "sampling", "fpc_population"),
     "workers": ("worker_id", "label"),
-    "trials": ("cell_id", "trial", "seed", "sites", "outcome", "metric", "delta", "message", "duration", "worker"),
+    "trials": ("cell_id", "trial", "seed", "sites", "outcome", "metric", "delta", "message", "duration", "worker",
+               "numeric", "changed"),
 }
 
 

@@ -5,7 +5,20 @@ HDF5 checkpoint through :func:`fastflip.layout.read_layout`; a factory's named a
 through the same record, labelled by :func:`fastflip.roles.label_path`), filtered by
 the campaign's :class:`fastflip.select.Selection`. :func:`expand_cells` then builds
 the grid bits × group × flips × fault × epoch; a cell's *population* is its number of
-(element, bit) sites, the ``N`` of the Leveugle sample size.
+site units: (element, bit) pairs for single-bit models (flip, single stuck-at), elements
+for the others (whose bits are then chosen inside the element).
+
+Sampling design (:func:`trial_sites`): within a cell, trial ``i`` flipping ``k`` sites
+takes the positions ``i*k … i*k+k-1`` of a keyed permutation of the cell's site units
+(:class:`fastflip.permutation.Permutation`, key ``(seed, cell, pass)``), so trials draw
+distinct sites, without replacement across trials, and any trial is regenerated from
+(seed, cell, trial) alone. After ``population // k`` trials a new pass starts with a new
+permutation. When a trial is one deterministic site (a single-bit model, ``zero``,
+``scale`` or a fixed ``mask``, one flip per trial), the trials are a simple random sample
+without replacement of the population: the finite-population correction applies
+(``fpc_population``), and a cell whose population is no larger than its planned trials
+runs every site once (``exhaustive``: its rate is exact). With ``distribution =
+'tensor'`` sites are drawn independently (``independent``: no correction).
 
 Examples
 --------
@@ -17,12 +30,15 @@ Examples
 >>> ts = tensors_from_arrays({"a": np.zeros(3, "f4"), "b": np.zeros((2, 2), "f4")})
 >>> [(x.key, x.population) for x in expand_cells(c, {None: ts})]
 [('bits=31|tensor=a|flips=1|fault=flip', 3), ('bits=31|tensor=b|flips=1|fault=flip', 4), ('bits=0-22|tensor=a|flips=1|fault=flip', 69), ('bits=0-22|tensor=b|flips=1|fault=flip', 92)]
+>>> planned_counts(c, expand_cells(c, {None: ts}))  # per_cell = 5: cells of 3 and 4 sites run exhaustively
+[3, 4, 5, 5]
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -43,6 +59,9 @@ __all__ = [
     "target_tensors",
     "expand_cells",
     "planned_counts",
+    "cell_notes",
+    "trial_sites",
+    "SAMPLING_DESIGNS",
     "input_hashes",
     "target_digest",
 ]
@@ -128,6 +147,8 @@ class Cell:
     fault: str
     epoch: int | None
     population: int
+    sampling: str = "permutation"
+    fpc_population: int | None = None
 
     @property
     def key(self) -> str:
@@ -139,11 +160,18 @@ class Cell:
             parts.append(f"epoch={self.epoch}")
         return "|".join(parts)
 
+    def design(self, planned: int) -> str:
+        """``exhaustive`` when ``planned`` trials run every site once, else the cell's sampling."""
+        if self.fpc_population is not None and planned >= self.fpc_population:
+            return "exhaustive"
+        return self.sampling
+
     def row(self, planned: int) -> dict[str, Any]:
         """The store's ``cells`` row."""
         return {
             "key": self.key, "bits": self.bits, "grp": self.group, "group_by": self.group_by, "flips": self.flips,
             "fault": self.fault, "epoch": self.epoch, "planned": int(planned), "population": self.population,
+            "sampling": self.design(planned), "fpc_population": self.fpc_population,
         }
 
 
@@ -173,6 +201,9 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
             if g not in order:
                 order.append(g)
         grouped[epoch] = groups
+    from ..faults import FaultModel
+
+    models = {f: FaultModel.parse(f) for f in spec.faults}
     cells: list[Cell] = []
     for bits in spec.bits:
         bitspec = BitSpec.parse(bits)
@@ -188,14 +219,17 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
                         population = 0
                         for t in members:
                             try:
-                                population += t.size * len(bitspec.resolve(word_type(t.dtype, t.format)))
+                                nb = len(bitspec.resolve(word_type(t.dtype, t.format)))
+                                population += t.size * nb if models[fault].pair_sites else (t.size if nb else 0)
                             except Exception as exc:  # a field the dtype lacks (e.g. 'exponent' of an int)
                                 raise OptionError(
                                     f"[cells] bits {bits!r} does not apply to {t.path} ({t.dtype}): {exc}"
                                 ) from exc
                         if population:
                             names = tuple(t.path for t in members)
-                            cells.append(Cell(bits, spec.group_by, group, names, flips, fault, epoch, population))
+                            sampling, fpc = _design(campaign, models[fault], flips, population)
+                            cells.append(Cell(bits, spec.group_by, group, names, flips, fault, epoch, population,
+                                              sampling, fpc))
     if not cells:
         raise OptionError("the campaign has no cell: no selected tensor has any of the requested bits")
     keys = [c.key for c in cells]
@@ -204,16 +238,82 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
     return cells
 
 
+SAMPLING_DESIGNS = ("permutation", "exhaustive", "independent")
+
+
+def _design(campaign: Campaign, model: Any, flips: int, population: int) -> tuple[str, int | None]:
+    """A cell's sampling design and the population of its finite-population correction (see the module docs)."""
+    if campaign.cells.distribution != "element":
+        return "independent", None
+    deterministic = model.pair_sites or model.kind in ("zero", "scale") or (
+        model.kind == "mask" and model.mask_position == "fixed")
+    return "permutation", (population if deterministic and flips == 1 else None)
+
+
 def planned_counts(campaign: Campaign, cells: Sequence[Cell]) -> list[int]:
-    """Trials to run per cell: fixed, Leveugle sample size, or the sequential cap."""
+    """Trials to run per cell: fixed, Leveugle sample size, or the sequential cap.
+
+    A cell whose trials are single deterministic sites never plans more trials than its
+    population (it then runs every site once); the Leveugle size uses that population, and
+    an unbounded one for the other cells (their trials are not a sample without replacement
+    of a finite set).
+    """
     from ..stats import sample_size
 
     tr = campaign.trials
-    if tr.per_cell is not None:
-        return [int(tr.per_cell)] * len(cells)
-    if tr.margin is not None:
-        return [sample_size(c.population, margin=tr.margin, confidence=tr.confidence, p=tr.p) for c in cells]
-    return [int(tr.max_per_cell)] * len(cells)
+    out = []
+    for c in cells:
+        if tr.per_cell is not None:
+            n = int(tr.per_cell)
+        elif tr.margin is not None:
+            n = sample_size(c.fpc_population if c.fpc_population is not None else math.inf, margin=tr.margin,
+                            confidence=tr.confidence, p=tr.p)
+        else:
+            n = int(tr.max_per_cell)
+        out.append(min(n, c.fpc_population) if c.fpc_population is not None else n)
+    return out
+
+
+def cell_notes(campaign: Campaign, cells: Sequence[Cell], planned: Sequence[int]) -> list[str]:
+    """One line per cell whose design differs from what the campaign asks (for ``plan`` and ``sweep``)."""
+    tr = campaign.trials
+    asked = tr.per_cell if tr.per_cell is not None else (tr.max_per_cell if tr.sequential else None)
+    notes = []
+    for c, n in zip(cells, planned):
+        if c.fpc_population is not None and asked is not None and asked > c.population:
+            what = "per_cell" if tr.per_cell is not None else "max_per_cell"
+            notes.append(f"cell {c.key}: {what} = {asked} exceeds its population of {c.population} sites; "
+                         f"it runs every site once ({n} trials, exhaustive: the exact rate)")
+        elif c.fpc_population is None and c.sampling == "permutation" and n * c.flips > c.population:
+            from ..faults import FaultModel
+
+            unit = "(element, bit) sites" if FaultModel.parse(c.fault).pair_sites else "elements"
+            notes.append(f"cell {c.key}: {n} trials x {c.flips} sites exceed its {c.population} {unit}; after "
+                         f"{c.population // c.flips} trials they are drawn again (a new pass)")
+    return notes
+
+
+def trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell: Cell, trial: int,
+                n_sites: int) -> np.ndarray:
+    """The site units of trial ``trial`` of a permutation-sampled cell (``perms`` caches the permutations).
+
+    Positions ``i*k … i*k+k-1`` of pass ``i // (N // k)`` of a permutation keyed by
+    ``(seed, cell, pass)`` over the ``N = n_sites`` units (see the module docstring).
+    """
+    from ..errors import CapacityError
+    from ..permutation import Permutation
+
+    k = cell.flips
+    if k > n_sites:
+        raise CapacityError(f"cell {cell.key}: {k} sites per trial but only {n_sites} sites in the cell")
+    per_pass = n_sites // k
+    pas, slot = divmod(int(trial), per_pass)
+    perm = perms.get((cell_id, pas))
+    if perm is None:
+        if len(perms) > 4096:
+            perms.clear()
+        perm = perms[(cell_id, pas)] = Permutation(n_sites, (int(seed), int(cell_id), pas))
+    return perm(np.arange(slot * k, slot * k + k, dtype=np.int64))
 
 
 def target_digest(obj: Any) -> str | None:

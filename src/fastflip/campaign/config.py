@@ -37,9 +37,12 @@ File form (TOML; YAML takes the same keys)::
     # half_width = 0.01            # sequential stopping per cell, in blocks of `block`
 
     [evaluator]
-    function = "mymod:evaluate"    # or builtin = "accuracy" with data = "mymod:heldout",
+    function = "mymod:evaluate"    # or builtin = "classification" (or "regression") with
+                                   # data = "mymod:heldout" returning (x, y),
                                    # or command = "python eval.py {checkpoint}" (checkpoint mode)
+    returns = ["predictions", "metric"]   # what the function returns (outputs/predictions/metric)
     critical = 0.05                # metric drop above which an SDC is critical
+    failure = ["sdc", "critical", "due"]  # outcome classes that count as failure
 
 Examples
 --------
@@ -61,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import OptionError
+from ..outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
 
 __all__ = [
     "TargetSpec",
@@ -73,6 +77,7 @@ __all__ = [
 
 GROUP_BY = ("none", "tensor", "layer", "role")
 MODES = ("memory", "checkpoint")
+BUILTIN_EVALUATORS = ("classification", "regression")
 
 
 def _strs(value: Any, key: str) -> list[str]:
@@ -178,7 +183,10 @@ class TrialsSpec:
 
 @dataclass
 class EvaluatorSpec:
-    """How a trial is judged: a user function, the built-in accuracy, or a command (checkpoint mode)."""
+    """How a trial is judged: a user function, a built-in evaluator or a command (checkpoint mode).
+
+    The outcome classes and what ``failure`` may name are in :mod:`fastflip.outcomes`.
+    """
 
     function: str | None = None
     builtin: str | None = None
@@ -186,19 +194,45 @@ class EvaluatorSpec:
     command: str | None = None
     critical: float = 0.01
     timeout: float | None = None
+    returns: list[str] | None = None
+    failure: list[str] = field(default_factory=lambda: list(DEFAULT_FAILURE))
+    top_k: int = 1
+    rtol: float = 0.0
+    atol: float = 0.0
+    greater_is_better: bool = True
 
     def __post_init__(self) -> None:
         given = [k for k in ("function", "builtin", "command") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise OptionError("[evaluator]: give exactly one of function = 'module:function', builtin = 'accuracy' or command = '...'")
+            raise OptionError("[evaluator]: give exactly one of function = 'module:function', "
+                              "builtin = 'classification' | 'regression' or command = '...'")
         if self.function is not None and ":" not in self.function:
             raise OptionError(f"[evaluator] function must read 'module:function', got {self.function!r}")
         if self.builtin is not None:
-            if self.builtin != "accuracy":
-                raise OptionError(f"[evaluator] builtin: only 'accuracy' exists, got {self.builtin!r}")
+            if self.builtin == "accuracy":  # the first name of the classification evaluator
+                self.builtin = "classification"
+            if self.builtin not in BUILTIN_EVALUATORS:
+                raise OptionError(f"[evaluator] builtin must be one of {', '.join(BUILTIN_EVALUATORS)}, got {self.builtin!r}")
             if not self.data or ":" not in self.data:
-                raise OptionError("[evaluator] builtin = 'accuracy' needs data = 'module:function' returning (x, y)")
+                raise OptionError(f"[evaluator] builtin = '{self.builtin}' needs data = 'module:function' returning (x, y)")
+            if self.builtin == "regression":
+                self.greater_is_better = False  # its metric is the mean squared error
+        if self.returns is not None:
+            self.returns = _strs(self.returns, "[evaluator] returns")
+            bad = [r for r in self.returns if r not in RETURN_KINDS]
+            if bad or not self.returns or len(set(self.returns)) != len(self.returns):
+                raise OptionError(f"[evaluator] returns: name some of {', '.join(RETURN_KINDS)} once each, got {self.returns!r}")
+            if self.function is None:
+                raise OptionError("[evaluator] returns applies to function evaluators (built-ins and commands say it themselves)")
+        self.failure = list(parse_failure(self.failure))
+        if int(self.top_k) != self.top_k or self.top_k < 1:
+            raise OptionError(f"[evaluator] top_k must be a positive integer, got {self.top_k!r}")
+        self.top_k = int(self.top_k)
         self.critical = float(self.critical)
+        self.rtol, self.atol = float(self.rtol), float(self.atol)
+        if not (self.rtol >= 0 and self.atol >= 0):
+            raise OptionError(f"[evaluator] rtol and atol must be >= 0, got {self.rtol!r}, {self.atol!r}")
+        self.greater_is_better = bool(self.greater_is_better)
 
 
 @dataclass

@@ -11,7 +11,7 @@ equal to an uninterrupted run.
   store; :func:`fastflip.store.merge_stores` combines the shards.
 * With ``[trials] half_width`` the sweep runs in rounds: each open cell gets its next
   block of trials, and a cell stops once the Wilson half-width of its failure rate
-  (SDC + critical + DUE) over its complete blocks reaches the target
+  (the classes ``[evaluator] failure`` names) over its complete blocks reaches the target
   (:func:`fastflip.stats.should_stop`). Decisions use whole blocks only, so a resumed
   sweep takes the same decisions.
 * A worker process that dies (segfault, out of memory) does not stop the campaign:
@@ -42,9 +42,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError, StoreError
+from ..outcomes import failure_sql
 from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
 from ..store_guard import sqlite_error
-from .cells import Cell, call_factory, expand_cells, input_hashes, planned_counts, target_tensors
+from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
 from .executors import WorkerCrash, check_main_guard, make_executor
 from .lifeline import remove_workdirs, sweep_leftovers
@@ -56,7 +57,8 @@ __all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_cre
 
 @dataclass
 class SweepResult:
-    """What a sweep did: trials run now, stored in all, outcome counts, whether it finished."""
+    """What a sweep did: trials run now, stored in all, outcome counts (``masked`` includes the
+    ``masked_numeric`` ones, counted apart), whether it finished, and notes on the cells' design."""
 
     store: str
     planned: int
@@ -66,6 +68,8 @@ class SweepResult:
     elapsed: float = 0.0
     interrupted: bool = False
     complete: bool = False
+    notes: list[str] = field(default_factory=list)
+    masked_numeric: int = 0
 
     @property
     def rate(self) -> float:
@@ -219,18 +223,20 @@ def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int
 
     tr = campaign.trials
     assert tr.half_width is not None
+    failure = failure_sql(campaign.evaluator.failure)
     need: dict[int, np.ndarray] = {}
     stopped = stopped if stopped is not None else set()
     for cid, cap in enumerate(planned):
         if cid in stopped:
             continue
-        rows = st.conn.execute("SELECT trial, outcome FROM trials WHERE cell_id = ? AND trial < ?", (cid, cap)).fetchall()
+        rows = st.conn.execute(f"SELECT trial, {failure} FROM trials WHERE cell_id = ? AND trial < ?",
+                               (cid, cap)).fetchall()
         have = np.zeros(cap, dtype=bool)
         fail = np.zeros(cap, dtype=bool)
         if rows:
             arr = np.array(rows, dtype=np.int64)
             have[arr[:, 0]] = True
-            fail[arr[:, 0]] = arr[:, 1] != 0
+            fail[arr[:, 0]] = arr[:, 1] == 1
         for lo in range(0, cap, tr.block):
             hi = min(lo + tr.block, cap)
             if not have[lo:hi].all():
@@ -256,17 +262,22 @@ def _crash_row(runner_seed: int, cell_id: int, trial: int, message: str) -> Tria
                     None, None)
 
 
+def _plain(row: TrialRow) -> tuple:
+    """The row as the store's writer takes it: every field but ``worker``."""
+    return tuple(row[:9]) + tuple(row[10:])
+
+
 def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[str, list[tuple]]:
     """Worker side: unpickle the campaign once per process, then run the chunk.
 
-    Returns the worker's label and plain 9-column rows (cheap to ship back).
+    Returns the worker's label and plain 11-column rows (a :class:`TrialRow` without its worker).
     """
     if isinstance(payload, (bytes, bytearray)):
         payload = pickle.loads(payload)
     campaign_dict, cells, digest = payload
     runner = get_runner(token, campaign_dict, cells, digest)
     run = runner.run
-    return runner.worker, [run(cell_id, t)[:9] for t in trials.tolist()]
+    return runner.worker, [_plain(run(cell_id, t)) for t in trials.tolist()]
 
 
 class _Terminated(KeyboardInterrupt):
@@ -383,7 +394,7 @@ def sweep(
             "evaluates the fault-free (golden) run before its first trial")
     prog = Progress(planned_total, stored_before, enabled=progress, stream=stream,
                     status_every=0 if progress is False else status_every)
-    result = SweepResult(store, planned_total, stored_before, 0)
+    result = SweepResult(store, planned_total, stored_before, 0, notes=cell_notes(campaign, cells, planned))
     shipped = (campaign.to_dict(), cells, st.input_hashes.get("factory"))
     payload: Any = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
     if hasattr(ex, "_client"):
@@ -451,7 +462,7 @@ def sweep(
                                     "check the target factory and evaluator (run with --workers 0 to see the error)"
                                 ) from exc
                             if single:
-                                row = _crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}")[:9]
+                                row = _plain(_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}"))
                                 # until some trial has succeeded, a crash may be the workers' fault, not the trial's
                                 (held if successes == 0 else pending).append((None, [row]))
                                 n_pending += 1
@@ -513,6 +524,8 @@ def sweep(
                     remove_workdirs(os.getpid())  # and of workers that could not remove their own
                     counts = st.outcome_counts().sum(axis=0)
                     result.counts = {name: int(n) for name, n in zip(OUTCOMES, counts)}
+                    result.masked_numeric = int(st.conn.execute(
+                        "SELECT COUNT(*) FROM trials WHERE outcome = 0 AND numeric = 1").fetchone()[0])
                     result.stored = st.n_trials()
                 except sqlite3.Error:
                     pass  # the error that matters is already on its way

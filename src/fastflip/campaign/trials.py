@@ -4,29 +4,36 @@ A :class:`TrialRunner` is built once per worker process (it loads the target onc
 evaluates the fault-free *golden* run once, and prepares one
 :class:`fastflip.sampling.SiteSpace` per cell) and then runs any (cell, trial) pair:
 
-1. sites from ``SiteSpace.plan(seed=campaign seed, stream=(cell, trial), count=flips)``;
+1. sites: distinct across the cell's trials, from a permutation keyed by (seed, cell)
+   (:func:`fastflip.campaign.cells.trial_sites`, then ``SiteSpace.plan_sites`` with the
+   generator of ``(seed, cell, trial)`` for the model's random parts), or, for
+   ``distribution = 'tensor'``, ``SiteSpace.plan(seed, stream=(cell, trial), count=flips)``;
 2. ``memory`` mode: :func:`fastflip.live.inject` into the loaded arrays, evaluate,
    :func:`fastflip.live.revert` (bit-exact);
    ``checkpoint`` mode: inject into the worker's working copy of the checkpoint file,
    evaluate with its path (function or shell command), revert the words exactly;
-3. the outcome, by comparing with the golden run:
+3. the outcome, by comparing the evaluator's answer with the golden run's
+   (:func:`fastflip.outcomes.judge`; the table is in ``docs/outcomes.md``):
 
-   ``masked``   outputs identical to the golden outputs;
-   ``sdc``      outputs changed (the metric delta = golden metric − metric is stored);
-   ``critical`` an SDC whose delta exceeds ``[evaluator] critical``;
+   ``masked``   the answer is unchanged (``numeric`` set when only the raw outputs changed);
+   ``sdc``      the answer changed (for a classifier: some input's prediction); the fraction
+                of inputs whose answer changed and the metric delta are stored;
+   ``critical`` an SDC whose metric got worse by more than ``[evaluator] critical``;
    ``due``      NaN/Inf outputs or metric, or an exception (its message is stored).
 
-An evaluator returns a metric (a float), an array of outputs, a ``(outputs, metric)``
-pair or a mapping with ``outputs`` and ``metric``. A trial whose evaluator raises is a
-DUE; it never stops the campaign.
+Evaluators: ``builtin = "classification"`` (top-1, or top-k with ``top_k``; the answer is
+each input's predicted class, the metric the top-k accuracy), ``builtin = "regression"``
+(the answer is the outputs, equal within ``rtol``/``atol``; the metric is the mean squared
+error, lower is better), a ``function`` whose result ``[evaluator] returns`` describes
+(outputs, predictions and/or metric; see :func:`fastflip.outcomes.answer_from`), or a
+``command`` printing a metric. A trial whose evaluator raises is a DUE; it never stops the
+campaign.
 
 Examples
 --------
 >>> import numpy as np
->>> classify(np.array([1.0, 2.0]), 0.9, np.array([1.0, 2.5]), 0.5, critical=0.1)
-(2, 0.4)
->>> classify(np.array([1.0]), 0.9, np.array([np.nan]), 0.9, critical=0.1)[0]
-3
+>>> classification_answer(np.array([[2.0, 1.0], [0.5, 0.7]]), np.array([0, 1])).predictions.tolist()
+[0, 1]
 """
 
 from __future__ import annotations
@@ -42,16 +49,18 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import FastflipError, OptionError
+from ..outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
 from ..store import TrialRow
-from .cells import Cell, call_factory, import_object, target_tensors
+from .cells import Cell, call_factory, import_object, target_tensors, trial_sites
 from .config import Campaign
 from .lifeline import make_workdir
 
-__all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classify", "sites_summary", "trial_seed", "TrialRunner", "run_chunk", "close_runners"]
+__all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classification_answer", "make_evaluator", "sites_summary", "trial_seed",
+           "TrialRunner", "run_chunk", "close_runners"]
 
-MASKED, SDC, CRITICAL, DUE = 0, 1, 2, 3
 _INF = float("inf")
 _MESSAGE_LIMIT = 400
+_DUE = Judgement(DUE, None, None, None, None)
 
 
 def trial_seed(seed: int, cell_id: int, trial: int) -> np.random.SeedSequence:
@@ -85,45 +94,6 @@ def sites_summary(plan: Any) -> str:
     return ";".join(out)
 
 
-def _split_result(result: Any) -> tuple[np.ndarray, float]:
-    if isinstance(result, Mapping):
-        outputs = result.get("outputs")
-        metric = result.get("metric")
-        if outputs is None and metric is None:
-            raise OptionError("an evaluator's mapping must hold 'outputs' and/or 'metric'")
-        if outputs is None:
-            outputs = metric
-        if metric is None:
-            metric = float("nan") if np.size(outputs) != 1 else float(np.asarray(outputs).reshape(-1)[0])
-        return np.asarray(outputs), float(metric)
-    if isinstance(result, tuple) and len(result) == 2:
-        return np.asarray(result[0]), float(result[1])
-    arr = np.asarray(result)
-    if arr.size == 1:
-        return arr, float(arr.reshape(-1)[0])
-    return arr, float("nan")
-
-
-def _nonfinite(a: np.ndarray) -> bool:
-    return a.dtype.kind in "fc" and not bool(np.isfinite(a).all())
-
-
-def classify(golden: np.ndarray, golden_metric: float, outputs: np.ndarray, metric: float,
-             *, critical: float) -> tuple[int, float | None]:
-    """Outcome code and metric delta of one trial (see the module docstring)."""
-    if _nonfinite(outputs):
-        return DUE, None
-    if outputs.shape == golden.shape and np.array_equal(outputs, golden):
-        return MASKED, 0.0
-    if np.isnan(golden_metric) and np.isnan(metric):
-        return SDC, None  # outputs only: no metric to compare
-    if not np.isfinite(metric):
-        return DUE, None
-    delta = float(golden_metric) - float(metric)
-    delta = round(delta, 12)
-    return (CRITICAL if delta > critical else SDC), delta
-
-
 # ------------------------------------------------------------------------------ evaluators
 def _predict(model: Any, x: Any) -> np.ndarray:
     mod = type(model).__module__
@@ -139,6 +109,35 @@ def _predict(model: Any, x: Any) -> np.ndarray:
     raise OptionError(f"builtin accuracy: cannot run a {type(model).__name__}; give [evaluator] function instead")
 
 
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Per input, its predicted class (k = 1) or its set of k best classes (sorted, so sets compare)."""
+    scores = np.asarray(scores)
+    if scores.ndim < 2:
+        raise OptionError(f"builtin classification: the model's outputs have shape {scores.shape}; "
+                          "expected (inputs, classes) scores")
+    if k == 1:
+        return np.argmax(scores, axis=-1)
+    if k > scores.shape[-1]:
+        raise OptionError(f"[evaluator] top_k = {k} exceeds the {scores.shape[-1]} classes of the model's outputs")
+    return np.sort(np.argsort(-scores, axis=-1, kind="stable")[..., :k], axis=-1)
+
+
+def classification_answer(scores: Any, y: np.ndarray, k: int = 1) -> Answer:
+    """The built-in classifier judgement of outputs ``scores`` on labels ``y``.
+
+    Predictions are the top-1 class (or, with ``k > 1``, the set of the k best classes);
+    the metric is the top-k accuracy.
+
+    >>> a = classification_answer(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
+    >>> a.predictions.tolist(), a.metric
+    ([1, 0], 0.5)
+    """
+    scores = np.asarray(scores)
+    pred = _top_k(scores, k)
+    hit = pred == y if k == 1 else (pred == np.asarray(y)[..., None]).any(axis=-1)
+    return Answer(scores, pred, float(np.mean(hit)))
+
+
 def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
     """The campaign's evaluator as ``f(model or checkpoint path) -> result``."""
     ev = campaign.evaluator
@@ -148,16 +147,28 @@ def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
         if not callable(fn):
             raise OptionError(f"[evaluator] function {ev.function} is not callable")
         return fn
-    if ev.builtin == "accuracy":
+    if ev.builtin is not None:
         assert ev.data is not None
-        x, y = import_object(ev.data, paths)()
+        data = import_object(ev.data, paths)()
+        if not (isinstance(data, (tuple, list)) and len(data) == 2):
+            raise OptionError(f"[evaluator] data = {ev.data} must return (x, y), got a {type(data).__name__}")
+        x, y = data
         y = np.asarray(y)
+        if ev.builtin == "classification":
+            k = ev.top_k
 
-        def accuracy(model: Any) -> tuple[np.ndarray, float]:
-            logits = _predict(model, x)
-            return logits, float(np.mean(np.argmax(logits, axis=-1) == y))
+            def classification(model: Any) -> Answer:
+                return classification_answer(_predict(model, x), y, k)
 
-        return accuracy
+            return classification
+
+        def regression(model: Any) -> Answer:
+            out = np.asarray(_predict(model, x))
+            if out.shape != y.shape and out.size == y.size:
+                out = out.reshape(y.shape)
+            return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
+
+        return regression
     assert ev.command is not None
     command = ev.command
 
@@ -185,12 +196,16 @@ class TrialRunner:
         self.campaign = campaign
         self.cells = list(cells)
         self.seed = campaign.seed
-        self.critical = campaign.evaluator.critical
+        ev = campaign.evaluator
+        self.critical = ev.critical
+        self.returns = ev.returns
+        self._judge_opts = {"critical": ev.critical, "rtol": ev.rtol, "atol": ev.atol,
+                            "greater_is_better": ev.greater_is_better}
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.evaluate = make_evaluator(campaign)
         epochs: list[int | None] = sorted({c.epoch for c in self.cells}, key=lambda e: -1 if e is None else e)
         self.targets: dict[int | None, Any] = {}
-        self.golden: dict[int | None, tuple[np.ndarray, float]] = {}
+        self.golden: dict[int | None, Answer] = {}
         self._workdir: str | None = None
         self.layouts: dict[int | None, Any] = {}
         self._by_name: dict[int | None, dict[str, Any]] = {}
@@ -209,17 +224,17 @@ class TrialRunner:
                     obj = self._read_checkpoint(campaign.checkpoint_path(e), [t.path for t in tensors])
                 self.targets[e] = obj
                 self.live[e] = live_targets(obj)
-                self.golden[e] = _split_result(self.evaluate(obj))
+                self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             else:
                 from ..layout import read_layout
 
                 tensors = target_tensors(campaign, e)
                 self.targets[e] = self._working_copy(campaign.checkpoint_path(e))
                 self.layouts[e] = read_layout(self.targets[e])
-                self.golden[e] = _split_result(self.evaluate(self.targets[e]))
+                self.golden[e] = answer_from(self.evaluate(self.targets[e]), self.returns)
             refs_by_epoch[e] = {t.path: t.ref() for t in tensors}
-        for e, (out, metric) in self.golden.items():
-            if _nonfinite(out) or not (np.isnan(metric) or np.isfinite(metric)):
+        for e, g in self.golden.items():
+            if judge(g, g, **self._judge_opts).outcome == DUE:
                 raise OptionError(f"the fault-free (golden) evaluation gives NaN/Inf outputs (epoch {e}); fix the evaluator")
         self.spaces = []
         for c in self.cells:
@@ -229,6 +244,8 @@ class TrialRunner:
 
         self.models = [FaultModel.parse(c.fault) for c in self.cells]
         self.flips = [c.flips for c in self.cells]
+        self._n_sites = [sp.n_sites(m) for sp, m in zip(self.spaces, self.models)]
+        self._perms: dict[tuple[int, int], Any] = {}
         from .. import live
 
         self._live = live
@@ -268,31 +285,32 @@ class TrialRunner:
             self._workdir = None
 
     def plan(self, cell_id: int, trial: int) -> Any:
-        """The plan of one trial (regenerated from (seed, cell, trial) alone)."""
-        c = self.cells[cell_id]
-        return self.spaces[cell_id].plan(seed=self.seed, stream=(cell_id, trial), count=c.flips,
-                                         model=self.models[cell_id])
+        """The plan of one trial (regenerated from (seed, cell, trial) alone; see :mod:`fastflip.campaign.cells`)."""
+        space, model = self.spaces[cell_id], self.models[cell_id]
+        if self.cells[cell_id].sampling == "independent":
+            return space.plan(seed=self.seed, stream=(cell_id, trial), count=self.flips[cell_id], model=model)
+        sites = trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trial, self._n_sites[cell_id])
+        return space.plan_sites(sites, seed=self.seed, stream=(cell_id, trial), model=model)
 
-    def _judge(self, result: Any, epoch: int | None) -> tuple[int, float | None, float | None]:
-        """(outcome, metric, delta) of an evaluator's result against the golden run."""
-        golden, golden_metric = self.golden[epoch]
-        if type(result) is float and golden.ndim == 0:  # fast path: a scalar metric
+    def _judge(self, result: Any, epoch: int | None) -> Judgement:
+        """The :class:`~fastflip.outcomes.Judgement` of an evaluator's result against the golden run."""
+        golden = self.golden[epoch]
+        if type(result) is float and golden.outputs is None and golden.predictions is None:  # fast path: a metric
             if result != result or result in (_INF, -_INF):
-                return DUE, None, None
-            if result == golden_metric:
-                return MASKED, result, 0.0
-            delta = round(golden_metric - result, 12)
-            return (CRITICAL if delta > self.critical else SDC), result, delta
-        outputs, metric = _split_result(result)
-        outcome, delta = classify(golden, golden_metric, outputs, metric, critical=self.critical)
-        return outcome, (metric if np.isfinite(metric) else None), delta
+                return Judgement(DUE, None, None, None, None)
+            if result == golden.metric:
+                return Judgement(MASKED, None, 0.0, result, 0.0)
+            assert golden.metric is not None
+            d = golden.metric - result if self._judge_opts["greater_is_better"] else result - golden.metric
+            delta = round(d, 12)
+            return Judgement(CRITICAL if delta > self.critical else SDC, None, 1.0, result, delta)
+        return judge(golden, answer_from(result, self.returns), **self._judge_opts)
 
     def run(self, cell_id: int, trial: int) -> TrialRow:
         """Run one trial; exceptions of the evaluator become a DUE outcome."""
         start = time.perf_counter()
         epoch = self.cells[cell_id].epoch
-        plan = self.spaces[cell_id].plan(seed=self.seed, stream=(cell_id, trial), count=self.flips[cell_id],
-                                         model=self.models[cell_id])
+        plan = self.plan(cell_id, trial)
         target = self.targets[epoch]
         message = None
         if self.campaign.mode == "memory":
@@ -300,9 +318,9 @@ class TrialRunner:
             tg = self.live[epoch]
             log = live.inject(tg, plan)
             try:
-                outcome, metric, delta = self._judge(self.evaluate(target), epoch)
+                j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-                outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
             finally:
                 live.revert(tg, log)
         else:
@@ -316,13 +334,14 @@ class TrialRunner:
             res = inject_file(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
                               log_path=False, hash_files=False)
             try:
-                outcome, metric, delta = self._judge(self.evaluate(target), epoch)
+                j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:
-                outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
             finally:
                 self._restore(target, res.log, epoch)
-        return TrialRow(cell_id, trial, self.seed, sites_summary(plan), outcome, metric,
-                        delta, message, time.perf_counter() - start, self.worker)
+        return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
+                        time.perf_counter() - start, self.worker,
+                        None if j.numeric is None else int(j.numeric), j.changed)
 
 
 # ------------------------------------------------------------------------------ worker entry

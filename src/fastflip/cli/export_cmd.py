@@ -11,7 +11,8 @@ from .jsonout import dumps
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a results store to CSV or Parquet, or print its statistics",
                        description="Write one row per trial (with its cell's columns) to CSV or Parquet, or print "
-                       "per-cell rates with Wilson intervals and stratified totals (--summary).")
+                       "per-cell rates with Wilson intervals, stratified totals and per-layer vulnerability "
+                       "(--summary; the outcome classes are in docs/outcomes.md).")
     p.add_argument("store", help="results store")
     fmt = p.add_mutually_exclusive_group(required=True)
     fmt.add_argument("--csv", metavar="OUT", help="CSV output file")
@@ -19,6 +20,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     fmt.add_argument("--summary", action="store_true", help="print per-cell rates, Wilson intervals, stratified totals")
     p.add_argument("--json", action="store_true", help="with --summary: print JSON")
     p.add_argument("--confidence", type=float, default=0.95, help="with --summary: confidence level (default 0.95)")
+    p.add_argument("--failure", metavar="CLASSES",
+                   help="with --summary: comma-separated outcome classes that count as failure, instead of the "
+                   "campaign's [evaluator] failure (masked_numeric, sdc, critical, due)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     return p
 
@@ -30,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
         from ..campaign.summary import format_summary, summarize
 
-        s = summarize(args.store, confidence=args.confidence)
+        failure = [c.strip() for c in args.failure.split(",") if c.strip()] if args.failure else None
+        s = summarize(args.store, confidence=args.confidence, failure=failure)
         print(dumps(s) if args.json else format_summary(s))
         return 0
     with ResultStore.open(args.store) as st:

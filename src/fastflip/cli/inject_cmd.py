@@ -107,7 +107,8 @@ def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None)
         if left:
             names = ", ".join(left["tensors"][:3]) + (", ..." if len(left["tensors"]) > 3 else "")
             note = f"; left out {len(left['tensors'])} tensor(s) without {'/'.join(left['fields'])} ({names})"
-        print(f"wrote {res.output}: {c['flips']} bit(s) in {c['sites']} element(s) of {c['tensors_hit']} tensor(s); "
+        print(f"wrote {res.output}: changed {c['bits_changed']} bit(s) in {c['elements_changed']} element(s) "
+              f"({c['sites']} site(s) touched in {c['tensors_hit']} tensor(s)); "
               f"NaN created {c['nan_created']}, Inf created {c['inf_created']}; seed {res.log.manifest['seed']}"
               + (f"; log {res.log_path}" if res.log_path else "") + note)
         if extra:

@@ -1,4 +1,4 @@
-"""``fastflip plan``: how many trials a campaign needs (Leveugle et al., DATE 2009), per cell and in total."""
+"""``fastflip plan``: what a campaign's sweep will run per cell, and sample sizes (Leveugle et al., DATE 2009)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan",
         help="sample sizes for a margin and confidence, per cell and in total",
-        description="Sample size n = N / (1 + e^2 (N-1) / (t^2 p (1-p))) (Leveugle et al., DATE 2009) for a "
-        "population N (fault sites), margin e, confidence (t) and expected rate p: for a campaign file, per cell "
-        "(N = its elements x allowed bits) and in total; or for --population alone.",
+        description="For a campaign file: what 'fastflip sweep' will run, per cell (population, sampling design: "
+        "permutation, exhaustive or independent, and trials) and in total; with --margin also the sample size "
+        "n = N / (1 + e^2 (N-1) / (t^2 p (1-p))) (Leveugle et al., DATE 2009) at that margin. For --population "
+        "alone: that sample size.",
     )
     p.add_argument("campaign", nargs="?", help="campaign file (.toml/.yaml); omit with --population")
     p.add_argument("--population", type=float, help="N: number of fault sites ('inf' for unbounded)")
-    p.add_argument("--margin", type=float, default=None, help="error margin e (default: the campaign's, else 0.01)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="error margin e (--population: default 0.01; campaign: adds a column of sample sizes at e)")
     p.add_argument("--confidence", type=float, default=None, help="confidence level (default 0.95)")
     p.add_argument("-p", "--rate", dest="p", type=float, default=None, help="expected rate p (default 0.5, the safe choice)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -43,34 +45,54 @@ def run(args: argparse.Namespace) -> int:
             print(f"N={_num(args.population)} e={margin} confidence={conf} p={p}: n = {n}")
         return 0
 
+    from ..campaign.cells import cell_notes, planned_counts
     from ..campaign.config import load_campaign
     from ..campaign.sweep import campaign_cells
 
     campaign = load_campaign(args.campaign)
     tr = campaign.trials
-    margin = args.margin if args.margin is not None else (tr.margin if tr.margin is not None else 0.01)
     conf = args.confidence if args.confidence is not None else tr.confidence
     p = args.p if args.p is not None else tr.p
     cells = campaign_cells(campaign)
-    rows = [{"cell": c.key, "population": c.population,
-             "n": sample_size(c.population, margin=margin, confidence=conf, p=p)} for c in cells]
+    planned = planned_counts(campaign, cells)
+    what = (f"per_cell = {tr.per_cell}" if tr.per_cell is not None else f"margin = {tr.margin}" if tr.margin is not None
+            else f"sequential to half_width = {tr.half_width} in blocks of {tr.block} (at most {tr.max_per_cell})")
+    margin = args.margin  # a what-if column: the Leveugle size at another margin
+    rows = []
+    for c, n in zip(cells, planned):
+        row = {"cell": c.key, "population": c.population, "sampling": c.design(n),
+               "fpc_population": c.fpc_population, "trials": n}
+        if margin is not None:
+            row["n_margin"] = sample_size(c.fpc_population if c.fpc_population is not None else math.inf,
+                                          margin=margin, confidence=conf, p=p)
+        rows.append(row)
     total_pop = sum(c.population for c in cells)
-    out = {
-        "campaign": campaign.name, "margin": margin, "confidence": conf, "p": p, "cells": rows,
-        "total_per_cell": sum(r["n"] for r in rows),
-        "population": total_pop,
-        "n_whole_population": sample_size(total_pop, margin=margin, confidence=conf, p=p),
+    notes = cell_notes(campaign, cells, planned)
+    out: dict[str, Any] = {
+        "campaign": campaign.name, "trials_rule": what, "confidence": conf, "p": p, "cells": rows,
+        "total": sum(planned), "sequential": tr.sequential, "population": total_pop, "notes": notes,
     }
+    if margin is not None:
+        out["margin"] = margin
+        out["total_margin"] = sum(r["n_margin"] for r in rows)
+        out["n_whole_population"] = sample_size(total_pop, margin=margin, confidence=conf, p=p)
     if args.json:
         print(dumps(out))
         return 0
-    width = max(len(r["cell"]) for r in rows)
-    print(f"campaign {campaign.name}: margin {margin}, confidence {conf}, p {p}")
-    print(f"{'cell'.ljust(width)}  {'population':>14}  {'trials':>8}")
+    width = max([len(r["cell"]) for r in rows] + [34])
+    up_to = "up to " if tr.sequential else ""
+    print(f"campaign {campaign.name}: what 'fastflip sweep' runs ({what}; confidence {conf})")
+    extra = f"  {'n at ±' + str(margin):>12}" if margin is not None else ""
+    print(f"{'cell'.ljust(width)}  {'population':>14}  {'sampling':<11}  {'trials':>8}{extra}")
     for r in rows:
-        print(f"{r['cell'].ljust(width)}  {r['population']:>14,}  {r['n']:>8,}")
-    print(f"{'total (every cell to this margin)'.ljust(width)}  {total_pop:>14,}  {out['total_per_cell']:>8,}")
-    print(f"{'whole population at once'.ljust(width)}  {total_pop:>14,}  {out['n_whole_population']:>8,}")
+        extra = f"  {r['n_margin']:>12,}" if margin is not None else ""
+        print(f"{r['cell'].ljust(width)}  {r['population']:>14,}  {r['sampling']:<11}  {r['trials']:>8,}{extra}")
+    extra = f"  {out['total_margin']:>12,}" if margin is not None else ""
+    print(f"{'total'.ljust(width)}  {total_pop:>14,}  {'':<11}  {up_to + format(out['total'], ','):>8}{extra}")
+    if margin is not None:
+        print(f"{'whole population at once (±' + str(margin) + ')'}: {out['n_whole_population']:,} trials")
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 

@@ -42,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"fastflip sweep: interrupted: {res.stored}/{res.planned} trials stored; run again to resume",
                   file=sys.stderr)
         return 130 if res.interrupted else 0
-    counts = ", ".join(f"{k} {v}" for k, v in res.counts.items())
+    for note in res.notes:  # e.g. per_cell above a population: that cell ran exhaustively
+        print(f"fastflip sweep: note: {note}", file=sys.stderr)
+    counts = ", ".join(f"{k} {v}" + (f" (numeric only {res.masked_numeric})" if k == "masked" and res.masked_numeric
+                                       else "") for k, v in res.counts.items())
     state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
     print(f"{res.store}: {res.stored}/{res.planned} trials stored ({state}); ran {res.ran} in {res.elapsed:.1f} s "
           f"({res.rate:,.0f} trials/s); {counts}")

@@ -112,8 +112,13 @@ class LiveLog:
 
     @property
     def changed(self) -> int:
-        """Sites whose word changed."""
+        """Sites whose word changed (a stuck-at bit already at its value is touched, not changed)."""
         return int((self.old_words != self.new_words).sum())
+
+    @property
+    def bits_changed(self) -> int:
+        """Bits that differ between the old and the new words (``scale`` changes bits, touches none)."""
+        return int(np.bitwise_count(np.asarray(self.old_words, np.uint64) ^ np.asarray(self.new_words, np.uint64)).sum())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready record: tensors, per-site tensor/index/old/new words, counts and the plan's meta."""
@@ -125,6 +130,8 @@ class LiveLog:
             "old_words": [int(w) for w in self.old_words],
             "new_words": [int(w) for w in self.new_words],
             "changed": self.changed,
+            "bits_changed": self.bits_changed,
+            "sites": len(self.plan),
             "nan_count": nan,
             "inf_count": inf,
             "meta": dict(self.plan.meta),

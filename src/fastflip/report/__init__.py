@@ -21,7 +21,7 @@ Examples
 --------
 >>> from fastflip import report
 >>> sorted(report.RATE_KINDS)
-['critical', 'due', 'failure', 'masked', 'sdc', 'sdc_total']
+['critical', 'due', 'failure', 'masked', 'masked_numeric', 'sdc', 'sdc_total']
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .campaign_data import (
     CampaignData,
     bit_table,
     cell_table,
+    group_table,
     heatmap_table,
     load_campaign_data,
     margin_table,
@@ -42,6 +43,7 @@ from .figures import (
     bit_figure,
     curve_figure,
     drop_figure,
+    group_figure,
     heatmap_figure,
     outcome_figure,
     run_outcome_figure,
@@ -50,8 +52,9 @@ from .figures import (
 
 __all__ = [
     "Report", "write_report", "detect_source",
-    "CampaignData", "load_campaign_data", "bit_table", "heatmap_table", "cell_table", "margin_table", "rate_columns",
+    "CampaignData", "load_campaign_data", "bit_table", "heatmap_table", "cell_table", "margin_table", "group_table", "rate_columns",
     "RATE_KINDS",
     "ExperimentData", "load_experiment_data", "summary_table", "curve_table", "tests_table",
-    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "drop_figure", "run_outcome_figure", "save_png",
+    "bit_figure", "heatmap_figure", "outcome_figure", "curve_figure", "drop_figure", "group_figure", "run_outcome_figure",
+    "save_png",
 ]

@@ -83,7 +83,10 @@ def cell_dtypes(path: str) -> dict[str, list[str]]:
 
 def condition_fields(data: Any) -> dict[str, dict[str, tuple[int, ...]] | None]:
     """Per condition of ``data`` (:class:`~fastflip.report.campaign_data.CampaignData`): the bit fields
-    its cells share, or None (dtypes unknown, or layouts that differ)."""
+    its cells share, or None (dtypes unknown, or layouts that differ). Read once per ``data``."""
+    cached = getattr(data, "_condition_fields", None)
+    if cached is not None:
+        return cached
     dts = cell_dtypes(data.path)
     out: dict[str, dict[str, tuple[int, ...]] | None] = {}
     for cond in data.conditions:
@@ -100,6 +103,10 @@ def condition_fields(data: Any) -> dict[str, dict[str, tuple[int, ...]] | None]:
                 f = bit_fields(n)
                 layouts.add(None if f is None else tuple(sorted(f.items())))
         out[cond] = dict(layouts.pop()) if known and len(layouts) == 1 and None not in layouts else None
+    try:
+        data._condition_fields = out
+    except AttributeError:  # pragma: no cover - a read-only stand-in: just recompute next time
+        pass
     return out
 
 
@@ -127,37 +134,75 @@ def drop_table(data: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def drop_values(data: Any) -> dict[tuple[str, str], list[float]]:
-    """(condition, bit class) → the ``delta`` of every single-bit trial with one recorded (classes in order)."""
+def drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
+    """(condition, bit class) → the ``delta`` of every single-bit trial with one recorded (classes in order).
+
+    One SQL scan of the trials with a ``delta``; the result is kept on ``data`` for the
+    table and the figure.
+    """
+    cached = getattr(data, "_drop_values", None)
+    if cached is not None:
+        return cached
+    out = _drop_values(data)
+    try:
+        data._drop_values = out
+    except AttributeError:  # pragma: no cover
+        pass
+    return out
+
+
+def _drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
     from ..store import ResultStore
     from .campaign_data import _SITE_BIT_SQL
 
     fields = condition_fields(data)
     cells = {c["cell_id"]: c for c in data.cells if fields.get(c["condition"]) is not None}
-    out: dict[tuple[str, str], list[float]] = {}
-    for cond in data.conditions:
-        if fields.get(cond) is not None:
-            for cls in BIT_CLASSES:
-                out[(cond, cls)] = []
     if not cells:
         return {}
+    conds = [c for c in data.conditions if fields.get(c) is not None]
+    # per condition, a lookup table bit position -> class index (-1: none)
+    table = np.full((len(conds), 129), -1, dtype=np.int64)
+    for i, cond in enumerate(conds):
+        for j, cls in enumerate(BIT_CLASSES):
+            table[i, list(fields[cond][cls])] = j
+    parts: list[np.ndarray] = []
     st = ResultStore.open(data.path, check=False)
     try:
-        ids = sorted(cells)
-        for start in range(0, len(ids), 500):
-            chunk = ",".join(str(i) for i in ids[start:start + 500])
-            q = (f"SELECT cell_id, {_SITE_BIT_SQL} AS bit, delta FROM trials "
-                 f"WHERE cell_id IN ({chunk}) AND delta IS NOT NULL")
-            for cell_id, bit, delta in st.conn.execute(q):
-                c = cells[int(cell_id)]
-                if bit is None and str(c["bits"] or "").isdigit():
-                    bit = int(c["bits"])
-                cls = bit_class(int(bit), fields[c["condition"]]) if bit is not None else None
-                if cls is not None:
-                    out[(c["condition"], cls)].append(float(delta))
+        plain_ids = sorted(i for i, c in cells.items() if str(c["bits"] or "").isdigit())
+        other_ids = sorted(i for i, c in cells.items() if not str(c["bits"] or "").isdigit())
+        for ids, bit_sql in ((plain_ids, "-1"), (other_ids, f"COALESCE({_SITE_BIT_SQL}, -1)")):
+            for start in range(0, len(ids), 500):  # plain-position cells need no string work per trial
+                chunk = ",".join(str(i) for i in ids[start:start + 500])
+                q = f"SELECT cell_id, {bit_sql} AS bit, delta FROM trials WHERE cell_id IN ({chunk}) AND delta IS NOT NULL"
+                rows = st.conn.execute(q).fetchall()
+                if rows:
+                    parts.append(np.array(rows, dtype=np.float64))
     finally:
         st.close()
-    return {k: v for k, v in out.items() if v}
+    if not parts:
+        return {}
+    arr = np.concatenate(parts)
+    cid = arr[:, 0].astype(np.int64)
+    bit = arr[:, 1].astype(np.int64)
+    plain = np.full(int(cid.max()) + 1, -1, dtype=np.int64)  # a plain-position cell's bit
+    cond_of = np.full(int(cid.max()) + 1, -1, dtype=np.int64)
+    for c in cells.values():
+        if c["cell_id"] <= cid.max():
+            cond_of[c["cell_id"]] = conds.index(c["condition"])
+            if str(c["bits"] or "").isdigit():
+                plain[c["cell_id"]] = int(c["bits"])
+    bit = np.where(bit < 0, plain[cid], bit)
+    ci = cond_of[cid]
+    ok = (bit >= 0) & (bit < table.shape[1]) & (ci >= 0)
+    cls = np.full(len(bit), -1, dtype=np.int64)
+    cls[ok] = table[ci[ok], bit[ok]]
+    out: dict[tuple[str, str], np.ndarray] = {}
+    for i, cond in enumerate(conds):
+        for j, name in enumerate(BIT_CLASSES):
+            v = arr[(ci == i) & (cls == j), 2]
+            if v.size:
+                out[(cond, name)] = v
+    return out
 
 
 def order_of(values: Sequence[str]) -> list[str]:

@@ -34,6 +34,7 @@ from .campaign_data import (
     CampaignData,
     bit_table,
     cell_table,
+    group_table,
     heatmap_table,
     load_campaign_data,
     margin_table,
@@ -189,16 +190,27 @@ def _with_classes(rows: Sequence[dict[str, Any]], fields: dict[str, Any]) -> lis
 
 def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
     from .bitclass import DROP_FIELDS, condition_fields, drop_table
-    from .figures import bit_figure, drop_figure, failure_label, heatmap_figure, outcome_figure, target_half_width
+    from .figures import (
+        bit_figure,
+        drop_figure,
+        failure_label,
+        group_figure,
+        heatmap_figure,
+        outcome_figure,
+        target_half_width,
+    )
 
     fields = condition_fields(data)
     bits, heat, cells, margin = bit_table(data), heatmap_table(data), cell_table(data), margin_table(data)
     drops = drop_table(data)
+    groups = group_table(data)
     _csv(_with_classes(bits, fields), out, "bits.csv", rep)
     _csv(_with_classes(heat, fields), out, "heatmap.csv", rep)
     _csv(_with_classes(_export_names(cells), fields), out, "cells.csv", rep)
     _csv(margin, out, "margin.csv", rep)
     _csv(drops, out, "drops.csv", rep, fields=DROP_FIELDS)
+    if groups:
+        _csv(groups, out, "groups.csv", rep)
     with atomic_output(os.path.join(out, "campaign.json")) as tmp, open(tmp, "w") as fh:
         json.dump({"name": data.name, "seed": data.seed, "config": data.config, "config_hash": data.config_hash,
                    "fastflip_version": data.fastflip_version, "input_hashes": data.input_hashes,
@@ -208,6 +220,8 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
     _save(heatmap_figure(data), out, "heatmap.png", rep)
     _save(outcome_figure(data), out, "outcomes.png", rep)
     _save(drop_figure(data), out, "drops.png", rep)
+    if groups:
+        _save(group_figure(data), out, "groups.png", rep)
     hw_target = target_half_width(data)
     flabel = failure_label(data)
 
@@ -265,6 +279,18 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
             + (f"hatched squares have a Wilson interval wider than the target ±{hw_target:g}; " if hw_target else "")
             + "blue lines: sign / exponent / mantissa boundaries (where the store records dtypes); grey: no trials.",
             ["heatmap.csv"])),
+        *([(f"Vulnerability per {data.group_by}", H.figure(
+            "groups.png", f"vulnerability per {data.group_by}",
+            f"Left: the {flabel} of one flip in each {data.group_by} (expected failures per flip there) with its "
+            f"{data.confidence:.0%} interval; right: its contribution, the {data.group_by}'s share of the sites × "
+            "that rate (expected failures per flip anywhere that land in it; they add up to the condition's "
+            "stratified rate).", ["groups.csv"])
+           + H.table(groups, [("condition", "condition", None), ("group", data.group_by, None),
+                              ("sites", "sites", "{:,}"), ("share", "share", _PCT), ("trials", "trials", "{:,}"),
+                              ("failures", "failures", "{:,}"), ("rate", "rate", _PCT), ("low", "low", _PCT),
+                              ("high", "high", _PCT), ("relative", "× overall", "{:.2f}"),
+                              ("contribution", "contribution", _PCT), ("contribution_low", "low", _PCT),
+                              ("contribution_high", "high", _PCT)]))] if groups else []),
         ("Metric drop by bit class", H.figure(
             "drops.png", "metric drop by bit class",
             "Distribution of the metric drop (golden − faulty) of single-bit trials per bit class; trials without a "

@@ -12,10 +12,13 @@ The bit position of a trial is
 * unknown (the trial counts in its cell but in no per-bit table) when a trial flips
   several sites or several bits of a word.
 
-Outcome classes are the store's (:data:`fastflip.store.OUTCOMES`): ``masked``,
-``sdc``, ``critical`` (an SDC whose metric dropped beyond the campaign's threshold)
-and ``due``. They are exclusive; the *SDC rate* of the heatmap counts both SDC classes
-(``sdc + critical``) and the *failure rate* everything that is not masked.
+Outcome classes are the store's (:data:`fastflip.store.OUTCOMES`, the vocabulary of
+:mod:`fastflip.outcomes`): ``masked``, ``sdc``, ``critical`` (an SDC whose metric dropped
+beyond the campaign's threshold) and ``due``. They are exclusive; ``masked_numeric`` is
+the part of ``masked`` whose raw outputs changed (the answer did not). The *SDC rate*
+counts both SDC classes (``sdc + critical``) and the *failure rate* the classes the
+campaign's ``[evaluator] failure`` names (:attr:`CampaignData.failure`; default
+``sdc + critical + due``). Count arrays have the columns :data:`COUNT_COLUMNS`.
 
 Cells are split by *condition* (fault model, flips per trial, injection epoch): per-bit
 and heatmap tables hold one block per condition, and figures one panel per condition.
@@ -23,9 +26,9 @@ and heatmap tables hold one block per condition, and figures one panel per condi
 Examples
 --------
 >>> import numpy as np
->>> t = rate_columns(np.array([[90, 8, 1, 1]]))
->>> t["trials"].tolist(), t["sdc_rate"].tolist(), round(float(t["sdc_high"][0]), 4)
-([100], [0.08], 0.15)
+>>> t = rate_columns(np.array([[90, 8, 1, 1, 30]]))
+>>> t["trials"].tolist(), t["sdc_rate"].tolist(), round(float(t["sdc_high"][0]), 4), t["failure"].tolist()
+([100], [0.08], 0.15, [10])
 """
 
 from __future__ import annotations
@@ -37,9 +40,11 @@ from typing import Any
 
 import numpy as np
 
+from ..campaign.summary import group_vulnerability, stratified_rate
 from ..errors import StoreError
+from ..outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, failure_count
 from ..store import OUTCOMES, ResultStore
-from ..stats import stratified_estimate, wilson_half_width, wilson_interval
+from ..stats import wilson_half_width, wilson_interval
 
 __all__ = [
     "CampaignData",
@@ -49,11 +54,15 @@ __all__ = [
     "heatmap_table",
     "cell_table",
     "margin_table",
+    "group_table",
     "RATE_KINDS",
+    "COUNT_COLUMNS",
 ]
 
-#: Rates the tables carry: the four exclusive outcomes, SDC of either kind, and failure.
-RATE_KINDS = (*OUTCOMES, "sdc_total", "failure")
+#: Columns of every count array: the four exclusive outcomes, then the masked_numeric part of masked.
+COUNT_COLUMNS = (*OUTCOMES, MASKED_NUMERIC)
+#: Rates the tables carry: the four exclusive outcomes, masked_numeric, SDC of either kind, and failure.
+RATE_KINDS = (*OUTCOMES, MASKED_NUMERIC, "sdc_total", "failure")
 
 # The bit position of a trial of a cell whose bit spec is not one plain position: the
 # single bit of its single site (see the module docstring); NULL when it has none.
@@ -66,27 +75,30 @@ _SITE_BIT_SQL = (
 )
 
 
-def _rates_of(counts: np.ndarray) -> dict[str, np.ndarray]:
-    """Numerators per rate kind from an ``(n, 4)`` count array."""
-    out = {o: counts[:, i] for i, o in enumerate(OUTCOMES)}
+def _rates_of(counts: np.ndarray, failure: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Numerators per rate kind from an ``(n, 5)`` count array (:data:`COUNT_COLUMNS`)."""
+    out = {o: counts[:, i] for i, o in enumerate(COUNT_COLUMNS)}
     out["sdc_total"] = counts[:, 1] + counts[:, 2]
-    out["failure"] = counts[:, 1:].sum(axis=1)
+    out["failure"] = failure_count(out, failure)
     return out
 
 
-def rate_columns(counts: np.ndarray, confidence: float = 0.95) -> dict[str, np.ndarray]:
-    """Counts, rates and Wilson intervals of every :data:`RATE_KINDS` from ``(n, 4)`` counts.
+def rate_columns(counts: np.ndarray, confidence: float = 0.95,
+                 failure: tuple[str, ...] = DEFAULT_FAILURE) -> dict[str, np.ndarray]:
+    """Counts, rates and Wilson intervals of every :data:`RATE_KINDS` from ``(n, 5)`` counts.
 
-    Returns columns ``trials``, the four outcome counts, and ``{kind}_rate``,
-    ``{kind}_low``, ``{kind}_high`` for each kind (rate 0 and interval (0, 1) where a
-    row has no trial).
+    Returns columns ``trials``, the counts of :data:`COUNT_COLUMNS` and ``failure``, and
+    ``{kind}_rate``, ``{kind}_low``, ``{kind}_high`` for each kind (rate 0 and interval
+    (0, 1) where a row has no trial). ``failure`` names the classes that count as failure.
     """
-    counts = np.asarray(counts, dtype=np.int64).reshape(-1, len(OUTCOMES))
-    n = counts.sum(axis=1)
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1, len(COUNT_COLUMNS))
+    n = counts[:, : len(OUTCOMES)].sum(axis=1)
     cols: dict[str, np.ndarray] = {"trials": n}
-    for i, o in enumerate(OUTCOMES):
+    for i, o in enumerate(COUNT_COLUMNS):
         cols[o] = counts[:, i]
-    for kind, k in _rates_of(counts).items():
+    rates = _rates_of(counts, failure)
+    cols["failure"] = rates["failure"]
+    for kind, k in rates.items():
         lo, hi = wilson_interval(k, n, confidence)
         with np.errstate(invalid="ignore", divide="ignore"):
             cols[f"{kind}_rate"] = np.where(n > 0, k / np.where(n > 0, n, 1), 0.0)
@@ -100,8 +112,8 @@ class CampaignData:
     """A store's campaign header and its trials aggregated per (cell, bit, outcome).
 
     ``cells`` is :meth:`fastflip.store.ResultStore.cell_summary` plus ``condition``;
-    ``by_bit`` maps ``(cell_id, bit)`` to its 4 outcome counts (``bit`` is None where a
-    trial has no single bit position).
+    ``by_bit`` maps ``(cell_id, bit)`` to its :data:`COUNT_COLUMNS` counts (``bit`` is None
+    where a trial has no single bit position); ``failure`` the classes that count as failure.
     """
 
     path: str
@@ -118,6 +130,7 @@ class CampaignData:
     by_bit: dict[tuple[int, int | None], np.ndarray]
     confidence: float = 0.95
     conditions: list[str] = field(default_factory=list)
+    failure: tuple[str, ...] = DEFAULT_FAILURE
 
     @property
     def n_trials(self) -> int:
@@ -153,7 +166,8 @@ def load_campaign_data(path: str | os.PathLike[str], *, confidence: float | None
     path = os.fspath(path)
     st = ResultStore.open(path)
     try:
-        cells = st.cell_summary()
+        failure = st.failure
+        cells = st.cell_summary(failure)
         if not any(c["trials"] for c in cells):
             raise StoreError(
                 f"store {path} holds no trials yet ({len(cells)} cells planned); run 'fastflip sweep' first"
@@ -163,19 +177,21 @@ def load_campaign_data(path: str | os.PathLike[str], *, confidence: float | None
         for c in cells:  # a plain-position cell: its counts are the cell's (no second scan)
             if str(c["bits"] or "").isdigit():
                 if c["trials"]:
-                    by_bit[(c["cell_id"], int(c["bits"]))] = np.array([c[o] for o in OUTCOMES], dtype=np.int64)
+                    by_bit[(c["cell_id"], int(c["bits"]))] = np.array([c[o] for o in COUNT_COLUMNS], dtype=np.int64)
             elif c["trials"]:
                 other.append(int(c["cell_id"]))
         for start in range(0, len(other), 500):  # the others: read each trial's bit from its sites
             ids = ",".join(str(i) for i in other[start:start + 500])
-            q = (f"SELECT cell_id, {_SITE_BIT_SQL} AS bit, outcome, COUNT(*) FROM trials "
-                 f"WHERE cell_id IN ({ids}) GROUP BY cell_id, bit, outcome")
-            for cell_id, bit, outcome, n in st.conn.execute(q):
+            q = (f"SELECT cell_id, {_SITE_BIT_SQL} AS bit, outcome, COALESCE(numeric, 0) AS num, COUNT(*) FROM trials "
+                 f"WHERE cell_id IN ({ids}) GROUP BY cell_id, bit, outcome, num")
+            for cell_id, bit, outcome, num, n in st.conn.execute(q):
                 key = (int(cell_id), None if bit is None else int(bit))
                 arr = by_bit.get(key)
                 if arr is None:
-                    arr = by_bit[key] = np.zeros(len(OUTCOMES), dtype=np.int64)
+                    arr = by_bit[key] = np.zeros(len(COUNT_COLUMNS), dtype=np.int64)
                 arr[int(outcome)] += int(n)
+                if int(outcome) == 0 and num:
+                    arr[len(OUTCOMES)] += int(n)
         if confidence is None:
             confidence = float((st.config.get("trials") or {}).get("confidence") or 0.95)
         conditions: list[str] = []
@@ -187,14 +203,15 @@ def load_campaign_data(path: str | os.PathLike[str], *, confidence: float | None
             path=path, name=st.name, seed=st.seed, config=st.config, config_hash=st.config_hash,
             fastflip_version=st.fastflip_version, schema_version=st.schema_version, input_hashes=st.input_hashes,
             shard=st.shard, created=st.created, cells=cells, by_bit=by_bit, confidence=confidence,
-            conditions=conditions,
+            conditions=conditions, failure=failure,
         )
     finally:
         st.close()
 
 
-def _rows(keys: list[dict[str, Any]], counts: np.ndarray, confidence: float) -> list[dict[str, Any]]:
-    cols = rate_columns(counts, confidence)
+def _rows(keys: list[dict[str, Any]], counts: np.ndarray, confidence: float,
+          failure: tuple[str, ...] = DEFAULT_FAILURE) -> list[dict[str, Any]]:
+    cols = rate_columns(counts, confidence, failure)
     out = []
     for i, k in enumerate(keys):
         row = dict(k)
@@ -216,7 +233,7 @@ def bit_table(data: CampaignData) -> list[dict[str, Any]]:
         acc[key] = acc.get(key, 0) + counts
     order = sorted(acc, key=lambda k: (data.conditions.index(k[0]), k[1]))
     keys = [{"condition": c, "bit": b} for c, b in order]
-    return _rows(keys, np.array([acc[k] for k in order]).reshape(-1, len(OUTCOMES)), data.confidence)
+    return _rows(keys, np.array([acc[k] for k in order]).reshape(-1, len(COUNT_COLUMNS)), data.confidence, data.failure)
 
 
 def heatmap_table(data: CampaignData) -> list[dict[str, Any]]:
@@ -240,18 +257,20 @@ def heatmap_table(data: CampaignData) -> list[dict[str, Any]]:
         acc[key] = acc.get(key, 0) + counts
     order = sorted(acc, key=lambda k: (data.conditions.index(k[0]), groups.index(k[1]), k[2]))
     keys = [{"condition": c, "group": g, "bit": b} for c, g, b in order]
-    return _rows(keys, np.array([acc[k] for k in order]).reshape(-1, len(OUTCOMES)), data.confidence)
+    return _rows(keys, np.array([acc[k] for k in order]).reshape(-1, len(COUNT_COLUMNS)), data.confidence, data.failure)
 
 
 def cell_table(data: CampaignData) -> list[dict[str, Any]]:
     """One row per cell: its columns, trials / planned, outcome counts, rates and intervals."""
     keys = [{k: c[k] for k in ("cell_id", "key", "condition", "bits", "grp", "group_by", "flips", "fault", "epoch",
                                "planned", "population")} for c in data.cells]
-    counts = np.array([[c[o] for o in OUTCOMES] for c in data.cells], dtype=np.int64)
-    rows = _rows(keys, counts, data.confidence)
+    counts = np.array([[c[o] for o in COUNT_COLUMNS] for c in data.cells], dtype=np.int64)
+    rows = _rows(keys, counts, data.confidence, data.failure)
     for r, c in zip(rows, data.cells):
         r["mean_metric"] = c["mean_metric"]
         r["mean_delta"] = c["mean_delta"]
+        r["mean_changed"] = c["mean_changed"]
+        r["sampling"] = c["sampling"]
     return rows
 
 
@@ -259,16 +278,16 @@ def margin_table(data: CampaignData) -> list[dict[str, Any]]:
     """The statistical margin reached, per condition.
 
     Per condition: the largest and the median Wilson half-width of the cells' failure
-    rates, and the failure rate over all its cells stratified by population
-    (:func:`fastflip.stats.stratified_estimate`) with its half-width.
+    rates, and the failure rate over all its cells stratified by population (finite-population
+    corrected where the cells drew distinct sites: :func:`fastflip.campaign.summary.stratified_rate`)
+    with its half-width.
     """
     out = []
     for cond in data.conditions:
         cells = [c for c in data.cells if c["condition"] == cond]
         n = np.array([c["trials"] for c in cells], dtype=np.int64)
-        k = np.array([c["sdc"] + c["critical"] + c["due"] for c in cells], dtype=np.int64)
+        k = np.array([c["failures"] for c in cells], dtype=np.int64)
         hw = wilson_half_width(k, n, data.confidence)
-        pops = [c["population"] for c in cells]
         ran = n > 0
         row: dict[str, Any] = {
             "condition": cond, "cells": len(cells), "cells_with_trials": int(ran.sum()),
@@ -276,11 +295,22 @@ def margin_table(data: CampaignData) -> list[dict[str, Any]]:
             "max_half_width": float(hw[ran].max()) if ran.any() else math.nan,
             "median_half_width": float(np.median(hw[ran])) if ran.any() else math.nan,
         }
-        if all(p for p in pops):
-            est = stratified_estimate(k, n, populations=pops, confidence=data.confidence)
-        else:
-            est = stratified_estimate(k, n, confidence=data.confidence)
-        row.update(failure_rate=est.rate, failure_low=est.low, failure_high=est.high,
-                   failure_half_width=(est.high - est.low) / 2 if math.isfinite(est.stderr) else math.nan)
+        est = stratified_rate(cells, data.confidence)
+        row.update(failure_rate=est["rate"], failure_low=est["low"], failure_high=est["high"],
+                   failure_half_width=(est["high"] - est["low"]) / 2 if math.isfinite(est["stderr"]) else math.nan)
         out.append(row)
     return out
+
+
+def group_table(data: CampaignData) -> list[dict[str, Any]]:
+    """Per-layer (tensor, role: the cells' ``group_by``) vulnerability, normalised by the group's share of sites.
+
+    The rows of :func:`fastflip.campaign.summary.group_vulnerability` plus ``condition``:
+    ``rate`` (expected failures per flip in the group, with ``low``/``high``), ``share`` of
+    the sites, ``relative`` (rate over the condition's) and ``contribution`` (share × rate,
+    with its interval). Empty when the campaign has no grouping.
+    """
+    rows = group_vulnerability(data.cells, data.confidence)
+    for r in rows:
+        r["condition"] = _condition(r)
+    return rows

@@ -35,7 +35,7 @@ from .experiment_data import ExperimentData, curve_table, load_experiment_data, 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-__all__ = ["bit_figure", "heatmap_figure", "failure_label", "target_half_width", "drop_figure", "outcome_figure", "curve_figure", "run_outcome_figure", "save_png", "short_labels",
+__all__ = ["bit_figure", "heatmap_figure", "failure_label", "target_half_width", "drop_figure", "group_figure", "outcome_figure", "curve_figure", "run_outcome_figure", "save_png", "short_labels",
            "OUTCOME_COLOURS", "MAX_CELL_BARS"]
 
 OUTCOME_COLOURS = {"masked": "#4daf4a", "sdc": "#ff7f00", "critical": "#e41a1c", "due": "#6a3d9a"}
@@ -44,6 +44,8 @@ RUN_COLOURS = {"masked": "tab:green", "recovered": "tab:blue", "degraded": "tab:
                "crashed": "tab:gray"}
 #: The outcome figure draws at most this many cells (those with the highest failure rate).
 MAX_CELL_BARS = 80
+#: The drop figure draws at most this many trials per bit class as dots (the box plots use them all).
+MAX_DROP_DOTS = 3000
 
 
 def _figure(width: float, height: float) -> "Figure":
@@ -378,7 +380,8 @@ def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figu
 def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     """Distribution of the metric drop (golden − faulty) of single-bit trials by bit class, per condition.
 
-    Box plots (median, quartiles, 5–95% whiskers) with every trial as a dot; the
+    Box plots (median, quartiles, 5–95% whiskers) over every trial, with up to
+    :data:`MAX_DROP_DOTS` of them per class drawn as dots (a random sample beyond); the
     label under each box gives the trials and the share that dropped at all. Trials
     whose metric was NaN/Inf are counted on the label, not drawn. Needs the dtypes the
     store records (older stores get a panel that says so).
@@ -413,7 +416,8 @@ def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
         ax.boxplot([f if f.size else np.array([np.nan]) for f in finite], positions=pos, widths=0.5, whis=(5, 95),
                    showfliers=False, medianprops={"color": "black"})
         for x, cls, fin in zip(pos, classes, finite):
-            ax.scatter(x + rng.uniform(-0.18, 0.18, fin.size), fin, s=6, alpha=0.35, color=colours[cls], lw=0,
+            dots = fin if fin.size <= MAX_DROP_DOTS else fin[rng.integers(0, fin.size, MAX_DROP_DOTS)]
+            ax.scatter(x + rng.uniform(-0.18, 0.18, dots.size), dots, s=6, alpha=0.35, color=colours[cls], lw=0,
                        zorder=3)
         ax.set_xticks(pos, labels, fontsize=8)
         ax.axhline(0, color="gray", lw=0.8)
@@ -423,4 +427,55 @@ def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
         ax.set_ylabel("metric drop (golden − faulty)")
         ax.grid(axis="y", alpha=0.3)
         ax.set_title(f"{data.name}: metric drop by bit class — {cond}", fontsize=10)
+    return fig
+
+
+def group_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
+    """Per-layer (tensor, role: the campaign's ``group_by``) vulnerability with intervals, one row per condition.
+
+    Left: the failure rate of one flip in the group (expected failures per flip there)
+    with its interval; right: the group's contribution (its share of the sites × that
+    rate: expected failures per flip anywhere that land in it), the share printed
+    beside each bar. Rows of :func:`~fastflip.report.campaign_data.group_table`.
+    """
+    from .campaign_data import group_table
+
+    data = _campaign(data)
+    rows = group_table(data)
+    conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)]
+    groups: list[str] = []
+    for r in rows:
+        if str(r["group"]) not in groups:
+            groups.append(str(r["group"]))
+    fig = _figure(10.0, max(2.4, 0.32 * len(groups) + 1.6) * max(1, len(conds)))
+    if not conds:
+        ax = fig.subplots()
+        ax.text(0.5, 0.5, "the campaign has no grouping (group_by = none): no per-layer view", ha="center",
+                va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    axes = fig.subplots(len(conds), 2, squeeze=False, sharey="row")
+    for (ax_r, ax_c), cond in zip(axes, conds):
+        mine = {str(r["group"]): r for r in rows if r["condition"] == cond}
+        names = [g for g in groups if g in mine]
+        y = np.arange(len(names))[::-1]
+        for ax, key, colour in ((ax_r, "rate", "#e41a1c"), (ax_c, "contribution", "#377eb8")):
+            v = np.array([mine[g][key] for g in names], dtype=float)
+            lo = np.array([mine[g]["low" if key == "rate" else "contribution_low"] for g in names], dtype=float)
+            hi = np.array([mine[g]["high" if key == "rate" else "contribution_high"] for g in names], dtype=float)
+            ax.barh(y, np.nan_to_num(v), color=colour, alpha=0.55, height=0.7)
+            ax.errorbar(np.nan_to_num(v), y, xerr=[np.nan_to_num(np.maximum(v - lo, 0)),
+                                                   np.nan_to_num(np.maximum(hi - v, 0))],
+                        fmt="none", ecolor="black", elinewidth=1, capsize=2)
+            ax.grid(axis="x", alpha=0.3)
+            top = float(np.nanmax(hi)) * 1.15 if len(hi) and np.isfinite(np.nanmax(hi)) else 1.0
+            ax.set_xlim(0, min(1.02, max(1e-6, top)))
+        for yi, g in zip(y, names):
+            r = mine[g]
+            ax_c.text(1.01, yi, f"share {r['share']:.1%}, n={r['trials']:,}", va="center", fontsize=6.5,
+                      transform=ax_c.get_yaxis_transform())
+        ax_r.set_yticks(y, names, fontsize=7)
+        ax_r.set_xlabel("failure rate of a flip in it (95% interval)")
+        ax_c.set_xlabel("contribution: share of sites × rate")
+        ax_r.set_title(f"{data.name}: vulnerability per {data.group_by} — {cond}", fontsize=9, loc="left")
     return fig

@@ -12,6 +12,10 @@ After epoch ``inject_epoch`` (1-based) the callback saves the checkpoint, writes
 altered copy beside it (``e002.injected.weights.h5``, log ``...fflog``), and loads
 the altered copy into the model (optimizer variables included), so training goes on
 from the faulty state. The clean checkpoints are kept.
+
+With ``inject_iteration=I`` it injects inside epoch ``inject_epoch`` instead, after its
+``I``-th batch: the state there is saved as ``e002-i000010.weights.h5`` (the epoch's
+checkpoint name with ``-i`` and the iteration), altered and reloaded the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +26,20 @@ from typing import Any
 
 from ..errors import OptionError
 
-__all__ = ["FaultInjectionCallback", "injected_name"]
+__all__ = ["FaultInjectionCallback", "injected_name", "iteration_name"]
+
+
+def iteration_name(path: str | os.PathLike, iteration: int) -> Path:
+    """The mid-epoch checkpoint's name: ``e002.weights.h5`` -> ``e002-i000010.weights.h5``.
+
+    >>> iteration_name("ck/e002.weights.h5", 10).name
+    'e002-i000010.weights.h5'
+    """
+    p = Path(path)
+    for suffix in (".weights.h5", ".keras"):
+        if p.name.endswith(suffix):
+            return p.with_name(f"{p.name[: -len(suffix)]}-i{int(iteration):06d}{suffix}")
+    return p.with_name(f"{p.name}-i{int(iteration):06d}")
 
 
 def injected_name(path: str | os.PathLike) -> Path:
@@ -51,7 +68,7 @@ def _callback_class() -> Any:
 
     class _FaultInjectionCallback(keras.callbacks.Callback):  # type: ignore[misc, name-defined]
         def __init__(self, filepath: str, inject_epoch: int, *, seed: int, log_path: str | None = None,
-                     reload: bool = True, **inject_kwargs: Any) -> None:
+                     reload: bool = True, inject_iteration: int | None = None, **inject_kwargs: Any) -> None:
             super().__init__()
             name = str(filepath)
             if not name.endswith((".weights.h5", ".keras")):
@@ -60,18 +77,20 @@ def _callback_class() -> Any:
                 raise OptionError(f"inject_epoch: {inject_epoch}; epochs count from 1")
             self.filepath, self.inject_epoch, self.seed = name, int(inject_epoch), int(seed)
             self.log_path, self.reload, self.inject_kwargs = log_path, reload, inject_kwargs
+            if inject_iteration is not None and int(inject_iteration) < 1:
+                raise OptionError(f"inject_iteration: {inject_iteration}; give the number of batches (>= 1) "
+                                  "of the epoch to run before injecting")
+            self.inject_iteration = None if inject_iteration is None else int(inject_iteration)
             self.result: Any = None
             self.injected_path: Path | None = None
+            self._epoch = 0
 
         def checkpoint_path(self, epoch: int) -> Path:
             return Path(self.filepath.format(epoch=epoch))
 
-        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        def _save(self, path: Path) -> None:
             from ..fileio import atomic_output
-            from ..keras_io import inject_checkpoint_file
 
-            e = epoch + 1
-            path = self.checkpoint_path(e)
             path.parent.mkdir(parents=True, exist_ok=True)
             suffix = ".keras" if path.name.endswith(".keras") else ".weights.h5"
             with atomic_output(path, suffix=suffix) as tmp:
@@ -79,8 +98,28 @@ def _callback_class() -> Any:
                     self.model.save(tmp)
                 else:
                     self.model.save_weights(tmp)
-            if e != self.inject_epoch:
+
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self._epoch = epoch + 1
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self.inject_iteration is None or self._epoch != self.inject_epoch or batch + 1 != self.inject_iteration:
                 return
+            path = iteration_name(self.checkpoint_path(self._epoch), self.inject_iteration)
+            self._save(path)
+            self._inject(path)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            e = epoch + 1
+            path = self.checkpoint_path(e)
+            self._save(path)
+            if e != self.inject_epoch or self.inject_iteration is not None:
+                return
+            self._inject(path)
+
+        def _inject(self, path: Path) -> None:
+            from ..keras_io import inject_checkpoint_file
+
             dst = injected_name(path)
             log = self.log_path or str(dst) + ".fflog"
             self.result = inject_checkpoint_file(path, dst, seed=self.seed, log_path=log, **self.inject_kwargs)
@@ -93,7 +132,8 @@ def _callback_class() -> Any:
 
 
 def FaultInjectionCallback(filepath: str | os.PathLike, inject_epoch: int, *, seed: int,
-                           log_path: str | None = None, reload: bool = True, **inject_kwargs: Any) -> Any:
+                           log_path: str | None = None, reload: bool = True, inject_iteration: int | None = None,
+                           **inject_kwargs: Any) -> Any:
     """Make the callback (a ``keras.callbacks.Callback``; Keras is imported on first use).
 
     Parameters
@@ -108,9 +148,11 @@ def FaultInjectionCallback(filepath: str | os.PathLike, inject_epoch: int, *, se
         Where to write the injection log (default: beside the altered copy).
     reload : bool
         Load the altered checkpoint into the model (default) or only write it.
+    inject_iteration : int, optional
+        Inject inside epoch ``inject_epoch``, after this many of its batches (1-based).
     **inject_kwargs
         :func:`fastflip.inject.inject_file` options: ``count``/``rate``/``ber``, ``bits``,
         ``model``, ``selection``, ``nan_policy``, ...
     """
     return _callback_class()(str(filepath), inject_epoch, seed=seed, log_path=log_path, reload=reload,
-                             **inject_kwargs)
+                             inject_iteration=inject_iteration, **inject_kwargs)
