@@ -687,6 +687,10 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
                     info = dset.id.get_chunk_info(i)
                     coords[i] = info.chunk_offset
                     offsets[i] = info.byte_offset
+        if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
+                  or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
+            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "
+                               "a chunk outside the dataset)")
         return ChunkIndex(
             shape=tuple(int(s) for s in dset.shape),
             chunks=tuple(int(c) for c in dset.chunks),
