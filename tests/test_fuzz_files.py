@@ -142,6 +142,6 @@ def test_fuzz_default(bases, tmp_path):
 
 @pytest.mark.slow
 def test_fuzz_large(bases, tmp_path):
-    stats = fuzz(bases, tmp_path, n_per_command=550, seed0=10_000)
+    stats = fuzz(bases, tmp_path, n_per_command=600, seed0=10_000)
     assert stats["cases"] >= 6000
     assert not stats["failures"], _report(stats)

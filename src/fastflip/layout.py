@@ -701,6 +701,10 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
                     coords[i] = info.chunk_offset
                     offsets[i] = info.byte_offset
             offsets += _chunk_address_base(dset)
+        if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
+                  or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
+            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "
+                               "a chunk outside the dataset)")
         return ChunkIndex(
             shape=tuple(int(s) for s in dset.shape),
             chunks=tuple(int(c) for c in dset.chunks),
