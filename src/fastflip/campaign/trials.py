@@ -221,7 +221,7 @@ class TrialRunner:
                 obj = call_factory(campaign)
                 tensors = target_tensors(campaign, e, obj)
                 self.targets[e] = obj
-                self.golden[e] = _split_result(self.evaluate(obj))
+                self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             elif campaign.mode == "memory":
                 from ..live import targets as live_targets
 
@@ -328,11 +328,11 @@ class TrialRunner:
             try:
                 with injected_activations(target, self.seed, plan=plan):
                     result = self.evaluate(target)
-                outcome, metric, delta = self._judge(result, epoch)
+                j = self._judge(result, epoch)
             except FastflipError:
                 raise  # a layer that stopped running or changed shape: the campaign's definition is wrong
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-                outcome, metric, delta, message = DUE, None, None, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
         elif self.campaign.mode == "memory":
             live = self._live
             tg = self.live[epoch]
