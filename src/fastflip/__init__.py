@@ -26,6 +26,7 @@ _EXPORTS = {
     "SiteSpace": "sampling", "make_plan": "sampling", "Plan": "plan", "TensorRef": "plan",
     "diff_files": "diff", "FastflipError": "errors",
     "injected": "live", "tensor_refs": "live", "site": "live",
+    "injected_activations": "live.activations", "ActivationLog": "live.activations",
 }
 
 __all__ = ["__version__", *_EXPORTS]

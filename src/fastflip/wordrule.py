@@ -22,7 +22,7 @@ import numpy as np
 from .dtypes import WordType, word_type
 from .floatformats import FORMATS, decode, encode, nonfinite_words
 
-__all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite"]
+__all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite", "became_nonfinite", "WordCounts"]
 
 
 def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray, bits: int | np.ndarray) -> np.ndarray:
@@ -83,3 +83,39 @@ def nonfinite(words: np.ndarray, dtype: "np.dtype | str | WordType") -> tuple[np
         return z, z.copy()
     values = words_to_values(np.asarray(words, dtype=np.uint64), dtype)
     return np.isnan(values), np.isinf(values)
+
+
+def became_nonfinite(old: np.ndarray, new: np.ndarray, dtype: np.dtype | str) -> tuple[int, int]:
+    """How many sites became NaN and how many became +-Inf (they were not before).
+
+    >>> became_nonfinite(np.array([0x3F800000], np.uint64), np.array([0x7FC00000], np.uint64), "f4")
+    (1, 0)
+    """
+    old_nan, old_inf = nonfinite(old, dtype)
+    new_nan, new_inf = nonfinite(new, dtype)
+    return int((new_nan & ~old_nan).sum()), int((new_inf & ~old_inf).sum())
+
+
+class WordCounts:
+    """Counts shared by logs with ``old_words`` / ``new_words`` columns and a ``_became() -> (nan, inf)``."""
+
+    old_words: np.ndarray
+    new_words: np.ndarray
+
+    def _became(self) -> tuple[int, int]:  # pragma: no cover - each log defines it
+        raise NotImplementedError
+
+    @property
+    def nan_count(self) -> int:
+        """Sites whose value became NaN (it was not before)."""
+        return self._became()[0]
+
+    @property
+    def inf_count(self) -> int:
+        """Sites whose value became +-Inf (it was not before)."""
+        return self._became()[1]
+
+    @property
+    def changed(self) -> int:
+        """Sites whose word changed (a stuck-at bit already at its value is touched, not changed)."""
+        return int((self.old_words != self.new_words).sum())

@@ -57,6 +57,7 @@ __all__ = [
     "tensors_from_arrays",
     "call_factory",
     "target_tensors",
+    "activation_tensors",
     "expand_cells",
     "planned_counts",
     "cell_notes",
@@ -124,6 +125,8 @@ def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None
     """The campaign's selected tensors (of one epoch's checkpoint, or of the factory's model)."""
     from ..select import Selection, select
 
+    if campaign.target.kind == "activations":
+        return activation_tensors(campaign, obj if obj is not None else call_factory(campaign))
     if campaign.target.checkpoint is not None:
         from ..layout import read_layout
 
@@ -133,6 +136,18 @@ def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None
 
         tensors = targets(obj if obj is not None else call_factory(campaign)).records()  # names, layers, roles
     return select(tensors, Selection.from_dict(campaign.select))
+
+
+def activation_tensors(campaign: Campaign, model: Any) -> list[Tensor]:
+    """The selected layers' per-sample outputs, learned from one fault-free evaluation (layer = its name)."""
+    from ..live.activations import layer_outputs
+    from ..select import Selection
+    from .trials import make_evaluator
+
+    evaluate = make_evaluator(campaign)
+    refs = layer_outputs(model, lambda: evaluate(model), Selection.from_dict(campaign.select))
+    return [Tensor(r.name, (r.name,), np.dtype(r.dtype), r.shape, r.size, "memory",
+                   nbytes=r.size * np.dtype(r.dtype).itemsize, layer=r.name, role=None) for r in refs]
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ File form (TOML; YAML takes the same keys)::
     [target]
     checkpoint = "model.h5"        # an HDF5 checkpoint ("ckpt-{epoch}.h5" with epochs), or
     # factory = "mymod:weights"    # a function returning {name: ndarray}
+    # kind = "activations"         # with a factory returning a PyTorch/Keras model: fault the outputs of
+                                   # the selected layers ([select] layers) during each trial's evaluation
 
     [select]                       # all optional (fastflip.select.Selection keys)
     include = ["*kernel*"]
@@ -101,12 +103,21 @@ def _from_mapping(cls: type, data: Mapping[str, Any] | None, section: str) -> An
 
 @dataclass
 class TargetSpec:
-    """What the faults go into: an HDF5 checkpoint, or a factory returning named arrays."""
+    """What the faults go into: an HDF5 checkpoint, or a factory returning named arrays or a model.
+
+    ``kind = "activations"`` (a factory's PyTorch/Keras model) puts the faults into the
+    outputs of the selected layers during each trial's evaluation instead of its weights.
+    """
 
     checkpoint: str | None = None
     factory: str | None = None
+    kind: str = "weights"
 
     def __post_init__(self) -> None:
+        if self.kind not in ("weights", "activations"):
+            raise OptionError(f"[target] kind must be 'weights' or 'activations', got {self.kind!r}")
+        if self.kind == "activations" and self.factory is None:
+            raise OptionError("[target] kind = 'activations' needs factory = 'module:function' returning the model")
         if (self.checkpoint is None) == (self.factory is None):
             raise OptionError("[target]: give exactly one of checkpoint = 'file.h5' or factory = 'module:function'")
         if self.factory is not None and ":" not in self.factory:
@@ -262,6 +273,8 @@ class Campaign:
             raise OptionError("[cells] epochs: the checkpoint path must contain {epoch}, e.g. 'ckpt-{epoch}.h5'")
         if self.evaluator.command is not None and self.mode != "checkpoint":
             raise OptionError("[evaluator] command needs mode = 'checkpoint' (it is given the checkpoint path)")
+        if self.target.kind == "activations" and (self.mode != "memory" or self.cells.epochs):
+            raise OptionError("[target] kind = 'activations' runs in mode = 'memory' without [cells] epochs")
         if self.mode == "checkpoint" and self.target.checkpoint is None:
             raise OptionError("mode = 'checkpoint' needs [target] checkpoint")
         self.paths = _strs(self.paths, "paths")

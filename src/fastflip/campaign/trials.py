@@ -9,7 +9,9 @@ evaluates the fault-free *golden* run once, and prepares one
    generator of ``(seed, cell, trial)`` for the model's random parts), or, for
    ``distribution = 'tensor'``, ``SiteSpace.plan(seed, stream=(cell, trial), count=flips)``;
 2. ``memory`` mode: :func:`fastflip.live.inject` into the loaded arrays, evaluate,
-   :func:`fastflip.live.revert` (bit-exact);
+   :func:`fastflip.live.revert` (bit-exact); activation targets: evaluate inside
+   :func:`fastflip.live.activations.injected_activations` with the trial's plan (its
+   sites in every sample of every forward of the evaluation);
    ``checkpoint`` mode: inject into the worker's working copy of the checkpoint file,
    evaluate with its path (function or shell command), revert the words exactly;
 3. the outcome, by comparing the evaluator's answer with the golden run's
@@ -96,7 +98,9 @@ def sites_summary(plan: Any) -> str:
 
 # ------------------------------------------------------------------------------ evaluators
 def _predict(model: Any, x: Any) -> np.ndarray:
-    mod = type(model).__module__
+    # the framework of the model's class or of a base class (user models subclass nn.Module / keras.Model)
+    mods = [c.__module__ for c in type(model).__mro__]
+    mod = next((m for m in mods if m.startswith(("torch", "keras", "tensorflow", "tf_keras"))), mods[0])
     if mod.startswith("torch"):
         import torch
 
@@ -213,7 +217,12 @@ class TrialRunner:
         self.live: dict[int | None, Any] = {}
         refs_by_epoch = {}
         for e in epochs:
-            if campaign.mode == "memory":
+            if campaign.target.kind == "activations":  # faults go into layer outputs during the evaluation
+                obj = call_factory(campaign)
+                tensors = target_tensors(campaign, e, obj)
+                self.targets[e] = obj
+                self.golden[e] = answer_from(self.evaluate(obj), self.returns)
+            elif campaign.mode == "memory":
                 from ..live import targets as live_targets
 
                 if campaign.target.factory is not None:
@@ -313,7 +322,18 @@ class TrialRunner:
         plan = self.plan(cell_id, trial)
         target = self.targets[epoch]
         message = None
-        if self.campaign.mode == "memory":
+        if self.campaign.target.kind == "activations":
+            from ..live.activations import injected_activations
+
+            try:
+                with injected_activations(target, self.seed, plan=plan):
+                    result = self.evaluate(target)
+                j = self._judge(result, epoch)
+            except FastflipError:
+                raise  # a layer that stopped running or changed shape: the campaign's definition is wrong
+            except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
+                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+        elif self.campaign.mode == "memory":
             live = self._live
             tg = self.live[epoch]
             log = live.inject(tg, plan)

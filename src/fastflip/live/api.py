@@ -36,7 +36,7 @@ from ..errors import LogMismatchError, OptionError
 from ..layout import Tensor
 from ..plan import Plan, TensorRef
 from ..select import Selection, select
-from ..wordrule import nonfinite
+from ..wordrule import WordCounts, became_nonfinite
 from .targets import Targets
 
 __all__ = ["LiveLog", "inject", "revert", "injected", "tensor_refs", "targets", "select_live", "plan_for"]
@@ -74,7 +74,7 @@ def select_live(tg: Targets, selection: "Selection | Mapping[str, Any] | None" =
 
 
 @dataclass
-class LiveLog:
+class LiveLog(WordCounts):
     """What one live injection did: the plan and every site's old and new word (native order).
 
     ``nan_count`` / ``inf_count``: sites whose value became NaN / ±Inf (it was not before).
@@ -90,30 +90,14 @@ class LiveLog:
     def _became(self) -> tuple[int, int]:
         nan = inf = 0
         for j, pos in self.plan.per_tensor():
-            dtype = self.plan.tensors[j].word
-            old_nan, old_inf = nonfinite(self.old_words[pos], dtype)
-            new_nan, new_inf = nonfinite(self.new_words[pos], dtype)
-            nan += int((new_nan & ~old_nan).sum())
-            inf += int((new_inf & ~old_inf).sum())
+            n, i = became_nonfinite(self.old_words[pos], self.new_words[pos], self.plan.tensors[j].word)
+            nan, inf = nan + n, inf + i
         return nan, inf
-
-    @property
-    def nan_count(self) -> int:
-        return self._became()[0]
-
-    @property
-    def inf_count(self) -> int:
-        return self._became()[1]
 
     @property
     def seed(self) -> int | None:
         """The seed the plan was drawn with (drawn from the OS when none was given); None for a hand-made plan."""
         return self.plan.meta.get("seed")
-
-    @property
-    def changed(self) -> int:
-        """Sites whose word changed (a stuck-at bit already at its value is touched, not changed)."""
-        return int((self.old_words != self.new_words).sum())
 
     @property
     def bits_changed(self) -> int:
