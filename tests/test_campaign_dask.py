@@ -33,7 +33,7 @@ def test_cli_dask_local(tmp_path, capsys):
 
     camp = tmp_path / "c.toml"
     camp.write_text(TOML.format(here=HERE))
-    assert main(["sweep", str(camp), "-o", str(tmp_path / "d.db"), "--dask", "local", "-j", "2", "--quiet"]) == 0
+    assert main(["sweep", str(camp), "-o", str(tmp_path / "d.db"), "--dask", "local", "-j", "2", "--status-every", "0"]) == 0
     assert "40/40 trials stored (complete)" in capsys.readouterr().out
     assert main(["sweep", str(camp), "-o", str(tmp_path / "s.db"), "--workers", "0", "--quiet"]) == 0
     assert results(tmp_path / "d.db") == results(tmp_path / "s.db")
