@@ -60,3 +60,22 @@ def test_library_is_silent_unless_the_host_configures_logging(tmp_path, capfd):
     hf.dtype_zoo(src)
     inject_file(src, str(tmp_path / "o.h5"), seed=1, count=2)
     assert capfd.readouterr().err == ""
+
+
+def test_export_never_overwrites_its_own_store(tmp_path, capsys):
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import sweep
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    c = Campaign.from_dict({"name": "e", "seed": 1, "paths": [here], "target": {"factory": "campaign_helpers:weights"},
+                            "cells": {"bits": ["30"], "group_by": "tensor"}, "trials": {"per_cell": 2},
+                            "evaluator": {"function": "campaign_helpers:evaluate"}})
+    store = str(tmp_path / "r.db")
+    sweep(c, store, workers=0, progress=False)
+    before = open(store, "rb").read()
+    link = tmp_path / "link.csv"
+    link.symlink_to(store)
+    for target in (store, str(link)):
+        assert main(["export", store, "--csv", target, "--force"]) == 2
+        assert "error" in capsys.readouterr().err
+    assert open(store, "rb").read() == before

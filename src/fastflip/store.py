@@ -490,7 +490,7 @@ class ResultStore:
     def export_csv(self, out: str, *, overwrite: bool = False) -> int:
         """Write every trial (joined with its cell) to a CSV file, atomically; return the row count."""
         n = 0
-        with _output(out, overwrite) as tmp:
+        with _output(out, overwrite, self.path) as tmp:
             with open(tmp, "w", newline="") as fh:
                 w = csv.writer(fh)
                 w.writerow(EXPORT_COLUMNS)
@@ -516,7 +516,7 @@ class ResultStore:
             ]
         )
         n = 0
-        with _output(out, overwrite) as tmp:
+        with _output(out, overwrite, self.path) as tmp:
             with pq.ParquetWriter(tmp, schema) as writer:
                 for rows in self.iter_trials():
                     cols = list(zip(*rows))
@@ -533,14 +533,16 @@ EXPORT_COLUMNS = (
 )
 
 
-def _output(out: str, overwrite: bool) -> Any:
-    """:func:`fastflip.fileio.atomic_output` for an export, refusing to replace a file unless asked."""
+def _output(out: str, overwrite: bool, source: str) -> Any:
+    """:func:`fastflip.fileio.atomic_output` for an export of store ``source``: never the store itself (nor a
+    device, FIFO or directory), and an existing file only when asked (see :func:`fastflip.paths.resolve_output`)."""
     from .fileio import atomic_output
+    from .paths import resolve_output
 
     out = os.fspath(out)
     if os.path.exists(out) and not overwrite:
         raise OutputError(f"{out} exists; pass --force (overwrite=True) to replace it")
-    return atomic_output(out)
+    return atomic_output(resolve_output(out, inputs=[source], overwrite=overwrite, what="export"))
 
 
 def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
