@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import require
 
 from fastflip.campaign import Campaign
 from fastflip.campaign.progress import Progress
@@ -57,8 +58,9 @@ def test_quiet_sweep_writes_nothing(tmp_path):
     assert log.getvalue() == ""
 
 
-def test_bar_on_a_terminal_uses_rich_and_fits(tmp_path):
-    pytest.importorskip("rich") if os.environ.get("FASTFLIP_REQUIRE_EXTRAS") != "1" else __import__("rich")
+def test_bar_on_a_terminal_uses_rich_and_fits(tmp_path, monkeypatch):
+    require("rich")
+    monkeypatch.delenv("CI", raising=False)  # under CI the bar is off by design
     tty = _Tty()
     p = Progress(total=100, done=0, stream=tty)
     assert p.enabled and p._bar is not None
