@@ -6,14 +6,14 @@ campaign trial's judge and the ``failure`` selection. It imports only NumPy and
 experiment import their names from here.
 
 Campaign trials (:data:`TRIAL_OUTCOMES`, stored as codes 0–3 in that order)
-    ``masked``    the task's answer is unchanged (for a classifier: every input's top-k
-                  prediction). A masked trial whose raw outputs changed (only numerically)
-                  carries the flag ``numeric`` and is counted as the visible sub-class
-                  ``masked_numeric``; it is not a failure unless ``failure`` names it.
-    ``sdc``       the answer changed (for a classifier: the prediction of at least one
-                  input); the fraction of inputs whose answer changed is stored.
-    ``critical``  an SDC whose metric got worse by more than ``critical``.
-    ``due``       NaN/Inf outputs or metric, an exception, or a worker that died.
+    * ``masked``: the task's answer is unchanged (for a classifier: every input's top-k
+      prediction). A masked trial whose raw outputs changed (only numerically) carries the
+      flag ``numeric`` and is counted as the visible sub-class ``masked_numeric``; it is
+      not a failure unless ``failure`` names it.
+    * ``sdc``: the answer changed (for a classifier: the prediction of at least one
+      input); the fraction of inputs whose answer changed is stored.
+    * ``critical``: an SDC whose metric got worse by more than ``critical``.
+    * ``due``: NaN/Inf outputs or metric, an exception, or a worker that died.
 
 Experiment runs (:data:`RUN_OUTCOMES`): ``masked``, ``recovered``, ``degraded``,
 ``diverged``, ``crashed`` (see :mod:`fastflip.experiment_outcomes`). ``masked`` means the

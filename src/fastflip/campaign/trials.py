@@ -17,11 +17,11 @@ evaluates the fault-free *golden* run once, and prepares one
 3. the outcome, by comparing the evaluator's answer with the golden run's
    (:func:`fastflip.outcomes.judge`; the table is in ``docs/outcomes.md``):
 
-   ``masked``   the answer is unchanged (``numeric`` set when only the raw outputs changed);
-   ``sdc``      the answer changed (for a classifier: some input's prediction); the fraction
-                of inputs whose answer changed and the metric delta are stored;
-   ``critical`` an SDC whose metric got worse by more than ``[evaluator] critical``;
-   ``due``      NaN/Inf outputs or metric, or an exception (its message is stored).
+   * ``masked``: the answer is unchanged (``numeric`` set when only the raw outputs changed);
+   * ``sdc``: the answer changed (for a classifier: some input's prediction); the fraction
+     of inputs whose answer changed and the metric delta are stored;
+   * ``critical``: an SDC whose metric got worse by more than ``[evaluator] critical``;
+   * ``due``: NaN/Inf outputs or metric, or an exception (its message is stored).
 
 Evaluators: ``builtin = "classification"`` (top-1, or top-k with ``top_k``; the answer is
 each input's predicted class, the metric the top-k accuracy), ``builtin = "regression"``

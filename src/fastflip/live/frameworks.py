@@ -4,8 +4,7 @@ Imported by :mod:`fastflip.live.adapters` only; the frameworks themselves are on
 touched through the objects passed in (nothing here imports torch or keras at
 module level).
 
-PyTorch (any ``nn.Module``: user subclasses, nested blocks, torchvision- or
-Hugging-Face-style structures)
+PyTorch: any ``nn.Module`` (user subclasses, nested blocks, torchvision- or HF-style)
     Parameters and buffers by their module paths (``layer4.1.conv2.weight``), tied
     parameters under every name (``named_parameters(remove_duplicate=False)``);
     alias ``model/<name>`` (the path :func:`fastflip.torch.save_checkpoint` writes);
