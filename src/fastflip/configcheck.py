@@ -41,7 +41,7 @@ from .errors import OptionError
 
 __all__ = [
     "show", "check_keys", "table", "string", "opt_string", "choice", "boolean", "integer", "positive_int",
-    "number", "strings", "ints",
+    "number", "strings", "ints", "named",
 ]
 
 
@@ -179,3 +179,22 @@ def ints(v: Any, key: str, lo: int | None = None) -> list[int]:
         return []
     items = v if isinstance(v, (list, tuple)) else [v]
     return [integer(x, key, lo) for x in items]
+
+
+def named(key: str, parse: Any, value: Any) -> Any:
+    """``parse(value)``, an :class:`OptionError` of the parser prefixed with the key it came from.
+
+    >>> from fastflip.bits import BitSpec
+    >>> named("[cells] bits", BitSpec.parse, "zz")
+    Traceback (most recent call last):
+    ...
+    fastflip.errors.OptionError: [cells] bits: cannot read 'zz'; use positions (31), ranges (0-22) or fields (all, sign, exponent, exponent-msb, mantissa, msb, lsb)
+    """
+    try:
+        return parse(value)
+    except OptionError as exc:
+        text = str(exc)
+        leaf = key.replace("]", " ").replace(".", " ").split()[-1]
+        if text.startswith(leaf + ": "):  # the parser already named the key's last part
+            text = text[len(leaf) + 2:]
+        raise OptionError(text if text.startswith(key) else f"{key}: {text}") from None

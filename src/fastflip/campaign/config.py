@@ -136,7 +136,7 @@ class CellsSpec:
         if not self.bits:
             raise OptionError("[cells] bits: give at least one bit spec (e.g. ['31', 'exponent'])")
         for b in self.bits:
-            _named("[cells] bits", BitSpec.parse, b)
+            cc.named("[cells] bits", BitSpec.parse, b)
         self.group_by = cc.choice(self.group_by, "[cells] group_by", GROUP_BY)
         self.flips = cc.ints(self.flips, "[cells] flips", 1)
         if not self.flips:
@@ -145,7 +145,7 @@ class CellsSpec:
         if not self.faults:
             raise OptionError("[cells] faults: give at least one fault model (e.g. ['flip'])")
         for f in self.faults:
-            _named("[cells] faults", FaultModel.parse, f)
+            cc.named("[cells] faults", FaultModel.parse, f)
         self.epochs = cc.ints(self.epochs, "[cells] epochs", 0)
         self.distribution = cc.choice(self.distribution, "[cells] distribution", ("element", "tensor"))
 
@@ -275,7 +275,7 @@ class Campaign:
         select = cc.table(self.select, "[select]")
         cc.check_keys(select, _SELECT_KEYS, "[select]")
         select = {k: cc.strings(v, f"[select] {k}") for k, v in select.items()}
-        self.select = _named("[select]", Selection.from_dict, select).as_dict()  # validates; canonical lists
+        self.select = cc.named("[select]", Selection.from_dict, select).as_dict()  # validates; canonical lists
         self.select = {k: v for k, v in self.select.items() if v}
 
     # -------------------------------------------------------------- conversion
@@ -294,7 +294,7 @@ class Campaign:
             evaluator=_from_mapping(EvaluatorSpec, data["evaluator"], "evaluator"),
             trials=_from_mapping(TrialsSpec, data["trials"], "trials"),
             cells=_from_mapping(CellsSpec, data.get("cells"), "cells"),
-            select=data.get("select") or {},
+            select=data.get("select"),
             mode=data.get("mode", "memory"),
             paths=data.get("paths", []),
             base_dir=base_dir if base_dir is not None else cc.string(data.get("base_dir", "."), "base_dir"),
@@ -408,11 +408,3 @@ def load_campaign(path: str) -> Campaign:
     except OptionError as exc:  # name the file: "campaign.toml: [trials] per_cell must be ..."
         raise OptionError(f"{path}: {exc}") from None
 
-
-def _named(key: str, parse: Any, value: Any) -> Any:
-    """``parse(value)``, with an error of the parser prefixed by the key it came from."""
-    try:
-        return parse(value)
-    except OptionError as exc:
-        text = str(exc)
-        raise OptionError(text if text.startswith(key) else f"{key}: {text}") from None
