@@ -18,71 +18,20 @@ import subprocess
 import sys
 import time
 
-import h5py
-import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
-
-CAMPAIGN = """
-name = "lifeline-bench"
-seed = 9
-mode = "checkpoint"
-paths = [{tests!r}]
-[target]
-checkpoint = "model.h5"
-[cells]
-bits = ["31", "30", "0"]
-group_by = "tensor"
-[trials]
-per_cell = 2000
-[evaluator]
-function = "lifeline_helpers:slow_file"
-"""
-
+sys.path.insert(0, TESTS)
+from lifeline_helpers import alive, ckpt_campaign, descendants, leftovers  # noqa: E402
 
 @pytest.fixture
-def setting(tmp_path, monkeypatch):
-    rng = np.random.default_rng(1234)  # the shapes of tests/campaign_helpers.py's MLP
-    with h5py.File(tmp_path / "model.h5", "w") as f:
-        for name, shape in (("dense/kernel", (16, 8)), ("dense/bias", (8,)), ("out/kernel", (8, 4))):
-            f.create_dataset(name, data=rng.standard_normal(shape).astype(np.float32))
-    (tmp_path / "c.toml").write_text(CAMPAIGN.format(tests=TESTS))
+def setting(tmp_path):
+    ckpt_campaign(str(tmp_path), per_cell=2000)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src"), TESTS]))
     return tmp_path, tmp, env
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            rest = fh.read().rsplit(")", 1)[1].split()
-        return rest[0], int(rest[1])
-    except OSError:
-        return None
-
-
-def descendants(root: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit() and (st := _stat(int(name))):
-            kids.setdefault(st[1], []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
-
-
-def alive(pids: list[int]) -> list[int]:
-    return [p for p in pids if (st := _stat(p)) and st[0] != "Z"]
-
-
-def leftovers(tmp) -> list[str]:
-    return [n for n in os.listdir(tmp) if n.startswith("fastflip-")]
 
 
 def start(d, env, store="s.db"):
