@@ -83,4 +83,4 @@ def alive(pids):
 
 
 def leftovers(folder):
-    return sorted(n for n in os.listdir(folder) if n.startswith("fastflip-"))
+    return sorted(n for n in os.listdir(folder) if n.startswith("fastflip-trial-"))

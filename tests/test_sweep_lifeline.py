@@ -126,7 +126,8 @@ def test_checkpoint_sweep_leaves_no_copies_after_ctrl_c_or_sigterm(tmp_path, tmp
     if sig == signal.SIGINT:
         assert proc.returncode == 130 and "interrupted" in err and out == "", err  # --quiet: the reason only
     else:
-        assert proc.returncode == -signal.SIGTERM, err  # saved and cleaned up, then SIGTERM's usual end
+        # saved and cleaned up, then SIGTERM's end: the CLI's "terminated" (143), or death by the signal
+        assert proc.returncode in (143, -signal.SIGTERM), err
     assert stored(store) > 0
     wait_gone(kids)  # the resource tracker ends once the sweep has closed its end of the pipe
     assert not alive(kids)
