@@ -121,5 +121,5 @@ def test_activation_sweep_stores_and_a_bad_definition_is_refused(tmp_path) -> No
         campaign_cells(Campaign.from_dict(bad, base_dir=c.base_dir))
     with pytest.raises(OptionError, match="kind = 'activations' needs factory"):
         Campaign.from_dict({**bad, "target": {"checkpoint": "x.h5", "kind": "activations"}})
-    with pytest.raises(OptionError, match="kind must be 'weights' or 'activations'"):
+    with pytest.raises(OptionError, match=r"\[target\] kind must be one of weights, activations \(got 'neurons'\)"):
         Campaign.from_dict({**bad, "target": {"factory": "m:f", "kind": "neurons"}})

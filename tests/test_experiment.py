@@ -350,7 +350,8 @@ def test_cli_experiment(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(_cfg(epochs=-1)))
     assert main(["experiment", str(tmp_path / "bad.yaml"), "--out", str(tmp_path / "b")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("fastflip experiment: error: epochs:") and len(err.strip().splitlines()) == 1
+    assert err.startswith("fastflip experiment: error: ") and len(err.strip().splitlines()) == 1
+    assert "bad.yaml: epochs must be a positive integer (got -1)" in err
     (tmp_path / "noout.yaml").write_text(yaml.safe_dump(_cfg()))
     assert main(["experiment", str(tmp_path / "noout.yaml")]) == 2
     assert "no output directory" in capsys.readouterr().err
@@ -393,7 +394,7 @@ def test_iteration_errors(tmp_path):
         run_experiment(bad, tmp_path / "o")
     with pytest.raises(OptionError, match="give either epoch or at"):
         ExperimentConfig.from_dict(_cfg(scenarios=[{"name": "x", "epoch": 1, "at": {"epoch": 1}, "count": 1}]))
-    with pytest.raises(OptionError, match=r"at.iteration: expected an integer >= 1"):
+    with pytest.raises(OptionError, match=r"at.iteration must be a positive integer \(got 0\)"):
         ExperimentConfig.from_dict(_cfg(scenarios=[{"name": "x", "at": {"epoch": 1, "iteration": 0}, "count": 1}]))
 
     class NoRange:

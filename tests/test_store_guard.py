@@ -107,13 +107,13 @@ def test_a_dead_writers_record_is_not_reported_as_the_holder(tmp_path):
                 ('{"pid": 999999999, "host": "%s", "started": 0}' % socket.gethostname(),))
     con.commit()
     con.close()
-    from fastflip.store_guard import WriterLock, _read_holder
+    from fastflip.store_guard import StoreLock, _read_holder
 
     assert _read_holder(path) is None
-    lock = WriterLock.acquire(path)
+    lock = StoreLock.acquire(path)
     try:
         with pytest.raises(StoreError, match="has not recorded who it is yet"):
-            WriterLock.acquire(path)
+            StoreLock.acquire(path)
     finally:
         lock.release()
 

@@ -46,6 +46,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import configcheck as cc
 from .errors import InputFileError, OptionError
 
 __all__ = ["Scenario", "ExperimentConfig", "load_config"]
@@ -126,9 +127,7 @@ class ExperimentConfig:
         """Validate a configuration mapping (unknown keys and bad values raise :class:`OptionError`)."""
         if not isinstance(d, Mapping):
             raise OptionError("experiment configuration: expected a mapping at the top level")
-        unknown = set(d) - _CONFIG_KEYS
-        if unknown:
-            raise OptionError(f"experiment configuration: unknown key {sorted(unknown)[0]!r}")
+        cc.check_keys(d, _CONFIG_KEYS, "experiment configuration")
         epochs = _int(d.get("epochs"), "epochs", 1)
         default_reps = _int(d.get("repetitions", 5), "repetitions", 1)
         raw = d.get("scenarios") or []
@@ -141,9 +140,7 @@ class ExperimentConfig:
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise OptionError(f"scenarios: duplicate name {sorted(dup)[0]!r}")
-        trainer = d.get("trainer") or {"framework": "keras"}
-        if not isinstance(trainer, Mapping):
-            raise OptionError("trainer: expected a mapping such as {framework: keras}")
+        trainer = _trainer(d.get("trainer") or {"framework": "keras"})
         tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
         chance = d.get("chance")
         from .experiment_outcomes import check_failure
@@ -151,11 +148,12 @@ class ExperimentConfig:
         failure = check_failure(d.get("failure"))
         compare = _compare(d.get("compare"), names)
         return cls(
-            epochs=epochs, scenarios=tuple(scenarios), name=str(d.get("name", "experiment")),
-            seed=_int(d.get("seed", 0), "seed", 0), tolerance=tol,
+            epochs=epochs, scenarios=tuple(scenarios), name=cc.string(d.get("name", "experiment"), "name"),
+            seed=cc.integer(d.get("seed", 0), "seed", 0, 2**32 - 1), tolerance=tol,
             chance=None if chance is None else _float(chance, "chance", 0.0, 1.0),
             chance_margin=_float(d.get("chance_margin", 0.05), "chance_margin", 0.0, 1.0),
-            trainer=dict(trainer), output=d.get("output"), keep_checkpoints=bool(d.get("keep_checkpoints", False)),
+            trainer=dict(trainer), output=cc.opt_string(d.get("output"), "output"),
+            keep_checkpoints=cc.boolean(d.get("keep_checkpoints", False), "keep_checkpoints"),
             base_dir=base_dir, failure=failure, compare=compare,
         )
 
@@ -176,24 +174,42 @@ class ExperimentConfig:
 
 
 def _int(v: Any, name: str, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
-        raise OptionError(f"{name}: expected an integer >= {lo}, got {v!r}")
-    return int(v)
+    return cc.integer(v, name, lo)
 
 
 def _float(v: Any, name: str, lo: float, hi: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= float(v) <= hi:
-        raise OptionError(f"{name}: expected a number in [{lo}, {hi}], got {v!r}")
-    return float(v)
+    return cc.number(v, name, lo, hi)
+
+
+_TRAINER_KEYS = {"keras": ("framework", "model_file", "batch_size", "threads", "checkpoint_format"),
+                 "torch": ("framework", "model_file", "batch_size", "threads")}
+
+
+def _trainer(t: Any) -> dict[str, Any]:
+    """The ``trainer`` table, its built-in frameworks' keys checked (a custom trainer's are its own)."""
+    t = cc.table(t, "trainer", optional=False)
+    framework = cc.choice(t.get("framework", "keras"), "trainer.framework", ("keras", "torch", "custom"))
+    if "model_file" in t:
+        cc.string(t["model_file"], "trainer.model_file")
+    if framework == "custom":
+        return t
+    cc.check_keys(t, _TRAINER_KEYS[framework], "trainer")
+    if "batch_size" in t:
+        cc.positive_int(t["batch_size"], "trainer.batch_size")
+    if t.get("threads") is not None:
+        cc.positive_int(t["threads"], "trainer.threads")
+    if "checkpoint_format" in t:
+        cc.choice(t["checkpoint_format"], "trainer.checkpoint_format", ("weights.h5", "keras"))
+    return t
+
+
 
 
 def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     if not isinstance(s, Mapping):
-        raise OptionError(f"scenarios[{i}]: expected a mapping")
-    unknown = set(s) - _SCENARIO_KEYS
-    if unknown:
-        raise OptionError(f"scenarios[{i}]: unknown key {sorted(unknown)[0]!r}")
-    name = str(s.get("name", f"scenario{i}"))
+        raise OptionError(f"scenarios[{i}] must be a table (got {cc.show(s)})")
+    cc.check_keys(s, _SCENARIO_KEYS, f"scenarios[{i}]")
+    name = cc.string(s.get("name", f"scenario{i}"), f"scenarios[{i}].name")
     if not _NAME.match(name):
         raise OptionError(f"scenarios[{i}].name: {name!r}; use letters, digits, '.', '_' and '-'")
     iteration = None
@@ -212,22 +228,31 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
         epoch = _int(s.get("epoch"), f"scenarios[{i}].epoch", 0)
     if epoch > epochs:
         raise OptionError(f"scenarios[{i}].epoch: {epoch} is after the last epoch ({epochs})")
-    control = bool(s.get("control", False))
+    control = cc.boolean(s.get("control", False), f"scenarios[{i}].control")
     given = [k for k in ("count", "rate", "ber") if s.get(k) is not None]
     if not control and len(given) != 1:
         raise OptionError(f"scenarios[{i}] ({name}): give exactly one of count, rate, ber")
-    selection = s.get("selection") or {}
-    if not isinstance(selection, Mapping):
-        raise OptionError(f"scenarios[{i}].selection: expected a mapping such as {{roles: [weight]}}")
+    key = f"scenarios[{i}]"
+    selection = cc.table(s.get("selection"), f"{key}.selection")
+    cc.check_keys(selection, ("include", "exclude", "regex", "dtypes", "roles", "layers"), f"{key}.selection")
+    selection = {k: cc.strings(v, f"{key}.selection.{k}") for k, v in selection.items()}
+    from .bits import BitSpec
+    from .faults import FaultModel
     from .select import Selection
 
-    Selection.from_dict(dict(selection))  # validate now, not mid-experiment
+    cc.named(f"{key}.selection", Selection.from_dict, dict(selection))  # validate now, not mid-experiment
+    bits = s.get("bits", "exponent-msb")
+    bits = str(bits) if isinstance(bits, int) and not isinstance(bits, bool) else cc.string(bits, f"{key}.bits")
+    cc.named(f"{key}.bits", BitSpec.parse, bits)
+    model = cc.string(s.get("model", "flip"), f"{key}.model")
+    cc.named(f"{key}.model", FaultModel.parse, model)
+    rate, ber = (None if s.get(k) is None else cc.number(s[k], f"{key}.{k}", 0, 1, lo_open=True) for k in ("rate", "ber"))
     return Scenario(
-        name=name, epoch=epoch, selection=dict(selection), bits=str(s.get("bits", "exponent-msb")),
-        model=str(s.get("model", "flip")),
+        name=name, epoch=epoch, selection=selection, bits=bits, model=model,
         count=None if s.get("count") is None else _int(s["count"], f"scenarios[{i}].count", 1),
-        rate=s.get("rate"), ber=s.get("ber"), distribution=str(s.get("distribution", "element")),
-        nan_policy=str(s.get("nan_policy", "allow")), sign_first=bool(s.get("sign_first", False)),
+        rate=rate, ber=ber, distribution=cc.choice(s.get("distribution", "element"), f"{key}.distribution", ("element", "tensor")),
+        nan_policy=cc.choice(s.get("nan_policy", "allow"), f"{key}.nan_policy", ("allow", "avoid")),
+        sign_first=cc.boolean(s.get("sign_first", False), f"{key}.sign_first"),
         repetitions=_int(s.get("repetitions", default_reps), f"scenarios[{i}].repetitions", 1), control=control,
         iteration=iteration,
     )
@@ -255,7 +280,12 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> ExperimentConf
     path = Path(source)
     if not path.is_file():
         raise InputFileError(f"{path}: experiment configuration not found")
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise OptionError(f"{path}: not a text file (an experiment configuration is YAML or JSON text)") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot read the experiment configuration ({exc.strerror or exc})") from None
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -270,4 +300,7 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> ExperimentConf
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise OptionError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
-    return ExperimentConfig.from_dict(data or {}, base_dir=str(path.parent.resolve()))
+    try:
+        return ExperimentConfig.from_dict(data or {}, base_dir=str(path.parent.resolve()))
+    except OptionError as exc:  # name the file: "exp.yaml: scenarios[0].count must be ..."
+        raise OptionError(f"{path}: {exc}") from None

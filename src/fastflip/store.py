@@ -63,8 +63,8 @@ import numpy as np
 from . import __version__
 from .errors import OutputError, StoreError
 from .fileio import new_file_mode
-from .store_guard import WriterLock, check_schema, rollback_quietly, sqlite_error
 from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
+from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -159,7 +159,7 @@ class ResultStore:
     A writer (``writable=True``) holds the exclusive sweep lock until :meth:`close`.
     """
 
-    def __init__(self, path: str, conn: sqlite3.Connection, lock: WriterLock | None) -> None:
+    def __init__(self, path: str, conn: sqlite3.Connection, lock: StoreLock | None) -> None:
         self.path = path
         self.conn = conn
         self._lock = lock
@@ -265,7 +265,7 @@ class ResultStore:
         if not os.path.exists(path):
             raise StoreError(f"store {path} does not exist")
         _check_header(path)
-        lock = WriterLock.acquire(path) if writable else None
+        lock = StoreLock.acquire(path) if writable else None
         try:
             try:
                 if writable:
@@ -312,7 +312,7 @@ class ResultStore:
                 if writable:
                     conn.execute("PRAGMA journal_mode = WAL")
                     conn.execute("PRAGMA synchronous = NORMAL")
-                    WriterLock.record(conn)
+                    StoreLock.record(conn)
                 return cls(path, conn, lock)
             except sqlite3.Error as exc:
                 raise sqlite_error(path, exc, "opening it") from exc

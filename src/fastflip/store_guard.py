@@ -3,7 +3,7 @@
 Imported by :mod:`fastflip.store` (and the sweep); it knows the store's schema but
 nothing of campaigns.
 
-* :class:`WriterLock` — one writer per store *file*: an exclusive ``flock`` on the
+* :class:`StoreLock` — one writer per store *file*: an exclusive ``flock`` on the
   store's inode, so a second sweep is refused whether it names the store by the same
   path, a symlink or a hard link, and told who holds it (pid, host, start time).
 * :func:`check_schema` — refuses, in one line, a store whose tables, columns or
@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import StoreError
 
-__all__ = ["WriterLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
+__all__ = ["StoreLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
 
 # table -> columns, in order (the schema of fastflip.store, version 1)
 TABLES = {
@@ -95,8 +95,12 @@ def _read_holder(path: str) -> dict[str, Any] | None:
 
 
 @dataclass
-class WriterLock:
+class StoreLock:
     """The writer's exclusive ``flock`` on the store file itself.
+
+    Not :class:`fastflip.locks.WriterLock` (the lock of ``--in-place``, revert and
+    replay): that one is an OFD record lock, and OFD locks conflict with the POSIX
+    record locks SQLite itself takes on the store, whereas ``flock`` does not.
 
     The lock belongs to the file (its inode), not to the name it was opened by.
     ``flock`` locks do not interact with the POSIX record locks SQLite takes on the
@@ -110,7 +114,7 @@ class WriterLock:
     fd: int
 
     @classmethod
-    def acquire(cls, store_path: str) -> "WriterLock":
+    def acquire(cls, store_path: str) -> "StoreLock":
         """Take the lock or raise :class:`StoreError` naming its holder."""
         import fcntl
 

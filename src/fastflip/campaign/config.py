@@ -65,6 +65,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .. import configcheck as cc
 from ..errors import OptionError
 from ..outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
 
@@ -82,22 +83,13 @@ MODES = ("memory", "checkpoint")
 BUILTIN_EVALUATORS = ("classification", "regression")
 
 
-def _strs(value: Any, key: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, int)):
-        return [str(value)]
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value]
-    raise OptionError(f"{key}: expected a string or a list of strings, got {type(value).__name__}")
+_SELECT_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")
+_TOP_KEYS = ("name", "seed", "target", "evaluator", "trials", "cells", "select", "mode", "paths", "base_dir")
 
 
-def _from_mapping(cls: type, data: Mapping[str, Any] | None, section: str) -> Any:
-    data = dict(data or {})
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise OptionError(f"[{section}]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+def _from_mapping(cls: type, data: Any, section: str) -> Any:
+    data = cc.table(data, f"[{section}]")
+    cc.check_keys(data, [f.name for f in dataclasses.fields(cls)], f"[{section}]")
     return cls(**data)
 
 
@@ -114,8 +106,9 @@ class TargetSpec:
     kind: str = "weights"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("weights", "activations"):
-            raise OptionError(f"[target] kind must be 'weights' or 'activations', got {self.kind!r}")
+        self.checkpoint = cc.opt_string(self.checkpoint, "[target] checkpoint")
+        self.factory = cc.opt_string(self.factory, "[target] factory")
+        self.kind = cc.choice(self.kind, "[target] kind", ("weights", "activations"))
         if self.kind == "activations" and self.factory is None:
             raise OptionError("[target] kind = 'activations' needs factory = 'module:function' returning the model")
         if (self.checkpoint is None) == (self.factory is None):
@@ -139,26 +132,22 @@ class CellsSpec:
         from ..bits import BitSpec
         from ..faults import FaultModel
 
-        self.bits = _strs(self.bits, "[cells] bits")
+        self.bits = cc.strings(self.bits, "[cells] bits", ints_ok=True)
         if not self.bits:
             raise OptionError("[cells] bits: give at least one bit spec (e.g. ['31', 'exponent'])")
         for b in self.bits:
-            BitSpec.parse(b)
-        if self.group_by not in GROUP_BY:
-            raise OptionError(f"[cells] group_by must be one of {', '.join(GROUP_BY)}, got {self.group_by!r}")
-        flips = [self.flips] if isinstance(self.flips, int) else list(self.flips)
-        if not flips or any(int(f) != f or int(f) < 1 for f in flips):
-            raise OptionError(f"[cells] flips: positive integers, got {self.flips!r}")
-        self.flips = [int(f) for f in flips]
-        self.faults = _strs(self.faults, "[cells] faults")
+            cc.named("[cells] bits", BitSpec.parse, b)
+        self.group_by = cc.choice(self.group_by, "[cells] group_by", GROUP_BY)
+        self.flips = cc.ints(self.flips, "[cells] flips", 1)
+        if not self.flips:
+            raise OptionError("[cells] flips: give at least one number of sites per trial (e.g. [1])")
+        self.faults = cc.strings(self.faults, "[cells] faults")
         if not self.faults:
             raise OptionError("[cells] faults: give at least one fault model (e.g. ['flip'])")
         for f in self.faults:
-            FaultModel.parse(f)
-        epochs = [self.epochs] if isinstance(self.epochs, int) else list(self.epochs or [])
-        self.epochs = [int(e) for e in epochs]
-        if self.distribution not in ("element", "tensor"):
-            raise OptionError(f"[cells] distribution must be 'element' or 'tensor', got {self.distribution!r}")
+            cc.named("[cells] faults", FaultModel.parse, f)
+        self.epochs = cc.ints(self.epochs, "[cells] epochs", 0)
+        self.distribution = cc.choice(self.distribution, "[cells] distribution", ("element", "tensor"))
 
 
 @dataclass
@@ -175,17 +164,20 @@ class TrialsSpec:
     max_per_cell: int = 100_000
 
     def __post_init__(self) -> None:
+        if self.per_cell is not None:
+            self.per_cell = cc.positive_int(self.per_cell, "[trials] per_cell")
+        if self.margin is not None:
+            self.margin = cc.number(self.margin, "[trials] margin", 0, 1, lo_open=True, hi_open=True)
+        if self.half_width is not None:
+            self.half_width = cc.number(self.half_width, "[trials] half_width", 0, 0.5, lo_open=True, hi_open=True)
+        self.confidence = cc.number(self.confidence, "[trials] confidence", 0, 1, lo_open=True, hi_open=True)
+        self.p = cc.number(self.p, "[trials] p", 0, 1, lo_open=True, hi_open=True)
+        self.block = cc.positive_int(self.block, "[trials] block")
+        self.min_trials = cc.positive_int(self.min_trials, "[trials] min_trials")
+        self.max_per_cell = cc.positive_int(self.max_per_cell, "[trials] max_per_cell")
         given = [k for k in ("per_cell", "margin", "half_width") if getattr(self, k) is not None]
         if len(given) != 1:
             raise OptionError("[trials]: give exactly one of per_cell = N, margin = E (sample size) or half_width = H (sequential)")
-        if self.per_cell is not None and (int(self.per_cell) != self.per_cell or self.per_cell < 1):
-            raise OptionError(f"[trials] per_cell must be a positive integer, got {self.per_cell!r}")
-        if self.half_width is not None and not 0 < self.half_width < 0.5:
-            raise OptionError(f"[trials] half_width must lie in (0, 0.5), got {self.half_width!r}")
-        if self.block < 1 or self.min_trials < 1 or self.max_per_cell < 1:
-            raise OptionError("[trials] block, min_trials and max_per_cell must be positive")
-        if not 0 < self.confidence < 1:
-            raise OptionError(f"[trials] confidence must lie in (0, 1), got {self.confidence!r}")
 
     @property
     def sequential(self) -> bool:
@@ -213,6 +205,12 @@ class EvaluatorSpec:
     greater_is_better: bool = True
 
     def __post_init__(self) -> None:
+        for k in ("function", "builtin", "data", "command"):
+            setattr(self, k, cc.opt_string(getattr(self, k), f"[evaluator] {k}"))
+        # a NaN or infinite threshold would make every SDC critical or none: refuse it
+        self.critical = cc.number(self.critical, "[evaluator] critical")
+        if self.timeout is not None:
+            self.timeout = cc.number(self.timeout, "[evaluator] timeout", 0, lo_open=True)
         given = [k for k in ("function", "builtin", "command") if getattr(self, k) is not None]
         if len(given) != 1:
             raise OptionError("[evaluator]: give exactly one of function = 'module:function', "
@@ -229,21 +227,17 @@ class EvaluatorSpec:
             if self.builtin == "regression":
                 self.greater_is_better = False  # its metric is the mean squared error
         if self.returns is not None:
-            self.returns = _strs(self.returns, "[evaluator] returns")
+            self.returns = cc.strings(self.returns, "[evaluator] returns")
             bad = [r for r in self.returns if r not in RETURN_KINDS]
             if bad or not self.returns or len(set(self.returns)) != len(self.returns):
                 raise OptionError(f"[evaluator] returns: name some of {', '.join(RETURN_KINDS)} once each, got {self.returns!r}")
             if self.function is None:
                 raise OptionError("[evaluator] returns applies to function evaluators (built-ins and commands say it themselves)")
         self.failure = list(parse_failure(self.failure))
-        if int(self.top_k) != self.top_k or self.top_k < 1:
-            raise OptionError(f"[evaluator] top_k must be a positive integer, got {self.top_k!r}")
-        self.top_k = int(self.top_k)
-        self.critical = float(self.critical)
-        self.rtol, self.atol = float(self.rtol), float(self.atol)
-        if not (self.rtol >= 0 and self.atol >= 0):
-            raise OptionError(f"[evaluator] rtol and atol must be >= 0, got {self.rtol!r}, {self.atol!r}")
-        self.greater_is_better = bool(self.greater_is_better)
+        self.top_k = cc.positive_int(self.top_k, "[evaluator] top_k")
+        self.rtol = cc.number(self.rtol, "[evaluator] rtol", 0)
+        self.atol = cc.number(self.atol, "[evaluator] atol", 0)
+        self.greater_is_better = cc.boolean(self.greater_is_better, "[evaluator] greater_is_better")
 
 
 @dataclass
@@ -262,11 +256,9 @@ class Campaign:
     base_dir: str = "."
 
     def __post_init__(self) -> None:
-        if int(self.seed) != self.seed or self.seed < 0:
-            raise OptionError(f"seed must be a non-negative integer, got {self.seed!r}")
-        self.seed = int(self.seed)
-        if self.mode not in MODES:
-            raise OptionError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        self.name = cc.string(self.name, "name")
+        self.seed = cc.integer(self.seed, "seed", 0, 2**63 - 1)
+        self.mode = cc.choice(self.mode, "mode", MODES)
         if self.cells.epochs and self.target.checkpoint is None:
             raise OptionError("[cells] epochs need a checkpoint target (a path with {epoch})")
         if self.cells.epochs and "{epoch}" not in (self.target.checkpoint or ""):
@@ -277,35 +269,35 @@ class Campaign:
             raise OptionError("[target] kind = 'activations' runs in mode = 'memory' without [cells] epochs")
         if self.mode == "checkpoint" and self.target.checkpoint is None:
             raise OptionError("mode = 'checkpoint' needs [target] checkpoint")
-        self.paths = _strs(self.paths, "paths")
+        self.paths = cc.strings(self.paths, "paths")
         from ..select import Selection
 
-        self.select = Selection.from_dict(self.select).as_dict()  # validates; canonical lists
+        select = cc.table(self.select, "[select]")
+        cc.check_keys(select, _SELECT_KEYS, "[select]")
+        select = {k: cc.strings(v, f"[select] {k}") for k, v in select.items()}
+        self.select = cc.named("[select]", Selection.from_dict, select).as_dict()  # validates; canonical lists
         self.select = {k: v for k, v in self.select.items() if v}
 
     # -------------------------------------------------------------- conversion
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], base_dir: str | None = None) -> "Campaign":
         """Build from the file's mapping (sections as nested mappings)."""
-        data = dict(data)
-        known = {"name", "seed", "target", "evaluator", "trials", "cells", "select", "mode", "paths", "base_dir"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise OptionError(f"campaign: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        data = cc.table(data, "campaign", optional=False)
+        cc.check_keys(data, _TOP_KEYS, "campaign")
         for key in ("name", "seed", "target", "evaluator", "trials"):
             if key not in data:
                 raise OptionError(f"campaign: missing {key!r}")
         return cls(
-            name=str(data["name"]),
+            name=data["name"],
             seed=data["seed"],
             target=_from_mapping(TargetSpec, data["target"], "target"),
             evaluator=_from_mapping(EvaluatorSpec, data["evaluator"], "evaluator"),
             trials=_from_mapping(TrialsSpec, data["trials"], "trials"),
             cells=_from_mapping(CellsSpec, data.get("cells"), "cells"),
-            select=dict(data.get("select") or {}),
+            select=data.get("select"),
             mode=data.get("mode", "memory"),
             paths=data.get("paths", []),
-            base_dir=base_dir if base_dir is not None else str(data.get("base_dir", ".")),
+            base_dir=base_dir if base_dir is not None else cc.string(data.get("base_dir", "."), "base_dir"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -387,24 +379,32 @@ def load_campaign(path: str) -> Campaign:
     except OSError as exc:
         raise OptionError(f"cannot read campaign file {path}: {exc.strerror or exc}") from exc
     ext = os.path.splitext(path)[1].lower()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise OptionError(f"{path}: not a text file (a campaign file is TOML or YAML text)") from None
     if ext in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError as exc:  # pragma: no cover - extras
             raise OptionError("YAML campaign files need pyyaml: pip install 'fastflip[yaml]'") from exc
         try:
-            data = yaml.safe_load(raw.decode())
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise OptionError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     elif ext == ".toml":
         import tomllib
 
         try:
-            data = tomllib.loads(raw.decode())
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise OptionError(f"{path}: not valid TOML ({exc})") from exc
     else:
         raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
     if not isinstance(data, dict):
         raise OptionError(f"{path}: a campaign file holds a table of settings")
-    return Campaign.from_dict(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        return Campaign.from_dict(data, base_dir=os.path.dirname(os.path.abspath(path)))
+    except OptionError as exc:  # name the file: "campaign.toml: [trials] per_cell must be ..."
+        raise OptionError(f"{path}: {exc}") from None
+
