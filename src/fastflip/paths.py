@@ -154,9 +154,20 @@ def make_temp_dir(kind: str) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists (on this machine)."""
+    """Whether process ``pid`` exists on this machine and is not a zombie.
+
+    >>> pid_alive(os.getpid())
+    True
+    """
     if pid <= 0:
         return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:  # a zombie is dead for our purpose
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

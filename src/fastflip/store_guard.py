@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import StoreError
+from .paths import pid_alive
 
 __all__ = ["StoreLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
 
@@ -52,28 +53,6 @@ def _holder_text(info: dict[str, Any] | None) -> str:
     return f"pid {info.get('pid', '?')} on {info.get('host', '?')}, since {when}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine and is not a zombie.
-
-    >>> pid_alive(os.getpid())
-    True
-    """
-    if pid <= 0:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:  # a zombie is dead for our purpose
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except (OSError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_holder(path: str) -> dict[str, Any] | None:
