@@ -1,4 +1,4 @@
-"""Word-kernel throughput per backend (fastflip.native): 10^6 sites in a 256 MiB buffer.
+"""Word-kernel throughput per backend (fastflip.kernels.dispatch): 10^6 sites in a 256 MiB buffer.
 
 Run: ``pytest bench/bench_kernels.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 """

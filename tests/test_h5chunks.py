@@ -12,10 +12,10 @@ import pytest
 
 from fastflip import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.fileio import sha256_file
-from fastflip.h5chunks import fletcher32, shuffle, unshuffle
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.files.fileio import sha256_file
+from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 
 DTYPES = ["<f4", ">f8", "<f2", "<i8", "|u1", "|b1"]
 FILTERS = {

@@ -16,7 +16,7 @@ Campaign trials (:data:`TRIAL_OUTCOMES`, stored as codes 0–3 in that order)
     * ``due``: NaN/Inf outputs or metric, an exception, or a worker that died.
 
 Experiment runs (:data:`RUN_OUTCOMES`): ``masked``, ``recovered``, ``degraded``,
-``diverged``, ``crashed`` (see :mod:`fastflip.experiment_outcomes`). ``masked`` means the
+``diverged``, ``crashed`` (see :mod:`fastflip.experiment.outcomes`). ``masked`` means the
 same there: the fault left no visible trace in what the run is judged on.
 
 Examples
@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = [
     "TRIAL_OUTCOMES",
@@ -72,7 +72,7 @@ FAILURE_CLASSES = (MASKED_NUMERIC, "sdc", "critical", "due")
 DEFAULT_FAILURE = ("sdc", "critical", "due")
 #: Every count a summary carries per cell (``masked`` includes ``masked_numeric``).
 COUNT_CLASSES = ("masked", MASKED_NUMERIC, "sdc", "critical", "due")
-#: Exclusive classes of an experiment run (:mod:`fastflip.experiment_outcomes`).
+#: Exclusive classes of an experiment run (:mod:`fastflip.experiment.outcomes`).
 RUN_OUTCOMES = ("masked", "recovered", "degraded", "diverged", "crashed")
 #: What counts as a failed experiment run unless the experiment says otherwise.
 RUN_DEFAULT_FAILURE = ("degraded", "diverged", "crashed")

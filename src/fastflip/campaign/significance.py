@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import OptionError
+from ..errors import OptionError
 from .stats import wilson_interval
 
 __all__ = ["fisher_exact", "holm", "pairwise_tests", "format_tests", "PAIRWISE_FIELDS"]

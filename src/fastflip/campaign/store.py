@@ -19,7 +19,7 @@ Schema (version :data:`SCHEMA_VERSION`; ``PRAGMA application_id`` is
            numeric, changed, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID
 
 ``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`OUTCOMES`, the vocabulary of
-:mod:`fastflip.outcomes`); ``numeric`` is 1 where the raw outputs changed (a masked trial
+:mod:`fastflip.campaign.outcomes`); ``numeric`` is 1 where the raw outputs changed (a masked trial
 with it is ``masked_numeric``), NULL where the evaluator gave no outputs; ``changed`` is
 the fraction of inputs whose answer changed. A cell's ``sampling`` is ``permutation``
 (distinct sites across trials), ``exhaustive`` (every site once) or ``independent``;
@@ -60,9 +60,9 @@ from typing import Any, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from . import __version__
-from .errors import OutputError, StoreError
-from .fileio import new_file_mode
+from .. import __version__
+from ..errors import OutputError, StoreError
+from ..files.fileio import new_file_mode
 from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
 from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
 
@@ -534,10 +534,10 @@ EXPORT_COLUMNS = (
 
 
 def _output(out: str, overwrite: bool, source: str) -> Any:
-    """:func:`fastflip.fileio.atomic_output` for an export of store ``source``: never the store itself (nor a
-    device, FIFO or directory), and an existing file only when asked (see :func:`fastflip.paths.resolve_output`)."""
-    from .fileio import atomic_output
-    from .paths import resolve_output
+    """:func:`fastflip.files.fileio.atomic_output` for an export of store ``source``: never the store itself (nor a
+    device, FIFO or directory), and an existing file only when asked (see :func:`fastflip.files.paths.resolve_output`)."""
+    from ..files.fileio import atomic_output
+    from ..files.paths import resolve_output
 
     out = os.fspath(out)
     if os.path.exists(out) and not overwrite:

@@ -1,6 +1,6 @@
 """Guards of the results store: the writer lock, the logical schema check, SQLite errors as one line.
 
-Imported by :mod:`fastflip.store` (and the sweep); it knows the store's schema but
+Imported by :mod:`fastflip.campaign.store` (and the sweep); it knows the store's schema but
 nothing of campaigns.
 
 * :class:`StoreLock` — one writer per store *file*: an exclusive ``flock`` on the
@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import StoreError
-from .paths import pid_alive
+from ..errors import StoreError
+from ..files.paths import pid_alive
 
 __all__ = ["StoreLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
 
-# table -> columns, in order (the schema of fastflip.store, version 1)
+# table -> columns, in order (the schema of fastflip.campaign.store, version 1)
 TABLES = {
     "meta": ("key", "value"),
     "campaign": ("id", "name", "config", "config_hash", "seed", "fastflip_version", "schema_version",
@@ -77,7 +77,7 @@ def _read_holder(path: str) -> dict[str, Any] | None:
 class StoreLock:
     """The writer's exclusive ``flock`` on the store file itself.
 
-    Not :class:`fastflip.locks.WriterLock` (the lock of ``--in-place``, revert and
+    Not :class:`fastflip.files.locks.WriterLock` (the lock of ``--in-place``, revert and
     replay): that one is an OFD record lock, and OFD locks conflict with the POSIX
     record locks SQLite itself takes on the store, whereas ``flock`` does not.
 

@@ -34,8 +34,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import InputFileError, OptionError
-from .select import Selection
+from ..errors import InputFileError, OptionError
+from ..files.select import Selection
 
 __all__ = ["OLD_KEYS", "REQUIRED_KEYS", "OldSettings", "OldConfigMapping", "load_old_config", "settings_from_config",
            "settings_from_flags", "expand_locations", "map_old_config"]
@@ -118,7 +118,7 @@ class OldSettings:
 
 @dataclass
 class OldConfigMapping:
-    """Options for :func:`fastflip.inject.inject_file` in fastflip's own design, and warnings."""
+    """Options for :func:`fastflip.files.inject.inject_file` in fastflip's own design, and warnings."""
 
     kwargs: dict[str, Any]
     warnings: list[str] = field(default_factory=list)

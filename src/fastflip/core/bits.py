@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from .dtypes import word_type
-from .errors import BitRangeError, OptionError
+from ..errors import BitRangeError, OptionError
 
 __all__ = ["BitSpec", "FIELD_NAMES"]
 

@@ -1,7 +1,7 @@
 """Type checks for configuration files: every key checked, the key named in the error.
 
 Used by the campaign file (:mod:`fastflip.campaign.config`) and the experiment
-configuration (:mod:`fastflip.experiment_config`). Each checker takes the value and the
+configuration (:mod:`fastflip.experiment.config`). Each checker takes the value and the
 key's full name as the user wrote it (``"[trials] per_cell"``, ``"scenarios[2].count"``)
 and returns the value in its canonical type, or raises :class:`OptionError` of one line
 that names the key, what it needs and what it got::
@@ -37,7 +37,7 @@ import math
 import numbers
 from typing import Any, Iterable, Mapping
 
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = [
     "show", "check_keys", "table", "string", "opt_string", "choice", "boolean", "integer", "positive_int",
@@ -184,7 +184,7 @@ def ints(v: Any, key: str, lo: int | None = None) -> list[int]:
 def named(key: str, parse: Any, value: Any) -> Any:
     """``parse(value)``, an :class:`OptionError` of the parser prefixed with the key it came from.
 
-    >>> from fastflip.bits import BitSpec
+    >>> from fastflip.core.bits import BitSpec
     >>> named("[cells] bits", BitSpec.parse, "zz")
     Traceback (most recent call last):
     ...

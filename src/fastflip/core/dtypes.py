@@ -23,7 +23,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 from .floatformats import FORMATS, format_name
 
 __all__ = ["WordType", "word_type", "to_words", "from_words", "is_supported_dtype", "UINT_FOR_SIZE", "dtype_label"]
@@ -58,7 +58,7 @@ class WordType:
         ``all``; integers also have ``sign`` when signed, ``msb``, ``lsb``).
     format : str or None
         A float format NumPy lacks (``bfloat16``, ``float8_e4m3fn``, ``float8_e5m2``,
-        see :mod:`fastflip.floatformats`) held in the unsigned words ``dtype``; ``kind`` is
+        see :mod:`fastflip.core.floatformats`) held in the unsigned words ``dtype``; ``kind`` is
         then ``'f'`` and the fields are the format's.
     """
 

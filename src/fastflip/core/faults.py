@@ -1,9 +1,9 @@
 """Fault models: how one injection site turns into word masks (or a scale factor).
 
 Every model except ``scale`` reduces to the AND/OR/XOR word rule of
-:mod:`fastflip.plan`. Positions are bit numbers with 0 = least significant bit and
+:mod:`fastflip.core.plan`. Positions are bit numbers with 0 = least significant bit and
 are always drawn from the *allowed* bits of the site's dtype (the resolved
-:class:`~fastflip.bits.BitSpec`).
+:class:`~fastflip.core.bits.BitSpec`).
 
 =============  ==============================================================  ===============
 kind           effect on the word                                              site unit
@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = ["FaultModel", "FAULT_KINDS", "GroupBits", "site_masks"]
 

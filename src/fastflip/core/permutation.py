@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = ["Permutation"]
 

@@ -18,7 +18,7 @@ order or in parallel.
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> p = Plan.from_sites([TensorRef("w", "<f4", (4,))], tensor=[0], index=[2], xor_mask=[1 << 30])
 >>> len(p), p.tensors[0].name
 (1, 'w')
@@ -34,7 +34,7 @@ import numpy as np
 
 from .dtypes import WordType, word_type
 from .floatformats import format_name
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = ["TensorRef", "Plan", "compose_masks", "merge_duplicate_elements"]
 
@@ -46,7 +46,7 @@ class TensorRef:
     """Name, dtype (byte order included, as a numpy dtype string) and shape of a plan's tensor.
 
     ``format`` names a float format held in unsigned words (``bfloat16``,
-    ``float8_e4m3fn``, ``float8_e5m2``; see :mod:`fastflip.floatformats`): ``dtype`` is then
+    ``float8_e4m3fn``, ``float8_e5m2``; see :mod:`fastflip.core.floatformats`): ``dtype`` is then
     the storage (``<u2``) and :attr:`word` describes the bits. A format name may also be
     given as the dtype: ``TensorRef("w", "bfloat16", (4,))``.
     """
@@ -68,7 +68,7 @@ class TensorRef:
 
     @property
     def word(self) -> WordType:
-        """The :class:`~fastflip.dtypes.WordType` of the stored words (the format's fields when it has one)."""
+        """The :class:`~fastflip.core.dtypes.WordType` of the stored words (the format's fields when it has one)."""
         return word_type(self.dtype, self.format)
 
     def as_dict(self) -> dict[str, Any]:
@@ -189,7 +189,7 @@ class Plan:
     def per_dtype(self) -> list[tuple[Any, np.ndarray]]:
         """Group site positions by tensor dtype: ``[(dtype string, positions), ...]``.
 
-        A tensor with a float format is grouped under its :class:`~fastflip.dtypes.WordType`
+        A tensor with a float format is grouped under its :class:`~fastflip.core.dtypes.WordType`
         (``word_type`` and the word-rule helpers accept either form).
         """
         if not len(self):

@@ -2,12 +2,12 @@
 
 It is deliberately simple and slow: it walks the plan site by site in Python, reads
 each element's raw word through NumPy, applies the plan's word rule (see
-:mod:`fastflip.plan`) and writes it back. Nothing here is used on a fast path.
+:mod:`fastflip.core.plan`) and writes it back. Nothing here is used on a fast path.
 
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> arrays = {"w": np.ones(3, dtype=">f4")}
 >>> plan = Plan.from_sites([TensorRef("w", ">f4", (3,))], [0], [1], xor_mask=[1 << 31])
 >>> old, new = apply_plan(arrays, plan)
@@ -70,7 +70,7 @@ def scale_word(old: int, factor: float, dtype: np.dtype | str) -> int:
 
 
 def format_value(word: int, fmt: str) -> float:
-    """Value of one word of a float format (:mod:`fastflip.floatformats`), computed bit by bit in Python.
+    """Value of one word of a float format (:mod:`fastflip.core.floatformats`), computed bit by bit in Python.
 
     >>> format_value(0x3F80, "bfloat16"), format_value(0x7F, "float8_e4m3fn")
     (1.0, nan)

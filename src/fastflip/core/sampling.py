@@ -1,4 +1,4 @@
-"""Seeded, counter-based sampling of injection sites, turned into a :class:`~fastflip.plan.Plan`.
+"""Seeded, counter-based sampling of injection sites, turned into a :class:`~fastflip.core.plan.Plan`.
 
 Reproducibility contract: the sites depend only on (seed, stream, the ordered list
 of selected tensors with their dtypes and shapes, the bit spec, the fault model and
@@ -36,7 +36,7 @@ order; resampling for ``nan_policy='avoid'`` continues the same stream.
 
 Examples
 --------
->>> from fastflip.plan import TensorRef
+>>> from fastflip.core.plan import TensorRef
 >>> space = SiteSpace([TensorRef("a", "<f4", (100,)), TensorRef("b", "<f4", (10, 10))], bits="exponent-msb")
 >>> p1 = space.plan(seed=7, count=5)
 >>> p2 = space.plan(seed=7, count=5)
@@ -54,7 +54,7 @@ import numpy as np
 
 from .bits import BitSpec
 from .dtypes import word_type
-from .errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
+from ..errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from .faults import FaultModel, GroupBits, site_masks
 from .plan import Plan, TensorRef, merge_duplicate_elements
 from .wordrule import nonfinite, rule_words, scale_words
@@ -351,9 +351,9 @@ class SiteSpace:
         pair equally likely when ``u`` is uniform), an element unit the ``u``-th element.
         Random parts of the fault model (which bits of an element, random values) come
         from the generator of ``(seed, stream)``. This is the entry of sampling designs
-        that choose the sites themselves (:class:`fastflip.permutation.Permutation`).
+        that choose the sites themselves (:class:`fastflip.core.permutation.Permutation`).
 
-        >>> from fastflip.plan import TensorRef
+        >>> from fastflip.core.plan import TensorRef
         >>> space = SiteSpace([TensorRef("a", "<f4", (4,))], bits="30-31")
         >>> p = space.plan_sites([5, 0], seed=1)
         >>> p.index.tolist(), [hex(int(x)) for x in p.xor_mask]

@@ -1,9 +1,9 @@
-"""Vectorized NumPy form of the plan's word rule (see :mod:`fastflip.plan`).
+"""Vectorized NumPy form of the plan's word rule (see :mod:`fastflip.core.plan`).
 
 Used where whole columns of words must be computed without touching storage: the
 NaN/Inf-avoidance check during sampling, value-level (scale) sites on every CPU
 backend, and NaN/Inf counting. The site-by-site oracle stays in
-:mod:`fastflip.reference`; tests check these against it.
+:mod:`fastflip.core.reference`; tests check these against it.
 
 Examples
 --------
@@ -45,7 +45,7 @@ def words_to_values(words: np.ndarray, dtype: "np.dtype | str | WordType") -> np
 
 
 def scale_words(old: np.ndarray, factors: np.ndarray, dtype: "np.dtype | str | WordType") -> np.ndarray:
-    """New words of ``value(old) * factor`` (same rounding/saturation as :func:`fastflip.reference.scale_word`)."""
+    """New words of ``value(old) * factor`` (same rounding/saturation as :func:`fastflip.core.reference.scale_word`)."""
     wt = word_type(dtype)
     if wt.format:
         f = FORMATS[wt.format]

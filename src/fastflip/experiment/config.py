@@ -20,7 +20,7 @@ A configuration is a mapping (a YAML or JSON file, or a dict)::
 Each scenario takes the golden checkpoint saved after epoch ``epoch`` (0 = the
 initial weights), injects with ``selection``/``bits``/``model``/``count`` (or
 ``rate``/``ber``)/``distribution``/``nan_policy`` (the arguments of
-:func:`fastflip.inject.inject_file`), and resumes training to epoch N. A
+:func:`fastflip.files.inject.inject_file`), and resumes training to epoch N. A
 ``control`` scenario injects nothing: its runs must reproduce the golden curve.
 ``at: {epoch: E, iteration: I}`` injects after ``I`` batches of epoch ``E`` instead:
 the golden state there is made once from checkpoint ``E - 1`` and checkpointed.
@@ -46,8 +46,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import configcheck as cc
-from .errors import InputFileError, OptionError
+from ..core import configcheck as cc
+from ..errors import InputFileError, OptionError
 
 __all__ = ["Scenario", "ExperimentConfig", "load_config"]
 
@@ -87,7 +87,7 @@ class Scenario:
         return self.epoch if self.iteration is None else self.epoch - 1
 
     def inject_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`fastflip.inject.inject_file` for this scenario."""
+        """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario."""
         kw: dict[str, Any] = {"selection": dict(self.selection) or None, "bits": self.bits, "model": self.model,
                               "distribution": self.distribution, "nan_policy": self.nan_policy,
                               "sign_first": self.sign_first}
@@ -143,7 +143,7 @@ class ExperimentConfig:
         trainer = _trainer(d.get("trainer") or {"framework": "keras"})
         tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
         chance = d.get("chance")
-        from .experiment_outcomes import check_failure
+        from .outcomes import check_failure
 
         failure = check_failure(d.get("failure"))
         compare = _compare(d.get("compare"), names)
@@ -236,9 +236,9 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     selection = cc.table(s.get("selection"), f"{key}.selection")
     cc.check_keys(selection, ("include", "exclude", "regex", "dtypes", "roles", "layers"), f"{key}.selection")
     selection = {k: cc.strings(v, f"{key}.selection.{k}") for k, v in selection.items()}
-    from .bits import BitSpec
-    from .faults import FaultModel
-    from .select import Selection
+    from ..core.bits import BitSpec
+    from ..core.faults import FaultModel
+    from ..files.select import Selection
 
     cc.named(f"{key}.selection", Selection.from_dict, dict(selection))  # validate now, not mid-experiment
     bits = s.get("bits", "exponent-msb")

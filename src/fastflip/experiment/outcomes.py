@@ -1,7 +1,7 @@
 """Outcomes of faulty runs, the per-epoch metric files, the results table and the accuracy plot.
 
 The run classes are the experiment rows of fastflip's one outcome vocabulary
-(:data:`fastflip.outcomes.RUN_OUTCOMES`, ``docs/outcomes.md``).
+(:data:`fastflip.campaign.outcomes.RUN_OUTCOMES`, ``docs/outcomes.md``).
 
 A run is a sequence of *points*: the evaluation right after the injection
 (phase ``injected``), then one point per epoch trained after it (phase ``train``).
@@ -52,14 +52,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from .fileio import atomic_output
-from .outcomes import RUN_DEFAULT_FAILURE, RUN_OUTCOMES
+from ..files.fileio import atomic_output
+from ..campaign.outcomes import RUN_DEFAULT_FAILURE, RUN_OUTCOMES
 
 __all__ = ["OUTCOMES", "Verdict", "classify", "beyond_tolerance", "write_csv", "read_csv", "summarize",
            "format_summary", "plot_accuracy", "METRIC_FIELDS", "RESULT_FIELDS", "DEFAULT_FAILURE",
            "check_failure"]
 
-OUTCOMES = RUN_OUTCOMES  # the experiment rows of the one vocabulary (fastflip.outcomes, docs/outcomes.md)
+OUTCOMES = RUN_OUTCOMES  # the experiment rows of the one vocabulary (fastflip.campaign.outcomes, docs/outcomes.md)
 METRIC_FIELDS = ("epoch", "iteration", "phase", "loss", "train_accuracy", "val_loss", "accuracy", "seconds")
 RESULT_FIELDS = ("scenario", "rep", "seed", "epoch", "iteration", "framework", "outcome", "epochs_to_recovery",
                  "final_accuracy", "golden_accuracy", "delta", "min_accuracy", "post_injection_accuracy",
@@ -172,7 +172,7 @@ def read_csv(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 #: Outcome classes counted as failure unless an experiment's ``failure`` says otherwise.
-DEFAULT_FAILURE = RUN_DEFAULT_FAILURE  # fastflip.outcomes holds every class name and default
+DEFAULT_FAILURE = RUN_DEFAULT_FAILURE  # fastflip.campaign.outcomes holds every class name and default
 
 
 def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:
@@ -185,7 +185,7 @@ def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:
     ...
     fastflip.errors.OptionError: failure: unknown outcome class 'sdc'; experiment outcomes are masked, recovered, degraded, diverged, crashed
     """
-    from .errors import OptionError
+    from ..errors import OptionError
 
     if failure is None:
         return DEFAULT_FAILURE
@@ -218,7 +218,7 @@ def summarize(
     >>> rows[0]["failures"], rows[0]["failure_rate"], round(rows[0]["failure_low"], 4)
     (1, 0.5, 0.0945)
     """
-    from .stats import wilson_interval
+    from ..campaign.stats import wilson_interval
 
     fail = check_failure(failure)
     by: dict[str, list[Mapping[str, Any]]] = {}

@@ -6,10 +6,10 @@
    model (epoch 0), then train N epochs, saving an HDF5 checkpoint and the
    metrics (loss, validation loss, accuracy) after every epoch;
 2. for every scenario and repetition (a distinct, recorded seed each): copy the
-   golden checkpoint of epoch E, inject (:func:`fastflip.inject.inject_file`,
-   log kept; ``.keras`` archives through :func:`fastflip.keras_io.edit_archive`),
+   golden checkpoint of epoch E, inject (:func:`fastflip.files.inject.inject_file`,
+   log kept; ``.keras`` archives through :func:`fastflip.files.keras_archive.edit_archive`),
    load it, evaluate, and resume training to epoch N with the golden data order;
-3. classify each run (:mod:`fastflip.experiment_outcomes`); a run whose loading or
+3. classify each run (:mod:`fastflip.experiment.outcomes`); a run whose loading or
    training raises is recorded as ``crashed`` with its message and the driver goes on;
 4. write ``results.csv``, ``curves.csv``, ``accuracy.png`` and ``experiment.json``.
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import __version__
-from .errors import OptionError
-from .experiment_config import ExperimentConfig, Scenario, load_config
-from .experiment_outcomes import (
+from .. import __version__
+from ..errors import OptionError
+from .config import ExperimentConfig, Scenario, load_config
+from .outcomes import (
     METRIC_FIELDS,
     RESULT_FIELDS,
     classify,
@@ -48,8 +48,8 @@ from .experiment_outcomes import (
     summarize,
     write_csv,
 )
-from .fileio import atomic_output
-from .significance import PAIRWISE_FIELDS, format_tests, pairwise_tests
+from ..files.fileio import atomic_output
+from ..campaign.significance import PAIRWISE_FIELDS, format_tests, pairwise_tests
 
 __all__ = ["ExperimentResult", "run_experiment", "inject_checkpoint", "golden_checkpoint", "golden_mid_checkpoint"]
 
@@ -108,9 +108,9 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
     """Inject ``scenario``'s faults into a copy of checkpoint ``src`` written to ``dst``.
 
     ``.keras`` archives are altered through their inner ``model.weights.h5``.
-    Returns the :class:`fastflip.inject.InjectionResult`.
+    Returns the :class:`fastflip.files.inject.InjectionResult`.
     """
-    from .keras_io import inject_checkpoint_file
+    from ..files.inject import inject_checkpoint_file
 
     extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "iteration": scenario.iteration,
                             "source": str(src)}}
@@ -121,9 +121,9 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
 
 def _check_selection(path: Path, scenario: Scenario) -> None:
     """Raise now (a clear one-line error) if a scenario's selection matches nothing."""
-    from .keras_io import is_keras_archive, read_archive
-    from .layout import read_layout
-    from .select import Selection, select
+    from ..files.keras_archive import is_keras_archive, read_archive
+    from ..files.layout import read_layout
+    from ..files.select import Selection, select
 
     sel = Selection.from_dict(dict(scenario.selection))
     if is_keras_archive(path):
@@ -360,7 +360,7 @@ def run_experiment(
     Parameters
     ----------
     config : ExperimentConfig, mapping or path
-        The configuration (see :mod:`fastflip.experiment_config`).
+        The configuration (see :mod:`fastflip.experiment.config`).
     out : path, optional
         Output directory (default: the configuration's ``output``, relative to its file).
     trainer : Trainer, optional
@@ -386,7 +386,7 @@ def run_experiment(
             "use another output directory or delete this one"
         )
     if trainer is None:
-        from .trainers import make_trainer
+        from ..frameworks.trainers import make_trainer
 
         trainer = make_trainer(cfg.trainer, seed=cfg.seed, base_dir=cfg.base_dir)
     seeds = {sc.name: [cfg.run_seed(sc, r) for r in range(sc.repetitions)] for sc in cfg.scenarios}

@@ -29,8 +29,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .dtypes import to_words
-from .floatformats import FORMATS, decode
+from ..core.dtypes import to_words
+from ..core.floatformats import FORMATS, decode
 from .layout import Layout, Tensor, open_h5, read_layout
 from .select import Selection
 

@@ -3,8 +3,8 @@
 Two paths, chosen per site, giving identical words (tested):
 
 * **raw** — contiguous data and allocated chunks of unfiltered chunked data have a
-  fixed byte offset per element (:func:`fastflip.layout.element_byte_offsets`). The
-  file is memory-mapped and the native kernel (:mod:`fastflip.native`) rewrites the
+  fixed byte offset per element (:func:`fastflip.files.layout.element_byte_offsets`). The
+  file is memory-mapped and the native kernel (:mod:`fastflip.kernels.dispatch`) rewrites the
   words at the computed offsets in one call per tensor: no HDF5 call and no Python
   loop per flip.
   When the output is a new file (the default), the raw sites are applied while the
@@ -30,12 +30,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import native
-from .dtypes import from_words, to_words, word_type
-from .errors import InputFileError, LogMismatchError, UnsupportedStorageError
+from ..kernels import dispatch as native
+from ..core.dtypes import from_words, to_words, word_type
+from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from .layout import Tensor, chunk_index, open_h5
-from .plan import Plan
-from .wordrule import rule_words, scale_words
+from ..core.plan import Plan
+from ..core.wordrule import rule_words, scale_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
            "copy_apply", "new_words_for"]

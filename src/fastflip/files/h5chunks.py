@@ -38,11 +38,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import from_words, to_words, word_type
-from .errors import UnsupportedStorageError
-from .h5target import SiteRoute, new_words_for
+from ..core.dtypes import from_words, to_words, word_type
+from ..errors import UnsupportedStorageError
+from .h5apply import SiteRoute, new_words_for
 from .layout import open_h5
-from .plan import Plan
+from ..core.plan import Plan
 
 __all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available"]
 

@@ -9,7 +9,7 @@ This is the Python API behind ``fastflip inject | replay | revert``::
     revert(res.log_path, "model.faulty.h5")   # byte-for-byte the original again
 
 The input is never modified unless ``in_place=True``; outputs are atomic (temporary
-file beside the target, fsync, rename). The log (:mod:`fastflip.log`) is written
+file beside the target, fsync, rename). The log (:mod:`fastflip.files.log`) is written
 beside the output as ``<output>.fflog`` unless another path (or ``False``) is given.
 
 Examples
@@ -38,26 +38,28 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import __version__
-from .bits import BitSpec
-from .errors import CapacityError, LogMismatchError, OptionError, SelectionError, one_line
+from .. import __version__
+from ..core.bits import BitSpec
+from ..errors import CapacityError, LogMismatchError, OptionError, SelectionError, one_line
 from .locks import WriterLock
 from .paths import resolve_output
-from .faults import FaultModel
+from ..core.faults import FaultModel
 from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
-from .h5target import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
+from .h5apply import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .h5chunks import chunk_patches
+from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_archive
 from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
                       write_patches)
-from .plan import Plan
-from .sampling import SiteSpace
+from ..core.plan import Plan
+from ..core.sampling import SiteSpace
 from .select import Selection, select
-from .wordrule import nonfinite
+from ..core.wordrule import nonfinite
 
-__all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created"]
+__all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created",
+           "inject_checkpoint_file"]
 
 
 @dataclass
@@ -213,8 +215,8 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
     ``elements_changed`` (also ``changed``) and ``bits_changed`` count what really differs
     between the old and the new words.
 
-    >>> from fastflip.plan import TensorRef
-    >>> from fastflip.sampling import SiteSpace
+    >>> from fastflip.core.plan import TensorRef
+    >>> from fastflip.core.sampling import SiteSpace
     >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
     >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
     >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
@@ -326,7 +328,7 @@ def inject_file(
     selection : Selection or mapping
         Which tensors (path globs/regex, dtypes, roles, layers).
     bits, sign_first
-        Allowed bit positions (see :class:`fastflip.bits.BitSpec`).
+        Allowed bit positions (see :class:`fastflip.core.bits.BitSpec`).
     model : FaultModel or str
         Fault model (``flip``, ``adjacent:3``, ``random-bits:3``, ``stuck-at-1``, ``scale:2``, ...).
     count, rate, ber
@@ -347,10 +349,10 @@ def inject_file(
         the fsyncs: for scratch copies (an experiment's per-run checkpoints).
     overwrite : bool
         Replace an existing output (default True in the API; the CLI asks for ``--force``).
-        Outputs and logs are checked by :func:`fastflip.paths.resolve_output`: never the input,
+        Outputs and logs are checked by :func:`fastflip.files.paths.resolve_output`: never the input,
         never each other, never a directory, device, FIFO or socket; symlinks are written through.
     lock : bool
-        In place, hold a :class:`fastflip.locks.WriterLock` on the file while it is changed (default):
+        In place, hold a :class:`fastflip.files.locks.WriterLock` on the file while it is changed (default):
         a second writer of the same file is refused instead of losing one injection.
 
     The log is written to a temporary first and renamed after the output is in place: a run that
@@ -438,7 +440,7 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     """Re-apply a logged injection to ``file`` (the logged input); the output equals the logged one bit for bit.
 
     ``overwrite`` (default True; the CLI's ``--force``) allows replacing an existing output.
-    In place, the file is locked (:class:`fastflip.locks.WriterLock`) while it is rewritten.
+    In place, the file is locked (:class:`fastflip.files.locks.WriterLock`) while it is rewritten.
 
     Raises
     ------
@@ -448,7 +450,6 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     lg = _load(log)
     src = check_input(file)
     if _container(lg):
-        from .keras_io import replay_archive
 
         return replay_archive(lg, src, None if out is None else os.fspath(out), in_place=in_place,
                               overwrite=overwrite, log_inputs=_log_inputs(log))
@@ -503,7 +504,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
            overwrite: bool = True) -> RevertResult:
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
-    ``file`` is changed in place (atomically, under a :class:`fastflip.locks.WriterLock`) unless
+    ``file`` is changed in place (atomically, under a :class:`fastflip.files.locks.WriterLock`) unless
     ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``).
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
@@ -524,7 +525,6 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         raise LogMismatchError(f"{src}: the log holds no sha256 of the original, so a revert cannot be verified; "
                                "give --no-verify (verify=False) to revert without that check")
     if _container(lg):
-        from .keras_io import revert_archive
 
         res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
                              log_inputs=_log_inputs(log), want_in=want_in, want_out=want_out)
@@ -569,3 +569,69 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             check(tmp, copy_with_hash(src, tmp))  # the file is read once: hashed while copied
             digest = restore(tmp)
     return RevertResult(target, digest, len(lg.plan))
+
+
+# .keras archives: the inner weights file is injected, replayed or reverted, the archive rewritten.
+
+def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None = None, *, in_place: bool = False,
+                           log_path: str | os.PathLike | bool | None = None, overwrite: bool = True,
+                           limits: ArchiveLimits | None = None, **inject_kwargs: Any) -> Any:
+    """:func:`fastflip.files.inject.inject_file` for an HDF5 checkpoint or a ``.keras`` archive.
+
+    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and written
+    to ``dst`` (or, ``in_place``, to ``src`` under a writer lock) as a new archive. The log
+    (default ``<dst>.fflog``; in place, an existing log is kept and the new one is
+    ``<src>.<k>.fflog``) names the archives and records the inner file's hashes, so
+    :func:`fastflip.files.inject.replay` and :func:`fastflip.files.inject.revert` accept the archive.
+    The log is renamed into place only after the archive is: a failed run leaves an
+    existing output and its log unchanged.
+    """
+    if not is_keras_archive(src):
+        return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
+    src = os.fspath(src)
+    durable = inject_kwargs.get("durable", True)
+    with _lock(src, "inject --in-place", in_place):
+        target = _targets(src, dst, in_place, overwrite)
+        lp = None
+        if log_path is not False:
+            lp = _log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
+                             default_log_path(target, keep_existing=in_place), src, target)
+        in_sha = sha256_file(src)
+        with contextlib.ExitStack() as log_commit:
+            with edit_archive(src, target, limits=limits) as inner:
+                res = inject_file(inner, in_place=True, log_path=False, lock=False, **inject_kwargs)
+                m = res.log.manifest
+                m["input"]["path"] = os.path.abspath(src)
+                m["output"]["path"] = os.path.abspath(target)
+                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
+            m["container"]["output_sha256"] = sha256_file(target)
+            if lp is not None:
+                res.log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+            # the archive is in place; leaving the stack renames the log beside it
+        res.output, res.log_path = target, lp
+    return res
+
+
+def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = False, overwrite: bool = True,
+                   log_inputs: list[str] | None = None) -> Any:
+    """Replay a ``.keras`` log onto the archive ``file``: the inner weights file is checked against
+    the logged hashes and the new archive is written to ``out`` (or ``file`` in place)."""
+    with _lock(file, "replay --in-place", in_place):
+        target = _targets(file, out, in_place, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _replay_locked(log, str(inner), None, True, False, True, [])
+        res.output = target
+        res.log.manifest["output"]["path"] = os.path.abspath(target)
+    return res
+
+
+def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
+                   want_in: str | None = None, want_out: str | None = None) -> Any:
+    """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
+    gets its original bytes back (checked by sha256); other entries are kept as they are."""
+    with _lock(file, "revert", out is None):
+        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
+        res.output = target
+    return res

@@ -40,7 +40,6 @@ Examples
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -51,12 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Iterator
 
-from .errors import InputFileError, OutputError
-from .fileio import atomic_output, sha256_file
+from ..errors import InputFileError, OutputError
+from .fileio import atomic_output
 from .paths import make_temp_dir
 
 __all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "ArchiveLimits", "LIMITS", "is_keras_archive", "check_archive",
-           "read_archive", "edit_archive", "inject_checkpoint_file", "replay_archive", "revert_archive"]
+           "read_archive", "edit_archive"]
 
 WEIGHTS_ENTRY = "model.weights.h5"
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -253,84 +252,3 @@ def edit_archive(path: str | os.PathLike, out: str | os.PathLike, *,
                     else:
                         with zout.open(new, "w", force_zip64=info.file_size > 2**31 - 1) as dst:
                             _stream_member(path, zin, info, dst, lim)
-
-
-def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None = None, *, in_place: bool = False,
-                           log_path: str | os.PathLike | bool | None = None, overwrite: bool = True,
-                           limits: ArchiveLimits | None = None, **inject_kwargs: Any) -> Any:
-    """:func:`fastflip.inject.inject_file` for an HDF5 checkpoint or a ``.keras`` archive.
-
-    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and written
-    to ``dst`` (or, ``in_place``, to ``src`` under a writer lock) as a new archive. The log
-    (default ``<dst>.fflog``; in place, an existing log is kept and the new one is
-    ``<src>.<k>.fflog``) names the archives and records the inner file's hashes, so
-    :func:`fastflip.inject.replay` and :func:`fastflip.inject.revert` accept the archive.
-    The log is renamed into place only after the archive is: a failed run leaves an
-    existing output and its log unchanged.
-    """
-    from .inject import _lock, _log_target, _targets, default_log_path, inject_file
-
-    if not is_keras_archive(src):
-        return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
-    src = os.fspath(src)
-    durable = inject_kwargs.get("durable", True)
-    with _lock(src, "inject --in-place", in_place):
-        target = _targets(src, dst, in_place, overwrite)
-        lp = None
-        if log_path is not False:
-            lp = _log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
-                             default_log_path(target, keep_existing=in_place), src, target)
-        in_sha = sha256_file(src)
-        with contextlib.ExitStack() as log_commit:
-            with edit_archive(src, target, limits=limits) as inner:
-                res = inject_file(inner, in_place=True, log_path=False, lock=False, **inject_kwargs)
-                m = res.log.manifest
-                m["input"]["path"] = os.path.abspath(src)
-                m["output"]["path"] = os.path.abspath(target)
-                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
-            m["container"]["output_sha256"] = sha256_file(target)
-            if lp is not None:
-                res.log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
-            # the archive is in place; leaving the stack renames the log beside it
-        res.output, res.log_path = target, lp
-    return res
-
-
-def _container(log: Any) -> dict[str, Any] | None:
-    c = log.manifest.get("container")
-    if c is None:
-        return None
-    if not isinstance(c, dict) or c.get("format") != "keras" or c.get("entry") != WEIGHTS_ENTRY:
-        from .errors import LogMismatchError
-
-        raise LogMismatchError(f"the log names a container fastflip cannot open ({c!r})")
-    return c
-
-
-def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = False, overwrite: bool = True,
-                   log_inputs: list[str] | None = None) -> Any:
-    """Replay a ``.keras`` log onto the archive ``file``: the inner weights file is checked against
-    the logged hashes and the new archive is written to ``out`` (or ``file`` in place)."""
-    from .inject import _lock, _replay_locked, _targets
-
-    with _lock(file, "replay --in-place", in_place):
-        target = _targets(file, out, in_place, overwrite, log_inputs or [])
-        with edit_archive(file, target) as inner:
-            res = _replay_locked(log, str(inner), None, True, False, True, [])
-        res.output = target
-        res.log.manifest["output"]["path"] = os.path.abspath(target)
-    return res
-
-
-def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
-                   want_in: str | None = None, want_out: str | None = None) -> Any:
-    """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
-    gets its original bytes back (checked by sha256); other entries are kept as they are."""
-    from .inject import _lock, _revert_locked, _targets
-
-    with _lock(file, "revert", out is None):
-        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
-        with edit_archive(file, target) as inner:
-            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
-        res.output = target
-    return res

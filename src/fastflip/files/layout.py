@@ -43,18 +43,21 @@ Examples
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import os
-import re
-from dataclasses import dataclass, field
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .dtypes import is_supported_dtype
-from .errors import InputFileError, NotHDF5Error, TensorNotFoundError, UnsupportedStorageError
+from ..core.dtypes import is_supported_dtype
+from ..core.floatformats import FORMATS, format_name
+from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped, Tensor, replace
+from ..core.records import natural_key as _natural_key
+from .formats import detect_format, read_layout as read_other_layout
+from .h5open import open_h5
+from .roles import annotate as _annotate
+from ..errors import NotHDF5Error, UnsupportedStorageError
 
 __all__ = [
     "Tensor",
@@ -70,227 +73,12 @@ __all__ = [
     "replace",
 ]
 
-STORAGE_KINDS = ("contiguous", "chunked", "filtered", "compact", "external", "virtual", "unallocated")
-EXTERNAL_LINK_REASON = "external link (fastflip never writes outside the checkpoint file)"
-
 # HDF5 filter ids → names (h5z constants, kept here to avoid importing h5py at module import)
 _FILTER_NAMES = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf"}
 
 # IEEE-754 bit fields as h5py reports them: (sign pos, exp pos, exp size, mant pos, mant size)
 _IEEE_FIELDS = {2: (15, 10, 5, 0, 10), 4: (31, 23, 8, 0, 23), 8: (63, 52, 11, 0, 52)}
 _IEEE_EBIAS = {2: 15, 4: 127, 8: 1023}
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One numeric dataset of an HDF5 file.
-
-    Attributes
-    ----------
-    path : str
-        Canonical absolute path (first alias in sorted order).
-    aliases : tuple of str
-        Every in-file path that reaches this dataset (``path`` included), sorted.
-    dtype : numpy.dtype
-        Stored dtype, byte order preserved (``>f4`` stays big-endian).
-    shape : tuple of int
-    size : int
-        Number of elements.
-    storage : str
-        One of :data:`STORAGE_KINDS`.
-    offset : int or None
-        Absolute file byte offset of the data (contiguous storage only).
-    chunks : tuple of int or None
-        Chunk shape (chunked and filtered storage).
-    filters : tuple of str
-        Filter pipeline names (``gzip``, ``shuffle``, ``lzf``, ``fletcher32``, ...,
-        or ``filter-<id>``).
-    nbytes : int
-        Logical size in bytes (``size * itemsize``).
-    framework, layer, role : str or None
-        Filled by :func:`fastflip.roles.annotate`.
-    format : str or None
-        A float format held in unsigned words (``bfloat16``, ``float8_e4m3fn``,
-        ``float8_e5m2``), from the dataset's ``torch_dtype`` / ``fastflip_format`` attribute.
-    """
-
-    path: str
-    aliases: tuple[str, ...]
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    size: int
-    storage: str
-    offset: int | None = None
-    chunks: tuple[int, ...] | None = None
-    filters: tuple[str, ...] = ()
-    nbytes: int = 0
-    framework: str | None = None
-    layer: str | None = None
-    role: str | None = None
-    format: str | None = None
-
-    @property
-    def name(self) -> str:
-        """Same as ``path`` (the name plans and logs use)."""
-        return self.path
-
-    @property
-    def itemsize(self) -> int:
-        return int(self.dtype.itemsize)
-
-    @property
-    def raw_writable(self) -> bool:
-        """True when every element has a fixed file offset (contiguous or unfiltered chunked)."""
-        return self.storage in ("contiguous", "chunked")
-
-    def ref(self) -> Any:
-        """The :class:`fastflip.plan.TensorRef` (name, dtype, shape) of this tensor."""
-        from .plan import TensorRef
-
-        return TensorRef(self.path, self.dtype.str, self.shape, self.format)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (dtype as its byte-order string, e.g. ``'>f4'``)."""
-        return {
-            "path": self.path,
-            "aliases": list(self.aliases),
-            "dtype": self.dtype.str,
-            "dtype_name": self.dtype.name,
-            "shape": list(self.shape),
-            "size": self.size,
-            "storage": self.storage,
-            "offset": self.offset,
-            "chunks": list(self.chunks) if self.chunks is not None else None,
-            "filters": list(self.filters),
-            "nbytes": self.nbytes,
-            "framework": self.framework,
-            "layer": self.layer,
-            "role": self.role,
-            **({"format": self.format} if self.format else {}),
-        }
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A dataset (or link) that is not a tensor fastflip can flip, and why."""
-
-    path: str
-    reason: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"path": self.path, "reason": self.reason}
-
-
-@dataclass
-class Layout:
-    """Every tensor of one HDF5 file and the skipped datasets.
-
-    Layout order is the natural sort of canonical paths ('/vars/2' before '/vars/10').
-    """
-
-    file: str
-    tensors: list[Tensor] = field(default_factory=list)
-    skipped: list[Skipped] = field(default_factory=list)
-    framework: str | None = None
-    format: str = "hdf5"
-
-    def __iter__(self) -> Iterator[Tensor]:
-        return iter(self.tensors)
-
-    def __len__(self) -> int:
-        return len(self.tensors)
-
-    def tensor(self, name: str) -> Tensor:
-        """The tensor reached by ``name`` (canonical path or alias; leading '/' optional).
-
-        Raises
-        ------
-        TensorNotFoundError
-            If no tensor has that path; the message names a few that exist.
-        """
-        key = name if name.startswith("/") else "/" + name
-        for t in self.tensors:
-            if key in t.aliases:
-                return t
-        have = ", ".join(t.path for t in self.tensors[:5]) or "none"
-        raise TensorNotFoundError(f"no tensor {name!r} in {self.file} (tensors: {have})")
-
-    @property
-    def totals(self) -> dict[str, Any]:
-        """Counts: tensors, elements, bytes, per-storage tensor counts, skipped."""
-        by_storage: dict[str, int] = {}
-        for t in self.tensors:
-            by_storage[t.storage] = by_storage.get(t.storage, 0) + 1
-        return {
-            "tensors": len(self.tensors),
-            "elements": int(sum(t.size for t in self.tensors)),
-            "bytes": int(sum(t.nbytes for t in self.tensors)),
-            "storage": by_storage,
-            "skipped": len(self.skipped),
-        }
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "framework": self.framework,
-            "format": self.format,
-            "tensors": [t.as_dict() for t in self.tensors],
-            "skipped": [s.as_dict() for s in self.skipped],
-            "totals": self.totals,
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.as_dict(), indent=indent)
-
-
-# --------------------------------------------------------------------------------------------
-# opening files
-
-
-def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
-    """Open an HDF5 file, turning every failure into a one-line fastflip error.
-
-    Raises
-    ------
-    InputFileError
-        The file does not exist or cannot be read.
-    NotHDF5Error
-        The file is not HDF5, or is truncated/damaged.
-    """
-    import h5py
-
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise InputFileError(f"{p}: file not found")
-    if os.path.isdir(p):
-        raise InputFileError(f"{p}: is a directory, not an HDF5 file")
-    if not os.access(p, os.R_OK):
-        raise InputFileError(f"{p}: permission denied")
-    try:
-        is_h5 = h5py.is_hdf5(p)
-    except OSError as exc:
-        raise InputFileError(f"{p}: cannot be read ({exc})") from None
-    if not is_h5:
-        import zipfile
-
-        if zipfile.is_zipfile(p):
-            raise NotHDF5Error(
-                f"{p}: not an HDF5 file but a zip archive (a Keras .keras file? its weights are the "
-                "model.weights.h5 inside)"
-            )
-        raise NotHDF5Error(f"{p}: not an HDF5 file (no HDF5 signature found)")
-    if mode != "r" and not os.access(p, os.W_OK):
-        raise InputFileError(f"{p}: not writable (permission denied)")
-    try:
-        return h5py.File(p, mode)
-    except OSError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "unable to lock file" in first.lower():
-            raise InputFileError(
-                f"{p}: HDF5 file is locked ({first}); is another process writing it? "
-                "(HDF5_USE_FILE_LOCKING=FALSE disables locking on file systems without it)"
-            ) from None
-        raise NotHDF5Error(f"{p}: truncated or damaged HDF5 file ({first})") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -464,11 +252,6 @@ def _open_dataset(fid: Any, path: str) -> Any:
     return h5d.open(gid, _encode(parts[-1]))
 
 
-def _natural_key(path: str) -> tuple[Any, ...]:
-    """Sort key that orders '/vars/2' before '/vars/10'."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path))
-
-
 def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layout:
     """Walk an HDF5 file and return its :class:`Layout` (metadata only, data never read).
 
@@ -477,18 +260,17 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     path : str or path-like
         The HDF5 file (opened read-only).
     annotate : bool
-        Fill ``framework``/``layer``/``role`` with :func:`fastflip.roles.annotate`.
+        Fill ``framework``/``layer``/``role`` with :func:`fastflip.files.roles.annotate`.
 
     Raises
     ------
     InputFileError, NotHDF5Error
         Missing, unreadable, non-HDF5 or truncated file.
     """
-    from h5py import h5d, h5o, h5s
+    from h5py import h5o, h5s
 
     p = os.fspath(path)
     if os.path.isfile(p):  # other checkpoint formats (torch.save, safetensors, npy/npz): detected by content
-        from .formats import detect_format, read_layout as read_other_layout
 
         fmt = detect_format(p)
         if fmt != "hdf5":
@@ -548,8 +330,6 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         skipped.sort(key=lambda s: s.path)
         layout = Layout(file=p, tensors=tensors, skipped=skipped)
         if annotate:
-            from .roles import annotate as _annotate
-
             _annotate(layout, f)
     return layout
 
@@ -558,10 +338,8 @@ _FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
 
 
 def _format_attr(dsid: Any) -> str | None:
-    """The float format that unsigned words carry (``torch_dtype = "bfloat16"`` as fastflip.torch writes it)."""
+    """The float format that unsigned words carry (``torch_dtype = "bfloat16"`` as fastflip.frameworks.torch_state writes it)."""
     from h5py import Dataset, h5a
-
-    from .floatformats import FORMATS, format_name
 
     names = [n for n in _FORMAT_ATTRS if h5a.exists(dsid, n)]
     if not names:
@@ -753,9 +531,3 @@ def element_byte_offsets(file_or_dset: Any, tensor: Tensor, flat_index: np.ndarr
         f"{tensor.path}: storage {tensor.storage!r} has no fixed byte offsets "
         "(only contiguous and unfiltered chunked data do)"
     )
-
-
-def replace(tensor: Tensor, **changes: Any) -> Tensor:
-    """A copy of ``tensor`` with fields changed (``dataclasses.replace``)."""
-    return dataclasses.replace(tensor, **changes)
-

@@ -9,7 +9,7 @@ come from a small record ``.fastflip-<dev>-<inode>.lock`` in the folder of the r
 every name of the file in that folder finds it; a hard link in another folder meets the lock
 but its message cannot name the pid). The record is removed on release; one left by a killed
 process does no harm (the kernel drops the lock with the process, the next holder rewrites the
-record) and :func:`fastflip.paths.sweep_stale` removes it.
+record) and :func:`fastflip.files.paths.sweep_stale` removes it.
 
 Where OFD locks do not exist (non-Linux), ``fcntl.flock`` is used instead on a descriptor of
 the file (also per inode).
@@ -37,7 +37,7 @@ import struct
 import sys
 from typing import Any
 
-from .errors import FileLockedError, OutputError
+from ..errors import FileLockedError, OutputError
 
 __all__ = ["WriterLock", "lock_record_path", "FileLockedError"]
 

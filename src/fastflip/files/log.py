@@ -30,7 +30,7 @@ Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding
 Examples
 --------
 >>> import io, numpy as np
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> plan = Plan.from_sites([TensorRef("/w", "<f4", (2,))], [0], [1], xor_mask=[1 << 31])
 >>> log = InjectionLog.from_plan(plan, np.array([0x3F800000], np.uint64), np.array([0xBF800000], np.uint64), {})
 >>> log.records()[0]["new_value"]
@@ -49,11 +49,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .errors import InputFileError, LogMismatchError
+from ..errors import InputFileError, LogMismatchError
 from .fileio import ByteUndo, atomic_output, check_input
 from .logcheck import validate_log
-from .plan import Plan, TensorRef
-from .wordrule import words_to_values
+from ..core.plan import Plan, TensorRef
+from ..core.wordrule import words_to_values
 
 __all__ = ["LOG_FORMAT", "InjectionLog", "values_of"]
 

@@ -6,7 +6,7 @@ traceback. :func:`validate_log` checks the manifest's types, the record columns'
 dtypes, lengths and ranges (tensor positions, element indices against each tensor's
 shape, words and masks against the word width) and the undo ranges against the byte
 blobs. Matching the log to the file (names, dtypes, shapes, byte offsets inside the
-file) is done where the file is opened (:func:`fastflip.h5target.route_sites`).
+file) is done where the file is opened (:func:`fastflip.files.h5apply.route_sites`).
 
 Examples
 --------
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import FastflipError, LogMismatchError
+from ..errors import FastflipError, LogMismatchError
 
 __all__ = ["validate_log", "MAX_ELEMENTS"]
 
@@ -66,7 +66,7 @@ def _check_file_entry(path: str, m: Mapping[str, Any], key: str) -> None:
 
 def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
     """The manifest's ``tensors`` as (name, dtype, shape), each field type- and range-checked."""
-    from .dtypes import word_type
+    from ..core.dtypes import word_type
 
     ts = m.get("tensors")
     if not isinstance(ts, list):

@@ -2,13 +2,13 @@
 
 A zip container (``torch.save`` files, ``.npz``) records a CRC-32 per entry; when words
 inside an entry change, its CRC fields (local header, data descriptor, central directory)
-are patched from the words' old and new values alone (:mod:`fastflip.formats.zipcrc`),
+are patched from the words' old and new values alone (:mod:`fastflip.files.formats.zipcrc`),
 so the output is a valid archive that ``zipfile``/``np.load`` accept, and revert restores
 the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``; the copy
-path applies them while streaming (:func:`fastflip.h5target.copy_apply`), the in-place
+path applies them while streaming (:func:`fastflip.files.h5apply.copy_apply`), the in-place
 paths write them after the words.
 
-Core layer: imports :mod:`fastflip.h5target` and :mod:`fastflip.formats`.
+Core layer: imports :mod:`fastflip.files.h5apply` and :mod:`fastflip.files.formats`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from .dtypes import from_words, word_type
+from ..core.dtypes import from_words, word_type
 from .fileio import ByteUndo
-from .h5target import SiteRoute, new_words_for
+from .h5apply import SiteRoute, new_words_for
 from .layout import Tensor
-from .plan import Plan
+from ..core.plan import Plan
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
            "without_positions"]
@@ -88,7 +88,7 @@ def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) 
 
 
 def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
-    """A :class:`~fastflip.fileio.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
+    """A :class:`~fastflip.files.fileio.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
     ps = sorted(patches)
     return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
                     b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)

@@ -41,7 +41,7 @@ import stat
 import tempfile
 from typing import Iterable, Mapping
 
-from .errors import OutputError
+from ..errors import OutputError
 
 __all__ = ["resolve_output", "check_run_paths", "temp_prefix", "make_temp_dir", "sweep_stale", "pid_alive"]
 
@@ -178,7 +178,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def _sweep_lock_record(path: str) -> list[str]:
-    """Remove a writer-lock record (:mod:`fastflip.locks`) whose holder is gone."""
+    """Remove a writer-lock record (:mod:`fastflip.files.locks`) whose holder is gone."""
     import json
 
     try:

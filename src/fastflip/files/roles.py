@@ -43,7 +43,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Sequence, TypeVar
 
-from .layout import Layout, Tensor, replace
+from ..core.records import Layout, Tensor, replace
+from .h5open import open_h5
 
 __all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names"]
 
@@ -335,7 +336,7 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     Parameters
     ----------
     layout_or_tensors : Layout or list of Tensor
-        A :class:`~fastflip.layout.Layout` is updated in place (and returned); a list
+        A :class:`~fastflip.files.layout.Layout` is updated in place (and returned); a list
         gives a new list of annotated tensors.
     h5file : h5py.File, optional
         The open file, for attributes (layer names, layout tags). Without it a Layout's
@@ -343,8 +344,6 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     """
     if isinstance(layout_or_tensors, Layout):
         if h5file is None:
-            from .layout import open_h5
-
             with open_h5(layout_or_tensors.file) as f:
                 return annotate(layout_or_tensors, f)
         tensors = layout_or_tensors.tensors

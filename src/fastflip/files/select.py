@@ -9,7 +9,7 @@ does.
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.layout import Tensor
+>>> from fastflip.files.layout import Tensor
 >>> def t(path, dt="<f4", role=None):
 ...     return Tensor(path, (path,), np.dtype(dt), (2,), 2, "contiguous", 0, role=role)
 >>> ts = [t("/model/conv1.weight", role="weight"), t("/model/conv1.bias", role="bias"),
@@ -30,8 +30,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import OptionError, SelectionError
-from .layout import Tensor
+from ..errors import OptionError, SelectionError
+from ..core.records import Tensor
 
 __all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher", "selection_from_args"]
 
@@ -80,7 +80,7 @@ def dtype_matcher(spec: str) -> Any:
     >>> dtype_matcher("float")(np.dtype("<u2"), "bfloat16"), dtype_matcher("uint")(np.dtype("<u2"), "bfloat16")
     (True, False)
     """
-    from .floatformats import format_name
+    from ..core.floatformats import format_name
 
     s = spec.strip().lower()
     named = format_name(s)
@@ -210,7 +210,7 @@ def _available(tensors: Sequence[Tensor]) -> str:
 
 
 def _records_of(refs: Sequence[Any]) -> list[Tensor]:
-    """Layout records of :class:`~fastflip.plan.TensorRef` s (layer and role guessed from the names)."""
+    """Layout records of :class:`~fastflip.core.plan.TensorRef` s (layer and role guessed from the names)."""
     from .roles import label_names
 
     kinds = ["f" if r.format else np.dtype(r.dtype).kind for r in refs]
@@ -222,12 +222,12 @@ def _records_of(refs: Sequence[Any]) -> list[Tensor]:
 def select(tensors: Iterable[Any], selection: Selection | None = None) -> list[Any]:
     """The tensors that ``selection`` matches, in their original (layout) order.
 
-    ``tensors`` are layout :class:`~fastflip.layout.Tensor` records, or
-    :class:`~fastflip.plan.TensorRef` s (``fastflip.tensor_refs(model)``; layer and role
+    ``tensors`` are layout :class:`~fastflip.files.layout.Tensor` records, or
+    :class:`~fastflip.core.plan.TensorRef` s (``fastflip.tensor_refs(model)``; layer and role
     then come from the names; the matching refs are returned). For live models,
     ``fastflip.live.select_live`` uses the model's own layers and roles.
 
-    >>> from fastflip.plan import TensorRef
+    >>> from fastflip.core.plan import TensorRef
     >>> refs = [TensorRef("model/fc.weight", "<f4", (2, 2)), TensorRef("model/fc.bias", "<f4", (2,))]
     >>> [r.name for r in select(refs, Selection(roles=["bias"]))]
     ['model/fc.bias']

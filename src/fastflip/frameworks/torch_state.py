@@ -3,7 +3,7 @@
 PyTorch pickles its checkpoints; fastflip flips bits in HDF5. This module writes a
 (possibly nested) state_dict to an HDF5 file whose datasets hold the tensors' stored
 bits unchanged, and reads it back, so the checkpoint-alteration method works for
-PyTorch models: save → :func:`fastflip.inject.inject_file` → load → resume.
+PyTorch models: save → :func:`fastflip.files.inject.inject_file` → load → resume.
 
 Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
 ------------------------------------------------------------------
@@ -17,7 +17,7 @@ Layout (root attribute ``fastflip_layout = "torch-state-dict/1"``)
   contiguous and uncompressed unless asked; ``bfloat16`` and the float8 types have no
   NumPy dtype and are stored as their ``uint16``/``uint8`` words with the attribute
   ``torch_dtype`` naming them (``"bfloat16"``, ``"float8_e4m3fn"``, ...), read back by
-  :func:`fastflip.layout.read_layout` as the tensor's ``format``;
+  :func:`fastflip.files.layout.read_layout` as the tensor's ``format``;
 - every NumPy array is a dataset with the attribute ``torch_dtype = "ndarray"``;
 - every other value (numbers, strings, ``None``, lists, tuples, mappings inside
   lists such as an optimizer's ``param_groups``) is a JSON attribute of its
@@ -33,7 +33,7 @@ of ``/optimizer``.
 Examples
 --------
 >>> import os, tempfile, torch
->>> from fastflip.torch import save_state_dict, load_state_dict
+>>> from fastflip.frameworks.torch_state import save_state_dict, load_state_dict
 >>> d = tempfile.mkdtemp()
 >>> state = {"model": {"w": torch.arange(3.0), "n": torch.tensor(7)}, "epoch": 2}
 >>> p = save_state_dict(state, os.path.join(d, "ck.h5"))
@@ -52,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointMismatchError, FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
-from .fileio import atomic_output
+from ..errors import CheckpointMismatchError, FastflipError, InputFileError, NotHDF5Error, OptionError, OutputError
+from ..files.fileio import atomic_output
 
 __all__ = [
     "FORMAT",

@@ -1,6 +1,6 @@
 """Validated entry points to the word kernels, and the choice of backend.
 
-The kernels (:mod:`fastflip._kernels` in Cython, :mod:`fastflip.kernels_numba`, and a
+The kernels (:mod:`fastflip.kernels._cython` in Cython, :mod:`fastflip.kernels.numba_cpu`, and a
 vectorized NumPy fallback here) do no checking; the functions of this module check
 every argument once (vectorized) and then make one kernel call.
 
@@ -15,7 +15,7 @@ Two families:
   1-10 flip trial over many tensors costs one native call.
 
 Value-level (scale) sites are computed here, vectorized, for every CPU backend:
-read the old words, compute :func:`fastflip.wordrule.scale_words`, write the new ones.
+read the old words, compute :func:`fastflip.core.wordrule.scale_words`, write the new ones.
 
 Backends: ``'cython'``, ``'numba'``, ``'numpy'``; ``'auto'`` takes the first one that
 is available in that order.
@@ -37,9 +37,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import WordType, word_type
-from .errors import OptionError, ReadOnlyTargetError
-from .wordrule import rule_words, scale_words
+from ..core.dtypes import WordType, word_type
+from ..errors import OptionError, ReadOnlyTargetError
+from ..core.wordrule import rule_words, scale_words
 
 __all__ = [
     "BACKENDS",
@@ -61,11 +61,11 @@ _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 def _backend_module(name: str) -> Any:
     if name == "cython":
-        from . import _kernels
+        from . import _cython as _kernels
 
         return _kernels
     if name == "numba":
-        from .kernels_numba import get_kernels
+        from .numba_cpu import get_kernels
 
         return get_kernels()
     return None

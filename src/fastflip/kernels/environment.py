@@ -1,6 +1,6 @@
 """What this installation of fastflip can use: versions, kernel backends, GPU engines, optional extras.
 
-Core layer (imports :mod:`fastflip.native` only); the CLI's ``fastflip info`` prints it. Optional extras are
+Core layer (imports :mod:`fastflip.kernels.dispatch` only); the CLI's ``fastflip info`` prints it. Optional extras are
 found with :func:`importlib.util.find_spec` and their versions read from package metadata, so nothing heavy
 is imported to answer, except Numba when the CPU backends are probed (``backends=True``).
 
@@ -20,7 +20,7 @@ import importlib.util
 import platform
 from typing import Any
 
-from . import __version__
+from .. import __version__
 
 __all__ = ["EXTRAS", "EXTRA_FOR_MODULE", "describe", "format_description", "missing_extra"]
 
@@ -102,12 +102,12 @@ def describe(backends: bool = True) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "core": {"numpy": np.__version__, "h5py": h5py.version.version, "hdf5": h5py.version.hdf5_version},
-        "native_kernels": importlib.util.find_spec("fastflip._kernels") is not None,
+        "native_kernels": importlib.util.find_spec("fastflip.kernels._cython") is not None,
         "extras": {name: _version(d) if importlib.util.find_spec(name) is not None else None
                    for name, d in EXTRAS.items()},
     }
     if backends:
-        from . import native
+        from . import dispatch as native
 
         out["cpu_backends"] = native.available_backends()
         out["default_backend"] = native.resolve_backend("auto")

@@ -5,9 +5,9 @@ Two interchangeable engines, both checked without a GPU:
 - ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
   same source, with a grid-stride loop that degenerates to a plain loop, is compiled
   by the host C compiler in the tests (:func:`build_host_library`) and checked
-  against :mod:`fastflip.reference` — one word-rule source, two instantiations.
+  against :mod:`fastflip.core.reference` — one word-rule source, two instantiations.
 - ``'numba'``: a Numba CUDA kernel compiling the per-site functions of
-  :mod:`fastflip.kernels_numba` (``load_word``, ``store_word``, ``rule``) with
+  :mod:`fastflip.kernels.numba_cpu` (``load_word``, ``store_word``, ``rule``) with
   ``numba.cuda.jit(device=True)``; under ``NUMBA_ENABLE_CUDASIM=1`` it runs in
   Numba's CUDA simulator on NumPy arrays.
 
@@ -21,7 +21,7 @@ Only bytes inside the tensors are ever touched (:mod:`fastflip.live` validates t
 plan against every tensor's shape before building the offsets).
 
 Value-level (scale) sites: the kernel returns their old words, the new words are
-computed by :func:`fastflip.wordrule.scale_words` on the host (only the scale
+computed by :func:`fastflip.core.wordrule.scale_words` on the host (only the scale
 sites' words cross the bus, never a tensor) and written back by a second launch.
 
 Examples
@@ -40,9 +40,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .dtypes import WordType
-from .kernels_numba import load_word, rule, store_word
-from .wordrule import scale_words
+from ..core.dtypes import WordType
+from .numba_cpu import load_word, rule, store_word
+from ..core.wordrule import scale_words
 
 __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
            "launch_read", "launch_write", "device_span", "THREADS"]

@@ -2,13 +2,13 @@
 
 The per-site functions :func:`load_word`, :func:`store_word` and :func:`rule` are
 plain Python over a ``uint8`` buffer: this module compiles them with ``numba.njit``
-for the CPU, and :mod:`fastflip.kernels_cupy` compiles the *same* functions with
+for the CPU, and :mod:`fastflip.kernels.gpu` compiles the *same* functions with
 ``numba.cuda.jit(device=True)`` for the GPU. Testing the CPU instantiation against
-:mod:`fastflip.reference` therefore tests the GPU kernel's word logic as well.
+:mod:`fastflip.core.reference` therefore tests the GPU kernel's word logic as well.
 
 Words are assembled byte by byte, so unaligned offsets work everywhere. ``little``
 says whether the *stored* word is little-endian (``native little-endian != swap``).
-Nothing here validates: :mod:`fastflip.native` checks every argument once.
+Nothing here validates: :mod:`fastflip.kernels.dispatch` checks every argument once.
 Kernels compile lazily on first use and are cached on disk (``cache=True``).
 
 Examples
@@ -78,7 +78,7 @@ def get_kernels() -> dict[str, Any]:
     """Compile (once per process, cached on disk) and return the CPU kernels.
 
     Keys: ``apply_words``, ``read_words``, ``write_words`` (one buffer, one word
-    width, the signatures of :mod:`fastflip._kernels` with ``little`` instead of
+    width, the signatures of :mod:`fastflip.kernels._cython` with ``little`` instead of
     ``swap``) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs`` (several tensors by
     base address).
     """

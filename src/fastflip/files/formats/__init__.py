@@ -1,15 +1,15 @@
 """Checkpoint formats by content: one "where are the bytes" contract per format.
 
-Every reader turns a file into a :class:`fastflip.layout.Layout` whose tensors say
+Every reader turns a file into a :class:`fastflip.files.layout.Layout` whose tensors say
 where their bytes lie in the file (``storage='contiguous'`` and an absolute byte
 ``offset``: element ``i`` at ``offset + i * itemsize``), with dtype, shape, aliases,
-layer and role. The raw path of :mod:`fastflip.h5target` then injects, replays and
+layer and role. The raw path of :mod:`fastflip.files.h5apply` then injects, replays and
 reverts any of them the same way, exactly and atomically.
 
 Formats (detected by content, never by the file name):
 
 ``hdf5``
-    HDF5 signature at byte 0 (or a user block of 512·2^k bytes); walked by :mod:`fastflip.layout`.
+    HDF5 signature at byte 0 (or a user block of 512·2^k bytes); walked by :mod:`fastflip.files.layout`.
 ``torch``
     ``torch.save`` zip archive (``<name>/data.pkl`` + stored ``<name>/data/<key>`` entries);
     the pickle is read by a restricted reader that never runs code (:mod:`.torchsave`).
@@ -18,9 +18,9 @@ Formats (detected by content, never by the file name):
 ``npy`` / ``npz``
     NumPy array files and uncompressed zip archives of them (:mod:`.numpy_io`).
 ``keras``
-    A Keras 3 ``.keras`` zip: handled by :mod:`fastflip.keras_io` (its inner HDF5 file).
+    A Keras 3 ``.keras`` zip: handled by :mod:`fastflip.files.keras_archive` (its inner HDF5 file).
 
-This package sits in the core layer: it imports :mod:`fastflip.layout` and
+This package sits in the core layer: it imports :mod:`fastflip.files.layout` and
 :mod:`fastflip.errors` only (no framework; torch is never imported to read a file).
 
 Examples
@@ -41,8 +41,8 @@ import os
 import struct
 import zipfile
 
-from ..errors import InputFileError, NotHDF5Error
-from ..layout import Layout
+from ...errors import InputFileError, NotHDF5Error
+from ...core.records import Layout
 
 __all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line"]
 
@@ -130,9 +130,9 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 
 
 def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
-    """The :class:`~fastflip.layout.Layout` of a non-HDF5 checkpoint (format detected unless given).
+    """The :class:`~fastflip.files.layout.Layout` of a non-HDF5 checkpoint (format detected unless given).
 
-    HDF5 files go through :func:`fastflip.layout.read_layout` (which calls this for other formats).
+    HDF5 files go through :func:`fastflip.files.layout.read_layout` (which calls this for other formats).
     """
     p = os.fspath(path)
     fmt = fmt or detect_format(p)

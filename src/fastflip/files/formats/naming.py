@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..layout import Tensor, replace
+from ...core.records import Tensor, replace
 from ..roles import label_path
 
 __all__ = ["key_label", "label_tensors", "optimizer_layers"]

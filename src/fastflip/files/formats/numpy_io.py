@@ -23,8 +23,9 @@ import os
 
 import numpy as np
 
-from ..dtypes import is_supported_dtype
-from ..layout import Layout, Skipped, Tensor, _natural_key
+from ...core.dtypes import is_supported_dtype
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
 from . import FormatError
 from .naming import label_tensors
 from .zipraw import stored_entries

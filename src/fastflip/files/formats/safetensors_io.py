@@ -5,7 +5,7 @@ at ``8 + header_length + begin`` in the file. The header is checked before anyth
 used: the sizes match dtype and shape, every range lies inside the file, and no two
 ranges overlap (a header claiming overlapping ranges is refused). BF16 and the float8
 types are listed as their unsigned words (``<u2``, ``|u1``) with their ``format`` (BF16, F8_E4M3, F8_E5M2). The ``safetensors``
-package is not needed to read or inject; it is used by :mod:`fastflip.convert` and tests.
+package is not needed to read or inject; it is used by :mod:`fastflip.frameworks.convert` and tests.
 
 Examples
 --------
@@ -27,13 +27,14 @@ import struct
 
 import numpy as np
 
-from ..layout import Layout, Skipped, Tensor, _natural_key
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
 from . import FormatError
 from .naming import label_tensors
 
 __all__ = ["SAFETENSORS_DTYPES", "read_safetensors_header", "read_safetensors_layout"]
 
-# words whose float format NumPy lacks: read as that format (fields, values, NaN/Inf) by fastflip.floatformats
+# words whose float format NumPy lacks: read as that format (fields, values, NaN/Inf) by fastflip.core.floatformats
 _FLOAT_FORMATS = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 SAFETENSORS_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",

@@ -10,7 +10,7 @@ inert stand-ins for torch's tensor-rebuild functions, storage types and dtypes, 
 class, ``os.system``, ``eval``, NumPy arrays, ...) is refused with one line before any
 of it runs, and torch is never imported. Each tensor becomes a record (storage key,
 dtype, element offset, shape, strides); C-contiguous tensors become
-:class:`~fastflip.layout.Tensor` objects with the absolute byte offset of their first
+:class:`~fastflip.files.layout.Tensor` objects with the absolute byte offset of their first
 element. Tensors that are the same view of one storage (tied weights, an object saved
 under two keys) are listed once with all their keys as aliases; a view inside a listed
 tensor's bytes (a slice) and non-contiguous views are skipped with the reason, so no
@@ -44,8 +44,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..floatformats import format_name
-from ..layout import Layout, Skipped, Tensor
+from ...core.floatformats import format_name
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
 from . import FormatError, UnsafeInputError
 from .naming import label_tensors, optimizer_layers
 from .zipraw import ZipEntry, stored_entries
@@ -180,7 +181,7 @@ class RestrictedUnpickler(pickle.Unpickler):
     """An Unpickler that builds :class:`TensorRecord` objects and plain containers, and runs nothing else.
 
     ``find_class`` answers only the names in its allow-list (inert stand-ins, never torch's
-    own functions); every other global raises :class:`~fastflip.formats.UnsafeInputError`.
+    own functions); every other global raises :class:`~fastflip.files.formats.UnsafeInputError`.
     """
 
     def __init__(self, data: bytes, where: str) -> None:
@@ -335,8 +336,6 @@ def read_torch_layout(path: str) -> Layout:
             continue
         spans.append((key[0], t.offset, t.offset + t.nbytes, t.path))
         tensors.append(t)
-    from ..layout import _natural_key
-
     tensors.sort(key=lambda t: _natural_key(t.path))
     tensors = label_tensors(tensors, "torch", optimizer_layers(obj, {t.path: t.shape for t in tensors}))
     skipped.sort(key=lambda s: s.path)

@@ -9,7 +9,7 @@ into a trainer:
   ``build_optimizer(model)`` and ``loss_fn(logits, targets)``);
 - ``{"framework": "custom", "model_file": "my_trainer.py"}``: the file defines
   ``make_trainer(seed, **options)`` returning any object that follows
-  :class:`~fastflip.trainers.protocol.Trainer`.
+  :class:`~fastflip.frameworks.trainers.protocol.Trainer`.
 
 Other keys (``batch_size``, ``checkpoint_format``, ...) are passed to the trainer.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import OptionError
+from ...errors import OptionError
 from .protocol import Trainer, load_user_module, user_callable
 
 __all__ = ["Trainer", "make_trainer", "load_user_module"]

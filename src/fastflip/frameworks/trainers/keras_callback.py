@@ -2,7 +2,7 @@
 
 This is the checkpoint-alteration method inside an ordinary ``model.fit``::
 
-    from fastflip.trainers.keras_callback import FaultInjectionCallback
+    from fastflip.frameworks.trainers.keras_callback import FaultInjectionCallback
     cb = FaultInjectionCallback("ckpt/e{epoch:03d}.weights.h5", inject_epoch=2, seed=7,
                                 count=10, bits="exponent-msb", selection={"roles": ["weight"]})
     model.fit(x, y, epochs=5, callbacks=[cb])
@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import OptionError
+from ...errors import OptionError
 
 __all__ = ["FaultInjectionCallback", "injected_name", "iteration_name"]
 
@@ -89,7 +89,7 @@ def _callback_class() -> Any:
             return Path(self.filepath.format(epoch=epoch))
 
         def _save(self, path: Path) -> None:
-            from ..fileio import atomic_output
+            from ...files.fileio import atomic_output
 
             path.parent.mkdir(parents=True, exist_ok=True)
             suffix = ".keras" if path.name.endswith(".keras") else ".weights.h5"
@@ -118,7 +118,7 @@ def _callback_class() -> Any:
             self._inject(path)
 
         def _inject(self, path: Path) -> None:
-            from ..keras_io import inject_checkpoint_file
+            from ...files.inject import inject_checkpoint_file
 
             dst = injected_name(path)
             log = self.log_path or str(dst) + ".fflog"
@@ -151,7 +151,7 @@ def FaultInjectionCallback(filepath: str | os.PathLike, inject_epoch: int, *, se
     inject_iteration : int, optional
         Inject inside epoch ``inject_epoch``, after this many of its batches (1-based).
     **inject_kwargs
-        :func:`fastflip.inject.inject_file` options: ``count``/``rate``/``ber``, ``bits``,
+        :func:`fastflip.files.inject.inject_file` options: ``count``/``rate``/``ber``, ``bits``,
         ``model``, ``selection``, ``nan_policy``, ...
     """
     return _callback_class()(str(filepath), inject_epoch, seed=seed, log_path=log_path, reload=reload,

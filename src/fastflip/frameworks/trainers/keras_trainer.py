@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import OptionError
-from ..fileio import atomic_output
-from ..torch import CheckpointMismatchError
+from ...errors import OptionError
+from ...files.fileio import atomic_output
+from ..torch_state import CheckpointMismatchError
 from .data import digits
 
 __all__ = ["KerasTrainer", "digits_cnn", "digits_data", "import_keras"]
@@ -79,7 +79,7 @@ def digits_cnn(learning_rate: float = 3e-3) -> Any:
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
     import h5py
 
-    from ..keras_io import is_keras_archive, read_archive
+    from ...files.keras_archive import is_keras_archive, read_archive
 
     def walk(p: Path | str) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import InputFileError, OptionError
+from ...errors import InputFileError, OptionError
 
 __all__ = ["Trainer", "load_user_module", "user_callable"]
 

@@ -1,6 +1,6 @@
 """The built-in PyTorch trainer: any ``nn.Module`` and optimizer, checkpoints in HDF5.
 
-Checkpoints are written by :func:`fastflip.torch.save_checkpoint` (model tensors
+Checkpoints are written by :func:`fastflip.frameworks.torch_state.save_checkpoint` (model tensors
 under ``/model/<key>``, optimizer state under ``/optimizer/state/<id>/<name>``).
 The data order and torch's random seed of each epoch are derived from
 ``(seed, epoch)`` and deterministic algorithms are requested, so resuming from an
@@ -135,7 +135,7 @@ class TorchTrainer:
         order = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(len(y)))
         order = order[start * self.batch_size: None if stop is None else stop * self.batch_size]
         if len(order) == 0:
-            from ..errors import OptionError
+            from ...errors import OptionError
 
             raise OptionError(f"epoch {epoch} has {self.iterations_per_epoch} iterations; none left from {start}")
         self.model.train()
@@ -165,11 +165,11 @@ class TorchTrainer:
         return {"val_loss": val_loss, "accuracy": accuracy}
 
     def save_checkpoint(self, path: Path) -> None:
-        from ..torch import save_checkpoint
+        from ..torch_state import save_checkpoint
 
         save_checkpoint(path, self.model, self.optimizer)
 
     def load_checkpoint(self, path: Path) -> None:
-        from ..torch import load_checkpoint
+        from ..torch_state import load_checkpoint
 
         load_checkpoint(path, self.model, self.optimizer)
