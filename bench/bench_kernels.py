@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastflip import native
+from fastflip.kernels import dispatch as native
 
 N_SITES = 1_000_000
 BUF_BYTES = 256 << 20

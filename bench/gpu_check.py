@@ -100,7 +100,7 @@ def check_correctness(n_elem: int, n_sites: int) -> list[str]:
 
 def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
     if SIM:  # the simulator has no device pointers: lay the tensors out in one span, as on a device
-        from fastflip import kernels_cupy as kc
+        from fastflip.kernels import gpu as kc
 
         starts, pos = [], 3
         for v in host.values():
@@ -159,7 +159,7 @@ def check_torch_cuda() -> list[str]:
 def throughput(flips_list: list[int]) -> dict[str, float]:
     import cupy
 
-    from fastflip import kernels_cupy as kc
+    from fastflip.kernels import gpu as kc
     from fastflip import live
 
     n_tensors, per = 64, 4 << 20  # 64 x 4 Mi float32 = 1 GiB
@@ -209,7 +209,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="correctness only, no throughput")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
-    from fastflip import kernels_cupy as kc
+    from fastflip.kernels import gpu as kc
 
     engines = ["numba"]
     if SIM:

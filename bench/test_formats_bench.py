@@ -91,7 +91,8 @@ def test_h5_10_flips_new_file(benchmark, files, size):
 @pytest.mark.parametrize("size", ["h5_50", "h5_800"])
 def test_h5_10_flips_new_file_h5py_path(benchmark, files, size, monkeypatch):
     """The path before chunk patching (h5py whole-chunk rewrite + byte diff of the files), for comparison."""
-    from fastflip import h5chunks, inject
+    from fastflip.files import h5chunks
+    from fastflip.files import inject
 
     monkeypatch.setattr(inject, "chunk_patches", lambda *a: h5chunks.ChunkPatches())
     out = os.path.join(files["dir"], "out.h5")

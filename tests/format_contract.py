@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.files.fileio import sha256_file
 from fastflip.files.inject import inject_file, replay, revert
 from fastflip.files.layout import read_layout

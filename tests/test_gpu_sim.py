@@ -27,7 +27,7 @@ assert config.ENABLE_CUDASIM, "simulator not enabled"
 from test_kernels import DTYPES, random_array, make_plan, reference
 from fastflip.core.dtypes import word_type
 from fastflip.core.plan import TensorRef
-from fastflip import kernels_cupy as kc
+from fastflip.kernels import gpu as kc
 
 rng = np.random.default_rng(11)
 for scale in (False, True):

@@ -13,7 +13,7 @@ import shutil
 import numpy as np
 import pytest
 
-from fastflip import kernels_cupy as kc
+from fastflip.kernels import gpu as kc
 from fastflip import live
 from fastflip.core.dtypes import word_type
 from test_kernels import DTYPES, make_plan, random_array, reference

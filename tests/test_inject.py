@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.errors import (BitRangeError, CapacityError, InputFileError, LogMismatchError, NaNPolicyError,
                              NotHDF5Error, OptionError, OutputError, SelectionError, UnsupportedStorageError)
 from fastflip.files.fileio import sha256_file

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require
-from fastflip import native
+from fastflip.kernels import dispatch as native
 from fastflip.core.dtypes import word_type
 from fastflip.errors import OptionError, ReadOnlyTargetError
 from fastflip.core.plan import Plan, TensorRef

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import FastflipError
 from fastflip.core.plan import TensorRef

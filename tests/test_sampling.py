@@ -217,7 +217,7 @@ def test_merge_of_sorted_plans_with_triples_matches_sequential():
 
 def test_bulk_path_exact_distinct_and_proportional():
     """From _BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
-    from fastflip import sampling
+    from fastflip.core import sampling
 
     chi2 = require("scipy.stats").chisquare
     refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]

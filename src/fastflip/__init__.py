@@ -36,10 +36,13 @@ _moved.install()
 
 __all__ = ["__version__", *_EXPORTS]
 
+# The layers (docs/internals.md), imported on first attribute access: ``fastflip.core.plan`` after ``import fastflip``.
+_SUBPACKAGES = ("core", "kernels", "files", "live", "frameworks", "campaign", "experiment", "report", "compat", "cli")
+
 
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
-    if mod is None and name in _moved.MOVED:  # fastflip.native and friends, used as attributes
+    if mod is None and (name in _moved.MOVED or name in _SUBPACKAGES):  # fastflip.core, fastflip.native, ...
         return importlib.import_module(f"{__name__}.{name}")
     if mod is None:
         raise AttributeError(f"module 'fastflip' has no attribute {name!r}")
