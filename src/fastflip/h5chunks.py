@@ -120,6 +120,7 @@ class ChunkPatches:
     old: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their words (same order)
     new: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     chunks: int = 0
+    resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
 
 
 def _pipeline(dsid: Any) -> list[tuple[int, tuple[int, ...]]] | None:

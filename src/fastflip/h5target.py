@@ -287,13 +287,23 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
     if len(raw):
         _run_raw_mapped(path, raw, mode, old, new, backend)
     h5 = [r for r in routes if (r.offsets < 0).any()]
-    if h5:
+    if h5 and mode == "read" and not _is_hdf5(path):  # deflated .npz members: inflated and read
+        from .zipmembers import member_words  # (it builds on this module)
+
+        member_words(path, plan, h5, old)
+    elif h5:
         import h5py
 
         with h5py.File(path, "r+" if write else "r") as f:
             for r in h5:
                 _h5_sites(f, r, plan, mode, words, old, new)
     return old, new
+
+
+def _is_hdf5(path: str) -> bool:
+    from .formats import detect_format
+
+    return detect_format(path) == "hdf5"
 
 
 def read_words(path: str, plan: Plan, tensors: Mapping[str, Tensor], routes: list[SiteRoute] | None = None) -> np.ndarray:
@@ -329,10 +339,13 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
     Sites that need the hdf5 path are left untouched here (their old/new stay 0).
     ``patches`` — sorted, non-overlapping ``(offset, old bytes, new bytes)`` — are written
-    over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks).
+    over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks); a patch whose new
+    bytes have another length than its old ones replaces that input range in the output
+    (a re-deflated zip member), so the output's length may differ from the input's.
     """
     pstart = np.array([p[0] for p in patches], np.int64)
-    pend = np.array([p[0] + len(p[2]) for p in patches], np.int64)
+    pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
+    splice = np.array([len(p[1]) != len(p[2]) for p in patches], bool)
     import hashlib
 
     n = len(plan)
@@ -348,9 +361,10 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     base = lo = i = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
 
-        def emit(chunk: memoryview) -> None:
-            h_out.update(chunk)
-            fout.write(chunk)
+        def emit(pieces: list[Any]) -> None:
+            for chunk in pieces:
+                h_out.update(chunk)
+                fout.write(chunk)
 
         while True:
             slot = i % 2
@@ -371,12 +385,22 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
             if hi > lo:
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
+            pieces = [view[:got]]
             if len(pstart):
-                for k in np.flatnonzero((pstart < end) & (pend > base)).tolist():
+                hit = np.flatnonzero((pstart < end) & (pend > base))
+                for k in hit[~splice[hit]].tolist():
                     off, _, data = patches[k]
                     a, b = max(off, base), min(off + len(data), end)
                     view[a - base : b - base] = data[a - off : b - off]
-            pending[slot] = pool.submit(emit, view[:got])
+                if splice[hit].any():
+                    pieces, cur = [], base
+                    for k in hit[splice[hit]].tolist():
+                        off, ob, data = patches[k]
+                        if off >= base:
+                            pieces += [view[cur - base : off - base], data]
+                        cur = min(off + len(ob), end)
+                    pieces.append(view[cur - base : got])
+            pending[slot] = pool.submit(emit, pieces)
             base = end
             i += 1
         for f in pending:
