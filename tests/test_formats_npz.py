@@ -68,13 +68,17 @@ def test_compressed_npz_contract(tmp_path):
     check_format(p, np_load, str(tmp_path), fmt="npz", count=40, non_atomic=False)
 
 
-def test_member_keeps_its_size_and_others_their_bytes(tmp_path):
+def _inject_member(tmp_path, data_seed, member, **kw):
+    """A compressed .npz of _arrays(data_seed), and an injection into one member: (input, arrays, sha256, output, result)."""
     p = str(tmp_path / "w.npz")
-    arrays = _arrays(1)
+    arrays = _arrays(data_seed)
     np.savez_compressed(p, **arrays)
-    before = sha256_file(p)
     out = str(tmp_path / "o.npz")
-    res = inject_file(p, out, seed=5, count=30, selection={"include": ["/conv1.weight"]})
+    return p, arrays, sha256_file(p), out, inject_file(p, out, selection={"include": [member]}, **kw)
+
+
+def test_member_keeps_its_size_and_others_their_bytes(tmp_path):
+    p, arrays, before, out, res = _inject_member(tmp_path, 1, "/conv1.weight", seed=5, count=30)
     assert os.path.getsize(out) == os.path.getsize(p)  # random-looking data: the re-deflated stream fits
     assert res.log.manifest["undo"]["ranges"] <= 3 + 1  # the member's bytes and its CRC fields
     _same_members_except(p, out, {"conv1.weight.npy"})
@@ -91,12 +95,7 @@ def test_member_keeps_its_size_and_others_their_bytes(tmp_path):
 
 
 def test_member_that_grows_moves_the_rest(tmp_path):
-    p = str(tmp_path / "w.npz")
-    arrays = _arrays(2)
-    np.savez_compressed(p, **arrays)
-    before = sha256_file(p)
-    out = str(tmp_path / "o.npz")
-    res = inject_file(p, out, seed=1, count=5, bits="exponent", selection={"include": ["/bn1.running_var"]})
+    p, arrays, before, out, res = _inject_member(tmp_path, 2, "/bn1.running_var", seed=1, count=5, bits="exponent")
     assert os.path.getsize(out) > os.path.getsize(p)  # nine bytes of ones do not hold five random exponents
     with zipfile.ZipFile(out) as z:
         assert z.testzip() is None
