@@ -17,12 +17,17 @@ Examples
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .dtypes import WordType, word_type
 from .floatformats import FORMATS, decode, encode, nonfinite_words
 
-__all__ = ["rule_words", "scale_words", "words_to_values", "nonfinite", "became_nonfinite", "WordCounts"]
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["rule_words", "new_words_for", "scale_words", "words_to_values", "nonfinite", "became_nonfinite", "WordCounts"]
 
 
 def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray, bits: int | np.ndarray) -> np.ndarray:
@@ -30,6 +35,19 @@ def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_m
     bits_arr = np.asarray(bits, dtype=np.uint64)
     width = np.where(bits_arr >= 64, np.uint64(0xFFFFFFFFFFFFFFFF), (np.uint64(1) << (bits_arr % np.uint64(64))) - np.uint64(1))
     return (((old & and_mask) | or_mask) ^ xor_mask) & width
+
+
+def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: Any) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype; a WordType for
+    bfloat16/float8 words)."""
+    wt = word_type(dtype)
+    new = rule_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], wt.bits)
+    if plan.scale is not None:
+        sc = plan.scale[pos]
+        at = ~np.isnan(sc)
+        if at.any():
+            new[at] = scale_words(old[at], sc[at], dtype)
+    return new
 
 
 def words_to_values(words: np.ndarray, dtype: "np.dtype | str | WordType") -> np.ndarray:

@@ -309,9 +309,12 @@ def _selected(layout: Layout, selection: Selection | None) -> list[Tensor]:
 @contextlib.contextmanager
 def _datasets(layout: Layout) -> Iterator[Any]:
     """A function tensor → sliceable array: h5py datasets for HDF5, read-only memory maps for raw formats
-    (torch.save, safetensors, npy/npz: every tensor is contiguous at a byte offset)."""
+    (torch.save, safetensors, npy/npz: contiguous at a byte offset), inflated arrays for deflated .npz members."""
     if layout.format != "hdf5":
-        yield lambda t: np.memmap(layout.file, dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
+        from .formats.npz_members import member_array
+
+        yield lambda t: (np.memmap(layout.file, dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
+                         if t.storage == "contiguous" else member_array(layout.file, t.path))  # deflated .npz member
         return
     with open_h5(layout.file) as f:
         yield lambda t: f[t.path]

@@ -34,8 +34,9 @@ from ..kernels import dispatch as native
 from ..core.dtypes import from_words, to_words, word_type
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from .layout import Tensor, chunk_index, open_h5
+from .zipmembers import member_words
 from ..core.plan import Plan
-from ..core.wordrule import rule_words, scale_words
+from ..core.wordrule import new_words_for
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
            "copy_apply", "new_words_for"]
@@ -94,19 +95,6 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
         if f is not None:
             f.close()
     return routes
-
-
-def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: Any) -> np.ndarray:
-    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype; a WordType for
-    bfloat16/float8 words)."""
-    wt = word_type(dtype)
-    new = rule_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], wt.bits)
-    if plan.scale is not None:
-        sc = plan.scale[pos]
-        at = ~np.isnan(sc)
-        if at.any():
-            new[at] = scale_words(old[at], sc[at], dtype)
-    return new
 
 
 def _chunk_groups(t: Tensor, idx: np.ndarray) -> list[tuple[tuple[slice, ...], np.ndarray, np.ndarray]]:
@@ -287,13 +275,21 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
     if len(raw):
         _run_raw_mapped(path, raw, mode, old, new, backend)
     h5 = [r for r in routes if (r.offsets < 0).any()]
-    if h5:
+    if h5 and mode == "read" and not _is_hdf5(path):  # deflated .npz members: inflated and read
+        member_words(path, plan, h5, old)
+    elif h5:
         import h5py
 
         with h5py.File(path, "r+" if write else "r") as f:
             for r in h5:
                 _h5_sites(f, r, plan, mode, words, old, new)
     return old, new
+
+
+def _is_hdf5(path: str) -> bool:
+    from .formats import detect_format
+
+    return detect_format(path) == "hdf5"
 
 
 def read_words(path: str, plan: Plan, tensors: Mapping[str, Tensor], routes: list[SiteRoute] | None = None) -> np.ndarray:
@@ -329,10 +325,13 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
     Sites that need the hdf5 path are left untouched here (their old/new stay 0).
     ``patches`` — sorted, non-overlapping ``(offset, old bytes, new bytes)`` — are written
-    over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks).
+    over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks); a patch whose new
+    bytes have another length than its old ones replaces that input range in the output
+    (a re-deflated zip member), so the output's length may differ from the input's.
     """
     pstart = np.array([p[0] for p in patches], np.int64)
-    pend = np.array([p[0] + len(p[2]) for p in patches], np.int64)
+    pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
+    splice = np.array([len(p[1]) != len(p[2]) for p in patches], bool)
     import hashlib
 
     n = len(plan)
@@ -348,9 +347,10 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     base = lo = i = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
 
-        def emit(chunk: memoryview) -> None:
-            h_out.update(chunk)
-            fout.write(chunk)
+        def emit(pieces: list[Any]) -> None:
+            for chunk in pieces:
+                h_out.update(chunk)
+                fout.write(chunk)
 
         while True:
             slot = i % 2
@@ -371,12 +371,22 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
             if hi > lo:
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
+            pieces = [view[:got]]
             if len(pstart):
-                for k in np.flatnonzero((pstart < end) & (pend > base)).tolist():
+                hit = np.flatnonzero((pstart < end) & (pend > base))
+                for k in hit[~splice[hit]].tolist():
                     off, _, data = patches[k]
                     a, b = max(off, base), min(off + len(data), end)
                     view[a - base : b - base] = data[a - off : b - off]
-            pending[slot] = pool.submit(emit, view[:got])
+                if splice[hit].any():
+                    pieces, cur = [], base
+                    for k in hit[splice[hit]].tolist():
+                        off, ob, data = patches[k]
+                        if off >= base:
+                            pieces += [view[cur - base : off - base], data]
+                        cur = min(off + len(ob), end)
+                    pieces.append(view[cur - base : got])
+            pending[slot] = pool.submit(emit, pieces)
             base = end
             i += 1
         for f in pending:

@@ -34,15 +34,18 @@ from __future__ import annotations
 import warnings
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..core.dtypes import from_words, to_words, word_type
 from ..errors import UnsupportedStorageError
-from .h5apply import SiteRoute, new_words_for
+from ..core.wordrule import new_words_for
 from .layout import open_h5
 from ..core.plan import Plan
+
+if TYPE_CHECKING:
+    from .h5apply import SiteRoute
 
 __all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available"]
 
@@ -120,6 +123,7 @@ class ChunkPatches:
     old: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their words (same order)
     new: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     chunks: int = 0
+    resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
 
 
 def _pipeline(dsid: Any) -> list[tuple[int, tuple[int, ...]]] | None:

@@ -51,6 +51,7 @@ from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .h5chunks import chunk_patches
 from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_archive
+from .zipmembers import member_patches
 from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
                       write_patches)
 from ..core.plan import Plan
@@ -243,29 +244,32 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
     """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
-    # filtered HDF5 chunks fastflip can re-encode: byte patches worked out from the input's chunks
-    cp = chunk_patches(src, plan, routes)
+    # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
+    cp = member_patches(src, plan, routes) if zipped else chunk_patches(src, plan, routes)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
-        if h5_rest:
+        if h5_rest or cp.resized:
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
-                              "chunks fastflip re-encodes (gzip/shuffle/fletcher32); this plan touches other "
-                              "filtered/compact data: use atomic=True")
+                              "chunks/members fastflip re-encodes at their size (gzip/shuffle/fletcher32, deflated "
+                              ".npz members); this plan touches other filtered/compact data or a member that "
+                              "changes size: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
         old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
         undo = None
-        if zipped:
-            write_patches(src, crc_patches(src, routes, old, new))
+        crcs = crc_patches(src, routes, old, new) if zipped else []
+        write_patches(src, crcs)
         if cp.patches:
             old[cp.handled], new[cp.handled] = cp.old, cp.new
             write_patches(src, cp.patches)
-            undo = patch_undo(cp.patches + word_patches(routes, old, new), os.path.getsize(src))
+            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
         out_hash = sha256_file(src) if hash_files else None
         return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
     patches = list(cp.patches)
+    crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
-        old0 = read_words(src, plan, by_name, routes)
-        patches += crc_patches(src, routes, old0, expected_new(plan, routes, old0))
+        old0 = read_words(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()])
+        crcs = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
+        patches += crcs
     with atomic_output(target, durable=durable) as tmp:
         in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches))
         if zipped and not np.array_equal(old, old0):
@@ -279,8 +283,10 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                 old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
             undo = byte_diff(src, tmp)
             out_hash = sha256_file(tmp)
+        elif cp.resized:  # a member changed size: every byte after it moved
+            undo = byte_diff(src, tmp)
         elif cp.patches:
-            undo = patch_undo(cp.patches + word_patches(routes, old, new), os.path.getsize(src))
+            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
         result = finish(in_hash, out_hash, old, new, undo)
     return in_hash, out_hash, old, new, result
 

@@ -21,7 +21,8 @@ Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding
     values are exact in float32, indices as int32 below 2**31); :meth:`InjectionLog.load`
     widens them to int32/int64/uint64/float64.
 ``undo_offsets.npy``, ``undo_lengths.npy``, ``undo_data.bin``, ``redo_data.bin`` (optional)
-    When the HDF5 read-modify-write path was used (filtered or compact data), every
+    When re-encoded data were written (filtered HDF5 chunks, deflated ``.npz`` members)
+    or the HDF5 read-modify-write path was used (other filters, compact data), every
     file byte range that changed, with its original bytes (``undo_data``) and its
     altered bytes (``redo_data``): revert restores the original exactly, and replay
     reproduces the output exactly, even where HDF5 re-encoded or moved chunks or wrote

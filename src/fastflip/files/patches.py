@@ -19,7 +19,8 @@ import numpy as np
 
 from ..core.dtypes import from_words, word_type
 from .fileio import ByteUndo
-from .h5apply import SiteRoute, new_words_for
+from ..core.wordrule import new_words_for
+from .h5apply import SiteRoute
 from .layout import Tensor
 from ..core.plan import Plan
 
@@ -51,13 +52,13 @@ def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np
     """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
     from .formats.zipcrc import zip_crc_patches
 
-    live = [r for r in routes if len(r.positions)]
+    live = [(r, r.offsets >= 0) for r in routes if (r.offsets >= 0).any()]  # stored entries (raw path) only
     if not live:
         return []
-    pos = np.concatenate([r.positions for r in live])
-    offs = np.concatenate([r.offsets for r in live])
-    size = np.concatenate([np.full(len(r.positions), r.tensor.itemsize, np.int64) for r in live])
-    big = np.concatenate([np.full(len(r.positions), r.tensor.dtype.byteorder == ">", bool) for r in live])
+    pos = np.concatenate([r.positions[k] for r, k in live])
+    offs = np.concatenate([r.offsets[k] for r, k in live])
+    size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in live])
+    big = np.concatenate([np.full(int(k.sum()), r.tensor.dtype.byteorder == ">", bool) for r, k in live])
     return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
 
 

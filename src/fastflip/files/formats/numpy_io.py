@@ -3,8 +3,9 @@
 A ``.npy`` file is a magic string, a header (dtype, fortran_order, shape) and the raw
 array; an ``.npz`` file is a zip of ``.npy`` members. Members stored uncompressed
 (``np.savez``) have fixed byte offsets in the archive and take the raw path; members of
-``np.savez_compressed`` archives are deflated and are skipped with the reason (fastflip
-does not rewrite compressed members). Object arrays are never unpickled; Fortran-ordered
+``np.savez_compressed`` archives are deflated: they are listed with ``storage='filtered'``
+and ``filters=('deflate',)``, and the touched ones are inflated, patched and re-deflated
+(:mod:`fastflip.files.zipmembers`). Object arrays are never unpickled; Fortran-ordered
 arrays are skipped (their flat order is not C order).
 
 Examples
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import zipfile
 
 import numpy as np
 
@@ -28,36 +30,14 @@ from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError
 from .naming import label_tensors
+from .npyheader import npy_header
+from .npz_members import member_npy_header
 from .zipraw import stored_entries
 
 __all__ = ["npy_header", "read_numpy_layout"]
 
 
-def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:  # type: ignore[no-untyped-def]
-    """(dtype, fortran_order, shape, header length) of the ``.npy`` stream at ``fh``'s position."""
-    from numpy.lib import format as npf
-
-    start = fh.tell()
-    try:
-        major, _ = npf.read_magic(fh)
-        if major == 1:
-            shape, fortran, dtype = npf.read_array_header_1_0(fh, max_header_size=1 << 20)
-        elif major in (2, 3):
-            shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 20)
-        else:
-            raise ValueError(f"npy format version {major}")
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise FormatError(f"{where}: damaged .npy header ({exc})") from None
-    hlen = fh.tell() - start
-    nbytes = math.prod(shape) * dtype.itemsize
-    if dtype.hasobject:
-        return dtype, fortran, tuple(shape), hlen
-    if hlen + nbytes > limit:
-        raise FormatError(f"{where}: array of {nbytes} bytes runs past the end of its data ({limit - hlen} bytes)")
-    return dtype, fortran, tuple(shape), hlen
-
-
-def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offset: int,
+def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offset: int | None,
             skipped: list[Skipped]) -> Tensor | None:
     if dt.hasobject:
         skipped.append(Skipped(name, "object array (never unpickled)"))
@@ -69,6 +49,9 @@ def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offs
         skipped.append(Skipped(name, "empty"))
     else:
         size = math.prod(shape)
+        if offset is None:  # a deflated member: one "chunk", the whole array
+            return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="filtered",
+                          chunks=shape, filters=("deflate",), nbytes=size * dt.itemsize)
         return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="contiguous",
                       offset=offset, nbytes=size * dt.itemsize)
     return None
@@ -87,12 +70,18 @@ def read_numpy_layout(path: str, fmt: str) -> Layout:
         with open(path, "rb") as fh:
             for name, e in stored_entries(path).items():
                 key = "/" + (name[:-4] if name.endswith(".npy") else name)
-                if not e.stored:
-                    skipped.append(Skipped(key, "compressed npz member (np.savez_compressed); save with np.savez"))
+                if e.info.flag_bits & 0x1:
+                    raise FormatError(f"{path}: member {name} is encrypted; fastflip reads unencrypted archives only")
+                if not e.stored and e.info.compress_type != zipfile.ZIP_DEFLATED:
+                    skipped.append(Skipped(key, f"zip compression method {e.info.compress_type} (only stored and "
+                                                "deflate members are read)"))
                     continue
-                fh.seek(e.offset)
-                dt, fortran, shape, hlen = npy_header(fh, e.size, f"{path}:{name}")
-                t = _tensor(key, dt, fortran, shape, e.offset + hlen, skipped)
+                if e.stored:
+                    fh.seek(e.offset)
+                    dt, fortran, shape, hlen = npy_header(fh, e.size, f"{path}:{name}")
+                else:
+                    dt, fortran, shape, hlen = member_npy_header(path, e, fh)
+                t = _tensor(key, dt, fortran, shape, e.offset + hlen if e.stored else None, skipped)
                 if t:
                     tensors.append(t)
     tensors.sort(key=lambda t: _natural_key(t.path))

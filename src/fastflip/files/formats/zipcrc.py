@@ -27,10 +27,14 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["crc_delta", "zip_crc_patches"]
+if TYPE_CHECKING:
+    from .zipraw import ZipEntry
+
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at"]
 
 _POLY = 0xEDB88320
 
@@ -138,16 +142,29 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
             if not dcrc:
                 continue
             old_crc = e.info.CRC
-            new_crc = old_crc ^ dcrc
-            ob, nb = struct.pack("<I", old_crc), struct.pack("<I", new_crc)
-            spots = [cd[e.name] + 16]
-            fh.seek(e.info.header_offset + 14)
-            if fh.read(4) == ob:
-                spots.append(e.info.header_offset + 14)
-            if e.info.flag_bits & 0x08:  # data descriptor after the data, with or without its signature
-                fh.seek(e.offset + e.size)
-                head = fh.read(8)
-                spots.append(e.offset + e.size + (4 if head[:4] == b"PK\x07\x08" else 0))
-            patches.extend((s, ob, nb) for s in spots)
+            ob, nb = struct.pack("<I", old_crc), struct.pack("<I", old_crc ^ dcrc)
+            patches.extend((s, ob, nb) for s in crc_spots(fh, e, cd[e.name]))
     patches.sort()
     return patches
+
+
+def descriptor_at(fh, e: "ZipEntry") -> int | None:  # type: ignore[no-untyped-def]
+    """File offset of the CRC field of the entry's data descriptor (flag bit 3), or None without one."""
+    if not e.info.flag_bits & 0x08:
+        return None
+    end = e.offset + e.info.compress_size
+    fh.seek(end)
+    return end + (4 if fh.read(4) == b"PK\x07\x08" else 0)  # the signature is optional
+
+
+def crc_spots(fh, e: "ZipEntry", cd_record: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """File offsets of every copy of the entry's CRC-32: central directory, local header (unless it defers
+    to a data descriptor), data descriptor."""
+    spots = [cd_record + 16]
+    fh.seek(e.info.header_offset + 14)
+    if fh.read(4) == struct.pack("<I", e.info.CRC):
+        spots.append(e.info.header_offset + 14)
+    desc = descriptor_at(fh, e)
+    if desc is not None:
+        spots.append(desc)
+    return spots
