@@ -47,7 +47,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..core import configcheck as cc
+from ..core.bits import BitSpec
+from ..core.faults import FaultModel
 from ..errors import InputFileError, OptionError
+from ..files.select import Selection
+from .outcomes import check_failure
 
 __all__ = ["Scenario", "ExperimentConfig", "load_config"]
 
@@ -143,7 +147,6 @@ class ExperimentConfig:
         trainer = _trainer(d.get("trainer") or {"framework": "keras"})
         tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
         chance = d.get("chance")
-        from .outcomes import check_failure
 
         failure = check_failure(d.get("failure"))
         compare = _compare(d.get("compare"), names)
@@ -236,10 +239,6 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     selection = cc.table(s.get("selection"), f"{key}.selection")
     cc.check_keys(selection, ("include", "exclude", "regex", "dtypes", "roles", "layers"), f"{key}.selection")
     selection = {k: cc.strings(v, f"{key}.selection.{k}") for k, v in selection.items()}
-    from ..core.bits import BitSpec
-    from ..core.faults import FaultModel
-    from ..files.select import Selection
-
     cc.named(f"{key}.selection", Selection.from_dict, dict(selection))  # validate now, not mid-experiment
     bits = s.get("bits", "exponent-msb")
     bits = str(bits) if isinstance(bits, int) and not isinstance(bits, bool) else cc.string(bits, f"{key}.bits")

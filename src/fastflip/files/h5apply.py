@@ -30,13 +30,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..kernels import dispatch as native
 from ..core.dtypes import from_words, to_words, word_type
-from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
-from .layout import Tensor, chunk_index, open_h5
-from .zipmembers import member_words
 from ..core.plan import Plan
 from ..core.wordrule import new_words_for
+from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
+from ..kernels import dispatch as native
+from .formats import detect_format
+from .layout import Tensor, chunk_index, open_h5
+from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
            "copy_apply", "new_words_for"]
@@ -287,8 +288,6 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
 
 
 def _is_hdf5(path: str) -> bool:
-    from .formats import detect_format
-
     return detect_format(path) == "hdf5"
 
 

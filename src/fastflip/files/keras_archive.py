@@ -52,6 +52,10 @@ from typing import IO, Any, Iterator
 
 from ..errors import InputFileError, OutputError
 from .fileio import atomic_output
+from .formats import (  # torch.save files and .npz are zips too
+    FormatError,
+    detect_format,
+)
 from .paths import make_temp_dir
 
 __all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "ArchiveLimits", "LIMITS", "is_keras_archive", "check_archive",
@@ -140,7 +144,6 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
             return False
     except OSError:
         return False
-    from .formats import FormatError, detect_format  # torch.save files and .npz are zips too
 
     try:
         return detect_format(path) == "keras"

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..core.dtypes import word_type
 from ..errors import FastflipError, LogMismatchError
 
 __all__ = ["validate_log", "MAX_ELEMENTS"]
@@ -66,8 +67,6 @@ def _check_file_entry(path: str, m: Mapping[str, Any], key: str) -> None:
 
 def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
     """The manifest's ``tensors`` as (name, dtype, shape), each field type- and range-checked."""
-    from ..core.dtypes import word_type
-
     ts = m.get("tensors")
     if not isinstance(ts, list):
         raise _bad(path, "tensors must be a list")

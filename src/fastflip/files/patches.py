@@ -18,11 +18,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..core.dtypes import from_words, word_type
-from .fileio import ByteUndo
+from ..core.plan import Plan
 from ..core.wordrule import new_words_for
+from .fileio import ByteUndo
+from .formats import FormatError, detect_format
+from .formats.zipcrc import zip_crc_patches
 from .h5apply import SiteRoute
 from .layout import Tensor
-from ..core.plan import Plan
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
            "without_positions"]
@@ -32,8 +34,6 @@ Patch = tuple[int, bytes, bytes]
 
 def is_zip_container(path: str) -> bool:
     """True for torch.save files and .npz archives (zip containers of raw tensor data)."""
-    from .formats import FormatError, detect_format
-
     try:
         return detect_format(path) in ("torch", "npz")
     except FormatError:
@@ -50,8 +50,6 @@ def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np
 
 def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
     """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
-    from .formats.zipcrc import zip_crc_patches
-
     live = [(r, r.offsets >= 0) for r in routes if (r.offsets >= 0).any()]  # stored entries (raw path) only
     if not live:
         return []

@@ -21,6 +21,7 @@ import platform
 from typing import Any
 
 from .. import __version__
+from . import dispatch as native
 
 __all__ = ["EXTRAS", "EXTRA_FOR_MODULE", "describe", "format_description", "missing_extra"]
 
@@ -107,8 +108,6 @@ def describe(backends: bool = True) -> dict[str, Any]:
                    for name, d in EXTRAS.items()},
     }
     if backends:
-        from . import dispatch as native
-
         out["cpu_backends"] = native.available_backends()
         out["default_backend"] = native.resolve_backend("auto")
         out["gpu"] = _gpu()

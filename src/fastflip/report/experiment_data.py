@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..campaign.significance import pairwise_tests
+from ..campaign.store import _version_tuple
 from ..errors import InputFileError, StoreError
 from ..experiment.outcomes import OUTCOMES, check_failure, read_csv, summarize
 from ..files.fileio import sha256_file
-from ..campaign.store import _version_tuple
 
 __all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
            "failure_classes"]
@@ -148,8 +149,6 @@ def tests_table(data: ExperimentData) -> list[dict[str, Any]]:
     The configuration's ``compare`` pairs, else every pair of non-control scenarios
     with runs (:func:`fastflip.campaign.significance.pairwise_tests`).
     """
-    from ..campaign.significance import pairwise_tests
-
     cfg = data.meta.get("config") or {}
     wanted = cfg.get("compare")
     control = {s["name"] for s in data.scenarios if s["control"]}

@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import OptionError
 from ...files.fileio import atomic_output
+from ...files.keras_archive import is_keras_archive, read_archive
 from ..torch_state import CheckpointMismatchError
 from .data import digits
 
@@ -78,8 +79,6 @@ def digits_cnn(learning_rate: float = 3e-3) -> Any:
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
     import h5py
-
-    from ...files.keras_archive import is_keras_archive, read_archive
 
     def walk(p: Path | str) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}

@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...errors import OptionError
+from ..torch_state import load_checkpoint, save_checkpoint
 from .data import digits
 
 __all__ = ["TorchTrainer", "digits_cnn", "digits_data"]
@@ -135,8 +137,6 @@ class TorchTrainer:
         order = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(len(y)))
         order = order[start * self.batch_size: None if stop is None else stop * self.batch_size]
         if len(order) == 0:
-            from ...errors import OptionError
-
             raise OptionError(f"epoch {epoch} has {self.iterations_per_epoch} iterations; none left from {start}")
         self.model.train()
         total, correct, n = 0.0, 0, 0
@@ -165,11 +165,7 @@ class TorchTrainer:
         return {"val_loss": val_loss, "accuracy": accuracy}
 
     def save_checkpoint(self, path: Path) -> None:
-        from ..torch_state import save_checkpoint
-
         save_checkpoint(path, self.model, self.optimizer)
 
     def load_checkpoint(self, path: Path) -> None:
-        from ..torch_state import load_checkpoint
-
         load_checkpoint(path, self.model, self.optimizer)
