@@ -61,7 +61,7 @@ def test_no_import_cycles(graph: archstats.Graph) -> None:
 LAZY = {
     "fastflip": "the root re-exports the public API lazily, so `import fastflip` stays light",
     "fastflip.cli": "a subcommand's code is imported when it runs, so `fastflip --help` stays around 50 ms",
-    "fastflip.kernels.dispatch": "the compiled Cython module and the Numba kernels are optional",
+    "fastflip.kernels.engines": "the compiled Cython module and the Numba kernels are optional",
     "fastflip.live.targets": "the GPU engines import CuPy/Numba CUDA",
     "fastflip.live.adapters": "framework walks import torch / keras",
     "fastflip.live.activations": "framework hooks import torch / keras",
