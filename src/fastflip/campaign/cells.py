@@ -49,6 +49,7 @@ from ..core.dtypes import word_type
 from ..core.faults import FaultModel
 from ..core.permutation import Permutation
 from ..core.plan import TensorRef
+from ..core.spec import Sampling
 from ..errors import CapacityError, OptionError
 from ..files.layout import Tensor, read_layout
 from ..files.roles import detect_framework, label_path
@@ -148,6 +149,10 @@ class Cell:
         if self.epoch is not None:
             parts.append(f"epoch={self.epoch}")
         return "|".join(parts)
+
+    def sampling_spec(self, distribution: Any = "element") -> Sampling:
+        """What a trial of this cell flips, as a :class:`~fastflip.core.spec.Sampling` (bits, fault, flips)."""
+        return Sampling(bits=self.bits, model=self.fault, count=self.flips, distribution=distribution)
 
     def design(self, planned: int) -> str:
         """``exhaustive`` when ``planned`` trials run every site once, else the cell's sampling."""
