@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from fastflip.campaign.cells import Cell, trial_sites
-from fastflip.plan import TensorRef
-from fastflip.sampling import SiteSpace
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TRIALS = 2000

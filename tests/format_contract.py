@@ -8,10 +8,10 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from fastflip import reference
-from fastflip.fileio import sha256_file
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.core import reference
+from fastflip.files.fileio import sha256_file
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
 

@@ -12,14 +12,14 @@ import zlib
 import numpy as np
 import pytest
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
-from fastflip.fileio import sha256_file
-from fastflip.formats import FormatError
-from fastflip.formats.npz_members import deflate_exact
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.files.fileio import sha256_file
+from fastflip.files.formats import FormatError
+from fastflip.files.formats.npz_members import deflate_exact
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 from format_contract import check_format
 
 

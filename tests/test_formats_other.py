@@ -11,9 +11,9 @@ import pytest
 
 from conftest import require
 from fastflip.cli import main
-from fastflip.formats import FormatError, detect_format
-from fastflip.inject import inject_file
-from fastflip.layout import read_layout
+from fastflip.files.formats import FormatError, detect_format
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
 from format_contract import check_format
 
 _WORD = {"bfloat16": "u2", "float8_e4m3fn": "u1", "float8_e5m2": "u1"}
@@ -142,7 +142,7 @@ def test_truncated_npy(tmp_path):
 
 
 def test_diff_and_log_on_raw_formats(tmp_path, capsys):
-    from fastflip.diff import diff_files
+    from fastflip.files.diff import diff_files
 
     p = str(tmp_path / "w.npz")
     np.savez(p, a=np.ones((10, 10), "<f4"), b=np.arange(7, dtype=">i4"))

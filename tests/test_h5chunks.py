@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from conftest import require
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.fileio import sha256_file
-from fastflip.h5chunks import fletcher32, shuffle, unshuffle
-from fastflip.h5target import route_sites
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.files.fileio import sha256_file
+from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
+from fastflip.files.h5apply import route_sites
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 
 DTYPES = ["<f4", ">f8", "<f2", "<i8", "|u1", "|b1"]
 FILTERS = {
@@ -62,7 +62,7 @@ def _read(path: str) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("filt", list(FILTERS))
 @pytest.mark.parametrize("model", ["flip", "random-bits:2", "stuck-at-1", "random-value"])
 def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
-    from fastflip import h5chunks
+    from fastflip.files import h5chunks
 
     monkeypatch.setattr(h5chunks, "_SAID", set())  # fallbacks are said once per process: listen afresh
     rng = np.random.default_rng(abs(hash((filt, model))) % 2**32)
@@ -175,9 +175,9 @@ def test_shuffle_matches_hdf5(tmp_path):
 def test_lzf_chunks_patched_natively(tmp_path, filt, monkeypatch):
     """lzf chunks take the chunk path (where the new stream fits the stored size), h5py's own lzf filter reads
     the exact values back, and revert restores the file byte for byte."""
-    from fastflip import h5chunks
+    from fastflip.files import h5chunks
 
-    require("fastflip._lzf")  # the native LZF codec (built from ext/_lzf.pyx)
+    require("fastflip.kernels._lzf")  # the native LZF codec (built from ext/_lzf.pyx)
     monkeypatch.setattr(h5chunks, "_SAID", set())
     rng = np.random.default_rng(7)
     src = str(tmp_path / "in.h5")
@@ -223,7 +223,7 @@ def test_lzf_chunks_patched_natively(tmp_path, filt, monkeypatch):
 
 
 def test_damaged_lzf_chunk_refused(tmp_path):
-    require("fastflip._lzf")
+    require("fastflip.kernels._lzf")
     src = str(tmp_path / "in.h5")
     with h5py.File(src, "w") as f:
         f.create_dataset("w", data=np.zeros((64, 64), "<f4"), chunks=(32, 32), compression="lzf")
@@ -238,7 +238,7 @@ def test_damaged_lzf_chunk_refused(tmp_path):
 
 
 def test_lzf_codec_round_trips():
-    _lzf = require("fastflip._lzf")
+    _lzf = require("fastflip.kernels._lzf")
 
     rng = np.random.default_rng(0)
     cases = [b"", b"a", bytes(1000), rng.integers(0, 256, 5000, dtype=np.uint8).tobytes(),
