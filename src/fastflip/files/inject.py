@@ -252,7 +252,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
     if in_place and not atomic:
         if h5_rest or cp.resized:
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
-                              "chunks/members fastflip re-encodes at their size (gzip/shuffle/fletcher32, deflated "
+                              "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
