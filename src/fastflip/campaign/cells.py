@@ -1,5 +1,7 @@
 """A campaign's target tensors and its grid of cells.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 The target's tensors are described by :class:`fastflip.files.layout.Tensor` records (an
 HDF5 checkpoint through :func:`fastflip.files.layout.read_layout`; a factory's named arrays
 through the same record, labelled by :func:`fastflip.files.roles.label_path`), filtered by

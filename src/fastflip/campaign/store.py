@@ -1,5 +1,7 @@
 """The results store of a campaign: one SQLite file, one writer, resumable.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A store holds the campaign (its full configuration, the fastflip version that wrote
 it, hashes of its inputs), its cells, and one row per finished trial. SQLite runs in
 WAL mode with batched transactions: a killed sweep loses at most the batch it had not

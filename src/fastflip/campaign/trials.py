@@ -1,5 +1,7 @@
 """Running trials: inject → evaluate → revert, and the outcome of each.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A :class:`TrialRunner` is built once per worker process (it loads the target once,
 evaluates the fault-free *golden* run once, and prepares one
 :class:`fastflip.core.sampling.SiteSpace` per cell) and then runs any (cell, trial) pair:

@@ -1,4 +1,7 @@
-"""``fastflip inject FILE -o OUT``: flip bits in an HDF5 checkpoint and write a log."""
+"""``fastflip inject FILE -o OUT``: flip bits in an HDF5 checkpoint and write a log.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
 """Run older-tool settings on a checkpoint: either design, fastflip's log, the older tool's sequence JSON.
 
-Orchestration layer (imports :mod:`fastflip.files.inject`). :func:`run_old_settings` is what
+Layer: ``compat`` (may import experiment and below; imported by cli).
+
+Imports :mod:`fastflip.files.inject` and :mod:`fastflip.core.spec`. :func:`run_old_settings` is what
 ``fastflip inject --config old.yaml`` and ``fastflip hdf5-corrupter`` call. The input is copied to the
 output unless ``in_place`` (the older tool always edited its input); either way fastflip's log is written,
 so every run replays (``fastflip replay``) and reverts (``fastflip revert``) bit for bit.

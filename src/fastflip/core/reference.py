@@ -1,5 +1,7 @@
 """The pure-NumPy reference of every fault model: the oracle all fast backends are tested against.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 It is deliberately simple and slow: it walks the plan site by site in Python, reads
 each element's raw word through NumPy, applies the plan's word rule (see
 :mod:`fastflip.core.plan`) and writes it back. Nothing here is used on a fast path.

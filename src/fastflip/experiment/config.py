@@ -1,5 +1,7 @@
 """Configuration of a checkpoint-alteration experiment: the golden run and the fault scenarios.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 A configuration is a mapping (a YAML or JSON file, or a dict)::
 
     name: digits-keras

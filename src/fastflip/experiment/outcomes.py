@@ -1,5 +1,7 @@
 """Outcomes of faulty runs, the per-epoch metric files, the results table and the accuracy plot.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 The run classes are the experiment rows of fastflip's one outcome vocabulary
 (:data:`fastflip.campaign.outcomes.RUN_OUTCOMES`, ``docs/outcomes.md``).
 

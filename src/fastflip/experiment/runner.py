@@ -1,5 +1,7 @@
 """The checkpoint-alteration experiment: golden run, faulty resumed runs, outcomes, curves, plot.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 :func:`run_experiment` (and ``fastflip experiment CONFIG``):
 
 1. golden run: build the trainer with the configured seed, evaluate the initial

@@ -1,5 +1,7 @@
 """Compare two checkpoints (HDF5, torch.save, safetensors, npy/npz) tensor by tensor, bit by bit.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Tensors are matched by path (any alias). For each pair the raw stored words are
 compared, so a changed NaN payload or ``0.0`` → ``-0.0`` counts as a difference.
 Data are read in bounded blocks (16 MiB by default) so memory stays flat however

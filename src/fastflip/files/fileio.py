@@ -1,5 +1,7 @@
 """Safe file handling: atomic outputs, hashing, copying, byte-level undo records.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Outputs are written to a temporary file beside the target, flushed and fsync'ed,
 then renamed over the target (and the directory fsync'ed); on any error the
 temporary file is removed and the target is untouched.

@@ -1,5 +1,7 @@
 """Apply plans to HDF5 files: raw byte I/O where storage allows it, HDF5 read-modify-write elsewhere.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Two paths, chosen per site, giving identical words (tested):
 
 * **raw** — contiguous data and allocated chunks of unfiltered chunked data have a

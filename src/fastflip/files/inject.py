@@ -1,5 +1,7 @@
 """Inject faults into HDF5 checkpoints, and replay or revert an injection from its log.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 This is the Python API behind ``fastflip inject | replay | revert``::
 
     from fastflip import Sampling, Selection, inject_file

@@ -1,5 +1,7 @@
 """Keras ``.keras`` archives: safe access to the HDF5 weights file they hold.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A ``.keras`` file is a zip archive holding ``config.json``, ``metadata.json`` and
 ``model.weights.h5`` (the Keras 3 weights layout, optimizer variables included).
 fastflip alters the inner HDF5 file and writes a new archive that Keras loads:

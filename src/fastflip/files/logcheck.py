@@ -1,5 +1,7 @@
 """Validation of a loaded injection log: every field checked before anything is written with it.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A log is evidence and an instruction (replay and revert write what it says), so a
 damaged or tampered one must be refused with one line, never half-applied and never a
 traceback. :func:`validate_log` checks the manifest's types, the record columns'

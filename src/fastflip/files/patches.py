@@ -1,5 +1,7 @@
 """Byte patches that ride along the raw word writes: fields whose value follows the words.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A zip container (``torch.save`` files, ``.npz``) records a CRC-32 per entry; when words
 inside an entry change, its CRC fields (local header, data descriptor, central directory)
 are patched from the words' old and new values alone (:mod:`fastflip.files.formats.zipcrc`),
@@ -8,7 +10,7 @@ the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``;
 path applies them while streaming (:func:`fastflip.files.h5apply.copy_apply`), the in-place
 paths write them after the words.
 
-Core layer: imports :mod:`fastflip.files.h5apply` and :mod:`fastflip.files.formats`.
+Imports :mod:`fastflip.files.h5apply`, :mod:`fastflip.files.formats` and the word rule of :mod:`fastflip.core.wordrule`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Choose tensors by path glob, regular expression, dtype, role and layer.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Globs use :mod:`fnmatch` semantics on absolute paths (``*`` matches any characters,
 ``/`` included, so ``*kernel*`` finds every kernel), with two additions: a leading
 ``/`` is optional (``conv*`` and ``/conv*`` are the same pattern) and ``/**/``

@@ -1,6 +1,8 @@
 """Convert checkpoints between HDF5 (fastflip's torch layout), ``torch.save`` and safetensors, bit for bit.
 
-Orchestration layer: torch (and ``safetensors`` for that format) are imported lazily.
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
+torch (and ``safetensors`` for that format) are imported lazily.
 Sources are read safely — ``torch.load(weights_only=True)`` for torch.save files (after
 fastflip's own restricted reader has checked the pickle), ``safetensors.torch.load_file``,
 :func:`fastflip.frameworks.torch_state.load_state_dict` for HDF5 — and every tensor keeps its dtype,

@@ -1,6 +1,8 @@
 """What this installation of fastflip can use: versions, kernel backends, GPU engines, optional extras.
 
-Core layer (imports :mod:`fastflip.kernels.dispatch` only); the CLI's ``fastflip info`` prints it. Optional extras are
+Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
+
+Imports :mod:`fastflip.kernels.dispatch` (the registry); the CLI's ``fastflip info`` prints it. Optional extras are
 found with :func:`importlib.util.find_spec` and their versions read from package metadata, so nothing heavy
 is imported to answer, except Numba when the CPU backends are probed (``backends=True``).
 

@@ -1,5 +1,7 @@
 """GPU word kernels driven with CuPy arrays, one launch per plan.
 
+Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
+
 Two interchangeable engines, both checked without a GPU:
 
 - ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The

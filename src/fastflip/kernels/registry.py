@@ -5,15 +5,11 @@ In the manner of ``numcodecs.registry``: a backend is a class with a ``name`` an
 pointer table), registered with :func:`register_backend` and fetched with :func:`get_backend`. The built-in
 ones are registered by import path, so nothing heavy (Numba, CuPy) is imported until one is asked for:
 
-============  =====================================================================  ========
-name          engine                                                                 device
-============  =====================================================================  ========
-cython        ``ext/_kernels.pyx`` (``fastflip.kernels._cython``), ``ff_word.h``      cpu
-numba         Numba CPU kernels (:mod:`fastflip.kernels.numba_cpu`)                   cpu
-numpy         vectorised NumPy (:mod:`fastflip.kernels.engines`), always there        cpu
-cuda-raw      CUDA C through CuPy/NVRTC (:mod:`fastflip.kernels.gpu`), ``ff_word.h``  gpu
-numba-cuda    Numba CUDA (:mod:`fastflip.kernels.gpu`; NumPy under the simulator)     gpu
-============  =====================================================================  ========
+- ``cython``: ``ext/_kernels.pyx`` built as ``fastflip.kernels._cython`` (word rule from ``ff_word.h``), CPU;
+- ``numba``: the Numba CPU kernels of :mod:`fastflip.kernels.numba_cpu`, CPU;
+- ``numpy``: vectorised NumPy (:mod:`fastflip.kernels.engines`), CPU, always there;
+- ``cuda-raw``: CUDA C through CuPy/NVRTC (:mod:`fastflip.kernels.gpu`, word rule from ``ff_word.h``), GPU;
+- ``numba-cuda``: Numba CUDA (:mod:`fastflip.kernels.gpu`; NumPy arrays under the simulator), GPU.
 
 ``'auto'`` is the first CPU backend of :data:`AUTO_ORDER` that loads. The kernels do no checking:
 :mod:`fastflip.kernels.dispatch` validates every argument once and then calls one of them.

@@ -1,5 +1,7 @@
 """Inject a plan into live tensors, revert it exactly, or do both around a block.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 ``inject(tensors, plan)`` flips the stored words in place (CPU memory through one
 native call, GPU memory through one kernel launch per device, TensorFlow variables
 through gather/scatter) and returns a :class:`LiveLog` of the old and new words.

@@ -1,5 +1,7 @@
 """A set of live tensors prepared once, and plans checked against it once.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 :class:`Targets` holds what every trial needs (base addresses, word widths, byte
 orders, shapes) so that applying a plan is one native call over all CPU tensors,
 one kernel launch per GPU, and one gather/scatter per TensorFlow variable. A plan is

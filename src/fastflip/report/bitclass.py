@@ -1,5 +1,7 @@
 """Bit classes (sign / exponent / mantissa) of a campaign's cells and the metric drops per class.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 A results store records the dtype names of each cell's tensors (the ``cell_dtypes``
 entry of its ``meta`` table, written when ``fastflip sweep`` creates the store). From
 them the report knows, per condition, where the sign, exponent and mantissa fields

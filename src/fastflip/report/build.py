@@ -1,5 +1,7 @@
 """Writing a report directory: figures (PNG), tables (CSV) and ``index.html``.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 :func:`write_report` takes a results store (an SQLite file written by
 ``fastflip sweep``) or an experiment directory (written by ``fastflip experiment``),
 tells which it is from its content, and writes into ``out``:

@@ -1,5 +1,7 @@
 """What an experiment report shows, read from an experiment's output directory.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 The directory is the one :func:`fastflip.experiment.runner.run_experiment` writes:
 ``experiment.json`` (configuration, seeds, fastflip version, status),
 ``golden/metrics.csv`` (the fault-free run per epoch), ``results.csv`` (one row per

@@ -1,5 +1,7 @@
 """The report's figures as matplotlib :class:`~matplotlib.figure.Figure` objects.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 Every function takes the aggregated data (:class:`~fastflip.report.campaign_data.CampaignData`
 or :class:`~fastflip.report.experiment_data.ExperimentData`) or the path of a store /
 experiment directory, and returns a new figure built without :mod:`matplotlib.pyplot`
@@ -33,15 +35,8 @@ from ..errors import OptionError
 from ..experiment.outcomes import OUTCOMES as RUN_OUTCOMES
 from ..files.fileio import atomic_output
 from .bitclass import BIT_CLASSES, class_spans, condition_fields, drop_values
-from .campaign_data import (
-    RATE_KINDS,
-    CampaignData,
-    bit_table,
-    cell_table,
-    group_table,
-    heatmap_table,
-    load_campaign_data,
-)
+from .campaign_data import (RATE_KINDS, CampaignData, bit_table, cell_table, group_table, heatmap_table,
+                            load_campaign_data)
 from .experiment_data import (
     ExperimentData,
     curve_table,

@@ -1,5 +1,7 @@
 """Trainers: the protocol an experiment drives, built-in Keras and PyTorch trainers, and a Keras callback.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 :func:`make_trainer` turns the ``trainer`` section of an experiment configuration
 into a trainer:
 

@@ -1,5 +1,7 @@
 """A Keras callback that checkpoints every epoch and, at epoch E, injects into that checkpoint and reloads it.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 This is the checkpoint-alteration method inside an ordinary ``model.fit``::
 
     from fastflip.frameworks.trainers.keras_callback import FaultInjectionCallback

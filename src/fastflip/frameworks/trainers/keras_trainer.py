@@ -1,5 +1,7 @@
 """The built-in Keras trainer: any compiled Keras 3 model, checkpoints in HDF5.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 Checkpoints are Keras 3 ``.weights.h5`` files (model and optimizer variables, the
 layout ``layers/<layer>/vars/<i>``, ``optimizer/vars/<i>``) or, with
 ``checkpoint_format="keras"``, whole ``.keras`` archives. The data order of each

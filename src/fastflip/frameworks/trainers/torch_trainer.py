@@ -1,5 +1,7 @@
 """The built-in PyTorch trainer: any ``nn.Module`` and optimizer, checkpoints in HDF5.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 Checkpoints are written by :func:`fastflip.frameworks.torch_state.save_checkpoint` (model tensors
 under ``/model/<key>``, optimizer state under ``/optimizer/state/<id>/<name>``).
 The data order and torch's random seed of each epoch are derived from
