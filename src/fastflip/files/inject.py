@@ -367,11 +367,10 @@ def inject_file(
     """
     raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
            "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
-    smp = _sampling_arg(sampling, plan, raw)
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
-        return _inject_locked(src, dst, in_place, atomic, selection, smp, raw, seed, stream, log_path, plan, layout,
-                              backend, hash_files, durable, extra_manifest, overwrite)
+        return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
+                              layout, backend, hash_files, durable, extra_manifest, overwrite)
 
 
 _SAMPLING_DEFAULTS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
@@ -390,19 +389,20 @@ def _sampling_arg(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | No
         return None
     if given:
         warnings.warn("inject_file(bits=, model=, count=/rate=/ber=, ...) is deprecated: pass "
-                      "sampling=fastflip.Sampling(...)", DeprecationWarning, stacklevel=3)
+                      "sampling=fastflip.Sampling(...)", DeprecationWarning, stacklevel=4)
     return Sampling.from_keywords("inject_file", **given)
 
 
-def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, smp: Sampling | None,
+def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
-    layout = layout or cached_layout(src)
+    layout = layout or cached_layout(src)  # the file is read (and refused) before the options are judged
     by_name = {t.path: t for t in layout.tensors}
+    smp = _sampling_arg(sampling, plan, raw)
     if smp is not None:
         fields = smp.as_dict()
         model_obj, spec = smp.fault_model, smp.bit_spec
