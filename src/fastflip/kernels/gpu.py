@@ -47,6 +47,7 @@ from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
 from .registry import Backend
 from ..core.wordrule import scale_words
+from ..errors import OptionError
 
 __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
            "launch_read", "launch_write", "device_span", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
@@ -223,7 +224,7 @@ def _engine(xp: Any, engine: str) -> str:
     if engine == "auto":
         return "numba" if xp is np else "raw"
     if engine not in ("raw", "numba"):
-        raise ValueError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
     return engine
 
 

@@ -42,7 +42,7 @@ import io
 import math
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
