@@ -58,6 +58,17 @@ for scale in (False, True):
     kc.launch_write(span, sites, old)
     for s, v in zip(starts, arrays.values()):
         assert span[s : s + v.nbytes].tobytes() == v.tobytes()
+    # the same sites through the registry, as the live CUDA path calls them
+    be = kc.gpu_backend(np)
+    assert be.name == "numba-cuda" and be.device == "gpu"
+    old2, new2 = be.apply_sites(span, sites)
+    assert old2.tolist() == exp_old.tolist() and new2.tolist() == exp_new.tolist(), "registry: words differ"
+    for s, (k, v) in zip(starts, arrays.items()):
+        assert span[s : s + v.nbytes].tobytes() == expected[k].tobytes(), k
+    assert be.read_sites(span, sites).tolist() == exp_new.tolist()
+    be.write_sites(span, sites, old2)
+    for s, v in zip(starts, arrays.values()):
+        assert span[s : s + v.nbytes].tobytes() == v.tobytes()
 print("GPU-SIM-OK", len(plan))
 """
 

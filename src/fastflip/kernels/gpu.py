@@ -45,7 +45,7 @@ import numpy as np
 
 from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
-from .registry import Backend
+from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
 from ..errors import OptionError
 
@@ -228,6 +228,22 @@ def _engine(xp: Any, engine: str) -> str:
     return engine
 
 
+#: The registry backend of each GPU engine name.
+ENGINE_BACKENDS = {"raw": "cuda-raw", "numba": "numba-cuda"}
+
+
+def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
+    """The registry's GPU backend for arrays of module ``xp`` (CuPy, or NumPy under Numba's simulator).
+
+    ``engine`` 'auto' follows :data:`DEFAULT_ENGINE` ('auto': ``cuda-raw`` for CuPy, ``numba-cuda`` for
+    NumPy); 'raw' and 'numba' name one.
+
+    >>> ENGINE_BACKENDS[_engine(np, "auto")]    # what gpu_backend(numpy) fetches from the registry
+    'numba-cuda'
+    """
+    return get_backend(ENGINE_BACKENDS[_engine(xp, engine)])
+
+
 def _launch(kind: str, engine: str, n: int, *args: Any) -> None:
     """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n)."""
     if engine == "raw":
@@ -340,6 +356,15 @@ class _GpuBackend(Backend):
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
         return launch_apply(buf, self._one(buf, offsets, itemsize, swap, (and_mask, or_mask, xor_mask)),
                             engine=self.engine)
+
+    def read_sites(self, buf: Any, sites: SiteArrays) -> Any:
+        return launch_read(buf, sites, engine=self.engine)
+
+    def write_sites(self, buf: Any, sites: SiteArrays, words: Any) -> None:
+        launch_write(buf, sites, words, engine=self.engine)
+
+    def apply_sites(self, buf: Any, sites: SiteArrays) -> tuple[Any, Any]:
+        return launch_apply(buf, sites, engine=self.engine)
 
     def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
               masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
