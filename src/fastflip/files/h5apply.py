@@ -375,22 +375,28 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
                    new: np.ndarray, *, block: int) -> tuple[str, str]:
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
-    # two buffers: the main thread reads, hashes, patches and writes block i while a helper thread
-    # hashes the output bytes of block i (and i-1): the two sha256 passes run side by side
-    # (hashlib and file I/O release the GIL)
-    bufs = [bytearray(block + 8), bytearray(block + 8)]
-    pending: list[Any] = [None, None]
+    # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
+    # hashes the output bytes and another writes them (of blocks i-1, i-2): the two sha256 passes and the
+    # write run side by side (hashlib and file I/O release the GIL)
+    nbuf = 3
+    bufs = [bytearray(block + 8) for _ in range(nbuf)]
+    pending: list[list[Any]] = [[] for _ in range(nbuf)]
     base = lo = i = 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
+    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as hasher, \
+            ThreadPoolExecutor(1) as writer:
 
         def digest(pieces: list[Any]) -> None:
             for chunk in pieces:
                 h_out.update(chunk)
 
+        def emit(pieces: list[Any]) -> None:
+            for chunk in pieces:
+                fout.write(chunk)
+
         while True:
-            slot = i % 2
-            if pending[slot] is not None:
-                pending[slot].result()  # the helper is done with this buffer
+            slot = i % nbuf
+            for f in pending[slot]:
+                f.result()  # the helpers are done with this buffer
             view = memoryview(bufs[slot])
             got = fin.readinto(view[:block])
             if not got:
@@ -407,13 +413,11 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
             pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
-            pending[slot] = pool.submit(digest, pieces)
-            for chunk in pieces:  # written here while the helper hashes the same bytes
-                fout.write(chunk)
+            pending[slot] = [hasher.submit(digest, pieces), writer.submit(emit, pieces)]
             base = end
             i += 1
-        for f in pending:
-            if f is not None:
+        for fs in pending:
+            for f in fs:
                 f.result()
         fout.flush()
     return h_in.hexdigest(), h_out.hexdigest()
