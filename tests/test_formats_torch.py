@@ -305,3 +305,40 @@ def test_cli_replay_revert_diff(tmp_path, capsys):
     assert sha256_file(o) == before
     with zipfile.ZipFile(o) as z:
         assert z.testzip() is None
+
+
+def _refused_in_one_line(tmp_path, capsys, args, msg):
+    out = tmp_path / "refused.out"
+    assert main(["inject", *args, "-o", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if "tmp" in f or f.endswith(".fflog")]
+
+
+def test_refusals_in_one_line_nothing_written(tmp_path, capsys):
+    """The issue's bad inputs for torch.save files, through the CLI: one line, no output, no temporary left."""
+    torch = require("torch")
+    # a view that shares its storage with a listed tensor is never a second tensor: selecting it is refused
+    base = torch.arange(12, dtype=torch.float32)
+    p = str(tmp_path / "views.pt")
+    torch.save({"base": base, "slice": base[4:8]}, p)
+    _refused_in_one_line(tmp_path, capsys, [p, "--include", "/slice"], "view inside /base")
+    # the legacy (non-zip) format
+    p = str(tmp_path / "legacy.pt")
+    torch.save({"w": torch.ones(3)}, p, _use_new_zipfile_serialization=False)
+    _refused_in_one_line(tmp_path, capsys, [p], "legacy")
+    # a directory record whose local-header offset points outside the file
+    p = str(tmp_path / "ok.pt")
+    torch.save({"w": torch.ones(64)}, p)
+    data = bytearray(open(p, "rb").read())
+    k = data.find(b"PK\x01\x02")
+    while k >= 0:
+        data[k + 42:k + 46] = (len(data) + 1000).to_bytes(4, "little")
+        k = data.find(b"PK\x01\x02", k + 4)
+    bad = tmp_path / "offsets.pt"
+    bad.write_bytes(bytes(data))
+    _refused_in_one_line(tmp_path, capsys, [str(bad)], "offsets.pt")
+    # a pickle that asks for anything but tensor rebuilds
+    p = str(tmp_path / "module.pt")
+    torch.save(torch.nn.Linear(2, 2), p)
+    _refused_in_one_line(tmp_path, capsys, [p], "torch.nn.modules.linear.Linear")
