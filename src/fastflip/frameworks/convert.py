@@ -108,7 +108,7 @@ def load_any(path: str | os.PathLike[str]) -> Any:
         from .torch_state import load_state_dict
 
         return load_state_dict(src)
-    if fmt == "torch":
+    if fmt in ("torch", "torch-legacy"):
         import torch
 
         from ..files.layout import read_layout
