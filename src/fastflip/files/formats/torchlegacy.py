@@ -19,22 +19,13 @@ import os
 import struct
 from typing import Any
 
-from . import FormatError, UnsafeInputError
-from .torchsave import TORCH_DTYPES, RestrictedUnpickler, layout_from_records, records_of
+from . import FormatError
+from .torchsave import TORCH_DTYPES, layout_from_records, records_of, restricted_loads
 
 __all__ = ["read_legacy_layout", "LEGACY_MAGIC"]
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _PROTOCOL = 1001
-
-
-def _load(fh: Any, path: str, what: str) -> Any:
-    try:
-        return RestrictedUnpickler(fh, path).load()
-    except (FormatError, UnsafeInputError):
-        raise
-    except Exception as exc:  # any malformed pickle: one line
-        raise FormatError(f"{path}: legacy torch.save file with a damaged {what} ({type(exc).__name__}: {exc})") from None
 
 
 def read_legacy_layout(path: str) -> Any:
@@ -49,15 +40,15 @@ def read_legacy_layout(path: str) -> Any:
     """
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
-        if _load(fh, path, "header") != LEGACY_MAGIC:
+        if restricted_loads(fh, path) != LEGACY_MAGIC:
             raise FormatError(f"{path}: not a legacy torch.save file (magic number differs)")
-        if _load(fh, path, "header") != _PROTOCOL:
+        if restricted_loads(fh, path) != _PROTOCOL:
             raise FormatError(f"{path}: legacy torch.save protocol other than {_PROTOCOL}")
-        info = _load(fh, path, "header")
+        info = restricted_loads(fh, path)
         if not isinstance(info, dict) or info.get("little_endian") is not True:
             raise FormatError(f"{path}: legacy torch.save file written on a big-endian machine; load and re-save it")
-        obj = _load(fh, path, "object pickle")
-        keys = _load(fh, path, "storage list")
+        obj = restricted_loads(fh, path)
+        keys = restricted_loads(fh, path)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise FormatError(f"{path}: legacy torch.save file with a malformed storage list")
         recs = records_of(obj)

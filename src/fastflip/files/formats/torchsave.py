@@ -207,8 +207,9 @@ class RestrictedUnpickler(pickle.Unpickler):
         return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
 
 
-def restricted_loads(data: bytes, where: str) -> Any:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler` (tensors become :class:`TensorRecord`)."""
+def restricted_loads(data: bytes | BinaryIO, where: str) -> Any:
+    """Unpickle ``data`` (bytes, or the next pickle of a file) with :class:`RestrictedUnpickler` (tensors become
+    :class:`TensorRecord`)."""
     try:
         return RestrictedUnpickler(data, where).load()
     except (FormatError, UnsafeInputError):
