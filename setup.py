@@ -44,7 +44,7 @@ def extensions() -> list:
     ext = Extension(
         "fastflip.kernels._cython",
         ["ext/_kernels.pyx"],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), "src/fastflip/kernels"],  # ff_word.h: the word rule in C
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
     )

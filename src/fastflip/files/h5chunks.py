@@ -1,5 +1,7 @@
 """Chunk-level patching of filtered HDF5 data: decode the touched chunks, patch, re-encode, write raw.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 For a filtered dataset whose pipeline fastflip can encode — any of ``shuffle``,
 ``gzip`` (deflate) or ``lzf`` (one compressor) and ``fletcher32``, in the order the dataset lists them — each chunk
 that holds plan sites is read raw from the file (its byte offset and stored size come
