@@ -1,5 +1,7 @@
 """Legacy (PyTorch < 1.6, non-zip) ``torch.save`` files read without running their pickle.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 The legacy format is a run of pickles followed by raw storages: the magic number
 ``0x1950a86a20f9469cfc6c``, the protocol version (1001), a ``sys_info`` dict (byte order,
 type sizes), the saved object (tensors as persistent ids naming storages, exactly as in
@@ -9,8 +11,6 @@ is read by :class:`~fastflip.files.formats.torchsave.RestrictedUnpickler` (nothi
 anything but tensor rebuilds and plain containers is refused), and the storages are
 located by walking the counts, never reading their data. Tensors then lie at fixed byte
 offsets, as in the zip format, and take the raw path; there is no checksum to update.
-
-Core layer, like :mod:`.torchsave`.
 """
 
 from __future__ import annotations
