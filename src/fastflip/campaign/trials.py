@@ -301,6 +301,20 @@ class TrialRunner:
         sites = trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trial, self._n_sites[cell_id])
         return space.plan_sites(sites, seed=self.seed, stream=(cell_id, trial), model=model)
 
+    def plan_block(self, cell_id: int, trials: "Sequence[int] | np.ndarray") -> Any:
+        """The plans of many trials of one cell as a :class:`~fastflip.blockplan.PlanBlock` (trial ``trials[j]``
+        is ``block.plan(j)``, equal to :meth:`plan`; vectorised for the permutation design)."""
+        from ..blockplan import plan_block, plan_sites_block
+        from .cells import block_trial_sites
+
+        space, model = self.spaces[cell_id], self.models[cell_id]
+        trials = np.asarray(trials, dtype=np.int64).reshape(-1)
+        streams = [(cell_id, t) for t in trials.tolist()]
+        if self.cells[cell_id].sampling == "independent":
+            return plan_block(space, seed=self.seed, streams=streams, count=self.flips[cell_id], model=model)
+        sites = block_trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trials, self._n_sites[cell_id])
+        return plan_sites_block(space, sites, seed=self.seed, streams=streams, model=model)
+
     def _judge(self, result: Any, epoch: int | None) -> Judgement:
         """The :class:`~fastflip.outcomes.Judgement` of an evaluator's result against the golden run."""
         golden = self.golden[epoch]
