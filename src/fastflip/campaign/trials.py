@@ -104,8 +104,10 @@ def _predict(model: Any, x: Any) -> np.ndarray:
     if mod.startswith("torch"):
         import torch
 
-        with torch.no_grad():
-            return model(torch.as_tensor(x)).detach().cpu().numpy()
+        first = next(iter(list(model.parameters()) + list(model.buffers())), None)
+        with torch.no_grad():  # the inputs go where the model lives (a CUDA model stays on its GPU)
+            xt = torch.as_tensor(x) if first is None else torch.as_tensor(x).to(first.device)
+            return model(xt).detach().cpu().numpy()
     if mod.startswith(("keras", "tensorflow", "tf_keras")):
         return np.asarray(model(x, training=False))
     if callable(model):
@@ -161,18 +163,22 @@ def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
         if ev.builtin == "classification":
             k = ev.top_k
 
-            def classification(model: Any) -> Answer:
-                return classification_answer(_predict(model, x), y, k)
+            def answer(out: Any) -> Answer:
+                return classification_answer(out, y, k)
+        else:
+            def answer(out: Any) -> Answer:
+                out = np.asarray(out)
+                if out.shape != y.shape and out.size == y.size:
+                    out = out.reshape(y.shape)
+                return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
 
-            return classification
+        def builtin(model: Any) -> Answer:
+            return answer(_predict(model, x))
 
-        def regression(model: Any) -> Answer:
-            out = np.asarray(_predict(model, x))
-            if out.shape != y.shape and out.size == y.size:
-                out = out.reshape(y.shape)
-            return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
-
-        return regression
+        # what batched trials need: the inputs of the one forward, and the judgement of its outputs
+        builtin.inputs, builtin.answer = x, answer  # type: ignore[attr-defined]
+        builtin.__name__ = ev.builtin
+        return builtin
     assert ev.command is not None
     command = ev.command
 
@@ -255,6 +261,7 @@ class TrialRunner:
         self.flips = [c.flips for c in self.cells]
         self._n_sites = [sp.n_sites(m) for sp, m in zip(self.spaces, self.models)]
         self._perms: dict[tuple[int, int], Any] = {}
+        self._batcher: Any = False  # built on the first run_many (None: trials run one by one)
         from .. import live
 
         self._live = live
@@ -328,6 +335,28 @@ class TrialRunner:
             delta = round(d, 12)
             return Judgement(CRITICAL if delta > self.critical else SDC, None, 1.0, result, delta)
         return judge(golden, answer_from(result, self.returns), **self._judge_opts)
+
+    def judged_row(self, cell_id: int, trial: int, plan: Any, result: Callable[[], Any], elapsed: float) -> TrialRow:
+        """The row of a trial whose evaluator result ``result()`` is known (a raising result is a DUE)."""
+        message = None
+        try:
+            j = self._judge(result(), self.cells[cell_id].epoch)
+        except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
+            j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+        return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
+                        elapsed, self.worker, None if j.numeric is None else int(j.numeric), j.changed)
+
+    def run_many(self, cell_id: int, trials: Sequence[int]) -> list[TrialRow]:
+        """Run trials of one cell: ``B`` per forward where the target allows it
+        (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
+        trials = [int(t) for t in trials]
+        if self._batcher is False:
+            from .batched import make_batcher
+
+            self._batcher = make_batcher(self)
+        if self._batcher is None or len(trials) < 2:
+            return [self.run(cell_id, t) for t in trials]
+        return self._batcher.run(self, cell_id, trials)
 
     def run(self, cell_id: int, trial: int) -> TrialRow:
         """Run one trial; exceptions of the evaluator become a DUE outcome."""
@@ -419,7 +448,7 @@ def run_chunk(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell], 
               trials: Sequence[int]) -> list[TrialRow]:
     """Run trials of one cell in this process (a convenience for harnesses with their own executor)."""
     runner = get_runner(token, campaign_dict, cells)
-    return [runner.run(cell_id, int(t)) for t in trials]
+    return runner.run_many(cell_id, [int(t) for t in trials])
 
 
 def worker_error(exc: BaseException) -> str:

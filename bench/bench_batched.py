@@ -1,0 +1,108 @@
+"""Real trials per second: serial vs batched vs batched + golden prefix (fastflip.campaign.batched), one worker.
+
+Campaign: a ResNet-18-shaped CNN built in code (``tests/user_models.py``'s ``ResNet18``, width 8:
+~0.17 M parameters, BatchNorm in eval mode, statistics set), 3×32×32 inputs, a 256-image
+evaluation set (generated, labels = the fault-free predictions), built-in classification
+evaluator; cells per layer × {bit 30, mantissa}, ``PER_CELL`` trials each. Every mode runs the
+same trials in this process (``TrialRunner.run_many``, as a sweep's worker does) and the rows
+are checked equal to the serial ones (outcome, metric, delta, sites) before timing counts.
+
+* ``serial``: ``batch_trials = 1`` (inject, forward, revert per trial);
+* ``batched``: ``batch_trials`` automatic, full forwards;
+* ``prefix``: batched, each cell's golden prefix cached.
+
+Peak RSS is recorded per mode (``extra_info``). Run:
+``pytest bench/bench_batched.py --benchmark-only --benchmark-columns=min,median,max,rounds``
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
+torch = pytest.importorskip("torch")
+
+PER_CELL = 4
+N_IMAGES = 256
+
+
+def model() -> object:
+    """The CNN (deterministic weights)."""
+    from user_models import torch_classes
+
+    torch.manual_seed(0)
+    m = torch_classes()["ResNet18"](width=8, classes=10)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.BatchNorm2d):
+                mod.running_mean.uniform_(-0.1, 0.1)
+                mod.running_var.uniform_(0.5, 1.5)
+    return m.eval()
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(5).standard_normal((N_IMAGES, 3, 32, 32), dtype=np.float32)
+    with torch.no_grad():
+        y = model()(torch.from_numpy(x)).argmax(1).numpy()
+    return x, y
+
+
+def _runner():
+    from fastflip.campaign.config import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    c = Campaign.from_dict({
+        "name": "bench", "seed": 3, "paths": [HERE], "target": {"factory": "bench_batched:model"},
+        "evaluator": {"builtin": "classification", "data": "bench_batched:data", "critical": 0.05},
+        "cells": {"bits": ["30", "mantissa"], "group_by": "layer"}, "trials": {"per_cell": PER_CELL}})
+    cells = campaign_cells(c)
+    return TrialRunner(c, cells), len(cells)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.set_num_threads(1)  # one worker on a shared machine
+    runner, n = _runner()
+    serial = [tuple(runner.run(cid, t)[:7]) for cid in range(n) for t in range(PER_CELL)]
+    return runner, n, serial
+
+
+def _mode(benchmark, setup, batch, prefix):
+    runner, n, serial = setup
+    runner.campaign.evaluator.batch_trials = batch
+    runner._batcher = False
+    rows: list = []
+
+    def run():
+        rows[:] = [r for cid in range(n) for r in runner.run_many(cid, range(PER_CELL))]
+
+    run()  # builds the batcher, probes every cell, caches prefixes: once per worker
+    if runner._batcher:
+        runner._batcher.prefix = prefix
+        run()
+    got = [tuple(r[:7]) for r in rows]
+    assert [g[:6] for g in got] == [s[:6] for s in serial]  # identical outcomes, metrics, sites
+    benchmark.pedantic(run, rounds=3, iterations=1)
+    benchmark.extra_info["trials"] = len(rows)
+    benchmark.extra_info["trials_per_s_best"] = len(rows) / benchmark.stats.stats.min
+    benchmark.extra_info["batch"] = runner._batcher.batch if runner._batcher else 1
+    benchmark.extra_info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def test_serial(benchmark, setup):
+    _mode(benchmark, setup, 1, False)
+
+
+def test_batched(benchmark, setup):
+    _mode(benchmark, setup, None, False)
+
+
+def test_batched_prefix(benchmark, setup):
+    _mode(benchmark, setup, None, True)
