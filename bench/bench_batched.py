@@ -9,7 +9,10 @@ are checked equal to the serial ones (outcome, metric, delta, sites) before timi
 
 * ``serial``: ``batch_trials = 1`` (inject, forward, revert per trial);
 * ``batched``: ``batch_trials`` automatic, full forwards;
-* ``prefix``: batched, each cell's golden prefix cached.
+* ``prefix``: batched, each cell's golden prefix cached;
+* ``activations_serial`` / ``activations_batched``: the same CNN with per-sample activation faults (outputs of
+  six layers, cells per layer × {bit 30, mantissa}): one trial per forward vs ``B`` trials in one forward of
+  ``B × 256`` samples.
 
 Peak RSS is recorded per mode (``extra_info``). Run:
 ``pytest bench/bench_batched.py --benchmark-only --benchmark-columns=min,median,max,rounds``
@@ -53,25 +56,40 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _runner():
+ACT_LAYERS = ["conv1", "layer1.0.conv1", "layer2.0.conv2", "layer3.1.conv1", "layer4.0.conv2", "fc"]
+
+
+def _runner(activations: bool = False):
     from fastflip.campaign.config import Campaign
     from fastflip.campaign.sweep import campaign_cells
     from fastflip.campaign.trials import TrialRunner
 
-    c = Campaign.from_dict({
-        "name": "bench", "seed": 3, "paths": [HERE], "target": {"factory": "bench_batched:model"},
-        "evaluator": {"builtin": "classification", "data": "bench_batched:data", "critical": 0.05},
-        "cells": {"bits": ["30", "mantissa"], "group_by": "layer"}, "trials": {"per_cell": PER_CELL}})
+    d = {"name": "bench", "seed": 3, "paths": [HERE], "target": {"factory": "bench_batched:model"},
+         "evaluator": {"builtin": "classification", "data": "bench_batched:data", "critical": 0.05},
+         "cells": {"bits": ["30", "mantissa"], "group_by": "layer"}, "trials": {"per_cell": PER_CELL}}
+    if activations:  # per-sample activation faults: a fault in the outputs of one of these layers per trial
+        d["target"]["kind"] = "activations"
+        d["select"] = {"layers": ACT_LAYERS}
+    c = Campaign.from_dict(d)
     cells = campaign_cells(c)
     return TrialRunner(c, cells), len(cells)
 
 
-@pytest.fixture(scope="module")
-def setup():
+def _setup(activations: bool):
     torch.set_num_threads(1)  # one worker on a shared machine
-    runner, n = _runner()
+    runner, n = _runner(activations)
     serial = [tuple(runner.run(cid, t)[:7]) for cid in range(n) for t in range(PER_CELL)]
     return runner, n, serial
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return _setup(False)
+
+
+@pytest.fixture(scope="module")
+def act_setup():
+    return _setup(True)
 
 
 def _mode(benchmark, setup, batch, prefix):
@@ -106,3 +124,11 @@ def test_batched(benchmark, setup):
 
 def test_batched_prefix(benchmark, setup):
     _mode(benchmark, setup, None, True)
+
+
+def test_activations_serial(benchmark, act_setup):
+    _mode(benchmark, act_setup, 1, False)
+
+
+def test_activations_batched(benchmark, act_setup):
+    _mode(benchmark, act_setup, None, False)
