@@ -69,4 +69,4 @@ bench: setup
 	$(PY) -m pytest bench --benchmark-only --benchmark-columns=min,median,max,rounds
 
 clean:
-	rm -rf build src/fastflip/*.so ext/*.c $(FLOORS) docs/_build docs/api/generated
+	rm -rf build ext/*.c && find src -name "*.so" -delete && rm -rf $(FLOORS) docs/_build docs/api/generated

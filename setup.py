@@ -42,7 +42,7 @@ def extensions() -> list:
         print(f"fastflip: Cython kernels not built ({exc}); the NumPy/Numba backends will be used", file=sys.stderr)
         return []
     ext = Extension(
-        "fastflip._kernels",
+        "fastflip.kernels._cython",
         ["ext/_kernels.pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

@@ -37,7 +37,7 @@ from act_models import resnet18  # noqa: E402
 
 import fastflip  # noqa: E402
 from fastflip import live  # noqa: E402
-from fastflip.sampling import SiteSpace  # noqa: E402
+from fastflip.core.sampling import SiteSpace  # noqa: E402
 
 BATCH = 64
 

@@ -23,7 +23,7 @@ FRAMEWORKS = ("keras", "torch")
 def setup(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     pytest.importorskip("keras" if request.param == "keras" else "torch")
-    from fastflip.trainers import make_trainer
+    from fastflip.frameworks.trainers import make_trainer
 
     trainer = make_trainer({"framework": request.param}, seed=0)
     trainer.build()
@@ -46,8 +46,8 @@ def test_save_checkpoint(benchmark: Any, setup: dict[str, Any]) -> None:
 
 
 def test_inject_checkpoint(benchmark: Any, setup: dict[str, Any]) -> None:
-    from fastflip.experiment import inject_checkpoint
-    from fastflip.experiment_config import ExperimentConfig
+    from fastflip.experiment.runner import inject_checkpoint
+    from fastflip.experiment.config import ExperimentConfig
 
     t = setup["trainer"]
     cfg = ExperimentConfig.from_dict({"epochs": 5, "scenarios": [

@@ -1,4 +1,4 @@
-"""Word-kernel throughput per backend (fastflip.native): 10^6 sites in a 256 MiB buffer.
+"""Word-kernel throughput per backend (fastflip.kernels.dispatch): 10^6 sites in a 256 MiB buffer.
 
 Run: ``pytest bench/bench_kernels.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastflip import native
+from fastflip.kernels import dispatch as native
 
 N_SITES = 1_000_000
 BUF_BYTES = 256 << 20

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastflip import live
-from fastflip.sampling import SiteSpace
+from fastflip.core.sampling import SiteSpace
 from resnet50 import resnet50_arrays
 
 

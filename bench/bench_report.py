@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from fastflip.report import write_report
-from fastflip.store import ResultStore, TrialRow
+from fastflip.campaign.store import ResultStore, TrialRow
 
 N_LAYERS, PER_BIT, PER_ALL = 20, 781, 25_008  # 20 * (32 * 781 + 25008) = 1,000,000
 

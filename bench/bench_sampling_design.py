@@ -18,8 +18,8 @@ import sys
 import pytest
 
 from fastflip.campaign.cells import Cell, trial_sites
-from fastflip.plan import TensorRef
-from fastflip.sampling import SiteSpace
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TRIALS = 2000
@@ -65,10 +65,10 @@ BLOCK = 4096
 
 
 def test_permutation_block_planner(benchmark, space):
-    """The same permutation design, planned ``BLOCK`` trials per call (:mod:`fastflip.blockplan`)."""
+    """The same permutation design, planned ``BLOCK`` trials per call (:mod:`fastflip.core.blockplan`)."""
     import numpy as np
 
-    from fastflip.blockplan import plan_sites_block
+    from fastflip.core.blockplan import plan_sites_block
     from fastflip.campaign.cells import block_trial_sites
 
     sp, cell = space

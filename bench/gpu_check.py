@@ -8,7 +8,7 @@ Run on a machine with an NVIDIA GPU, CuPy and Numba's CUDA target::
 1. Correctness: for every fault model (flip, stuck-at-0/1, random-bits, adjacent, mask,
    random-value, zero, scale) and every dtype (float16/32/64, int/uint 8-64, bool),
    a seeded plan is applied to CuPy arrays through ``fastflip.live.inject`` and to a
-   host copy through ``fastflip.reference.apply_plan``; the old/new words and every
+   host copy through ``fastflip.core.reference.apply_plan``; the old/new words and every
    byte of every tensor must agree, and ``revert`` must restore the originals. A
    PyTorch CUDA tensor is checked too when torch has CUDA.
 2. Throughput: 10^6 and 10^8 single-bit flips on a 1 GiB float32 tensor set (64
@@ -41,11 +41,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from fastflip.dtypes import word_type  # noqa: E402
-from fastflip.faults import FaultModel  # noqa: E402
-from fastflip.plan import TensorRef  # noqa: E402
-from fastflip.reference import apply_plan  # noqa: E402
-from fastflip.sampling import SiteSpace  # noqa: E402
+from fastflip.core.dtypes import word_type  # noqa: E402
+from fastflip.core.faults import FaultModel  # noqa: E402
+from fastflip.core.plan import TensorRef  # noqa: E402
+from fastflip.core.reference import apply_plan  # noqa: E402
+from fastflip.core.sampling import SiteSpace  # noqa: E402
 
 DTYPES = ["<f2", "<f4", "<f8", "|i1", "<i2", "<i4", "<i8", "|u1", "<u2", "<u4", "<u8", "|b1"]
 MODELS = [FaultModel("flip"), FaultModel("stuck-at-0"), FaultModel("stuck-at-1", n=2), FaultModel("random-bits", n=3),
@@ -107,7 +107,7 @@ def check_correctness(n_elem: int, n_sites: int) -> list[str]:
 
 def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
     if SIM:  # the simulator has no device pointers: lay the tensors out in one span, as on a device
-        from fastflip import kernels_cupy as kc
+        from fastflip.kernels import gpu as kc
 
         starts, pos = [], 3
         for v in host.values():
@@ -166,7 +166,7 @@ def check_torch_cuda() -> list[str]:
 def throughput(flips_list: list[int]) -> dict[str, float]:
     import cupy
 
-    from fastflip import kernels_cupy as kc
+    from fastflip.kernels import gpu as kc
     from fastflip import live
 
     n_tensors, per = 64, 4 << 20  # 64 x 4 Mi float32 = 1 GiB
@@ -264,7 +264,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("--trials", action="store_true", help="also run the real-trials campaign on the GPU")
     args = ap.parse_args()
-    from fastflip import kernels_cupy as kc
+    from fastflip.kernels import gpu as kc
 
     engines = ["numba"]
     if SIM:

@@ -17,8 +17,8 @@ import sys
 import numpy as np
 
 from fastflip.compat.oldtool import array_reader, old_tool_plan
-from fastflip.oldconfig import OldSettings
-from fastflip.plan import TensorRef
+from fastflip.compat.oldconfig import OldSettings
+from fastflip.core.plan import TensorRef
 
 
 def measure(precision: int, attempts: int, seed: int) -> dict[str, float]:

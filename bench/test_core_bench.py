@@ -25,9 +25,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resnet50 import write_keras_legacy_checkpoint, write_large_checkpoint  # noqa: E402
 
-from fastflip.fileio import copy_with_hash  # noqa: E402
-from fastflip.inject import inject_file  # noqa: E402
-from fastflip.layout import read_layout  # noqa: E402
+from fastflip.files.fileio import copy_with_hash  # noqa: E402
+from fastflip.files.inject import inject_file  # noqa: E402
+from fastflip.files.layout import read_layout  # noqa: E402
 
 FASTFLIP = str(Path(sys.executable).with_name("fastflip"))
 
@@ -94,7 +94,7 @@ def test_cli_help(benchmark):
 # peak RSS from VmHWM: ru_maxrss survives execve on Linux, so a child forked from pytest would report pytest's peak
 _RSS_SCRIPT = """
 import sys, time
-from fastflip.inject import inject_file
+from fastflip.files.inject import inject_file
 t = time.perf_counter()
 inject_file(sys.argv[1], in_place=True, atomic=False, hash_files=False, log_path=False, seed=int(sys.argv[2]), count=1000)
 dt = time.perf_counter() - t

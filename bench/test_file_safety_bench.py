@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fastflip.cli import main
-from fastflip.layout import read_layout
+from fastflip.files.layout import read_layout
 
 
 @pytest.fixture(scope="module")

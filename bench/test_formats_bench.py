@@ -25,7 +25,7 @@ import time
 import numpy as np
 import pytest
 
-from fastflip.inject import inject_file
+from fastflip.files.inject import inject_file
 
 ROUNDS = 3
 CHUNKS = (64, 1024)
@@ -91,7 +91,8 @@ def test_h5_10_flips_new_file(benchmark, files, size):
 @pytest.mark.parametrize("size", ["h5_50", "h5_800"])
 def test_h5_10_flips_new_file_h5py_path(benchmark, files, size, monkeypatch):
     """The path before chunk patching (h5py whole-chunk rewrite + byte diff of the files), for comparison."""
-    from fastflip import h5chunks, inject
+    from fastflip.files import h5chunks
+    from fastflip.files import inject
 
     monkeypatch.setattr(inject, "chunk_patches", lambda *a: h5chunks.ChunkPatches())
     out = os.path.join(files["dir"], "out.h5")
@@ -103,7 +104,7 @@ def test_h5_10_flips_new_file_h5py_path(benchmark, files, size, monkeypatch):
 
 _RSS = """
 import sys
-from fastflip.inject import inject_file
+from fastflip.files.inject import inject_file
 src, mode = sys.argv[1], sys.argv[2]
 if mode == "in-place":
     inject_file(src, in_place=True, atomic=False, seed=7, count=10, log_path=False, hash_files=False)

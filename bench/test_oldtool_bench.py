@@ -15,8 +15,8 @@ import pytest
 
 from fastflip.compat.oldtool import array_reader, old_tool_plan
 from fastflip.compat.run import run_old_settings
-from fastflip.oldconfig import OldSettings
-from fastflip.plan import TensorRef
+from fastflip.compat.oldconfig import OldSettings
+from fastflip.core.plan import TensorRef
 
 SETTINGS = OldSettings(tries=3000, precision=64, first_bit=1, last_bit=8, burst=2, allow_nan=False)
 

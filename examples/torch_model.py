@@ -19,7 +19,7 @@ fastflip's built-in PyTorch trainer imports the file and calls:
 ``loss_fn(logits, targets)`` (optional)
     Return the scalar loss; default cross-entropy.
 
-Checkpoints are written with :func:`fastflip.torch.save_checkpoint`: the model's
+Checkpoints are written with :func:`fastflip.frameworks.torch_state.save_checkpoint`: the model's
 tensors under ``/model/<state_dict key>``, the optimizer's state under
 ``/optimizer/state/<param id>/<name>`` (``exp_avg``, ``momentum_buffer``, ...), so
 selections such as ``{roles: [optimizer-moment]}`` or ``{layers: ["0"]}`` work.

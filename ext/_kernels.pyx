@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Typed word kernels over a raw byte buffer (no validation, no policy).
 
-The caller (fastflip.native) validates every argument once: offsets lie inside the
+The caller (fastflip.kernels.dispatch) validates every argument once: offsets lie inside the
 buffer, itemsize is 1, 2, 4 or 8, all columns have the same length. Each word is
 read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
 ``swap`` is true (storage order differs from this machine's), turned into the new

@@ -8,16 +8,16 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from fastflip import reference
-from fastflip.fileio import sha256_file
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.core import reference
+from fastflip.files.fileio import sha256_file
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
 
 
 def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp: str, *, fmt: str,
-                 models: list[str] = MODELS, count: int = 25) -> None:
+                 models: list[str] = MODELS, count: int = 25, non_atomic: bool = True) -> None:
     """``load(path)`` reads a file with the format's own library into {fastflip tensor path: array of words}."""
     lay = read_layout(src)
     assert lay.format == fmt
@@ -26,6 +26,8 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
     # the layout's offsets hold exactly the bytes the library reads
     with open(src, "rb") as fh:
         for t in lay.tensors:
+            if t.storage != "contiguous":  # a deflated .npz member: compared through the library below
+                continue
             fh.seek(t.offset)
             got = np.frombuffer(fh.read(t.nbytes), t.dtype).reshape(t.shape)
             assert np.array_equal(got.view(f"u{t.itemsize}") if t.dtype.kind != "b" else got,
@@ -52,6 +54,8 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         assert sha256_file(rep.output) == sha256_file(out)
         assert revert(res.log_path, out).sha256 == before
         assert sha256_file(out) == before
+    if not non_atomic:
+        return
     # in place, non-atomic (the campaign fast path), then revert
     work = os.path.join(tmp, f"work.{fmt}")
     with open(src, "rb") as a, open(work, "wb") as b:

@@ -16,9 +16,9 @@ import fastflip
 from act_models import resnet18, small_net
 from conftest import require
 from fastflip.errors import BitRangeError, FastflipError, OptionError, SelectionError
-from fastflip.plan import TensorRef
-from fastflip.reference import apply_plan
-from fastflip.sampling import SiteSpace
+from fastflip.core.plan import TensorRef
+from fastflip.core.reference import apply_plan
+from fastflip.core.sampling import SiteSpace
 
 pytestmark = pytest.mark.framework
 

@@ -10,9 +10,9 @@ import pytest
 import fastflip
 from conftest import require
 from fastflip.errors import OptionError, SelectionError
-from fastflip.plan import TensorRef
-from fastflip.reference import apply_plan
-from fastflip.sampling import SiteSpace
+from fastflip.core.plan import TensorRef
+from fastflip.core.reference import apply_plan
+from fastflip.core.sampling import SiteSpace
 
 pytestmark = pytest.mark.framework
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -69,8 +69,8 @@ def test_prefix_outputs_equal_full_forward():
     full forward's outputs exactly."""
     torch = require("torch")
     import batch_helpers
-    from fastflip.blockplan import PlanBlock
-    from fastflip.plan import Plan, TensorRef
+    from fastflip.core.blockplan import PlanBlock
+    from fastflip.core.plan import Plan, TensorRef
 
     for model, x, least in ((batch_helpers.resnet18(), batch_helpers.images(16)[0], 50),
                             (batch_helpers.tied_lm(), batch_helpers.tokens()[0], 4)):
@@ -104,7 +104,7 @@ def test_sweep_batch_trials_knob_and_resume(tmp_path):
     ref = _sweep_rows(tmp_path, c, "serial", 1)
     assert _sweep_rows(tmp_path, c, "auto", None) == ref
     assert _sweep_rows(tmp_path, c, "three", 3) == ref
-    from fastflip.store import ResultStore
+    from fastflip.campaign.store import ResultStore
 
     st = ResultStore.open(str(tmp_path / "three.db"), writable=True)
     st.conn.execute("DELETE FROM trials WHERE trial >= 4")
@@ -281,10 +281,10 @@ def test_activation_trials_batched_equal_serial(factory, data, layers, bits, per
 
 def test_activation_block_needs_its_batch():
     torch = require("torch")
-    from fastflip.blockplan import PlanBlock
+    from fastflip.core.blockplan import PlanBlock
     from fastflip.errors import OptionError
     from fastflip.live.activations import injected_activations
-    from fastflip.plan import Plan, TensorRef
+    from fastflip.core.plan import Plan, TensorRef
 
     m = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
     ref = TensorRef("0", "<f4", (3,))

@@ -1,4 +1,4 @@
-"""Block planning (fastflip.blockplan): every trial of a block equals the trial planned alone."""
+"""Block planning (fastflip.core.blockplan): every trial of a block equals the trial planned alone."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from fastflip.blockplan import PlanBlock, plan_block, plan_sites_block, same_plan
+from fastflip.core.blockplan import PlanBlock, plan_block, plan_sites_block, same_plan
 from fastflip.campaign.cells import Cell, block_trial_sites, trial_sites
 from fastflip.errors import OptionError
-from fastflip.plan import TensorRef
-from fastflip.sampling import SiteSpace
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
 
 MIXED = [TensorRef("conv.w", "<f4", (8, 3, 3, 3)), TensorRef("bn.mean", ">f4", (8,)), TensorRef("h", "<f2", (5, 7)),
          TensorRef("b16", "bfloat16", (33,)), TensorRef("fc.w", "<f8", (10, 4)), TensorRef("steps", "<i8", (3,))]

@@ -14,13 +14,13 @@ import pytest
 from fastflip.campaign import Campaign, load_campaign
 from fastflip.campaign.cells import expand_cells, planned_counts, tensors_from_arrays
 from fastflip.campaign.sweep import campaign_cells, sweep
-from fastflip.outcomes import Answer, judge
-from fastflip.permutation import Permutation
+from fastflip.campaign.outcomes import Answer, judge
+from fastflip.core.permutation import Permutation
 from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner, trial_seed
 from fastflip.errors import OptionError, StoreError
-from fastflip.sampling import SiteSpace
-from fastflip.stats import sample_size, should_stop
-from fastflip.store import ResultStore, merge_stores
+from fastflip.core.sampling import SiteSpace
+from fastflip.campaign.stats import sample_size, should_stop
+from fastflip.campaign.store import ResultStore, merge_stores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -215,7 +215,7 @@ def test_outcomes_match_a_direct_computation():
             row = r.run(cid, t)
             w = campaign_helpers.weights()
             plan = r.plan(cid, t)
-            from fastflip.reference import apply_plan
+            from fastflip.core.reference import apply_plan
 
             apply_plan(w, plan)
             if any(np.abs(a).max() > 1e30 for a in w.values()):

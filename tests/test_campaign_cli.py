@@ -14,8 +14,8 @@ from conftest import require
 from test_campaign import HERE, results
 
 from fastflip.cli import main
-from fastflip.stats import sample_size
-from fastflip.store import ResultStore
+from fastflip.campaign.stats import sample_size
+from fastflip.campaign.store import ResultStore
 
 TOML = """
 name = "cli"
@@ -214,7 +214,7 @@ def test_checkpoint_campaign_with_an_evaluator_command(tmp_path):
 
 
 def test_summary_wilson_per_cell_and_stratified_total(camp, tmp_path, capsys):
-    from fastflip.stats import stratified_estimate, wilson_interval
+    from fastflip.campaign.stats import stratified_estimate, wilson_interval
 
     store = str(tmp_path / "r.db")
     assert main(["sweep", camp, "-o", store, "--workers", "0", "--quiet"]) == 0

@@ -112,8 +112,8 @@ def _expected(before, log):
 
 
 def test_chainer_save_inject_load(chainer_python, tmp_path):
-    from fastflip.inject import inject_file
-    from fastflip.layout import read_layout
+    from fastflip.files.inject import inject_file
+    from fastflip.files.layout import read_layout
 
     model_h5, opt_h5 = tmp_path / "model.h5", tmp_path / "opt.h5"
     _run(chainer_python, tmp_path, "save", model_h5, opt_h5)

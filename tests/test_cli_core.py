@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from fastflip.cli import main
-from fastflip.fileio import sha256_file
-from fastflip.log import InjectionLog
+from fastflip.files.fileio import sha256_file
+from fastflip.files.log import InjectionLog
 from h5fixtures import keras_legacy_like
 
 
@@ -113,7 +113,7 @@ def test_old_config(ckpt, tmp_path, capsys):
 
 
 def test_old_config_percentage_and_probability(ckpt, tmp_path, capsys):
-    from fastflip.oldconfig import map_old_config
+    from fastflip.compat.oldconfig import map_old_config
 
     m = map_old_config({"injection_type": "percentage", "injection_tries": 10, "injection_probability": 1.0},
                        ["<f4"], total_elements=1000)

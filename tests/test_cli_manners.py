@@ -38,7 +38,7 @@ def test_json_outputs_carry_schema_version(tmp_path, capsys):
 
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_outputs_and_stores_respect_the_umask(tmp_path, mask):
-    from fastflip.store import ResultStore
+    from fastflip.campaign.store import ResultStore
 
     src = str(tmp_path / "m.h5")
     hf.dtype_zoo(src)

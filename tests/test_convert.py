@@ -10,9 +10,9 @@ import pytest
 
 from conftest import require
 from fastflip.cli import main
-from fastflip.convert import convert, load_any
-from fastflip.formats import UnsafeInputError, detect_format
-from fastflip.layout import read_layout
+from fastflip.frameworks.convert import convert, load_any
+from fastflip.files.formats import UnsafeInputError, detect_format
+from fastflip.files.layout import read_layout
 
 pytestmark = pytest.mark.framework
 

@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 import h5fixtures as hf
 from fastflip.cli import main
-from fastflip.diff import diff_arrays, diff_files, iter_blocks
-from fastflip.dtypes import from_words, to_words, word_type
+from fastflip.files.diff import diff_arrays, diff_files, iter_blocks
+from fastflip.core.dtypes import from_words, to_words, word_type
 from fastflip.errors import SelectionError
-from fastflip.layout import element_byte_offsets, read_layout
-from fastflip.select import Selection
+from fastflip.files.layout import element_byte_offsets, read_layout
+from fastflip.files.select import Selection
 
 
 def flip_raw(path, tensor, flat, bits):
-    """Flip bit ``bits[i]`` of element ``flat[i]`` by raw file I/O (independent of fastflip.diff)."""
+    """Flip bit ``bits[i]`` of element ``flat[i]`` by raw file I/O (independent of fastflip.files.diff)."""
     offs = element_byte_offsets(path, tensor, np.asarray(flat))
     order = "little" if tensor.dtype.byteorder in "<|=" else "big"
     with open(path, "r+b") as fh:

@@ -12,11 +12,11 @@ import pytest
 from conftest import require
 
 from fastflip.errors import OptionError, SelectionError
-from fastflip.experiment import golden_checkpoint, run_experiment
-from fastflip.experiment_config import ExperimentConfig, load_config
-from fastflip.experiment_outcomes import Verdict, classify, read_csv, summarize
-from fastflip.log import InjectionLog
-from fastflip.trainers.data import digits
+from fastflip.experiment.runner import golden_checkpoint, run_experiment
+from fastflip.experiment.config import ExperimentConfig, load_config
+from fastflip.experiment.outcomes import Verdict, classify, read_csv, summarize
+from fastflip.files.log import InjectionLog
+from fastflip.frameworks.trainers.data import digits
 
 from outcome_rules import independent_outcome
 
@@ -431,7 +431,7 @@ def test_pairwise_tests_between_scenarios_in_results(tmp_path):
 def test_requested_test_with_a_scenario_without_runs_is_one_clear_line(tmp_path):
     with pytest.raises(OptionError, match="compare: no scenario named 'nope'"):
         ExperimentConfig.from_dict(_cfg(compare=[["exp-msb", "nope"]]))
-    from fastflip.experiment import scenario_tests
+    from fastflip.experiment.runner import scenario_tests
 
     cfg = ExperimentConfig.from_dict(_cfg(compare=[["exp-msb", "low-mant"]]))
     summary = summarize([{"scenario": "exp-msb", "epoch": 2, "outcome": "diverged"}])

@@ -17,12 +17,12 @@ import pytest
 
 from conftest import require
 from fastflip.errors import FileLockedError, InputFileError, LogMismatchError, OutputError
-from fastflip.fileio import sha256_file
-from fastflip.inject import inject_file, replay, revert
-from fastflip.keras_io import ArchiveLimits, edit_archive, read_archive
-from fastflip.locks import WriterLock
-from fastflip.log import InjectionLog
-from fastflip.paths import sweep_stale
+from fastflip.files.fileio import sha256_file
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.keras_archive import ArchiveLimits, edit_archive, read_archive
+from fastflip.files.locks import WriterLock
+from fastflip.files.log import InjectionLog
+from fastflip.files.paths import sweep_stale
 from h5fixtures import keras_legacy_like
 from test_cli_core import ckpt, run  # noqa: F401  (ckpt is a fixture)
 
@@ -127,7 +127,7 @@ def test_keras_output_equal_to_input_needs_in_place(tmp_path, capsys):
 def test_second_writer_is_refused_with_the_holder(ckpt, tmp_path, capsys):
     hold = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
-        from fastflip.locks import WriterLock
+        from fastflip.files.locks import WriterLock
         with WriterLock({ckpt!r}, "test holder"):
             print("held", flush=True)
             time.sleep(60)
@@ -231,7 +231,7 @@ def test_failed_run_keeps_existing_output_and_log(ckpt, tmp_path, monkeypatch):
     # the same for a .keras archive: the archive write fails, the old log stays
     src = keras_like(tmp_path / "m.keras")
     kout = str(tmp_path / "o.keras")
-    from fastflip.keras_io import inject_checkpoint_file
+    from fastflip.files.inject import inject_checkpoint_file
 
     inject_checkpoint_file(src, kout, seed=1, count=2)
     kept = sha256_file(kout), sha256_file(kout + ".fflog")
@@ -325,7 +325,7 @@ def test_sigterm_removes_temporaries(tmp_path):
         f.create_dataset("w", data=np.zeros(2_000_000, "f4"))
     script = textwrap.dedent(f"""
         import sys, time
-        import fastflip.inject as inj
+        import fastflip.files.inject as inj
         real = inj.copy_apply
         def slow(*a, **k):
             r = real(*a, **k)
@@ -371,7 +371,7 @@ def test_archive_member_limits(tmp_path, capsys):
 
 
 def test_deep_nesting_is_found_and_link_chains_are_fast(tmp_path):
-    from fastflip.layout import read_layout
+    from fastflip.files.layout import read_layout
 
     deep = str(tmp_path / "deep.h5")
     with h5py.File(deep, "w") as f:

@@ -2,7 +2,7 @@
 
 The independent side is PyTorch's own conversions (every word decoded by torch, values
 rounded by torch), bit arithmetic written out here, and the pure-Python oracle of
-:mod:`fastflip.reference` for scaling.
+:mod:`fastflip.core.reference` for scaling.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 import fastflip
 from conftest import require
 from fastflip import live
-from fastflip.dtypes import word_type
-from fastflip.floatformats import FORMATS, decode, encode, nonfinite_words
-from fastflip.plan import Plan, TensorRef
-from fastflip.reference import apply_plan, format_scale_word, format_value
-from fastflip.select import Selection, select
-from fastflip.wordrule import nonfinite, scale_words, words_to_values
+from fastflip.core.dtypes import word_type
+from fastflip.core.floatformats import FORMATS, decode, encode, nonfinite_words
+from fastflip.core.plan import Plan, TensorRef
+from fastflip.core.reference import apply_plan, format_scale_word, format_value
+from fastflip.files.select import Selection, select
+from fastflip.core.wordrule import nonfinite, scale_words, words_to_values
 from user_models import torch_classes
 
 FMT = list(FORMATS)
@@ -185,10 +185,10 @@ def test_fp8_model_live_and_mixed_selection() -> None:
 @pytest.mark.framework
 def test_bf16_and_fp8_checkpoints_fields_values_nan_and_diff(tmp_path) -> None:
     torch = require("torch")
-    from fastflip.diff import diff_files
-    from fastflip.inject import inject_file
-    from fastflip.layout import read_layout
-    from fastflip.torch import load_state_dict, save_state_dict
+    from fastflip.files.diff import diff_files
+    from fastflip.files.inject import inject_file
+    from fastflip.files.layout import read_layout
+    from fastflip.frameworks.torch_state import load_state_dict, save_state_dict
 
     state = {"bf": torch.tensor([1.0, -2.0, 0.5, 3.0] * 4, dtype=torch.bfloat16),
              "e4": torch.full((16,), 1.0).to(torch.float8_e4m3fn), "e5": torch.full((16,), 1.0).to(torch.float8_e5m2),
@@ -206,7 +206,7 @@ def test_bf16_and_fp8_checkpoints_fields_values_nan_and_diff(tmp_path) -> None:
         assert back[name].dtype == state[name].dtype
         assert set((a ^ b).tolist()) == {1 << bit}  # 48 sites over 3 x 16 elements: every element once
     # values in the log are the format's values, not the integers of the words
-    from fastflip.log import InjectionLog, values_of
+    from fastflip.files.log import InjectionLog, values_of
 
     log = InjectionLog.load(tmp_path / "f.fflog")
     assert {t.format for t in log.plan.tensors} == {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
@@ -243,8 +243,8 @@ def test_keras_bfloat16_variables() -> None:
 @pytest.mark.parametrize("kind", ["torch.save", "safetensors"])
 def test_torch_save_and_safetensors_files_carry_the_format(tmp_path, kind: str) -> None:
     torch = require("torch")
-    from fastflip.inject import inject_file
-    from fastflip.layout import read_layout
+    from fastflip.files.inject import inject_file
+    from fastflip.files.layout import read_layout
 
     sd = {"bf": torch.ones(8, dtype=torch.bfloat16), "e4": torch.ones(8).to(torch.float8_e4m3fn),
           "e5": torch.ones(8).to(torch.float8_e5m2), "n": torch.tensor(3)}

@@ -13,10 +13,10 @@ import pytest
 from conftest import require
 from fastflip.cli import main
 from fastflip.errors import InputFileError
-from fastflip.fileio import sha256_file
-from fastflip.formats import FormatError, UnsafeInputError, detect_format
-from fastflip.inject import inject_file
-from fastflip.layout import read_layout
+from fastflip.files.fileio import sha256_file
+from fastflip.files.formats import FormatError, UnsafeInputError, detect_format
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
 from format_contract import check_format
 
 pytestmark = pytest.mark.framework

@@ -58,7 +58,7 @@ def _torch_trained(torch):
 
 
 def _torch_loaded_words(torch, path) -> dict[str, np.ndarray]:
-    from fastflip.torch import load_checkpoint
+    from fastflip.frameworks.torch_state import load_checkpoint
 
     net, opt = _torch_trained(torch)
     torch.manual_seed(99)  # a different model state, overwritten by the load
@@ -79,8 +79,8 @@ def _torch_loaded_words(torch, path) -> dict[str, np.ndarray]:
     ({"roles": ["step-counter"]}, "all"),
 ])
 def test_torch_save_inject_load(torch, tmp_path, selection, bits):
-    from fastflip.inject import inject_file
-    from fastflip.torch import save_checkpoint
+    from fastflip.files.inject import inject_file
+    from fastflip.frameworks.torch_state import save_checkpoint
 
     net, opt = _torch_trained(torch)
     src = save_checkpoint(tmp_path / "ck.h5", net, opt)
@@ -110,7 +110,7 @@ def keras():
 
 
 def _keras_model(keras):
-    from fastflip.trainers.keras_trainer import digits_cnn
+    from fastflip.frameworks.trainers.keras_trainer import digits_cnn
 
     keras.utils.set_random_seed(2)
     m = digits_cnn()
@@ -120,7 +120,7 @@ def _keras_model(keras):
 
 
 def test_keras_weights_h5_save_inject_load(keras, tmp_path):
-    from fastflip.inject import inject_file
+    from fastflip.files.inject import inject_file
 
     m = _keras_model(keras)
     src = tmp_path / "m.weights.h5"
@@ -134,7 +134,8 @@ def test_keras_weights_h5_save_inject_load(keras, tmp_path):
 
 
 def test_keras_archive_save_inject_load(keras, tmp_path):
-    from fastflip.keras_io import inject_checkpoint_file, read_archive
+    from fastflip.files.inject import inject_checkpoint_file
+    from fastflip.files.keras_archive import read_archive
 
     m = _keras_model(keras)
     src = tmp_path / "m.keras"
@@ -151,7 +152,7 @@ def test_keras_archive_save_inject_load(keras, tmp_path):
 
 
 def test_keras_legacy_h5_save_inject_load(keras, tmp_path):
-    from fastflip.inject import inject_file
+    from fastflip.files.inject import inject_file
 
     m = _keras_model(keras)
     src = tmp_path / "legacy.h5"
@@ -170,8 +171,8 @@ def test_tf_keras_legacy_save_weights_file(keras, tmp_path):
     """The tf.keras ``save_weights('x.h5')`` layout (root attributes layer_names / weight_names)."""
     from keras.src.legacy.saving import legacy_h5_format
 
-    from fastflip.inject import inject_file
-    from fastflip.layout import read_layout
+    from fastflip.files.inject import inject_file
+    from fastflip.files.layout import read_layout
 
     m = _keras_model(keras)
     src = tmp_path / "w.h5"

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from fastflip.inject import inject_file
+from fastflip.files.inject import inject_file
 from h5fixtures import keras_legacy_like
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""The GPU kernel (fastflip.kernels_cupy) run in Numba's CUDA simulator against the NumPy oracle.
+"""The GPU kernel (fastflip.kernels.gpu) run in Numba's CUDA simulator against the NumPy oracle.
 
 The simulator is chosen when Numba is first imported, so the check runs in a fresh
 interpreter with NUMBA_ENABLE_CUDASIM=1. The kernel and the launch code are the ones
@@ -25,9 +25,9 @@ assert cuda.simulator_enabled if hasattr(cuda, "simulator_enabled") else True
 from numba.core import config
 assert config.ENABLE_CUDASIM, "simulator not enabled"
 from test_kernels import DTYPES, random_array, make_plan, reference
-from fastflip.dtypes import word_type
-from fastflip.plan import TensorRef
-from fastflip import kernels_cupy as kc
+from fastflip.core.dtypes import word_type
+from fastflip.core.plan import TensorRef
+from fastflip.kernels import gpu as kc
 
 rng = np.random.default_rng(11)
 for scale in (False, True):

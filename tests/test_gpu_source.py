@@ -1,6 +1,6 @@
 """The CUDA C source of the 'raw' GPU engine, compiled for the host, against the NumPy oracle.
 
-fastflip.kernels_cupy.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
+fastflip.kernels.gpu.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
 its grid-stride loop becomes a plain loop and the host C compiler builds it, so its
 word logic (byte order, widths, masks) is checked here on any machine with a C compiler.
 """
@@ -13,9 +13,9 @@ import shutil
 import numpy as np
 import pytest
 
-from fastflip import kernels_cupy as kc
+from fastflip.kernels import gpu as kc
 from fastflip import live
-from fastflip.dtypes import word_type
+from fastflip.core.dtypes import word_type
 from test_kernels import DTYPES, make_plan, random_array, reference
 
 
@@ -63,7 +63,7 @@ def test_cuda_source_matches_reference(lib, scale: bool) -> None:
     lib.ff_apply(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(little), ptr(plan.and_mask), ptr(plan.or_mask),
                  ptr(plan.xor_mask), ptr(old), ptr(new), len(plan))
     if scale:  # the engine's scale step: host scale_words, then the write kernel (as launch_apply does)
-        from fastflip.wordrule import scale_words
+        from fastflip.core.wordrule import scale_words
 
         s = np.flatnonzero(~np.isnan(plan.scale))
         for t in np.unique(tid[s]):

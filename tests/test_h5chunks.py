@@ -10,12 +10,12 @@ import h5py
 import numpy as np
 import pytest
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.fileio import sha256_file
-from fastflip.h5chunks import fletcher32, shuffle, unshuffle
-from fastflip.inject import inject_file, replay, revert
-from fastflip.layout import read_layout
+from fastflip.files.fileio import sha256_file
+from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.layout import read_layout
 
 DTYPES = ["<f4", ">f8", "<f2", "<i8", "|u1", "|b1"]
 FILTERS = {
@@ -58,7 +58,7 @@ def _read(path: str) -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("filt", list(FILTERS))
 @pytest.mark.parametrize("model", ["flip", "random-bits:2", "stuck-at-1", "random-value"])
 def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
-    from fastflip import h5chunks
+    from fastflip.files import h5chunks
 
     monkeypatch.setattr(h5chunks, "_SAID", set())  # fallbacks are said once per process: listen afresh
     rng = np.random.default_rng(abs(hash((filt, model))) % 2**32)

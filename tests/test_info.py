@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import extras_required
 
-from fastflip.environment import EXTRAS, describe
+from fastflip.kernels.environment import EXTRAS, describe
 
 
 def test_info_json_names_backends_and_extras():

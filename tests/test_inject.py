@@ -8,13 +8,13 @@ import h5py
 import numpy as np
 import pytest
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.errors import (BitRangeError, CapacityError, InputFileError, LogMismatchError, NaNPolicyError,
                              NotHDF5Error, OptionError, OutputError, SelectionError, UnsupportedStorageError)
-from fastflip.fileio import sha256_file
-from fastflip.inject import inject_file, replay, revert
-from fastflip.log import InjectionLog
-from fastflip.select import Selection
+from fastflip.files.fileio import sha256_file
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.log import InjectionLog
+from fastflip.files.select import Selection
 from h5fixtures import ALL_DTYPES, dtype_zoo, storage_zoo
 
 MODELS = ["flip", "random-bits:2", "adjacent:2", "mask:0b11@random", "stuck-at-0", "stuck-at-1", "random-value", "zero"]
@@ -219,8 +219,8 @@ def test_bad_input_is_refused_cleanly(tmp_path, case):
 @pytest.mark.parametrize("block", [5, 13, 4096])
 def test_streaming_copy_apply_matches_mapped_path_across_block_edges(tmp_path, block):
     """Words that straddle copy blocks (odd block sizes, unaligned offsets) are patched exactly."""
-    from fastflip.h5target import apply_plan_to_file, copy_apply, route_sites
-    from fastflip.layout import read_layout
+    from fastflip.files.h5apply import apply_plan_to_file, copy_apply, route_sites
+    from fastflip.files.layout import read_layout
 
     src = str(tmp_path / "a.h5")
     dtype_zoo(src, shape=(6, 7))

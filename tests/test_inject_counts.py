@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 
 from fastflip.cli import main
-from fastflip.inject import inject_file
+from fastflip.files.inject import inject_file
 
 
 def _file(path, values):

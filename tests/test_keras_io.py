@@ -12,7 +12,7 @@ import pytest
 from conftest import require
 from flip_helper import flip_bits, words_of
 from fastflip.errors import InputFileError
-from fastflip.keras_io import UnsafeArchiveError, check_archive, edit_archive, read_archive
+from fastflip.files.keras_archive import UnsafeArchiveError, check_archive, edit_archive, read_archive
 
 
 def _archive(path, entries):

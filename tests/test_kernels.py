@@ -1,4 +1,4 @@
-"""Every word-kernel backend against the NumPy oracle (fastflip.reference.apply_plan)."""
+"""Every word-kernel backend against the NumPy oracle (fastflip.core.reference.apply_plan)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import require
-from fastflip import native
-from fastflip.dtypes import word_type
+from fastflip.kernels import dispatch as native
+from fastflip.core.dtypes import word_type
 from fastflip.errors import OptionError, ReadOnlyTargetError
-from fastflip.plan import Plan, TensorRef
-from fastflip.reference import apply_plan
+from fastflip.core.plan import Plan, TensorRef
+from fastflip.core.reference import apply_plan
 
 BACKENDS = ["cython", "numba", "numpy"]
 BASE_DTYPES = ["f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "?"]
@@ -249,7 +249,7 @@ def test_bad_arguments_change_nothing(backend: str) -> None:
 
 def test_backend_choice() -> None:
     require("numba")
-    require("fastflip._kernels")
+    require("fastflip.kernels._cython")
     assert native.resolve_backend("auto") == native.available_backends()[0] == "cython"
     assert native.available_backends() == list(native.BACKENDS)
     with pytest.raises(OptionError, match="unknown backend"):

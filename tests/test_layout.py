@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import h5fixtures as hf
 from fastflip.errors import InputFileError, NotHDF5Error, TensorNotFoundError, UnsupportedStorageError
-from fastflip.layout import ChunkIndex, Tensor, chunk_index, element_byte_offsets, read_layout
+from fastflip.files.layout import ChunkIndex, Tensor, chunk_index, element_byte_offsets, read_layout
 
 
 def raw_read(path: str, offsets: np.ndarray, itemsize: int) -> list[bytes]:

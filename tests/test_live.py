@@ -9,7 +9,7 @@ from conftest import require
 from fastflip import live
 from fastflip.errors import (SelectionError, LogMismatchError, OptionError, PlanMismatchError, ReadOnlyTargetError,
                              TensorNotFoundError)
-from fastflip.plan import Plan, TensorRef
+from fastflip.core.plan import Plan, TensorRef
 from test_kernels import DTYPES, make_plan, random_array, reference
 
 BACKENDS = ["cython", "numba", "numpy"]
@@ -53,7 +53,7 @@ def test_non_contiguous_and_memmap(tmp_path) -> None:
     refs = live.tensor_refs(arrays)
     plan = make_plan(refs, rng, per_tensor=8)
     expected_vals = {k: v.copy() for k, v in snap.items()}
-    from fastflip.reference import apply_plan
+    from fastflip.core.reference import apply_plan
 
     exp_old, exp_new = apply_plan(expected_vals, plan)
     log = live.inject(arrays, plan)
@@ -290,7 +290,7 @@ def test_gpu_tensor_without_cupy_is_refused_clearly() -> None:
 @pytest.mark.parametrize("model", ["flip", "stuck-at-0", "stuck-at-1:2", "random-bits:3", "adjacent:2", "mask:0b1011@random",
                                    "mask:0b11", "random-value", "zero", "scale:0.75", "scale:1e39"])
 def test_every_fault_model_matches_reference(model: str) -> None:
-    from fastflip.sampling import make_plan as sample
+    from fastflip.core.sampling import make_plan as sample
 
     rng = np.random.default_rng(61)
     arrays = {f"t{i}": random_array(d, 300 + i, rng) for i, d in enumerate(["<f2", ">f4", "<f8", "|i1", ">i4", "<u8"])}

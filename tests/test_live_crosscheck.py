@@ -1,7 +1,7 @@
 """Same seed => the file-injected checkpoint, once loaded, equals the live-injected model bit for bit.
 
-Keras (``.weights.h5``) and PyTorch (``fastflip.torch.save_checkpoint``): the file side is
-``fastflip.inject.inject_file``, the live side ``fastflip.live.injected`` with the same
+Keras (``.weights.h5``) and PyTorch (``fastflip.frameworks.torch_state.save_checkpoint``): the file side is
+``fastflip.files.inject.inject_file``, the live side ``fastflip.live.injected`` with the same
 sampling options. Both draw from the same site space because live tensors carry the
 checkpoint's names and are ordered as the checkpoint's layout orders them.
 """
@@ -13,9 +13,9 @@ import pytest
 
 from conftest import require
 from fastflip import live
-from fastflip.inject import inject_file
-from fastflip.layout import read_layout
-from fastflip.select import Selection
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
+from fastflip.files.select import Selection
 
 pytestmark = pytest.mark.framework
 
@@ -64,7 +64,7 @@ def test_keras_file_and_live_injection_agree(tmp_path, opts) -> None:
 @pytest.mark.parametrize("opts", SAMPLING, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
 def test_torch_file_and_live_injection_agree(tmp_path, opts) -> None:
     torch = require("torch")
-    from fastflip.torch import load_checkpoint, save_checkpoint
+    from fastflip.frameworks.torch_state import load_checkpoint, save_checkpoint
 
     def make():
         torch.manual_seed(0)

@@ -90,7 +90,7 @@ def test_keras_model_inject_changes_outputs_and_reverts() -> None:
     clean = model.predict(x, verbose=0)
     refs = live.tensor_refs(model)
     kernel = [j for j, r in enumerate(refs) if r.name == "c1/kernel"][0]
-    from fastflip.plan import Plan
+    from fastflip.core.plan import Plan
 
     plan = Plan.from_sites(refs, [kernel], [0], xor_mask=[1 << 30])  # exponent MSB of one conv weight
     with live.injected(model, plan) as log:

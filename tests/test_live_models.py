@@ -19,7 +19,7 @@ import fastflip
 from conftest import require
 from fastflip import live
 from fastflip.errors import BitRangeError, LogMismatchError, OptionError, PlanMismatchError, SelectionError
-from fastflip.select import Selection
+from fastflip.files.select import Selection
 from user_models import keras_subclassed, torch_classes
 
 pytestmark = pytest.mark.framework
@@ -88,8 +88,8 @@ def test_user_subclass_with_nested_blocks_and_batchnorm_readme_snippet() -> None
 
 def test_campaign_style_factory_model_and_checkpoint_plan_apply_to_a_subclass(tmp_path) -> None:
     torch = require("torch")
-    from fastflip.inject import inject_file
-    from fastflip.torch import load_checkpoint, save_checkpoint
+    from fastflip.files.inject import inject_file
+    from fastflip.frameworks.torch_state import load_checkpoint, save_checkpoint
 
     torch.manual_seed(1)
     Net = torch_classes()["Net"]
@@ -155,7 +155,7 @@ def test_tied_embedding_is_one_site_space_and_reverts_exactly() -> None:
         assert lm.lm_head.weight.detach().numpy().tobytes() == want.tobytes()  # the same storage
         assert not torch.equal(lm(ids), clean)
     assert lm.embed.weight.detach().numpy().tobytes() == w0.tobytes() and torch.equal(lm(ids), clean)
-    from fastflip.plan import Plan, TensorRef
+    from fastflip.core.plan import Plan, TensorRef
 
     refs = [TensorRef("embed.weight", "<f4", (50, 16)), TensorRef("lm_head.weight", "<f4", (50, 16))]
     twice = Plan.from_sites(refs, [0, 1], [7, 7], xor_mask=[1, 2])  # one element under both names
@@ -341,7 +341,7 @@ def test_cli_exponent_msb_on_keras_file_with_int64_iteration(tmp_path) -> None:
                         "--count", "5", "--seed", "3"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "left out 1 tensor(s) without exponent-msb" in r.stdout and "iteration" in r.stdout
-    from fastflip.log import InjectionLog
+    from fastflip.files.log import InjectionLog
 
     log = InjectionLog.load(str(out) + ".fflog")
     assert all(np.dtype(t.dtype).kind == "f" for t in log.plan.tensors) and len(log.old_words) == 5
@@ -358,8 +358,8 @@ def test_cli_exponent_msb_on_keras_file_with_int64_iteration(tmp_path) -> None:
 
 
 def test_sitespace_and_inject_file_leave_out_fieldless_tensors(tmp_path) -> None:
-    from fastflip.plan import TensorRef
-    from fastflip.sampling import SiteSpace
+    from fastflip.core.plan import TensorRef
+    from fastflip.core.sampling import SiteSpace
 
     space = SiteSpace([TensorRef("w", "<f4", (10,)), TensorRef("n", "<i8", ()), TensorRef("h", "<f2", (4,))],
                       bits="exponent-msb")
@@ -414,7 +414,7 @@ def test_tensors_that_cannot_be_injected_are_named_not_skipped_silently() -> Non
 
 def test_select_takes_live_refs() -> None:
     torch = require("torch")
-    from fastflip.select import select
+    from fastflip.files.select import select
 
     net = torch_classes()["Net"]()
     refs = fastflip.tensor_refs(net)

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastflip import reference
+from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import FastflipError
-from fastflip.plan import TensorRef
-from fastflip.sampling import SiteSpace
-from fastflip.wordrule import nonfinite
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
+from fastflip.core.wordrule import nonfinite
 
 MODELS = ["flip", "random-bits:2", "random-bits:5", "adjacent:3", "stuck-at-1", "stuck-at-1:3", "stuck-at-0:2",
           "mask:0b11@random", "mask:0b101", "random-value", "zero", "scale:1e30", "scale:0.5"]
@@ -36,7 +36,7 @@ def test_issue_repro_sixteen_values_of_one_and_a_half(tmp_path, capsys, seed):
 
 
 def _words_reader(arrays: dict[str, np.ndarray]):
-    from fastflip.dtypes import to_words
+    from fastflip.core.dtypes import to_words
 
     def read(plan):
         out = np.zeros(len(plan), np.uint64)

@@ -16,11 +16,11 @@ from conftest import require
 from fastflip.cli import main
 from fastflip.compat.oldtool import draw_slots, old_tool_plan
 from fastflip.compat.run import run_old_settings
-from fastflip.inject import replay, revert
-from fastflip.log import InjectionLog
-from fastflip.oldconfig import OldSettings, load_old_config, settings_from_config
-from fastflip.plan import TensorRef
-from fastflip.sampling import generator
+from fastflip.files.inject import replay, revert
+from fastflip.files.log import InjectionLog
+from fastflip.compat.oldconfig import OldSettings, load_old_config, settings_from_config
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import generator
 
 SIZES = {"a": 8, "b": 64, "c": 1024, "d": 4096}
 
@@ -491,9 +491,9 @@ def test_console_script_entry_point(ckpt, tmp_path, capsys):
 @pytest.mark.framework
 def test_pytorch_checkpoint_as_users_make_it(tmp_path, capsys):
     """A real PyTorch model (a subclass with nesting and BatchNorm, its int64 counters and momentum buffers),
-    saved with fastflip.torch, corrupted with the older tool's PyTorch-style config, loaded back."""
+    saved with fastflip.frameworks.torch_state, corrupted with the older tool's PyTorch-style config, loaded back."""
     torch = require("torch")
-    from fastflip.torch import load_checkpoint, save_checkpoint
+    from fastflip.frameworks.torch_state import load_checkpoint, save_checkpoint
 
     class Block(torch.nn.Module):
         def __init__(self, cin: int) -> None:

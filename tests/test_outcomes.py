@@ -20,9 +20,9 @@ from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner
 from fastflip.cli import main
 from fastflip.errors import OptionError
-from fastflip.outcomes import FAILURE_CLASSES, Answer, answer_from, failure_sql, judge, parse_failure
-from fastflip.reference import apply_plan
-from fastflip.store import ResultStore
+from fastflip.campaign.outcomes import FAILURE_CLASSES, Answer, answer_from, failure_sql, judge, parse_failure
+from fastflip.core.reference import apply_plan
+from fastflip.campaign.store import ResultStore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -16,8 +16,8 @@ from fastflip.campaign.summary import group_vulnerability, stratified_rate
 from fastflip.campaign.sweep import campaign_cells
 from fastflip.campaign.trials import TrialRunner
 from fastflip.errors import OptionError
-from fastflip.permutation import Permutation
-from fastflip.stats import stratified_estimate, wilson_interval
+from fastflip.core.permutation import Permutation
+from fastflip.campaign.stats import stratified_estimate, wilson_interval
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 16, 17, 80, 1000, 4097])

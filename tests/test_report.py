@@ -30,8 +30,8 @@ from fastflip.campaign import Campaign
 from fastflip.campaign.sweep import sweep
 from fastflip.cli import main as cli_main
 from fastflip.errors import InputFileError, OutputError, StoreError
-from fastflip.experiment import run_experiment
-from fastflip.experiment_outcomes import read_csv
+from fastflip.experiment.runner import run_experiment
+from fastflip.experiment.outcomes import read_csv
 from fastflip.report import (
     bit_figure,
     curve_figure,
@@ -40,8 +40,8 @@ from fastflip.report import (
     outcome_figure,
     write_report,
 )
-from fastflip.stats import wilson_half_width, wilson_interval
-from fastflip.store import OUTCOMES, ResultStore
+from fastflip.campaign.stats import wilson_half_width, wilson_interval
+from fastflip.campaign.store import OUTCOMES, ResultStore
 
 TESTS = Path(__file__).parent
 TOY = str(TESTS / "toy_trainer.py")
@@ -249,7 +249,7 @@ def test_store_records_cell_dtypes_and_merge_keeps_them(store, tmp_path):
     keys = [k for (k,) in con.execute("SELECT key FROM cells")]
     con.close()
     assert set(got) == set(keys) and all(v == ["float32"] for v in got.values())
-    from fastflip.store import merge_stores
+    from fastflip.campaign.store import merge_stores
 
     merge_stores(str(tmp_path / "m.db"), [store])
     con = sqlite3.connect(tmp_path / "m.db")

@@ -13,8 +13,8 @@ import pytest
 
 import h5fixtures as hf
 from conftest import require
-from fastflip.layout import read_layout
-from fastflip.roles import ROLES, annotate, detect_framework, label_path
+from fastflip.files.layout import read_layout
+from fastflip.files.roles import ROLES, annotate, detect_framework, label_path
 
 
 def roles_of(path):
@@ -230,7 +230,7 @@ def test_real_keras_legacy_h5(tmp_path):
 @pytest.mark.framework
 def test_real_torch_checkpoint(tmp_path):
     torch = require("torch")
-    from fastflip.torch import save_checkpoint
+    from fastflip.frameworks.torch_state import save_checkpoint
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -333,7 +333,7 @@ def test_real_chainer_save_hdf5(tmp_path):
 
 
 def test_roles_import_no_framework():
-    code = ("import sys, fastflip.layout, fastflip.roles, fastflip.select, fastflip.diff; "
+    code = ("import sys, fastflip.files.layout, fastflip.files.roles, fastflip.files.select, fastflip.files.diff; "
             "print(sorted(m for m in ('torch', 'keras', 'tensorflow', 'chainer') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -7,10 +7,10 @@ import pytest
 from conftest import require
 
 from fastflip.errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
-from fastflip.faults import FaultModel
-from fastflip.plan import Plan, TensorRef, compose_masks, merge_duplicate_elements
-from fastflip.reference import apply_plan, word_rule
-from fastflip.sampling import SiteSpace, make_plan
+from fastflip.core.faults import FaultModel
+from fastflip.core.plan import Plan, TensorRef, compose_masks, merge_duplicate_elements
+from fastflip.core.reference import apply_plan, word_rule
+from fastflip.core.sampling import SiteSpace, make_plan
 
 REFS = [TensorRef("a", "<f4", (10,)), TensorRef("b", "<f4", (100,)), TensorRef("c", "<f4", (30, 30)),
         TensorRef("d", "<f4", (5000,))]
@@ -217,7 +217,7 @@ def test_merge_of_sorted_plans_with_triples_matches_sequential():
 
 def test_bulk_path_exact_distinct_and_proportional():
     """From _BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
-    from fastflip import sampling
+    from fastflip.core import sampling
 
     chi2 = require("scipy.stats").chisquare
     refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]

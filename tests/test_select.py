@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import h5fixtures as hf
 from fastflip.errors import OptionError, SelectionError
-from fastflip.layout import read_layout
-from fastflip.select import Selection, dtype_matcher, glob_to_regex, select
+from fastflip.files.layout import read_layout
+from fastflip.files.select import Selection, dtype_matcher, glob_to_regex, select
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import require
 from fastflip.errors import OptionError
-from fastflip.significance import fisher_exact, holm, pairwise_tests
+from fastflip.campaign.significance import fisher_exact, holm, pairwise_tests
 
 
 def _fisher_by_enumeration(a, b, c, d):

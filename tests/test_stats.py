@@ -9,7 +9,7 @@ import pytest
 from conftest import require
 
 from fastflip.errors import OptionError
-from fastflip.stats import (
+from fastflip.campaign.stats import (
     sample_size,
     should_stop,
     stratified_estimate,

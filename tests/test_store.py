@@ -13,7 +13,7 @@ import pytest
 
 from conftest import require
 from fastflip.errors import OutputError, StoreError
-from fastflip.store import OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
+from fastflip.campaign.store import OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
 
 CONFIG = {"name": "t", "seed": 7, "cells": {"bits": [0, 31]}}
 CELLS = [
@@ -137,7 +137,7 @@ def test_second_writer_refuses_in_process_and_across_processes(store):
     with pytest.raises(StoreError, match="in use by another sweep"):
         ResultStore.open(store.path, writable=True)
     code = (
-        "import sys\nfrom fastflip.store import ResultStore\nfrom fastflip.errors import StoreError\n"
+        "import sys\nfrom fastflip.campaign.store import ResultStore\nfrom fastflip.errors import StoreError\n"
         f"try:\n    ResultStore.open({store.path!r}, writable=True)\nexcept StoreError as e:\n    print('REFUSED', e); sys.exit(3)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -155,7 +155,7 @@ def test_lock_released_when_writer_is_killed(tmp_path):
     path = str(tmp_path / "k.db")
     ResultStore.create(path, CONFIG, CELLS).close()
     code = (
-        "import time\nfrom fastflip.store import ResultStore\n"
+        "import time\nfrom fastflip.campaign.store import ResultStore\n"
         f"s = ResultStore.open({path!r}, writable=True)\nprint('LOCKED', flush=True)\ntime.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

@@ -11,19 +11,19 @@ import sys
 import pytest
 
 from fastflip.errors import StoreError
-from fastflip.store import ResultStore, TrialRow
-from fastflip.store_guard import sqlite_error
+from fastflip.campaign.store import ResultStore, TrialRow
+from fastflip.campaign.store_guard import sqlite_error
 
 CONFIG = {"name": "g", "seed": 3}
 CELLS = [{"key": "bit=0", "bits": "0", "grp": "w", "group_by": "tensor", "flips": 1, "fault": "flip", "planned": 5,
           "population": 10}]
 
 HOLD = (
-    "import sys, time\nfrom fastflip.store import ResultStore\n"
+    "import sys, time\nfrom fastflip.campaign.store import ResultStore\n"
     "s = ResultStore.open(sys.argv[1], writable=True)\nprint('LOCKED', flush=True)\ntime.sleep(120)\n"
 )
 TRY = (
-    "import sys\nfrom fastflip.store import ResultStore\nfrom fastflip.errors import StoreError\n"
+    "import sys\nfrom fastflip.campaign.store import ResultStore\nfrom fastflip.errors import StoreError\n"
     "try:\n    ResultStore.open(sys.argv[1], writable=True).close()\nexcept StoreError as e:\n"
     "    print(e); sys.exit(3)\nprint('OPENED')\n"
 )
@@ -107,7 +107,7 @@ def test_a_dead_writers_record_is_not_reported_as_the_holder(tmp_path):
                 ('{"pid": 999999999, "host": "%s", "started": 0}' % socket.gethostname(),))
     con.commit()
     con.close()
-    from fastflip.store_guard import StoreLock, _read_holder
+    from fastflip.campaign.store_guard import StoreLock, _read_holder
 
     assert _read_holder(path) is None
     lock = StoreLock.acquire(path)
@@ -175,7 +175,7 @@ def test_disk_full_while_saving_names_the_cause_not_the_rollback(tmp_path):
 
 def test_sweep_disk_full_is_one_line_through_the_cli(tmp_path, monkeypatch, capsys):
     from fastflip import cli
-    from fastflip.store import ResultStore as RS
+    from fastflip.campaign.store import ResultStore as RS
     from test_campaign_kill import write_campaign
 
     camp = write_campaign(tmp_path, per_cell=40)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import h5fixtures as hf
-from fastflip import inject_file, native
+from fastflip import inject_file
+from fastflip.kernels import dispatch as native
 from fastflip.live import injected
 
 

@@ -1,4 +1,4 @@
-"""fastflip.torch: state_dict <-> HDF5, bit-exact, with the documented layout."""
+"""fastflip.frameworks.torch_state: state_dict <-> HDF5, bit-exact, with the documented layout."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _bits_equal(a, b, torch):
 
 
 def test_checkpoint_round_trip_is_bit_exact(torch, tmp_path):
-    from fastflip.torch import load_state_dict, save_checkpoint
+    from fastflip.frameworks.torch_state import load_state_dict, save_checkpoint
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt, epoch=3, note="x")
@@ -69,7 +69,7 @@ def test_checkpoint_round_trip_is_bit_exact(torch, tmp_path):
 def test_documented_layout(torch, tmp_path):
     import json
 
-    from fastflip.torch import save_checkpoint, save_state_dict
+    from fastflip.frameworks.torch_state import save_checkpoint, save_state_dict
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
@@ -96,7 +96,7 @@ def test_documented_layout(torch, tmp_path):
 
 
 def test_dtypes_nested_and_odd_values(torch, tmp_path):
-    from fastflip.torch import load_state_dict, save_state_dict
+    from fastflip.frameworks.torch_state import load_state_dict, save_state_dict
 
     state = {
         "a": {"bf": torch.tensor([1.5, -2.0], dtype=torch.bfloat16), "h": torch.tensor([0.1], dtype=torch.float16),
@@ -116,7 +116,7 @@ def test_dtypes_nested_and_odd_values(torch, tmp_path):
 
 
 def test_non_contiguous_and_grad_tensors(torch, tmp_path):
-    from fastflip.torch import load_state_dict, save_state_dict
+    from fastflip.frameworks.torch_state import load_state_dict, save_state_dict
 
     t = torch.arange(12.0).reshape(3, 4).t()  # non-contiguous view
     w = torch.nn.Parameter(torch.ones(2))
@@ -126,7 +126,7 @@ def test_non_contiguous_and_grad_tensors(torch, tmp_path):
 
 def test_bad_values_and_keys_are_refused(torch, tmp_path):
     from fastflip.errors import OptionError
-    from fastflip.torch import save_state_dict
+    from fastflip.frameworks.torch_state import save_state_dict
 
     with pytest.raises(OptionError, match="cannot store a object"):
         save_state_dict({"x": object()}, tmp_path / "a.h5")
@@ -139,7 +139,7 @@ def test_bad_values_and_keys_are_refused(torch, tmp_path):
 
 
 def test_shape_mismatch_names_the_tensor(torch, tmp_path):
-    from fastflip.torch import CheckpointMismatchError, load_checkpoint, save_checkpoint
+    from fastflip.frameworks.torch_state import CheckpointMismatchError, load_checkpoint, save_checkpoint
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
@@ -157,10 +157,10 @@ def test_shape_mismatch_names_the_tensor(torch, tmp_path):
 
 
 def test_optimizer_state_shape_mismatch(torch, tmp_path):
-    from fastflip.torch import CheckpointMismatchError, load_checkpoint, load_state_dict, save_state_dict
+    from fastflip.frameworks.torch_state import CheckpointMismatchError, load_checkpoint, load_state_dict, save_state_dict
 
     net, opt = _trained(torch)
-    from fastflip.torch import save_checkpoint
+    from fastflip.frameworks.torch_state import save_checkpoint
 
     state = load_state_dict(save_checkpoint(tmp_path / "ck.h5", net, opt))
     state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(2, 2)
@@ -171,7 +171,7 @@ def test_optimizer_state_shape_mismatch(torch, tmp_path):
 
 def test_flipped_bits_load_exactly(torch, tmp_path):
     """Save with torch -> flip stored bits in the HDF5 file -> load with torch: exactly the new words."""
-    from fastflip.torch import load_checkpoint, save_checkpoint
+    from fastflip.frameworks.torch_state import load_checkpoint, save_checkpoint
 
     net, opt = _trained(torch)
     p = save_checkpoint(tmp_path / "ck.h5", net, opt)
@@ -194,7 +194,7 @@ def test_flipped_bits_load_exactly(torch, tmp_path):
 
 def test_missing_and_foreign_files(torch, tmp_path):
     from fastflip.errors import InputFileError, NotHDF5Error
-    from fastflip.torch import load_state_dict
+    from fastflip.frameworks.torch_state import load_state_dict
 
     with pytest.raises(InputFileError, match="no such file"):
         load_state_dict(tmp_path / "nope.h5")
@@ -211,7 +211,7 @@ def test_damaged_and_older_key_lists(torch, tmp_path):
     import json
 
     from fastflip.errors import InputFileError
-    from fastflip.torch import load_state_dict, save_state_dict
+    from fastflip.frameworks.torch_state import load_state_dict, save_state_dict
 
     state = {"m": {"w": torch.arange(4.0), "n": torch.tensor(3)}, "epoch": 5}
     p = save_state_dict(state, tmp_path / "s.h5")

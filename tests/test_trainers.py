@@ -43,7 +43,7 @@ def _controls(framework, **trainer):
 @pytest.mark.parametrize("framework, extra", [("torch", {}), ("keras", {}), ("keras", {"checkpoint_format": "keras"})])
 def test_resume_from_unaltered_checkpoint_reproduces_golden(framework, extra, tmp_path, request):
     request.getfixturevalue(framework)
-    from fastflip.experiment import run_experiment
+    from fastflip.experiment.runner import run_experiment
 
     res = run_experiment(_controls(framework, **extra), tmp_path / "o", plot=False)
     c1, c0, cmid, flip = res.results
@@ -57,8 +57,8 @@ def test_resume_from_unaltered_checkpoint_reproduces_golden(framework, extra, tm
 
 @pytest.mark.framework
 def test_keras_checkpoint_of_another_model_names_the_tensor(keras, tmp_path):
-    from fastflip.torch import CheckpointMismatchError
-    from fastflip.trainers.keras_trainer import KerasTrainer, digits_data
+    from fastflip.frameworks.torch_state import CheckpointMismatchError
+    from fastflip.frameworks.trainers.keras_trainer import KerasTrainer, digits_data
 
     def other():
         m = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(5)])
@@ -84,7 +84,7 @@ def test_keras_checkpoint_of_another_model_names_the_tensor(keras, tmp_path):
 @pytest.mark.parametrize("framework, module", [("keras", "keras_model.py"), ("torch", "torch_model.py")])
 def test_example_model_files_plug_in(framework, module, tmp_path, request):
     request.getfixturevalue(framework)
-    from fastflip.trainers import make_trainer
+    from fastflip.frameworks.trainers import make_trainer
 
     t = make_trainer({"framework": framework, "model_file": module, "batch_size": 64}, seed=0,
                      base_dir=str(EXAMPLES))
@@ -102,7 +102,7 @@ def test_example_model_files_plug_in(framework, module, tmp_path, request):
 
 
 def test_user_file_errors(tmp_path):
-    from fastflip.trainers import make_trainer
+    from fastflip.frameworks.trainers import make_trainer
 
     (tmp_path / "empty.py").write_text("x = 1\n")
     with pytest.raises(OptionError, match="must define make_trainer"):
@@ -119,9 +119,9 @@ def test_user_file_errors(tmp_path):
 @pytest.mark.framework
 @pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
 def test_keras_callback_injects_and_reloads(keras, tmp_path, suffix):
-    from fastflip.log import InjectionLog
-    from fastflip.trainers.keras_callback import FaultInjectionCallback
-    from fastflip.trainers.keras_trainer import digits_cnn, digits_data
+    from fastflip.files.log import InjectionLog
+    from fastflip.frameworks.trainers.keras_callback import FaultInjectionCallback
+    from fastflip.frameworks.trainers.keras_trainer import digits_cnn, digits_data
 
     keras.utils.set_random_seed(0)
     x, y, _, _ = digits_data()
@@ -155,9 +155,9 @@ def test_keras_callback_injects_and_reloads(keras, tmp_path, suffix):
 
 @pytest.mark.framework
 def test_keras_callback_injects_at_an_iteration(keras, tmp_path):
-    from fastflip.log import InjectionLog
-    from fastflip.trainers.keras_callback import FaultInjectionCallback
-    from fastflip.trainers.keras_trainer import digits_cnn, digits_data
+    from fastflip.files.log import InjectionLog
+    from fastflip.frameworks.trainers.keras_callback import FaultInjectionCallback
+    from fastflip.frameworks.trainers.keras_trainer import digits_cnn, digits_data
 
     keras.utils.set_random_seed(0)
     x, y, _, _ = digits_data()
@@ -193,8 +193,8 @@ def test_keras_callback_injects_at_an_iteration(keras, tmp_path):
 @pytest.mark.parametrize("framework", ["torch", "keras"])
 def test_injected_nan_keeps_training_and_is_diverged(framework, tmp_path, request):
     request.getfixturevalue(framework)
-    from fastflip.experiment import run_experiment
-    from fastflip.experiment_outcomes import read_csv
+    from fastflip.experiment.runner import run_experiment
+    from fastflip.experiment.outcomes import read_csv
 
     cfg = {"epochs": 2, "seed": 1, "trainer": {"framework": framework},
            "scenarios": [{"name": "nan", "epoch": 1, "bits": "exponent", "model": "stuck-at-1:8", "count": 4,
@@ -213,8 +213,8 @@ def test_outcome_rules_on_real_training(framework, tmp_path, request):
     request.getfixturevalue(framework)
     from outcome_rules import independent_outcome
 
-    from fastflip.experiment import run_experiment
-    from fastflip.experiment_outcomes import read_csv
+    from fastflip.experiment.runner import run_experiment
+    from fastflip.experiment.outcomes import read_csv
 
     cfg = {"epochs": 3, "seed": 2, "trainer": {"framework": framework},
            "scenarios": [{"name": "msb", "epoch": 1, "bits": "exponent-msb", "count": 2, "repetitions": 3,
@@ -226,7 +226,7 @@ def test_outcome_rules_on_real_training(framework, tmp_path, request):
     assert all(g["loss"] is not None and g["train_accuracy"] is not None and g["val_loss"] is not None
                for g in golden[1:])
     assert golden[1]["loss"] != golden[1]["val_loss"]  # two losses, not one overwriting the other
-    from fastflip.trainers.data import digits
+    from fastflip.frameworks.trainers.data import digits
 
     yv = digits()[3]
     chance = float(np.bincount(yv).max() / len(yv))
@@ -245,7 +245,7 @@ def test_outcome_rules_on_real_training(framework, tmp_path, request):
 @pytest.mark.framework
 def test_demo_runs_and_reports(torch, tmp_path, capsys):
     from fastflip.demo import main
-    from fastflip.experiment_outcomes import read_csv
+    from fastflip.experiment.outcomes import read_csv
 
     assert main([str(tmp_path / "d"), "--framework", "torch", "--repetitions", "3"]) == 0
     out = capsys.readouterr().out
@@ -260,7 +260,7 @@ def test_demo_runs_and_reports(torch, tmp_path, capsys):
     assert (contrast[0]["a_failures"], contrast[0]["b_failures"]) == (fails["random-bits"], fails["spare-exp-msb"])
     for r in results:  # the spared scenario really never flipped bit 30
         if r["scenario"] == "spare-exp-msb":
-            from fastflip.log import InjectionLog
+            from fastflip.files.log import InjectionLog
 
             log = InjectionLog.load(tmp_path / f"d/torch/runs/spare-exp-msb/{r['rep']:03d}/injection.fflog")
             assert len(log) == 32 and all(30 not in x["bit_positions"] for x in log.records())

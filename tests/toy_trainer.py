@@ -1,6 +1,6 @@
 """A framework-free trainer for experiment tests: softmax regression on the digits, NumPy + h5py.
 
-It follows fastflip.trainers.protocol.Trainer and is loaded the way a user's own file is
+It follows fastflip.frameworks.trainers.protocol.Trainer and is loaded the way a user's own file is
 (``trainer: {framework: custom, model_file: toy_trainer.py}``). ``crash_above`` makes
 train_epoch raise when a weight's magnitude exceeds it, standing in for a user's trainer
 that blows up on a corrupted state.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 
-from fastflip.trainers.data import digits
+from fastflip.frameworks.trainers.data import digits
 
 
 class ToyTrainer:

@@ -14,26 +14,36 @@ import importlib
 import logging
 from typing import Any
 
+from . import _moved
+
 __version__ = "0.1.0"
 
 # Library messages go to the "fastflip" logger; a host application decides where they go (the CLI maps -v/-q).
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
-    "inject_file": "inject", "replay": "inject", "revert": "inject", "InjectionResult": "inject",
-    "InjectionLog": "log", "read_layout": "layout", "Layout": "layout", "Tensor": "layout",
-    "Selection": "select", "select": "select", "BitSpec": "bits", "FaultModel": "faults",
-    "SiteSpace": "sampling", "make_plan": "sampling", "Plan": "plan", "TensorRef": "plan",
-    "diff_files": "diff", "FastflipError": "errors",
+    "inject_file": "files.inject", "replay": "files.inject", "revert": "files.inject",
+    "InjectionResult": "files.inject", "InjectionLog": "files.log", "read_layout": "files.layout",
+    "Layout": "files.layout", "Tensor": "files.layout", "Selection": "files.select", "select": "files.select",
+    "BitSpec": "core.bits", "FaultModel": "core.faults", "SiteSpace": "core.sampling", "make_plan": "core.sampling",
+    "Plan": "core.plan", "TensorRef": "core.plan", "diff_files": "files.diff", "FastflipError": "errors",
     "injected": "live", "tensor_refs": "live", "site": "live",
     "injected_activations": "live.activations", "ActivationLog": "live.activations",
 }
 
+# Modules of the old flat layout keep working from their old paths, with a DeprecationWarning (see _moved).
+_moved.install()
+
 __all__ = ["__version__", *_EXPORTS]
+
+# The layers (docs/internals.md), imported on first attribute access: ``fastflip.core.plan`` after ``import fastflip``.
+_SUBPACKAGES = ("core", "kernels", "files", "live", "frameworks", "campaign", "experiment", "report", "compat", "cli")
 
 
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
+    if mod is None and (name in _moved.MOVED or name in _SUBPACKAGES):  # fastflip.core, fastflip.native, ...
+        return importlib.import_module(f"{__name__}.{name}")
     if mod is None:
         raise AttributeError(f"module 'fastflip' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{mod}", __name__), name)

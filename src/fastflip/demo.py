@@ -76,13 +76,13 @@ def contrast_tests(summaries: Mapping[str, Sequence[Mapping[str, Any]]],
     on each scenario, Holm-corrected together.
 
     ``summaries`` maps a framework to its experiment's summary rows
-    (:func:`fastflip.experiment_outcomes.summarize`). Groups are named ``framework:scenario``.
+    (:func:`fastflip.experiment.outcomes.summarize`). Groups are named ``framework:scenario``.
 
     >>> s = {"keras": [{"scenario": "a", "failures": 9, "runs": 10}, {"scenario": "b", "failures": 0, "runs": 10}]}
     >>> [(r["a"], r["b"]) for r in contrast_tests(s, ("a", "b"))]
     [('keras:a', 'keras:b')]
     """
-    from .significance import pairwise_tests
+    from .campaign.significance import pairwise_tests
 
     groups = {f"{fw}:{r['scenario']}": (int(r["failures"]), int(r["runs"]))
               for fw, rows in summaries.items() for r in rows if r["scenario"] in scenarios}
@@ -120,10 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="run only this framework (repeatable; default both)")
     p.add_argument("--repetitions", type=int, default=REPETITIONS, help=f"runs per scenario (default {REPETITIONS})")
     args = p.parse_args(argv)
-    from .experiment import run_experiment
-    from .experiment_outcomes import write_csv
+    from .experiment.runner import run_experiment
+    from .experiment.outcomes import write_csv
     from .report import write_report
-    from .significance import PAIRWISE_FIELDS
+    from .campaign.significance import PAIRWISE_FIELDS
 
     root = Path(args.out)
     if args.fresh and root.exists():

@@ -5,7 +5,7 @@ A trial of a ``memory``-mode campaign on a PyTorch module with a built-in evalua
 the faulty model. :class:`BatchedTorch` runs ``B`` such trials at once:
 
 * only the faulted tensors are copied: each becomes a stack of ``B`` copies, trial ``j``'s
-  sites applied to copy ``j`` by the plan's exact word rule (:mod:`fastflip.wordrule`; the
+  sites applied to copy ``j`` by the plan's exact word rule (:mod:`fastflip.core.wordrule`; the
   few faulted words make one trip to the host per block and tensor, never one per trial);
   every other tensor is shared;
 * the model, traced by ``torch.fx`` (a static graph: no control flow on values), runs once
@@ -34,8 +34,8 @@ probe against the golden outputs and runs trial by trial, said in one line.
 Examples
 --------
 >>> import torch
->>> from fastflip.blockplan import PlanBlock
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.blockplan import PlanBlock
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> m = torch.nn.Linear(2, 2).eval()
 >>> with torch.no_grad():
 ...     _ = m.weight.copy_(torch.eye(2)); _ = m.bias.zero_()
@@ -147,7 +147,7 @@ class BatchedTorch:
     def stacks(self, block: Any, names: Sequence[str]) -> dict[int, Any]:
         """``{id(tensor): stack of B faulty copies}`` for every tensor the block's plans touch."""
         torch = self.torch
-        from ..wordrule import rule_words, scale_words
+        from ..core.wordrule import rule_words, scale_words
 
         B = len(block)
         trial = block.trial_of_row
@@ -420,8 +420,8 @@ class TrialBatcher:
 
     def usable(self, runner: Any, cell_id: int) -> bool:
         """Whether the cell's trials can be batched: a probe of two fault-free copies against the golden forward."""
-        from ..blockplan import PlanBlock
-        from ..plan import Plan
+        from ..core.blockplan import PlanBlock
+        from ..core.plan import Plan
 
         key = tuple(sorted(runner.cells[cell_id].tensors))
         if key not in self._ok and self._off is None:

@@ -1,16 +1,16 @@
 """A campaign's target tensors and its grid of cells.
 
-The target's tensors are described by :class:`fastflip.layout.Tensor` records (an
-HDF5 checkpoint through :func:`fastflip.layout.read_layout`; a factory's named arrays
-through the same record, labelled by :func:`fastflip.roles.label_path`), filtered by
-the campaign's :class:`fastflip.select.Selection`. :func:`expand_cells` then builds
+The target's tensors are described by :class:`fastflip.files.layout.Tensor` records (an
+HDF5 checkpoint through :func:`fastflip.files.layout.read_layout`; a factory's named arrays
+through the same record, labelled by :func:`fastflip.files.roles.label_path`), filtered by
+the campaign's :class:`fastflip.files.select.Selection`. :func:`expand_cells` then builds
 the grid bits × group × flips × fault × epoch; a cell's *population* is its number of
 site units: (element, bit) pairs for single-bit models (flip, single stuck-at), elements
 for the others (whose bits are then chosen inside the element).
 
 Sampling design (:func:`trial_sites`): within a cell, trial ``i`` flipping ``k`` sites
 takes the positions ``i*k … i*k+k-1`` of a keyed permutation of the cell's site units
-(:class:`fastflip.permutation.Permutation`, key ``(seed, cell, pass)``), so trials draw
+(:class:`fastflip.core.permutation.Permutation`, key ``(seed, cell, pass)``), so trials draw
 distinct sites, without replacement across trials, and any trial is regenerated from
 (seed, cell, trial) alone. After ``population // k`` trials a new pass starts with a new
 permutation. When a trial is one deterministic site (a single-bit model, ``zero``,
@@ -37,18 +37,17 @@ Examples
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import OptionError
-from ..layout import Tensor
+from ..files.layout import Tensor
 from .config import Campaign
+from .evaluate import import_object, make_evaluator
 
 __all__ = [
     "Cell",
@@ -69,30 +68,9 @@ __all__ = [
 ]
 
 
-def import_object(spec: str, paths: Sequence[str] = ()) -> Any:
-    """Import ``module:attribute`` (``paths`` are put on ``sys.path`` first)."""
-    for p in paths:
-        if p not in sys.path:
-            sys.path.insert(0, p)
-    modname, _, attr = spec.partition(":")
-    if not modname or not attr:
-        raise OptionError(f"{spec!r}: expected 'module:function'")
-    try:
-        mod = importlib.import_module(modname)
-    except ImportError as exc:
-        raise OptionError(f"cannot import module {modname!r} for {spec!r}: {exc}") from exc
-    obj: Any = mod
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise OptionError(f"module {modname!r} has no attribute {attr!r}") from None
-    return obj
-
-
 def tensors_from_refs(refs: Sequence[Any]) -> list[Tensor]:
-    """:class:`~fastflip.layout.Tensor` records for live tensors' refs (layer and role guessed from names)."""
-    from ..roles import detect_framework, label_path
+    """:class:`~fastflip.files.layout.Tensor` records for live tensors' refs (layer and role guessed from names)."""
+    from ..files.roles import detect_framework, label_path
 
     aliases = [r.name if r.name.startswith("/") else "/" + r.name for r in refs]
     framework = detect_framework(aliases)
@@ -106,8 +84,8 @@ def tensors_from_refs(refs: Sequence[Any]) -> list[Tensor]:
 
 
 def tensors_from_arrays(arrays: Mapping[str, Any]) -> list[Tensor]:
-    """:class:`~fastflip.layout.Tensor` records for named in-memory arrays."""
-    from ..plan import TensorRef
+    """:class:`~fastflip.files.layout.Tensor` records for named in-memory arrays."""
+    from ..core.plan import TensorRef
 
     return tensors_from_refs([TensorRef(n, np.asarray(a).dtype.str, np.shape(a)) for n, a in arrays.items()])
 
@@ -124,12 +102,12 @@ def call_factory(campaign: Campaign) -> Any:
 
 def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None) -> list[Tensor]:
     """The campaign's selected tensors (of one epoch's checkpoint, or of the factory's model)."""
-    from ..select import Selection, select
+    from ..files.select import Selection, select
 
     if campaign.target.kind == "activations":
         return activation_tensors(campaign, obj if obj is not None else call_factory(campaign))
     if campaign.target.checkpoint is not None:
-        from ..layout import read_layout
+        from ..files.layout import read_layout
 
         tensors = read_layout(campaign.checkpoint_path(epoch)).tensors
     else:
@@ -142,9 +120,7 @@ def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None
 def activation_tensors(campaign: Campaign, model: Any) -> list[Tensor]:
     """The selected layers' per-sample outputs, learned from one fault-free evaluation (layer = its name)."""
     from ..live.activations import layer_outputs
-    from ..select import Selection
-    from .trials import make_evaluator
-
+    from ..files.select import Selection
     evaluate = make_evaluator(campaign)
     refs = layer_outputs(model, lambda: evaluate(model), Selection.from_dict(campaign.select))
     return [Tensor(r.name, (r.name,), np.dtype(r.dtype), r.shape, r.size, "memory",
@@ -202,8 +178,8 @@ def _group_of(t: Tensor, group_by: str) -> str | None:
 
 def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Sequence[Tensor]]) -> list[Cell]:
     """The grid in a fixed order: bits, then group (first appearance), flips, fault, epoch."""
-    from ..bits import BitSpec
-    from ..dtypes import word_type
+    from ..core.bits import BitSpec
+    from ..core.dtypes import word_type
 
     spec = campaign.cells
     epochs: list[int | None] = list(spec.epochs) if spec.epochs else [None]
@@ -217,7 +193,7 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
             if g not in order:
                 order.append(g)
         grouped[epoch] = groups
-    from ..faults import FaultModel
+    from ..core.faults import FaultModel
 
     models = {f: FaultModel.parse(f) for f in spec.faults}
     cells: list[Cell] = []
@@ -274,7 +250,7 @@ def planned_counts(campaign: Campaign, cells: Sequence[Cell]) -> list[int]:
     an unbounded one for the other cells (their trials are not a sample without replacement
     of a finite set).
     """
-    from ..stats import sample_size
+    from .stats import sample_size
 
     tr = campaign.trials
     out = []
@@ -301,7 +277,7 @@ def cell_notes(campaign: Campaign, cells: Sequence[Cell], planned: Sequence[int]
             notes.append(f"cell {c.key}: {what} = {asked} exceeds its population of {c.population} sites; "
                          f"it runs every site once ({n} trials, exhaustive: the exact rate)")
         elif c.fpc_population is None and c.sampling == "permutation" and n * c.flips > c.population:
-            from ..faults import FaultModel
+            from ..core.faults import FaultModel
 
             unit = "(element, bit) sites" if FaultModel.parse(c.fault).pair_sites else "elements"
             notes.append(f"cell {c.key}: {n} trials x {c.flips} sites exceed its {c.population} {unit}; after "
@@ -317,7 +293,7 @@ def trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell
     ``(seed, cell, pass)`` over the ``N = n_sites`` units (see the module docstring).
     """
     from ..errors import CapacityError
-    from ..permutation import Permutation
+    from ..core.permutation import Permutation
 
     k = cell.flips
     if k > n_sites:
@@ -336,7 +312,7 @@ def block_trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int
                       n_sites: int) -> np.ndarray:
     """:func:`trial_sites` of many trials at once: a ``(len(trials), flips)`` array, row ``j`` that of ``trials[j]``."""
     from ..errors import CapacityError
-    from ..permutation import Permutation
+    from ..core.permutation import Permutation
 
     k = cell.flips
     if k > n_sites:

@@ -19,7 +19,7 @@ File form (TOML; YAML takes the same keys)::
     # kind = "activations"         # with a factory returning a PyTorch/Keras model: fault the outputs of
                                    # the selected layers ([select] layers) during each trial's evaluation
 
-    [select]                       # all optional (fastflip.select.Selection keys)
+    [select]                       # all optional (fastflip.files.select.Selection keys)
     include = ["*kernel*"]
     exclude = []
     dtypes = ["float32"]
@@ -65,9 +65,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .. import configcheck as cc
+from ..core import configcheck as cc
 from ..errors import OptionError
-from ..outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
+from .outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
 
 __all__ = [
     "TargetSpec",
@@ -129,8 +129,8 @@ class CellsSpec:
     distribution: str = "element"
 
     def __post_init__(self) -> None:
-        from ..bits import BitSpec
-        from ..faults import FaultModel
+        from ..core.bits import BitSpec
+        from ..core.faults import FaultModel
 
         self.bits = cc.strings(self.bits, "[cells] bits", ints_ok=True)
         if not self.bits:
@@ -188,7 +188,7 @@ class TrialsSpec:
 class EvaluatorSpec:
     """How a trial is judged: a user function, a built-in evaluator or a command (checkpoint mode).
 
-    The outcome classes and what ``failure`` may name are in :mod:`fastflip.outcomes`.
+    The outcome classes and what ``failure`` may name are in :mod:`fastflip.campaign.outcomes`.
     """
 
     function: str | None = None
@@ -273,7 +273,7 @@ class Campaign:
         if self.mode == "checkpoint" and self.target.checkpoint is None:
             raise OptionError("mode = 'checkpoint' needs [target] checkpoint")
         self.paths = cc.strings(self.paths, "paths")
-        from ..select import Selection
+        from ..files.select import Selection
 
         select = cc.table(self.select, "[select]")
         cc.check_keys(select, _SELECT_KEYS, "[select]")
@@ -348,7 +348,7 @@ class Campaign:
             text = yaml.safe_dump(self._file_dict(), sort_keys=False)
         else:
             raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
-        from ..fileio import atomic_output
+        from ..files.fileio import atomic_output
 
         with atomic_output(path) as tmp:
             with open(tmp, "w") as fh:

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 
-from ..store_guard import pid_alive
+from .store_guard import pid_alive
 
 __all__ = ["OWNER_ENV", "watch_parent", "make_workdir", "remove_workdirs", "sweep_leftovers", "host_tag"]
 

@@ -27,7 +27,7 @@ import time
 from typing import Any, Iterable, TextIO
 
 from ..errors import OptionError
-from ..store import OUTCOMES
+from .store import OUTCOMES
 
 __all__ = ["Progress", "format_seconds", "status_seconds"]
 

@@ -1,8 +1,8 @@
 """A store's statistics: per-cell rates with Wilson intervals, stratified totals, per-group vulnerability.
 
-The counts come from one SQL aggregation (:meth:`fastflip.store.ResultStore.cell_summary`).
+The counts come from one SQL aggregation (:meth:`fastflip.campaign.store.ResultStore.cell_summary`).
 A trial *fails* when its class is one of ``[evaluator] failure`` (default ``sdc``,
-``critical``, ``due``; the vocabulary is :mod:`fastflip.outcomes`); rates of each class
+``critical``, ``due``; the vocabulary is :mod:`fastflip.campaign.outcomes`); rates of each class
 (and of the ``masked_numeric`` sub-class of ``masked``) are given as well.
 
 The stratified total is computed per (flips, fault, epoch) over the cells that share them,
@@ -22,7 +22,7 @@ this group; these add up to the condition's stratified total).
 Examples
 --------
 >>> import os, tempfile
->>> from fastflip.store import ResultStore, TrialRow
+>>> from fastflip.campaign.store import ResultStore, TrialRow
 >>> p = os.path.join(tempfile.mkdtemp(), "s.db")
 >>> st = ResultStore.create(p, {"name": "d"}, [{"key": "a", "bits": "31", "flips": 1, "fault": "flip",
 ...     "planned": 4, "population": 100}, {"key": "b", "bits": "0", "flips": 1, "fault": "flip",
@@ -42,9 +42,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..outcomes import MASKED_NUMERIC, parse_failure
-from ..stats import stratified_estimate, wilson_interval
-from ..store import OUTCOMES, ResultStore
+from .outcomes import MASKED_NUMERIC, parse_failure
+from .stats import stratified_estimate, wilson_interval
+from .store import OUTCOMES, ResultStore
 
 __all__ = ["summarize", "format_summary", "group_vulnerability", "stratified_rate"]
 
@@ -91,7 +91,7 @@ def _conditions(cells: Sequence[dict[str, Any]]) -> dict[tuple, list[dict[str, A
 def group_vulnerability(cells: Sequence[dict[str, Any]], confidence: float = 0.95) -> list[dict[str, Any]]:
     """Per condition (flips, fault, epoch) and group (the cells' ``group_by`` value): vulnerability.
 
-    ``cells`` are :func:`summarize` cells (or :meth:`~fastflip.store.ResultStore.cell_summary`
+    ``cells`` are :func:`summarize` cells (or :meth:`~fastflip.campaign.store.ResultStore.cell_summary`
     rows). Columns: ``group_by``, ``group``, the condition, ``sites`` (the group's population),
     ``share`` (of the condition's sites), ``trials``, ``failures``, ``rate`` with ``low``/``high``
     (expected failures per flip in the group), ``relative`` (rate over the condition's rate),

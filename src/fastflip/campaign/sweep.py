@@ -8,11 +8,11 @@ crash or SIGKILL resumes with no trial lost, none run twice, and every outcome
 equal to an uninterrupted run.
 
 * ``shard='i/N'`` runs only the trials with ``(cell + trial) % N == i`` into a shard
-  store; :func:`fastflip.store.merge_stores` combines the shards.
+  store; :func:`fastflip.campaign.store.merge_stores` combines the shards.
 * With ``[trials] half_width`` the sweep runs in rounds: each open cell gets its next
   block of trials, and a cell stops once the Wilson half-width of its failure rate
   (the classes ``[evaluator] failure`` names) over its complete blocks reaches the target
-  (:func:`fastflip.stats.should_stop`). Decisions use whole blocks only, so a resumed
+  (:func:`fastflip.campaign.stats.should_stop`). Decisions use whole blocks only, so a resumed
   sweep takes the same decisions.
 * A worker process that dies (segfault, out of memory) does not stop the campaign:
   the chunks it held run again one trial at a time, and a trial that kills its worker
@@ -42,9 +42,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError, StoreError
-from ..outcomes import failure_sql
-from ..store import OUTCOMES, ResultStore, TrialRow, config_hash
-from ..store_guard import sqlite_error
+from .outcomes import failure_sql
+from .store import OUTCOMES, ResultStore, TrialRow, config_hash
+from .store_guard import sqlite_error
 from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
 from .executors import WorkerCrash, check_main_guard, make_executor, sweep_gpus
@@ -219,7 +219,7 @@ def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int
 
     Cells found stopped are added to ``stopped`` and skipped on later rounds.
     """
-    from ..stats import should_stop
+    from .stats import should_stop
 
     tr = campaign.trials
     assert tr.half_width is not None

@@ -2,7 +2,7 @@
 
 A :class:`TrialRunner` is built once per worker process (it loads the target once,
 evaluates the fault-free *golden* run once, and prepares one
-:class:`fastflip.sampling.SiteSpace` per cell) and then runs any (cell, trial) pair:
+:class:`fastflip.core.sampling.SiteSpace` per cell) and then runs any (cell, trial) pair:
 
 1. sites: distinct across the cell's trials, from a permutation keyed by (seed, cell)
    (:func:`fastflip.campaign.cells.trial_sites`, then ``SiteSpace.plan_sites`` with the
@@ -15,7 +15,7 @@ evaluates the fault-free *golden* run once, and prepares one
    ``checkpoint`` mode: inject into the worker's working copy of the checkpoint file,
    evaluate with its path (function or shell command), revert the words exactly;
 3. the outcome, by comparing the evaluator's answer with the golden run's
-   (:func:`fastflip.outcomes.judge`; the table is in ``docs/outcomes.md``):
+   (:func:`fastflip.campaign.outcomes.judge`; the table is in ``docs/outcomes.md``):
 
    * ``masked``: the answer is unchanged (``numeric`` set when only the raw outputs changed);
    * ``sdc``: the answer changed (for a classifier: some input's prediction); the fraction
@@ -27,7 +27,7 @@ Evaluators: ``builtin = "classification"`` (top-1, or top-k with ``top_k``; the 
 each input's predicted class, the metric the top-k accuracy), ``builtin = "regression"``
 (the answer is the outputs, equal within ``rtol``/``atol``; the metric is the mean squared
 error, lower is better), a ``function`` whose result ``[evaluator] returns`` describes
-(outputs, predictions and/or metric; see :func:`fastflip.outcomes.answer_from`), or a
+(outputs, predictions and/or metric; see :func:`fastflip.campaign.outcomes.answer_from`), or a
 ``command`` printing a metric. A trial whose evaluator raises is a DUE; it never stops the
 campaign.
 
@@ -44,16 +44,16 @@ import multiprocessing.util
 import os
 import shutil
 import socket
-import subprocess
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import FastflipError, OptionError
-from ..outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
-from ..store import TrialRow
-from .cells import Cell, call_factory, import_object, target_tensors, trial_sites
+from .outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
+from .store import TrialRow
+from .cells import Cell, call_factory, target_tensors, trial_sites
+from .evaluate import classification_answer, make_evaluator
 from .config import Campaign
 from .lifeline import make_workdir
 
@@ -79,7 +79,7 @@ def trial_seed(seed: int, cell_id: int, trial: int) -> np.random.SeedSequence:
 def sites_summary(plan: Any) -> str:
     """``name[index]^b<bits>`` per site, ``;``-separated (bits as positions, high first).
 
-    >>> from fastflip.plan import Plan, TensorRef
+    >>> from fastflip.core.plan import Plan, TensorRef
     >>> p = Plan.from_sites([TensorRef("w", "<f4", (9,))], [0, 0], [2, 7], xor_mask=[1 << 30, 3])
     >>> sites_summary(p)
     'w[2]^b30;w[7]^b1,0'
@@ -96,112 +96,12 @@ def sites_summary(plan: Any) -> str:
     return ";".join(out)
 
 
-# ------------------------------------------------------------------------------ evaluators
-def _predict(model: Any, x: Any) -> np.ndarray:
-    # the framework of the model's class or of a base class (user models subclass nn.Module / keras.Model)
-    mods = [c.__module__ for c in type(model).__mro__]
-    mod = next((m for m in mods if m.startswith(("torch", "keras", "tensorflow", "tf_keras"))), mods[0])
-    if mod.startswith("torch"):
-        import torch
-
-        first = next(iter(list(model.parameters()) + list(model.buffers())), None)
-        with torch.no_grad():  # the inputs go where the model lives (a CUDA model stays on its GPU)
-            xt = torch.as_tensor(x) if first is None else torch.as_tensor(x).to(first.device)
-            return model(xt).detach().cpu().numpy()
-    if mod.startswith(("keras", "tensorflow", "tf_keras")):
-        return np.asarray(model(x, training=False))
-    if callable(model):
-        return np.asarray(model(x))
-    raise OptionError(f"builtin accuracy: cannot run a {type(model).__name__}; give [evaluator] function instead")
-
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Per input, its predicted class (k = 1) or its set of k best classes (sorted, so sets compare)."""
-    scores = np.asarray(scores)
-    if scores.ndim < 2:
-        raise OptionError(f"builtin classification: the model's outputs have shape {scores.shape}; "
-                          "expected (inputs, classes) scores")
-    if k == 1:
-        return np.argmax(scores, axis=-1)
-    if k > scores.shape[-1]:
-        raise OptionError(f"[evaluator] top_k = {k} exceeds the {scores.shape[-1]} classes of the model's outputs")
-    return np.sort(np.argsort(-scores, axis=-1, kind="stable")[..., :k], axis=-1)
-
-
-def classification_answer(scores: Any, y: np.ndarray, k: int = 1) -> Answer:
-    """The built-in classifier judgement of outputs ``scores`` on labels ``y``.
-
-    Predictions are the top-1 class (or, with ``k > 1``, the set of the k best classes);
-    the metric is the top-k accuracy.
-
-    >>> a = classification_answer(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
-    >>> a.predictions.tolist(), a.metric
-    ([1, 0], 0.5)
-    """
-    scores = np.asarray(scores)
-    pred = _top_k(scores, k)
-    hit = pred == y if k == 1 else (pred == np.asarray(y)[..., None]).any(axis=-1)
-    return Answer(scores, pred, float(np.mean(hit)))
-
-
-def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
-    """The campaign's evaluator as ``f(model or checkpoint path) -> result``."""
-    ev = campaign.evaluator
-    paths = [campaign.resolve(p) for p in campaign.paths]
-    if ev.function is not None:
-        fn = import_object(ev.function, paths)
-        if not callable(fn):
-            raise OptionError(f"[evaluator] function {ev.function} is not callable")
-        return fn
-    if ev.builtin is not None:
-        assert ev.data is not None
-        data = import_object(ev.data, paths)()
-        if not (isinstance(data, (tuple, list)) and len(data) == 2):
-            raise OptionError(f"[evaluator] data = {ev.data} must return (x, y), got a {type(data).__name__}")
-        x, y = data
-        y = np.asarray(y)
-        if ev.builtin == "classification":
-            k = ev.top_k
-
-            def answer(out: Any) -> Answer:
-                return classification_answer(out, y, k)
-        else:
-            def answer(out: Any) -> Answer:
-                out = np.asarray(out)
-                if out.shape != y.shape and out.size == y.size:
-                    out = out.reshape(y.shape)
-                return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
-
-        def builtin(model: Any) -> Answer:
-            return answer(_predict(model, x))
-
-        # what batched trials need: the inputs of the one forward, and the judgement of its outputs
-        builtin.inputs, builtin.answer = x, answer  # type: ignore[attr-defined]
-        builtin.__name__ = ev.builtin
-        return builtin
-    assert ev.command is not None
-    command = ev.command
-
-    def run_command(path: str) -> float:
-        proc = subprocess.run(command.replace("{checkpoint}", path), shell=True, capture_output=True, text=True,
-                              timeout=ev.timeout)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-            raise RuntimeError(f"command exited {proc.returncode}: {tail[0]}")
-        lines = proc.stdout.strip().splitlines()
-        if not lines:
-            raise RuntimeError("command printed no metric")
-        return float(lines[-1])
-
-    return run_command
-
-
 # ------------------------------------------------------------------------------ the runner
 class TrialRunner:
     """Everything a worker needs to run trials of one campaign (built once per process)."""
 
     def __init__(self, campaign: Campaign, cells: Sequence[Cell]) -> None:
-        from ..sampling import SiteSpace
+        from ..core.sampling import SiteSpace
 
         self.campaign = campaign
         self.cells = list(cells)
@@ -241,7 +141,7 @@ class TrialRunner:
                 self.live[e] = live_targets(obj)
                 self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             else:
-                from ..layout import read_layout
+                from ..files.layout import read_layout
 
                 tensors = target_tensors(campaign, e)
                 self.targets[e] = self._working_copy(campaign.checkpoint_path(e))
@@ -255,7 +155,7 @@ class TrialRunner:
         for c in self.cells:
             refs = [refs_by_epoch[c.epoch][name] for name in c.tensors]
             self.spaces.append(SiteSpace(refs, bits=c.bits, distribution=campaign.cells.distribution))
-        from ..faults import FaultModel
+        from ..core.faults import FaultModel
 
         self.models = [FaultModel.parse(c.fault) for c in self.cells]
         self.flips = [c.flips for c in self.cells]
@@ -268,18 +168,18 @@ class TrialRunner:
 
     @staticmethod
     def _read_checkpoint(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
-        from ..layout import open_h5
+        from ..files.layout import open_h5
 
         with open_h5(path) as f:
             return {n: np.array(f[n][()]) for n in names}
 
     def _restore(self, path: str, log: Any, epoch: int | None) -> None:
-        """Undo one injection in the worker's own copy: the revert of :func:`fastflip.inject.revert`
+        """Undo one injection in the worker's own copy: the revert of :func:`fastflip.files.inject.revert`
         without its whole-file hashes and layout walk (the copy is ours; its layout is known)."""
         if log.undo is not None:  # re-encoded chunks: restore their bytes
             log.undo.apply(path)
         else:
-            from ..h5target import write_words_to_file
+            from ..files.h5apply import write_words_to_file
 
             by_name = self._by_name.get(epoch)
             if by_name is None:
@@ -309,9 +209,9 @@ class TrialRunner:
         return space.plan_sites(sites, seed=self.seed, stream=(cell_id, trial), model=model)
 
     def plan_block(self, cell_id: int, trials: "Sequence[int] | np.ndarray") -> Any:
-        """The plans of many trials of one cell as a :class:`~fastflip.blockplan.PlanBlock` (trial ``trials[j]``
+        """The plans of many trials of one cell as a :class:`~fastflip.core.blockplan.PlanBlock` (trial ``trials[j]``
         is ``block.plan(j)``, equal to :meth:`plan`; vectorised for the permutation design)."""
-        from ..blockplan import plan_block, plan_sites_block
+        from ..core.blockplan import plan_block, plan_sites_block
         from .cells import block_trial_sites
 
         space, model = self.spaces[cell_id], self.models[cell_id]
@@ -323,7 +223,7 @@ class TrialRunner:
         return plan_sites_block(space, sites, seed=self.seed, streams=streams, model=model)
 
     def _judge(self, result: Any, epoch: int | None) -> Judgement:
-        """The :class:`~fastflip.outcomes.Judgement` of an evaluator's result against the golden run."""
+        """The :class:`~fastflip.campaign.outcomes.Judgement` of an evaluator's result against the golden run."""
         golden = self.golden[epoch]
         if type(result) is float and golden.outputs is None and golden.predictions is None:  # fast path: a metric
             if result != result or result in (_INF, -_INF):
@@ -387,7 +287,7 @@ class TrialRunner:
             finally:
                 live.revert(tg, log)
         else:
-            from ..inject import inject_file
+            from ..files.inject import inject_file
 
             raw = self._raw_cells.get(cell_id)
             if raw is None:

@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..convert import convert
+    from ..frameworks.convert import convert
 
     fmt = convert(args.file, args.output, args.to)
     print(f"{args.output}: written as {fmt}")

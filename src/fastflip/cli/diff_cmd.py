@@ -118,8 +118,8 @@ def oldtool_summary(result: Any, prefixes: list[str]) -> dict[str, dict[str, Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..diff import diff_files
-    from ..select import selection_from_args
+    from ..files.diff import diff_files
+    from ..files.select import selection_from_args
 
     sel = selection_from_args(args)
     result = diff_files(args.a, args.b, None if sel.is_all else sel, oldtool=args.oldtool)

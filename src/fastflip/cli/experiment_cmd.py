@@ -25,7 +25,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..experiment import run_experiment
+    from ..experiment.runner import run_experiment
 
     progress = None if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     res = run_experiment(args.config, args.out, progress=progress, plot=not args.no_plot)

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..store import ResultStore
+    from ..campaign.store import ResultStore
 
     if args.summary:
 

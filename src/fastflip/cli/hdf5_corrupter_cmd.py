@@ -77,7 +77,7 @@ def default_output(src: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..compat.run import run_old_settings
     from ..errors import OptionError
-    from ..oldconfig import load_old_config, settings_from_config, settings_from_flags
+    from ..compat.oldconfig import load_old_config, settings_from_config, settings_from_flags
     from .inject_cmd import _print_summary
 
     if args.saveInjectionSequence is not None and not 1 <= len(args.saveInjectionSequence) <= 2:
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if not src:
         raise OptionError("give --hdf5File (or hdf5_file in --configFile)")
     if args.onlyPrint:
-        from ..layout import read_layout
+        from ..files.layout import read_layout
 
         for t in read_layout(src).tensors:
             print(f'"{t.path}" --- Type: {t.dtype} --- Dimensions: {list(t.shape)}')

@@ -19,7 +19,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..environment import describe, format_description
+    from ..kernels.environment import describe, format_description
 
     d = describe()
     print(dumps(d) if args.json else format_description(d))

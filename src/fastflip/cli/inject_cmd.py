@@ -67,8 +67,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
-    from ..inject import inject_file
-    from ..select import selection_from_args
+    from ..files.inject import inject_file
+    from ..files.select import selection_from_args
 
     kwargs: dict[str, Any] = {
         "selection": selection_from_args(args), "bits": args.bits, "sign_first": args.sign_first,
@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         kwargs["log_path"] = False
     elif args.log:
         kwargs["log_path"] = args.log
-    from ..keras_io import inject_checkpoint_file, is_keras_archive
+    from ..files.inject import inject_checkpoint_file
+    from ..files.keras_archive import is_keras_archive
 
     if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
@@ -119,7 +120,7 @@ def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     """``--config old.yaml``: the older tool's settings, run in the chosen design."""
     from ..compat.run import run_old_settings
     from ..errors import OptionError
-    from ..oldconfig import load_old_config, settings_from_config
+    from ..compat.oldconfig import load_old_config, settings_from_config
 
     given = [f"--{k}" for k in ("count", "rate", "ber", "bits") if getattr(args, k) is not None]
     given += ["--model"] if args.model != "flip" else []

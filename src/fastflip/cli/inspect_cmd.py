@@ -96,10 +96,10 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    from ..layout import Layout, read_layout
-    from ..select import select, selection_from_args
+    from ..files.layout import Layout, read_layout
+    from ..files.select import select, selection_from_args
 
-    from ..keras_io import is_keras_archive, read_archive
+    from ..files.keras_archive import is_keras_archive, read_archive
 
     if is_keras_archive(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
         with read_archive(args.file) as inner:

@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..log import InjectionLog
+    from ..files.log import InjectionLog
 
     log = InjectionLog.load(args.log)
     if args.csv:

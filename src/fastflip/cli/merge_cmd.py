@@ -16,7 +16,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..store import ResultStore, merge_stores
+    from ..campaign.store import ResultStore, merge_stores
 
     res = merge_stores(args.output, args.sources)
     with ResultStore.open(args.output) as st:

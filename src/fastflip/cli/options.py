@@ -11,8 +11,8 @@ __all__ = ["add_selection_arguments", "add_fault_arguments"]
 def add_selection_arguments(parser: Any) -> None:
     """Add the shared ``--include/--exclude/--regex/--dtype/--role/--layer`` options to an argparse parser.
 
-    Every option may be repeated; :func:`fastflip.select.selection_from_args` turns them into a
-    :class:`fastflip.select.Selection`.
+    Every option may be repeated; :func:`fastflip.files.select.selection_from_args` turns them into a
+    :class:`fastflip.files.select.Selection`.
     """
     g = parser.add_argument_group("tensor selection (repeatable; a tensor matches if any alias does)")
     g.add_argument("--include", action="append", metavar="GLOB", default=[],

@@ -30,7 +30,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import OptionError
-    from ..stats import sample_size
+    from ..campaign.stats import sample_size
 
     if (args.campaign is None) == (args.population is None):
         raise OptionError("give a campaign file or --population N (not both)")

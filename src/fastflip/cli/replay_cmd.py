@@ -21,7 +21,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inject import replay
+    from ..files.inject import replay
 
     res = replay(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
     digest = res.log.manifest["output"]["sha256"]

@@ -22,7 +22,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..inject import revert
+    from ..files.inject import revert
 
     res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
     if res.verified:

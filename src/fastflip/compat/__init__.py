@@ -2,6 +2,6 @@
 
 ``oldtool`` (core layer) simulates the older tool's injection loop and returns a fastflip Plan;
 ``run`` (orchestration) reads a checkpoint, runs either design and writes the output, fastflip's log and
-the older tool's injection-sequence JSON. The settings themselves are read by :mod:`fastflip.oldconfig`.
+the older tool's injection-sequence JSON. The settings themselves are read by :mod:`fastflip.compat.oldconfig`.
 See ``docs/oldtool.md``.
 """

@@ -23,8 +23,8 @@ once with ``xor_mask = old ^ final`` (0 when the hits cancelled), which replays 
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.oldconfig import OldSettings
->>> from fastflip.plan import TensorRef
+>>> from fastflip.compat.oldconfig import OldSettings
+>>> from fastflip.core.plan import TensorRef
 >>> s = OldSettings(tries=4, precision=32, first_bit=0, last_bit=0, allow_sign_change=False)
 >>> ts = [TensorRef("/w", "<f4", (8,))]
 >>> r = old_tool_plan(s, ts, array_reader([np.full(8, 2.0, "<f4")]), seed=1)
@@ -39,11 +39,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..dtypes import from_words, to_words
+from ..core.dtypes import from_words, to_words
 from ..errors import NaNPolicyError, OptionError
-from ..oldconfig import OldSettings
-from ..plan import Plan, TensorRef
-from ..sampling import generator
+from .oldconfig import OldSettings
+from ..core.plan import Plan, TensorRef
+from ..core.sampling import generator
 
 __all__ = ["OldToolRun", "old_tool_plan", "array_reader", "draw_slots", "flip_float", "flip_int", "MAX_REDRAWS"]
 

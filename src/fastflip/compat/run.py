@@ -1,6 +1,6 @@
 """Run older-tool settings on a checkpoint: either design, fastflip's log, the older tool's sequence JSON.
 
-Orchestration layer (imports :mod:`fastflip.inject`). :func:`run_old_settings` is what
+Orchestration layer (imports :mod:`fastflip.files.inject`). :func:`run_old_settings` is what
 ``fastflip inject --config old.yaml`` and ``fastflip hdf5-corrupter`` call. The input is copied to the
 output unless ``in_place`` (the older tool always edited its input); either way fastflip's log is written,
 so every run replays (``fastflip replay``) and reverts (``fastflip revert``) bit for bit.
@@ -8,7 +8,7 @@ so every run replays (``fastflip replay``) and reverts (``fastflip revert``) bit
 Examples
 --------
 >>> import os, tempfile, numpy as np, h5py
->>> from fastflip.oldconfig import OldSettings
+>>> from fastflip.compat.oldconfig import OldSettings
 >>> d = tempfile.mkdtemp(); src = os.path.join(d, "m.h5")
 >>> with h5py.File(src, "w") as f:
 ...     f["a"] = np.ones(8, "f4"); f["b"] = np.arange(64, dtype="i4")
@@ -27,13 +27,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import InputFileError, OptionError
-from ..fileio import atomic_output, check_output_dir
-from ..h5target import read_words
-from ..inject import InjectionResult, cached_layout, inject_file
-from ..layout import Tensor
-from ..oldconfig import OldSettings, map_old_config
-from ..plan import Plan
-from ..select import Selection, select
+from ..files.fileio import atomic_output, check_output_dir
+from ..files.h5apply import read_words
+from ..files.inject import InjectionResult, cached_layout, inject_file
+from ..files.layout import Tensor
+from .oldconfig import OldSettings, map_old_config
+from ..core.plan import Plan
+from ..files.select import Selection, select
 from .oldtool import OldToolRun, old_tool_plan
 
 __all__ = ["OldRunResult", "run_old_settings", "load_sequence", "save_sequence", "location_list", "DESIGNS"]
@@ -113,7 +113,7 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
     """Run settings ``s`` on ``src`` (default ``s.hdf5_file``); see the module docstring.
 
     ``design`` is ``'oldtool'`` (the older tool's sampling and value rules) or ``'fastflip'``
-    (:func:`fastflip.oldconfig.map_old_config`). ``selection`` narrows the datasets the settings see.
+    (:func:`fastflip.compat.oldconfig.map_old_config`). ``selection`` narrows the datasets the settings see.
     The sequence JSON is written when ``s.save_sequence`` (to ``s.sequence_path``, else ``sequence_out``,
     else ``<output>.sequence.json``).
     """

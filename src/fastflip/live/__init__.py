@@ -11,7 +11,7 @@ Examples
 --------
 >>> import numpy as np
 >>> from fastflip import live
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> w = {"w": np.zeros(3, dtype=np.int8)}
 >>> log = live.inject(w, Plan.from_sites([TensorRef("w", "i1", (3,))], [0], [2], or_mask=[0x81]))
 >>> w["w"].tolist(), log.new_words.tolist()

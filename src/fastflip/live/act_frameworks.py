@@ -31,8 +31,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..errors import OptionError, SelectionError
-from ..plan import TensorRef
-from ..select import dtype_matcher, glob_to_regex
+from ..core.plan import TensorRef
+from ..files.select import dtype_matcher, glob_to_regex
 from .adapters import TORCH_DTYPES
 
 __all__ = ["hooks_for", "TorchHooks", "KerasHooks", "call_name"]

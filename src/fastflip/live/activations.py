@@ -10,7 +10,7 @@ Sites. A layer's *output space* is one sample's output (the output without its
 batch dimension 0). The first forward inside the block learns every selected
 layer's output shape (a probe of the same call: on PyTorch's ``meta`` device when
 the model allows it, else a real forward with the model's buffers and RNG state
-left untouched) and builds a :class:`~fastflip.sampling.SiteSpace` over those
+left untouched) and builds a :class:`~fastflip.core.sampling.SiteSpace` over those
 spaces, so sites are uniform over the selected layers' output elements (a layer is
 hit in proportion to its output size) with the same bit specs, fault models and
 count / rate modes as weights. A layer called several times in one forward (a
@@ -24,8 +24,8 @@ reused ``ReLU``) has one output space per call: ``name``, ``name#1``, ...
   trials (PyTorchFI's per-batch-element neuron faults); trial ``b`` is regenerated
   from its key alone.
 
-New words follow the plan's word rule exactly (:mod:`fastflip.wordrule`, tested
-against :mod:`fastflip.reference`); they are computed on the host for the few
+New words follow the plan's word rule exactly (:mod:`fastflip.core.wordrule`, tested
+against :mod:`fastflip.core.reference`); they are computed on the host for the few
 faulted elements and written back with the framework's own indexing, so the same
 code serves CPU and CUDA tensors. ``nan_policy='avoid'``: sites whose new value
 would be NaN/Inf are redrawn in the same layer for that sample and input (same
@@ -38,7 +38,7 @@ sample's output, touched bits, old and new word.
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.plan import TensorRef
+>>> from fastflip.core.plan import TensorRef
 >>> s = Sites([TensorRef("fc", "<f4", (4,))], seed=3, count=1, bits="31", model=None, per_sample=True)
 >>> sample, index, *_ = s.layer_sites(0, batch=3)
 >>> sample.tolist(), bool(((0 <= index) & (index < 4)).all())
@@ -54,13 +54,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..bits import BitSpec
-from ..dtypes import word_type
+from ..core.bits import BitSpec
+from ..core.dtypes import word_type
 from ..errors import BitRangeError, OptionError
-from ..faults import FaultModel
-from ..plan import Plan, TensorRef
-from ..sampling import SiteSpace
-from ..wordrule import WordCounts, became_nonfinite, nonfinite, rule_words, scale_words
+from ..core.faults import FaultModel
+from ..core.plan import Plan, TensorRef
+from ..core.sampling import SiteSpace
+from ..core.wordrule import WordCounts, became_nonfinite, nonfinite, rule_words, scale_words
 
 __all__ = ["ActivationLog", "Sites", "injected_activations", "layer_outputs", "draw_seed"]
 
@@ -147,7 +147,7 @@ class ActivationLog(WordCounts):
 class Sites:
     """The fault sites of every sample slot over the layers' per-sample output spaces.
 
-    ``plan`` (a :class:`~fastflip.plan.Plan` over ``refs``) fixes the sites instead
+    ``plan`` (a :class:`~fastflip.core.plan.Plan` over ``refs``) fixes the sites instead
     of drawing them (campaigns); it needs ``per_sample=False``.
     """
 
@@ -378,7 +378,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
     per_sample : bool
         Independent faults per batch sample (see the module docstring).
     nan_policy : {'allow', 'avoid'}
-    plan : Plan or fastflip.blockplan.PlanBlock, optional
+    plan : Plan or fastflip.core.blockplan.PlanBlock, optional
         Fixed sites over the layer outputs (``layer_outputs`` gives their refs). A block of ``B``
         plans with ``samples_per_plan = n`` runs ``B`` trials in forwards of ``B * n`` samples:
         trial ``j``'s plan in samples ``j*n … j*n+n-1`` (batched campaign trials).

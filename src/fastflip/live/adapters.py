@@ -6,7 +6,7 @@ checkpoint applies to the loaded model as is:
 
 - any PyTorch ``nn.Module`` (subclasses, nested blocks): its parameter and buffer
   names (``layer4.1.conv2.weight``; alias ``model/layer4.1.conv2.weight``, the path
-  :func:`fastflip.torch.save_checkpoint` writes); optimizer state when asked;
+  :func:`fastflip.frameworks.torch_state.save_checkpoint` writes); optimizer state when asked;
 - any Keras 3 model or layer: the variable paths below the model
   (``hidden/kernel``; alias: the ``.weights.h5`` dataset path when Keras can tell);
   optimizer variables when asked;
@@ -45,14 +45,14 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ..dtypes import is_supported_dtype
-from ..floatformats import FORMATS, format_name
+from ..core.dtypes import is_supported_dtype
+from ..core.floatformats import FORMATS, format_name
 from ..errors import OptionError
 
 __all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
 
 # torch dtype name -> numpy dtype string (native order); bfloat16 and float8 are held as unsigned
-# words with a format (see fastflip.formats); complex has no word type
+# words with a format (see fastflip.files.formats); complex has no word type
 TORCH_DTYPES = {
     "float16": "f2", "float32": "f4", "float64": "f8",
     "int8": "i1", "int16": "i2", "int32": "i4", "int64": "i8",

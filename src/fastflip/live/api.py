@@ -13,7 +13,7 @@ and pass it instead of the model: each trial then costs one native call.
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> w = {"w": np.array([1.0, 2.0], dtype=np.float32)}
 >>> plan = Plan.from_sites([TensorRef("w", "<f4", (2,))], [0], [1], xor_mask=[1 << 31])
 >>> with injected(w, plan) as log:
@@ -33,10 +33,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import LogMismatchError, OptionError
-from ..layout import Tensor
-from ..plan import Plan, TensorRef
-from ..select import Selection, select
-from ..wordrule import WordCounts, became_nonfinite
+from ..files.layout import Tensor
+from ..core.plan import Plan, TensorRef
+from ..files.select import Selection, select
+from ..core.wordrule import WordCounts, became_nonfinite
 from .targets import Targets
 
 __all__ = ["LiveLog", "inject", "revert", "injected", "tensor_refs", "targets", "select_live", "plan_for"]
@@ -128,7 +128,7 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     Parameters
     ----------
     tensors : Targets, mapping name -> tensor, torch.nn.Module or Keras model
-    plan : fastflip.plan.Plan
+    plan : fastflip.core.plan.Plan
         Its tensor names, dtypes (byte order aside) and shapes must match.
     backend : {'auto', 'cython', 'numba', 'numpy'}
         CPU kernel.
@@ -139,7 +139,7 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
         Before anything is changed.
     """
     if not isinstance(plan, Plan):
-        raise OptionError(f"plan must be a fastflip.plan.Plan, got {type(plan).__name__}")
+        raise OptionError(f"plan must be a fastflip.core.plan.Plan, got {type(plan).__name__}")
     tg = tensors if isinstance(tensors, Targets) else targets(tensors)
     prep = tg.prepare(plan)
     old, new = tg.apply(plan, prep, backend)
@@ -182,13 +182,13 @@ def plan_for(tg: Targets, *, seed: int | None = None, count: int | None = None, 
              stream: Sequence[int] = (), **selection_fields: Any) -> Plan:
     """Draw one plan over the selected live tensors (what :func:`injected` does without a plan).
 
-    ``selection`` (a :class:`~fastflip.select.Selection` or its mapping) or its fields
+    ``selection`` (a :class:`~fastflip.files.select.Selection` or its mapping) or its fields
     as keywords (``include=``, ``layers=``, ``roles=``...) choose tensors with the
     CLI's ``--include/--exclude/--regex/--dtype/--role/--layer`` meaning. A seed left
     out is drawn from the OS and recorded in ``plan.meta['seed']``.
     """
-    from ..bits import BitSpec
-    from ..sampling import SiteSpace
+    from ..core.bits import BitSpec
+    from ..core.sampling import SiteSpace
 
     unknown = set(selection_fields) - set(_SELECTION_KEYS)
     if unknown:

@@ -7,7 +7,7 @@ module level).
 PyTorch: any ``nn.Module`` (user subclasses, nested blocks, torchvision- or HF-style)
     Parameters and buffers by their module paths (``layer4.1.conv2.weight``), tied
     parameters under every name (``named_parameters(remove_duplicate=False)``);
-    alias ``model/<name>`` (the path :func:`fastflip.torch.save_checkpoint` writes);
+    alias ``model/<name>`` (the path :func:`fastflip.frameworks.torch_state.save_checkpoint` writes);
     layer = the module path; roles as for checkpoints (``num_batches_tracked`` is a
     step counter, ``running_mean``/``running_var`` batch-norm statistics).
     Optimizer state (when a ``torch.optim`` optimizer is passed):
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..roles import label_names, label_path
+from ..files.roles import label_names, label_path
 
 if TYPE_CHECKING:
     from .adapters import LiveTensor

@@ -28,12 +28,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..bits import BitSpec
-from ..dtypes import to_words, word_type
+from ..core.bits import BitSpec
+from ..core.dtypes import to_words, word_type
 from ..errors import OptionError, PlanMismatchError
-from ..faults import FaultModel, GroupBits, site_masks
-from ..floatformats import FORMATS, encode
-from ..plan import Plan, TensorRef, merge_duplicate_elements
+from ..core.faults import FaultModel, GroupBits, site_masks
+from ..core.floatformats import FORMATS, encode
+from ..core.plan import Plan, TensorRef, merge_duplicate_elements
 from .targets import Targets
 
 __all__ = ["site", "flat_index"]

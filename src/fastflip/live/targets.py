@@ -15,7 +15,7 @@ The targets hold raw addresses: rebuild them if a tensor's storage is replaced
 Examples
 --------
 >>> import numpy as np
->>> from fastflip.plan import Plan, TensorRef
+>>> from fastflip.core.plan import Plan, TensorRef
 >>> t = Targets.from_tensors({"w": np.ones(4, np.float32)})
 >>> [r.name for r in t.refs()], t.kinds
 (['w'], {'cpu'})
@@ -30,18 +30,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import native
-from ..dtypes import word_type
+from ..kernels import dispatch as native
+from ..core.dtypes import word_type
 from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
-from ..layout import Tensor
-from ..plan import Plan, TensorRef
-from ..wordrule import rule_words, scale_words
+from ..files.layout import Tensor
+from ..core.plan import Plan, TensorRef
+from ..core.wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
 
 __all__ = ["Targets", "Prepared"]
 
 try:  # the per-trial fast path calls the Cython kernels directly (arguments checked when the plan was prepared)
-    from .. import _kernels as _ck
+    from ..kernels import _cython as _ck
 except ImportError:  # pragma: no cover - source checkout without the built extension
     _ck = None
 
@@ -129,7 +129,7 @@ class Targets:
         return len(self.tensors)
 
     def refs(self) -> list[TensorRef]:
-        """:class:`~fastflip.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
+        """:class:`~fastflip.core.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
 
         Ordered as a checkpoint's layout orders its datasets (HDF5 name order, group by
         group), so that a site space over a live model and one over its checkpoint are
@@ -143,8 +143,8 @@ class Targets:
         return sorted(keep, key=lambda t: (t.order or t.name).strip("/").split("/"))
 
     def records(self) -> list[Tensor]:
-        """:class:`~fastflip.layout.Tensor` records of :meth:`sampled` (name, aliases, layer, role) for
-        :func:`fastflip.select.select`; every name and alias matches as ``/<name>``."""
+        """:class:`~fastflip.files.layout.Tensor` records of :meth:`sampled` (name, aliases, layer, role) for
+        :func:`fastflip.files.select.select`; every name and alias matches as ``/<name>``."""
         out = []
         for t in self.sampled():
             names = tuple(dict.fromkeys("/" + n.lstrip("/") for n in (t.name, *t.aliases)))
@@ -283,7 +283,7 @@ class Targets:
     def _span(self, device: int) -> tuple[Any, int]:
         if device not in self._spans:
             try:
-                from ..kernels_cupy import device_span
+                from ..kernels.gpu import device_span
             except ImportError as exc:  # pragma: no cover - needs numba
                 raise OptionError(f"GPU tensors need numba and cupy: {exc}") from None
             on = [t for t in self.tensors if t.kind == "cuda" and t.device == device]
@@ -298,7 +298,7 @@ class Targets:
             import cupy
         except ImportError as exc:
             raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
-        from ..kernels_cupy import SiteArrays
+        from ..kernels.gpu import SiteArrays
 
         _, base = self._span(device)
         ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
@@ -326,7 +326,7 @@ class Targets:
         if len(prep.cpu):
             out[prep.cpu] = native.read_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels_cupy import launch_read
+            from ..kernels.gpu import launch_read
 
             out[pos] = sites.xp.asnumpy(launch_read(self._span(dev)[0], sites))
         for i, pos in prep.tf:
@@ -347,7 +347,7 @@ class Targets:
         if len(prep.cpu):
             native.write_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], words[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels_cupy import launch_write
+            from ..kernels.gpu import launch_write
 
             launch_write(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
         for i, pos in prep.tf:
@@ -374,7 +374,7 @@ class Targets:
                                                plan.or_mask[c], plan.xor_mask[c], backend,
                                                scale=None if plan.scale is None else plan.scale[c])
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels_cupy import launch_apply
+            from ..kernels.gpu import launch_apply
 
             d_old, d_new = launch_apply(self._span(dev)[0], sites)
             old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
@@ -395,7 +395,7 @@ class Targets:
         return prep.offsets[pos] // self.tensors[i].dtype.itemsize
 
     def word_reader(self) -> Callable[[Plan], np.ndarray]:
-        """``read_words(plan)`` for :meth:`fastflip.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
+        """``read_words(plan)`` for :meth:`fastflip.core.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
         return lambda plan: self.read(self.prepare(plan))
 
 

@@ -3,7 +3,7 @@
 A results store records the dtype names of each cell's tensors (the ``cell_dtypes``
 entry of its ``meta`` table, written when ``fastflip sweep`` creates the store). From
 them the report knows, per condition, where the sign, exponent and mantissa fields
-lie (:func:`fastflip.dtypes.word_type`), draws their boundaries on bit axes, and
+lie (:func:`fastflip.core.dtypes.word_type`), draws their boundaries on bit axes, and
 groups the trials' metric drops (``delta`` = golden metric − faulty metric) by the
 class of the bit they flipped (:func:`drop_table`). A condition whose cells mix
 dtypes of different layouts, or a store made before dtypes were recorded, gets no
@@ -37,7 +37,7 @@ DROP_FIELDS = ("condition", "bit_class", "trials", "with_drop", "with_drop_rate"
 
 def bit_fields(dtype: str) -> dict[str, tuple[int, ...]] | None:
     """Bit positions of ``sign``, ``exponent`` and ``mantissa`` of a floating dtype (None otherwise)."""
-    from ..dtypes import word_type
+    from ..core.dtypes import word_type
 
     try:
         wt = word_type(dtype)
@@ -67,7 +67,7 @@ def class_spans(fields: dict[str, tuple[int, ...]]) -> list[tuple[str, int, int]
 
 def cell_dtypes(path: str) -> dict[str, list[str]]:
     """Cell key → dtype names of its tensors, as the store recorded them ({} for older stores)."""
-    from ..store import ResultStore
+    from ..campaign.store import ResultStore
 
     st = ResultStore.open(path, check=False)
     try:
@@ -152,7 +152,7 @@ def drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
 
 
 def _drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
-    from ..store import ResultStore
+    from ..campaign.store import ResultStore
     from .campaign_data import _SITE_BIT_SQL
 
     fields = condition_fields(data)

@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 from .. import __version__
 from ..errors import InputFileError, OutputError
-from ..experiment_outcomes import RESULT_FIELDS, write_csv
-from ..fileio import atomic_output
-from ..significance import PAIRWISE_FIELDS
-from ..store import OUTCOMES
+from ..experiment.outcomes import RESULT_FIELDS, write_csv
+from ..files.fileio import atomic_output
+from ..campaign.significance import PAIRWISE_FIELDS
+from ..campaign.store import OUTCOMES
 from . import html as H
 from .campaign_data import (
     CampaignData,

@@ -12,8 +12,8 @@ The bit position of a trial is
 * unknown (the trial counts in its cell but in no per-bit table) when a trial flips
   several sites or several bits of a word.
 
-Outcome classes are the store's (:data:`fastflip.store.OUTCOMES`, the vocabulary of
-:mod:`fastflip.outcomes`): ``masked``, ``sdc``, ``critical`` (an SDC whose metric dropped
+Outcome classes are the store's (:data:`fastflip.campaign.store.OUTCOMES`, the vocabulary of
+:mod:`fastflip.campaign.outcomes`): ``masked``, ``sdc``, ``critical`` (an SDC whose metric dropped
 beyond the campaign's threshold) and ``due``. They are exclusive; ``masked_numeric`` is
 the part of ``masked`` whose raw outputs changed (the answer did not). The *SDC rate*
 counts both SDC classes (``sdc + critical``) and the *failure rate* the classes the
@@ -42,9 +42,9 @@ import numpy as np
 
 from ..campaign.summary import group_vulnerability, stratified_rate
 from ..errors import StoreError
-from ..outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, failure_count
-from ..store import OUTCOMES, ResultStore
-from ..stats import wilson_half_width, wilson_interval
+from ..campaign.outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, failure_count
+from ..campaign.store import OUTCOMES, ResultStore
+from ..campaign.stats import wilson_half_width, wilson_interval
 
 __all__ = [
     "CampaignData",
@@ -111,7 +111,7 @@ def rate_columns(counts: np.ndarray, confidence: float = 0.95,
 class CampaignData:
     """A store's campaign header and its trials aggregated per (cell, bit, outcome).
 
-    ``cells`` is :meth:`fastflip.store.ResultStore.cell_summary` plus ``condition``;
+    ``cells`` is :meth:`fastflip.campaign.store.ResultStore.cell_summary` plus ``condition``;
     ``by_bit`` maps ``(cell_id, bit)`` to its :data:`COUNT_COLUMNS` counts (``bit`` is None
     where a trial has no single bit position); ``failure`` the classes that count as failure.
     """

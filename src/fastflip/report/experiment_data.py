@@ -1,6 +1,6 @@
 """What an experiment report shows, read from an experiment's output directory.
 
-The directory is the one :func:`fastflip.experiment.run_experiment` writes:
+The directory is the one :func:`fastflip.experiment.runner.run_experiment` writes:
 ``experiment.json`` (configuration, seeds, fastflip version, status),
 ``golden/metrics.csv`` (the fault-free run per epoch), ``results.csv`` (one row per
 faulty run) and ``curves.csv`` (every run's metrics per epoch from its injection on).
@@ -22,9 +22,9 @@ from typing import Any
 
 from .. import __version__
 from ..errors import InputFileError, StoreError
-from ..experiment_outcomes import OUTCOMES, check_failure, read_csv, summarize
-from ..fileio import sha256_file
-from ..store import _version_tuple
+from ..experiment.outcomes import OUTCOMES, check_failure, read_csv, summarize
+from ..files.fileio import sha256_file
+from ..campaign.store import _version_tuple
 
 __all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
            "failure_classes"]
@@ -133,7 +133,7 @@ def failure_classes(data: ExperimentData) -> tuple[str, ...]:
 def summary_table(data: ExperimentData) -> list[dict[str, Any]]:
     """Per scenario: runs, each outcome's count, rate and Wilson interval, failures, accuracies.
 
-    The same numbers as :func:`fastflip.experiment_outcomes.summarize` over ``results.csv``
+    The same numbers as :func:`fastflip.experiment.outcomes.summarize` over ``results.csv``
     with the experiment's failure classes.
     """
     rows = summarize(data.results, failure=failure_classes(data))
@@ -146,9 +146,9 @@ def tests_table(data: ExperimentData) -> list[dict[str, Any]]:
     """Fisher's exact tests of the failure rate between scenarios, Holm-corrected.
 
     The configuration's ``compare`` pairs, else every pair of non-control scenarios
-    with runs (:func:`fastflip.significance.pairwise_tests`).
+    with runs (:func:`fastflip.campaign.significance.pairwise_tests`).
     """
-    from ..significance import pairwise_tests
+    from ..campaign.significance import pairwise_tests
 
     cfg = data.meta.get("config") or {}
     wanted = cfg.get("compare")

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..store import OUTCOMES
+from ..campaign.store import OUTCOMES
 from .campaign_data import CampaignData, bit_table, cell_table, heatmap_table, load_campaign_data
 from .experiment_data import ExperimentData, curve_table, load_experiment_data, summary_table
 
@@ -85,7 +85,7 @@ def save_png(fig: "Figure", path: str | os.PathLike[str], dpi: int = 100) -> str
     """Write ``fig`` as a PNG atomically (Agg canvas, no display); return the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from ..fileio import atomic_output
+    from ..files.fileio import atomic_output
 
     FigureCanvasAgg(fig)
     p = os.fspath(path)
@@ -350,7 +350,7 @@ def curve_figure(data: "ExperimentData | str | os.PathLike[str]", metric: str = 
 
 def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figure":
     """Rate of each run outcome and of failure per scenario, with 95% Wilson intervals."""
-    from ..experiment_outcomes import OUTCOMES as RUN_OUTCOMES
+    from ..experiment.outcomes import OUTCOMES as RUN_OUTCOMES
 
     data = _experiment(data)
     rows = summary_table(data)

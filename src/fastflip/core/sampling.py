@@ -1,0 +1,547 @@
+"""Seeded, counter-based sampling of injection sites, turned into a :class:`~fastflip.core.plan.Plan`.
+
+Reproducibility contract: the sites depend only on (seed, stream, the ordered list
+of selected tensors with their dtypes and shapes, the bit spec, the fault model and
+the mode). The generator is NumPy's Philox keyed by ``SeedSequence([seed, *stream])``
+(platform independent), so trial ``i`` of cell ``c`` of a campaign is regenerated
+from ``stream=(c, i)`` without any log.
+
+Distributions
+-------------
+``'element'`` (default)
+    Every selected element is equally likely: a tensor is hit in proportion to its
+    number of elements; the bit is then uniform over the dtype's allowed bits.
+``'tensor'``
+    A tensor is chosen uniformly (the behaviour of older tools), then an element in it.
+mapping ``{tensor name: weight}``
+    A tensor is chosen with the given (relative) weights, then an element in it.
+
+Modes
+-----
+``count=K``  exactly K sites. For ``flip`` (and single-bit stuck-at) a site is an
+(element, bit) pair, otherwise an element. Without replacement (default) no site
+is drawn twice; K larger than the number of distinct sites raises
+:class:`~fastflip.errors.CapacityError`. With ``replace=True`` repeats are kept
+(two flips of one bit cancel, as they would in memory).
+``rate=R``   each selected element is hit with probability R: K ~ Binomial(N, R),
+then K distinct elements.
+``ber=P``    each allowed bit is flipped with probability P: K ~ Binomial(total bits, P),
+then K distinct (element, bit) pairs, uniform over all pairs.
+
+Draws happen in this order: the Binomial (rate/ber), the sites (from 4096 sites on,
+uniform draws generated in sorted order from exponential spacings; below that, rounds
+of draws with a margin for collisions; either way repeats are dropped and a surplus is
+removed at uniformly drawn positions), then each dtype group's random masks in group
+order; resampling for ``nan_policy='avoid'`` continues the same stream.
+
+Examples
+--------
+>>> from fastflip.core.plan import TensorRef
+>>> space = SiteSpace([TensorRef("a", "<f4", (100,)), TensorRef("b", "<f4", (10, 10))], bits="exponent-msb")
+>>> p1 = space.plan(seed=7, count=5)
+>>> p2 = space.plan(seed=7, count=5)
+>>> bool((p1.index == p2.index).all()) and len(p1)
+5
+>>> {hex(int(x)) for x in p1.xor_mask}
+{'0x40000000'}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .bits import BitSpec
+from .dtypes import word_type
+from ..errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
+from .faults import FaultModel, GroupBits, site_masks
+from .plan import Plan, TensorRef, merge_duplicate_elements
+from .wordrule import nonfinite, rule_words, scale_words
+
+__all__ = ["SiteSpace", "make_plan", "generator"]
+
+_BIT_SLOTS = 64  # pair key = element * 64 + bit
+_DENSE_FRACTION = 0.25  # above this fill ratio, draw exactly with choice(replace=False)
+_MAX_ROUNDS = 64
+_BULK = 4096  # from this many sites on, draw them already sorted (see SiteSpace._sample_bulk)
+
+
+def generator(seed: int, stream: Sequence[int] = ()) -> np.random.Generator:
+    """The counter-based generator of (seed, stream): Philox keyed by SeedSequence."""
+    if int(seed) < 0:
+        raise OptionError(f"seed must be a non-negative integer (got {seed})")
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), *[int(s) for s in stream]])))
+
+
+class _Lazy:
+    """:func:`generator` of (seed, stream), built on first use (same draws)."""
+
+    def __init__(self, seed: int, stream: Sequence[int]) -> None:
+        if int(seed) < 0:
+            raise OptionError(f"seed must be a non-negative integer (got {seed})")
+        self._key = (seed, stream)
+        self._rng: np.random.Generator | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._rng is None:
+            self._rng = generator(*self._key)
+        return getattr(self._rng, name)
+
+
+class SiteSpace:
+    """The selected tensors × allowed bits, prepared once and sampled many times.
+
+    Parameters
+    ----------
+    tensors : sequence of TensorRef
+        The selected tensors, in a fixed order (it is part of the reproducibility key).
+    bits : BitSpec or str, optional
+        Allowed bits (default: all bits of each dtype).
+    distribution : 'element', 'tensor' or mapping of tensor name to weight
+    """
+
+    def __init__(
+        self,
+        tensors: Sequence[TensorRef],
+        bits: "BitSpec | str | Sequence[int | str] | None" = None,
+        distribution: "str | Mapping[str, float]" = "element",
+    ) -> None:
+        self.tensors = tuple(tensors)
+        if not self.tensors:
+            raise OptionError("no tensors to sample from")
+        self.bits = BitSpec.parse(bits)
+        self.tensors, self.left_out = _with_fields(self.tensors, self.bits)
+        self.sizes = np.array([t.size for t in self.tensors], dtype=np.int64)
+        if (self.sizes == 0).any():
+            empty = [t.name for t, s in zip(self.tensors, self.sizes) if s == 0]
+            raise OptionError(f"empty tensors cannot be injected: {', '.join(empty[:5])}; exclude them")
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        self.n_elements = int(self.starts[-1])
+        dtypes: list[tuple[str, str | None]] = []  # (storage dtype, float format): bf16 is not uint16
+        gid = np.empty(len(self.tensors), dtype=np.int64)
+        for i, t in enumerate(self.tensors):
+            if (t.dtype, t.format) not in dtypes:
+                dtypes.append((t.dtype, t.format))
+            gid[i] = dtypes.index((t.dtype, t.format))
+        self.group_dtypes = [d for d, _ in dtypes]
+        self.group_of = gid
+        self.groups = [GroupBits(np.array(self.bits.resolve(word_type(d, f)), dtype=np.int64), word_type(d).bits)
+                       for d, f in dtypes]
+        self.nbits = np.array([len(self.groups[g].positions) for g in gid], dtype=np.int64)
+        maxm = max(len(g.positions) for g in self.groups)
+        self._pos_table = np.zeros((len(self.groups), maxm), dtype=np.int64)
+        for k, g in enumerate(self.groups):
+            self._pos_table[k, : len(g.positions)] = g.positions
+        self._gm = np.array([len(g.positions) for g in self.groups], dtype=np.int64)
+        self.pair_starts = np.concatenate([[0], np.cumsum(self.sizes * self.nbits)]).astype(np.int64)
+        self.n_pairs = int(self.pair_starts[-1])
+        self.widths = np.array([word_type(d).bits for d, _ in dtypes], dtype=np.int64)
+        if isinstance(distribution, str):
+            if distribution not in ("element", "tensor"):
+                raise OptionError(f"distribution must be 'element', 'tensor' or a mapping of weights (got {distribution!r})")
+            self.distribution: str | dict[str, float] = distribution
+            self._weights = None
+        else:
+            names = {t.name for t in self.tensors}
+            unknown = sorted(set(distribution) - names)
+            if unknown:
+                raise OptionError(f"weights name tensors that are not selected: {', '.join(unknown[:5])}")
+            w = np.array([float(distribution.get(t.name, 0.0)) for t in self.tensors])
+            if (w < 0).any() or not np.isfinite(w).all() or w.sum() <= 0:
+                raise OptionError("weights must be finite, non-negative and not all zero")
+            self.distribution = dict(distribution)
+            self._weights = w / w.sum()
+
+    # -- drawing -------------------------------------------------------------------------
+    def _tensor_of(self, element: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.starts, element, side="right") - 1
+
+    def _draw_elements(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Global element indices under the space's distribution (with replacement)."""
+        if self._weights is None and self.distribution == "element":
+            return rng.integers(0, self.n_elements, size=n, dtype=np.int64)
+        if self._weights is None:
+            t = rng.integers(0, len(self.tensors), size=n)
+        else:
+            t = rng.choice(len(self.tensors), size=n, p=self._weights)
+        return self.starts[t] + rng.integers(0, self.sizes[t], dtype=np.int64)
+
+    def _draw_bits(self, rng: np.random.Generator, elem: np.ndarray) -> np.ndarray:
+        if len(self.groups) == 1:
+            k = (rng.random(len(elem)) * self._gm[0]).astype(np.int64)
+            return self.groups[0].positions[k]
+        g = self.group_of[self._tensor_of(elem)]
+        k = (rng.random(len(elem)) * self._gm[g]).astype(np.int64)
+        return self._pos_table[g, k]
+
+    def _capacity(self, pairs: bool) -> int:
+        if self._weights is None:
+            return self.n_pairs if pairs else self.n_elements
+        mask = self._weights > 0
+        return int((self.sizes * self.nbits)[mask].sum()) if pairs else int(self.sizes[mask].sum())
+
+    def _pairs_from_index(self, pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map pair-space indices (uniform over all allowed bits) to (element, bit)."""
+        t = np.searchsorted(self.pair_starts, pair, side="right") - 1
+        local = pair - self.pair_starts[t]
+        m = self.nbits[t]
+        elem = self.starts[t] + local // m
+        bit = self._pos_table[self.group_of[t], local % m]
+        return elem, bit
+
+    def _sample(self, rng: np.random.Generator, k: int, pairs: bool, replace: bool, pair_uniform: bool,
+                taken: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """k sites as (global element, bit or None), sorted by element then bit.
+
+        ``taken`` holds site keys (sorted) that must not be drawn again. Draws go in
+        rounds: the missing number of sites plus a margin for collisions is drawn,
+        repeats are dropped, and a surplus is removed at positions drawn uniformly
+        (a uniform subset of uniform distinct draws stays uniform); in the sparse case
+        of real checkpoints one round is the rule.
+        """
+        if k == 0:
+            return np.zeros(0, np.int64), (np.zeros(0, np.int64) if pairs else None)
+        cap = self._capacity(pairs) - (0 if taken is None else len(taken))
+        if not replace and k > cap:
+            unit = "(element, bit) sites" if pairs else "elements"
+            raise CapacityError(f"asked for {k} distinct sites but the selection has only {cap} {unit}; "
+                                f"lower the count, select more tensors or bits, or allow repeats")
+        uniform = self._weights is None and (self.distribution == "element")
+        if not replace and taken is None and uniform and k > _DENSE_FRACTION * cap:
+            if pairs:
+                idx = np.sort(rng.choice(self.n_pairs, size=k, replace=False).astype(np.int64))
+                return self._pairs_from_index(idx)
+            return np.sort(rng.choice(self.n_elements, size=k, replace=False).astype(np.int64)), None
+        keys = np.zeros(0, np.int64)
+        if not replace and taken is None and uniform and k >= _BULK:
+            keys = self._sample_bulk(rng, k, pairs, pair_uniform)
+            if len(keys) == k:
+                return (keys // _BIT_SLOTS, keys % _BIT_SLOTS) if pairs else (keys, None)
+        known = np.zeros(0, np.int64) if taken is None else np.asarray(taken, np.int64)
+        for _ in range(_MAX_ROUNDS):
+            need = k - len(keys)
+            if need <= 0:
+                break
+            # draw a few more than needed (the expected collisions, twice, plus a little): one round is the rule
+            n = need if replace else need + int(2.0 * need * (need + len(keys) + len(known)) / max(cap, 1)) + 8
+            if pairs and pair_uniform:
+                elem, bit = self._pairs_from_index(rng.integers(0, self.n_pairs, size=n, dtype=np.int64))
+            else:
+                elem = self._draw_elements(rng, n)
+                bit = self._draw_bits(rng, elem) if pairs else None
+            new = elem * _BIT_SLOTS + bit if pairs else elem
+            if replace:
+                keys = np.sort(new)
+                break
+            if len(known):
+                new = new[~_sorted_contains(known, new)]
+            if len(keys):
+                keys = _sorted_distinct(np.concatenate([keys, np.sort(new)]), merge=True)
+            else:
+                keys = _sorted_distinct(new)
+            if len(keys) > k:  # the surplus goes at random positions: a uniform subset of uniform distinct draws
+                keys = np.delete(keys, rng.choice(len(keys), len(keys) - k, replace=False))
+        if len(keys) < k:
+            raise CapacityError(f"could not place {k} distinct sites after {_MAX_ROUNDS} rounds of draws "
+                                "(the distribution concentrates on too few sites); lower the count or allow repeats")
+        if pairs:
+            return keys // _BIT_SLOTS, keys % _BIT_SLOTS
+        return keys, None
+
+    def _sample_bulk(self, rng: np.random.Generator, k: int, pairs: bool, pair_uniform: bool) -> np.ndarray:
+        """Many distinct sites at once, drawn already sorted (at most k keys, rarely fewer).
+
+        Sorted uniform draws come from the spacings of exponential variates (the order
+        statistics of n uniforms are the normalised cumulative sums of n + 1 exponentials),
+        so no sort is needed: linear time. A draw ``u`` in [0, N) picks element ``floor(u)``
+        and, for bit sites, the bit ``floor(frac(u) * m)`` of that element's m allowed bits
+        (uniform, as ``u`` is uniform inside the element). Per-bit rates draw uniformly over
+        all (element, bit) pairs instead.
+        """
+        space = self.n_pairs if pair_uniform else self.n_elements
+        n = k + int(2.0 * k * k / max(self._capacity(pairs), 1)) + 8
+        spacing = np.cumsum(rng.standard_exponential(n + 1))
+        u = spacing[:-1] * (space / spacing[-1])
+        whole = np.minimum(u.astype(np.int64), space - 1)
+        if pair_uniform:
+            elem, bit = self._pairs_from_index(whole)
+            keys = elem * _BIT_SLOTS + bit
+        elif pairs:
+            t = np.repeat(np.arange(len(self.tensors)), np.diff(np.searchsorted(whole, self.starts)))
+            g = self.group_of[t]
+            slot = np.minimum(((u - whole) * self._gm[g]).astype(np.int64), self._gm[g] - 1)
+            keys = whole * _BIT_SLOTS + self._pos_table[g, slot]
+        else:
+            keys = whole
+        keep = np.empty(len(keys), bool)
+        keep[0] = True
+        np.not_equal(keys[1:], keys[:-1], out=keep[1:])
+        keys = keys[keep]
+        if len(keys) > k:
+            keys = np.delete(keys, rng.choice(len(keys), len(keys) - k, replace=False))
+        return keys
+
+    # -- plans ---------------------------------------------------------------------------
+    def plan(
+        self,
+        *,
+        seed: int,
+        stream: Sequence[int] = (),
+        count: int | None = None,
+        rate: float | None = None,
+        ber: float | None = None,
+        model: "FaultModel | str | None" = None,
+        replace: bool = False,
+        nan_policy: str = "allow",
+        read_words: Callable[[Plan], np.ndarray] | None = None,
+        max_resample_rounds: int = 100,
+    ) -> Plan:
+        """Draw the sites of one injection and build its plan (see the module docstring).
+
+        ``read_words(plan) -> uint64 old words`` is needed for ``nan_policy='avoid'``:
+        sites whose new value would be NaN/Inf are redrawn (at most
+        ``max_resample_rounds`` rounds) and :class:`~fastflip.errors.NaNPolicyError`
+        is raised when that is impossible.
+        """
+        model = FaultModel.parse(model)
+        modes = [m for m in (count, rate, ber) if m is not None]
+        if len(modes) != 1:
+            raise OptionError("give exactly one of count, rate or ber")
+        if nan_policy not in ("allow", "avoid"):
+            raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
+        if nan_policy == "avoid" and read_words is None:
+            raise OptionError("nan_policy='avoid' needs read_words to know the old values")
+        rng = generator(seed, stream)
+        pairs = model.pair_sites
+        pair_uniform = False
+        if count is not None:
+            if int(count) != count or count < 0:
+                raise OptionError(f"count must be a non-negative integer (got {count})")
+            k = int(count)
+            mode = {"count": k}
+        elif rate is not None:
+            if not 0 <= rate <= 1:
+                raise OptionError(f"rate must lie in [0, 1] (got {rate})")
+            if self._weights is not None or self.distribution != "element":
+                raise OptionError("rate draws every element with the same probability: use distribution='element'")
+            k = int(rng.binomial(self.n_elements, rate))
+            pairs = False
+            mode = {"rate": float(rate), "drawn": k}
+        else:
+            assert ber is not None
+            if not 0 <= ber <= 1:
+                raise OptionError(f"ber must lie in [0, 1] (got {ber})")
+            if not model.pair_sites:
+                raise OptionError(f"ber flips single bits: use the flip or single-bit stuck-at model, not {model.describe()}")
+            if self._weights is not None or self.distribution != "element":
+                raise OptionError("ber draws every bit with the same probability: use distribution='element'")
+            k = int(rng.binomial(self.n_pairs, ber))
+            pair_uniform = True
+            mode = {"ber": float(ber), "drawn": k}
+        elem, bit = self._sample(rng, k, pairs, replace, pair_uniform)
+        plan = self._build(rng, model, elem, bit, distinct=not replace)
+        if nan_policy == "avoid" and len(plan):
+            plan = self._avoid_nonfinite(plan, rng, model, pairs, replace, pair_uniform, read_words, elem, bit,
+                                         max_resample_rounds)
+        plan.meta["flips"] = int(_popcount(plan.bits).sum())
+        if self.left_out:
+            plan.meta["left_out"] = dict(self.left_out)
+        plan.meta.update({
+            "seed": int(seed), "stream": [int(s) for s in stream], "model": model.as_dict(), "bits": list(self.bits.items),
+            "sign_first": self.bits.sign_first, "distribution": self.distribution, "replace": bool(replace),
+            "nan_policy": nan_policy, "requested_sites": k, "generator": "philox/seedsequence", **mode,
+        })
+        return plan
+
+    def n_sites(self, model: "FaultModel | str | None" = None) -> int:
+        """The number of site units of ``model``: (element, bit) pairs for pair-site models, else elements."""
+        return self.n_pairs if FaultModel.parse(model).pair_sites else self.n_elements
+
+    def plan_sites(self, sites: "np.ndarray | Sequence[int]", *, seed: int, stream: Sequence[int] = (),
+                   model: "FaultModel | str | None" = None) -> Plan:
+        """The plan of given, distinct site units (indices in ``[0, n_sites(model))``).
+
+        A pair-site unit ``u`` is the ``u``-th (element, bit) pair in tensor order (every
+        pair equally likely when ``u`` is uniform), an element unit the ``u``-th element.
+        Random parts of the fault model (which bits of an element, random values) come
+        from the generator of ``(seed, stream)``. This is the entry of sampling designs
+        that choose the sites themselves (:class:`fastflip.core.permutation.Permutation`).
+
+        >>> from fastflip.core.plan import TensorRef
+        >>> space = SiteSpace([TensorRef("a", "<f4", (4,))], bits="30-31")
+        >>> p = space.plan_sites([5, 0], seed=1)
+        >>> p.index.tolist(), [hex(int(x)) for x in p.xor_mask]
+        ([0, 2], ['0x40000000', '0x80000000'])
+        """
+        model = FaultModel.parse(model)
+        u = np.sort(np.asarray(sites, dtype=np.int64).reshape(-1))
+        cap = self.n_sites(model)
+        if len(u) and (u[0] < 0 or u[-1] >= cap):
+            raise OptionError(f"site units must lie in [0, {cap})")
+        if len(u) > 1 and (u[1:] == u[:-1]).any():
+            raise OptionError("plan_sites: the sites must be distinct")
+        rng = _Lazy(seed, stream)  # deterministic models never build it (the SeedSequence is most of the cost)
+        elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
+        plan = self._build(rng, model, elem, bit)
+        plan.meta.update({"flips": int(_popcount(plan.bits).sum()), "seed": int(seed),
+                          "stream": [int(x) for x in stream], "model": model.as_dict(), "bits": list(self.bits.items),
+                          "sign_first": self.bits.sign_first, "requested_sites": int(len(u)),
+                          "generator": "philox/seedsequence", "sites": "given"})
+        return plan
+
+    def _build(self, rng: np.random.Generator, model: FaultModel, elem: np.ndarray, bit: np.ndarray | None,
+               distinct: bool = True) -> Plan:
+        bmask = None
+        if bit is not None and distinct and len(elem) > 1:
+            # distinct (element, bit) sites of one bitwise model: the bits of one element combine by OR
+            bmask = np.left_shift(np.uint64(1), bit.astype(np.uint64))
+            first = np.empty(len(elem), bool)
+            first[0] = True
+            np.not_equal(elem[1:], elem[:-1], out=first[1:])
+            if not first.all():
+                starts = np.flatnonzero(first)
+                bmask = np.bitwise_or.reduceat(bmask, starts)
+                elem = elem[starts]
+        n = len(elem)
+        # elements come sorted: find each tensor's run with one search per tensor
+        t = np.repeat(np.arange(len(self.tensors)), np.diff(np.searchsorted(elem, self.starts)))
+        and_m = np.empty(n, np.uint64)
+        or_m = np.empty(n, np.uint64)
+        xor_m = np.empty(n, np.uint64)
+        touched = np.empty(n, np.uint64)
+        if len(self.groups) == 1:
+            and_m, or_m, xor_m, touched = site_masks(model, self.groups[0], n, rng, bit, bmask)
+        else:
+            g = self.group_of[t] if n else np.zeros(0, np.int64)
+            for gi, group in enumerate(self.groups):
+                at = np.flatnonzero(g == gi)
+                if not len(at):
+                    continue
+                a, o, x, b = site_masks(model, group, len(at), rng, None if bit is None else bit[at],
+                                        None if bmask is None else bmask[at])
+                and_m[at], or_m[at], xor_m[at], touched[at] = a, o, x, b
+        scale = np.full(n, model.factor, np.float64) if model.kind == "scale" else None
+        plan = Plan(self.tensors, t.astype(np.int32), elem - self.starts[t], and_m, or_m, xor_m, scale, touched)
+        return merge_duplicate_elements(plan) if len(plan) > 1 else plan
+
+    def _avoid_nonfinite(self, plan: Plan, rng: np.random.Generator, model: FaultModel, pairs: bool, replace: bool,
+                         pair_uniform: bool, read_words: Callable[[Plan], np.ndarray], elem: np.ndarray,
+                         bit: np.ndarray | None, rounds: int) -> Plan:
+        """Redraw the drawn sites of every element whose new value would be NaN/Inf.
+
+        The plan holds unique elements (several drawn bits of one element are one row), while
+        ``elem``/``bit`` hold the drawn sites: a bad row drops every drawn site of its element, and
+        as many sites are drawn again (never a site drawn before), so the number of drawn sites stays
+        the requested one for every fault model.
+        """
+        keys = _sorted_distinct(elem * _BIT_SLOTS + bit if bit is not None else elem)
+        bad = self._nonfinite_sites(plan, read_words)
+        resampled = 0
+        for _ in range(rounds):
+            if not bad.any():
+                break
+            bad_elems = _sorted_distinct(self.starts[plan.tensor[bad]] + plan.index[bad])
+            drop = _sorted_contains(bad_elems, elem)
+            nb = int(drop.sum())
+            resampled += nb
+            try:
+                new_elem, new_bit = self._sample(rng, nb, pairs, replace, pair_uniform, taken=keys)
+            except CapacityError:
+                break
+            new_keys = new_elem * _BIT_SLOTS + new_bit if new_bit is not None else new_elem
+            keys = _sorted_distinct(np.concatenate([keys, new_keys]))
+            extra = self._build(rng, model, new_elem, new_bit, distinct=not replace)
+            plan = _concat(plan.select(~bad), extra)
+            elem = np.concatenate([elem[~drop], new_elem])
+            bit = None if bit is None or new_bit is None else np.concatenate([bit[~drop], new_bit])
+            bad = self._nonfinite_sites(plan, read_words)
+        if bad.any():
+            raise NaNPolicyError(
+                f"could not place {len(plan)} sites without creating NaN/Inf ({int(bad.sum())} still would after "
+                f"{rounds} rounds of resampling); allow NaN/Inf or choose other bits"
+            )
+        plan.meta["nan_resampled"] = resampled
+        return plan
+
+    def _nonfinite_sites(self, plan: Plan, read_words: Callable[[Plan], np.ndarray]) -> np.ndarray:
+        old = np.asarray(read_words(plan), dtype=np.uint64)
+        bad = np.zeros(len(plan), bool)
+        for tid, at in plan.per_tensor():
+            dtype = self.tensors[tid].word
+            wt = dtype
+            if wt.kind != "f":
+                continue
+            if plan.scale is not None:
+                new = scale_words(old[at], plan.scale[at], dtype)
+            else:
+                new = rule_words(old[at], plan.and_mask[at], plan.or_mask[at], plan.xor_mask[at], wt.bits)
+            nan, inf = nonfinite(new, dtype)
+            bad[at] = nan | inf
+        return bad
+
+
+def _with_fields(tensors: tuple[TensorRef, ...], bits: BitSpec) -> tuple[tuple[TensorRef, ...], dict[str, Any]]:
+    """Named fields select the tensors that have them: the others are left out (and said so).
+
+    Returns the kept tensors and ``{}`` or ``{"fields": [...], "tensors": [names]}``.
+
+    Raises
+    ------
+    BitRangeError
+        When no tensor has the fields (the message names the tensors and the fix).
+    """
+    missing: dict[tuple[str, str | None], tuple[str, ...]] = {}
+    for t in tensors:
+        if (t.dtype, t.format) not in missing:
+            missing[(t.dtype, t.format)] = bits.missing_fields(t.word)
+    if not any(missing.values()):
+        return tensors, {}
+    keep = tuple(t for t in tensors if not missing[(t.dtype, t.format)])
+    out = [t.name for t in tensors if missing[(t.dtype, t.format)]]
+    fields = sorted({f for m in missing.values() for f in m})
+    if not keep:
+        names = ", ".join(f"{t.name} ({t.word.name})" for t in tensors[:5])
+        more = f" and {len(tensors) - 5} more" if len(tensors) > 5 else ""
+        raise BitRangeError(f"bits {','.join(bits.items)}: no selected tensor has the field(s) {', '.join(fields)} "
+                            f"({names}{more}); select float tensors (--dtype float) or give bit positions")
+    return keep, {"fields": fields, "tensors": out}
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    return np.bitwise_count(np.asarray(x, dtype=np.uint64)).astype(np.int64)
+
+
+def _sorted_distinct(keys: np.ndarray, merge: bool = False) -> np.ndarray:
+    """Sorted distinct values (np.unique without its slower paths).
+
+    ``merge=True`` says ``keys`` is two sorted runs: a stable sort merges them in linear time.
+    """
+    s = np.sort(keys, kind="stable" if merge else None)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s if keep.all() else s[keep]
+
+
+def _sorted_contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Membership of ``keys`` in the sorted array ``sorted_keys``."""
+    pos = np.searchsorted(sorted_keys, keys)
+    pos[pos == len(sorted_keys)] = 0
+    return sorted_keys[pos] == keys
+
+
+def _concat(a: Plan, b: Plan) -> Plan:
+    scale = None if a.scale is None and b.scale is None else np.concatenate([
+        a.scale if a.scale is not None else np.full(len(a), np.nan), b.scale if b.scale is not None else np.full(len(b), np.nan)])
+    out = Plan(a.tensors, np.concatenate([a.tensor, b.tensor]), np.concatenate([a.index, b.index]),
+               np.concatenate([a.and_mask, b.and_mask]), np.concatenate([a.or_mask, b.or_mask]),
+               np.concatenate([a.xor_mask, b.xor_mask]), scale, np.concatenate([a.bits, b.bits]), dict(a.meta))
+    return merge_duplicate_elements(out)
+
+
+def make_plan(tensors: Sequence[TensorRef], *, bits: Any = None, distribution: Any = "element", **kwargs: Any) -> Plan:
+    """One-shot form: ``SiteSpace(tensors, bits, distribution).plan(**kwargs)``."""
+    return SiteSpace(tensors, bits=bits, distribution=distribution).plan(**kwargs)

@@ -1,0 +1,45 @@
+"""The header of a ``.npy`` stream (a file, a stored ``.npz`` member or an inflated one), checked.
+
+Imports: :mod:`fastflip.files.formats` (its ``FormatError``); NumPy's ``numpy.lib.format`` reads the
+header. Used by :mod:`~fastflip.files.formats.numpy_io` and :mod:`~fastflip.files.formats.npz_members`.
+
+>>> import io, numpy as np
+>>> buf = io.BytesIO(); np.save(buf, np.zeros((2, 3), ">f4")); _ = buf.seek(0)
+>>> dt, fortran, shape, hlen = npy_header(buf, len(buf.getvalue()), "doc.npy")
+>>> dt.str, fortran, shape, hlen
+('>f4', False, (2, 3), 128)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import FormatError
+
+__all__ = ["npy_header"]
+
+
+def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:  # type: ignore[no-untyped-def]
+    """(dtype, fortran_order, shape, header length) of the ``.npy`` stream at ``fh``'s position."""
+    from numpy.lib import format as npf
+
+    start = fh.tell()
+    try:
+        major, _ = npf.read_magic(fh)
+        if major == 1:
+            shape, fortran, dtype = npf.read_array_header_1_0(fh, max_header_size=1 << 20)
+        elif major in (2, 3):
+            shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 20)
+        else:
+            raise ValueError(f"npy format version {major}")
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise FormatError(f"{where}: damaged .npy header ({exc})") from None
+    hlen = fh.tell() - start
+    nbytes = math.prod(shape) * dtype.itemsize
+    if dtype.hasobject:
+        return dtype, fortran, tuple(shape), hlen
+    if hlen + nbytes > limit:
+        raise FormatError(f"{where}: array of {nbytes} bytes runs past the end of its data ({limit - hlen} bytes)")
+    return dtype, fortran, tuple(shape), hlen

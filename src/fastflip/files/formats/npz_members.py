@@ -1,0 +1,182 @@
+"""Deflated ``.npz`` members (``np.savez_compressed``): checked reading and exact-size re-deflating.
+
+A member of a compressed ``.npz`` is a raw deflate stream of a ``.npy`` file. This module
+reads such members safely — the archive must not need zip64 (members and directory below
+4 GiB; NumPy's zip64 *local* extra fields are fine), members must not be encrypted, must be
+deflated or stored, must inflate to their recorded size and CRC-32 — and re-deflates a
+patched member. :func:`deflate_exact` makes a stream of exactly the member's old compressed
+size when one fits: the data deflated with a sync flush (byte-aligned, not final), then
+empty deflate blocks worth exactly the bytes left (an empty final fixed-Huffman block is
+2 bytes, an empty stored block 5; a valid stream every inflater reads to the same data).
+Then the member keeps its place and size and the change is a byte patch of the member and
+its CRC fields, like the raw path's. Otherwise the member is rewritten at its new size
+(see :mod:`fastflip.files.zipmembers`).
+
+Core layer: imports :mod:`.zipraw`, :mod:`.npyheader` helpers and :mod:`fastflip.errors`.
+
+Examples
+--------
+>>> import zlib
+>>> data = bytes(range(256)) * 8
+>>> z = deflate_exact(data, 700)
+>>> len(z), zlib.decompress(z, -15) == data
+(700, True)
+>>> deflate_exact(data, 10) is None      # no stream of 10 bytes holds it
+True
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+import zlib
+from typing import Any
+
+from ...errors import UnsupportedStorageError
+from . import FormatError
+from .npyheader import npy_header
+from .zipraw import ZipEntry, stored_entries
+
+__all__ = ["check_rewritable", "read_member", "member_npy_header", "member_array", "deflate_exact", "deflate_smallest",
+           "zip64_fields"]
+
+# empty deflate blocks, as bit strings written LSB first:
+_FIXED_EMPTY = "010" + "0000000"  # BFINAL=0, BTYPE=01 (fixed), end-of-block (code 256 = 7 zero bits)
+_FIXED_FINAL = "110" + "0000000"  # the same block with BFINAL=1
+_STORED_FINAL = "100"  # BFINAL=1, BTYPE=00; then pad to a byte and LEN=0, NLEN=0xFFFF
+
+
+def _tail(room: int) -> bytes | None:
+    """Bytes of exactly ``room`` that end a byte-aligned, not yet final deflate stream (None below 2)."""
+    if room < 2:
+        return None
+    pre = b""
+    while room > 6:  # empty stored blocks (non-final, aligned): 5 bytes each
+        pre += b"\x00\x00\x00\xff\xff"
+        room -= 5
+    stored = room == 6  # an empty fixed block (10 bits), a final stored block: 2 bytes + LEN/NLEN
+    bits = _FIXED_EMPTY + _STORED_FINAL if stored else _FIXED_EMPTY * (room - 2) + _FIXED_FINAL
+    bits += "0" * (-len(bits) % 8)
+    out = bytes(int(bits[i:i + 8][::-1], 2) for i in range(0, len(bits), 8))
+    return pre + out + (b"\x00\x00\xff\xff" if stored else b"")
+
+
+def _tries(level: int) -> list[tuple[int, int, int]]:
+    """zlib settings to try: the member's level first, then others (smallest streams first)."""
+    rest = [(lv, mem, st) for st in (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED) for mem in (9, 8) for lv in (9, 6, 4, 1)]
+    return [(level, 8, zlib.Z_DEFAULT_STRATEGY)] + [t for t in rest if t != (level, 8, zlib.Z_DEFAULT_STRATEGY)]
+
+
+def deflate_exact(data: bytes, size: int, level: int = 6) -> bytes | None:
+    """A raw deflate stream of exactly ``size`` bytes that inflates to ``data``, or None when none fits."""
+    for lv, mem, st in _tries(level):
+        c = zlib.compressobj(lv, zlib.DEFLATED, -15, mem, st)
+        body = c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
+        tail = _tail(size - len(body))
+        if tail is not None:
+            return body + tail
+    return None
+
+
+def deflate_smallest(data: bytes, level: int = 6) -> bytes:
+    """The data deflated at ``level`` (a complete raw deflate stream, as zipfile writes it)."""
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush()
+
+
+def zip64_fields(extra: bytes) -> tuple[int, int] | None:
+    """(start, length) of the zip64 extended-information field's data inside ``extra``, or None."""
+    i = 0
+    while i + 4 <= len(extra):
+        tag, n = struct.unpack("<HH", extra[i:i + 4])
+        if tag == 0x0001:
+            return i + 4, n
+        i += 4 + n
+    return None
+
+
+def _zip64_directory(path: str, fh: Any, info: zipfile.ZipInfo) -> bool:
+    """True when the member's central-directory record, or the archive's end record, needs zip64."""
+    if zip64_fields(info.extra) is not None:
+        return True
+    fh.seek(0, 2)
+    end = fh.tell()
+    fh.seek(max(0, end - (1 << 16) - 22))
+    tail = fh.read()
+    k = tail.rfind(b"PK\x05\x06")
+    return k >= 20 and tail[k - 20:k - 16] == b"PK\x06\x07"
+
+
+def check_rewritable(path: str, e: ZipEntry, fh: Any) -> None:
+    """Refuse (one line) a member fastflip cannot rewrite exactly: encrypted, zip64 directory, other method."""
+    info = e.info
+    if info.flag_bits & 0x1:
+        raise UnsupportedStorageError(f"{path}: member {info.filename} is encrypted; fastflip does not rewrite "
+                                      "encrypted archives (save it with np.savez_compressed, no password)")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise UnsupportedStorageError(f"{path}: member {info.filename} uses compression method {info.compress_type} "
+                                      "(only stored and deflate members are rewritten); save it with np.savez_compressed")
+    if _zip64_directory(path, fh, info):
+        raise UnsupportedStorageError(f"{path}: zip64 archive (a member or the directory beyond 4 GiB); fastflip "
+                                      "rewrites compressed members of smaller archives only: save with np.savez (stored)")
+
+
+def read_member(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
+    """(the member's stored bytes, its data), checked against the recorded size and CRC-32."""
+    check_rewritable(path, e, fh)
+    fh.seek(e.offset)
+    raw = fh.read(e.info.compress_size)
+    if len(raw) != e.info.compress_size:
+        raise FormatError(f"{path}: member {e.name} is truncated; nothing was written")
+    if e.info.compress_type == zipfile.ZIP_STORED:
+        data = raw
+    else:
+        try:
+            d = zlib.decompressobj(-15)
+            data = d.decompress(raw, e.info.file_size + 1)
+            ok = d.eof and len(data) == e.info.file_size
+        except zlib.error as exc:
+            raise FormatError(f"{path}: member {e.name} is not a valid deflate stream ({exc}); the file is damaged, "
+                              "nothing was written") from None
+        if not ok:
+            raise FormatError(f"{path}: member {e.name} does not inflate to its recorded {e.info.file_size} bytes; "
+                              "the file is damaged, nothing was written")
+    if zlib.crc32(data) != e.info.CRC:
+        raise FormatError(f"{path}: member {e.name} fails its CRC-32 check before patching (damaged file); "
+                          "nothing was written")
+    return raw, data
+
+
+def member_npy_header(path: str, e: ZipEntry, fh: Any) -> tuple[Any, bool, tuple[int, ...], int]:
+    """(dtype, fortran_order, shape, header length) of a deflated member, from its first inflated bytes."""
+    fh.seek(e.offset)
+    d = zlib.decompressobj(-15)
+    head = b""
+    try:
+        while len(head) < min(e.info.file_size, (1 << 20) + 16) and not d.eof:
+            chunk = fh.read(1 << 16)
+            if not chunk:
+                break
+            head += d.decompress(chunk, (1 << 20) + 16 - len(head))
+            if len(head) >= 16 and head[:6] == b"\x93NUMPY":
+                hl = (struct.unpack("<H", head[8:10])[0] + 10 if head[6] == 1
+                      else struct.unpack("<I", head[8:12])[0] + 12)
+                if len(head) >= hl:
+                    break
+    except zlib.error as exc:
+        raise FormatError(f"{path}: member {e.name} is not a valid deflate stream ({exc})") from None
+    return npy_header(io.BytesIO(head), e.info.file_size, f"{path}:{e.name}")
+
+
+def member_array(path: str, key: str) -> Any:
+    """The array of the ``.npz`` member whose tensor path is ``key`` (``/name``), inflated and CRC-checked."""
+    import numpy as np
+
+    e = stored_entries(path).get(key[1:] + ".npy")
+    if e is None:
+        raise FormatError(f"{path}: no member {key[1:]}.npy")
+    with open(path, "rb") as fh:
+        _, data = read_member(path, e, fh)
+    dt, _fortran, shape, hlen = npy_header(io.BytesIO(data), len(data), f"{path}:{e.name}")
+    return np.frombuffer(data, dt, int(np.prod(shape)), hlen).reshape(shape)

@@ -1,0 +1,89 @@
+"""NumPy ``.npy`` files and ``.npz`` archives: where each array's bytes lie.
+
+A ``.npy`` file is a magic string, a header (dtype, fortran_order, shape) and the raw
+array; an ``.npz`` file is a zip of ``.npy`` members. Members stored uncompressed
+(``np.savez``) have fixed byte offsets in the archive and take the raw path; members of
+``np.savez_compressed`` archives are deflated: they are listed with ``storage='filtered'``
+and ``filters=('deflate',)``, and the touched ones are inflated, patched and re-deflated
+(:mod:`fastflip.files.zipmembers`). Object arrays are never unpickled; Fortran-ordered
+arrays are skipped (their flat order is not C order).
+
+Examples
+--------
+>>> import os, tempfile, numpy as np
+>>> p = os.path.join(tempfile.mkdtemp(), "w.npz")
+>>> np.savez(p, conv1_weight=np.ones((2, 2), ">f8"), step=np.int64(3))
+>>> [(t.path, t.dtype.str, t.shape) for t in read_numpy_layout(p, "npz").tensors]
+[('/conv1_weight', '>f8', (2, 2)), ('/step', '<i8', ())]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zipfile
+
+import numpy as np
+
+from ...core.dtypes import is_supported_dtype
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
+from . import FormatError
+from .naming import label_tensors
+from .npyheader import npy_header
+from .npz_members import member_npy_header
+from .zipraw import stored_entries
+
+__all__ = ["npy_header", "read_numpy_layout"]
+
+
+def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offset: int | None,
+            skipped: list[Skipped]) -> Tensor | None:
+    if dt.hasobject:
+        skipped.append(Skipped(name, "object array (never unpickled)"))
+    elif not is_supported_dtype(dt) or dt.fields is not None:
+        skipped.append(Skipped(name, f"unsupported dtype {dt}"))
+    elif fortran and sum(s > 1 for s in shape) > 1:
+        skipped.append(Skipped(name, "Fortran-ordered array (flat order is not C order); save np.ascontiguousarray"))
+    elif math.prod(shape) == 0:
+        skipped.append(Skipped(name, "empty"))
+    else:
+        size = math.prod(shape)
+        if offset is None:  # a deflated member: one "chunk", the whole array
+            return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="filtered",
+                          chunks=shape, filters=("deflate",), nbytes=size * dt.itemsize)
+        return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="contiguous",
+                      offset=offset, nbytes=size * dt.itemsize)
+    return None
+
+
+def read_numpy_layout(path: str, fmt: str) -> Layout:
+    """Tensors of a ``.npy`` file (one, named ``/array``) or an ``.npz`` archive (``/<member>``)."""
+    tensors: list[Tensor] = []
+    skipped: list[Skipped] = []
+    if fmt == "npy":
+        with open(path, "rb") as fh:
+            dt, fortran, shape, hlen = npy_header(fh, os.path.getsize(path), path)
+        t = _tensor("/array", dt, fortran, shape, hlen, skipped)
+        tensors = [t] if t else []
+    else:
+        with open(path, "rb") as fh:
+            for name, e in stored_entries(path).items():
+                key = "/" + (name[:-4] if name.endswith(".npy") else name)
+                if e.info.flag_bits & 0x1:
+                    raise FormatError(f"{path}: member {name} is encrypted; fastflip reads unencrypted archives only")
+                if not e.stored and e.info.compress_type != zipfile.ZIP_DEFLATED:
+                    skipped.append(Skipped(key, f"zip compression method {e.info.compress_type} (only stored and "
+                                                "deflate members are read)"))
+                    continue
+                if e.stored:
+                    fh.seek(e.offset)
+                    dt, fortran, shape, hlen = npy_header(fh, e.size, f"{path}:{name}")
+                else:
+                    dt, fortran, shape, hlen = member_npy_header(path, e, fh)
+                t = _tensor(key, dt, fortran, shape, e.offset + hlen if e.stored else None, skipped)
+                if t:
+                    tensors.append(t)
+    tensors.sort(key=lambda t: _natural_key(t.path))
+    skipped.sort(key=lambda s: s.path)
+    return Layout(file=path, tensors=label_tensors(tensors, None), skipped=skipped, framework=None, format=fmt)

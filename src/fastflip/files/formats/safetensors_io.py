@@ -1,0 +1,112 @@
+"""safetensors files: an 8-byte little-endian header length, a JSON header, one raw buffer.
+
+Each header entry ``{"dtype", "shape", "data_offsets": [begin, end]}`` places a tensor
+at ``8 + header_length + begin`` in the file. The header is checked before anything is
+used: the sizes match dtype and shape, every range lies inside the file, and no two
+ranges overlap (a header claiming overlapping ranges is refused). BF16 and the float8
+types are listed as their unsigned words (``<u2``, ``|u1``) with their ``format`` (BF16, F8_E4M3, F8_E5M2). The ``safetensors``
+package is not needed to read or inject; it is used by :mod:`fastflip.frameworks.convert` and tests.
+
+Examples
+--------
+>>> import os, json, struct, tempfile, numpy as np
+>>> p = os.path.join(tempfile.mkdtemp(), "m.safetensors")
+>>> head = json.dumps({"fc.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+>>> _ = open(p, "wb").write(struct.pack("<Q", len(head)) + head + np.ones(2, "<f4").tobytes())
+>>> t = read_safetensors_layout(p).tensors[0]
+>>> t.path, t.role, t.layer, t.offset == 8 + len(head)
+('/fc.weight', 'weight', 'fc', True)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+
+import numpy as np
+
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
+from . import FormatError
+from .naming import label_tensors
+
+__all__ = ["SAFETENSORS_DTYPES", "read_safetensors_header", "read_safetensors_layout"]
+
+# words whose float format NumPy lacks: read as that format (fields, values, NaN/Inf) by fastflip.core.floatformats
+_FLOAT_FORMATS = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+SAFETENSORS_DTYPES = {
+    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2",
+    "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "|i1",
+    "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "|u1", "BOOL": "|b1",
+    "F8_E4M3": "|u1", "F8_E5M2": "|u1", "F8_E8M0": "|u1",
+}
+_MAX_HEADER = 100 << 20
+
+
+def read_safetensors_header(path: str) -> tuple[int, dict]:
+    """(byte offset of the data buffer, header dict) of a safetensors file, checked for consistency."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise FormatError(f"{path}: truncated safetensors file (no header length)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > _MAX_HEADER or 8 + n > size:
+            raise FormatError(f"{path}: safetensors header length {n} points outside the file ({size} bytes)")
+        text = fh.read(n)
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FormatError(f"{path}: safetensors header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{path}: safetensors header is not a JSON object")
+    base = 8 + n
+    ranges = []
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (b, end) = e["dtype"], [int(s) for s in e["shape"]], e["data_offsets"]
+            b, end = int(b), int(end)
+        except (TypeError, KeyError, ValueError):
+            raise FormatError(f"{path}: safetensors header entry {name!r} is malformed") from None
+        if b < 0 or end < b or base + end > size:
+            raise FormatError(f"{path}: tensor {name!r} claims bytes [{b}, {end}) of the data buffer, outside the file")
+        if dtype in SAFETENSORS_DTYPES and end - b != math.prod(shape) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize:
+            raise FormatError(f"{path}: tensor {name!r}: {end - b} bytes do not hold {dtype} {shape}")
+        if end > b:
+            ranges.append((b, end, name))
+    ranges.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
+        if b1 < e0:
+            raise FormatError(f"{path}: safetensors header claims overlapping ranges for {n0!r} and {n1!r}")
+    return base, header
+
+
+def read_safetensors_layout(path: str) -> Layout:
+    """Every tensor of a safetensors file with its absolute byte offset (header only; data never read)."""
+    base, header = read_safetensors_header(path)
+    tensors: list[Tensor] = []
+    skipped: list[Skipped] = []
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        p = "/" + name
+        shape = tuple(int(s) for s in e["shape"])
+        if e["dtype"] not in SAFETENSORS_DTYPES:
+            skipped.append(Skipped(p, f"unsupported dtype {e['dtype']}"))
+            continue
+        size = math.prod(shape)
+        if size == 0:
+            skipped.append(Skipped(p, "empty"))
+            continue
+        dt = np.dtype(SAFETENSORS_DTYPES[e["dtype"]])
+        tensors.append(Tensor(path=p, aliases=(p,), dtype=dt, shape=shape, size=size, storage="contiguous",
+                              offset=base + int(e["data_offsets"][0]), nbytes=size * dt.itemsize,
+                              format=_FLOAT_FORMATS.get(e["dtype"])))
+    tensors.sort(key=lambda t: _natural_key(t.path))
+    skipped.sort(key=lambda s: s.path)
+    return Layout(file=path, tensors=label_tensors(tensors, "torch"), skipped=skipped, framework="torch",
+                  format="safetensors")

@@ -1,0 +1,342 @@
+"""``torch.save`` zip files read without running their pickle: where each tensor's bytes lie.
+
+A ``torch.save`` file (PyTorch >= 1.6) is a zip archive: ``<name>/data.pkl`` (the
+pickled object, tensors replaced by persistent ids naming storages), ``<name>/data/<key>``
+(each storage's raw bytes, stored uncompressed and aligned) and ``<name>/byteorder``.
+
+The pickle is read by :class:`RestrictedUnpickler`, whose ``find_class`` hands out
+inert stand-ins for torch's tensor-rebuild functions, storage types and dtypes, plus
+``collections.OrderedDict`` and a few plain builtin types; anything else (a model
+class, ``os.system``, ``eval``, NumPy arrays, ...) is refused with one line before any
+of it runs, and torch is never imported. Each tensor becomes a record (storage key,
+dtype, element offset, shape, strides); C-contiguous tensors become
+:class:`~fastflip.files.layout.Tensor` objects with the absolute byte offset of their first
+element. Tensors that are the same view of one storage (tied weights, an object saved
+under two keys) are listed once with all their keys as aliases; a view inside a listed
+tensor's bytes (a slice) and non-contiguous views are skipped with the reason, so no
+byte is counted twice.
+
+bfloat16 and float8 tensors have no NumPy dtype here: they are listed as their
+unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB), with
+their ``format`` (bfloat16, float8_e4m3fn, float8_e5m2) so that fields and values are the format's.
+
+Examples
+--------
+>>> import io, pickle
+>>> class Evil:
+...     def __reduce__(self):
+...         return (eval, ("1 + 1",))
+>>> try:
+...     restricted_loads(pickle.dumps(Evil(), protocol=4), "evil.pt")
+... except UnsafeInputError as e:
+...     print(str(e)[:58])
+evil.pt: the pickle asks for builtins.eval, which fastflip
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...core.floatformats import format_name
+from ...core.records import Layout, Skipped, Tensor
+from ...core.records import natural_key as _natural_key
+from . import FormatError, UnsafeInputError
+from .naming import label_tensors, optimizer_layers
+from .zipraw import ZipEntry, stored_entries
+
+__all__ = ["RestrictedUnpickler", "TensorRecord", "StorageRef", "restricted_loads", "read_torch_layout",
+           "TORCH_DTYPES"]
+
+# torch dtype name -> (stored word dtype, little-endian form); bf16 / fp8 as unsigned words
+TORCH_DTYPES = {
+    "float64": "<f8", "float32": "<f4", "float16": "<f2", "bfloat16": "<u2",
+    "int64": "<i8", "int32": "<i4", "int16": "<i2", "int8": "|i1",
+    "uint64": "<u8", "uint32": "<u4", "uint16": "<u2", "uint8": "|u1", "bool": "|b1",
+    "float8_e4m3fn": "|u1", "float8_e5m2": "|u1", "float8_e4m3fnuz": "|u1", "float8_e5m2fnuz": "|u1",
+    "float8_e8m0fnu": "|u1",
+}
+_STORAGE_TYPES = {
+    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
+    "ByteStorage": "uint8", "BoolStorage": "bool",
+}
+
+
+@dataclass(frozen=True)
+class _DType:
+    """Stand-in for a ``torch.<dtype>`` global."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class _StorageType:
+    """Stand-in for a ``torch.<X>Storage`` class (dtype None: ``UntypedStorage``, bytes)."""
+
+    dtype: str | None
+    name: str
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A storage named by a persistent id: archive key, element dtype (None: bytes), element count."""
+
+    key: str
+    dtype: str | None
+    numel: int
+
+
+@dataclass
+class TensorRecord:
+    """A tensor as the pickle describes it (nothing of it is materialised)."""
+
+    storage: StorageRef
+    offset: int  # in elements of dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str  # torch dtype name
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """Equal for records that are the same view of the same storage (tied weights)."""
+        return (self.storage.key, self.offset, self.shape, self.stride, self.dtype)
+
+
+def _ints(x: Any, what: str) -> tuple[int, ...]:
+    if isinstance(x, int):
+        return (x,)
+    if not isinstance(x, (tuple, list)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in x):
+        raise FormatError(f"tensor record with a malformed {what}: {x!r}")
+    return tuple(int(i) for i in x)
+
+
+def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRecord:
+    if not isinstance(storage, StorageRef) or storage.dtype is None:
+        raise FormatError("tensor record without a typed storage")
+    return TensorRecord(storage, _ints(storage_offset, "offset")[0], _ints(size, "shape"), _ints(stride, "stride"),
+                        storage.dtype)
+
+
+def _rebuild_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = None,
+                hooks: Any = None, dtype: Any = None, *rest: Any) -> TensorRecord:
+    if not isinstance(storage, StorageRef) or not isinstance(dtype, _DType):
+        raise FormatError("tensor record (v3) without a storage and a dtype")
+    return TensorRecord(storage, _ints(storage_offset, "offset")[0], _ints(size, "shape"), _ints(stride, "stride"),
+                        dtype.name)
+
+
+def _rebuild_parameter(data: Any, *rest: Any) -> Any:
+    return data
+
+
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any = None) -> Any:
+    if not callable(func) or not isinstance(args, tuple):
+        raise FormatError("malformed tensor-subclass record")
+    return func(*args)
+
+
+def _codecs_encode(text: Any, encoding: Any = "latin1") -> bytes:
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise FormatError("malformed bytes record")
+    return text.encode("latin1")
+
+
+class _Inert:
+    """Stand-in for an allowed class whose instances carry no meaning for fastflip (nn.Parameter type)."""
+
+
+_ALLOWED: dict[tuple[str, str], Any] = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_v2,
+    ("torch._utils", "_rebuild_tensor_v3"): _rebuild_v3,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type_v2,
+    ("torch.nn.parameter", "Parameter"): _Inert,
+    ("torch", "Tensor"): _Inert,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    ("builtins", "complex"): complex,
+    ("builtins", "slice"): slice,
+    ("__builtin__", "set"): set,  # protocol-2 names (find_class sees them unmapped)
+    ("__builtin__", "frozenset"): frozenset,
+    ("__builtin__", "complex"): complex,
+    ("__builtin__", "slice"): slice,
+    ("_codecs", "encode"): _codecs_encode,
+    ("torch.storage", "UntypedStorage"): _StorageType(None, "UntypedStorage"),
+    ("torch", "UntypedStorage"): _StorageType(None, "UntypedStorage"),
+}
+_ALLOWED.update({("torch", k): _StorageType(v, k) for k, v in _STORAGE_TYPES.items()})
+_ALLOWED.update({("torch", k): _DType(k) for k in TORCH_DTYPES})
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An Unpickler that builds :class:`TensorRecord` objects and plain containers, and runs nothing else.
+
+    ``find_class`` answers only the names in its allow-list (inert stand-ins, never torch's
+    own functions); every other global raises :class:`~fastflip.files.formats.UnsafeInputError`.
+    """
+
+    def __init__(self, data: bytes, where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.where = where
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            pass
+        if module == "torch" and name.endswith("Storage"):
+            raise FormatError(f"{self.where}: tensors of storage type torch.{name} are not supported "
+                              "(float, int, bool, bfloat16 and float8 tensors are)")
+        raise UnsafeInputError(
+            f"{self.where}: the pickle asks for {module}.{name}, which fastflip does not run (only tensors and plain "
+            "containers are read); save a state_dict (torch.save(model.state_dict(), f)) instead")
+
+    def persistent_load(self, pid: Any) -> StorageRef:
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)
+                and isinstance(pid[2], str) and isinstance(pid[4], int)):
+            raise FormatError(f"{self.where}: unexpected persistent id in the pickle: {str(pid)[:80]}")
+        return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
+
+
+def restricted_loads(data: bytes, where: str) -> Any:
+    """Unpickle ``data`` with :class:`RestrictedUnpickler` (tensors become :class:`TensorRecord`)."""
+    try:
+        return RestrictedUnpickler(data, where).load()
+    except (FormatError, UnsafeInputError):
+        raise
+    except Exception as exc:  # any malformed pickle: one line
+        raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {exc})") from None
+
+
+def _walk(obj: Any, prefix: str, out: list[tuple[str, TensorRecord]], depth: int = 0) -> None:
+    if depth > 64:
+        raise FormatError("saved object nested more than 64 levels deep")
+    if isinstance(obj, TensorRecord):
+        out.append((prefix or "/", obj))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _walk(v, f"{prefix}/{k}", out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _walk(v, f"{prefix}/{i}", out, depth + 1)
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def _contiguous(rec: TensorRecord) -> bool:
+    return all(s == c for s, c, n in zip(rec.stride, _c_strides(rec.shape), rec.shape) if n > 1) and \
+        len(rec.stride) == len(rec.shape)
+
+
+def _archive(path: str) -> tuple[str, dict[str, ZipEntry]]:
+    entries = stored_entries(path)
+    pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1] or \
+        (["data.pkl"] if "data.pkl" in entries else [])
+    if len(pkl) != 1:
+        raise FormatError(f"{path}: not a torch.save archive (needs exactly one <name>/data.pkl entry)")
+    return pkl[0][: -len("data.pkl")], entries
+
+
+def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[str, ZipEntry], str, str]:
+    """(unpickled object, [(key path, record)], archive entries, entry prefix, byte order) of a torch.save file."""
+    prefix, entries = _archive(path)
+    pkl = entries[prefix + "data.pkl"]
+    if not pkl.stored and pkl.size > 1 << 30:
+        raise FormatError(f"{path}: data.pkl is larger than 1 GiB")
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        data = zf.read(pkl.info)
+        order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
+            if prefix + "byteorder" in entries else "little"
+    if order not in ("little", "big"):
+        raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
+    obj = restricted_loads(data, path)
+    recs: list[tuple[str, TensorRecord]] = []
+    _walk(obj, "", recs)
+    return obj, recs, entries, prefix, order
+
+
+def read_torch_layout(path: str) -> Layout:
+    """Walk a ``torch.save`` zip file (metadata and pickle only; tensor data never read).
+
+    Raises
+    ------
+    FormatError
+        Damaged archive, malformed pickle, storage entries missing, compressed, or too short for their tensors.
+    UnsafeInputError
+        The pickle asks for anything but tensor rebuilds and plain containers.
+    """
+    obj, recs, entries, prefix, order = read_records(path)
+    skipped: list[Skipped] = []
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    first: dict[tuple[Any, ...], TensorRecord] = {}
+    for kp, rec in recs:
+        key = rec.identity
+        groups.setdefault(key, []).append(kp)
+        first.setdefault(key, rec)
+    spans: list[tuple[str, int, int, str]] = []  # (storage key, start byte, end byte, path) of listed tensors
+    cands: list[tuple[tuple[Any, ...], Tensor]] = []
+    for key, paths in groups.items():
+        rec = first[key]
+        aliases = tuple(sorted(set(paths)))
+        name = aliases[0]
+        if rec.dtype not in TORCH_DTYPES:
+            skipped.append(Skipped(name, f"unsupported dtype torch.{rec.dtype}"))
+            continue
+        dt = np.dtype(TORCH_DTYPES[rec.dtype])
+        if order == "big" and dt.itemsize > 1:
+            dt = dt.newbyteorder(">")
+        entry = entries.get(f"{prefix}data/{rec.storage.key}")
+        if entry is None:
+            raise FormatError(f"{path}: tensor {name} names storage {rec.storage.key!r}, which the archive lacks")
+        if not entry.stored:
+            raise FormatError(f"{path}: storage entry {entry.name} is compressed; torch.save stores storages raw")
+        size = math.prod(rec.shape)
+        if size == 0:
+            skipped.append(Skipped(name, "empty"))
+            continue
+        if rec.offset < 0 or any(s < 0 for s in rec.stride):
+            raise FormatError(f"{path}: tensor {name} has a negative offset or stride")
+        span = (rec.offset + sum((n - 1) * s for n, s in zip(rec.shape, rec.stride)) + 1) * dt.itemsize
+        if span > entry.size:
+            raise FormatError(f"{path}: tensor {name} reaches byte {span} of storage {rec.storage.key!r}, which holds "
+                              f"{entry.size} bytes (offsets outside the file's data)")
+        start = entry.offset + rec.offset * dt.itemsize
+        if not _contiguous(rec):
+            skipped.append(Skipped(name, f"non-contiguous view (strides {rec.stride}); save a .contiguous() copy"))
+            continue
+        t = Tensor(path=name, aliases=aliases, dtype=dt, shape=rec.shape, size=size, storage="contiguous",
+                   offset=start, nbytes=size * dt.itemsize, format=format_name(rec.dtype))
+        cands.append((key, t))
+    # bytes shared by different views: keep the widest, skip views inside it
+    cands.sort(key=lambda kt: (kt[1].offset, -kt[1].nbytes))
+    tensors: list[Tensor] = []
+    for key, t in cands:
+        assert t.offset is not None
+        holder = next((s for s in spans if s[0] == key[0] and t.offset < s[2] and s[1] < t.offset + t.nbytes), None)
+        if holder is not None:
+            how = "a view inside" if t.offset + t.nbytes <= holder[2] else "overlaps"
+            skipped.append(Skipped(t.path, f"{how} {holder[3]}'s bytes (shared storage; flips there reach both)"))
+            continue
+        spans.append((key[0], t.offset, t.offset + t.nbytes, t.path))
+        tensors.append(t)
+    tensors.sort(key=lambda t: _natural_key(t.path))
+    tensors = label_tensors(tensors, "torch", optimizer_layers(obj, {t.path: t.shape for t in tensors}))
+    skipped.sort(key=lambda s: s.path)
+    return Layout(file=path, tensors=tensors, skipped=skipped, framework="torch", format="torch")

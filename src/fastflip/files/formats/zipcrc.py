@@ -1,0 +1,170 @@
+"""CRC-32 fields of zip entries updated from the changed words alone (cost follows the flips).
+
+Zip archives (torch.save files, ``.npz``) record each entry's CRC-32 in its local header,
+its central-directory record and, when flag bit 3 is set, a data descriptor. After
+words inside a stored entry change, these fields must change too, or readers that
+check them (Python's ``zipfile``, ``np.load``) refuse the file.
+
+CRC-32 is affine over GF(2): for messages of equal length,
+``crc(M xor D) = crc(M) xor L(D)`` where ``L`` is the register process run from state 0
+without the final xor. ``D`` is zero except at the changed words, so ``L(D)`` is the XOR,
+over changed words, of (the register after the word's delta bytes) advanced over the
+zero bytes that follow it in the entry — an advance by ``k`` zero bytes is a 32×32 GF(2)
+matrix, ``Z**k``, applied by square-and-multiply, vectorised over all sites. No entry data
+is read. (The same algebra is zlib's ``crc32_combine``.)
+
+Examples
+--------
+>>> import zlib, numpy as np
+>>> msg = bytearray(b"hello world, hello zip")
+>>> new = bytearray(msg); new[6] ^= 0x20; new[7] ^= 0x01
+>>> delta = crc_delta(np.array([6]), np.array([0x0120], np.uint64), np.array([2]), len(msg))
+>>> (zlib.crc32(msg) ^ delta) == zlib.crc32(new)
+True
+"""
+
+from __future__ import annotations
+
+import struct
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .zipraw import ZipEntry
+
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at"]
+
+_POLY = 0xEDB88320
+
+
+@lru_cache(maxsize=1)
+def _table() -> np.ndarray:
+    t = np.arange(256, dtype=np.uint64)
+    for _ in range(8):
+        t = np.where(t & 1, (t >> 1) ^ _POLY, t >> 1)
+    return t.astype(np.uint64)
+
+
+@lru_cache(maxsize=1)
+def _zero_powers() -> list[np.ndarray]:
+    """Z**(2**k), k = 0..63, as byte tables (4 × 256 words each), where Z advances the register over one
+    zero byte: a matrix times v is the XOR of the tables' entries for v's four bytes."""
+    tab = _table()
+    e = np.uint64(1) << np.arange(32, dtype=np.uint64)
+    cols = tab[(e & np.uint64(0xFF)).astype(np.int64)] ^ (e >> np.uint64(8))  # Z applied to each basis vector
+    out = []
+    for _ in range(64):
+        out.append(_byte_tables(cols))
+        cols = _apply_cols(cols, cols)  # (Z^m)^2: apply the matrix to its own columns
+    return out
+
+
+def _apply_cols(cols: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """GF(2) matrix (columns ``cols``) times each 32-bit vector in ``v`` (bit by bit: for building tables)."""
+    r = np.zeros_like(v)
+    for j in range(32):
+        r ^= np.where((v >> np.uint64(j)) & np.uint64(1), cols[j], np.uint64(0))
+    return r
+
+
+def _byte_tables(cols: np.ndarray) -> np.ndarray:
+    b = np.arange(256, dtype=np.uint64)
+    return np.stack([_apply_cols(cols, b << np.uint64(8 * j)) for j in range(4)])
+
+
+def _apply(tables: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The matrix of ``tables`` times each 32-bit vector in ``v``: four lookups and three XORs."""
+    i = v.astype(np.int64)
+    return tables[0][i & 0xFF] ^ tables[1][(i >> 8) & 0xFF] ^ tables[2][(i >> 16) & 0xFF] ^ tables[3][(i >> 24) & 0xFF]
+
+
+def crc_delta(offsets: np.ndarray, deltas: np.ndarray, widths: np.ndarray, length: int) -> int:
+    """``crc32(M) ^ crc32(M')`` for a message of ``length`` bytes whose bytes at ``offsets[i]`` ..
+    ``offsets[i] + widths[i] - 1`` changed by ``deltas[i]`` (little-endian: byte k = bits 8k..8k+7)."""
+    offsets = np.asarray(offsets, np.int64)
+    deltas = np.asarray(deltas, np.uint64)
+    widths = np.asarray(widths, np.int64)
+    if not len(offsets):
+        return 0
+    tab = _table()
+    v = np.zeros(len(offsets), np.uint64)
+    for k in range(int(widths.max())):
+        live = widths > k
+        b = (deltas >> np.uint64(8 * k)) & np.uint64(0xFF)
+        step = tab[((v ^ b) & np.uint64(0xFF)).astype(np.int64)] ^ (v >> np.uint64(8))
+        v = np.where(live, step, v)
+    rest = (length - offsets - widths).astype(np.uint64)
+    for k, tables in enumerate(_zero_powers()):
+        bit = (rest >> np.uint64(k)) & np.uint64(1)
+        if not bit.any():
+            if not (rest >> np.uint64(k)).any():
+                break
+            continue
+        at = np.flatnonzero(bit)
+        v[at] = _apply(tables, v[at])
+    return int(np.bitwise_xor.reduce(v))
+
+
+def _stored_delta_bytes(old: np.ndarray, new: np.ndarray, itemsize: np.ndarray, big: np.ndarray) -> np.ndarray:
+    """old ^ new as the stored bytes read little-endian (big-endian words byte-reversed)."""
+    d = np.asarray(old, np.uint64) ^ np.asarray(new, np.uint64)
+    out = d.copy()
+    for w in (2, 4, 8):
+        at = np.flatnonzero(big & (itemsize == w))
+        if len(at):
+            u = d[at].astype(f"<u{w}")
+            out[at] = u.byteswap().astype(np.uint64)
+    return out
+
+
+def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
+                    new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
+    """(file offset, old 4 bytes, new 4 bytes) of every CRC field that changes when the words at
+    absolute ``offsets`` change from ``old`` to ``new`` (native-order word values)."""
+    from .zipraw import central_records, stored_entries
+
+    entries = sorted(stored_entries(path).values(), key=lambda e: e.offset)
+    starts = np.array([e.offset for e in entries], np.int64)
+    offsets = np.asarray(offsets, np.int64)
+    which = np.searchsorted(starts, offsets, side="right") - 1
+    deltas = _stored_delta_bytes(old, new, np.asarray(itemsize), np.asarray(big, bool))
+    cd = central_records(path)
+    patches: list[tuple[int, bytes, bytes]] = []
+    with open(path, "rb") as fh:
+        for i in np.unique(which).tolist():
+            e = entries[i]
+            at = np.flatnonzero(which == i)
+            if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
+                raise ValueError(f"{path}: a changed word lies outside stored entry {e.name}")
+            dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
+            if not dcrc:
+                continue
+            old_crc = e.info.CRC
+            ob, nb = struct.pack("<I", old_crc), struct.pack("<I", old_crc ^ dcrc)
+            patches.extend((s, ob, nb) for s in crc_spots(fh, e, cd[e.name]))
+    patches.sort()
+    return patches
+
+
+def descriptor_at(fh, e: "ZipEntry") -> int | None:  # type: ignore[no-untyped-def]
+    """File offset of the CRC field of the entry's data descriptor (flag bit 3), or None without one."""
+    if not e.info.flag_bits & 0x08:
+        return None
+    end = e.offset + e.info.compress_size
+    fh.seek(end)
+    return end + (4 if fh.read(4) == b"PK\x07\x08" else 0)  # the signature is optional
+
+
+def crc_spots(fh, e: "ZipEntry", cd_record: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """File offsets of every copy of the entry's CRC-32: central directory, local header (unless it defers
+    to a data descriptor), data descriptor."""
+    spots = [cd_record + 16]
+    fh.seek(e.info.header_offset + 14)
+    if fh.read(4) == struct.pack("<I", e.info.CRC):
+        spots.append(e.info.header_offset + 14)
+    desc = descriptor_at(fh, e)
+    if desc is not None:
+        spots.append(desc)
+    return spots

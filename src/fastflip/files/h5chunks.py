@@ -1,0 +1,260 @@
+"""Chunk-level patching of filtered HDF5 data: decode the touched chunks, patch, re-encode, write raw.
+
+For a filtered dataset whose pipeline fastflip can encode — any of ``shuffle``,
+``gzip`` (deflate) and ``fletcher32``, in the order the dataset lists them — each chunk
+that holds plan sites is read raw from the file (its byte offset and stored size come
+from the chunk index), decoded (fletcher32 checked, inflated, unshuffled), patched
+with the plan's word rule, and re-encoded (shuffled, deflated at the dataset's level
+or another level that fits, fletcher32 recomputed). The new encoding must fit in the
+chunk's stored size; a shorter deflate stream is padded with zero bytes, which
+inflate ignores after the end of the stream, so the chunk keeps its place and size
+and the file changes only inside the chunk's bytes. The change is then a byte patch
+``(offset, old bytes, new bytes)``: the copy path writes it while streaming the file,
+the log keeps the old chunk bytes for an exact revert, and the cost follows the
+chunks touched, not the file.
+
+A dataset whose pipeline holds another filter (lzf, szip, nbit, scaleoffset, a
+plugin), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
+cannot fit, goes the h5py read-modify-write path instead (said once per reason). A
+filter HDF5 cannot decode here is refused before anything is written; so is a chunk
+whose fletcher32 checksum fails before patching.
+
+Examples
+--------
+>>> fletcher32(b"abcdef").to_bytes(4, "little").hex()
+'2d2a5650'
+>>> import numpy as np
+>>> x = np.arange(6, dtype="<u4").tobytes()
+>>> unshuffle(shuffle(x, 4), 4) == x
+True
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..core.dtypes import from_words, to_words, word_type
+from ..errors import UnsupportedStorageError
+from ..core.wordrule import new_words_for
+from .layout import open_h5
+from ..core.plan import Plan
+
+if TYPE_CHECKING:
+    from .h5apply import SiteRoute
+
+__all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available"]
+
+_ENCODABLE = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
+_SAID: set[str] = set()
+
+
+class ChecksumError(UnsupportedStorageError):
+    """A chunk's fletcher32 checksum does not match its bytes (the file is damaged)."""
+
+
+def fletcher32(data: bytes | np.ndarray) -> int:
+    """HDF5's Fletcher-32 checksum (``H5_checksum_fletcher32``) of ``data``, vectorised.
+
+    16-bit words are read big-endian (an odd last byte is the high byte of a last word);
+    both sums are taken modulo 65535 with HDF5's folding, which keeps a non-zero sum in
+    1..65535 and a zero sum only for all-zero data.
+    """
+    b = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data.view(np.uint8).ravel()
+    n = len(b) // 2
+    w = (b[: 2 * n : 2].astype(np.uint64) << np.uint64(8)) | b[1 : 2 * n : 2].astype(np.uint64)
+    if len(b) % 2:
+        w = np.append(w, np.uint64(int(b[-1]) << 8))
+    if not len(w) or not w.any():
+        return 0
+    coef = np.arange(len(w), 0, -1, dtype=np.uint64) % np.uint64(65535)
+    s1 = int(w.sum(dtype=np.uint64))
+    s2 = int(np.sum((w * coef) % np.uint64(65535), dtype=np.uint64))
+    return (((s2 - 1) % 65535 + 1) << 16) | ((s1 - 1) % 65535 + 1)
+
+
+def _byte_transpose(data: bytes, itemsize: int, inverse: bool) -> bytes:
+    n = len(data) // itemsize
+    if itemsize <= 1 or n <= 1:
+        return bytes(data)
+    a = np.frombuffer(data, np.uint8, n * itemsize).reshape((itemsize, n) if inverse else (n, itemsize))
+    return a.T.tobytes() + bytes(data[n * itemsize :])
+
+
+def shuffle(data: bytes, itemsize: int) -> bytes:
+    """HDF5's byte shuffle: byte k of every element together, k = 0..itemsize-1 (a tail is kept as is)."""
+    return _byte_transpose(data, itemsize, False)
+
+
+def unshuffle(data: bytes, itemsize: int) -> bytes:
+    """Inverse of :func:`shuffle`."""
+    return _byte_transpose(data, itemsize, True)
+
+
+def _say(reason: str) -> None:
+    if reason not in _SAID:
+        _SAID.add(reason)
+        warnings.warn(f"fastflip: {reason}; those chunks go through h5py (whole-chunk read-modify-write)", stacklevel=3)
+
+
+def check_filters_available(dsid: Any, name: str) -> None:
+    """Refuse a dataset whose pipeline holds a filter this HDF5 cannot apply (before anything is written)."""
+    from h5py import h5z
+
+    dcpl = dsid.get_create_plist()
+    for i in range(dcpl.get_nfilters()):
+        code = int(dcpl.get_filter(i)[0])
+        if not h5z.filter_avail(code):
+            raise UnsupportedStorageError(
+                f"{name}: HDF5 filter {code} is not available here (a plugin?); fastflip cannot read or rewrite it: "
+                f"install the plugin (e.g. hdf5plugin) or exclude the tensor (--exclude '{name}')")
+
+
+@dataclass
+class ChunkPatches:
+    """Result of :func:`chunk_patches`: byte patches, and the words of the sites they cover."""
+
+    patches: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    handled: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # plan positions covered
+    old: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their words (same order)
+    new: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    chunks: int = 0
+    resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
+
+
+def _pipeline(dsid: Any) -> list[tuple[int, tuple[int, ...]]] | None:
+    dcpl = dsid.get_create_plist()
+    out = []
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, cd, _name = dcpl.get_filter(i)
+        if int(code) not in _ENCODABLE:
+            return None
+        out.append((int(code), tuple(int(c) for c in cd)))
+    return out
+
+
+def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, nbytes: int, where: str) -> bytes:
+    data = raw
+    for code, cd in reversed(pipe):
+        if code == 3:
+            body, stored = data[:-4], int.from_bytes(data[-4:], "little")
+            mine = fletcher32(body)
+            if stored not in (mine, int.from_bytes(mine.to_bytes(4, "little"), "big")):
+                raise ChecksumError(f"{where}: fletcher32 checksum fails before patching (damaged file); nothing was written")
+            data = body
+        elif code == 1:
+            d = zlib.decompressobj()
+            data = d.decompress(data, nbytes + 1)
+        elif code == 2:
+            data = unshuffle(data, cd[0] if cd else itemsize)
+    if len(data) != nbytes:
+        raise UnsupportedStorageError(f"{where}: chunk decodes to {len(data)} bytes, expected {nbytes}")
+    return data
+
+
+def _encode(data: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, size: int) -> bytes | None:
+    """The chunk encoded to exactly ``size`` bytes, or None when no encoding fits."""
+    room = size - (4 if any(c == 3 for c, _ in pipe) else 0)
+    out = data
+    for code, cd in pipe:
+        if code == 2:
+            out = shuffle(out, cd[0] if cd else itemsize)
+        elif code == 1:
+            level = cd[0] if cd else 6
+            best = None
+            # the dataset's level first (HDF5 uses memLevel 8), then other encoder settings until one fits
+            tries = [(level, 8, zlib.Z_DEFAULT_STRATEGY)] + [
+                (lv, mem, st) for st in (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED) for mem in (9, 8)
+                for lv in (9, 6, 4, 1, 2, 3, 5, 7, 8)]
+            for lv, mem, st in tries:
+                c = zlib.compressobj(lv, zlib.DEFLATED, 15, mem, st)
+                z = c.compress(out) + c.flush()
+                if best is None or len(z) < len(best):
+                    best = z
+                if len(z) <= room:
+                    break
+            assert best is not None
+            if len(best) > room:
+                return None
+            out = best + bytes(room - len(best))  # inflate stops at the stream's end: the padding is never read
+        elif code == 3:
+            if len(out) != room:
+                return None
+            out = out + fletcher32(out).to_bytes(4, "little")
+    return out if len(out) == size else None
+
+
+def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPatches:
+    """Byte patches for the plan's sites in filtered chunks that fastflip can re-encode in place.
+
+    Only sites with offset -1 (the hdf5 path) are considered; the rest of them (other
+    filters, unallocated chunks, compact data, chunks that would grow) are left for h5py.
+
+    Raises
+    ------
+    UnsupportedStorageError
+        A filter this HDF5 cannot apply, or a chunk whose fletcher32 checksum fails.
+    """
+    out = ChunkPatches()
+    handled: list[np.ndarray] = []
+    olds: list[np.ndarray] = []
+    news: list[np.ndarray] = []
+    todo = [r for r in routes if (r.offsets < 0).any()]
+    if not todo:
+        return out
+    with open_h5(path) as f, open(path, "rb") as fh:
+        for r in todo:
+            t = r.tensor
+            ds = f[t.path]
+            check_filters_available(ds.id, t.path)
+            if t.storage != "filtered":
+                continue
+            pipe = _pipeline(ds.id)
+            if pipe is None:
+                _say(f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
+                continue
+            sel = np.flatnonzero(r.offsets < 0)
+            pos = r.positions[sel]
+            idx = plan.index[pos]
+            chunks = np.asarray(t.chunks, np.int64)
+            coords = np.stack(np.unravel_index(idx, t.shape), axis=1).astype(np.int64)
+            corner = coords // chunks * chunks
+            within = np.ravel_multi_index(tuple((coords - corner).T), tuple(int(c) for c in t.chunks))
+            nbytes = int(np.prod(chunks)) * t.itemsize
+            keys, inv = np.unique(corner, axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            for k, c0 in enumerate(keys):
+                at = np.flatnonzero(inv == k)
+                info = ds.id.get_chunk_info_by_coord(tuple(int(x) for x in c0))
+                if info.byte_offset is None or info.size == 0:
+                    continue  # never written: h5py allocates it
+                if info.filter_mask:
+                    _say("chunks stored with a filter skipped cannot be re-encoded in place")
+                    continue
+                fh.seek(info.byte_offset)
+                raw = fh.read(info.size)
+                where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
+                buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where))
+                arr = np.frombuffer(buf, t.dtype)
+                old = to_words(arr[within[at]]).astype(np.uint64)
+                new = new_words_for(old, plan, pos[at], word_type(t.dtype, t.format))
+                arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
+                enc = _encode(bytes(buf), pipe, t.itemsize, info.size)
+                if enc is None:
+                    _say("a re-encoded chunk would not fit in its stored size")
+                    continue
+                out.patches.append((int(info.byte_offset), raw, enc))
+                handled.append(pos[at])
+                olds.append(old)
+                news.append(new)
+                out.chunks += 1
+    if handled:
+        out.handled = np.concatenate(handled)
+        out.old = np.concatenate(olds)
+        out.new = np.concatenate(news)
+    out.patches.sort()
+    return out

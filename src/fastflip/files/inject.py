@@ -1,0 +1,643 @@
+"""Inject faults into HDF5 checkpoints, and replay or revert an injection from its log.
+
+This is the Python API behind ``fastflip inject | replay | revert``::
+
+    from fastflip import inject_file, Selection
+    res = inject_file("model.h5", "model.faulty.h5", seed=1, count=10, bits="exponent-msb",
+                      selection=Selection(include=["model_weights/**"]))
+    res.log.manifest["counts"]        # sites, flips, nan_created, inf_created, ...
+    revert(res.log_path, "model.faulty.h5")   # byte-for-byte the original again
+
+The input is never modified unless ``in_place=True``; outputs are atomic (temporary
+file beside the target, fsync, rename). The log (:mod:`fastflip.files.log`) is written
+beside the output as ``<output>.fflog`` unless another path (or ``False``) is given.
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "in.h5"); out = os.path.join(d, "out.h5")
+>>> with h5py.File(src, "w") as f:
+...     _ = f.create_dataset("w", data=np.ones((8, 8), "f4"))
+>>> res = inject_file(src, out, seed=3, count=4, bits="sign")
+>>> with h5py.File(out) as f:
+...     int((f["w"][()] == -1).sum())
+4
+>>> revert(res.log_path, out).sha256 == res.log.manifest["input"]["sha256"]
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import os
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..core.bits import BitSpec
+from ..errors import CapacityError, LogMismatchError, OptionError, SelectionError, one_line
+from .locks import WriterLock
+from .paths import resolve_output
+from ..core.faults import FaultModel
+from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
+from .h5apply import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
+                       write_words_to_file)
+from .layout import Layout, Tensor, read_layout
+from .log import InjectionLog
+from .h5chunks import chunk_patches
+from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_archive
+from .zipmembers import member_patches
+from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
+                      write_patches)
+from ..core.plan import Plan
+from ..core.sampling import SiteSpace
+from .select import Selection, select
+from ..core.wordrule import nonfinite
+
+__all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created",
+           "inject_checkpoint_file"]
+
+
+@dataclass
+class InjectionResult:
+    """What :func:`inject_file` and :func:`replay` did."""
+
+    output: str
+    log: InjectionLog
+    log_path: str | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def nan_count(self) -> int:
+        return int(self.counts.get("nan_created", 0))
+
+    @property
+    def inf_count(self) -> int:
+        return int(self.counts.get("inf_created", 0))
+
+
+@dataclass
+class RevertResult:
+    """What :func:`revert` restored.
+
+    ``verified`` is True when the restored file's sha256 was compared with the logged input's
+    (and the reverted file's with the logged output's); False when the log holds no hashes and
+    ``verify=False`` allowed the revert anyway (only the words at the logged sites were checked).
+    """
+
+    output: str
+    sha256: str
+    sites: int
+    verified: bool = True
+
+
+def default_log_path(output: str, keep_existing: bool = False) -> str:
+    """``<output>.fflog``; with ``keep_existing`` the first free ``<output>.<k>.fflog`` (k = 2, 3, ...)
+    when that exists, so that repeated in-place injections never overwrite the log that reverts an earlier one.
+    """
+    base = os.fspath(output)
+    path = base + ".fflog"
+    k = 2
+    while keep_existing and os.path.exists(path):
+        path = f"{base}.{k}.fflog"
+        k += 1
+    return path
+
+
+def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
+    """(values that became NaN, values that became Inf) among the plan's sites."""
+    nan_n = inf_n = 0
+    for dt, pos in plan.per_dtype():
+        on, oi = nonfinite(old[pos], dt)
+        nn, ni = nonfinite(new[pos], dt)
+        nan_n += int((nn & ~on).sum())
+        inf_n += int((ni & ~oi).sum())
+    return nan_n, inf_n
+
+
+_LAYOUTS: "dict[tuple[str, int, int, int], Layout]" = {}
+_CACHE_LOCK = threading.Lock()  # the two caches below are shared by the threads of a host harness
+
+
+def cached_layout(path: str) -> Layout:
+    """``read_layout(path)``, remembered per (path, inode, size, mtime) so that repeated calls skip the walk.
+
+    The layout depends only on the file's metadata; any rewrite of the file (new inode,
+    size or mtime) makes a fresh walk. At most 16 layouts are kept.
+    """
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+    with _CACHE_LOCK:
+        lay = _LAYOUTS.get(key)
+    if lay is None:
+        lay = read_layout(path)  # outside the lock: two threads may both walk a new file, never wrongly
+        with _CACHE_LOCK:
+            while len(_LAYOUTS) >= 16:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+            lay = _LAYOUTS.setdefault(key, lay)
+    return lay
+
+
+_SPACES: "dict[tuple[Any, ...], tuple[Layout, list[Tensor], SiteSpace]]" = {}
+
+
+def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
+                distribution: str | Mapping[str, float]) -> SiteSpace:
+    """The selected tensors' SiteSpace, remembered per (layout object, selection, bits, distribution)."""
+    dist_key = distribution if isinstance(distribution, str) else tuple(sorted(distribution.items()))
+    key = (id(layout), repr(selection), spec, dist_key)
+    with _CACHE_LOCK:
+        hit = _SPACES.get(key)
+    if hit is not None and hit[0] is layout:
+        return hit[2]
+    try:
+        tensors = select(layout.tensors, selection)
+    except SelectionError as exc:
+        if not layout.skipped:
+            raise
+        shown = "; ".join(f"{k.path}: {k.reason}" for k in layout.skipped[:2])
+        raise SelectionError(f"{one_line(exc)} (not tensors: {shown}"
+                             f"{'; ...' if len(layout.skipped) > 2 else ''})") from None
+    check_storage(tensors)
+    total_bits = sum(t.size * t.itemsize * 8 for t in tensors)  # Python ints: exact whatever the shapes
+    if total_bits >= 2**63:
+        raise CapacityError(f"the selection holds {total_bits} bits in {len(tensors)} tensors, more than can be "
+                            "addressed (2**63); select fewer tensors")
+    space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
+    with _CACHE_LOCK:
+        while len(_SPACES) >= 16:
+            _SPACES.pop(next(iter(_SPACES)))
+        _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
+    return space
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overwrite: bool = True,
+             inputs: Sequence[str] = ()) -> str:
+    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output."""
+    if in_place:
+        if dst is not None and not _same_file(src, os.fspath(dst)):
+            raise OptionError("give either an output path or in_place=True (--in-place), not both")
+        return resolve_output(src, inputs=inputs, in_place_of=src)
+    if dst is None:
+        raise OptionError("give an output path (-o OUT); the input is only changed with --in-place")
+    dst = os.fspath(dst)
+    if os.path.exists(dst) and _same_file(src, dst):
+        raise OptionError(f"{dst}: the output is the input; use --in-place to change the input")
+    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite)
+
+
+def _log_target(lp: str, src: str, target: str, inputs: Sequence[str] = ()) -> str:
+    """The checked real path of a log: never an input, never the output."""
+    return resolve_output(lp, inputs=[src, *inputs], others={"output": target}, what="log")
+
+
+def _lock(path: str, what: str, on: bool) -> Any:
+    """A :class:`WriterLock` on ``path`` when ``on`` (an existing file being rewritten), else nothing."""
+    return WriterLock(path, what) if on and os.path.exists(path) else contextlib.nullcontext()
+
+
+def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
+    """What an injection touched and what it changed.
+
+    ``sites`` are the elements the plan touched and ``flips`` the bits it touched (a
+    stuck-at bit already at its value is touched, not changed; ``scale`` touches no bit);
+    ``elements_changed`` (also ``changed``) and ``bits_changed`` count what really differs
+    between the old and the new words.
+
+    >>> from fastflip.core.plan import TensorRef
+    >>> from fastflip.core.sampling import SiteSpace
+    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
+    >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
+    >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
+    (2, 2, 1, 1)
+    """
+    nan_n, inf_n = nonfinite_created(plan, old, new)
+    old_u, new_u = np.asarray(old, np.uint64), np.asarray(new, np.uint64)
+    return {
+        "sites": int(len(plan)),
+        "flips": int(np.bitwise_count(plan.bits).sum()) if len(plan) else 0,
+        "changed": int((old != new).sum()),
+        "elements_changed": int((old_u != new_u).sum()),
+        "bits_changed": int(np.bitwise_count(old_u ^ new_u).sum()) if len(plan) else 0,
+        "tensors_hit": len(plan.per_tensor()),
+        "nan_created": nan_n,
+        "inf_created": inf_n,
+        "nan_resampled": int(plan.meta.get("nan_resampled", 0)),
+    }
+
+
+def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
+           backend: str, hash_files: bool, finish: Any, durable: bool = True
+           ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
+    routes = route_sites(src, plan, by_name)
+    zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
+    # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
+    cp = member_patches(src, plan, routes) if zipped else chunk_patches(src, plan, routes)
+    h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
+    if in_place and not atomic:
+        if h5_rest or cp.resized:
+            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
+                              "chunks/members fastflip re-encodes at their size (gzip/shuffle/fletcher32, deflated "
+                              ".npz members); this plan touches other filtered/compact data or a member that "
+                              "changes size: use atomic=True")
+        in_hash = sha256_file(src) if hash_files else None
+        old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
+        undo = None
+        crcs = crc_patches(src, routes, old, new) if zipped else []
+        write_patches(src, crcs)
+        if cp.patches:
+            old[cp.handled], new[cp.handled] = cp.old, cp.new
+            write_patches(src, cp.patches)
+            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+        out_hash = sha256_file(src) if hash_files else None
+        return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
+    patches = list(cp.patches)
+    crcs: list[tuple[int, bytes, bytes]] = []
+    if zipped:  # CRC fields precede and follow the data: work them out before streaming
+        old0 = read_words(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()])
+        crcs = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
+        patches += crcs
+    with atomic_output(target, durable=durable) as tmp:
+        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches))
+        if zipped and not np.array_equal(old, old0):
+            raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
+        undo = None
+        if len(cp.handled):
+            old[cp.handled], new[cp.handled] = cp.old, cp.new
+        if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
+            o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
+            for r in h5_rest:
+                old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
+            undo = byte_diff(src, tmp)
+            out_hash = sha256_file(tmp)
+        elif cp.resized:  # a member changed size: every byte after it moved
+            undo = byte_diff(src, tmp)
+        elif cp.patches:
+            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+        result = finish(in_hash, out_hash, old, new, undo)
+    return in_hash, out_hash, old, new, result
+
+
+def inject_file(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str] | None = None,
+    *,
+    in_place: bool = False,
+    atomic: bool = True,
+    selection: Selection | Mapping[str, Any] | None = None,
+    bits: str | Sequence[int | str] | BitSpec | None = None,
+    sign_first: bool = False,
+    model: FaultModel | str | None = None,
+    count: int | None = None,
+    rate: float | None = None,
+    ber: float | None = None,
+    seed: int | None = None,
+    stream: Sequence[int] = (),
+    distribution: str | Mapping[str, float] = "element",
+    replace: bool = False,
+    nan_policy: str = "allow",
+    log_path: str | os.PathLike[str] | bool | None = None,
+    plan: Plan | None = None,
+    layout: Layout | None = None,
+    backend: str = "auto",
+    hash_files: bool = True,
+    durable: bool = True,
+    extra_manifest: Mapping[str, Any] | None = None,
+    overwrite: bool = True,
+    lock: bool = True,
+) -> InjectionResult:
+    """Flip bits in an HDF5 file; return the result with its log.
+
+    Parameters
+    ----------
+    src : path
+        The checkpoint. Never modified unless ``in_place``.
+    dst : path, optional
+        The output file (required unless ``in_place``).
+    in_place, atomic : bool
+        ``in_place`` changes ``src`` itself (still atomically, through a temporary copy,
+        unless ``atomic=False``: then words are rewritten directly — raw storage only —
+        which is what fast campaign trials with exact revert want).
+    selection : Selection or mapping
+        Which tensors (path globs/regex, dtypes, roles, layers).
+    bits, sign_first
+        Allowed bit positions (see :class:`fastflip.core.bits.BitSpec`).
+    model : FaultModel or str
+        Fault model (``flip``, ``adjacent:3``, ``random-bits:3``, ``stuck-at-1``, ``scale:2``, ...).
+    count, rate, ber
+        Exactly one: number of sites, fraction of elements, or per-bit rate.
+    seed : int, optional
+        Seed (a random one is drawn and recorded when omitted). ``stream`` adds counters.
+    distribution : 'element', 'tensor' or mapping of weights
+    replace : bool
+        Allow a site to be drawn twice.
+    nan_policy : 'allow' or 'avoid'
+    log_path : path, False or None
+        Where to write the log (default ``<output>.fflog``; in place, an existing log is kept and the new
+        one is ``<file>.<k>.fflog``; False: keep it in memory only).
+    plan : Plan, optional
+        Apply this plan instead of sampling one (selection/bits/mode are then ignored).
+    durable : bool
+        fsync the output and the log (default). ``False`` keeps the atomic rename but skips
+        the fsyncs: for scratch copies (an experiment's per-run checkpoints).
+    overwrite : bool
+        Replace an existing output (default True in the API; the CLI asks for ``--force``).
+        Outputs and logs are checked by :func:`fastflip.files.paths.resolve_output`: never the input,
+        never each other, never a directory, device, FIFO or socket; symlinks are written through.
+    lock : bool
+        In place, hold a :class:`fastflip.files.locks.WriterLock` on the file while it is changed (default):
+        a second writer of the same file is refused instead of losing one injection.
+
+    The log is written to a temporary first and renamed after the output is in place: a run that
+    fails leaves an existing output and its log as they were.
+    """
+    src = check_input(src)
+    with _lock(src, "inject --in-place", in_place and lock):
+        return _inject_locked(src, dst, in_place, atomic, selection, bits, sign_first, model, count, rate, ber, seed,
+                              stream, distribution, replace, nan_policy, log_path, plan, layout, backend, hash_files,
+                              durable, extra_manifest, overwrite)
+
+
+def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, bits: Any, sign_first: bool,
+                   model: Any, count: int | None, rate: float | None, ber: float | None, seed: int | None,
+                   stream: Sequence[int], distribution: Any, replace: bool, nan_policy: str, log_path: Any,
+                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
+                   extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
+    target = _targets(src, dst, in_place, overwrite)
+    if isinstance(selection, Mapping):
+        selection = Selection.from_dict(selection)
+    layout = layout or cached_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    model_obj = FaultModel.parse(model)
+    spec = BitSpec.parse(bits, sign_first=sign_first)
+    if seed is None:
+        seed = secrets.randbits(63)
+    if plan is None:
+        space = _site_space(layout, selection, spec, distribution)
+        plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model_obj, replace=replace,
+                          nan_policy=nan_policy, read_words=lambda p: read_words(src, p, by_name))
+    options = {
+        "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": sign_first,
+        "model": model_obj.as_dict(), "count": count, "rate": rate, "ber": ber, "distribution": distribution,
+        "replace": replace, "nan_policy": nan_policy, "in_place": in_place, "atomic": atomic, "stream": list(stream),
+        "durable": durable,
+    }
+    lp: str | None
+    if log_path is False:
+        lp = None
+    else:
+        lp = (os.fspath(log_path) if log_path not in (None, True)  # type: ignore[arg-type]
+              else default_log_path(target, keep_existing=in_place))
+        lp = _log_target(lp, src, target)
+
+    in_size = os.path.getsize(src)
+
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        manifest = {
+            "fastflip_version": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
+            "input": {"path": os.path.abspath(src), "sha256": in_hash, "size": in_size},
+            "output": {"path": os.path.abspath(target), "sha256": out_hash},
+            "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+            "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name}
+            if lp is not None else {},
+            **dict(extra_manifest or {}),
+        }
+        log = InjectionLog.from_plan(plan, old, new, manifest, undo)
+        if lp is not None:  # written now, renamed into place only once the output is
+            log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+        return log
+
+    with contextlib.ExitStack() as log_commit:
+        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, durable)
+    return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
+
+
+def _load(log: InjectionLog | str | os.PathLike[str]) -> InjectionLog:
+    return log if isinstance(log, InjectionLog) else InjectionLog.load(log)
+
+
+def _container(lg: InjectionLog) -> bool:
+    """True when the log describes the weights file inside a container (a ``.keras`` archive)."""
+    return lg.manifest.get("container") is not None
+
+
+def _log_inputs(log: InjectionLog | str | os.PathLike[str]) -> list[str]:
+    return [] if isinstance(log, InjectionLog) else [os.fspath(log)]
+
+
+def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+           out: str | os.PathLike[str] | None = None, *, in_place: bool = False,
+           log_path: str | os.PathLike[str] | bool | None = False, overwrite: bool = True) -> InjectionResult:
+    """Re-apply a logged injection to ``file`` (the logged input); the output equals the logged one bit for bit.
+
+    ``overwrite`` (default True; the CLI's ``--force``) allows replacing an existing output.
+    In place, the file is locked (:class:`fastflip.files.locks.WriterLock`) while it is rewritten.
+
+    Raises
+    ------
+    LogMismatchError
+        When ``file`` is not the logged input, or the result differs from the logged output.
+    """
+    lg = _load(log)
+    src = check_input(file)
+    if _container(lg):
+
+        return replay_archive(lg, src, None if out is None else os.fspath(out), in_place=in_place,
+                              overwrite=overwrite, log_inputs=_log_inputs(log))
+    with _lock(src, "replay --in-place", in_place):
+        return _replay_locked(lg, src, out, in_place, log_path, overwrite, _log_inputs(log))
+
+
+def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_path: Any, overwrite: bool,
+                   inputs: list[str]) -> InjectionResult:
+    want_in = lg.manifest.get("input", {}).get("sha256")
+    target = _targets(src, out, in_place, overwrite, inputs)
+    want_out = lg.manifest.get("output", {}).get("sha256")
+    new_lp = None if log_path in (None, False) else _log_target(
+        default_log_path(target) if log_path is True else os.fspath(log_path), src, target, inputs)
+
+    def check_input_hash(in_hash: str | None) -> None:  # hashed while copied: the input is read once
+        if want_in and in_hash != want_in:
+            raise LogMismatchError(f"{src} is not the input this log was made from (sha256 differs); give the original file")
+
+    def check(old: np.ndarray, new: np.ndarray, out_hash: str | None) -> None:
+        if not np.array_equal(new, lg.new_words) or not np.array_equal(old, lg.old_words):
+            raise LogMismatchError(f"replaying onto {src} gave other words than the log records; the file is not the logged input")
+        if want_out and out_hash != want_out:
+            raise LogMismatchError("the replayed output differs from the logged output (sha256); nothing was written")
+
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+        check_input_hash(in_hash)
+        check(old, new, out_hash)
+        manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
+        new_log = InjectionLog(manifest, lg.plan, old, new, undo)
+        if new_lp is not None:
+            new_log.save(new_lp)
+        return new_log
+
+    if lg.undo is not None and lg.undo.new_size >= 0:
+        # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
+        with atomic_output(target) as tmp:
+            in_hash = copy_with_hash(src, tmp)
+            check_input_hash(in_hash)
+            lg.undo.redo(tmp)
+            after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
+            new = read_words(tmp, lg.plan, after)
+            new_log = finish(in_hash, sha256_file(tmp), lg.old_words, new, lg.undo)
+        return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
+    by_name = {t.path: t for t in read_layout(src).tensors}
+    _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish)
+    return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
+
+
+def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+           out: str | os.PathLike[str] | None = None, *, atomic: bool = True, verify: bool = True,
+           overwrite: bool = True) -> RevertResult:
+    """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
+
+    ``file`` is changed in place (atomically, under a :class:`fastflip.files.locks.WriterLock`) unless
+    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``).
+
+    A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
+    it is refused unless ``verify=False``; then only the words at the logged sites are checked
+    and the result says ``verified=False``.
+
+    Raises
+    ------
+    LogMismatchError
+        When ``file`` is not the logged output (its sha256 or its words differ), or the log holds no
+        hashes and ``verify`` is True; nothing is changed.
+    """
+    lg = _load(log)
+    src = check_input(file)
+    want_out = lg.manifest.get("output", {}).get("sha256")
+    want_in = lg.manifest.get("input", {}).get("sha256")
+    if verify and not (want_in and want_out):
+        raise LogMismatchError(f"{src}: the log holds no sha256 of the original, so a revert cannot be verified; "
+                               "give --no-verify (verify=False) to revert without that check")
+    if _container(lg):
+
+        res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
+                             log_inputs=_log_inputs(log), want_in=want_in, want_out=want_out)
+        res.verified = bool(want_in and want_out)
+        return res
+    with _lock(src, "revert", out is None):
+        res = _revert_locked(lg, src, out, atomic, overwrite, _log_inputs(log), want_in, want_out)
+    res.verified = bool(want_in and want_out)
+    return res
+
+
+def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
+                   want_in: str | None, want_out: str | None) -> RevertResult:
+    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs)
+    layout = read_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
+
+    def check(path: str, digest: str) -> None:
+        if want_out and digest != want_out:
+            raise LogMismatchError(f"{src} is not the output this log describes (sha256 differs); nothing was changed")
+        if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
+            raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
+
+    def restore(path: str) -> str:
+        if lg.undo is not None:
+            lg.undo.apply(path)
+        else:
+            write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
+            if is_zip_container(path):
+                write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
+        digest = sha256_file(path)
+        if want_in and digest != want_in:
+            raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")
+        return digest
+
+    if not atomic and out is None:
+        check(src, sha256_file(src))
+        digest = restore(src)
+    else:
+        with atomic_output(target) as tmp:
+            check(tmp, copy_with_hash(src, tmp))  # the file is read once: hashed while copied
+            digest = restore(tmp)
+    return RevertResult(target, digest, len(lg.plan))
+
+
+# .keras archives: the inner weights file is injected, replayed or reverted, the archive rewritten.
+
+def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None = None, *, in_place: bool = False,
+                           log_path: str | os.PathLike | bool | None = None, overwrite: bool = True,
+                           limits: ArchiveLimits | None = None, **inject_kwargs: Any) -> Any:
+    """:func:`fastflip.files.inject.inject_file` for an HDF5 checkpoint or a ``.keras`` archive.
+
+    A ``.keras`` archive is altered through its inner ``model.weights.h5`` and written
+    to ``dst`` (or, ``in_place``, to ``src`` under a writer lock) as a new archive. The log
+    (default ``<dst>.fflog``; in place, an existing log is kept and the new one is
+    ``<src>.<k>.fflog``) names the archives and records the inner file's hashes, so
+    :func:`fastflip.files.inject.replay` and :func:`fastflip.files.inject.revert` accept the archive.
+    The log is renamed into place only after the archive is: a failed run leaves an
+    existing output and its log unchanged.
+    """
+    if not is_keras_archive(src):
+        return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
+    src = os.fspath(src)
+    durable = inject_kwargs.get("durable", True)
+    with _lock(src, "inject --in-place", in_place):
+        target = _targets(src, dst, in_place, overwrite)
+        lp = None
+        if log_path is not False:
+            lp = _log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
+                             default_log_path(target, keep_existing=in_place), src, target)
+        in_sha = sha256_file(src)
+        with contextlib.ExitStack() as log_commit:
+            with edit_archive(src, target, limits=limits) as inner:
+                res = inject_file(inner, in_place=True, log_path=False, lock=False, **inject_kwargs)
+                m = res.log.manifest
+                m["input"]["path"] = os.path.abspath(src)
+                m["output"]["path"] = os.path.abspath(target)
+                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
+            m["container"]["output_sha256"] = sha256_file(target)
+            if lp is not None:
+                res.log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+            # the archive is in place; leaving the stack renames the log beside it
+        res.output, res.log_path = target, lp
+    return res
+
+
+def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = False, overwrite: bool = True,
+                   log_inputs: list[str] | None = None) -> Any:
+    """Replay a ``.keras`` log onto the archive ``file``: the inner weights file is checked against
+    the logged hashes and the new archive is written to ``out`` (or ``file`` in place)."""
+    with _lock(file, "replay --in-place", in_place):
+        target = _targets(file, out, in_place, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _replay_locked(log, str(inner), None, True, False, True, [])
+        res.output = target
+        res.log.manifest["output"]["path"] = os.path.abspath(target)
+    return res
+
+
+def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
+                   want_in: str | None = None, want_out: str | None = None) -> Any:
+    """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
+    gets its original bytes back (checked by sha256); other entries are kept as they are."""
+    with _lock(file, "revert", out is None):
+        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
+        with edit_archive(file, target) as inner:
+            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
+        res.output = target
+    return res

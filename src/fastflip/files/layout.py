@@ -1,0 +1,533 @@
+"""Walk an HDF5 file once and describe every numeric dataset as a :class:`Tensor`.
+
+The walk reads metadata only (link tables, object headers, the chunk index of
+chunked datasets), never dataset data, so its cost grows with the number of
+datasets and chunks, not with the file size. Each dataset is listed once:
+hard links and soft links that reach the same object are merged, and the
+canonical path is the first of its paths in sorted order (all of them are kept
+in ``aliases``). External links are never followed.
+
+Storage kinds (``Tensor.storage``):
+
+``contiguous``
+    raw bytes at ``Tensor.offset``; element ``i`` lies at ``offset + i * itemsize``.
+``chunked``
+    unfiltered chunks; see :class:`ChunkIndex` and :func:`element_byte_offsets`.
+``filtered``
+    chunks pass through filters (``Tensor.filters``): only read-modify-write works.
+``compact``
+    bytes live in the object header; only h5py writes reach them.
+``external``
+    raw data in files outside the checkpoint (never written by fastflip).
+``virtual``
+    a virtual dataset mapping other datasets.
+``unallocated``
+    contiguous storage never written (reads return the fill value).
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> path = os.path.join(tempfile.mkdtemp(), "doc.h5")
+>>> with h5py.File(path, "w") as f:
+...     _ = f.create_dataset("w", data=np.arange(6, dtype=">f4").reshape(2, 3))
+...     f["alias"] = f["w"]
+>>> lay = read_layout(path)
+>>> t = lay.tensors[0]
+>>> t.path, t.aliases, t.dtype.str, t.shape, t.storage
+('/alias', ('/alias', '/w'), '>f4', (2, 3), 'contiguous')
+>>> offs = element_byte_offsets(path, t, np.array([0, 5]))
+>>> with open(path, "rb") as fh:
+...     _ = fh.seek(int(offs[1])); np.frombuffer(fh.read(4), ">f4").tolist()
+[5.0]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.dtypes import is_supported_dtype
+from ..core.floatformats import FORMATS, format_name
+from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped, Tensor, replace
+from ..core.records import natural_key as _natural_key
+from .formats import detect_format, read_layout as read_other_layout
+from .h5open import open_h5
+from .roles import annotate as _annotate
+from ..errors import NotHDF5Error, UnsupportedStorageError
+
+__all__ = [
+    "Tensor",
+    "Skipped",
+    "Layout",
+    "ChunkIndex",
+    "read_layout",
+    "open_h5",
+    "chunk_index",
+    "element_byte_offsets",
+    "STORAGE_KINDS",
+    "EXTERNAL_LINK_REASON",
+    "replace",
+]
+
+# HDF5 filter ids → names (h5z constants, kept here to avoid importing h5py at module import)
+_FILTER_NAMES = {1: "gzip", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf"}
+
+# IEEE-754 bit fields as h5py reports them: (sign pos, exp pos, exp size, mant pos, mant size)
+_IEEE_FIELDS = {2: (15, 10, 5, 0, 10), 4: (31, 23, 8, 0, 23), 8: (63, 52, 11, 0, 52)}
+_IEEE_EBIAS = {2: 15, 4: 127, 8: 1023}
+
+
+# --------------------------------------------------------------------------------------------
+# the walk
+
+
+def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str | None:
+    """Why a dataset (low-level ``DatasetID``) is not a tensor (None when it is one)."""
+    import h5py
+
+    if dt.fields is not None:
+        return "compound dtype"
+    if dt.subdtype is not None:
+        return f"array dtype {dt}"
+    if h5py.check_string_dtype(dt) is not None or dt.kind in "SU":
+        return "string dtype"
+    if h5py.check_vlen_dtype(dt) is not None:
+        return "variable-length dtype"
+    if h5py.check_ref_dtype(dt) is not None:
+        return "reference dtype"
+    if dt.kind == "O":
+        return "object dtype"
+    if h5py.check_enum_dtype(dt) is not None:
+        return "enum dtype (only the boolean enum is a tensor)"
+    if not is_supported_dtype(dt):
+        return f"unsupported dtype {dt}"
+    tid = dsid.get_type()
+    if tid.get_size() != dt.itemsize:
+        return f"stored type of {tid.get_size()} bytes does not match {dt}"
+    if dt.kind == "f" and (
+        tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize] or tid.get_ebias() != _IEEE_EBIAS[dt.itemsize]
+    ):
+        return "non-IEEE floating-point type"
+    if shape is None:
+        return "null dataspace"
+    if 0 in shape:
+        return "empty"
+    return None
+
+
+def _storage(dsid: Any) -> tuple[str, int | None, tuple[int, ...] | None, tuple[str, ...]]:
+    """(storage kind, offset, chunks, filters) of a dataset, from its creation property list."""
+    from h5py import h5d
+
+    dcpl = dsid.get_create_plist()
+    lay = dcpl.get_layout()
+    filters: list[str] = []
+    for i in range(dcpl.get_nfilters()):
+        code = int(dcpl.get_filter(i)[0])
+        filters.append(_FILTER_NAMES.get(code, f"filter-{code}"))
+    if lay == h5d.VIRTUAL:
+        return "virtual", None, None, tuple(filters)
+    if dcpl.get_external_count() > 0:
+        return "external", None, None, tuple(filters)
+    if lay == h5d.COMPACT:
+        return "compact", None, None, tuple(filters)
+    if lay == h5d.CHUNKED:
+        chunks = tuple(int(c) for c in dcpl.get_chunk())
+        return ("filtered" if filters else "chunked"), None, chunks, tuple(filters)
+    off = dsid.get_offset()
+    if off is None:
+        return "unallocated", None, None, tuple(filters)
+    return "contiguous", int(off), None, tuple(filters)
+
+
+def _encode(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+MAX_DEPTH = 100_000  # groups below the root; deeper groups are reported in ``skipped``, not walked
+
+
+def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: list[Skipped],
+          group_links: list[tuple[str, str]], max_depth: int = MAX_DEPTH) -> None:
+    """Collect (path, object address) of every dataset link below the root group (low-level h5py API).
+
+    Iterative (no recursion limit) and breadth-first with names in order; each group
+    *object* is walked once, by address, under the first path that reaches it — a group
+    reached again through another link goes to ``group_links`` as (link path, walked path)
+    (aliases are derived from it afterwards, see :func:`_group_aliases`), and a link back to
+    an ancestor (a cycle) is not followed. A doubling chain of hard links thus costs one
+    visit per group, not one per path. External and user-defined links are recorded in
+    ``skipped``, never followed.
+    """
+    from collections import deque
+
+    from h5py import h5g, h5l, h5o
+
+    seen: dict[int, str] = {root_addr: "/"}
+    queue: deque[tuple[Any, str, int]] = deque([(root, "/", 0)])
+    while queue:
+        gid, prefix, depth = queue.popleft()
+        entries: list[tuple[bytes, int]] = []
+        gid.links.iterate(lambda name, info: entries.append((name, info.type)), info=True)
+        for bname, ltype in entries:
+            name = bname.decode("utf-8", "surrogateescape")
+            path = f"{prefix}/{name}" if prefix != "/" else f"/{name}"
+            if ltype == h5l.TYPE_EXTERNAL:
+                skipped.append(Skipped(path, EXTERNAL_LINK_REASON))
+                continue
+            if ltype not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
+                skipped.append(Skipped(path, "user-defined link (not followed)"))
+                continue
+            try:
+                info = h5o.get_info(gid, bname)
+            except (KeyError, RuntimeError, OSError, ValueError):
+                skipped.append(Skipped(path, "dangling link"))
+                continue
+            addr = int(info.addr)
+            if info.type == h5o.TYPE_DATASET:
+                datasets.append((path, addr))
+            elif info.type == h5o.TYPE_GROUP:
+                if addr in seen:
+                    first = seen[addr]
+                    if not (path + "/").startswith(first.rstrip("/") + "/"):  # not a link back to an ancestor
+                        group_links.append((path, first))
+                elif depth + 1 > max_depth:
+                    skipped.append(Skipped(path, f"group nested deeper than {max_depth} levels (not walked)"))
+                else:
+                    seen[addr] = path
+                    queue.append((h5g.open(gid, bname), path, depth + 1))
+        del gid  # close the group before the next one
+
+
+MAX_ALIASES = 16  # paths listed per dataset; more (hard-link chains) are reported in ``skipped``
+
+
+def _group_aliases(found: list[tuple[str, int]], group_links: list[tuple[str, str]],
+                   skipped: list[Skipped]) -> list[tuple[str, int]]:
+    """Add the dataset paths that go through a second link to a group, at most MAX_ALIASES per dataset."""
+    if not group_links:
+        return found
+    paths: dict[int, list[str]] = {}
+    for lp, addr in found:
+        paths.setdefault(addr, []).append(lp)
+    capped: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for link, target in group_links:
+            pre = target.rstrip("/") + "/"
+            for addr, lst in paths.items():
+                for q in list(lst):
+                    if not q.startswith(pre):
+                        continue
+                    alias = link + "/" + q[len(pre):]
+                    if alias in lst:
+                        continue
+                    if len(lst) >= MAX_ALIASES:
+                        capped.add(addr)
+                        continue
+                    lst.append(alias)
+                    changed = True
+    for addr in capped:
+        skipped.append(Skipped(min(paths[addr]), f"more than {MAX_ALIASES} paths reach this dataset "
+                               "(chained group links); only the first are listed as aliases"))
+    return [(lp, addr) for addr, lst in paths.items() for lp in lst]
+
+
+MAX_BYTES = 2**60  # tensors up to 1 EiB: element x bit counts stay below 2**63
+
+
+def _open_dataset(fid: Any, path: str) -> Any:
+    """Open a dataset by path one link at a time (HDF5's path traversal has a nesting limit)."""
+    from h5py import h5d, h5g
+
+    parts = [x for x in path.split("/") if x]
+    gid = fid
+    for part in parts[:-1]:
+        gid = h5g.open(gid, _encode(part))
+    return h5d.open(gid, _encode(parts[-1]))
+
+
+def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layout:
+    """Walk an HDF5 file and return its :class:`Layout` (metadata only, data never read).
+
+    Parameters
+    ----------
+    path : str or path-like
+        The HDF5 file (opened read-only).
+    annotate : bool
+        Fill ``framework``/``layer``/``role`` with :func:`fastflip.files.roles.annotate`.
+
+    Raises
+    ------
+    InputFileError, NotHDF5Error
+        Missing, unreadable, non-HDF5 or truncated file.
+    """
+    from h5py import h5o, h5s
+
+    p = os.fspath(path)
+    if os.path.isfile(p):  # other checkpoint formats (torch.save, safetensors, npy/npz): detected by content
+
+        fmt = detect_format(p)
+        if fmt != "hdf5":
+            return read_other_layout(p, fmt)
+    with open_h5(p) as f:
+        fsize = os.path.getsize(p)
+        skipped: list[Skipped] = []
+        tensors: list[Tensor] = []
+        try:
+            found: list[tuple[str, int]] = []
+            group_links: list[tuple[str, str]] = []
+            _walk(f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links)
+            found = _group_aliases(found, group_links, skipped)
+            by_addr: dict[int, list[str]] = {}
+            for lpath, addr in found:
+                by_addr.setdefault(addr, []).append(lpath)
+            for paths in by_addr.values():
+                aliases = tuple(sorted(set(paths)))
+                dsid = _open_dataset(f.id, paths[0])
+                dtype = np.dtype(dsid.dtype)
+                space = dsid.get_space()
+                shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
+                reason = _skip_reason(dsid, dtype, shape)
+                if reason is not None:
+                    skipped.append(Skipped(aliases[0], reason))
+                    continue
+                assert shape is not None
+                storage, offset, chunks, filters = _storage(dsid)
+                size = math.prod(shape)  # Python ints: no overflow whatever the declared shape
+                if size * dtype.itemsize >= MAX_BYTES:
+                    skipped.append(Skipped(aliases[0], f"declares {size} elements ({size * dtype.itemsize} bytes), "
+                                           f"more than can be addressed (2**60 bytes)"))
+                    continue
+                if storage == "contiguous" and offset is not None and offset + size * dtype.itemsize > fsize:
+                    skipped.append(Skipped(aliases[0], "data lies past the end of the file (damaged or truncated)"))
+                    continue
+                fmt = _format_attr(dsid) if dtype.kind == "u" and dtype.itemsize <= 2 else None
+                tensors.append(
+                    Tensor(
+                        path=aliases[0],
+                        aliases=aliases,
+                        dtype=dtype,
+                        shape=shape,
+                        size=size,
+                        storage=storage,
+                        offset=offset,
+                        chunks=chunks,
+                        filters=filters,
+                        nbytes=size * dtype.itemsize,
+                        format=fmt,
+                    )
+                )
+        except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
+        tensors.sort(key=lambda t: _natural_key(t.path))
+        skipped.sort(key=lambda s: s.path)
+        layout = Layout(file=p, tensors=tensors, skipped=skipped)
+        if annotate:
+            _annotate(layout, f)
+    return layout
+
+
+_FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
+
+
+def _format_attr(dsid: Any) -> str | None:
+    """The float format that unsigned words carry (``torch_dtype = "bfloat16"`` as fastflip.frameworks.torch_state writes it)."""
+    from h5py import Dataset, h5a
+
+    names = [n for n in _FORMAT_ATTRS if h5a.exists(dsid, n)]
+    if not names:
+        return None
+    attrs = Dataset(dsid).attrs
+    for name in names:
+        value = attrs.get(name.decode())
+        fmt = format_name(value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value))
+        if fmt is not None and FORMATS[fmt].bits == 8 * dsid.dtype.itemsize:
+            return fmt
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# chunk index and element offsets
+
+
+_DENSE_MAX = 1 << 24  # chunk-grid cells held as a dense offset table (128 MiB); larger grids use a lookup
+
+
+@dataclass(frozen=True)
+class ChunkIndex:
+    """Where the allocated chunks of an unfiltered chunked dataset lie in the file.
+
+    Attributes
+    ----------
+    shape, chunks : tuple of int
+        Dataset shape and chunk shape.
+    coords : int64 array, shape (n, ndim)
+        Element coordinates of each allocated chunk's first element.
+    offsets : int64 array, shape (n,)
+        Absolute file byte offset of each allocated chunk.
+    itemsize : int
+    """
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    coords: np.ndarray
+    offsets: np.ndarray
+    itemsize: int
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        """Number of chunks along each axis (edge chunks included)."""
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+
+    @property
+    def dense(self) -> np.ndarray:
+        """int64 array of shape :attr:`grid`: chunk byte offset, -1 where unallocated."""
+        cached = self.__dict__.get("_dense")
+        if cached is None:
+            cached = np.full(self.grid, -1, dtype=np.int64)
+            if len(self.offsets):
+                idx = tuple((self.coords // np.asarray(self.chunks, dtype=np.int64)).T)
+                cached[idx] = self.offsets
+            object.__setattr__(self, "_dense", cached)
+        return cached
+
+    def byte_offsets(self, flat_index: np.ndarray) -> np.ndarray:
+        """Absolute byte offsets of flat C-order elements (-1 where the chunk is unallocated)."""
+        flat = np.asarray(flat_index, dtype=np.int64)
+        if flat.size == 0:
+            return np.empty(flat.shape, dtype=np.int64)
+        coords = np.unravel_index(flat, self.shape)
+        ch = [np.int64(c) for c in self.chunks]
+        chunk_pos = tuple(c // k for c, k in zip(coords, ch))
+        within = np.ravel_multi_index(tuple(c % k for c, k in zip(coords, ch)), self.chunks)
+        if math.prod(self.grid) > _DENSE_MAX:  # a huge, sparse chunk grid: look allocated chunks up by coordinates
+            have = {tuple(r): int(o) for r, o in zip((self.coords // np.asarray(ch)).tolist(), self.offsets.tolist())}
+            base = np.array([have.get(k, -1) for k in zip(*(c.tolist() for c in chunk_pos))], np.int64)
+        else:
+            base = self.dense[chunk_pos]
+        out = base + within.astype(np.int64) * self.itemsize
+        out[base < 0] = -1
+        return out
+
+
+def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
+    """(dataset, file-to-close-or-None) from a path, an open file/group or a dataset."""
+    import h5py
+
+    if isinstance(file_or_dset, h5py.Dataset):
+        return file_or_dset, None
+    if isinstance(file_or_dset, (h5py.File, h5py.Group)):
+        return file_or_dset[tensor.path], None
+    f = open_h5(file_or_dset)
+    return f[tensor.path], f
+
+
+def _chunk_address_base(dset: Any) -> int:
+    """What to add to the chunk addresses HDF5 reports to make them file offsets.
+
+    Before HDF5 1.14.4, ``H5Dchunk_iter`` and ``H5Dget_chunk_info`` gave addresses relative to the
+    base address, i.e. without the user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
+    """
+    import h5py
+
+    if h5py.version.hdf5_version_tuple >= (1, 14, 4):
+        return 0
+    return int(dset.file.id.get_create_plist().get_userblock())
+
+
+def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
+    """Build the :class:`ChunkIndex` of an unfiltered chunked dataset (one pass over its chunk index).
+
+    Parameters
+    ----------
+    file_or_dset : str, h5py.File or h5py.Dataset
+        Where the dataset is (``tensor`` names it unless a dataset is given).
+    tensor : Tensor, optional
+    """
+    if tensor is None:
+        dset, owned = file_or_dset, None
+    else:
+        dset, owned = _dataset(file_or_dset, tensor)
+    try:
+        if dset.chunks is None:
+            raise UnsupportedStorageError(f"{dset.name}: not chunked")
+        nd = len(dset.shape)
+        n = dset.id.get_num_chunks()
+        coords = np.empty((n, nd), dtype=np.int64)
+        offsets = np.empty(n, dtype=np.int64)
+        if n:
+            if hasattr(dset.id, "chunk_iter"):
+                pos = [0]
+
+                def visit(info: Any) -> None:
+                    i = pos[0]
+                    coords[i] = info.chunk_offset
+                    offsets[i] = info.byte_offset
+                    pos[0] = i + 1
+
+                dset.id.chunk_iter(visit)
+            else:  # pragma: no cover - HDF5 < 1.12.3
+                for i in range(n):
+                    info = dset.id.get_chunk_info(i)
+                    coords[i] = info.chunk_offset
+                    offsets[i] = info.byte_offset
+            offsets += _chunk_address_base(dset)
+        if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
+                  or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
+            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "
+                               "a chunk outside the dataset)")
+        return ChunkIndex(
+            shape=tuple(int(s) for s in dset.shape),
+            chunks=tuple(int(c) for c in dset.chunks),
+            coords=coords,
+            offsets=offsets,
+            itemsize=int(dset.dtype.itemsize),
+        )
+    finally:
+        if owned is not None:
+            owned.close()
+
+
+def element_byte_offsets(file_or_dset: Any, tensor: Tensor, flat_index: np.ndarray) -> np.ndarray:
+    """Absolute file byte offsets of elements given by flat C-order indices.
+
+    Parameters
+    ----------
+    file_or_dset : str, h5py.File or h5py.Dataset
+        Only needed for chunked storage (to read the chunk index).
+    tensor : Tensor
+        A tensor with storage ``'contiguous'`` or ``'chunked'``.
+    flat_index : array of int
+        Flat indices in ``[0, tensor.size)``.
+
+    Returns
+    -------
+    int64 array
+        Byte offsets, ``-1`` for elements whose chunk is not allocated.
+
+    Raises
+    ------
+    UnsupportedStorageError
+        For filtered, compact, external, virtual or unallocated storage.
+    IndexError
+        For indices outside the tensor.
+    """
+    flat = np.asarray(flat_index, dtype=np.int64)
+    if flat.size and (flat.min() < 0 or flat.max() >= tensor.size):
+        raise IndexError(f"{tensor.path}: element index out of range [0, {tensor.size})")
+    if tensor.storage == "contiguous":
+        assert tensor.offset is not None
+        return tensor.offset + flat * tensor.itemsize
+    if tensor.storage == "chunked":
+        return chunk_index(file_or_dset, tensor).byte_offsets(flat)
+    raise UnsupportedStorageError(
+        f"{tensor.path}: storage {tensor.storage!r} has no fixed byte offsets "
+        "(only contiguous and unfiltered chunked data do)"
+    )

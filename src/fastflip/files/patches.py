@@ -1,0 +1,110 @@
+"""Byte patches that ride along the raw word writes: fields whose value follows the words.
+
+A zip container (``torch.save`` files, ``.npz``) records a CRC-32 per entry; when words
+inside an entry change, its CRC fields (local header, data descriptor, central directory)
+are patched from the words' old and new values alone (:mod:`fastflip.files.formats.zipcrc`),
+so the output is a valid archive that ``zipfile``/``np.load`` accept, and revert restores
+the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``; the copy
+path applies them while streaming (:func:`fastflip.files.h5apply.copy_apply`), the in-place
+paths write them after the words.
+
+Core layer: imports :mod:`fastflip.files.h5apply` and :mod:`fastflip.files.formats`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..core.dtypes import from_words, word_type
+from .fileio import ByteUndo
+from ..core.wordrule import new_words_for
+from .h5apply import SiteRoute
+from .layout import Tensor
+from ..core.plan import Plan
+
+__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
+           "without_positions"]
+
+Patch = tuple[int, bytes, bytes]
+
+
+def is_zip_container(path: str) -> bool:
+    """True for torch.save files and .npz archives (zip containers of raw tensor data)."""
+    from .formats import FormatError, detect_format
+
+    try:
+        return detect_format(path) in ("torch", "npz")
+    except FormatError:
+        return False
+
+
+def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` (plan order)."""
+    new = np.zeros(len(plan), np.uint64)
+    for r in routes:
+        new[r.positions] = new_words_for(old[r.positions], plan, r.positions, word_type(r.tensor.dtype, r.tensor.format))
+    return new
+
+
+def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
+    """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
+    from .formats.zipcrc import zip_crc_patches
+
+    live = [(r, r.offsets >= 0) for r in routes if (r.offsets >= 0).any()]  # stored entries (raw path) only
+    if not live:
+        return []
+    pos = np.concatenate([r.positions[k] for r, k in live])
+    offs = np.concatenate([r.offsets[k] for r, k in live])
+    size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in live])
+    big = np.concatenate([np.full(int(k.sum()), r.tensor.dtype.byteorder == ">", bool) for r, k in live])
+    return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
+
+
+def write_patches(path: str, patches: Sequence[Patch], *, new: bool = True) -> None:
+    """Write each patch's new (or, with ``new=False``, old) bytes into the file at ``path``."""
+    if not patches:
+        return
+    with open(path, "r+b") as fh:
+        for off, ob, nb in patches:
+            fh.seek(off)
+            fh.write(nb if new else ob)
+
+
+def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
+    """The raw-path sites of ``routes`` as patches (stored bytes of their old and new words)."""
+    out: list[Patch] = []
+    for r in routes:
+        keep = r.offsets >= 0
+        if not keep.any():
+            continue
+        pos, offs = r.positions[keep], r.offsets[keep]
+        u = word_type(r.tensor.dtype).uint
+        ob = from_words(old[pos].astype(u), r.tensor.dtype).tobytes()
+        nb = from_words(new[pos].astype(u), r.tensor.dtype).tobytes()
+        w = r.tensor.itemsize
+        out.extend((int(o), ob[i * w:(i + 1) * w], nb[i * w:(i + 1) * w]) for i, o in enumerate(offs.tolist()))
+    return out
+
+
+def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
+    """A :class:`~fastflip.files.fileio.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
+    ps = sorted(patches)
+    return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
+                    b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)
+
+
+def without_positions(routes: Sequence[SiteRoute], done: np.ndarray, *, only_h5: bool = True) -> list[SiteRoute]:
+    """``routes`` restricted to hdf5-path sites (offset -1) whose plan positions are not in ``done``."""
+    out = []
+    for r in routes:
+        keep = (r.offsets < 0) if only_h5 else np.ones(len(r.offsets), bool)
+        keep &= ~np.isin(r.positions, done)
+        if keep.any():
+            out.append(SiteRoute(r.tensor, r.positions[keep], r.offsets[keep]))
+    return out
+
+
+def tensors_of(routes: Sequence[SiteRoute]) -> Mapping[str, Tensor]:
+    return {r.tensor.path: r.tensor for r in routes}

@@ -1,0 +1,445 @@
+"""Validated entry points to the word kernels, and the choice of backend.
+
+The kernels (:mod:`fastflip.kernels._cython` in Cython, :mod:`fastflip.kernels.numba_cpu`, and a
+vectorized NumPy fallback here) do no checking; the functions of this module check
+every argument once (vectorized) and then make one kernel call.
+
+Two families:
+
+- ``*_at_offsets``: one writable ``uint8`` buffer (a file mapped with ``np.memmap``,
+  or any array's bytes), one word width and byte order, byte offsets into it.
+- ``*_ptrs``: several tensors by base address (``arr.ctypes.data``,
+  ``tensor.data_ptr()``), per-tensor word width and byte order; site ``i`` is at
+  ``ptrs[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
+  :mod:`fastflip.live` targets check plans against the tensors' shapes), so a
+  1-10 flip trial over many tensors costs one native call.
+
+Value-level (scale) sites are computed here, vectorized, for every CPU backend:
+read the old words, compute :func:`fastflip.core.wordrule.scale_words`, write the new ones.
+
+Backends: ``'cython'``, ``'numba'``, ``'numpy'``; ``'auto'`` takes the first one that
+is available in that order.
+
+Examples
+--------
+>>> import numpy as np
+>>> buf = np.frombuffer(np.array([1.0, 2.0], dtype=">f4").tobytes(), dtype=np.uint8).copy()
+>>> old, new = apply_at_offsets(buf, np.array([4]), 4, swap=np.little_endian,
+...                             and_mask=[~0 & (2**64 - 1)], or_mask=[0], xor_mask=[1 << 31])
+>>> buf.view(">f4").tolist(), hex(int(old[0])), hex(int(new[0]))
+([1.0, -2.0], '0x40000000', '0xc0000000')
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.dtypes import WordType, word_type
+from ..errors import OptionError, ReadOnlyTargetError
+from ..core.wordrule import rule_words, scale_words
+
+__all__ = [
+    "BACKENDS",
+    "available_backends",
+    "resolve_backend",
+    "apply_at_offsets",
+    "read_at_offsets",
+    "write_at_offsets",
+    "apply_ptrs",
+    "read_ptrs",
+    "write_ptrs",
+]
+
+BACKENDS = ("cython", "numba", "numpy")
+_NATIVE_LITTLE = bool(np.little_endian)
+_U64 = np.dtype(np.uint64)
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _backend_module(name: str) -> Any:
+    if name == "cython":
+        from . import _cython as _kernels
+
+        return _kernels
+    if name == "numba":
+        from .numba_cpu import get_kernels
+
+        return get_kernels()
+    return None
+
+
+def _imports(name: str) -> bool:
+    try:
+        _backend_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def available_backends() -> list[str]:
+    """Backends that import on this machine, in the order ``'auto'`` tries them."""
+    return [name for name in BACKENDS if _imports(name)]
+
+
+_RESOLVED: dict[str, str] = {}
+
+
+def resolve_backend(backend: str = "auto") -> str:
+    """Name of the backend ``backend`` stands for (``'auto'`` → first available).
+
+    >>> resolve_backend("numpy")
+    'numpy'
+    """
+    if backend in _RESOLVED:
+        return _RESOLVED[backend]
+    if backend == "auto":  # the first that imports; later ones (Numba: a heavy import) are not touched
+        name = next(n for n in BACKENDS if _imports(n))
+    elif backend in BACKENDS:
+        try:
+            _backend_module(backend)
+        except ImportError as exc:
+            raise OptionError(f"backend {backend!r} is not available: {exc}") from None
+        name = backend
+    else:
+        raise OptionError(f"unknown backend {backend!r}: use one of auto, {', '.join(BACKENDS)}")
+    _RESOLVED[backend] = name
+    return name
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _column(values: Any, dtype: np.dtype | type, n: int | None, name: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype == object or (arr.size and arr.dtype.kind not in "iub"):
+        raise OptionError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "i" and dtype == _U64:
+        arr = arr.astype(np.int64).view(np.uint64)  # ~0 and other negatives: two's complement
+    arr = np.ascontiguousarray(arr.reshape(-1), dtype=dtype)
+    if n is not None and len(arr) != n:
+        raise OptionError(f"{name} has {len(arr)} entries, expected {n}")
+    return arr
+
+
+def _check_buffer(buf: np.ndarray, write: bool) -> None:
+    if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
+        raise OptionError("buf must be a 1-D numpy uint8 array (np.memmap or a byte view)")
+    if not buf.flags.c_contiguous:
+        raise OptionError("buf must be C-contiguous")
+    if write and not buf.flags.writeable:
+        raise ReadOnlyTargetError("buf is read-only: open the memmap with mode 'r+' or pass a writable array")
+
+
+def _check_offsets(buf: np.ndarray, offsets: Any, itemsize: int) -> np.ndarray:
+    if itemsize not in (1, 2, 4, 8):
+        raise OptionError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
+    offs = _column(offsets, np.int64, None, "offsets")
+    if len(offs):
+        lo, hi = int(offs.min()), int(offs.max())
+        if lo < 0 or hi + itemsize > len(buf):
+            raise OptionError(f"byte offsets span [{lo}, {hi + itemsize}) outside the buffer of {len(buf)} bytes")
+    return offs
+
+
+def _masks(and_mask: Any, or_mask: Any, xor_mask: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        _column(and_mask, _U64, n, "and_mask"),
+        _column(or_mask, _U64, n, "or_mask"),
+        _column(xor_mask, _U64, n, "xor_mask"),
+    )
+
+
+def _scale_positions(scale: Any, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if scale is None:
+        return None, None
+    factors = np.ascontiguousarray(np.asarray(scale, dtype=np.float64).reshape(-1))
+    if len(factors) != n:
+        raise OptionError(f"scale has {len(factors)} entries, expected {n}")
+    where = np.flatnonzero(~np.isnan(factors))
+    return (where, factors) if len(where) else (None, None)
+
+
+# --------------------------------------------------------------------------- NumPy fallback
+
+
+def _byte_index(offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
+    """(n, itemsize) byte positions, ordered so that the bytes read form native-order words."""
+    cols = np.arange(itemsize, dtype=np.int64)
+    if swap:
+        cols = cols[::-1]
+    return offsets[:, None] + cols[None, :]
+
+
+def _np_read(buf: np.ndarray, offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
+    raw = np.ascontiguousarray(buf[_byte_index(offsets, itemsize, swap)])
+    return raw.view(word_type(f"u{itemsize}").uint).reshape(-1).astype(np.uint64)
+
+
+def _np_write(buf: np.ndarray, offsets: np.ndarray, itemsize: int, swap: bool, words: np.ndarray) -> None:
+    native = np.ascontiguousarray(words.astype(word_type(f"u{itemsize}").uint))
+    buf[_byte_index(offsets, itemsize, swap)] = native.view(np.uint8).reshape(-1, itemsize)
+
+
+# --------------------------------------------------------------------------- one buffer
+
+
+def _raw_read(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool, backend: str) -> np.ndarray:
+    out = np.empty(len(offs), dtype=np.uint64)
+    if backend == "cython":
+        _backend_module("cython").read_words(buf, offs, itemsize, swap, out)
+    elif backend == "numba":
+        _backend_module("numba")["read_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, out)
+    else:
+        out = _np_read(buf, offs, itemsize, swap)
+    return out
+
+
+def _raw_write(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool, words: np.ndarray, backend: str) -> None:
+    if backend == "cython":
+        _backend_module("cython").write_words(buf, offs, itemsize, swap, words)
+    elif backend == "numba":
+        _backend_module("numba")["write_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, words)
+    else:
+        _np_write(buf, offs, itemsize, swap, words)
+
+
+def _raw_apply(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool,
+               masks: tuple[np.ndarray, np.ndarray, np.ndarray], backend: str) -> tuple[np.ndarray, np.ndarray]:
+    n = len(offs)
+    if backend == "numpy":
+        old = _np_read(buf, offs, itemsize, swap)
+        new = rule_words(old, *masks, 8 * itemsize)
+        _np_write(buf, offs, itemsize, swap, new)
+        return old, new
+    old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+    if backend == "cython":
+        _backend_module("cython").apply_words(buf, offs, itemsize, swap, *masks, old, new)
+    else:
+        _backend_module("numba")["apply_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, *masks, old, new)
+    return old, new
+
+
+def apply_at_offsets(
+    buf: np.ndarray,
+    offsets: Any,
+    itemsize: int,
+    swap: bool,
+    and_mask: Any,
+    or_mask: Any,
+    xor_mask: Any,
+    backend: str = "auto",
+    *,
+    scale: Any = None,
+    dtype: np.dtype | str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply the plan word rule to the words at ``offsets`` of ``buf``, in place.
+
+    Parameters
+    ----------
+    buf : numpy.ndarray
+        1-D, C-contiguous, writable ``uint8`` array (``np.memmap`` included).
+    offsets : array of int
+        Byte offset of each word (unaligned is fine). Offsets must be unique.
+    itemsize : {1, 2, 4, 8}
+        Word width in bytes.
+    swap : bool
+        True when the stored byte order differs from this machine's.
+    and_mask, or_mask, xor_mask : array of uint64
+        Per-site masks; ``new = ((old & and) | or) ^ xor``.
+    backend : {'auto', 'cython', 'numba', 'numpy'}
+    scale : array of float, optional
+        Where not NaN, the site is value-level: ``new = word(value(old) * scale)``
+        (needs ``dtype``).
+    dtype : numpy dtype, optional
+        The stored dtype (only needed for scale sites).
+
+    Returns
+    -------
+    (old_words, new_words) : uint64 arrays in site order (native order).
+
+    Raises
+    ------
+    OptionError
+        Bad arguments or offsets outside the buffer (nothing is changed).
+    ReadOnlyTargetError
+        ``buf`` is not writable.
+    """
+    name = resolve_backend(backend)
+    _check_buffer(buf, write=True)
+    offs = _check_offsets(buf, offsets, itemsize)
+    masks = _masks(and_mask, or_mask, xor_mask, len(offs))
+    where, factors = _scale_positions(scale, len(offs))
+    if where is None:
+        return _raw_apply(buf, offs, itemsize, bool(swap), masks, name)
+    if dtype is None or word_type(dtype).itemsize != itemsize:
+        raise OptionError("scale sites need the stored dtype (dtype=) with the given itemsize")
+    old = _raw_read(buf, offs, itemsize, bool(swap), name)
+    new = rule_words(old, *masks, 8 * itemsize)
+    new[where] = scale_words(old[where], factors[where], dtype)
+    _raw_write(buf, offs, itemsize, bool(swap), new, name)
+    return old, new
+
+
+def read_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, backend: str = "auto") -> np.ndarray:
+    """Words (native order, uint64) stored at ``offsets`` of ``buf``; see :func:`apply_at_offsets`.
+
+    >>> read_at_offsets(np.array([1, 2, 3], dtype=np.uint8), [0, 1], 2, swap=False).tolist() == (
+    ...     [0x0201, 0x0302] if np.little_endian else [0x0102, 0x0203])
+    True
+    """
+    name = resolve_backend(backend)
+    _check_buffer(buf, write=False)
+    offs = _check_offsets(buf, offsets, itemsize)
+    return _raw_read(buf, offs, itemsize, bool(swap), name)
+
+
+def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, words: Any, backend: str = "auto") -> None:
+    """Store ``words`` (native order) at ``offsets`` of ``buf``; see :func:`apply_at_offsets`."""
+    name = resolve_backend(backend)
+    _check_buffer(buf, write=True)
+    offs = _check_offsets(buf, offsets, itemsize)
+    _raw_write(buf, offs, itemsize, bool(swap), _column(words, _U64, len(offs), "words"), name)
+
+
+# --------------------------------------------------------------------------- several tensors by address
+
+
+class PtrTable:
+    """Per-tensor base addresses, word widths and byte orders for the ``*_ptrs`` kernels.
+
+    Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes) is
+    only used by the NumPy fallback, which needs a bounded view of each tensor.
+
+    >>> a = np.zeros(3, dtype=">i2")
+    >>> t = PtrTable([a.ctypes.data], [2], [np.little_endian], [a.nbytes], ["i2"])
+    >>> len(t)
+    1
+    """
+
+    def __init__(self, ptrs: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
+                 extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
+        self.ptrs = np.ascontiguousarray(ptrs, dtype=np.uint64)
+        self.itemsizes = np.ascontiguousarray(itemsizes, dtype=np.int32)
+        self.swaps = np.ascontiguousarray(swaps, dtype=np.uint8)
+        # stored little-endian <=> (this machine is little-endian) XOR swap
+        self.little = np.ascontiguousarray(self.swaps.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_)
+        self.extents = np.ascontiguousarray(extents, dtype=np.int64)
+        # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
+        self.dtypes = [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes]
+        n = len(self.ptrs)
+        if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
+            raise OptionError("pointer table columns must all have the same length")
+        if n and not np.isin(self.itemsizes, [1, 2, 4, 8]).all():
+            raise OptionError("itemsizes must be 1, 2, 4 or 8")
+
+    def __len__(self) -> int:
+        return len(self.ptrs)
+
+    def _view(self, t: int) -> np.ndarray:
+        size = int(self.extents[t])
+        if size == 0:
+            return np.zeros(0, dtype=np.uint8)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(self.ptrs[t])))
+
+
+def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
+    tid = _column(tensor, np.int32, None, "tensor")
+    offs = _column(offsets, np.int64, len(tid), "offsets")
+    if len(tid) and (int(tid.min()) < 0 or int(tid.max()) >= len(table)):
+        raise OptionError(f"tensor ids must lie in [0, {len(table)})")
+    return tid, offs
+
+
+def _np_ptr_groups(table: PtrTable, tid: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    order = np.argsort(tid, kind="stable")
+    ids, starts = np.unique(tid[order], return_index=True)
+    ends = list(starts[1:]) + [len(order)]
+    return [(int(t), order[s:e]) for t, s, e in zip(ids, starts, ends)]
+
+
+def _ptr_read(table: PtrTable, tid: np.ndarray, offs: np.ndarray, backend: str) -> np.ndarray:
+    out = np.empty(len(offs), dtype=np.uint64)
+    if backend == "cython":
+        _backend_module("cython").read_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, out)
+    elif backend == "numba":
+        _backend_module("numba")["read_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, out)
+    else:
+        for t, pos in _np_ptr_groups(table, tid):
+            out[pos] = _np_read(table._view(t), offs[pos], int(table.itemsizes[t]), bool(table.swaps[t]))
+    return out
+
+
+def _ptr_write(table: PtrTable, tid: np.ndarray, offs: np.ndarray, words: np.ndarray, backend: str) -> None:
+    if backend == "cython":
+        _backend_module("cython").write_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, words)
+    elif backend == "numba":
+        _backend_module("numba")["write_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, words)
+    else:
+        for t, pos in _np_ptr_groups(table, tid):
+            _np_write(table._view(t), offs[pos], int(table.itemsizes[t]), bool(table.swaps[t]), words[pos])
+
+
+def apply_ptrs(
+    table: PtrTable,
+    tensor: Any,
+    offsets: Any,
+    and_mask: Any,
+    or_mask: Any,
+    xor_mask: Any,
+    backend: str = "auto",
+    *,
+    scale: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Apply the word rule at ``table.ptrs[tensor[i]] + offsets[i]`` for every site, in one native call.
+
+    The addresses must lie inside live writable tensors (the caller checks plans
+    against shapes); sites must be unique. Scale sites (``scale`` not NaN) use the
+    tensor's dtype from ``table.dtypes``.
+
+    Returns
+    -------
+    (old_words, new_words) : uint64 arrays in site order.
+
+    >>> a = np.array([1.0, 2.0], dtype=np.float32)
+    >>> t = PtrTable([a.ctypes.data], [4], [False], [a.nbytes], [a.dtype])
+    >>> _ = apply_ptrs(t, [0], [4], [~0], [0], [0], scale=[-0.5])
+    >>> a.tolist()
+    [1.0, -1.0]
+    """
+    name = resolve_backend(backend)
+    tid, offs = _ptr_sites(table, tensor, offsets)
+    n = len(offs)
+    masks = _masks(and_mask, or_mask, xor_mask, n)
+    where, factors = _scale_positions(scale, n)
+    if where is None and name != "numpy":
+        old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
+        if name == "cython":
+            _backend_module("cython").apply_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, *masks, old, new)
+        else:
+            _backend_module("numba")["apply_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, *masks, old, new)
+        return old, new
+    old = _ptr_read(table, tid, offs, name)
+    new = rule_words(old, *masks, 8 * table.itemsizes[tid].astype(np.uint64))
+    if where is not None:
+        for t in np.unique(tid[where]):
+            pos = where[tid[where] == t]
+            new[pos] = scale_words(old[pos], factors[pos], table.dtypes[int(t)])
+    _ptr_write(table, tid, offs, new, name)
+    return old, new
+
+
+def read_ptrs(table: PtrTable, tensor: Any, offsets: Any, backend: str = "auto") -> np.ndarray:
+    """Words (native order) of every site; see :func:`apply_ptrs`."""
+    name = resolve_backend(backend)
+    tid, offs = _ptr_sites(table, tensor, offsets)
+    return _ptr_read(table, tid, offs, name)
+
+
+def write_ptrs(table: PtrTable, tensor: Any, offsets: Any, words: Any, backend: str = "auto") -> None:
+    """Store ``words`` (native order) at every site; see :func:`apply_ptrs`."""
+    name = resolve_backend(backend)
+    tid, offs = _ptr_sites(table, tensor, offsets)
+    _ptr_write(table, tid, offs, _column(words, _U64, len(offs), "words"), name)

@@ -1,0 +1,323 @@
+"""GPU word kernels driven with CuPy arrays, one launch per plan.
+
+Two interchangeable engines, both checked without a GPU:
+
+- ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
+  same source, with a grid-stride loop that degenerates to a plain loop, is compiled
+  by the host C compiler in the tests (:func:`build_host_library`) and checked
+  against :mod:`fastflip.core.reference` — one word-rule source, two instantiations.
+- ``'numba'``: a Numba CUDA kernel compiling the per-site functions of
+  :mod:`fastflip.kernels.numba_cpu` (``load_word``, ``store_word``, ``rule``) with
+  ``numba.cuda.jit(device=True)``; under ``NUMBA_ENABLE_CUDASIM=1`` it runs in
+  Numba's CUDA simulator on NumPy arrays.
+
+``'auto'`` takes ``'raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba'``
+for NumPy arrays (the simulator).
+
+Several tensors on one device are addressed through one ``uint8`` *span*: a view
+from the lowest tensor address to the end of the highest (device memory is one flat
+address space), with each site's byte offset taken relative to the span's start.
+Only bytes inside the tensors are ever touched (:mod:`fastflip.live` validates the
+plan against every tensor's shape before building the offsets).
+
+Value-level (scale) sites: the kernel returns their old words, the new words are
+computed by :func:`fastflip.core.wordrule.scale_words` on the host (only the scale
+sites' words cross the bus, never a tensor) and written back by a second launch.
+
+Examples
+--------
+>>> import numpy as np
+>>> k = SiteArrays.from_host(offsets=[0], tensor=[0], sizes=[4], little=[True],
+...                          and_mask=[2**64 - 1], or_mask=[0], xor_mask=[1], xp=np)
+>>> len(k)
+1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..core.dtypes import WordType
+from .numba_cpu import load_word, rule, store_word
+from ..core.wordrule import scale_words
+
+__all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
+           "launch_read", "launch_write", "device_span", "THREADS"]
+
+THREADS = 256
+_KERNELS: dict[str, Any] = {}
+cuda: Any = None  # numba.cuda, bound on first use (a module global so the simulator can swap it)
+
+
+def get_gpu_kernels() -> dict[str, Any]:
+    """Compile (once per process) the CUDA kernels ``apply``, ``read`` and ``write``."""
+    global cuda
+    if "numba" in _KERNELS:
+        return _KERNELS["numba"]
+    from numba import cuda as numba_cuda
+
+    cuda = numba_cuda
+
+    d_load = cuda.jit(device=True)(load_word)
+    d_store = cuda.jit(device=True)(store_word)
+    d_rule = cuda.jit(device=True)(rule)
+
+    @cuda.jit
+    def apply(buf, offsets, tensor, sizes, little, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+        i = cuda.grid(1)
+        if i < offsets.shape[0]:
+            t = tensor[i]
+            old = d_load(buf, offsets[i], sizes[t], little[t])
+            new = d_rule(old, a[i], o[i], x[i], sizes[t])
+            d_store(buf, offsets[i], sizes[t], little[t], new)
+            old_out[i] = old
+            new_out[i] = new
+
+    @cuda.jit
+    def read(buf, offsets, tensor, sizes, little, out):  # type: ignore[no-untyped-def]
+        i = cuda.grid(1)
+        if i < offsets.shape[0]:
+            t = tensor[i]
+            out[i] = d_load(buf, offsets[i], sizes[t], little[t])
+
+    @cuda.jit
+    def write(buf, offsets, tensor, sizes, little, words):  # type: ignore[no-untyped-def]
+        i = cuda.grid(1)
+        if i < offsets.shape[0]:
+            t = tensor[i]
+            d_store(buf, offsets[i], sizes[t], little[t], words[i])
+
+    _KERNELS["numba"] = {"apply": apply, "read": read, "write": write}
+    return _KERNELS["numba"]
+
+
+@dataclass
+class SiteArrays:
+    """A plan's columns on the device (built once per plan and device, applied many times).
+
+    ``offsets`` are byte offsets into the device span, ``tensor`` indexes ``sizes``
+    (word bytes) and ``little`` (stored little-endian) per tensor; ``scale_pos`` and
+    ``scale_factors`` (host arrays) list the value-level sites and ``scale_dtypes``
+    their dtypes.
+    """
+
+    offsets: Any
+    tensor: Any
+    sizes: Any
+    little: Any
+    and_mask: Any
+    or_mask: Any
+    xor_mask: Any
+    xp: Any
+    scale_pos: np.ndarray | None = None
+    scale_factors: np.ndarray | None = None
+    scale_dtypes: Sequence[np.dtype] | None = None
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0])
+
+    @classmethod
+    def from_host(cls, offsets: Any, tensor: Any, sizes: Any, little: Any, and_mask: Any, or_mask: Any,
+                  xor_mask: Any, xp: Any, scale: Any = None, dtypes: Sequence[Any] | None = None) -> "SiteArrays":
+        """Copy host columns to the device of ``xp`` (``cupy``, or ``numpy`` under the simulator)."""
+        def put(v: Any, dtype: Any) -> Any:
+            return xp.asarray(np.ascontiguousarray(np.asarray(v).astype(dtype)))
+
+        u64 = lambda v: np.asarray(v, dtype=object).astype(np.uint64) if not isinstance(v, np.ndarray) else v  # noqa: E731
+        pos = factors = None
+        if scale is not None:
+            f = np.asarray(scale, dtype=np.float64)
+            where = np.flatnonzero(~np.isnan(f))
+            if len(where):
+                pos, factors = where, f[where]
+        return cls(
+            offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
+            little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64), or_mask=put(u64(or_mask), np.uint64),
+            xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos, scale_factors=factors,
+            scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
+        )
+
+
+CUDA_SOURCE = r"""
+typedef unsigned long long ff_u64;
+typedef long long ff_i64;
+#ifdef FF_HOST
+#define FF_DEVICE static inline
+#define FF_GLOBAL
+#define FF_SITES(i, n) for (ff_i64 i = 0; i < (n); ++i)
+#else
+#define FF_DEVICE __device__ __forceinline__
+#define FF_GLOBAL extern "C" __global__
+#define FF_SITES(i, n) \
+    for (ff_i64 i = (ff_i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (ff_i64)blockDim.x * gridDim.x)
+#endif
+
+/* word of `size` bytes at p; `little`: stored little-endian */
+FF_DEVICE ff_u64 ff_load(const unsigned char* p, int size, int little) {
+    ff_u64 w = 0;
+    for (int j = 0; j < size; ++j) w |= ((ff_u64)p[j]) << (8 * (little ? j : size - 1 - j));
+    return w;
+}
+
+FF_DEVICE void ff_store(unsigned char* p, int size, int little, ff_u64 w) {
+    for (int j = 0; j < size; ++j) p[j] = (unsigned char)(w >> (8 * (little ? j : size - 1 - j)));
+}
+
+FF_DEVICE ff_u64 ff_rule(ff_u64 old, ff_u64 a, ff_u64 o, ff_u64 x, int size) {
+    ff_u64 width = size >= 8 ? ~0ULL : ((1ULL << (8 * size)) - 1ULL);
+    return (((old & a) | o) ^ x) & width;
+}
+
+FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                        const unsigned char* little, const ff_u64* a, const ff_u64* o, const ff_u64* x,
+                        ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        unsigned char* p = buf + offsets[i];
+        ff_u64 old = ff_load(p, sizes[t], little[t]);
+        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], sizes[t]);
+        ff_store(p, sizes[t], little[t], nw);
+        old_out[i] = old;
+        new_out[i] = nw;
+    }
+}
+
+FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                       const unsigned char* little, ff_u64* out, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        out[i] = ff_load(buf + offsets[i], sizes[t], little[t]);
+    }
+}
+
+FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+                        const unsigned char* little, const ff_u64* words, ff_i64 n) {
+    FF_SITES(i, n) {
+        int t = tensor[i];
+        ff_store(buf + offsets[i], sizes[t], little[t], words[i]);
+    }
+}
+"""
+
+
+def build_host_library(directory: str, compiler: str = "cc") -> Any:
+    """Compile :data:`CUDA_SOURCE` for the host (``-DFF_HOST``) and load it with ctypes.
+
+    The returned library has ``ff_apply``, ``ff_read`` and ``ff_write`` taking the
+    kernel's arguments as raw pointers; tests use it to check the GPU source.
+    """
+    import ctypes
+    import os
+    import subprocess
+
+    src = os.path.join(directory, "ff_kernels.c")
+    lib = os.path.join(directory, "ff_kernels.so")
+    with open(src, "w") as f:
+        f.write(CUDA_SOURCE)
+    subprocess.run([compiler, "-DFF_HOST", "-O2", "-shared", "-fPIC", "-o", lib, src], check=True,
+                   capture_output=True, text=True)
+    return ctypes.CDLL(lib)
+
+
+def get_raw_kernels() -> dict[str, Any]:
+    """Compile (once per process, cached by CuPy) the CUDA C kernels with NVRTC."""
+    if "raw" not in _KERNELS:
+        import cupy
+
+        module = cupy.RawModule(code=CUDA_SOURCE)
+        _KERNELS["raw"] = {k: module.get_function(f"ff_{k}") for k in ("apply", "read", "write")}
+    return _KERNELS["raw"]
+
+
+DEFAULT_ENGINE = "auto"  # what engine="auto" means: 'auto' (raw for CuPy, numba for NumPy), 'raw' or 'numba'
+
+
+def _engine(xp: Any, engine: str) -> str:
+    if engine == "auto":
+        engine = DEFAULT_ENGINE
+    if engine == "auto":
+        return "numba" if xp is np else "raw"
+    if engine not in ("raw", "numba"):
+        raise ValueError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+    return engine
+
+
+def _launch(kind: str, engine: str, n: int, *args: Any) -> None:
+    """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n)."""
+    if engine == "raw":
+        get_raw_kernels()[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
+    else:
+        get_gpu_kernels()[kind][_grid(n), THREADS](*args)
+
+
+def _grid(n: int) -> int:
+    return max(1, (n + THREADS - 1) // THREADS)
+
+
+def _host(xp: Any, arr: Any) -> np.ndarray:
+    return np.asarray(arr) if xp is np else xp.asnumpy(arr)
+
+
+def launch_apply(buf: Any, sites: SiteArrays, sync: bool = True, engine: str = "auto") -> tuple[Any, Any]:
+    """Apply ``sites`` to the device span ``buf`` in one launch; returns (old, new) device arrays.
+
+    Scale sites (if any) then take one read-back of their old words, the host
+    computation, and one more launch to write their new words.
+    """
+    xp, n = sites.xp, len(sites)
+    eng = _engine(xp, engine)
+    old = xp.empty(n, dtype=xp.uint64)
+    new = xp.empty(n, dtype=xp.uint64)
+    if n == 0:
+        return old, new
+    _launch("apply", eng, n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+            sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
+    if sites.scale_pos is not None:
+        pos = sites.scale_pos
+        old_h = _host(xp, old)[pos]
+        tid_h = _host(xp, sites.tensor)[pos]
+        new_h = np.empty(len(pos), dtype=np.uint64)
+        assert sites.scale_dtypes is not None and sites.scale_factors is not None
+        for t in np.unique(tid_h):
+            sel = tid_h == t
+            new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.scale_dtypes[int(t)])
+        d_pos = xp.asarray(pos)
+        new[d_pos] = xp.asarray(new_h)
+        _launch("write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
+                xp.ascontiguousarray(sites.tensor[d_pos]), sites.sizes, sites.little, xp.ascontiguousarray(new[d_pos]))
+    if sync and xp is not np:
+        xp.cuda.get_current_stream().synchronize()
+    return old, new
+
+
+def launch_read(buf: Any, sites: SiteArrays, engine: str = "auto") -> Any:
+    """Words (native order) of every site, as a device array."""
+    xp, n = sites.xp, len(sites)
+    out = xp.empty(n, dtype=xp.uint64)
+    if n:
+        _launch("read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little, out)
+    return out
+
+
+def launch_write(buf: Any, sites: SiteArrays, words: Any, engine: str = "auto") -> None:
+    """Store ``words`` (device array, native order) at every site."""
+    xp, n = sites.xp, len(sites)
+    if n:
+        _launch("write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+                xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
+
+
+def device_span(ptrs: Sequence[int], nbytes: Sequence[int], device_id: int, owner: Any) -> tuple[Any, int]:
+    """A CuPy ``uint8`` array over ``[min(ptrs), max(ptr + nbytes))`` and its start address.
+
+    ``owner`` (e.g. the list of tensors) is kept alive by the array.
+    """
+    import cupy
+
+    base = int(min(ptrs))
+    end = int(max(p + n for p, n in zip(ptrs, nbytes)))
+    mem = cupy.cuda.UnownedMemory(base, max(end - base, 1), owner, device_id)
+    return cupy.ndarray((max(end - base, 1),), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)), base
