@@ -10,9 +10,9 @@ are checked equal to the serial ones (outcome, metric, delta, sites) before timi
 * ``serial``: ``batch_trials = 1`` (inject, forward, revert per trial);
 * ``batched``: ``batch_trials`` automatic, full forwards;
 * ``prefix``: batched, each cell's golden prefix cached;
-* ``activations_serial`` / ``activations_batched``: the same CNN with per-sample activation faults (outputs of
-  six layers, cells per layer × {bit 30, mantissa}): one trial per forward vs ``B`` trials in one forward of
-  ``B × 256`` samples.
+* ``activations_serial`` / ``activations_batched`` / ``activations_batched_prefix``: the same CNN with per-sample
+  activation faults (outputs of six layers, cells per layer × {bit 30, mantissa}): one trial per forward, ``B``
+  trials in one forward of ``B × 256`` samples, and from the faulted layer's cached golden output on.
 
 Peak RSS is recorded per mode (``extra_info``). Run:
 ``pytest bench/bench_batched.py --benchmark-only --benchmark-columns=min,median,max,rounds``
@@ -132,3 +132,7 @@ def test_activations_serial(benchmark, act_setup):
 
 def test_activations_batched(benchmark, act_setup):
     _mode(benchmark, act_setup, None, False)
+
+
+def test_activations_batched_prefix(benchmark, act_setup):
+    _mode(benchmark, act_setup, None, True)

@@ -314,12 +314,42 @@ class BatchedActivations(BatchedTorch):
         super().__init__(model, x)
         self.seed = int(seed)
 
+    def suffix(self, cell_tensors: Sequence[str]) -> Any:
+        """``(rest of the network, its golden inputs, position of the faulted layer's output)`` for a cell of one
+        layer output, or None (several layer outputs, no prefix, or a model the split refuses; said once)."""
+        key = tuple(sorted(cell_tensors))
+        if key not in self._suffix:
+            self._suffix[key] = None
+            if len(key) == 1:
+                try:
+                    self._suffix[key] = split_after_layer(self.graph(), self.x, key[0])
+                except Unbatchable as exc:
+                    say_once(f"golden-prefix reuse off for {type(self.model).__name__} (layer {key[0]}): {exc}; "
+                             "running the full forward")
+        return self._suffix[key]
+
     def outputs(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True) -> np.ndarray:
         from ..live.activations import injected_activations
 
         torch = self.torch
         self.graph()  # a static graph: no control flow on (faulted) values
         B, n = len(block), int(self.x.shape[0])
+        split = self.suffix(cell_tensors) if prefix else None
+        if split is not None:  # the golden output of the faulted layer, faulted per trial, then the rest
+            from ..live.act_frameworks import TorchHooks
+            from ..live.activations import ActivationLog, Sites
+
+            suffix, inputs, at = split
+            args = [a.repeat(B, *([1] * (a.dim() - 1))) for a in inputs]
+            refs = list(block.tensors)
+            sites = Sites(refs, seed=self.seed, plan=block, samples_per_plan=n)
+            li = [r.name for r in refs].index(cell_tensors[0])
+            faulted = TorchHooks(self.model).write(args[at], li, sites, ActivationLog(seed=self.seed), alias=True)
+            if faulted is not None:
+                args[at] = faulted
+            with torch.no_grad():
+                out = suffix(*args)
+            return out.detach().reshape(B, n, *out.shape[1:]).cpu().numpy()
         xb = self.x.repeat(B, *([1] * (self.x.dim() - 1)))
         with injected_activations(self.model, self.seed, plan=block, samples_per_plan=n):
             with torch.no_grad():
@@ -358,6 +388,16 @@ def split_after_prefix(gm: Any, x: Any, faulted: Sequence[Any]) -> tuple[Any, tu
     first = next((k for k, n in enumerate(nodes) if reads_fault(n)), None)
     if first is None:
         raise Unbatchable("no graph node reads the faulted tensors")
+    split = split_at(gm, x, first)
+    return None if split is None else split[:2]
+
+
+def split_at(gm: Any, x: Any, first: int) -> tuple[Any, tuple[Any, ...], list[Any]] | None:
+    """``(suffix, inputs, frontier nodes)``: ``gm`` cut before its node ``first`` (see :func:`split_after_prefix`)."""
+    import torch
+    import torch.fx as fx
+
+    nodes = list(gm.graph.nodes)
     prefix = nodes[:first]
     if all(n.op in ("placeholder", "get_attr") for n in prefix):
         return None
@@ -389,7 +429,27 @@ def split_after_prefix(gm: Any, x: Any, faulted: Sequence[Any]) -> tuple[Any, tu
             remap[n] = graph.node_copy(n, lambda a: remap[a])
     for n in nodes[first:]:
         remap[n] = graph.node_copy(n, lambda a: remap[a])
-    return fx.GraphModule(gm, graph), inputs
+    return fx.GraphModule(gm, graph), inputs, frontier
+
+
+def split_after_layer(gm: Any, x: Any, name: str) -> tuple[Any, tuple[Any, ...], int] | None:
+    """Cut a traced model right after the call of layer output ``name`` (``layer`` or ``layer#k``, the k-th call).
+
+    Returns ``(suffix, inputs, position of that layer's output among inputs)`` or None (nothing to reuse).
+    """
+    layer, _, k = name.partition("#")
+    calls = [i for i, n in enumerate(gm.graph.nodes) if n.op == "call_module" and n.target == f"0.{layer}"]
+    if len(calls) <= int(k or 0):
+        raise Unbatchable(f"layer {name} is not a call of the traced graph")
+    at = calls[int(k or 0)]
+    split = split_at(gm, x, at + 1)
+    if split is None:
+        return None
+    suffix, inputs, frontier = split
+    node = list(gm.graph.nodes)[at]
+    if node not in frontier:
+        raise Unbatchable(f"the output of layer {name} is not used by the rest of the network")
+    return suffix, inputs, frontier.index(node)
 
 
 class TrialBatcher:
