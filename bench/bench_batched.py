@@ -30,30 +30,20 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
 torch = pytest.importorskip("torch")
+import batch_helpers  # noqa: E402
 
 PER_CELL = 4
 N_IMAGES = 256
 
 
 def model() -> object:
-    """The CNN (deterministic weights)."""
-    from user_models import torch_classes
-
-    torch.manual_seed(0)
-    m = torch_classes()["ResNet18"](width=8, classes=10)
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.1, 0.1)
-                mod.running_var.uniform_(0.5, 1.5)
-    return m.eval()
+    """The CNN (deterministic weights; the tests' ``batch_helpers.resnet18``)."""
+    return batch_helpers.resnet18()
 
 
 def data() -> tuple[np.ndarray, np.ndarray]:
-    x = np.random.default_rng(5).standard_normal((N_IMAGES, 3, 32, 32), dtype=np.float32)
-    with torch.no_grad():
-        y = model()(torch.from_numpy(x)).argmax(1).numpy()
-    return x, y
+    """256 generated images, labelled with the fault-free predictions."""
+    return batch_helpers.images(N_IMAGES)
 
 
 ACT_LAYERS = ["conv1", "layer1.0.conv1", "layer2.0.conv2", "layer3.1.conv1", "layer4.0.conv2", "fc"]

@@ -152,13 +152,19 @@ def test_unbatchable_models_fall_back_with_one_line(factory, why, capsys):
     assert lines[0].endswith("running trials one at a time")
 
 
+def _serial_and_batched(c, per_cell):
+    """A fresh runner, its rows one trial at a time, then through run_many (first 8 columns)."""
+    cells = campaign_cells(c)
+    runner = TrialRunner(c, cells)
+    serial = [tuple(runner.run(cid, t)[:8]) for cid in range(len(cells)) for t in range(per_cell)]
+    got = [tuple(r[:8]) for cid in range(len(cells)) for r in runner.run_many(cid, range(per_cell))]
+    return runner, serial, got
+
+
 def test_untraceable_model_runs_serially_with_one_line(capsys):
     require("torch")
     c = _campaign("batch_helpers:traced_off", "batch_helpers:digits_data", ["30", "0"], 6, batch=3)
-    cells = campaign_cells(c)
-    runner = TrialRunner(c, cells)
-    serial = [tuple(runner.run(cid, t)[:8]) for cid in range(len(cells)) for t in range(6)]
-    got = [tuple(r[:8]) for cid in range(len(cells)) for r in runner.run_many(cid, range(6))]
+    runner, serial, got = _serial_and_batched(c, 6)
     assert got == serial and runner._batcher._off is not None
     err = capsys.readouterr().err
     assert err.count("batched trials off for TracedOff: torch.fx cannot trace it") == 1, err
@@ -168,10 +174,7 @@ def test_no_prefix_when_the_rest_needs_sizes(capsys):
     """A model reading its batch size before the faulted layer batches with full forwards (said once per cell)."""
     require("torch")
     c = _campaign("batch_helpers:sizes", "batch_helpers:digits_data", ["30", "0"], 6, batch=3)
-    cells = campaign_cells(c)
-    runner = TrialRunner(c, cells)
-    serial = [tuple(runner.run(cid, t)[:8]) for cid in range(len(cells)) for t in range(6)]
-    got = [tuple(r[:8]) for cid in range(len(cells)) for r in runner.run_many(cid, range(6))]
+    runner, serial, got = _serial_and_batched(c, 6)
     assert got == serial and all(runner._batcher._ok.values())
     err = capsys.readouterr().err
     assert err.count("golden-prefix reuse off for Sizes") == 2, err  # one line per layer group

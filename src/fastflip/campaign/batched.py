@@ -1,8 +1,8 @@
-"""Batched trials for PyTorch weight faults: B trials of a cell in one forward pass.
+"""Batched trials for PyTorch targets: B trials of a cell in one forward pass.
 
 A trial of a ``memory``-mode campaign on a PyTorch module with a built-in evaluator
 (``classification`` or ``regression``) is one forward pass of the evaluation set through
-the faulty model. :class:`BatchedTorch` runs ``B`` such trials at once:
+the faulty model. :class:`BatchedTorch` runs ``B`` weight-fault trials at once:
 
 * only the faulted tensors are copied: each becomes a stack of ``B`` copies, trial ``j``'s
   sites applied to copy ``j`` by the plan's exact word rule (:mod:`fastflip.core.wordrule`; the
@@ -14,22 +14,25 @@ the faulty model. :class:`BatchedTorch` runs ``B`` such trials at once:
   that trial's copy (the serial forward's kernel and batch size, so huge or infinite
   faulty values meet the same arithmetic as in a serial trial), the other modules once on
   the whole batch (tied weights follow: every module holding a faulted tensor is split);
-* golden-prefix reuse: when the model can be split by ``torch.fx`` (user subclasses with
-  nesting and loops over ``ModuleList`` trace; Python control flow on the data does not),
-  the values that the rest of the network needs from before the first node touching a
-  faulted tensor are computed once per cell on the fault-free model, and each block runs
-  only the rest of the network. A model that cannot be split runs the full forward (said
-  once).
+* golden-prefix reuse: the values that the rest of the network needs from before the first
+  node touching a faulted tensor are computed once per cell on the fault-free model, and
+  each block runs only the rest of the network. A split that would need more than
+  batch-major tensors (a size read early) runs the full forward (said once).
 
-Nothing is modified in the user's model: its tensors are read, never written. On a CUDA
-model everything (stacks, flips, forward) stays on the device; the outputs of a block come
-back once for judging.
+:class:`BatchedActivations` does the same for activation faults: ``B × N`` samples per
+forward, trial ``j``'s plan in the layer outputs of its ``N`` samples; with the prefix, the
+faulted layer's golden output is faulted per trial and only the rest of the network runs.
+
+The user's tensors are never written: during a block the faulted modules' ``forward`` and
+parameter slots are swapped and put back in ``finally``. On a CUDA model everything (stacks,
+flips, forward) stays on the device; the outputs of a block come back once for judging.
 
 ``B`` is chosen from free memory (host RAM, or the CUDA device's free memory) and the
 output size of one forward, unless ``[evaluator] batch_trials`` / ``--batch-trials`` gives
-it; out-of-memory halves ``B`` and continues. A model that cannot be batched (data-dependent
-control flow on faulted values, in-place writes to parameters in ``forward``) is found by a
-probe against the golden outputs and runs trial by trial, said in one line.
+it; out-of-memory halves ``B`` and continues. A model that cannot be batched (no static
+graph: control flow on tensor values; ``forward`` writing to its parameters in place; a
+faulted tensor used outside a layer's forward; outputs that differ from the plain forward
+in a probe of fault-free copies) runs trial by trial, said in one line.
 
 Examples
 --------
@@ -61,7 +64,8 @@ from ..errors import FastflipError
 
 __all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once"]
 
-_MAX_AUTO = 64  # beyond this many trials per pass the forward is not faster per trial, only bigger
+_MAX_AUTO = 64  # CPU: beyond this many trials per pass the forward is not faster per trial, only bigger
+_MAX_AUTO_GPU = 512
 _SAID: set[str] = set()
 
 
@@ -474,8 +478,9 @@ class TrialBatcher:
 
     def size(self) -> int:
         """Trials per forward: the configured number, or what free memory allows."""
-        if self.batch is None:
-            self.batch = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device))
+        if self.batch is None:  # a GPU keeps gaining from wider forwards long after a CPU core has stopped
+            limit = _MAX_AUTO_GPU if getattr(self.bt.device, "type", "cpu") == "cuda" else _MAX_AUTO
+            self.batch = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device), limit)
         return self.batch
 
     def usable(self, runner: Any, cell_id: int) -> bool:
