@@ -31,6 +31,27 @@ def _campaign(factory, data, bits, per_cell, builtin="classification", batch=Non
                 cells={"bits": bits, "group_by": "layer", **cells})
 
 
+def _serial_vs_batched_modes(c, per_cell):
+    """Every trial one at a time, then batched with and without the golden prefix: the rows must agree (outcome,
+    metric, sites, message, numeric, changed, delta). Returns the cells, the serial rows and (prefix, batcher)."""
+    cells = campaign_cells(c)
+    runner = TrialRunner(c, cells)
+    serial = [runner.run(cid, t) for cid in range(len(cells)) for t in range(per_cell)]
+    modes = []
+    for prefix in (True, False):
+        runner._batcher = bt = batched.make_batcher(runner)
+        bt.prefix = prefix
+        got = [r for cid in range(len(cells)) for r in runner.run_many(cid, range(per_cell))]
+        assert len(got) == len(serial)
+        for s, g in zip(serial, got):
+            assert s[:6] == g[:6] and s.message == g.message and s.numeric == g.numeric, (prefix, s, g)
+            assert s.changed == pytest.approx(g.changed) and (s.delta is None) == (g.delta is None)
+            if s.delta is not None:
+                assert g.delta == pytest.approx(s.delta, abs=1e-12)
+        modes.append((prefix, bt))
+    return cells, serial, modes
+
+
 @pytest.fixture(autouse=True)
 def _fresh_notes():
     batched._SAID.clear()
@@ -45,20 +66,10 @@ def test_batched_rows_equal_serial_rows(case):
     require("torch")
     factory, data, bits, per_cell = CASES[case]
     c = _campaign(factory, data, bits, per_cell, batch=4)
-    cells = campaign_cells(c)
-    runner = TrialRunner(c, cells)
-    serial = [runner.run(cid, t) for cid in range(len(cells)) for t in range(per_cell)]
-    for prefix in (True, False):
-        runner._batcher = bt = batched.make_batcher(runner)
-        bt.prefix = prefix
-        got = [row for cid in range(len(cells)) for row in runner.run_many(cid, range(per_cell))]
+    cells, serial, modes = _serial_vs_batched_modes(c, per_cell)
+    for prefix, bt in modes:
         assert bt.batch == 4 and all(bt._ok.values()) and len(bt._ok) == len({
             tuple(sorted(x.tensors)) for x in cells})  # really batched, every cell
-        for s, g in zip(serial, got):
-            assert s[:6] == g[:6] and s.message == g.message and s.numeric == g.numeric, (case, prefix, s, g)
-            assert s.changed == pytest.approx(g.changed) and (s.delta is None) == (g.delta is None)
-            if s.delta is not None:
-                assert g.delta == pytest.approx(s.delta, abs=1e-12)
     outcomes = {r.outcome for r in serial}
     assert len(outcomes) > 1 or case == "tied"  # the campaign is not all-masked: outcomes are really compared
     assert any(r.outcome != MASKED for r in serial)
@@ -269,21 +280,11 @@ def test_activation_trials_batched_equal_serial(factory, data, layers, bits, per
              evaluator={"function": None, "builtin": "classification", "data": data, "critical": 0.05,
                         "batch_trials": 5},
              cells={"bits": bits, "group_by": "layer"}, trials={"per_cell": per_cell})
-    cells = campaign_cells(c)
-    runner = TrialRunner(c, cells)
-    serial = [runner.run(cid, t) for cid in range(len(cells)) for t in range(per_cell)]
-    for prefix in (True, False):
-        runner._batcher = bt = batched.make_batcher(runner)
-        bt.prefix = prefix
-        got = [r for cid in range(len(cells)) for r in runner.run_many(cid, range(per_cell))]
+    cells, serial, modes = _serial_vs_batched_modes(c, per_cell)
+    for prefix, bt in modes:
         assert isinstance(bt.bt, batched.BatchedActivations) and all(bt._ok.values())
         if prefix:  # every layer but a first one ran from its cached golden output
             assert sum(v is not None for v in bt.bt._suffix.values()) >= len(layers) - 1
-        for s, g in zip(serial, got):
-            assert s[:6] == g[:6] and s.message == g.message and s.numeric == g.numeric, (prefix, s, g)
-            assert s.changed == pytest.approx(g.changed)
-            if s.delta is not None:
-                assert g.delta == pytest.approx(s.delta, abs=1e-12)
     assert len({r.outcome for r in serial}) > 1
 
 
