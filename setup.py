@@ -44,11 +44,12 @@ def extensions() -> list:
     ext = Extension(
         "fastflip.kernels._cython",
         ["ext/_kernels.pyx"],
-        include_dirs=[np.get_include()],
+        include_dirs=[np.get_include(), "src/fastflip/kernels"],  # ff_word.h: the word rule in C
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
     )
-    return cythonize([ext], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
+    lzf = Extension("fastflip.kernels._lzf", ["ext/_lzf.pyx"], extra_compile_args=["-O3"])
+    return cythonize([ext, lzf], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

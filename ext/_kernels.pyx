@@ -5,7 +5,7 @@ The caller (fastflip.kernels.dispatch) validates every argument once: offsets li
 buffer, itemsize is 1, 2, 4 or 8, all columns have the same length. Each word is
 read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
 ``swap`` is true (storage order differs from this machine's), turned into the new
-word by ``((old & and) | or) ^ xor`` and written back the same way.
+word by the word rule ``ff_rule`` of ``ff_word.h`` and written back the same way.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t, int64_t
@@ -15,6 +15,12 @@ from libc.string cimport memcpy
 cdef extern from *:
     uint32_t __builtin_bswap32(uint32_t) nogil
     uint64_t __builtin_bswap64(uint64_t) nogil
+
+
+# The word rule and word width, written once for every C dialect (Cython here, CUDA C and host C in
+# fastflip.kernels.gpu): src/fastflip/kernels/ff_word.h.
+cdef extern from "ff_word.h":
+    uint64_t ff_rule(uint64_t old, uint64_t a, uint64_t o, uint64_t x, int size) nogil
 
 
 
@@ -70,13 +76,12 @@ def apply_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
                 uint64_t[::1] old_out, uint64_t[::1] new_out):
     """Apply the word rule at every byte offset; store old and new words (native order)."""
     cdef Py_ssize_t i, n = offsets.shape[0]
-    cdef uint64_t width = 0xFFFFFFFFFFFFFFFF if itemsize == 8 else ((<uint64_t>1 << (8 * itemsize)) - 1)
     cdef uint64_t old, new
     cdef uint8_t* base = &buf[0] if buf.shape[0] else NULL
     with nogil:
         for i in range(n):
             old = _load(base + offsets[i], itemsize, swap)
-            new = (((old & and_mask[i]) | or_mask[i]) ^ xor_mask[i]) & width
+            new = ff_rule(old, and_mask[i], or_mask[i], xor_mask[i], itemsize)
             _store(base + offsets[i], new, itemsize, swap)
             old_out[i] = old
             new_out[i] = new
@@ -106,10 +111,6 @@ def write_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
 # its tensor. The caller guarantees that every address lies inside a live, writable buffer.
 # ---------------------------------------------------------------------------------------------
 
-cdef inline uint64_t _width(int itemsize) noexcept nogil:
-    return 0xFFFFFFFFFFFFFFFF if itemsize == 8 else ((<uint64_t>1 << (8 * itemsize)) - 1)
-
-
 def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
                const int32_t[::1] tensor, const int64_t[::1] offsets,
                const uint64_t[::1] and_mask, const uint64_t[::1] or_mask, const uint64_t[::1] xor_mask,
@@ -129,7 +130,7 @@ def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
             size = itemsizes[t]
             p = <uint8_t*><size_t>ptrs[t] + offsets[i]
             old = _load(p, size, swaps[t])
-            new = (((old & and_mask[i]) | or_mask[i]) ^ xor_mask[i]) & _width(size)
+            new = ff_rule(old, and_mask[i], or_mask[i], xor_mask[i], size)
             _store(p, new, size, swaps[t])
             old_out[i] = old
             new_out[i] = new

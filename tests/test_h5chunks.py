@@ -10,10 +10,12 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import require
 from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
 from fastflip.files.fileio import sha256_file
 from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
+from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file, replay, revert
 from fastflip.files.layout import read_layout
 
@@ -24,8 +26,10 @@ FILTERS = {
     "shuffle-fletcher32": dict(shuffle=True, fletcher32=True), "gzip-fletcher32": dict(compression="gzip", fletcher32=True),
     "shuffle-gzip-fletcher32": dict(compression="gzip", shuffle=True, fletcher32=True),
     "shuffle": dict(shuffle=True), "lzf": dict(compression="lzf"), "shuffle-lzf": dict(compression="lzf", shuffle=True),
+    "lzf-fletcher32": dict(compression="lzf", fletcher32=True),
+    "shuffle-lzf-fletcher32": dict(compression="lzf", shuffle=True, fletcher32=True),
 }
-ENCODABLE = {k for k in FILTERS if "lzf" not in k}
+ENCODABLE = set(FILTERS)  # lzf through the native encoder (ext/_lzf.pyx)
 
 
 def _data(dt: str, rng) -> np.ndarray:
@@ -165,3 +169,92 @@ def test_shuffle_matches_hdf5(tmp_path):
     with h5py.File(p, "r") as f:
         _, raw = f["s"].id.read_direct_chunk((0,))
     assert raw == shuffle(a.tobytes(), 4) and unshuffle(raw, 4) == a.tobytes()
+
+
+@pytest.mark.parametrize("filt", ["lzf", "shuffle-lzf", "lzf-fletcher32", "shuffle-lzf-fletcher32"])
+def test_lzf_chunks_patched_natively(tmp_path, filt, monkeypatch):
+    """lzf chunks take the chunk path (where the new stream fits the stored size), h5py's own lzf filter reads
+    the exact values back, and revert restores the file byte for byte."""
+    from fastflip.files import h5chunks
+
+    require("fastflip.kernels._lzf")  # the native LZF codec (built from ext/_lzf.pyx)
+    monkeypatch.setattr(h5chunks, "_SAID", set())
+    rng = np.random.default_rng(7)
+    src = str(tmp_path / "in.h5")
+    # compressible data, so that HDF5 stores every chunk lzf-encoded (a chunk lzf cannot shrink is stored raw);
+    # a chunk of a few bytes (a constant tensor) has no room for a flip and goes through h5py (tested above)
+    arrays = {"/w": (np.round(rng.standard_normal((96, 64)) * 4) / 4).astype("<f4"),
+              "/steps": np.arange(500, dtype=">i8"), "/h": (np.round(rng.standard_normal((40, 30)) * 4) / 4).astype("<f2")}
+    with h5py.File(src, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(k, data=v, chunks=(20, 30) if v.ndim == 2 else (100,), **FILTERS[filt])
+        masks = [f[k].id.get_chunk_info(i).filter_mask for k in f for i in range(f[k].id.get_num_chunks())]
+    assert not any(masks)  # every chunk really is lzf-encoded
+    before = sha256_file(src)
+    by_name = {t.path: t for t in read_layout(src).tensors}
+    for i, model in enumerate(["flip", "random-value", "adjacent:3"]):
+        out = str(tmp_path / f"out{i}.h5")
+        monkeypatch.setattr(h5chunks, "_SAID", set())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # a fallback to h5py is said as a warning
+            res = inject_file(src, out, seed=11 + i, count=60, model=model)
+        fell_back = [w for w in caught if "go through h5py" in str(w.message)]
+        # most re-encoded chunks fit their stored sizes; a flip that breaks a long run of equal bytes (a
+        # shuffled byte plane of small integers) may need bytes the chunk lacks: that chunk goes through h5py
+        cp = h5chunks.chunk_patches(src, res.log.plan, route_sites(src, res.log.plan, by_name))
+        assert len(cp.handled) >= (0.8 if model == "flip" else 0.5) * len(res.log.plan), (model, len(cp.handled))
+        assert bool(fell_back) == (len(cp.handled) < len(res.log.plan))
+        want = {k: v.copy() for k, v in arrays.items()}
+        old, new = reference.apply_plan(want, res.log.plan)
+        assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
+        got = _read(out)
+        for k in want:
+            assert got[k].tobytes() == want[k].tobytes(), (model, k)
+        if not fell_back:
+            assert os.path.getsize(out) == os.path.getsize(src) and res.log.undo.new_size == res.log.undo.size
+        rep = replay(res.log_path, src, str(tmp_path / "rep.h5"))
+        assert sha256_file(rep.output) == sha256_file(out)
+        assert revert(res.log_path, out).sha256 == before
+        assert open(out, "rb").read() == open(src, "rb").read()
+    # in place without a temporary copy, then back
+    res = inject_file(src, in_place=True, atomic=False, seed=3, count=20, selection={"include": ["/w"]})
+    assert sha256_file(src) != before
+    assert revert(res.log_path, src, atomic=False).sha256 == before
+
+
+def test_damaged_lzf_chunk_refused(tmp_path):
+    require("fastflip.kernels._lzf")
+    src = str(tmp_path / "in.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("w", data=np.zeros((64, 64), "<f4"), chunks=(32, 32), compression="lzf")
+        info = f["w"].id.get_chunk_info(0)
+    data = bytearray(open(src, "rb").read())
+    data[info.byte_offset] = 0x1F  # the first literal run now swallows what follows: not a stream of this size
+    open(src, "wb").write(bytes(data))
+    out = str(tmp_path / "out.h5")
+    with pytest.raises(UnsupportedStorageError, match="lzf") as ei:
+        inject_file(src, out, seed=1, count=4096 * 4 - 1, selection={"include": ["/w"]})
+    assert "\n" not in str(ei.value) and not os.path.exists(out)
+
+
+def test_lzf_codec_round_trips():
+    _lzf = require("fastflip.kernels._lzf")
+
+    rng = np.random.default_rng(0)
+    cases = [b"", b"a", bytes(1000), rng.integers(0, 256, 5000, dtype=np.uint8).tobytes(),
+             np.arange(3000, dtype="<i4").tobytes(), (b"abcabcabd" * 500)]
+    for data in cases:
+        z = _lzf.compress(data)
+        assert _lzf.decompress(z, len(data)) == data
+        changed = bytearray(data)
+        for i in rng.integers(0, max(1, len(data)), 5 if data else 0):
+            changed[i] ^= 0x41
+        r = _lzf.reencode(z, bytes(changed))
+        assert _lzf.decompress(r, len(data)) == bytes(changed)
+        assert _lzf.reencode(z, data) == z  # unchanged data keeps its encoding
+        for extra in range(0, 12):
+            g = _lzf.grow(z, data, extra)
+            assert g is None or (len(g) == len(z) + extra and _lzf.decompress(g, len(data)) == data)
+    for bad in (b"\x05ab", b"\x20\x00", b"\xe0"):  # literal past the end, reference before the start, cut short
+        with pytest.raises(ValueError):
+            _lzf.decompress(bad, 10)

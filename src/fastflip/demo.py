@@ -33,6 +33,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .campaign.significance import PAIRWISE_FIELDS, pairwise_tests
+from .experiment.outcomes import write_csv
+from .experiment.runner import run_experiment
+from .report import write_report
+
 __all__ = ["demo_config", "contrast_tests", "format_contrast", "main"]
 
 EPOCHS = 4
@@ -82,8 +87,6 @@ def contrast_tests(summaries: Mapping[str, Sequence[Mapping[str, Any]]],
     >>> [(r["a"], r["b"]) for r in contrast_tests(s, ("a", "b"))]
     [('keras:a', 'keras:b')]
     """
-    from .campaign.significance import pairwise_tests
-
     groups = {f"{fw}:{r['scenario']}": (int(r["failures"]), int(r["runs"]))
               for fw, rows in summaries.items() for r in rows if r["scenario"] in scenarios}
     fws = list(summaries)
@@ -120,11 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="run only this framework (repeatable; default both)")
     p.add_argument("--repetitions", type=int, default=REPETITIONS, help=f"runs per scenario (default {REPETITIONS})")
     args = p.parse_args(argv)
-    from .experiment.runner import run_experiment
-    from .experiment.outcomes import write_csv
-    from .report import write_report
-    from .campaign.significance import PAIRWISE_FIELDS
-
     root = Path(args.out)
     if args.fresh and root.exists():
         shutil.rmtree(root)

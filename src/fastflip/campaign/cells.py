@@ -1,5 +1,7 @@
 """A campaign's target tensors and its grid of cells.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 The target's tensors are described by :class:`fastflip.files.layout.Tensor` records (an
 HDF5 checkpoint through :func:`fastflip.files.layout.read_layout`; a factory's named arrays
 through the same record, labelled by :func:`fastflip.files.roles.label_path`), filtered by
@@ -44,10 +46,21 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import OptionError
-from ..files.layout import Tensor
+from ..core.bits import BitSpec
+from ..core.dtypes import word_type
+from ..core.faults import FaultModel
+from ..core.permutation import Permutation
+from ..core.plan import TensorRef
+from ..core.spec import Sampling
+from ..errors import CapacityError, OptionError
+from ..files.layout import Tensor, read_layout
+from ..files.roles import detect_framework, label_path
+from ..files.select import Selection, select
+from ..live import targets
+from ..live.activations import layer_outputs
 from .config import Campaign
 from .evaluate import import_object, make_evaluator
+from .stats import sample_size
 
 __all__ = [
     "Cell",
@@ -70,8 +83,6 @@ __all__ = [
 
 def tensors_from_refs(refs: Sequence[Any]) -> list[Tensor]:
     """:class:`~fastflip.files.layout.Tensor` records for live tensors' refs (layer and role guessed from names)."""
-    from ..files.roles import detect_framework, label_path
-
     aliases = [r.name if r.name.startswith("/") else "/" + r.name for r in refs]
     framework = detect_framework(aliases)
     out = []
@@ -85,8 +96,6 @@ def tensors_from_refs(refs: Sequence[Any]) -> list[Tensor]:
 
 def tensors_from_arrays(arrays: Mapping[str, Any]) -> list[Tensor]:
     """:class:`~fastflip.files.layout.Tensor` records for named in-memory arrays."""
-    from ..core.plan import TensorRef
-
     return tensors_from_refs([TensorRef(n, np.asarray(a).dtype.str, np.shape(a)) for n, a in arrays.items()])
 
 
@@ -102,25 +111,17 @@ def call_factory(campaign: Campaign) -> Any:
 
 def target_tensors(campaign: Campaign, epoch: int | None = None, obj: Any = None) -> list[Tensor]:
     """The campaign's selected tensors (of one epoch's checkpoint, or of the factory's model)."""
-    from ..files.select import Selection, select
-
     if campaign.target.kind == "activations":
         return activation_tensors(campaign, obj if obj is not None else call_factory(campaign))
     if campaign.target.checkpoint is not None:
-        from ..files.layout import read_layout
-
         tensors = read_layout(campaign.checkpoint_path(epoch)).tensors
     else:
-        from ..live import targets
-
         tensors = targets(obj if obj is not None else call_factory(campaign)).records()  # names, layers, roles
     return select(tensors, Selection.from_dict(campaign.select))
 
 
 def activation_tensors(campaign: Campaign, model: Any) -> list[Tensor]:
     """The selected layers' per-sample outputs, learned from one fault-free evaluation (layer = its name)."""
-    from ..live.activations import layer_outputs
-    from ..files.select import Selection
     evaluate = make_evaluator(campaign)
     refs = layer_outputs(model, lambda: evaluate(model), Selection.from_dict(campaign.select))
     return [Tensor(r.name, (r.name,), np.dtype(r.dtype), r.shape, r.size, "memory",
@@ -152,6 +153,10 @@ class Cell:
             parts.append(f"epoch={self.epoch}")
         return "|".join(parts)
 
+    def sampling_spec(self, distribution: Any = "element") -> Sampling:
+        """What a trial of this cell flips, as a :class:`~fastflip.core.spec.Sampling` (bits, fault, flips)."""
+        return Sampling(bits=self.bits, model=self.fault, count=self.flips, distribution=distribution)
+
     def design(self, planned: int) -> str:
         """``exhaustive`` when ``planned`` trials run every site once, else the cell's sampling."""
         if self.fpc_population is not None and planned >= self.fpc_population:
@@ -178,9 +183,6 @@ def _group_of(t: Tensor, group_by: str) -> str | None:
 
 def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Sequence[Tensor]]) -> list[Cell]:
     """The grid in a fixed order: bits, then group (first appearance), flips, fault, epoch."""
-    from ..core.bits import BitSpec
-    from ..core.dtypes import word_type
-
     spec = campaign.cells
     epochs: list[int | None] = list(spec.epochs) if spec.epochs else [None]
     grouped: dict[int | None, dict[str | None, list[Tensor]]] = {}
@@ -193,7 +195,6 @@ def expand_cells(campaign: Campaign, tensors_by_epoch: Mapping[int | None, Seque
             if g not in order:
                 order.append(g)
         grouped[epoch] = groups
-    from ..core.faults import FaultModel
 
     models = {f: FaultModel.parse(f) for f in spec.faults}
     cells: list[Cell] = []
@@ -250,8 +251,6 @@ def planned_counts(campaign: Campaign, cells: Sequence[Cell]) -> list[int]:
     an unbounded one for the other cells (their trials are not a sample without replacement
     of a finite set).
     """
-    from .stats import sample_size
-
     tr = campaign.trials
     out = []
     for c in cells:
@@ -277,8 +276,6 @@ def cell_notes(campaign: Campaign, cells: Sequence[Cell], planned: Sequence[int]
             notes.append(f"cell {c.key}: {what} = {asked} exceeds its population of {c.population} sites; "
                          f"it runs every site once ({n} trials, exhaustive: the exact rate)")
         elif c.fpc_population is None and c.sampling == "permutation" and n * c.flips > c.population:
-            from ..core.faults import FaultModel
-
             unit = "(element, bit) sites" if FaultModel.parse(c.fault).pair_sites else "elements"
             notes.append(f"cell {c.key}: {n} trials x {c.flips} sites exceed its {c.population} {unit}; after "
                          f"{c.population // c.flips} trials they are drawn again (a new pass)")
@@ -292,9 +289,6 @@ def trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell
     Positions ``i*k … i*k+k-1`` of pass ``i // (N // k)`` of a permutation keyed by
     ``(seed, cell, pass)`` over the ``N = n_sites`` units (see the module docstring).
     """
-    from ..errors import CapacityError
-    from ..core.permutation import Permutation
-
     k = cell.flips
     if k > n_sites:
         raise CapacityError(f"cell {cell.key}: {k} sites per trial but only {n_sites} sites in the cell")

@@ -1,5 +1,7 @@
 """A campaign's definition: a TOML/YAML file and the same as a Python object.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A campaign is the grid of *cells* (bit position or field × tensor group × flips per
 trial × fault model × injection epoch) and, per cell, a number of trials, each one
 inject → evaluate → revert. Trial ``i`` of cell ``c`` draws its sites from

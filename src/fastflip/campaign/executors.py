@@ -1,5 +1,7 @@
 """Where trials run: in this process, a local process pool, or a Dask cluster.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 Every executor ships the same unit of work, :func:`fastflip.campaign.trials.run_chunk`
 (a chunk of trials of one cell), and hands back futures; the sweep loop keeps a
 bounded number in flight and streams finished rows to the single store writer.

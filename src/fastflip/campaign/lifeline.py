@@ -1,5 +1,7 @@
 """Workers die with their sweep, and their temporaries with them.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 Imported by the executors (worker set-up), the trial runner (working copies) and the
 sweep (clean-up at the end and at the next start).
 

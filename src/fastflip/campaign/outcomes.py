@@ -1,8 +1,10 @@
 """The outcome vocabulary of fastflip: what a campaign trial and an experiment run can end as.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 One table (``docs/outcomes.md``) names every class; this module holds the names, the
 campaign trial's judge and the ``failure`` selection. It imports only NumPy and
-:mod:`fastflip.errors` (core layer): the campaign, the store, the reports and the
+:mod:`fastflip.errors`: the campaign, the store, the reports and the
 experiment import their names from here.
 
 Campaign trials (:data:`TRIAL_OUTCOMES`, stored as codes 0–3 in that order)

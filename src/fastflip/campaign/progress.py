@@ -1,5 +1,7 @@
 """Progress of a sweep: a bar on a terminal, periodic status lines in logs, phase lines in both.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 * On a terminal (``stderr.isatty()`` and not under ``CI``) it draws a bar with trials done, trials/s, ETA and
   the running outcome counts, fitted to the terminal's width: with `rich <https://rich.readthedocs.io>`_
   (the ``progress`` extra) when it is installed, else a one-line ``\\r`` bar.

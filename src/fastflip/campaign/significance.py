@@ -1,5 +1,7 @@
 """Significance tests between groups of trials: Fisher's exact test, Holm's correction, pairwise tables.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 * :func:`fisher_exact` — the two-sided p-value of Fisher's exact test on a 2x2 table
   ``[[a, b], [c, d]]`` (rows: the two groups; columns: failure, not failure). The
   p-value sums the hypergeometric probabilities of every table with the same margins

@@ -1,5 +1,7 @@
 """Statistics of fault-injection campaigns: sample sizes, intervals, stratified totals, stopping.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 * :func:`sample_size` — the number of trials that estimates a rate within a margin ``e``
   at a confidence level, after Leveugle et al., "Statistical fault injection: quantified
   error and confidence" (DATE 2009)::

@@ -1,5 +1,7 @@
 """The results store of a campaign: one SQLite file, one writer, resumable.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A store holds the campaign (its full configuration, the fastflip version that wrote
 it, hashes of its inputs), its cells, and one row per finished trial. SQLite runs in
 WAL mode with batched transactions: a killed sweep loses at most the batch it had not
@@ -62,7 +64,8 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OutputError, StoreError
-from ..files.fileio import new_file_mode
+from ..files.fileio import atomic_output, new_file_mode
+from ..files.paths import resolve_output
 from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
 from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
 
@@ -536,9 +539,6 @@ EXPORT_COLUMNS = (
 def _output(out: str, overwrite: bool, source: str) -> Any:
     """:func:`fastflip.files.fileio.atomic_output` for an export of store ``source``: never the store itself (nor a
     device, FIFO or directory), and an existing file only when asked (see :func:`fastflip.files.paths.resolve_output`)."""
-    from ..files.fileio import atomic_output
-    from ..files.paths import resolve_output
-
     out = os.fspath(out)
     if os.path.exists(out) and not overwrite:
         raise OutputError(f"{out} exists; pass --force (overwrite=True) to replace it")

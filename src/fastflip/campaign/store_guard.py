@@ -1,5 +1,7 @@
 """Guards of the results store: the writer lock, the logical schema check, SQLite errors as one line.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 Imported by :mod:`fastflip.campaign.store` (and the sweep); it knows the store's schema but
 nothing of campaigns.
 

@@ -1,5 +1,7 @@
 """A store's statistics: per-cell rates with Wilson intervals, stratified totals, per-group vulnerability.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 The counts come from one SQL aggregation (:meth:`fastflip.campaign.store.ResultStore.cell_summary`).
 A trial *fails* when its class is one of ``[evaluator] failure`` (default ``sdc``,
 ``critical``, ``due``; the vocabulary is :mod:`fastflip.campaign.outcomes`); rates of each class

@@ -1,5 +1,7 @@
 """Run (or resume) a campaign into its results store.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 :func:`sweep` opens the store (creating it on the first run), works out which
 (cell, trial) pairs are still missing, ships them in chunks to an executor and
 streams the finished rows to the single writer in batched transactions. Because

@@ -1,5 +1,7 @@
 """Running trials: inject → evaluate → revert, and the outcome of each.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A :class:`TrialRunner` is built once per worker process (it loads the target once,
 evaluates the fault-free *golden* run once, and prepares one
 :class:`fastflip.core.sampling.SiteSpace` per cell) and then runs any (cell, trial) pair:
@@ -101,8 +103,6 @@ class TrialRunner:
     """Everything a worker needs to run trials of one campaign (built once per process)."""
 
     def __init__(self, campaign: Campaign, cells: Sequence[Cell]) -> None:
-        from ..core.sampling import SiteSpace
-
         self.campaign = campaign
         self.cells = list(cells)
         self.seed = campaign.seed
@@ -151,13 +151,9 @@ class TrialRunner:
         for e, g in self.golden.items():
             if judge(g, g, **self._judge_opts).outcome == DUE:
                 raise OptionError(f"the fault-free (golden) evaluation gives NaN/Inf outputs (epoch {e}); fix the evaluator")
-        self.spaces = []
-        for c in self.cells:
-            refs = [refs_by_epoch[c.epoch][name] for name in c.tensors]
-            self.spaces.append(SiteSpace(refs, bits=c.bits, distribution=campaign.cells.distribution))
-        from ..core.faults import FaultModel
-
-        self.models = [FaultModel.parse(c.fault) for c in self.cells]
+        specs = [c.sampling_spec(campaign.cells.distribution) for c in self.cells]
+        self.spaces = [sp.space([refs_by_epoch[c.epoch][name] for name in c.tensors]) for sp, c in zip(specs, self.cells)]
+        self.models = [sp.fault_model for sp in specs]
         self.flips = [c.flips for c in self.cells]
         self._n_sites = [sp.n_sites(m) for sp, m in zip(self.spaces, self.models)]
         self._perms: dict[tuple[int, int], Any] = {}

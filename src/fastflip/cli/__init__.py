@@ -1,5 +1,7 @@
 """The ``fastflip`` command line: a thin shell over the Python API.
 
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+
 Each subcommand lives in its own module of this package with two functions:
 ``add_parser(subparsers)`` (argparse only, nothing heavy imported) and
 ``run(args) -> int``. Heavy imports happen inside ``run`` so that

@@ -1,4 +1,7 @@
-"""``fastflip convert SRC -o OUT [--to FORMAT]``: HDF5 (torch layout) ↔ torch.save ↔ safetensors, bit for bit."""
+"""``fastflip convert SRC -o OUT [--to FORMAT]``: HDF5 (torch layout) ↔ torch.save ↔ safetensors, bit for bit.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

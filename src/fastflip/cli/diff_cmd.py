@@ -1,5 +1,7 @@
 """``fastflip diff A B``: which tensors, elements and bit positions differ between two checkpoints.
 
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+
 Exit status: 0 identical, 1 they differ, 2 error.
 """
 

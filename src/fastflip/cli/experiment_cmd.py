@@ -1,4 +1,7 @@
-"""``fastflip experiment CONFIG``: golden run, injected resumed runs, outcome table, curves and plot."""
+"""``fastflip experiment CONFIG``: golden run, injected resumed runs, outcome table, curves and plot.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

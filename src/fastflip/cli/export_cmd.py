@@ -1,4 +1,7 @@
-"""``fastflip export``: a results store as CSV or Parquet (one row per trial, for pandas), or its statistics."""
+"""``fastflip export``: a results store as CSV or Parquet (one row per trial, for pandas), or its statistics.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

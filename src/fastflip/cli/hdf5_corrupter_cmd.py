@@ -1,5 +1,7 @@
 """``fastflip hdf5-corrupter`` (and the ``hdf5_corrupter`` script): a drop-in for the older tool's command line.
 
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+
 Takes the older tool's flags (``--hdf5File``, ``--injectionTries``, ``--injectionType``, ``--firstBit``,
 ``--lastBit``, ``--floatPrecision``, ``--useRandomLocations``, ``--locationsToCorrupt``, ``--burst``,
 ``--bitMask``, ``--scalingFactor``, ``--allowSignChange``, ``--allowNaNValues``, ``--injectionProbability``,

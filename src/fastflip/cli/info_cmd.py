@@ -1,4 +1,7 @@
-"""``fastflip info``: versions, active kernel backends, GPU engines and optional extras."""
+"""``fastflip info``: versions, active kernel backends, GPU engines and optional extras.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,42 +1,17 @@
-"""``fastflip inject FILE -o OUT``: flip bits in an HDF5 checkpoint and write a log."""
+"""``fastflip inject FILE -o OUT``: flip bits in an HDF5 checkpoint and write a log.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from .jsonout import dumps
 
-__all__ = ["add_parser", "run", "parse_distribution"]
-
-
-def parse_distribution(text: str) -> Any:
-    """``element`` / ``tensor`` / ``a=1,b=2`` / ``@file.json`` → the distribution argument."""
-    if text in ("element", "tensor"):
-        return text
-    from ..errors import OptionError
-
-    if text.startswith("@"):
-        try:
-            with open(text[1:]) as fh:
-                data = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise OptionError(f"--distribution {text}: cannot read the weights file ({exc})") from None
-        if not isinstance(data, dict):
-            raise OptionError(f"--distribution {text}: the file must hold a JSON object of name: weight")
-        return {str(k): float(v) for k, v in data.items()}
-    out = {}
-    for item in text.split(","):
-        name, eq, w = item.rpartition("=")
-        if not eq or not name:
-            raise OptionError(f"--distribution: cannot read {item!r}; use element, tensor, name=w,... or @file.json")
-        try:
-            out[name if name.startswith("/") else "/" + name] = float(w)
-        except ValueError:
-            raise OptionError(f"--distribution: weight {w!r} is not a number") from None
-    return out
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -66,22 +41,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..core.spec import Sampling
     from ..errors import OptionError
     from ..files.inject import inject_file
     from ..files.select import selection_from_args
 
-    kwargs: dict[str, Any] = {
-        "selection": selection_from_args(args), "bits": args.bits, "sign_first": args.sign_first,
-        "model": args.model, "seed": args.seed, "distribution": parse_distribution(args.distribution),
-        "replace": args.replace, "nan_policy": args.nan,
-    }
-    modes = {k: getattr(args, k) for k in ("count", "rate", "ber") if getattr(args, k) is not None}
-    kwargs.update(modes or {"count": 1})
+    kwargs: dict[str, Any] = {"selection": selection_from_args(args), "seed": args.seed}
     src = args.file
     if args.config:
         return _run_config(args, kwargs)
     if not src:
         raise OptionError("give the HDF5 file to inject into")
+    kwargs["sampling"] = Sampling.from_cli(args)
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:

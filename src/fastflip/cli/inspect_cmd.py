@@ -1,5 +1,8 @@
 """``fastflip inspect FILE``: list the tensors of a checkpoint — HDF5, torch.save, safetensors, .npy/.npz —
-(paths, dtypes, storage, roles)."""
+(paths, dtypes, storage, roles).
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The one way CLI commands print JSON: every object carries ``schema_version`` (docs/json.md)."""
+"""The one way CLI commands print JSON: every object carries ``schema_version`` (docs/json.md).
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

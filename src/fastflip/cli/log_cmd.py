@@ -1,4 +1,7 @@
-"""``fastflip log LOG``: show a log's manifest and records (table, CSV or JSON)."""
+"""``fastflip log LOG``: show a log's manifest and records (table, CSV or JSON).
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""``fastflip merge``: combine the shard stores of one campaign into one store."""
+"""``fastflip merge``: combine the shard stores of one campaign into one store.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Option groups shared by several subcommands (argparse only: importing this stays light)."""
+"""Option groups shared by several subcommands (argparse only: importing this stays light).
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

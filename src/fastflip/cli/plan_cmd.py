@@ -1,4 +1,7 @@
-"""``fastflip plan``: what a campaign's sweep will run per cell, and sample sizes (Leveugle et al., DATE 2009)."""
+"""``fastflip plan``: what a campaign's sweep will run per cell, and sample sizes (Leveugle et al., DATE 2009).
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

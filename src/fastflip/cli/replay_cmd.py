@@ -1,4 +1,7 @@
-"""``fastflip replay LOG FILE -o OUT``: reproduce a logged injection bit for bit."""
+"""``fastflip replay LOG FILE -o OUT``: reproduce a logged injection bit for bit.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

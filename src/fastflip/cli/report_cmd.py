@@ -1,4 +1,7 @@
-"""``fastflip report STORE_OR_EXPERIMENT -o DIR``: figures, CSV tables and an HTML page."""
+"""``fastflip report STORE_OR_EXPERIMENT -o DIR``: figures, CSV tables and an HTML page.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

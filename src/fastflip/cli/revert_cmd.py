@@ -1,4 +1,7 @@
-"""``fastflip revert LOG FILE``: restore the original bytes of an injected file."""
+"""``fastflip revert LOG FILE``: restore the original bytes of an injected file.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""``fastflip sweep``: run or resume a campaign into its SQLite results store."""
+"""``fastflip sweep``: run or resume a campaign into its SQLite results store.
+
+Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
+"""
 
 from __future__ import annotations
 

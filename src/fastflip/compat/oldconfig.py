@@ -1,5 +1,7 @@
 """Settings of the older checkpoint corrupter (hdf5_corrupter): read its YAML configs and flags, check them.
 
+Layer: ``compat`` (may import experiment and below; imported by cli).
+
 :class:`OldSettings` holds what the older tool's settings reader holds after reading a config or its
 command-line flags; :func:`settings_from_config` and :func:`settings_from_flags` build it, checking it the
 way the older tool did (one-line :class:`~fastflip.errors.OptionError` instead of its exit). Two designs

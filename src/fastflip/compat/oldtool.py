@@ -1,6 +1,8 @@
 """The older tool's sampling and value rules (hdf5_corrupter), reproduced and turned into a fastflip Plan.
 
-Core layer: imports numpy and fastflip's core only. :func:`old_tool_plan` simulates the older tool's
+Layer: ``compat`` (may import experiment and below; imported by cli).
+
+Imports numpy and fastflip's core only. :func:`old_tool_plan` simulates the older tool's
 injection loop with fastflip's seeded generator (the older tool seeded from the clock):
 
 * each attempt picks a *location* uniformly from the location list (so every dataset is equally likely,

@@ -1,6 +1,8 @@
 """Run older-tool settings on a checkpoint: either design, fastflip's log, the older tool's sequence JSON.
 
-Orchestration layer (imports :mod:`fastflip.files.inject`). :func:`run_old_settings` is what
+Layer: ``compat`` (may import experiment and below; imported by cli).
+
+Imports :mod:`fastflip.files.inject` and :mod:`fastflip.core.spec`. :func:`run_old_settings` is what
 ``fastflip inject --config old.yaml`` and ``fastflip hdf5-corrupter`` call. The input is copied to the
 output unless ``in_place`` (the older tool always edited its input); either way fastflip's log is written,
 so every run replays (``fastflip replay``) and reverts (``fastflip revert``) bit for bit.
@@ -26,14 +28,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..core.plan import Plan
+from ..core.spec import SAMPLING_KEYS, Sampling
 from ..errors import InputFileError, OptionError
 from ..files.fileio import atomic_output, check_output_dir
 from ..files.h5apply import read_words
 from ..files.inject import InjectionResult, cached_layout, inject_file
 from ..files.layout import Tensor
-from .oldconfig import OldSettings, map_old_config
-from ..core.plan import Plan
 from ..files.select import Selection, select
+from .oldconfig import OldSettings, map_old_config
 from .oldtool import OldToolRun, old_tool_plan
 
 __all__ = ["OldRunResult", "run_old_settings", "load_sequence", "save_sequence", "location_list", "DESIGNS"]
@@ -152,7 +155,8 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
         sel = kw.pop("selection", None)
         if sel is not None and selection is not None and not selection.is_all:
             raise OptionError("the config names locations_to_corrupt; do not also give selection options")
-        res = inject_file(src, dst, in_place=in_place, seed=seed, log_path=lp, layout=layout,
+        sampling = Sampling.from_keywords("config", **{k: kw.pop(k) for k in SAMPLING_KEYS if k in kw})
+        res = inject_file(src, dst, in_place=in_place, seed=seed, log_path=lp, layout=layout, sampling=sampling,
                           selection=sel if sel is not None else selection, extra_manifest=extra, **kw)
     seq_path = None
     if s.save_sequence and run is not None:

@@ -1,5 +1,7 @@
 """Bit specifications: ranges, lists and named fields, resolved per dtype.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Bit 0 is the least significant bit of the stored word. A spec is a comma-separated
 list of items, each a position (``31``), an inclusive range (``0-22``) or a named
 field of the dtype (``sign``, ``exponent``, ``exponent-msb``, ``mantissa``, ``all``;

@@ -1,5 +1,7 @@
 """Type checks for configuration files: every key checked, the key named in the error.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Used by the campaign file (:mod:`fastflip.campaign.config`) and the experiment
 configuration (:mod:`fastflip.experiment.config`). Each checker takes the value and the
 key's full name as the user wrote it (``"[trials] per_cell"``, ``"scenarios[2].count"``)

@@ -1,5 +1,7 @@
 """Per-dtype bit semantics: word width, bit fields, and conversions between values and raw words.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Bit 0 is the least significant bit of the stored word, whatever the byte order on
 disk (float32: 31 sign, 30-23 exponent, 22-0 mantissa). Words are handled as
 native-order unsigned integers; byte order only matters when words are read from

@@ -1,5 +1,7 @@
 """Fault models: how one injection site turns into word masks (or a scale factor).
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Every model except ``scale`` reduces to the AND/OR/XOR word rule of
 :mod:`fastflip.core.plan`. Positions are bit numbers with 0 = least significant bit and
 are always drawn from the *allowed* bits of the site's dtype (the resolved

@@ -1,5 +1,7 @@
 """Float formats NumPy lacks: bfloat16, float8_e4m3fn and float8_e5m2 held as unsigned words.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Such a tensor is stored (in memory and in HDF5) as ``uint16`` / ``uint8`` words; its
 *format* says how to read them. Each format has its own sign/exponent/mantissa fields
 and its own NaN/Inf rules:

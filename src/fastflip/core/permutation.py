@@ -1,5 +1,7 @@
 """A keyed, counter-based permutation of ``[0, n)``: sampling without replacement, one position at a time.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 :class:`Permutation` is a bijection of ``[0, n)`` chosen by a key (a sequence of
 non-negative integers, hashed through :class:`numpy.random.SeedSequence`): an 8-round
 Feistel network on the smallest even number of bits that covers ``n`` (round function:

@@ -1,5 +1,7 @@
 """The injection plan: columnar arrays that every backend applies the same way.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 A plan lists *unique* elements of named tensors and, for each, the rule that turns
 its old raw word into the new one. Every bitwise fault model (flip, random-bits, adjacent, mask,
 stuck-at, zero, set-a-value) reduces to three word masks::

@@ -15,6 +15,8 @@ Imports: :mod:`fastflip.errors` and :mod:`fastflip.core.plan` only; every layer 
 ('/w', 4, True, (2, 3))
 >>> replace(t, role="weight").role
 'weight'
+>>> t.in_file, replace(t, storage="memory").in_file
+(True, False)
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ import numpy as np
 from ..errors import TensorNotFoundError
 from .plan import TensorRef
 
-__all__ = ["Tensor", "Skipped", "Layout", "replace", "natural_key", "STORAGE_KINDS", "EXTERNAL_LINK_REASON"]
+__all__ = ["Tensor", "Skipped", "Layout", "replace", "natural_key", "STORAGE_KINDS", "FILE_STORAGE", "LIVE_STORAGE",
+           "EXTERNAL_LINK_REASON"]
 
-#: Where a tensor's bytes live: the storage kinds of HDF5 (see :mod:`fastflip.files.layout`).
-STORAGE_KINDS = ("contiguous", "chunked", "filtered", "compact", "external", "virtual", "unallocated")
+#: Where a tensor's bytes live in a file: the storage kinds of HDF5 (see :mod:`fastflip.files.layout`; the other
+#: formats use ``contiguous`` and ``filtered``).
+FILE_STORAGE = ("contiguous", "chunked", "filtered", "compact", "external", "virtual", "unallocated")
+#: Tensors that are not in a file: ``memory`` (host memory: NumPy arrays, CPU framework tensors, a campaign's
+#: in-memory targets) and ``device`` (accelerator memory: CUDA tensors, CuPy arrays).
+LIVE_STORAGE = ("memory", "device")
+STORAGE_KINDS = FILE_STORAGE + LIVE_STORAGE
 EXTERNAL_LINK_REASON = "external link (fastflip never writes outside the checkpoint file)"
 
 
@@ -53,7 +61,8 @@ class Tensor:
     size : int
         Number of elements.
     storage : str
-        One of :data:`STORAGE_KINDS`.
+        Where the bytes live, one of :data:`STORAGE_KINDS`: a file's storage kind, or ``memory`` /
+        ``device`` for live tensors.
     offset : int or None
         Absolute file byte offset of the data (contiguous storage only).
     chunks : tuple of int or None
@@ -93,6 +102,11 @@ class Tensor:
     @property
     def itemsize(self) -> int:
         return int(self.dtype.itemsize)
+
+    @property
+    def in_file(self) -> bool:
+        """True for a tensor of a checkpoint file, False for a live one (``memory`` / ``device``)."""
+        return self.storage in FILE_STORAGE
 
     @property
     def raw_writable(self) -> bool:

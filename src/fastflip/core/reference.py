@@ -1,5 +1,7 @@
 """The pure-NumPy reference of every fault model: the oracle all fast backends are tested against.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 It is deliberately simple and slow: it walks the plan site by site in Python, reads
 each element's raw word through NumPy, applies the plan's word rule (see
 :mod:`fastflip.core.plan`) and writes it back. Nothing here is used on a fast path.
@@ -23,6 +25,7 @@ from typing import Mapping
 import numpy as np
 
 from .dtypes import from_words, to_words, word_type
+from .floatformats import FORMATS
 from .plan import Plan
 
 __all__ = ["word_rule", "scale_word", "format_value", "format_scale_word", "apply_plan"]
@@ -75,8 +78,6 @@ def format_value(word: int, fmt: str) -> float:
     >>> format_value(0x3F80, "bfloat16"), format_value(0x7F, "float8_e4m3fn")
     (1.0, nan)
     """
-    from .floatformats import FORMATS
-
     f = FORMATS[fmt]
     sign = -1.0 if (word >> (f.bits - 1)) & 1 else 1.0
     e = (word >> f.mantissa) & ((1 << f.exponent) - 1)
@@ -95,8 +96,6 @@ def format_value(word: int, fmt: str) -> float:
 def format_scale_word(old: int, factor: float, fmt: str) -> int:
     """Word of ``value(old) * factor`` in a float format: nearest value by search over every word, ties to the
     even word; overflow gives Inf, or saturates where the format has none (float8_e4m3fn)."""
-    from .floatformats import FORMATS
-
     f = FORMATS[fmt]
     x = format_value(old, fmt) * float(factor)
     sign = 1 << (f.bits - 1)

@@ -1,5 +1,7 @@
 """Seeded, counter-based sampling of injection sites, turned into a :class:`~fastflip.core.plan.Plan`.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Reproducibility contract: the sites depend only on (seed, stream, the ordered list
 of selected tensors with their dtypes and shapes, the bit spec, the fault model and
 the mode). The generator is NumPy's Philox keyed by ``SeedSequence([seed, *stream])``

@@ -1,5 +1,7 @@
 """Vectorized NumPy form of the plan's word rule (see :mod:`fastflip.core.plan`).
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 Used where whole columns of words must be computed without touching storage: the
 NaN/Inf-avoidance check during sampling, value-level (scale) sites on every CPU
 backend, and NaN/Inf counting. The site-by-site oracle stays in

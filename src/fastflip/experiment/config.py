@@ -1,5 +1,7 @@
 """Configuration of a checkpoint-alteration experiment: the golden run and the fault scenarios.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 A configuration is a mapping (a YAML or JSON file, or a dict)::
 
     name: digits-keras
@@ -47,7 +49,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..core import configcheck as cc
+from ..core.spec import Sampling
 from ..errors import InputFileError, OptionError
+from ..files.select import Selection
+from .outcomes import check_failure
 
 __all__ = ["Scenario", "ExperimentConfig", "load_config"]
 
@@ -86,15 +91,17 @@ class Scenario:
         """The golden checkpoint a run starts from: ``epoch``, or ``epoch - 1`` for a mid-epoch injection."""
         return self.epoch if self.iteration is None else self.epoch - 1
 
+    @property
+    def sampling(self) -> Sampling | None:
+        """What this scenario flips (None for a control scenario, which flips nothing)."""
+        if self.count is None and self.rate is None and self.ber is None:
+            return None
+        return Sampling(bits=self.bits, model=self.model, count=self.count, rate=self.rate, ber=self.ber,
+                        distribution=self.distribution, nan_policy=self.nan_policy, sign_first=self.sign_first)
+
     def inject_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario."""
-        kw: dict[str, Any] = {"selection": dict(self.selection) or None, "bits": self.bits, "model": self.model,
-                              "distribution": self.distribution, "nan_policy": self.nan_policy,
-                              "sign_first": self.sign_first}
-        for k in ("count", "rate", "ber"):
-            if getattr(self, k) is not None:
-                kw[k] = getattr(self, k)
-        return kw
+        return {"selection": dict(self.selection) or None, "sampling": self.sampling}
 
     def digest(self) -> str:
         """A fingerprint of everything that determines this scenario's runs."""
@@ -143,7 +150,6 @@ class ExperimentConfig:
         trainer = _trainer(d.get("trainer") or {"framework": "keras"})
         tol = _float(d.get("tolerance", 0.02), "tolerance", 0.0, 1.0)
         chance = d.get("chance")
-        from .outcomes import check_failure
 
         failure = check_failure(d.get("failure"))
         compare = _compare(d.get("compare"), names)
@@ -236,23 +242,22 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     selection = cc.table(s.get("selection"), f"{key}.selection")
     cc.check_keys(selection, ("include", "exclude", "regex", "dtypes", "roles", "layers"), f"{key}.selection")
     selection = {k: cc.strings(v, f"{key}.selection.{k}") for k, v in selection.items()}
-    from ..core.bits import BitSpec
-    from ..core.faults import FaultModel
-    from ..files.select import Selection
-
     cc.named(f"{key}.selection", Selection.from_dict, dict(selection))  # validate now, not mid-experiment
     bits = s.get("bits", "exponent-msb")
     bits = str(bits) if isinstance(bits, int) and not isinstance(bits, bool) else cc.string(bits, f"{key}.bits")
-    cc.named(f"{key}.bits", BitSpec.parse, bits)
-    model = cc.string(s.get("model", "flip"), f"{key}.model")
-    cc.named(f"{key}.model", FaultModel.parse, model)
     rate, ber = (None if s.get(k) is None else cc.number(s[k], f"{key}.{k}", 0, 1, lo_open=True) for k in ("rate", "ber"))
+    count = None if s.get("count") is None else _int(s["count"], f"scenarios[{i}].count", 1)
+    # the sampling fields are checked in one place, the Sampling spec (a control scenario: with a stand-in amount)
+    fields = {k: s[k] for k in ("model", "distribution", "nan_policy", "sign_first") if k in s}
+    amount = {"count": count, "rate": rate, "ber": ber} if given else {"count": 0}
+    spec = Sampling.from_mapping({**fields, "bits": bits, **{k: v for k, v in amount.items() if v is not None}},
+                                 where=key)
+    if not isinstance(spec.distribution, str):
+        raise OptionError(f"{key}.distribution must be one of element, tensor (got a table)")
     return Scenario(
-        name=name, epoch=epoch, selection=selection, bits=bits, model=model,
-        count=None if s.get("count") is None else _int(s["count"], f"scenarios[{i}].count", 1),
-        rate=rate, ber=ber, distribution=cc.choice(s.get("distribution", "element"), f"{key}.distribution", ("element", "tensor")),
-        nan_policy=cc.choice(s.get("nan_policy", "allow"), f"{key}.nan_policy", ("allow", "avoid")),
-        sign_first=cc.boolean(s.get("sign_first", False), f"{key}.sign_first"),
+        name=name, epoch=epoch, selection=selection, bits=bits, model=str(spec.model),
+        count=count, rate=rate, ber=ber, distribution=spec.distribution, nan_policy=spec.nan_policy,
+        sign_first=spec.sign_first,
         repetitions=_int(s.get("repetitions", default_reps), f"scenarios[{i}].repetitions", 1), control=control,
         iteration=iteration,
     )

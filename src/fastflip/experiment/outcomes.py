@@ -1,5 +1,7 @@
 """Outcomes of faulty runs, the per-epoch metric files, the results table and the accuracy plot.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 The run classes are the experiment rows of fastflip's one outcome vocabulary
 (:data:`fastflip.campaign.outcomes.RUN_OUTCOMES`, ``docs/outcomes.md``).
 
@@ -52,8 +54,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
-from ..files.fileio import atomic_output
 from ..campaign.outcomes import RUN_DEFAULT_FAILURE, RUN_OUTCOMES
+from ..campaign.stats import wilson_interval
+from ..errors import OptionError
+from ..files.fileio import atomic_output
 
 __all__ = ["OUTCOMES", "Verdict", "classify", "beyond_tolerance", "write_csv", "read_csv", "summarize",
            "format_summary", "plot_accuracy", "METRIC_FIELDS", "RESULT_FIELDS", "DEFAULT_FAILURE",
@@ -185,8 +189,6 @@ def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:
     ...
     fastflip.errors.OptionError: failure: unknown outcome class 'sdc'; experiment outcomes are masked, recovered, degraded, diverged, crashed
     """
-    from ..errors import OptionError
-
     if failure is None:
         return DEFAULT_FAILURE
     if isinstance(failure, str) or not isinstance(failure, Iterable):
@@ -218,8 +220,6 @@ def summarize(
     >>> rows[0]["failures"], rows[0]["failure_rate"], round(rows[0]["failure_low"], 4)
     (1, 0.5, 0.0945)
     """
-    from ..campaign.stats import wilson_interval
-
     fail = check_failure(failure)
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in results:

@@ -1,5 +1,7 @@
 """The checkpoint-alteration experiment: golden run, faulty resumed runs, outcomes, curves, plot.
 
+Layer: ``experiment`` (may import campaign and below; imported by report, compat, cli and the demo).
+
 :func:`run_experiment` (and ``fastflip experiment CONFIG``):
 
 1. golden run: build the trainer with the configured seed, evaluate the initial
@@ -36,7 +38,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import __version__
+from ..campaign.significance import PAIRWISE_FIELDS, format_tests, pairwise_tests
 from ..errors import OptionError
+from ..files.fileio import atomic_output
+from ..files.inject import inject_checkpoint_file
+from ..files.keras_archive import is_keras_archive, read_archive
+from ..files.layout import read_layout
+from ..files.select import Selection, select
+from ..frameworks.trainers import make_trainer
 from .config import ExperimentConfig, Scenario, load_config
 from .outcomes import (
     METRIC_FIELDS,
@@ -48,8 +57,6 @@ from .outcomes import (
     summarize,
     write_csv,
 )
-from ..files.fileio import atomic_output
-from ..campaign.significance import PAIRWISE_FIELDS, format_tests, pairwise_tests
 
 __all__ = ["ExperimentResult", "run_experiment", "inject_checkpoint", "golden_checkpoint", "golden_mid_checkpoint"]
 
@@ -110,8 +117,6 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
     ``.keras`` archives are altered through their inner ``model.weights.h5``.
     Returns the :class:`fastflip.files.inject.InjectionResult`.
     """
-    from ..files.inject import inject_checkpoint_file
-
     extra = {"experiment": {"scenario": scenario.name, "epoch": scenario.epoch, "iteration": scenario.iteration,
                             "source": str(src)}}
     # per-run copies are scratch files (rebuilt on re-run): atomic, but not fsync'ed
@@ -121,10 +126,6 @@ def inject_checkpoint(src: Path, dst: Path, scenario: Scenario, seed: int, log_p
 
 def _check_selection(path: Path, scenario: Scenario) -> None:
     """Raise now (a clear one-line error) if a scenario's selection matches nothing."""
-    from ..files.keras_archive import is_keras_archive, read_archive
-    from ..files.layout import read_layout
-    from ..files.select import Selection, select
-
     sel = Selection.from_dict(dict(scenario.selection))
     if is_keras_archive(path):
         with read_archive(path) as inner:
@@ -386,8 +387,6 @@ def run_experiment(
             "use another output directory or delete this one"
         )
     if trainer is None:
-        from ..frameworks.trainers import make_trainer
-
         trainer = make_trainer(cfg.trainer, seed=cfg.seed, base_dir=cfg.base_dir)
     seeds = {sc.name: [cfg.run_seed(sc, r) for r in range(sc.repetitions)] for sc in cfg.scenarios}
     meta = {"fastflip_version": __version__, "config": cfg.as_dict(), "golden_digest": cfg.golden_digest(),

@@ -1,5 +1,7 @@
 """Compare two checkpoints (HDF5, torch.save, safetensors, npy/npz) tensor by tensor, bit by bit.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Tensors are matched by path (any alias). For each pair the raw stored words are
 compared, so a changed NaN payload or ``0.0`` → ``-0.0`` counts as a difference.
 Data are read in bounded blocks (16 MiB by default) so memory stays flat however
@@ -31,8 +33,9 @@ import numpy as np
 
 from ..core.dtypes import to_words
 from ..core.floatformats import FORMATS, decode
+from .formats.npz_members import member_array
 from .layout import Layout, Tensor, open_h5, read_layout
-from .select import Selection
+from .select import Selection, select
 
 __all__ = ["TensorDiff", "DiffResult", "diff_files", "diff_arrays", "iter_blocks", "BLOCK_BYTES"]
 
@@ -311,8 +314,6 @@ def _datasets(layout: Layout) -> Iterator[Any]:
     """A function tensor → sliceable array: h5py datasets for HDF5, read-only memory maps for raw formats
     (torch.save, safetensors, npy/npz: contiguous at a byte offset), inflated arrays for deflated .npz members."""
     if layout.format != "hdf5":
-        from .formats.npz_members import member_array
-
         yield lambda t: (np.memmap(layout.file, dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
                          if t.storage == "contiguous" else member_array(layout.file, t.path))  # deflated .npz member
         return
@@ -349,8 +350,6 @@ def diff_files(
     SelectionError
         When the selection matches no tensor in either file.
     """
-    from .select import select
-
     pa, pb = os.fspath(a), os.fspath(b)
     la, lb = read_layout(pa), read_layout(pb)
     ta, tb = _selected(la, selection), _selected(lb, selection)

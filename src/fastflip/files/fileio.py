@@ -1,5 +1,7 @@
 """Safe file handling: atomic outputs, hashing, copying, byte-level undo records.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Outputs are written to a temporary file beside the target, flushed and fsync'ed,
 then renamed over the target (and the directory fsync'ed); on any error the
 temporary file is removed and the target is untouched.
@@ -27,7 +29,15 @@ from typing import Iterator
 
 import numpy as np
 
-from ..errors import DiskFullError, FastflipError, InputFileError, MissingExtraError, OutputError, one_line
+from ..errors import (
+    DiskFullError,
+    FastflipError,
+    InputFileError,
+    MissingExtraError,
+    OutputError,
+    one_line,
+)
+from ..kernels.environment import missing_extra
 from .paths import sweep_stale, temp_prefix
 
 __all__ = ["atomic_output", "write_error", "as_fastflip_error", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
@@ -155,8 +165,6 @@ def as_fastflip_error(exc: BaseException, subject: str) -> FastflipError | None:
     if isinstance(exc, FastflipError):
         return exc
     if isinstance(exc, ImportError):
-        from ..kernels.environment import missing_extra
-
         advice = missing_extra(exc)
         return MissingExtraError(f"{subject}: {advice}") if advice else None
     first = one_line(exc)

@@ -1,5 +1,7 @@
 """Apply plans to HDF5 files: raw byte I/O where storage allows it, HDF5 read-modify-write elsewhere.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Two paths, chosen per site, giving identical words (tested):
 
 * **raw** — contiguous data and allocated chunks of unfiltered chunked data have a
@@ -30,13 +32,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..kernels import dispatch as native
 from ..core.dtypes import from_words, to_words, word_type
-from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
-from .layout import Tensor, chunk_index, open_h5
-from .zipmembers import member_words
 from ..core.plan import Plan
 from ..core.wordrule import new_words_for
+from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
+from ..kernels import dispatch as native
+from .formats import detect_format
+from .layout import Tensor, chunk_index, open_h5
+from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
            "copy_apply", "new_words_for"]
@@ -287,8 +290,6 @@ def _run(path: str, plan: Plan, routes: list[SiteRoute], mode: str, words: np.nd
 
 
 def _is_hdf5(path: str) -> bool:
-    from .formats import detect_format
-
     return detect_format(path) == "hdf5"
 
 

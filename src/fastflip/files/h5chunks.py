@@ -1,20 +1,25 @@
 """Chunk-level patching of filtered HDF5 data: decode the touched chunks, patch, re-encode, write raw.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 For a filtered dataset whose pipeline fastflip can encode — any of ``shuffle``,
-``gzip`` (deflate) and ``fletcher32``, in the order the dataset lists them — each chunk
+``gzip`` (deflate) or ``lzf`` (one compressor) and ``fletcher32``, in the order the dataset lists them — each chunk
 that holds plan sites is read raw from the file (its byte offset and stored size come
-from the chunk index), decoded (fletcher32 checked, inflated, unshuffled), patched
+from the chunk index), decoded (fletcher32 checked, inflated or LZF-decoded, unshuffled), patched
 with the plan's word rule, and re-encoded (shuffled, deflated at the dataset's level
-or another level that fits, fletcher32 recomputed). The new encoding must fit in the
+or another level that fits, or LZF-encoded by the native :mod:`fastflip.kernels._lzf` along the
+old stream's tokens, fletcher32 recomputed). The new encoding must fit in the
 chunk's stored size; a shorter deflate stream is padded with zero bytes, which
-inflate ignores after the end of the stream, so the chunk keeps its place and size
+inflate ignores after the end of the stream, and a shorter LZF stream is lengthened
+(literal runs split, references partly spelled out: LZF has no end marker, so every
+byte must decode), so the chunk keeps its place and size
 and the file changes only inside the chunk's bytes. The change is then a byte patch
 ``(offset, old bytes, new bytes)``: the copy path writes it while streaming the file,
 the log keeps the old chunk bytes for an exact revert, and the cost follows the
 chunks touched, not the file.
 
-A dataset whose pipeline holds another filter (lzf, szip, nbit, scaleoffset, a
-plugin), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
+A dataset whose pipeline holds another filter (szip, nbit, scaleoffset, a plugin;
+lzf when the native module is not built), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
 cannot fit, goes the h5py read-modify-write path instead (said once per reason). A
 filter HDF5 cannot decode here is refused before anything is written; so is a chunk
 whose fletcher32 checksum fails before patching.
@@ -47,9 +52,15 @@ from ..core.plan import Plan
 if TYPE_CHECKING:
     from .h5apply import SiteRoute
 
+try:
+    from ..kernels import _lzf  # native LZF (ext/_lzf.pyx); without it lzf chunks go through h5py
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _lzf = None
+
 __all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available"]
 
-_ENCODABLE = {1: "gzip", 2: "shuffle", 3: "fletcher32"}
+_ENCODABLE = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
+_COMPRESSORS = (1, 32000)
 _SAID: set[str] = set()
 
 
@@ -131,13 +142,15 @@ def _pipeline(dsid: Any) -> list[tuple[int, tuple[int, ...]]] | None:
     out = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, cd, _name = dcpl.get_filter(i)
-        if int(code) not in _ENCODABLE:
+        if int(code) not in _ENCODABLE or (int(code) == 32000 and _lzf is None):
             return None
         out.append((int(code), tuple(int(c) for c in cd)))
-    return out
+    return out if sum(c in _COMPRESSORS for c, _ in out) <= 1 else None
 
 
-def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, nbytes: int, where: str) -> bytes:
+def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, nbytes: int, where: str,
+            streams: dict[int, bytes]) -> bytes:
+    """The chunk's data; ``streams`` gets each compressor's input stream (the LZF re-encoder follows it)."""
     data = raw
     for code, cd in reversed(pipe):
         if code == 3:
@@ -149,6 +162,12 @@ def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, 
         elif code == 1:
             d = zlib.decompressobj()
             data = d.decompress(data, nbytes + 1)
+        elif code == 32000:
+            streams[code] = data
+            try:
+                data = _lzf.decompress(data, nbytes)
+            except ValueError as exc:
+                raise UnsupportedStorageError(f"{where}: damaged lzf chunk ({exc}); nothing was written") from None
         elif code == 2:
             data = unshuffle(data, cd[0] if cd else itemsize)
     if len(data) != nbytes:
@@ -156,7 +175,21 @@ def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, 
     return data
 
 
-def _encode(data: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, size: int) -> bytes | None:
+def _lzf_encode(data: bytes, old: bytes, room: int) -> bytes | None:
+    """An LZF stream of exactly ``room`` bytes for ``data``: along the old stream's tokens, else a fresh encoding;
+    a shorter stream is lengthened (None when neither fits)."""
+    z = _lzf.reencode(old, data)
+    for depth in (32, 512):  # then a fresh encoding, searching further for matches if it must
+        if len(z) <= room:
+            break
+        z = _lzf.compress(data, depth)
+    if len(z) < room:
+        z = _lzf.grow(z, data, room - len(z))
+    return z if z is not None and len(z) == room else None
+
+
+def _encode(data: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, size: int,
+            streams: dict[int, bytes]) -> bytes | None:
     """The chunk encoded to exactly ``size`` bytes, or None when no encoding fits."""
     room = size - (4 if any(c == 3 for c, _ in pipe) else 0)
     out = data
@@ -181,6 +214,11 @@ def _encode(data: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int,
             if len(best) > room:
                 return None
             out = best + bytes(room - len(best))  # inflate stops at the stream's end: the padding is never read
+        elif code == 32000:
+            z = _lzf_encode(out, streams[code], room)
+            if z is None:
+                return None
+            out = z
         elif code == 3:
             if len(out) != room:
                 return None
@@ -238,12 +276,13 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 fh.seek(info.byte_offset)
                 raw = fh.read(info.size)
                 where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
-                buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where))
+                streams: dict[int, bytes] = {}
+                buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where, streams))
                 arr = np.frombuffer(buf, t.dtype)
                 old = to_words(arr[within[at]]).astype(np.uint64)
                 new = new_words_for(old, plan, pos[at], word_type(t.dtype, t.format))
                 arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
-                enc = _encode(bytes(buf), pipe, t.itemsize, info.size)
+                enc = _encode(bytes(buf), pipe, t.itemsize, info.size, streams)
                 if enc is None:
                     _say("a re-encoded chunk would not fit in its stored size")
                     continue

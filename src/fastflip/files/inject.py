@@ -1,9 +1,11 @@
 """Inject faults into HDF5 checkpoints, and replay or revert an injection from its log.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 This is the Python API behind ``fastflip inject | replay | revert``::
 
-    from fastflip import inject_file, Selection
-    res = inject_file("model.h5", "model.faulty.h5", seed=1, count=10, bits="exponent-msb",
+    from fastflip import Sampling, Selection, inject_file
+    res = inject_file("model.h5", "model.faulty.h5", seed=1, sampling=Sampling(bits="exponent-msb", count=10),
                       selection=Selection(include=["model_weights/**"]))
     res.log.manifest["counts"]        # sites, flips, nan_created, inf_created, ...
     revert(res.log_path, "model.faulty.h5")   # byte-for-byte the original again
@@ -18,7 +20,7 @@ Examples
 >>> d = tempfile.mkdtemp(); src = os.path.join(d, "in.h5"); out = os.path.join(d, "out.h5")
 >>> with h5py.File(src, "w") as f:
 ...     _ = f.create_dataset("w", data=np.ones((8, 8), "f4"))
->>> res = inject_file(src, out, seed=3, count=4, bits="sign")
+>>> res = inject_file(src, out, seed=3, sampling=Sampling(count=4, bits="sign"))
 >>> with h5py.File(out) as f:
 ...     int((f["w"][()] == -1).sum())
 4
@@ -33,6 +35,7 @@ import datetime as _dt
 import os
 import secrets
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -56,6 +59,7 @@ from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, w
                       write_patches)
 from ..core.plan import Plan
 from ..core.sampling import SiteSpace
+from ..core.spec import Sampling
 from .select import Selection, select
 from ..core.wordrule import nonfinite
 
@@ -250,7 +254,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
     if in_place and not atomic:
         if h5_rest or cp.resized:
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
-                              "chunks/members fastflip re-encodes at their size (gzip/shuffle/fletcher32, deflated "
+                              "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
@@ -298,6 +302,7 @@ def inject_file(
     in_place: bool = False,
     atomic: bool = True,
     selection: Selection | Mapping[str, Any] | None = None,
+    sampling: Sampling | Mapping[str, Any] | None = None,
     bits: str | Sequence[int | str] | BitSpec | None = None,
     sign_first: bool = False,
     model: FaultModel | str | None = None,
@@ -333,18 +338,14 @@ def inject_file(
         which is what fast campaign trials with exact revert want).
     selection : Selection or mapping
         Which tensors (path globs/regex, dtypes, roles, layers).
-    bits, sign_first
-        Allowed bit positions (see :class:`fastflip.core.bits.BitSpec`).
-    model : FaultModel or str
-        Fault model (``flip``, ``adjacent:3``, ``random-bits:3``, ``stuck-at-1``, ``scale:2``, ...).
-    count, rate, ber
-        Exactly one: number of sites, fraction of elements, or per-bit rate.
+    sampling : Sampling or mapping
+        What to flip and how many sites: bits, fault model, count/rate/ber, distribution, NaN policy,
+        replacement (:class:`fastflip.core.spec.Sampling`, or its table as a mapping).
+    bits, sign_first, model, count, rate, ber, distribution, replace, nan_policy
+        Deprecated: the fields of ``sampling`` as separate keywords (they still work, with a
+        DeprecationWarning; give either ``sampling`` or these).
     seed : int, optional
         Seed (a random one is drawn and recorded when omitted). ``stream`` adds counters.
-    distribution : 'element', 'tensor' or mapping of weights
-    replace : bool
-        Allow a site to be drawn twice.
-    nan_policy : 'allow' or 'avoid'
     log_path : path, False or None
         Where to write the log (default ``<output>.fflog``; in place, an existing log is kept and the new
         one is ``<file>.<k>.fflog``; False: keep it in memory only).
@@ -364,36 +365,61 @@ def inject_file(
     The log is written to a temporary first and renamed after the output is in place: a run that
     fails leaves an existing output and its log as they were.
     """
+    raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
+           "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
-        return _inject_locked(src, dst, in_place, atomic, selection, bits, sign_first, model, count, rate, ber, seed,
-                              stream, distribution, replace, nan_policy, log_path, plan, layout, backend, hash_files,
-                              durable, extra_manifest, overwrite)
+        return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
+                              layout, backend, hash_files, durable, extra_manifest, overwrite)
 
 
-def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, bits: Any, sign_first: bool,
-                   model: Any, count: int | None, rate: float | None, ber: float | None, seed: int | None,
-                   stream: Sequence[int], distribution: Any, replace: bool, nan_policy: str, log_path: Any,
+_SAMPLING_DEFAULTS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
+                                      "ber": None, "distribution": "element", "replace": False, "nan_policy": "allow"}
+
+
+def _sampling_arg(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | None,
+                  raw: Mapping[str, Any]) -> Sampling | None:
+    """The Sampling of a call: ``sampling=``, or (deprecated) the separate keywords; None with a given plan."""
+    given = {k: v for k, v in raw.items() if not (v is _SAMPLING_DEFAULTS[k] or v == _SAMPLING_DEFAULTS[k])}
+    if sampling is not None:
+        if given:
+            raise OptionError(f"give either sampling= or its fields ({', '.join(given)}), not both")
+        return sampling if isinstance(sampling, Sampling) else Sampling.from_mapping(sampling)
+    if plan is not None:
+        return None
+    if given:
+        warnings.warn("inject_file(bits=, model=, count=/rate=/ber=, ...) is deprecated: pass "
+                      "sampling=fastflip.Sampling(...)", DeprecationWarning, stacklevel=4)
+    return Sampling.from_keywords("inject_file", **given)
+
+
+def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
+                   raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
-    layout = layout or cached_layout(src)
+    layout = layout or cached_layout(src)  # the file is read (and refused) before the options are judged
     by_name = {t.path: t for t in layout.tensors}
-    model_obj = FaultModel.parse(model)
-    spec = BitSpec.parse(bits, sign_first=sign_first)
+    smp = _sampling_arg(sampling, plan, raw)
+    if smp is not None:
+        fields = smp.as_dict()
+        model_obj, spec = smp.fault_model, smp.bit_spec
+    else:  # a given plan: the keywords are recorded as they came
+        fields = dict(raw)
+        model_obj, spec = FaultModel.parse(raw["model"]), BitSpec.parse(raw["bits"], sign_first=raw["sign_first"])
     if seed is None:
         seed = secrets.randbits(63)
     if plan is None:
-        space = _site_space(layout, selection, spec, distribution)
-        plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model_obj, replace=replace,
-                          nan_policy=nan_policy, read_words=lambda p: read_words(src, p, by_name))
+        assert smp is not None
+        space = _site_space(layout, selection, spec, smp.distribution_arg)
+        plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: read_words(src, p, by_name))
     options = {
-        "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": sign_first,
-        "model": model_obj.as_dict(), "count": count, "rate": rate, "ber": ber, "distribution": distribution,
-        "replace": replace, "nan_policy": nan_policy, "in_place": in_place, "atomic": atomic, "stream": list(stream),
-        "durable": durable,
+        "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": fields["sign_first"],
+        "model": model_obj.as_dict(), **{k: fields[k] for k in ("count", "rate", "ber", "distribution", "replace",
+                                                                 "nan_policy")},
+        "in_place": in_place, "atomic": atomic, "stream": list(stream), "durable": durable,
     }
     lp: str | None
     if log_path is False:

@@ -1,5 +1,7 @@
 """Keras ``.keras`` archives: safe access to the HDF5 weights file they hold.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A ``.keras`` file is a zip archive holding ``config.json``, ``metadata.json`` and
 ``model.weights.h5`` (the Keras 3 weights layout, optimizer variables included).
 fastflip alters the inner HDF5 file and writes a new archive that Keras loads:
@@ -52,6 +54,10 @@ from typing import IO, Any, Iterator
 
 from ..errors import InputFileError, OutputError
 from .fileio import atomic_output
+from .formats import (  # torch.save files and .npz are zips too
+    FormatError,
+    detect_format,
+)
 from .paths import make_temp_dir
 
 __all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "ArchiveLimits", "LIMITS", "is_keras_archive", "check_archive",
@@ -140,7 +146,6 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
             return False
     except OSError:
         return False
-    from .formats import FormatError, detect_format  # torch.save files and .npz are zips too
 
     try:
         return detect_format(path) == "keras"

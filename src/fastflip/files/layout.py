@@ -1,5 +1,7 @@
 """Walk an HDF5 file once and describe every numeric dataset as a :class:`Tensor`.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 The walk reads metadata only (link tables, object headers, the chunk index of
 chunked datasets), never dataset data, so its cost grows with the number of
 datasets and chunks, not with the file size. Each dataset is listed once:

@@ -1,5 +1,7 @@
 """Advisory writer locks on real files (by inode, not by name), with a record of who holds them.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 :class:`WriterLock` takes a Linux open-file-description lock (``F_OFD_SETLK``) on the whole
 file: it belongs to the file (its inode), so a symlink or a hard link to the same file meets
 the same lock, and it does not interfere with HDF5's own ``flock`` on the file (a process may

@@ -1,5 +1,7 @@
 """The injection log: a public, documented format that replays and reverts injections bit for bit.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Format ``fastflip-log/1`` — a ZIP archive (conventionally ``*.fflog``) holding:
 
 ``manifest.json``

@@ -1,5 +1,7 @@
 """Validation of a loaded injection log: every field checked before anything is written with it.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A log is evidence and an instruction (replay and revert write what it says), so a
 damaged or tampered one must be refused with one line, never half-applied and never a
 traceback. :func:`validate_log` checks the manifest's types, the record columns'
@@ -29,6 +31,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..core.dtypes import word_type
 from ..errors import FastflipError, LogMismatchError
 
 __all__ = ["validate_log", "MAX_ELEMENTS"]
@@ -66,8 +69,6 @@ def _check_file_entry(path: str, m: Mapping[str, Any], key: str) -> None:
 
 def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
     """The manifest's ``tensors`` as (name, dtype, shape), each field type- and range-checked."""
-    from ..core.dtypes import word_type
-
     ts = m.get("tensors")
     if not isinstance(ts, list):
         raise _bad(path, "tensors must be a list")

@@ -1,5 +1,7 @@
 """Byte patches that ride along the raw word writes: fields whose value follows the words.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A zip container (``torch.save`` files, ``.npz``) records a CRC-32 per entry; when words
 inside an entry change, its CRC fields (local header, data descriptor, central directory)
 are patched from the words' old and new values alone (:mod:`fastflip.files.formats.zipcrc`),
@@ -8,7 +10,7 @@ the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``;
 path applies them while streaming (:func:`fastflip.files.h5apply.copy_apply`), the in-place
 paths write them after the words.
 
-Core layer: imports :mod:`fastflip.files.h5apply` and :mod:`fastflip.files.formats`.
+Imports :mod:`fastflip.files.h5apply`, :mod:`fastflip.files.formats` and the word rule of :mod:`fastflip.core.wordrule`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..core.dtypes import from_words, word_type
-from .fileio import ByteUndo
+from ..core.plan import Plan
 from ..core.wordrule import new_words_for
+from .fileio import ByteUndo
+from .formats import FormatError, detect_format
+from .formats.zipcrc import zip_crc_patches
 from .h5apply import SiteRoute
 from .layout import Tensor
-from ..core.plan import Plan
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
            "without_positions"]
@@ -32,8 +36,6 @@ Patch = tuple[int, bytes, bytes]
 
 def is_zip_container(path: str) -> bool:
     """True for torch.save files and .npz archives (zip containers of raw tensor data)."""
-    from .formats import FormatError, detect_format
-
     try:
         return detect_format(path) in ("torch", "npz")
     except FormatError:
@@ -50,8 +52,6 @@ def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np
 
 def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
     """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
-    from .formats.zipcrc import zip_crc_patches
-
     live = [(r, r.offsets >= 0) for r in routes if (r.offsets >= 0).any()]  # stored entries (raw path) only
     if not live:
         return []

@@ -1,5 +1,7 @@
 """Path safety for every command that writes: one place that decides whether a path may be written.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Rules (applied by :func:`resolve_output` and :func:`check_run_paths`):
 
 - an output, log or temporary is never an input of the same run, nor another output of it

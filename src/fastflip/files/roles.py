@@ -1,5 +1,7 @@
 """Recognise deep-learning framework layouts and label each tensor's framework, layer and role.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Roles: ``weight``, ``bias``, ``bn-statistic`` (batch-norm running mean/variance),
 ``optimizer-moment`` (Adam/SGD state), ``step-counter`` (iteration counters,
 ``num_batches_tracked``, Chainer ``N``/``t``) and ``other``.

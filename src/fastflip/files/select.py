@@ -1,5 +1,7 @@
 """Choose tensors by path glob, regular expression, dtype, role and layer.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Globs use :mod:`fnmatch` semantics on absolute paths (``*`` matches any characters,
 ``/`` included, so ``*kernel*`` finds every kernel), with two additions: a leading
 ``/`` is optional (``conv*`` and ``/conv*`` are the same pattern) and ``/**/``
@@ -30,8 +32,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import OptionError, SelectionError
+from ..core.floatformats import format_name
 from ..core.records import Tensor
+from ..errors import OptionError, SelectionError
+from .roles import ROLE_ALIASES, ROLES, label_names
 
 __all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher", "selection_from_args"]
 
@@ -80,8 +84,6 @@ def dtype_matcher(spec: str) -> Any:
     >>> dtype_matcher("float")(np.dtype("<u2"), "bfloat16"), dtype_matcher("uint")(np.dtype("<u2"), "bfloat16")
     (True, False)
     """
-    from ..core.floatformats import format_name
-
     s = spec.strip().lower()
     named = format_name(s)
     if named is not None:
@@ -141,7 +143,6 @@ class Selection:
     def __post_init__(self) -> None:
         for name in ("include", "exclude", "regex", "dtypes", "roles", "layers"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
-        from .roles import ROLE_ALIASES, ROLES
 
         object.__setattr__(self, "roles", tuple(dict.fromkeys(ROLE_ALIASES.get(r, r) for r in self.roles)))
         bad = [r for r in self.roles if r not in ROLES]
@@ -211,8 +212,6 @@ def _available(tensors: Sequence[Tensor]) -> str:
 
 def _records_of(refs: Sequence[Any]) -> list[Tensor]:
     """Layout records of :class:`~fastflip.core.plan.TensorRef` s (layer and role guessed from the names)."""
-    from .roles import label_names
-
     kinds = ["f" if r.format else np.dtype(r.dtype).kind for r in refs]
     labels = label_names([r.name for r in refs], [len(r.shape) for r in refs], kinds)
     return [Tensor(r.name, ("/" + r.name.lstrip("/"),), np.dtype(r.dtype), tuple(r.shape), r.size, "memory",

@@ -1,5 +1,7 @@
 """Compressed ``.npz`` members (``np.savez_compressed``) patched: inflate, patch, re-deflate, fix the zip fields.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Only the members that hold plan sites are touched. Each is read raw, checked (not
 encrypted, no zip64 directory, inflates to its recorded size and CRC-32), inflated,
 patched with the plan's word rule and re-deflated. When a stream of the member's old
@@ -13,7 +15,7 @@ fields, the local-header offsets of the members after it and the directory offse
 byte ranges (from the first resized member to the end) for the exact revert.
 Untouched members' bytes are copied as they are.
 
-Core layer: imports :mod:`fastflip.files.formats`, :mod:`fastflip.files.h5apply` (the word rule)
+Imports :mod:`fastflip.files.formats`, :mod:`fastflip.core.wordrule` (the word rule)
 and :mod:`fastflip.files.h5chunks` (the result type shared with chunk patching).
 """
 

@@ -1,6 +1,8 @@
 """Convert checkpoints between HDF5 (fastflip's torch layout), ``torch.save`` and safetensors, bit for bit.
 
-Orchestration layer: torch (and ``safetensors`` for that format) are imported lazily.
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
+torch (and ``safetensors`` for that format) are imported lazily.
 Sources are read safely — ``torch.load(weights_only=True)`` for torch.save files (after
 fastflip's own restricted reader has checked the pickle), ``safetensors.torch.load_file``,
 :func:`fastflip.frameworks.torch_state.load_state_dict` for HDF5 — and every tensor keeps its dtype,
@@ -34,6 +36,9 @@ from typing import Any, Mapping
 
 from ..errors import OptionError
 from ..files.fileio import atomic_output, check_input, check_output_dir
+from ..files.formats import FormatError, detect_format
+from ..files.layout import read_layout
+from .torch_state import load_state_dict, save_state_dict
 
 __all__ = ["convert", "load_any", "target_format", "CONVERT_FORMATS"]
 
@@ -100,18 +105,12 @@ def _unflatten(tensors: Mapping[str, Any], meta: Mapping[str, str] | None) -> An
 
 def load_any(path: str | os.PathLike[str]) -> Any:
     """The checkpoint at ``path`` as torch objects (format detected by content)."""
-    from ..files.formats import FormatError, detect_format
-
     src = check_input(path)
     fmt = detect_format(src)
     if fmt == "hdf5":
-        from .torch_state import load_state_dict
-
         return load_state_dict(src)
     if fmt == "torch":
         import torch
-
-        from ..files.layout import read_layout
 
         read_layout(src)  # the restricted reader refuses pickles that ask for code, before torch sees them
         return torch.load(src, map_location="cpu", weights_only=True)
@@ -137,8 +136,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str | 
     fmt = target_format(dst_p, to)
     state = load_any(src_p)
     if fmt == "hdf5":
-        from .torch_state import save_state_dict
-
         if not isinstance(state, Mapping):
             raise OptionError(f"{src_p}: holds a {type(state).__name__}, not a mapping of tensors")
         save_state_dict(state, dst_p)

@@ -1,5 +1,7 @@
 """PyTorch state_dicts to and from HDF5, bit-exact, in a documented layout.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 PyTorch pickles its checkpoints; fastflip flips bits in HDF5. This module writes a
 (possibly nested) state_dict to an HDF5 file whose datasets hold the tensors' stored
 bits unchanged, and reads it back, so the checkpoint-alteration method works for

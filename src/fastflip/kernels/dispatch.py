@@ -1,8 +1,8 @@
 """Validated entry points to the word kernels, and the choice of backend.
 
-The kernels (:mod:`fastflip.kernels._cython` in Cython, :mod:`fastflip.kernels.numba_cpu`, and a
-vectorized NumPy fallback here) do no checking; the functions of this module check
-every argument once (vectorized) and then make one kernel call.
+The kernels (the backends of :mod:`fastflip.kernels.registry`: Cython, Numba, NumPy, and the GPU
+engines) do no checking; the functions of this module check every argument once (vectorized),
+take the backend from the registry and make one kernel call.
 
 Two families:
 
@@ -17,8 +17,11 @@ Two families:
 Value-level (scale) sites are computed here, vectorized, for every CPU backend:
 read the old words, compute :func:`fastflip.core.wordrule.scale_words`, write the new ones.
 
-Backends: ``'cython'``, ``'numba'``, ``'numpy'``; ``'auto'`` takes the first one that
-is available in that order.
+Backends: any name of :func:`fastflip.kernels.registry.registered_backends` (``'cython'``,
+``'numba'``, ``'numpy'``, ...); ``'auto'`` takes the first CPU backend that loads, in that order.
+
+Imports: :mod:`fastflip.core`, :mod:`fastflip.errors` and :mod:`fastflip.kernels.registry`. Used by the
+file layer (:mod:`fastflip.files.h5apply`) and :mod:`fastflip.live`.
 
 Examples
 --------
@@ -32,7 +35,6 @@ Examples
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Sequence
 
 import numpy as np
@@ -40,9 +42,13 @@ import numpy as np
 from ..core.dtypes import WordType, word_type
 from ..errors import OptionError, ReadOnlyTargetError
 from ..core.wordrule import rule_words, scale_words
+from .registry import AUTO_ORDER, get_backend, resolve_backend
+from .registry import available_backends as _available
 
 __all__ = [
     "BACKENDS",
+    "PtrTable",
+    "get_backend",
     "available_backends",
     "resolve_backend",
     "apply_at_offsets",
@@ -53,60 +59,15 @@ __all__ = [
     "write_ptrs",
 ]
 
-BACKENDS = ("cython", "numba", "numpy")
+BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
 _NATIVE_LITTLE = bool(np.little_endian)
 _U64 = np.dtype(np.uint64)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
-def _backend_module(name: str) -> Any:
-    if name == "cython":
-        from . import _cython as _kernels
-
-        return _kernels
-    if name == "numba":
-        from .numba_cpu import get_kernels
-
-        return get_kernels()
-    return None
-
-
-def _imports(name: str) -> bool:
-    try:
-        _backend_module(name)
-    except ImportError:
-        return False
-    return True
-
-
 def available_backends() -> list[str]:
-    """Backends that import on this machine, in the order ``'auto'`` tries them."""
-    return [name for name in BACKENDS if _imports(name)]
-
-
-_RESOLVED: dict[str, str] = {}
-
-
-def resolve_backend(backend: str = "auto") -> str:
-    """Name of the backend ``backend`` stands for (``'auto'`` → first available).
-
-    >>> resolve_backend("numpy")
-    'numpy'
-    """
-    if backend in _RESOLVED:
-        return _RESOLVED[backend]
-    if backend == "auto":  # the first that imports; later ones (Numba: a heavy import) are not touched
-        name = next(n for n in BACKENDS if _imports(n))
-    elif backend in BACKENDS:
-        try:
-            _backend_module(backend)
-        except ImportError as exc:
-            raise OptionError(f"backend {backend!r} is not available: {exc}") from None
-        name = backend
-    else:
-        raise OptionError(f"unknown backend {backend!r}: use one of auto, {', '.join(BACKENDS)}")
-    _RESOLVED[backend] = name
-    return name
+    """CPU backends that load on this machine, in the order ``'auto'`` tries them."""
+    return _available("cpu")
 
 
 # --------------------------------------------------------------------------- validation
@@ -162,64 +123,7 @@ def _scale_positions(scale: Any, n: int) -> tuple[np.ndarray | None, np.ndarray 
     return (where, factors) if len(where) else (None, None)
 
 
-# --------------------------------------------------------------------------- NumPy fallback
-
-
-def _byte_index(offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
-    """(n, itemsize) byte positions, ordered so that the bytes read form native-order words."""
-    cols = np.arange(itemsize, dtype=np.int64)
-    if swap:
-        cols = cols[::-1]
-    return offsets[:, None] + cols[None, :]
-
-
-def _np_read(buf: np.ndarray, offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
-    raw = np.ascontiguousarray(buf[_byte_index(offsets, itemsize, swap)])
-    return raw.view(word_type(f"u{itemsize}").uint).reshape(-1).astype(np.uint64)
-
-
-def _np_write(buf: np.ndarray, offsets: np.ndarray, itemsize: int, swap: bool, words: np.ndarray) -> None:
-    native = np.ascontiguousarray(words.astype(word_type(f"u{itemsize}").uint))
-    buf[_byte_index(offsets, itemsize, swap)] = native.view(np.uint8).reshape(-1, itemsize)
-
-
 # --------------------------------------------------------------------------- one buffer
-
-
-def _raw_read(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool, backend: str) -> np.ndarray:
-    out = np.empty(len(offs), dtype=np.uint64)
-    if backend == "cython":
-        _backend_module("cython").read_words(buf, offs, itemsize, swap, out)
-    elif backend == "numba":
-        _backend_module("numba")["read_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, out)
-    else:
-        out = _np_read(buf, offs, itemsize, swap)
-    return out
-
-
-def _raw_write(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool, words: np.ndarray, backend: str) -> None:
-    if backend == "cython":
-        _backend_module("cython").write_words(buf, offs, itemsize, swap, words)
-    elif backend == "numba":
-        _backend_module("numba")["write_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, words)
-    else:
-        _np_write(buf, offs, itemsize, swap, words)
-
-
-def _raw_apply(buf: np.ndarray, offs: np.ndarray, itemsize: int, swap: bool,
-               masks: tuple[np.ndarray, np.ndarray, np.ndarray], backend: str) -> tuple[np.ndarray, np.ndarray]:
-    n = len(offs)
-    if backend == "numpy":
-        old = _np_read(buf, offs, itemsize, swap)
-        new = rule_words(old, *masks, 8 * itemsize)
-        _np_write(buf, offs, itemsize, swap, new)
-        return old, new
-    old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-    if backend == "cython":
-        _backend_module("cython").apply_words(buf, offs, itemsize, swap, *masks, old, new)
-    else:
-        _backend_module("numba")["apply_words"](buf, offs, itemsize, _NATIVE_LITTLE != swap, *masks, old, new)
-    return old, new
 
 
 def apply_at_offsets(
@@ -267,19 +171,19 @@ def apply_at_offsets(
     ReadOnlyTargetError
         ``buf`` is not writable.
     """
-    name = resolve_backend(backend)
+    be = get_backend(backend)
     _check_buffer(buf, write=True)
     offs = _check_offsets(buf, offsets, itemsize)
     masks = _masks(and_mask, or_mask, xor_mask, len(offs))
     where, factors = _scale_positions(scale, len(offs))
     if where is None:
-        return _raw_apply(buf, offs, itemsize, bool(swap), masks, name)
+        return be.apply_words(buf, offs, itemsize, bool(swap), *masks)
     if dtype is None or word_type(dtype).itemsize != itemsize:
         raise OptionError("scale sites need the stored dtype (dtype=) with the given itemsize")
-    old = _raw_read(buf, offs, itemsize, bool(swap), name)
+    old = be.read_words(buf, offs, itemsize, bool(swap))
     new = rule_words(old, *masks, 8 * itemsize)
     new[where] = scale_words(old[where], factors[where], dtype)
-    _raw_write(buf, offs, itemsize, bool(swap), new, name)
+    be.write_words(buf, offs, itemsize, bool(swap), new)
     return old, new
 
 
@@ -290,18 +194,18 @@ def read_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, ba
     ...     [0x0201, 0x0302] if np.little_endian else [0x0102, 0x0203])
     True
     """
-    name = resolve_backend(backend)
+    be = get_backend(backend)
     _check_buffer(buf, write=False)
     offs = _check_offsets(buf, offsets, itemsize)
-    return _raw_read(buf, offs, itemsize, bool(swap), name)
+    return be.read_words(buf, offs, itemsize, bool(swap))
 
 
 def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at ``offsets`` of ``buf``; see :func:`apply_at_offsets`."""
-    name = resolve_backend(backend)
+    be = get_backend(backend)
     _check_buffer(buf, write=True)
     offs = _check_offsets(buf, offsets, itemsize)
-    _raw_write(buf, offs, itemsize, bool(swap), _column(words, _U64, len(offs), "words"), name)
+    be.write_words(buf, offs, itemsize, bool(swap), _column(words, _U64, len(offs), "words"))
 
 
 # --------------------------------------------------------------------------- several tensors by address
@@ -338,12 +242,6 @@ class PtrTable:
     def __len__(self) -> int:
         return len(self.ptrs)
 
-    def _view(self, t: int) -> np.ndarray:
-        size = int(self.extents[t])
-        if size == 0:
-            return np.zeros(0, dtype=np.uint8)
-        return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(self.ptrs[t])))
-
 
 def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
     tid = _column(tensor, np.int32, None, "tensor")
@@ -351,35 +249,6 @@ def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, 
     if len(tid) and (int(tid.min()) < 0 or int(tid.max()) >= len(table)):
         raise OptionError(f"tensor ids must lie in [0, {len(table)})")
     return tid, offs
-
-
-def _np_ptr_groups(table: PtrTable, tid: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    order = np.argsort(tid, kind="stable")
-    ids, starts = np.unique(tid[order], return_index=True)
-    ends = list(starts[1:]) + [len(order)]
-    return [(int(t), order[s:e]) for t, s, e in zip(ids, starts, ends)]
-
-
-def _ptr_read(table: PtrTable, tid: np.ndarray, offs: np.ndarray, backend: str) -> np.ndarray:
-    out = np.empty(len(offs), dtype=np.uint64)
-    if backend == "cython":
-        _backend_module("cython").read_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, out)
-    elif backend == "numba":
-        _backend_module("numba")["read_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, out)
-    else:
-        for t, pos in _np_ptr_groups(table, tid):
-            out[pos] = _np_read(table._view(t), offs[pos], int(table.itemsizes[t]), bool(table.swaps[t]))
-    return out
-
-
-def _ptr_write(table: PtrTable, tid: np.ndarray, offs: np.ndarray, words: np.ndarray, backend: str) -> None:
-    if backend == "cython":
-        _backend_module("cython").write_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, words)
-    elif backend == "numba":
-        _backend_module("numba")["write_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, words)
-    else:
-        for t, pos in _np_ptr_groups(table, tid):
-            _np_write(table._view(t), offs[pos], int(table.itemsizes[t]), bool(table.swaps[t]), words[pos])
 
 
 def apply_ptrs(
@@ -409,37 +278,29 @@ def apply_ptrs(
     >>> a.tolist()
     [1.0, -1.0]
     """
-    name = resolve_backend(backend)
+    be = get_backend(backend)
     tid, offs = _ptr_sites(table, tensor, offsets)
     n = len(offs)
     masks = _masks(and_mask, or_mask, xor_mask, n)
     where, factors = _scale_positions(scale, n)
-    if where is None and name != "numpy":
-        old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-        if name == "cython":
-            _backend_module("cython").apply_ptrs(table.ptrs, table.itemsizes, table.swaps, tid, offs, *masks, old, new)
-        else:
-            _backend_module("numba")["apply_ptrs"](table.ptrs, table.itemsizes, table.little, tid, offs, *masks, old, new)
-        return old, new
-    old = _ptr_read(table, tid, offs, name)
+    if where is None:
+        return be.apply_ptrs(table, tid, offs, *masks)
+    old = be.read_ptrs(table, tid, offs)
     new = rule_words(old, *masks, 8 * table.itemsizes[tid].astype(np.uint64))
-    if where is not None:
-        for t in np.unique(tid[where]):
-            pos = where[tid[where] == t]
-            new[pos] = scale_words(old[pos], factors[pos], table.dtypes[int(t)])
-    _ptr_write(table, tid, offs, new, name)
+    for t in np.unique(tid[where]):
+        pos = where[tid[where] == t]
+        new[pos] = scale_words(old[pos], factors[pos], table.dtypes[int(t)])
+    be.write_ptrs(table, tid, offs, new)
     return old, new
 
 
 def read_ptrs(table: PtrTable, tensor: Any, offsets: Any, backend: str = "auto") -> np.ndarray:
     """Words (native order) of every site; see :func:`apply_ptrs`."""
-    name = resolve_backend(backend)
     tid, offs = _ptr_sites(table, tensor, offsets)
-    return _ptr_read(table, tid, offs, name)
+    return get_backend(backend).read_ptrs(table, tid, offs)
 
 
 def write_ptrs(table: PtrTable, tensor: Any, offsets: Any, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at every site; see :func:`apply_ptrs`."""
-    name = resolve_backend(backend)
     tid, offs = _ptr_sites(table, tensor, offsets)
-    _ptr_write(table, tid, offs, _column(words, _U64, len(offs), "words"), name)
+    get_backend(backend).write_ptrs(table, tid, offs, _column(words, _U64, len(offs), "words"))

@@ -1,6 +1,8 @@
 """What this installation of fastflip can use: versions, kernel backends, GPU engines, optional extras.
 
-Core layer (imports :mod:`fastflip.kernels.dispatch` only); the CLI's ``fastflip info`` prints it. Optional extras are
+Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
+
+Imports :mod:`fastflip.kernels.dispatch` (the registry); the CLI's ``fastflip info`` prints it. Optional extras are
 found with :func:`importlib.util.find_spec` and their versions read from package metadata, so nothing heavy
 is imported to answer, except Numba when the CPU backends are probed (``backends=True``).
 
@@ -21,6 +23,7 @@ import platform
 from typing import Any
 
 from .. import __version__
+from . import dispatch as native
 
 __all__ = ["EXTRAS", "EXTRA_FOR_MODULE", "describe", "format_description", "missing_extra"]
 
@@ -107,8 +110,6 @@ def describe(backends: bool = True) -> dict[str, Any]:
                    for name, d in EXTRAS.items()},
     }
     if backends:
-        from . import dispatch as native
-
         out["cpu_backends"] = native.available_backends()
         out["default_backend"] = native.resolve_backend("auto")
         out["gpu"] = _gpu()

@@ -1,5 +1,7 @@
 """GPU word kernels driven with CuPy arrays, one launch per plan.
 
+Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
+
 Two interchangeable engines, both checked without a GPU:
 
 - ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
@@ -35,6 +37,7 @@ Examples
 
 from __future__ import annotations
 
+import importlib.resources
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,10 +45,11 @@ import numpy as np
 
 from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
+from .registry import Backend
 from ..core.wordrule import scale_words
 
 __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
-           "launch_read", "launch_write", "device_span", "THREADS"]
+           "launch_read", "launch_write", "device_span", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
 
 THREADS = 256
 _KERNELS: dict[str, Any] = {}
@@ -141,36 +145,14 @@ class SiteArrays:
         )
 
 
-CUDA_SOURCE = r"""
-typedef unsigned long long ff_u64;
-typedef long long ff_i64;
-#ifdef FF_HOST
-#define FF_DEVICE static inline
-#define FF_GLOBAL
-#define FF_SITES(i, n) for (ff_i64 i = 0; i < (n); ++i)
-#else
-#define FF_DEVICE __device__ __forceinline__
-#define FF_GLOBAL extern "C" __global__
-#define FF_SITES(i, n) \
-    for (ff_i64 i = (ff_i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (ff_i64)blockDim.x * gridDim.x)
-#endif
+def _word_header() -> str:
+    """``ff_word.h`` (package data): the word rule and word access shared with the Cython kernels."""
+    return importlib.resources.files(__package__).joinpath("ff_word.h").read_text(encoding="utf-8")
 
-/* word of `size` bytes at p; `little`: stored little-endian */
-FF_DEVICE ff_u64 ff_load(const unsigned char* p, int size, int little) {
-    ff_u64 w = 0;
-    for (int j = 0; j < size; ++j) w |= ((ff_u64)p[j]) << (8 * (little ? j : size - 1 - j));
-    return w;
-}
 
-FF_DEVICE void ff_store(unsigned char* p, int size, int little, ff_u64 w) {
-    for (int j = 0; j < size; ++j) p[j] = (unsigned char)(w >> (8 * (little ? j : size - 1 - j)));
-}
-
-FF_DEVICE ff_u64 ff_rule(ff_u64 old, ff_u64 a, ff_u64 o, ff_u64 x, int size) {
-    ff_u64 width = size >= 8 ? ~0ULL : ((1ULL << (8 * size)) - 1ULL);
-    return (((old & a) | o) ^ x) & width;
-}
-
+#: The CUDA C kernels: ``ff_word.h`` (word rule, loads and stores, written once for every C dialect)
+#: followed by the three kernels. NVRTC compiles it for the device; ``-DFF_HOST`` for the host.
+CUDA_SOURCE = _word_header() + r"""
 FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
                         const unsigned char* little, const ff_u64* a, const ff_u64* o, const ff_u64* x,
                         ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
@@ -321,3 +303,98 @@ def device_span(ptrs: Sequence[int], nbytes: Sequence[int], device_id: int, owne
     end = int(max(p + n for p, n in zip(ptrs, nbytes)))
     mem = cupy.cuda.UnownedMemory(base, max(end - base, 1), owner, device_id)
     return cupy.ndarray((max(end - base, 1),), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)), base
+
+
+# ------------------------------------------------------------------------------ registry backends
+
+
+class _GpuBackend(Backend):
+    """A GPU engine behind the registry's interface: words at byte offsets of a device ``uint8`` array
+    (CuPy; NumPy under Numba's CUDA simulator), and at device addresses of a pointer table (through
+    :func:`device_span`, CuPy only). Sites go to the device as one :class:`SiteArrays`, one launch."""
+
+    device = "gpu"
+    engine = ""
+
+    def _sites(self, buf: Any, offsets: Any, tensor: Any, sizes: Any, little: Any,
+               masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
+        xp = _xp(buf)
+        zero = np.zeros(len(offsets), np.uint64)
+        a, o, x = masks if masks is not None else (zero, zero, zero)
+        return SiteArrays.from_host(offsets=offsets, tensor=tensor, sizes=sizes, little=little,
+                                    and_mask=a, or_mask=o, xor_mask=x, xp=xp)
+
+    def _one(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
+             masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
+        return self._sites(buf, offsets, np.zeros(len(offsets), np.int32), [itemsize],
+                           [bool(np.little_endian) != bool(swap)], masks)
+
+    def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> Any:
+        return launch_read(buf, self._one(buf, offsets, itemsize, swap), engine=self.engine)
+
+    def write_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool, words: Any) -> None:
+        launch_write(buf, self._one(buf, offsets, itemsize, swap), words, engine=self.engine)
+
+    def apply_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
+                    and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
+        return launch_apply(buf, self._one(buf, offsets, itemsize, swap, (and_mask, or_mask, xor_mask)),
+                            engine=self.engine)
+
+    def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
+              masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
+        import cupy
+
+        span, base = device_span(table.ptrs.tolist(), table.extents.tolist(), cupy.cuda.Device().id, table)
+        offs = (table.ptrs[tensor] - np.uint64(base)).astype(np.int64) + offsets
+        return span, SiteArrays.from_host(offs, tensor, table.itemsizes, table.little,
+                                          *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy)
+
+    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        span, sites = self._span(table, tensor, offsets)
+        return _host(sites.xp, launch_read(span, sites, engine=self.engine))
+
+    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
+        span, sites = self._span(table, tensor, offsets)
+        launch_write(span, sites, sites.xp.asarray(words), engine=self.engine)
+
+    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
+                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        span, sites = self._span(table, tensor, offsets, (and_mask, or_mask, xor_mask))
+        old, new = launch_apply(span, sites, engine=self.engine)
+        return _host(sites.xp, old), _host(sites.xp, new)
+
+
+def _xp(buf: Any) -> Any:
+    """The array module of ``buf``: CuPy for device arrays, NumPy otherwise (the simulator)."""
+    if isinstance(buf, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+class RawCudaBackend(_GpuBackend):
+    """``'cuda-raw'``: :data:`CUDA_SOURCE` (``ff_word.h`` + kernels) compiled by NVRTC through CuPy."""
+
+    name = "cuda-raw"
+    engine = "raw"
+
+    def load(self) -> None:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:  # pragma: no cover - needs a machine with CuPy and no GPU
+            raise ImportError("CuPy finds no CUDA device")
+
+
+class NumbaCudaBackend(_GpuBackend):
+    """``'numba-cuda'``: the Numba CUDA kernels (:func:`get_gpu_kernels`); with ``NUMBA_ENABLE_CUDASIM=1``
+    they run in Numba's simulator on NumPy arrays."""
+
+    name = "numba-cuda"
+    engine = "numba"
+
+    def load(self) -> None:
+        from numba import cuda as numba_cuda
+
+        if not numba_cuda.is_available():
+            raise ImportError("Numba finds no CUDA device (set NUMBA_ENABLE_CUDASIM=1 for the simulator)")

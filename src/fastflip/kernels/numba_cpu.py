@@ -1,5 +1,7 @@
 """Numba word kernels, and the per-site word logic shared with the GPU kernel.
 
+Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
+
 The per-site functions :func:`load_word`, :func:`store_word` and :func:`rule` are
 plain Python over a ``uint8`` buffer: this module compiles them with ``numba.njit``
 for the CPU, and :mod:`fastflip.kernels.gpu` compiles the *same* functions with

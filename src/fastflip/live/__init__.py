@@ -1,5 +1,7 @@
 """Fault injection into live tensors: NumPy, PyTorch (CPU/CUDA), CuPy and TensorFlow/Keras variables.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 ``inject(tensors, plan) -> LiveLog``, ``revert(tensors, log)``, ``injected(...)``
 (context manager), ``targets(model)`` (prepare once for many trials) and
 ``tensor_refs(model)`` (to build a ``SiteSpace`` from a live model), ``site(model,

@@ -1,5 +1,7 @@
 """Framework side of activation faults: find layers by name, hook their outputs, probe output shapes.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 PyTorch: forward hooks on the selected modules (named by module path, ``layer1.0.conv2``,
 for any ``nn.Module`` subclass, nested) and a forward pre-hook on the model itself
 that counts forwards and, at the first one, probes the selected layers' output

@@ -1,5 +1,7 @@
 """Activation (neuron) faults: bit flips in the outputs of chosen layers during forward passes.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 ``injected_activations(model, seed=..., count=..., selection=Selection(layers=[...]))``
 is a context manager: inside the block, every forward pass of ``model`` has the
 selected layers' outputs altered by the fault model (PyTorch forward hooks; Keras

@@ -1,5 +1,7 @@
 """Adapters: turn arrays, framework tensors and whole models into named :class:`LiveTensor` records.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 Names are the framework's own (see :mod:`fastflip.live.frameworks`); each tensor
 also carries its checkpoint path as an alias, so that a plan sampled from a
 checkpoint applies to the loaded model as is:

@@ -1,5 +1,7 @@
 """Inject a plan into live tensors, revert it exactly, or do both around a block.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 ``inject(tensors, plan)`` flips the stored words in place (CPU memory through one
 native call, GPU memory through one kernel launch per device, TensorFlow variables
 through gather/scatter) and returns a :class:`LiveLog` of the old and new words.
@@ -35,6 +37,7 @@ import numpy as np
 from ..errors import LogMismatchError, OptionError
 from ..files.layout import Tensor
 from ..core.plan import Plan, TensorRef
+from ..core.spec import Sampling
 from ..files.select import Selection, select
 from ..core.wordrule import WordCounts, became_nonfinite
 from .targets import Targets
@@ -175,7 +178,8 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
 _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")
 
 
-def plan_for(tg: Targets, *, seed: int | None = None, count: int | None = None, rate: float | None = None,
+def plan_for(tg: Targets, *, seed: int | None = None, sampling: "Sampling | Mapping[str, Any] | None" = None,
+             count: int | None = None, rate: float | None = None,
              ber: float | None = None, bits: Any = None, model: Any = None,
              selection: "Selection | Mapping[str, Any] | None" = None, distribution: Any = "element",
              replace: bool = False, nan_policy: str = "allow", sign_first: bool = False,
@@ -185,11 +189,9 @@ def plan_for(tg: Targets, *, seed: int | None = None, count: int | None = None, 
     ``selection`` (a :class:`~fastflip.files.select.Selection` or its mapping) or its fields
     as keywords (``include=``, ``layers=``, ``roles=``...) choose tensors with the
     CLI's ``--include/--exclude/--regex/--dtype/--role/--layer`` meaning. A seed left
-    out is drawn from the OS and recorded in ``plan.meta['seed']``.
+    out is drawn from the OS and recorded in ``plan.meta['seed']``. What to flip is a
+    :class:`~fastflip.core.spec.Sampling` (``sampling=``), or its fields as keywords (``count=``, ``bits=``, ...).
     """
-    from ..core.bits import BitSpec
-    from ..core.sampling import SiteSpace
-
     unknown = set(selection_fields) - set(_SELECTION_KEYS)
     if unknown:
         raise OptionError(f"unknown option {sorted(unknown)[0]!r}: sampling takes seed, count/rate/ber, bits, model, "
@@ -199,18 +201,28 @@ def plan_for(tg: Targets, *, seed: int | None = None, count: int | None = None, 
             raise OptionError(f"give either selection= or its fields ({', '.join(selection_fields)}), not both")
         selection = Selection(**selection_fields)
     chosen = select_live(tg, selection)
-    if count is None and rate is None and ber is None:
-        raise OptionError("give one of count=, rate= or ber= (how many sites to hit)")
+    fields = {"count": count, "rate": rate, "ber": ber, "bits": bits, "model": model, "distribution": distribution,
+              "replace": replace, "nan_policy": nan_policy, "sign_first": sign_first}
+    if sampling is not None:
+        given = [k for k, v in fields.items() if v is not None and v != _PLAN_DEFAULTS.get(k)]
+        if given:
+            raise OptionError(f"give either sampling= or its fields ({', '.join(given)}), not both")
+        smp = sampling if isinstance(sampling, Sampling) else Sampling.from_mapping(sampling)
+    else:
+        if count is None and rate is None and ber is None:
+            raise OptionError("give one of count=, rate= or ber= (how many sites to hit)")
+        smp = Sampling.from_keywords("live", **fields)
     if seed is None:
         seed = secrets.randbits(63)
-    space = SiteSpace([t.ref() for t in chosen], bits=BitSpec.parse(bits, sign_first=sign_first),
-                      distribution=distribution)
-    plan = space.plan(seed=seed, stream=stream, count=count, rate=rate, ber=ber, model=model, replace=replace,
-                      nan_policy=nan_policy, read_words=tg.word_reader() if nan_policy == "avoid" else None)
+    plan = smp.plan([t.ref() for t in chosen], seed=seed, stream=stream,
+                    read_words=tg.word_reader() if smp.nan_policy == "avoid" else None)
     if selection is not None:
         plan.meta["selection"] = (selection if isinstance(selection, Selection)
                                   else Selection.from_dict(selection)).as_dict()
     return plan
+
+
+_PLAN_DEFAULTS = {"distribution": "element", "replace": False, "nan_policy": "allow", "sign_first": False}
 
 
 @contextlib.contextmanager
@@ -227,8 +239,8 @@ def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = 
         ``seed=None`` (drawn from the OS and recorded in ``log.seed``), ``count=`` /
         ``rate=`` / ``ber=``, ``bits=``, ``model=`` (fault model), ``selection=`` (or
         ``include=``, ``exclude=``, ``regex=``, ``dtypes=``, ``roles=``, ``layers=``),
-        ``distribution=``, ``replace=``, ``nan_policy=``, ``sign_first=``, ``stream=``:
-        see :func:`plan_for`.
+        ``distribution=``, ``replace=``, ``nan_policy=``, ``sign_first=``, ``stream=``, or all of
+        them as one ``sampling=`` (:class:`~fastflip.core.spec.Sampling`): see :func:`plan_for`.
     optimizer, include_optimizer
         Add a ``torch.optim`` optimizer's state / a Keras model's optimizer variables.
 

@@ -1,5 +1,7 @@
 """Walk PyTorch and Keras models for their tensors: names, checkpoint aliases, layers and roles.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 Imported by :mod:`fastflip.live.adapters` only; the frameworks themselves are only
 touched through the objects passed in (nothing here imports torch or keras at
 module level).

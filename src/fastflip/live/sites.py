@@ -1,5 +1,7 @@
 """Explicit sites: address one element by tensor name and index (and bit), like PyTorchFI's layer/dim addressing.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 ``site(model, "layer4.1.conv2.weight", (0, 3, 1, 1), bits=30)`` is the plan that
 flips bit 30 of that one weight; a list of ``(name, index, bits)`` tuples gives one
 plan over several elements. ``value=`` stores a value instead (PyTorchFI's

@@ -1,5 +1,7 @@
 """A set of live tensors prepared once, and plans checked against it once.
 
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
 :class:`Targets` holds what every trial needs (base addresses, word widths, byte
 orders, shapes) so that applying a plan is one native call over all CPU tensors,
 one kernel launch per GPU, and one gather/scatter per TensorFlow variable. A plan is
@@ -31,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..kernels import dispatch as native
+from ..kernels.registry import Backend, get_backend
 from ..core.dtypes import word_type
 from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
 from ..files.layout import Tensor
@@ -40,14 +43,14 @@ from .adapters import LiveTensor, collect
 
 __all__ = ["Targets", "Prepared"]
 
-try:  # the per-trial fast path calls the Cython kernels directly (arguments checked when the plan was prepared)
-    from ..kernels import _cython as _ck
-except ImportError:  # pragma: no cover - source checkout without the built extension
-    _ck = None
 
-
-def _fast(prep: "Prepared", backend: str) -> bool:
-    return _ck is not None and prep.cpu is None and (backend == "auto" or backend == "cython")
+def _fast(prep: "Prepared", backend: str) -> Backend | None:
+    """The per-trial fast path: a CPU backend's raw kernels, nothing re-validated (the sites were checked
+    when the plan was prepared), when every site lies on a CPU tensor."""
+    if prep.cpu is not None:
+        return None
+    be = get_backend(backend)
+    return be if be.device == "cpu" else None
 
 
 @dataclass
@@ -316,10 +319,9 @@ class Targets:
     def read(self, prep: Prepared, backend: str = "auto") -> np.ndarray:
         """Current words of every site of a prepared plan (native order)."""
         n = len(prep.tid)
-        if _fast(prep, backend):
-            out = np.empty(n, dtype=np.uint64)
-            _ck.read_ptrs(self.table.ptrs, self.table.itemsizes, self.table.swaps, prep.tid, prep.offsets, out)
-            return out
+        be = _fast(prep, backend)
+        if be is not None:
+            return be.read_ptrs(self.table, prep.tid, prep.offsets)
         if prep.cpu is None:
             return native.read_ptrs(self.table, prep.tid, prep.offsets, backend)
         out = np.empty(n, dtype=np.uint64)
@@ -338,8 +340,9 @@ class Targets:
         words = np.ascontiguousarray(words, dtype=np.uint64)
         if len(words) != len(prep.tid):
             raise OptionError(f"{len(words)} words for {len(prep.tid)} sites")
-        if _fast(prep, backend):
-            _ck.write_ptrs(self.table.ptrs, self.table.itemsizes, self.table.swaps, prep.tid, prep.offsets, words)
+        be = _fast(prep, backend)
+        if be is not None:
+            be.write_ptrs(self.table, prep.tid, prep.offsets, words)
             return
         if prep.cpu is None:
             native.write_ptrs(self.table, prep.tid, prep.offsets, words, backend)
@@ -355,14 +358,9 @@ class Targets:
 
     def apply(self, plan: Plan, prep: Prepared, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
         """Apply ``plan`` (already prepared) in place; (old, new) words in plan order."""
-        if prep.bitwise and _fast(prep, backend):
-            # the per-trial fast path: one call into the Cython kernel, nothing re-validated
-            n = len(plan)
-            old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-            t = self.table
-            _ck.apply_ptrs(t.ptrs, t.itemsizes, t.swaps, prep.tid, prep.offsets, plan.and_mask, plan.or_mask,
-                           plan.xor_mask, old, new)
-            return old, new
+        be = _fast(prep, backend) if prep.bitwise else None
+        if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
+            return be.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
         if prep.cpu is None:
             return native.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
                                      backend, scale=None if prep.bitwise else plan.scale)

@@ -1,5 +1,7 @@
 """Reports people look at: figures (PNG), tables (CSV) and one HTML page per campaign or experiment.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 ``fastflip report STORE_OR_EXPERIMENT -o DIR`` is :func:`write_report`. The same
 figures come back as matplotlib figures for notebooks::
 

@@ -1,5 +1,7 @@
 """Bit classes (sign / exponent / mantissa) of a campaign's cells and the metric drops per class.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 A results store records the dtype names of each cell's tensors (the ``cell_dtypes``
 entry of its ``meta`` table, written when ``fastflip sweep`` creates the store). From
 them the report knows, per condition, where the sign, exponent and mantissa fields
@@ -27,6 +29,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..campaign.store import ResultStore
+from ..core.dtypes import word_type
+from .campaign_data import _SITE_BIT_SQL
+
 __all__ = ["BIT_CLASSES", "bit_fields", "bit_class", "class_spans", "cell_dtypes", "condition_fields", "drop_table",
            "DROP_FIELDS"]
 
@@ -37,8 +43,6 @@ DROP_FIELDS = ("condition", "bit_class", "trials", "with_drop", "with_drop_rate"
 
 def bit_fields(dtype: str) -> dict[str, tuple[int, ...]] | None:
     """Bit positions of ``sign``, ``exponent`` and ``mantissa`` of a floating dtype (None otherwise)."""
-    from ..core.dtypes import word_type
-
     try:
         wt = word_type(dtype)
     except Exception:  # an unknown or unsupported name: no classes
@@ -67,8 +71,6 @@ def class_spans(fields: dict[str, tuple[int, ...]]) -> list[tuple[str, int, int]
 
 def cell_dtypes(path: str) -> dict[str, list[str]]:
     """Cell key → dtype names of its tensors, as the store recorded them ({} for older stores)."""
-    from ..campaign.store import ResultStore
-
     st = ResultStore.open(path, check=False)
     try:
         raw = st.meta_value("cell_dtypes")
@@ -152,9 +154,6 @@ def drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
 
 
 def _drop_values(data: Any) -> dict[tuple[str, str], np.ndarray]:
-    from ..campaign.store import ResultStore
-    from .campaign_data import _SITE_BIT_SQL
-
     fields = condition_fields(data)
     cells = {c["cell_id"]: c for c in data.cells if fields.get(c["condition"]) is not None}
     if not cells:

@@ -1,5 +1,7 @@
 """Writing a report directory: figures (PNG), tables (CSV) and ``index.html``.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 :func:`write_report` takes a results store (an SQLite file written by
 ``fastflip sweep``) or an experiment directory (written by ``fastflip experiment``),
 tells which it is from its content, and writes into ``out``:
@@ -24,12 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .. import __version__
+from ..campaign.significance import PAIRWISE_FIELDS
+from ..campaign.store import OUTCOMES
 from ..errors import InputFileError, OutputError
 from ..experiment.outcomes import RESULT_FIELDS, write_csv
 from ..files.fileio import atomic_output
-from ..campaign.significance import PAIRWISE_FIELDS
-from ..campaign.store import OUTCOMES
 from . import html as H
+from .bitclass import DROP_FIELDS, bit_class, condition_fields, drop_table
 from .campaign_data import (
     CampaignData,
     bit_table,
@@ -48,6 +51,18 @@ from .experiment_data import (
     load_experiment_data,
     summary_table,
     tests_table,
+)
+from .figures import (
+    bit_figure,
+    curve_figure,
+    drop_figure,
+    failure_label,
+    group_figure,
+    heatmap_figure,
+    outcome_figure,
+    run_outcome_figure,
+    save_png,
+    target_half_width,
 )
 
 __all__ = ["Report", "write_report", "detect_source", "MARKER"]
@@ -125,8 +140,6 @@ def _fields(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def _save(fig: Any, out: str, name: str, rep: Report) -> None:
-    from .figures import save_png
-
     try:
         save_png(fig, os.path.join(out, name))
     finally:
@@ -174,8 +187,6 @@ def _export_names(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _with_classes(rows: Sequence[dict[str, Any]], fields: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows with ``bit_class`` (sign / exponent / mantissa; empty where the dtype is unknown) after ``bit``."""
-    from .bitclass import bit_class
-
     out = []
     for r in rows:
         d: dict[str, Any] = {}
@@ -189,17 +200,6 @@ def _with_classes(rows: Sequence[dict[str, Any]], fields: dict[str, Any]) -> lis
 
 
 def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
-    from .bitclass import DROP_FIELDS, condition_fields, drop_table
-    from .figures import (
-        bit_figure,
-        drop_figure,
-        failure_label,
-        group_figure,
-        heatmap_figure,
-        outcome_figure,
-        target_half_width,
-    )
-
     fields = condition_fields(data)
     bits, heat, cells, margin = bit_table(data), heatmap_table(data), cell_table(data), margin_table(data)
     drops = drop_table(data)
@@ -311,8 +311,6 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
 
 
 def _experiment_report(data: ExperimentData, out: str, rep: Report) -> str:
-    from .figures import curve_figure, run_outcome_figure
-
     summary, curves, tests = summary_table(data), curve_table(data), tests_table(data)
     fail = failure_classes(data)
     _csv(summary, out, "summary.csv", rep)

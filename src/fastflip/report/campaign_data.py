@@ -1,5 +1,7 @@
 """What a campaign report shows, aggregated in SQL from a results store.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 One query counts trials per (cell, bit position, outcome) inside SQLite; every table
 of the report (per bit, per group × bit, per cell) is summed from that small result,
 so a store of millions of trials is never loaded row by row into Python.

@@ -1,5 +1,7 @@
 """What an experiment report shows, read from an experiment's output directory.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 The directory is the one :func:`fastflip.experiment.runner.run_experiment` writes:
 ``experiment.json`` (configuration, seeds, fastflip version, status),
 ``golden/metrics.csv`` (the fault-free run per epoch), ``results.csv`` (one row per
@@ -21,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..campaign.significance import pairwise_tests
+from ..campaign.store import _version_tuple
 from ..errors import InputFileError, StoreError
 from ..experiment.outcomes import OUTCOMES, check_failure, read_csv, summarize
 from ..files.fileio import sha256_file
-from ..campaign.store import _version_tuple
 
 __all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
            "failure_classes"]
@@ -148,8 +151,6 @@ def tests_table(data: ExperimentData) -> list[dict[str, Any]]:
     The configuration's ``compare`` pairs, else every pair of non-control scenarios
     with runs (:func:`fastflip.campaign.significance.pairwise_tests`).
     """
-    from ..campaign.significance import pairwise_tests
-
     cfg = data.meta.get("config") or {}
     wanted = cfg.get("compare")
     control = {s["name"] for s in data.scenarios if s["control"]}

@@ -1,5 +1,7 @@
 """The report's figures as matplotlib :class:`~matplotlib.figure.Figure` objects.
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 Every function takes the aggregated data (:class:`~fastflip.report.campaign_data.CampaignData`
 or :class:`~fastflip.report.experiment_data.ExperimentData`) or the path of a store /
 experiment directory, and returns a new figure built without :mod:`matplotlib.pyplot`
@@ -29,8 +31,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..campaign.store import OUTCOMES
-from .campaign_data import CampaignData, bit_table, cell_table, heatmap_table, load_campaign_data
-from .experiment_data import ExperimentData, curve_table, load_experiment_data, summary_table
+from ..errors import OptionError
+from ..experiment.outcomes import OUTCOMES as RUN_OUTCOMES
+from ..files.fileio import atomic_output
+from .bitclass import BIT_CLASSES, class_spans, condition_fields, drop_values
+from .campaign_data import (RATE_KINDS, CampaignData, bit_table, cell_table, group_table, heatmap_table,
+                            load_campaign_data)
+from .experiment_data import (
+    ExperimentData,
+    curve_table,
+    load_experiment_data,
+    summary_table,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -85,8 +97,6 @@ def save_png(fig: "Figure", path: str | os.PathLike[str], dpi: int = 100) -> str
     """Write ``fig`` as a PNG atomically (Agg canvas, no display); return the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from ..files.fileio import atomic_output
-
     FigureCanvasAgg(fig)
     p = os.fspath(path)
     with atomic_output(p, suffix=".png") as tmp:
@@ -96,8 +106,6 @@ def save_png(fig: "Figure", path: str | os.PathLike[str], dpi: int = 100) -> str
 
 def bit_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     """Rate of each outcome per bit position, with Wilson intervals; one panel per condition."""
-    from .bitclass import condition_fields
-
     data = _campaign(data)
     rows = bit_table(data)
     fields = condition_fields(data)
@@ -156,8 +164,6 @@ def target_half_width(data: CampaignData) -> float | None:
 
 def _draw_classes(ax: Any, fields: Any, positions: Sequence[int], *, heat: bool) -> None:
     """Sign / exponent / mantissa boundaries and labels on a bit axis (bit positions or heatmap columns)."""
-    from .bitclass import class_spans
-
     pos = list(positions)
     if not pos:
         return
@@ -181,13 +187,8 @@ def heatmap_figure(data: "CampaignData | str | os.PathLike[str]", kind: str = "f
     Sign / exponent / mantissa boundaries are drawn where the store records the
     cells' dtypes. ``kind`` is one of :data:`fastflip.report.campaign_data.RATE_KINDS`.
     """
-    from .campaign_data import RATE_KINDS
-
     if kind not in RATE_KINDS:
-        from ..errors import OptionError
-
         raise OptionError(f"heatmap kind must be one of {', '.join(RATE_KINDS)}, got {kind!r}")
-    from .bitclass import condition_fields
 
     data = _campaign(data)
     rows = heatmap_table(data)
@@ -350,8 +351,6 @@ def curve_figure(data: "ExperimentData | str | os.PathLike[str]", metric: str = 
 
 def run_outcome_figure(data: "ExperimentData | str | os.PathLike[str]") -> "Figure":
     """Rate of each run outcome and of failure per scenario, with 95% Wilson intervals."""
-    from ..experiment.outcomes import OUTCOMES as RUN_OUTCOMES
-
     data = _experiment(data)
     rows = summary_table(data)
     kinds = [*RUN_OUTCOMES, "failure"]
@@ -386,8 +385,6 @@ def drop_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     whose metric was NaN/Inf are counted on the label, not drawn. Needs the dtypes the
     store records (older stores get a panel that says so).
     """
-    from .bitclass import BIT_CLASSES, drop_values
-
     data = _campaign(data)
     values = drop_values(data)
     conds = [c for c in data.conditions if any(k[0] == c for k in values)]
@@ -438,8 +435,6 @@ def group_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
     rate: expected failures per flip anywhere that land in it), the share printed
     beside each bar. Rows of :func:`~fastflip.report.campaign_data.group_table`.
     """
-    from .campaign_data import group_table
-
     data = _campaign(data)
     rows = group_table(data)
     conds = [c for c in data.conditions if any(r["condition"] == c for r in rows)]

@@ -1,5 +1,7 @@
 """The report's HTML: one static, self-contained page (relative links only, no JavaScript).
 
+Layer: ``report`` (may import experiment and below; imported by cli and the demo).
+
 Examples
 --------
 >>> print(table([{"bit": 30, "rate": 0.5}], [("bit", "bit", None), ("rate", "rate", "{:.3f}")]))

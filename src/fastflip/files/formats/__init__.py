@@ -1,5 +1,7 @@
 """Checkpoint formats by content: one "where are the bytes" contract per format.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Every reader turns a file into a :class:`fastflip.files.layout.Layout` whose tensors say
 where their bytes lie in the file (``storage='contiguous'`` and an absolute byte
 ``offset``: element ``i`` at ``offset + i * itemsize``), with dtype, shape, aliases,
@@ -20,7 +22,7 @@ Formats (detected by content, never by the file name):
 ``keras``
     A Keras 3 ``.keras`` zip: handled by :mod:`fastflip.files.keras_archive` (its inner HDF5 file).
 
-This package sits in the core layer: it imports :mod:`fastflip.files.layout` and
+This package sits in the file layer: it imports :mod:`fastflip.core.records` and
 :mod:`fastflip.errors` only (no framework; torch is never imported to read a file).
 
 Examples

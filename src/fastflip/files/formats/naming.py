@@ -1,5 +1,7 @@
 """Layers and roles of tensors named by PyTorch state_dict keys (torch.save, safetensors, npz).
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A tensor's path is its key path in the saved object, ``/``-joined:
 ``/conv1.weight`` (a bare state_dict), ``/model/bn1.running_mean`` (a checkpoint dict),
 ``/optimizer/state/0/exp_avg`` (optimizer state). The last component is a

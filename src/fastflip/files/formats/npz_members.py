@@ -1,5 +1,7 @@
 """Deflated ``.npz`` members (``np.savez_compressed``): checked reading and exact-size re-deflating.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A member of a compressed ``.npz`` is a raw deflate stream of a ``.npy`` file. This module
 reads such members safely — the archive must not need zip64 (members and directory below
 4 GiB; NumPy's zip64 *local* extra fields are fine), members must not be encrypted, must be
@@ -12,7 +14,7 @@ Then the member keeps its place and size and the change is a byte patch of the m
 its CRC fields, like the raw path's. Otherwise the member is rewritten at its new size
 (see :mod:`fastflip.files.zipmembers`).
 
-Core layer: imports :mod:`.zipraw`, :mod:`.npyheader` helpers and :mod:`fastflip.errors`.
+Imports :mod:`.zipraw`, :mod:`.npyheader` helpers and :mod:`fastflip.errors`.
 
 Examples
 --------

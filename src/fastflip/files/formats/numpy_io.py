@@ -1,5 +1,7 @@
 """NumPy ``.npy`` files and ``.npz`` archives: where each array's bytes lie.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A ``.npy`` file is a magic string, a header (dtype, fortran_order, shape) and the raw
 array; an ``.npz`` file is a zip of ``.npy`` members. Members stored uncompressed
 (``np.savez``) have fixed byte offsets in the archive and take the raw path; members of

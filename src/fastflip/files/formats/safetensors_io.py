@@ -1,5 +1,7 @@
 """safetensors files: an 8-byte little-endian header length, a JSON header, one raw buffer.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Each header entry ``{"dtype", "shape", "data_offsets": [begin, end]}`` places a tensor
 at ``8 + header_length + begin`` in the file. The header is checked before anything is
 used: the sizes match dtype and shape, every range lies inside the file, and no two

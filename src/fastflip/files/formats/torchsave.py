@@ -1,5 +1,7 @@
 """``torch.save`` zip files read without running their pickle: where each tensor's bytes lie.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 A ``torch.save`` file (PyTorch >= 1.6) is a zip archive: ``<name>/data.pkl`` (the
 pickled object, tensors replaced by persistent ids naming storages), ``<name>/data/<key>``
 (each storage's raw bytes, stored uncompressed and aligned) and ``<name>/byteorder``.

@@ -1,5 +1,7 @@
 """CRC-32 fields of zip entries updated from the changed words alone (cost follows the flips).
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Zip archives (torch.save files, ``.npz``) record each entry's CRC-32 in its local header,
 its central-directory record and, when flag bit 3 is set, a data descriptor. After
 words inside a stored entry change, these fields must change too, or readers that

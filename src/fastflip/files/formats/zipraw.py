@@ -1,5 +1,7 @@
 """Where the bytes of a zip archive's stored (uncompressed) entries lie in the file.
 
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
 Only the central directory and each entry's local header are read; entry names are
 looked up, never extracted. Offsets and sizes are checked against the file size, so a
 truncated archive or a header that points outside the file is refused before anything

@@ -1,5 +1,7 @@
 """Trainers: the protocol an experiment drives, built-in Keras and PyTorch trainers, and a Keras callback.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 :func:`make_trainer` turns the ``trainer`` section of an experiment configuration
 into a trainer:
 
@@ -25,7 +27,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ...errors import OptionError
+from .keras_trainer import KerasTrainer, import_keras
 from .protocol import Trainer, load_user_module, user_callable
+from .torch_trainer import TorchTrainer
 
 __all__ = ["Trainer", "make_trainer", "load_user_module"]
 
@@ -45,7 +49,6 @@ def make_trainer(spec: Mapping[str, Any], seed: int = 0, base_dir: str | None = 
         raise OptionError(f"trainer.framework: {framework!r}; use one of {', '.join(FRAMEWORKS)}")
     model_file = opts.pop("model_file", None)
     if framework == "keras":  # quiet, deterministic TensorFlow before a user file imports Keras
-        from .keras_trainer import import_keras
 
         import_keras(opts.get("threads", 1))
     if model_file and base_dir and not os.path.isabs(model_file):
@@ -59,12 +62,9 @@ def make_trainer(spec: Mapping[str, Any], seed: int = 0, base_dir: str | None = 
             raise OptionError(f"{model_file}: make_trainer() returned an object without the Trainer methods")
         return trainer
     if framework == "keras":
-        from .keras_trainer import KerasTrainer
-
         if mod is None:
             return KerasTrainer(seed=seed, **opts)
         return KerasTrainer(user_callable(mod, "build_model"), user_callable(mod, "load_data"), seed=seed, **opts)
-    from .torch_trainer import TorchTrainer
 
     if mod is None:
         return TorchTrainer(seed=seed, **opts)

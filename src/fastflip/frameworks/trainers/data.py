@@ -1,5 +1,7 @@
 """Offline data for demos and tests: scikit-learn's handwritten digits (8x8), split once.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 Examples
 --------
 >>> x_train, y_train, x_test, y_test = digits()

@@ -1,5 +1,7 @@
 """A Keras callback that checkpoints every epoch and, at epoch E, injects into that checkpoint and reloads it.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 This is the checkpoint-alteration method inside an ordinary ``model.fit``::
 
     from fastflip.frameworks.trainers.keras_callback import FaultInjectionCallback
@@ -25,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import OptionError
+from ...files.fileio import atomic_output
+from ...files.inject import inject_checkpoint_file
+from .keras_trainer import import_keras
 
 __all__ = ["FaultInjectionCallback", "injected_name", "iteration_name"]
 
@@ -62,7 +67,6 @@ def _callback_class() -> Any:
     global _CLASS
     if _CLASS is not None:
         return _CLASS
-    from .keras_trainer import import_keras
 
     keras = import_keras()
 
@@ -89,8 +93,6 @@ def _callback_class() -> Any:
             return Path(self.filepath.format(epoch=epoch))
 
         def _save(self, path: Path) -> None:
-            from ...files.fileio import atomic_output
-
             path.parent.mkdir(parents=True, exist_ok=True)
             suffix = ".keras" if path.name.endswith(".keras") else ".weights.h5"
             with atomic_output(path, suffix=suffix) as tmp:
@@ -118,8 +120,6 @@ def _callback_class() -> Any:
             self._inject(path)
 
         def _inject(self, path: Path) -> None:
-            from ...files.inject import inject_checkpoint_file
-
             dst = injected_name(path)
             log = self.log_path or str(dst) + ".fflog"
             self.result = inject_checkpoint_file(path, dst, seed=self.seed, log_path=log, **self.inject_kwargs)

@@ -1,5 +1,7 @@
 """The built-in Keras trainer: any compiled Keras 3 model, checkpoints in HDF5.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 Checkpoints are Keras 3 ``.weights.h5`` files (model and optimizer variables, the
 layout ``layers/<layer>/vars/<i>``, ``optimizer/vars/<i>``) or, with
 ``checkpoint_format="keras"``, whole ``.keras`` archives. The data order of each
@@ -18,6 +20,7 @@ import numpy as np
 
 from ...errors import OptionError
 from ...files.fileio import atomic_output
+from ...files.keras_archive import is_keras_archive, read_archive
 from ..torch_state import CheckpointMismatchError
 from .data import digits
 
@@ -78,8 +81,6 @@ def digits_cnn(learning_rate: float = 3e-3) -> Any:
 
 def _shapes(path: Path) -> dict[str, tuple[int, ...]]:
     import h5py
-
-    from ...files.keras_archive import is_keras_archive, read_archive
 
     def walk(p: Path | str) -> dict[str, tuple[int, ...]]:
         out: dict[str, tuple[int, ...]] = {}

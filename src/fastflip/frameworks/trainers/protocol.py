@@ -1,5 +1,7 @@
 """The small protocol every trainer follows, and how a user's model file is loaded.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 An experiment drives any object with these five methods; the built-in Keras and
 PyTorch trainers implement them, and a user's own file can provide one.
 

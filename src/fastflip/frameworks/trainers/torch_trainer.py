@@ -1,5 +1,7 @@
 """The built-in PyTorch trainer: any ``nn.Module`` and optimizer, checkpoints in HDF5.
 
+Layer: ``frameworks`` (may import live and below; imported by campaign, experiment and above).
+
 Checkpoints are written by :func:`fastflip.frameworks.torch_state.save_checkpoint` (model tensors
 under ``/model/<key>``, optimizer state under ``/optimizer/state/<id>/<name>``).
 The data order and torch's random seed of each epoch are derived from
@@ -14,6 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...errors import OptionError
+from ..torch_state import load_checkpoint, save_checkpoint
 from .data import digits
 
 __all__ = ["TorchTrainer", "digits_cnn", "digits_data"]
@@ -135,8 +139,6 @@ class TorchTrainer:
         order = torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(len(y)))
         order = order[start * self.batch_size: None if stop is None else stop * self.batch_size]
         if len(order) == 0:
-            from ...errors import OptionError
-
             raise OptionError(f"epoch {epoch} has {self.iterations_per_epoch} iterations; none left from {start}")
         self.model.train()
         total, correct, n = 0.0, 0, 0
@@ -165,11 +167,7 @@ class TorchTrainer:
         return {"val_loss": val_loss, "accuracy": accuracy}
 
     def save_checkpoint(self, path: Path) -> None:
-        from ..torch_state import save_checkpoint
-
         save_checkpoint(path, self.model, self.optimizer)
 
     def load_checkpoint(self, path: Path) -> None:
-        from ..torch_state import load_checkpoint
-
         load_checkpoint(path, self.model, self.optimizer)
