@@ -1,5 +1,7 @@
 """Batched trials for PyTorch targets: B trials of a cell in one forward pass.
 
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
 A trial of a ``memory``-mode campaign on a PyTorch module with a built-in evaluator
 (``classification`` or ``regression``) is one forward pass of the evaluation set through
 the faulty model. :class:`BatchedTorch` runs ``B`` weight-fault trials at once:

@@ -1,5 +1,7 @@
 """Plans for a block of trials in one call, each equal to the trial's own plan.
 
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
 A campaign draws trial ``i`` of a cell from ``(seed, cell, i)`` alone (counter-based), so
 trials can be planned one at a time anywhere. Planning them one at a time costs a Python
 round per trial (a generator keyed by ``SeedSequence``, a :class:`~fastflip.core.plan.Plan`
