@@ -1,5 +1,5 @@
 """One-off: move the modules of issue 12 (phase a: git mv; phase b: rewrite imports and names)."""
-import ast, os, re, subprocess, sys
+import ast, re, subprocess, sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from moves import MOVES
