@@ -59,3 +59,28 @@ def test_independent_draw(benchmark, space):
 
     benchmark.pedantic(run, rounds=5, iterations=1)
     benchmark.extra_info["per_trial_us"] = benchmark.stats.stats.min / TRIALS * 1e6
+
+
+BLOCK = 4096
+
+
+def test_permutation_block_planner(benchmark, space):
+    """The same permutation design, planned ``BLOCK`` trials per call (:mod:`fastflip.core.blockplan`)."""
+    import numpy as np
+
+    from fastflip.core.blockplan import plan_sites_block
+    from fastflip.campaign.cells import block_trial_sites
+
+    sp, cell = space
+    n = sp.n_sites("flip")
+    trials = np.arange(BLOCK * 5)
+
+    def run():
+        perms: dict = {}
+        for s in range(0, len(trials), BLOCK):
+            t = trials[s : s + BLOCK]
+            sites = block_trial_sites(perms, 1, 0, cell, t, n)
+            plan_sites_block(sp, sites, seed=1, streams=[(0, x) for x in t.tolist()], model="flip")
+
+    benchmark.pedantic(run, rounds=5, iterations=1)
+    benchmark.extra_info["per_trial_us"] = benchmark.stats.stats.min / len(trials) * 1e6

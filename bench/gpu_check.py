@@ -15,6 +15,13 @@ Run on a machine with an NVIDIA GPU, CuPy and Numba's CUDA target::
    tensors of 4 Mi elements) — the kernel alone (CUDA events) and, for 10^6, the
    whole ``live.inject`` + ``revert`` (plan columns cached on the device).
 
+3. Real trials (``--trials``, needs torch with CUDA): the campaign of ``bench/bench_batched.py``
+   (ResNet-18-shaped CNN, 256 images of 3x32x32, cells per layer x {bit 30, mantissa}) with the
+   model on the GPU: its rows batched (golden prefix, ``batch_trials`` automatic from free GPU
+   memory) must equal the serial ones on a sample; trials/s (goal >= 5,000 on one H200), peak GPU
+   memory and flips/s of the bulk kernel (goal >= 1e9) are printed and written with ``--json``.
+   ``python bench/gpu_check.py --trials`` runs all three.
+
 Without a GPU, ``NUMBA_ENABLE_CUDASIM=1 python bench/gpu_check.py`` runs the same
 kernel in Numba's CUDA simulator on NumPy arrays (small sizes, no timing).
 
@@ -204,10 +211,58 @@ def throughput(flips_list: list[int]) -> dict[str, float]:
     return results
 
 
+def cuda_model():  # the factory of the --trials campaign: bench_batched's CNN, on the GPU
+    import bench_batched
+
+    return bench_batched.model().cuda()
+
+
+def real_trials(per_cell: int = 64) -> tuple[dict[str, float], list[str]]:
+    """Batched + prefix real trials on the GPU vs serial on a sample (see the module docstring)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fastflip.campaign.config import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    c = Campaign.from_dict({
+        "name": "gpu", "seed": 3, "paths": [str(Path(__file__).resolve().parent)],
+        "target": {"factory": "gpu_check:cuda_model"},
+        "evaluator": {"builtin": "classification", "data": "bench_batched:data", "critical": 0.05},
+        "cells": {"bits": ["30", "mantissa"], "group_by": "layer"}, "trials": {"per_cell": per_cell}})
+    cells = campaign_cells(c)
+    runner = TrialRunner(c, cells)
+    failures = []
+    sample = [(cid, t) for cid in range(0, len(cells), max(1, len(cells) // 12)) for t in range(min(3, per_cell))]
+    serial = {(cid, t): tuple(runner.run(cid, t)[:6]) for cid, t in sample}
+    torch.cuda.reset_peak_memory_stats()
+    rows = [r for cid in range(len(cells)) for r in runner.run_many(cid, range(4))]  # warm-up: probes, prefixes
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    rows = [r for cid in range(len(cells)) for r in runner.run_many(cid, range(per_cell))]
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    got = {(r.cell_id, r.trial): tuple(r[:6]) for r in rows}
+    bad = [k for k in serial if got[k] != serial[k]]
+    if bad:
+        failures.append(f"batched rows differ from serial ones at (cell, trial) {bad[:5]}")
+    batcher = runner._batcher
+    out = {"real_trials": float(len(rows)), "real_trials_per_s": len(rows) / dt,
+           "batch_trials": float(batcher.batch if batcher else 1),
+           "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20}
+    print(f"  {len(rows)} real trials in {dt:.2f} s: {out['real_trials_per_s']:,.0f} trials/s (goal >= 5,000), "
+          f"B = {out['batch_trials']:.0f}, peak GPU memory {out['peak_gpu_mib']:.0f} MiB; "
+          f"{len(serial) - len(bad)}/{len(serial)} sampled rows equal serial", flush=True)
+    return out, failures
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="correctness only, no throughput")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--trials", action="store_true", help="also run the real-trials campaign on the GPU")
     args = ap.parse_args()
     from fastflip.kernels import gpu as kc
 
@@ -251,6 +306,16 @@ def main() -> int:
         if not SIM and not args.quick and not failures:
             print(f"[engine {engine}] throughput:")
             figures.update({f"{engine}_{k}": v for k, v in throughput([10**6, 10**8]).items()})
+    for k in [k for k in figures if k.endswith("kernel_1e+08_flips_per_s")]:
+        print(f"  {k}: {figures[k]:.3g} flips/s (goal >= 1e9)")
+    if args.trials and not SIM:
+        print("[real trials] batched + golden prefix on the GPU:")
+        try:
+            more, bad = real_trials()
+            figures.update(more)
+            failures += bad
+        except Exception as exc:
+            failures.append(f"real trials: {type(exc).__name__}: {exc}")
     figures["seconds"] = time.perf_counter() - t0
     if args.json:
         args.json.write_text(json.dumps({"failures": failures, **figures}, indent=2))

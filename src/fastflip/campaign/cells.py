@@ -74,6 +74,7 @@ __all__ = [
     "planned_counts",
     "cell_notes",
     "trial_sites",
+    "block_trial_sites",
     "SAMPLING_DESIGNS",
     "input_hashes",
     "target_digest",
@@ -299,6 +300,31 @@ def trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell
             perms.clear()
         perm = perms[(cell_id, pas)] = Permutation(n_sites, (int(seed), int(cell_id), pas))
     return perm(np.arange(slot * k, slot * k + k, dtype=np.int64))
+
+
+def block_trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell: Cell, trials: np.ndarray,
+                      n_sites: int) -> np.ndarray:
+    """:func:`trial_sites` of many trials at once: a ``(len(trials), flips)`` array, row ``j`` that of ``trials[j]``."""
+    from ..errors import CapacityError
+    from ..core.permutation import Permutation
+
+    k = cell.flips
+    if k > n_sites:
+        raise CapacityError(f"cell {cell.key}: {k} sites per trial but only {n_sites} sites in the cell")
+    trials = np.asarray(trials, dtype=np.int64)
+    per_pass = n_sites // k
+    pas, slot = np.divmod(trials, per_pass)
+    pos = slot[:, None] * k + np.arange(k, dtype=np.int64)
+    out = np.empty((len(trials), k), dtype=np.int64)
+    for p in np.unique(pas).tolist():
+        perm = perms.get((cell_id, p))
+        if perm is None:
+            if len(perms) > 4096:
+                perms.clear()
+            perm = perms[(cell_id, p)] = Permutation(n_sites, (int(seed), int(cell_id), p))
+        at = pas == p
+        out[at] = perm(pos[at].reshape(-1)).reshape(-1, k)
+    return out
 
 
 def target_digest(obj: Any) -> str | None:

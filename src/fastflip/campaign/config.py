@@ -205,8 +205,11 @@ class EvaluatorSpec:
     rtol: float = 0.0
     atol: float = 0.0
     greater_is_better: bool = True
+    batch_trials: int | None = None  # trials per forward pass (None: automatic; 1: serial); not part of the identity
 
     def __post_init__(self) -> None:
+        if self.batch_trials is not None:
+            self.batch_trials = cc.positive_int(self.batch_trials, "[evaluator] batch_trials")
         for k in ("function", "builtin", "data", "command"):
             setattr(self, k, cc.opt_string(getattr(self, k), f"[evaluator] {k}"))
         # a NaN or infinite threshold would make every SDC critical or none: refuse it
@@ -308,6 +311,11 @@ class Campaign:
 
     def definition(self) -> dict[str, Any]:
         """What identifies the campaign's results (everything but where it was loaded from)."""
+        d = self._file_dict()
+        d["evaluator"].pop("batch_trials", None)  # how many trials share a forward pass changes no result
+        return d
+
+    def _file_dict(self) -> dict[str, Any]:
         d = self.to_dict()
         d.pop("base_dir")
         return d
@@ -323,7 +331,7 @@ class Campaign:
         >>> print(c.to_toml().splitlines()[0])
         name = "x"
         """
-        d = self.definition()
+        d = self._file_dict()
         lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict) and v is not None]
         for k, v in d.items():
             if isinstance(v, dict):
@@ -339,7 +347,7 @@ class Campaign:
         elif ext in (".yaml", ".yml"):
             import yaml
 
-            text = yaml.safe_dump(self.definition(), sort_keys=False)
+            text = yaml.safe_dump(self._file_dict(), sort_keys=False)
         else:
             raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
         from ..files.fileio import atomic_output

@@ -56,8 +56,10 @@ def _predict(model: Any, x: Any) -> np.ndarray:
     if mod.startswith("torch"):
         import torch
 
-        with torch.no_grad():
-            return model(torch.as_tensor(x)).detach().cpu().numpy()
+        first = next(iter(list(model.parameters()) + list(model.buffers())), None)
+        with torch.no_grad():  # the inputs go where the model lives (a CUDA model stays on its GPU)
+            xt = torch.as_tensor(x) if first is None else torch.as_tensor(x).to(first.device)
+            return model(xt).detach().cpu().numpy()
     if mod.startswith(("keras", "tensorflow", "tf_keras")):
         return np.asarray(model(x, training=False))
     if callable(model):
@@ -113,18 +115,22 @@ def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
         if ev.builtin == "classification":
             k = ev.top_k
 
-            def classification(model: Any) -> Answer:
-                return classification_answer(_predict(model, x), y, k)
+            def answer(out: Any) -> Answer:
+                return classification_answer(out, y, k)
+        else:
+            def answer(out: Any) -> Answer:
+                out = np.asarray(out)
+                if out.shape != y.shape and out.size == y.size:
+                    out = out.reshape(y.shape)
+                return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
 
-            return classification
+        def builtin(model: Any) -> Answer:
+            return answer(_predict(model, x))
 
-        def regression(model: Any) -> Answer:
-            out = np.asarray(_predict(model, x))
-            if out.shape != y.shape and out.size == y.size:
-                out = out.reshape(y.shape)
-            return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
-
-        return regression
+        # what batched trials need: the inputs of the one forward, and the judgement of its outputs
+        builtin.inputs, builtin.answer = x, answer  # type: ignore[attr-defined]
+        builtin.__name__ = ev.builtin
+        return builtin
     assert ev.command is not None
     command = ev.command
 

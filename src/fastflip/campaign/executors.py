@@ -74,14 +74,40 @@ class SerialExecutor:
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
-def _init_worker(single_threaded: bool, parent: int) -> None:
+def _init_worker(single_threaded: bool, parent: int, gpus: Sequence[str] = (), counter: Any = None) -> None:
     """Pool worker set-up: Ctrl-C is the sweep's business; the worker dies with the sweep
-    (:func:`fastflip.campaign.lifeline.watch_parent`); one BLAS/OpenMP thread per worker process."""
+    (:func:`fastflip.campaign.lifeline.watch_parent`); one BLAS/OpenMP thread per worker process;
+    with ``gpus``, the worker sees one GPU of them (the next in turn) before anything imports CUDA."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch_parent(parent)
     if single_threaded:  # N processes x N threads would oversubscribe the cores
         for var in _THREAD_VARS:
             os.environ.setdefault(var, "1")
+    if gpus:
+        with counter.get_lock():
+            k = counter.value
+            counter.value += 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
+
+
+def sweep_gpus() -> list[str]:
+    """The GPUs a sweep's workers share out, one worker each: when the target lives on CUDA.
+
+    The target factory ran in the sweep's process before the workers start; if it put anything on a
+    CUDA device (``torch.cuda.is_initialized()``), the visible devices (``CUDA_VISIBLE_DEVICES`` entries,
+    else ``0 … count-1``) are returned; otherwise ``[]`` (CPU workers).
+
+    >>> sweep_gpus() if "torch" not in __import__("sys").modules else []
+    []
+    """
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return []
+    n = torch.cuda.device_count()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return (visible or [str(i) for i in range(n)])[:n]
 
 
 def _calls_sweep(node: ast.AST) -> bool:
@@ -135,19 +161,21 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, gpus: Sequence[str] = ()) -> None:
         import multiprocessing
 
-        self.workers = int(workers or os.cpu_count() or 1)
+        self.gpus = list(gpus)
+        self.workers = int(workers or len(self.gpus) or os.cpu_count() or 1)  # GPU targets: one worker per GPU
         if self.workers < 1:
             raise OptionError(f"--workers must be at least 1, got {workers}")
         check_main_guard()
         self._ctx = multiprocessing.get_context("spawn")
+        self._counter = self._ctx.Value("i", 0)
         self._pool = self._new_pool()
 
     def _new_pool(self) -> cf.ProcessPoolExecutor:
         return cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
-                                      initargs=(self.workers > 1, os.getpid()))
+                                      initargs=(self.workers > 1, os.getpid(), self.gpus, self._counter))
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
         return self._pool.submit(fn, *args)
@@ -190,7 +218,7 @@ class DaskExecutor:
 
     name = "dask"
 
-    def __init__(self, address: str = "local", workers: int | None = None) -> None:
+    def __init__(self, address: str = "local", workers: int | None = None, gpus: Sequence[str] = ()) -> None:
         try:
             from distributed import Client, LocalCluster
         except ImportError as exc:  # pragma: no cover - extras
@@ -199,7 +227,16 @@ class DaskExecutor:
         if address == "local":
             check_main_guard()
             n = int(workers or os.cpu_count() or 1)
-            self._cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            cluster: Any = LocalCluster
+            kw: dict[str, Any] = {}
+            if gpus:
+                try:  # one worker per GPU, each pinned to its own
+                    from dask_cuda import LocalCUDACluster
+
+                    cluster, kw = LocalCUDACluster, {"CUDA_VISIBLE_DEVICES": ",".join(gpus)}
+                except ImportError:
+                    pass
+            self._cluster = cluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, **kw)
             self._client = Client(self._cluster)
         else:
             if not address.startswith(("tcp://", "tls://", "ucx://", "inproc://")):
@@ -254,12 +291,18 @@ class DaskExecutor:
                 self._cluster.close()
 
 
-def make_executor(kind: str = "local", *, workers: int | None = None, dask: str | None = None) -> Any:
-    """``'serial'``, ``'local'`` or ``'dask'`` (with ``dask`` = 'local' or a scheduler address)."""
+def make_executor(kind: str = "local", *, workers: int | None = None, dask: str | None = None,
+                  gpus: Sequence[str] = ()) -> Any:
+    """``'serial'``, ``'local'`` or ``'dask'`` (with ``dask`` = 'local' or a scheduler address).
+
+    ``gpus`` (:func:`sweep_gpus`): local workers default to one per GPU, each seeing its own; a Dask
+    LocalCluster gets one worker per GPU (dask-cuda's ``LocalCUDACluster`` when installed, which pins
+    each worker to its GPU).
+    """
     if dask is not None:
-        return DaskExecutor(dask, workers)
+        return DaskExecutor(dask, workers or (len(gpus) or None), gpus=gpus)
     if kind == "serial" or workers == 0:
         return SerialExecutor()
     if kind == "local":
-        return LocalExecutor(workers)
+        return LocalExecutor(workers, gpus=gpus)
     raise OptionError(f"unknown executor {kind!r}: choose serial, local or --dask")

@@ -49,7 +49,7 @@ from .store import TRIAL_OUTCOMES, ResultStore, TrialRow, config_hash
 from .store_guard import sqlite_error
 from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
-from .executors import WorkerCrash, check_main_guard, make_executor
+from .executors import WorkerCrash, check_main_guard, make_executor, sweep_gpus
 from .lifeline import remove_workdirs, sweep_leftovers
 from .progress import Progress
 from .trials import DUE, close_runners, get_runner, worker_error
@@ -278,8 +278,7 @@ def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[s
         payload = pickle.loads(payload)
     campaign_dict, cells, digest = payload
     runner = get_runner(token, campaign_dict, cells, digest)
-    run = runner.run
-    return runner.worker, [_plain(run(cell_id, t)) for t in trials.tolist()]
+    return runner.worker, [_plain(row) for row in runner.run_many(cell_id, trials.tolist())]
 
 
 class _Terminated(KeyboardInterrupt):
@@ -324,6 +323,7 @@ def sweep(
     dask: str | None = None,
     shard: str | None = None,
     chunk: int | None = None,
+    batch_trials: int | None = None,
     progress: bool | None = None,
     status_every: float | None = None,
     flush_rows: int = 20_000,
@@ -347,6 +347,9 @@ def sweep(
         ``'i/N'``: run this shard's trials only.
     chunk : int, optional
         Trials per task (default: sized so that each worker gets many tasks).
+    batch_trials : int, optional
+        Trials per forward pass (overrides ``[evaluator] batch_trials``; 1 runs them one by one; see
+        :mod:`fastflip.campaign.batched`). Results do not depend on it.
     progress : bool, optional
         Draw a progress bar (default: on a terminal, not under CI); False also silences the phase and
         status lines.
@@ -356,6 +359,9 @@ def sweep(
     shard_t = parse_shard(shard)
     if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
         raise OptionError(f"--chunk must be a positive integer (trials per task), got {chunk!r}")
+    if batch_trials is not None and (isinstance(batch_trials, bool) or int(batch_trials) != batch_trials
+                                     or batch_trials < 1):
+        raise OptionError(f"--batch-trials must be a positive integer (trials per forward pass), got {batch_trials!r}")
     out = stream if stream is not None else sys.stderr
 
     def say(text: str) -> None:
@@ -372,6 +378,8 @@ def sweep(
         st, campaign, cells, planned = open_or_create(store, campaign, shard, say=say)
     except sqlite3.Error as exc:
         raise sqlite_error(store, exc, "opening it") from exc
+    if batch_trials is not None:
+        campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
     sequential = campaign.trials.sequential
     if sequential and (shard_t is not None and shard_t[1] > 1):
         st.close()
@@ -387,7 +395,7 @@ def sweep(
     else:
         say(f"starting {store}: {planned_total:,} trials in {len(cells)} cells")
     try:
-        ex = make_executor(executor, workers=workers, dask=dask)
+        ex = make_executor(executor, workers=workers, dask=dask, gpus=sweep_gpus())
     except BaseException:
         st.close()
         raise

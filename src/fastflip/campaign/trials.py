@@ -47,7 +47,7 @@ import os
 import shutil
 import socket
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -157,6 +157,7 @@ class TrialRunner:
         self.flips = [c.flips for c in self.cells]
         self._n_sites = [sp.n_sites(m) for sp, m in zip(self.spaces, self.models)]
         self._perms: dict[tuple[int, int], Any] = {}
+        self._batcher: Any = False  # built on the first run_many (None: trials run one by one)
         from .. import live
 
         self._live = live
@@ -203,6 +204,20 @@ class TrialRunner:
         sites = trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trial, self._n_sites[cell_id])
         return space.plan_sites(sites, seed=self.seed, stream=(cell_id, trial), model=model)
 
+    def plan_block(self, cell_id: int, trials: "Sequence[int] | np.ndarray") -> Any:
+        """The plans of many trials of one cell as a :class:`~fastflip.core.blockplan.PlanBlock` (trial ``trials[j]``
+        is ``block.plan(j)``, equal to :meth:`plan`; vectorised for the permutation design)."""
+        from ..core.blockplan import plan_block, plan_sites_block
+        from .cells import block_trial_sites
+
+        space, model = self.spaces[cell_id], self.models[cell_id]
+        trials = np.asarray(trials, dtype=np.int64).reshape(-1)
+        streams = [(cell_id, t) for t in trials.tolist()]
+        if self.cells[cell_id].sampling == "independent":
+            return plan_block(space, seed=self.seed, streams=streams, count=self.flips[cell_id], model=model)
+        sites = block_trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trials, self._n_sites[cell_id])
+        return plan_sites_block(space, sites, seed=self.seed, streams=streams, model=model)
+
     def _judge(self, result: Any, epoch: int | None) -> Judgement:
         """The :class:`~fastflip.campaign.outcomes.Judgement` of an evaluator's result against the golden run."""
         golden = self.golden[epoch]
@@ -216,6 +231,28 @@ class TrialRunner:
             delta = round(d, 12)
             return Judgement(CRITICAL if delta > self.critical else SDC, None, 1.0, result, delta)
         return judge(golden, answer_from(result, self.returns), **self._judge_opts)
+
+    def judged_row(self, cell_id: int, trial: int, plan: Any, result: Callable[[], Any], elapsed: float) -> TrialRow:
+        """The row of a trial whose evaluator result ``result()`` is known (a raising result is a DUE)."""
+        message = None
+        try:
+            j = self._judge(result(), self.cells[cell_id].epoch)
+        except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
+            j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+        return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
+                        elapsed, self.worker, None if j.numeric is None else int(j.numeric), j.changed)
+
+    def run_many(self, cell_id: int, trials: Sequence[int]) -> list[TrialRow]:
+        """Run trials of one cell: ``B`` per forward where the target allows it
+        (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
+        trials = [int(t) for t in trials]
+        if self._batcher is False:
+            from .batched import make_batcher
+
+            self._batcher = make_batcher(self)
+        if self._batcher is None or len(trials) < 2:
+            return [self.run(cell_id, t) for t in trials]
+        return self._batcher.run(self, cell_id, trials)
 
     def run(self, cell_id: int, trial: int) -> TrialRow:
         """Run one trial; exceptions of the evaluator become a DUE outcome."""
@@ -307,7 +344,7 @@ def run_chunk(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell], 
               trials: Sequence[int]) -> list[TrialRow]:
     """Run trials of one cell in this process (a convenience for harnesses with their own executor)."""
     runner = get_runner(token, campaign_dict, cells)
-    return [runner.run(cell_id, int(t)) for t in trials]
+    return runner.run_many(cell_id, [int(t) for t in trials])
 
 
 def worker_error(exc: BaseException) -> str:

@@ -23,6 +23,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--dask", metavar="local|tcp://HOST:PORT", help="run on Dask: a LocalCluster or an existing scheduler")
     p.add_argument("--shard", metavar="i/N", help="run only shard i of N (job arrays); combine with 'fastflip merge'")
     p.add_argument("--chunk", type=int, default=None, help="trials per task (default: automatic)")
+    p.add_argument("--batch-trials", type=int, default=None, metavar="N",
+                   help="trials per forward pass for PyTorch targets with a built-in evaluator (default: automatic, "
+                   "from free memory; 1: one trial at a time, the serial reference)")
     p.add_argument("--progress", dest="progress", action="store_true", default=None,
                    help="always draw the progress bar (default: only on a terminal)")
     p.add_argument("--status-every", type=float, default=None, metavar="SECONDS",
@@ -39,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet and args.progress:
         raise OptionError("give either --progress or -q/--quiet, not both")
     res = sweep(campaign, args.store, workers=args.workers, dask=args.dask, shard=args.shard, chunk=args.chunk,
-                progress=False if args.quiet else args.progress, status_every=args.status_every)
+                batch_trials=args.batch_trials, progress=False if args.quiet else args.progress, status_every=args.status_every)
     if args.quiet:
         if res.interrupted:  # even quiet, say why the exit code is not 0
             print(f"fastflip sweep: interrupted: {res.stored}/{res.planned} trials stored; run again to resume",

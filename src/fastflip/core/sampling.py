@@ -76,6 +76,21 @@ def generator(seed: int, stream: Sequence[int] = ()) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), *[int(s) for s in stream]])))
 
 
+class _Lazy:
+    """:func:`generator` of (seed, stream), built on first use (same draws)."""
+
+    def __init__(self, seed: int, stream: Sequence[int]) -> None:
+        if int(seed) < 0:
+            raise OptionError(f"seed must be a non-negative integer (got {seed})")
+        self._key = (seed, stream)
+        self._rng: np.random.Generator | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._rng is None:
+            self._rng = generator(*self._key)
+        return getattr(self._rng, name)
+
+
 class SiteSpace:
     """The selected tensors × allowed bits, prepared once and sampled many times.
 
@@ -368,7 +383,7 @@ class SiteSpace:
             raise OptionError(f"site units must lie in [0, {cap})")
         if len(u) > 1 and (u[1:] == u[:-1]).any():
             raise OptionError("plan_sites: the sites must be distinct")
-        rng = generator(seed, stream)
+        rng = _Lazy(seed, stream)  # deterministic models never build it (the SeedSequence is most of the cost)
         elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
         plan = self._build(rng, model, elem, bit)
         plan.meta.update({"flips": int(_popcount(plan.bits).sum()), "seed": int(seed),

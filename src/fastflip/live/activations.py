@@ -155,7 +155,7 @@ class Sites:
 
     def __init__(self, refs: Sequence[TensorRef], *, seed: int, stream: Sequence[int] = (), count: int | None = None,
                  rate: float | None = None, bits: Any = None, model: Any = None, nan_policy: str = "allow",
-                 per_sample: bool = False, plan: Plan | None = None) -> None:
+                 per_sample: bool = False, plan: Any = None, samples_per_plan: int | None = None) -> None:
         self.refs = list(refs)
         self.seed, self.stream, self.per_sample = int(seed), tuple(int(s) for s in stream), bool(per_sample)
         self.model = FaultModel.parse(model)
@@ -164,7 +164,15 @@ class Sites:
             raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
         self.bits = bits
         self._mode = {"count": count} if rate is None else {"rate": rate}
-        if plan is not None:
+        self._block: Any = None
+        if plan is not None and hasattr(plan, "offsets"):  # a PlanBlock: trial j's plan in samples j*n ... j*n+n-1
+            if nan_policy != "allow" or not samples_per_plan:
+                raise OptionError("a block of plans needs samples_per_plan= and nan_policy='allow'")
+            self._check_plan(plan)
+            self._block, self._per = plan, int(samples_per_plan)
+            self.space = None
+            self._plans = {}
+        elif plan is not None:
             if per_sample:
                 raise OptionError("a fixed plan applies to every sample: use per_sample=False with plan=")
             self._check_plan(plan)
@@ -204,6 +212,8 @@ class Sites:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
+        if self._block is not None:
+            return self._block_sites(layer, batch)
         by_layer = self._by_layer(batch)
         at = by_layer["starts"]
         cols = [c[at[layer]:at[layer + 1]] for c in by_layer["cols"]]
@@ -214,6 +224,21 @@ class Sites:
         if len(self._cache) > 4096:
             self._cache.clear()
         self._cache[key] = out
+        return out
+
+    def _block_sites(self, layer: int, batch: int) -> tuple[np.ndarray, ...]:
+        """:meth:`layer_sites` of a block of plans: trial ``j``'s sites in each of its ``samples_per_plan`` samples."""
+        b, n = self._block, self._per
+        if batch != n * len(b):
+            raise OptionError(f"a block of {len(b)} plans over {n} samples each needs forwards of {n * len(b)} "
+                              f"samples, not {batch}")
+        rows = np.flatnonzero(np.asarray(self._plan_tensors, dtype=np.int64)[b.tensor] == layer)
+        trial = b.trial_of_row[rows]
+        sample = (trial[:, None] * n + np.arange(n, dtype=np.int64)).reshape(-1)
+        cols = [np.repeat(c[rows], n) for c in (b.index, b.and_mask, b.or_mask, b.xor_mask)]
+        scale = None if b.scale is None or np.isnan(b.scale[rows]).all() else np.repeat(b.scale[rows], n)
+        out = (sample, *cols, scale, np.repeat(b.bits[rows], n))
+        self._cache[(layer, batch)] = out
         return out
 
     def _by_layer(self, batch: int) -> dict[str, Any]:
@@ -330,8 +355,8 @@ def layer_outputs(model: Any, run: Callable[[], Any], selection: Any = None) -> 
 @contextlib.contextmanager
 def injected_activations(network: Any, /, seed: int | None = None, *, count: int | None = None, rate: float | None = None,
                          bits: Any = None, model_fault: Any = None, selection: Any = None, per_sample: bool = False,
-                         nan_policy: str = "allow", stream: Sequence[int] = (), plan: Plan | None = None,
-                         **kwargs: Any) -> Iterator[ActivationLog]:
+                         nan_policy: str = "allow", stream: Sequence[int] = (), plan: Any = None,
+                         samples_per_plan: int | None = None, **kwargs: Any) -> Iterator[ActivationLog]:
     """Fault the outputs of the selected layers of a model in every forward inside the block.
 
     Parameters
@@ -355,8 +380,10 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
     per_sample : bool
         Independent faults per batch sample (see the module docstring).
     nan_policy : {'allow', 'avoid'}
-    plan : Plan, optional
-        Fixed sites over the layer outputs (``layer_outputs`` gives their refs).
+    plan : Plan or fastflip.core.blockplan.PlanBlock, optional
+        Fixed sites over the layer outputs (``layer_outputs`` gives their refs). A block of ``B``
+        plans with ``samples_per_plan = n`` runs ``B`` trials in forwards of ``B * n`` samples:
+        trial ``j``'s plan in samples ``j*n … j*n+n-1`` (batched campaign trials).
 
     Yields
     ------
@@ -382,7 +409,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
 
     def make_sites(refs: list[TensorRef]) -> Sites:
         s = Sites(refs, seed=int(seed), stream=stream, count=count, rate=rate, bits=bits, model=fault,
-                  nan_policy=nan_policy, per_sample=per_sample, plan=plan)
+                  nan_policy=nan_policy, per_sample=per_sample, plan=plan, samples_per_plan=samples_per_plan)
         log.layers, log.shapes = [r.name for r in refs], [r.shape for r in refs]
         log.dtypes = [getattr(r, "format", None) or r.dtype for r in refs]
         state["sites"] = s
