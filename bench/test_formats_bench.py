@@ -6,7 +6,9 @@ Files are built under a temporary directory by the frameworks themselves (h5py w
 ``torch.save``, ``safetensors.torch.save_file``) and deleted when the module finishes:
 
 * HDF5, gzip level 4, 256 KiB chunks (64 × 1024 float32): 50 MB (3 tensors) and 800 MB (48 tensors);
-* a 1 GiB ``torch.save`` file and a 1 GiB safetensors file (16 float32 tensors of 4096 × 4096).
+* a 1 GiB ``torch.save`` file and a 1 GiB safetensors file (16 float32 tensors of 4096 × 4096);
+* HDF5 with lzf chunks (8 tensors, 128 MB of float32) and an ``np.savez_compressed`` archive (16 tensors,
+  64 MB of float32).
 
 Figures: 10 flips into each HDF5 file (in place, the campaign fast path; and to a new file), the
 same through h5py's whole-chunk read-modify-write (chunk patching switched off) for comparison,
@@ -28,39 +30,59 @@ import pytest
 from fastflip.files.inject import inject_file
 
 ROUNDS = 3
+E2E_ROUNDS = 5
 CHUNKS = (64, 1024)
 
 
-def _h5(path: str, n_tensors: int) -> None:
+def _h5(path: str, n_tensors: int, compression: str = "gzip", quantum: float = 0.0) -> None:
+    """float32 4096 × 1024 tensors in 256 KiB chunks (gzip level 4, or lzf: then values are multiples of
+    ``quantum``, so that lzf, which stores a chunk it cannot shrink raw, really compresses them)."""
     import h5py
 
     rng = np.random.default_rng(0)
+    opts = {"compression_opts": 4} if compression == "gzip" else {}
     with h5py.File(path, "w") as f:
         for i in range(n_tensors):
             a = (rng.standard_normal((4096, 1024), dtype=np.float32) * 0.02)
-            f.create_dataset(f"model/layer{i}.weight", data=a, chunks=CHUNKS, compression="gzip", compression_opts=4)
+            if quantum:
+                a = np.round(a / 0.02 / quantum) * quantum
+            f.create_dataset(f"model/layer{i}.weight", data=a, chunks=CHUNKS, compression=compression, **opts)
+
+
+class _Files(dict):
+    """The bench files, each built on first use (``-k "cp_baseline or 100k"`` builds no HDF5 file)."""
+
+    def __missing__(self, name: str) -> str:
+        t0 = time.perf_counter()
+        if name.startswith("h5_"):
+            self[name] = os.path.join(self["dir"], f"{name}.h5")
+            _h5(self[name], {"h5_50": 3, "h5_800": 48}[name])
+        elif name == "lzf":
+            self[name] = os.path.join(self["dir"], "lzf.h5")
+            _h5(self[name], 8, compression="lzf", quantum=0.25)
+        elif name == "npz":
+            rng = np.random.default_rng(0)
+            self[name] = os.path.join(self["dir"], "model.npz")
+            np.savez_compressed(self[name], **{f"layer{i}.weight": rng.standard_normal((1024, 1024), np.float32)
+                                               for i in range(16)})
+        else:
+            torch = pytest.importorskip("torch")
+            st = pytest.importorskip("safetensors.torch")
+            g = torch.Generator().manual_seed(0)
+            sd = {f"layer{i}.weight": torch.randn(4096, 4096, generator=g) for i in range(16)}
+            self["pt"] = os.path.join(self["dir"], "model.pt")
+            torch.save(sd, self["pt"])
+            self["st"] = os.path.join(self["dir"], "model.safetensors")
+            st.save_file(sd, self["st"])
+            del sd
+        print(f"\nbuilt {name} in {time.perf_counter() - t0:.0f} s: {os.path.getsize(self[name]) / 1e6:.0f} MB")
+        return self[name]
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("formats_bench")
-    out = {"dir": str(d)}
-    t0 = time.perf_counter()
-    for name, n in (("h5_50", 3), ("h5_800", 48)):
-        out[name] = str(d / f"{name}.h5")
-        _h5(out[name], n)
-    torch = pytest.importorskip("torch")
-    st = pytest.importorskip("safetensors.torch")
-    g = torch.Generator().manual_seed(0)
-    sd = {f"layer{i}.weight": torch.randn(4096, 4096, generator=g) for i in range(16)}
-    out["pt"] = str(d / "model.pt")
-    torch.save(sd, out["pt"])
-    out["st"] = str(d / "model.safetensors")
-    st.save_file(sd, out["st"])
-    del sd
-    print(f"\nbuilt files in {time.perf_counter() - t0:.0f} s:",
-          {k: f"{os.path.getsize(v) / 1e6:.0f} MB" for k, v in out.items() if k != "dir"})
-    yield out
+    yield _Files(dir=str(d))
     shutil.rmtree(d, ignore_errors=True)
 
 
@@ -135,7 +157,7 @@ def test_h5_800_peak_rss(benchmark, files, mode):
 @pytest.mark.parametrize("fmt", ["pt", "st"])
 def test_cp_baseline(benchmark, files, fmt):
     out = os.path.join(files["dir"], "cp.out")
-    benchmark.pedantic(lambda: subprocess.run(["cp", files[fmt], out], check=True), rounds=ROUNDS, iterations=1)
+    benchmark.pedantic(lambda: subprocess.run(["cp", files[fmt], out], check=True), rounds=E2E_ROUNDS, iterations=1)
     os.unlink(out)
 
 
@@ -143,7 +165,7 @@ def test_cp_baseline(benchmark, files, fmt):
 def test_100k_flips_new_file(benchmark, files, fmt):
     out = os.path.join(files["dir"], "out." + fmt)
     seeds = iter(range(1000))
-    benchmark.pedantic(lambda: inject_file(files[fmt], out, seed=next(seeds), count=100_000), rounds=ROUNDS,
+    benchmark.pedantic(lambda: inject_file(files[fmt], out, seed=next(seeds), count=100_000), rounds=E2E_ROUNDS,
                        iterations=1)
     for p in (out, out + ".fflog"):
         os.unlink(p)
@@ -157,3 +179,42 @@ def test_1_flip_in_place_latency(benchmark, files, fmt):
     benchmark.pedantic(lambda: inject_file(work, in_place=True, atomic=False, seed=next(seeds), count=1,
                                            log_path=False, hash_files=False), rounds=20, iterations=1)
     os.unlink(work)
+
+
+@pytest.mark.parametrize("path", ["chunks", "h5py"])
+def test_lzf_10_flips_new_file(benchmark, files, path, monkeypatch):
+    """10 flips into 8 lzf-chunked tensors (128 MB of float32) to a new file: native lzf chunk patches, or
+    (``h5py``) the whole-chunk rewrite through h5py's filter and a byte diff, as before LZF was native."""
+    from fastflip.files import h5chunks, inject
+
+    if path == "h5py":
+        monkeypatch.setattr(inject, "chunk_patches", lambda *a: h5chunks.ChunkPatches())
+    out = os.path.join(files["dir"], "out.h5")
+    seeds = iter(range(1000))
+    benchmark.pedantic(lambda: inject_file(files["lzf"], out, seed=next(seeds), count=10, log_path=False),
+                       rounds=ROUNDS, iterations=1)
+    os.unlink(out)
+
+
+@pytest.mark.parametrize("how", ["fastflip", "np.load+savez_compressed"])
+def test_npz_compressed_10_flips(benchmark, files, how):
+    """10 flips into an np.savez_compressed archive of 16 float32 tensors (64 MB of data): fastflip's member
+    rewrite (sha256 in and out, log, fsync), against what a user would otherwise do: load every array, flip,
+    and save the archive again (no hash, no log)."""
+    out = os.path.join(files["dir"], "out.npz")
+    seeds = iter(range(1000))
+    if how == "fastflip":
+        run = lambda: inject_file(files["npz"], out, seed=next(seeds), count=10)  # noqa: E731
+    else:
+        def run() -> None:
+            rng = np.random.default_rng(next(seeds))
+            with np.load(files["npz"]) as z:
+                arrays = {k: z[k] for k in z.files}
+            for _ in range(10):
+                a = arrays[f"layer{rng.integers(16)}.weight"].reshape(-1).view(np.uint32)
+                a[rng.integers(a.size)] ^= np.uint32(1 << int(rng.integers(32)))
+            np.savez_compressed(out, **arrays)
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1)
+    for p in (out, out + ".fflog"):
+        if os.path.exists(p):
+            os.unlink(p)

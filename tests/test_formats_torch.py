@@ -248,13 +248,47 @@ def test_bad_archives(tmp_path, capsys):
     assert t.shape == (3,) and open(good, "rb").read()[t.offset:t.offset + 4] == np.float32(1).tobytes()
 
 
-def test_legacy_format_refused(tmp_path):
+def test_legacy_format_read_without_running_code(tmp_path, capsys):
+    """The pre-1.6 non-zip format: pickles read by the restricted reader, storages located by their counts;
+    the same contract (exact bits read back by torch.load, revert, replay), roles, aliases and bf16 included."""
     torch = require("torch")
+    m, opt = _model()
+    sd = {"model": m.state_dict(), "optimizer": opt.state_dict(), "epoch": 3,
+          "extra": {"bf": torch.randn(5, 3).to(torch.bfloat16), "h": torch.randn(7).half(), "i8": torch.arange(9)}}
     p = str(tmp_path / "old.pt")
-    torch.save({"w": torch.ones(3)}, p, _use_new_zipfile_serialization=False)
-    with pytest.raises(FormatError, match="legacy") as ei:
-        read_layout(p)
-    assert "\n" not in str(ei.value)
+    torch.save(sd, p, _use_new_zipfile_serialization=False)
+    assert detect_format(p) == "torch-legacy"
+    lay = read_layout(p)
+    by = {t.path: t for t in lay.tensors}
+    assert lay.format == "torch-legacy" and lay.framework == "torch"
+    assert by["/model/emb.weight"].aliases == ("/model/emb.weight", "/model/head.weight")
+    assert by["/model/block.bn.running_var"].role == "bn-statistic"
+    assert by["/extra/bf"].format == "bfloat16" and by["/extra/bf"].dtype == np.dtype("<u2")
+    check_format(p, torch_load, str(tmp_path), fmt="torch-legacy", count=40)
+    # fastflip convert turns it into the zip format, every bit unchanged
+    z = str(tmp_path / "new.pt")
+    assert main(["convert", p, "-o", z, "--to", "torch"]) == 0
+    assert detect_format(z) == "torch"
+    a, b = torch_load(p), torch_load(z)
+    assert a.keys() == b.keys() and all(a[k].tobytes() == b[k].tobytes() for k in a)
+    # the same file truncated inside its storages, and with a pickle that would run code: one line, nothing written
+    data = open(p, "rb").read()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cut = bad / "cut.pt"
+    cut.write_bytes(data[: len(data) - 100])
+    _refused_in_one_line(bad, capsys, [str(cut)], "past the end of the file")
+    evil = bad / "evil.pt"
+    with open(evil, "wb") as fh:
+        for head in (0x1950A86A20F9469CFC6C, 1001, {"little_endian": True}):
+            pickle.dump(head, fh, protocol=2)
+        pickle.dump({"w": Evil()}, fh, protocol=2)
+    _refused_in_one_line(bad, capsys, [str(evil)], ".system, which fastflip does not run")
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
 
 
 def test_cli_inspect_and_inject(tmp_path, capsys):
@@ -305,3 +339,36 @@ def test_cli_replay_revert_diff(tmp_path, capsys):
     assert sha256_file(o) == before
     with zipfile.ZipFile(o) as z:
         assert z.testzip() is None
+
+
+def _refused_in_one_line(tmp_path, capsys, args, msg):
+    out = tmp_path / "refused.out"
+    assert main(["inject", *args, "-o", str(out)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and msg in err, err
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if "tmp" in f or f.endswith(".fflog")]
+
+
+def test_refusals_in_one_line_nothing_written(tmp_path, capsys):
+    """The issue's bad inputs for torch.save files, through the CLI: one line, no output, no temporary left."""
+    torch = require("torch")
+    # a view that shares its storage with a listed tensor is never a second tensor: selecting it is refused
+    base = torch.arange(12, dtype=torch.float32)
+    p = str(tmp_path / "views.pt")
+    torch.save({"base": base, "slice": base[4:8]}, p)
+    _refused_in_one_line(tmp_path, capsys, [p, "--include", "/slice"], "view inside /base")
+    # a directory record whose local-header offset points outside the file
+    p = str(tmp_path / "ok.pt")
+    torch.save({"w": torch.ones(64)}, p)
+    data = bytearray(open(p, "rb").read())
+    k = data.find(b"PK\x01\x02")
+    while k >= 0:
+        data[k + 42:k + 46] = (len(data) + 1000).to_bytes(4, "little")
+        k = data.find(b"PK\x01\x02", k + 4)
+    bad = tmp_path / "offsets.pt"
+    bad.write_bytes(bytes(data))
+    _refused_in_one_line(tmp_path, capsys, [str(bad)], "offsets.pt")
+    # a pickle that asks for anything but tensor rebuilds
+    p = str(tmp_path / "module.pt")
+    torch.save(torch.nn.Linear(2, 2), p)
+    _refused_in_one_line(tmp_path, capsys, [p], "torch.nn.modules.linear.Linear")

@@ -24,6 +24,7 @@ fastflip never writes outside the checkpoint file.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -318,6 +319,29 @@ def write_words_to_file(path: str, plan: Plan, tensors: Mapping[str, Tensor], wo
 _BLOCK = 8 << 20
 
 
+def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[int, bytes, bytes]],
+                 pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray) -> list[Any]:
+    """Write the patches that meet the file bytes ``[base, end)`` (held in ``view``) over them; return the
+    pieces of output (a spliced patch's new bytes replace its old range)."""
+    pieces: list[Any] = [view[: end - base]]
+    if not len(pstart):
+        return pieces
+    hit = np.flatnonzero((pstart < end) & (pend > base))
+    for k in hit[~splice[hit]].tolist():
+        off, _, data = patches[k]
+        a, b = max(off, base), min(off + len(data), end)
+        view[a - base : b - base] = data[a - off : b - off]
+    if splice[hit].any():
+        pieces, cur = [], base
+        for k in hit[splice[hit]].tolist():
+            off, ob, data = patches[k]
+            if off >= base:
+                pieces += [view[cur - base : off - base], data]
+            cur = min(off + len(ob), end)
+        pieces.append(view[cur - base : end - base])
+    return pieces
+
+
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
                block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = ()
                ) -> tuple[str, str, np.ndarray, np.ndarray]:
@@ -329,34 +353,51 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     over the streamed bytes too (zip CRC fields, re-encoded HDF5 chunks); a patch whose new
     bytes have another length than its old ones replaces that input range in the output
     (a re-deflated zip member), so the output's length may differ from the input's.
+
+    One pass over the file, block by block, in two threads (see :func:`_copy_buffered`).
     """
     pstart = np.array([p[0] for p in patches], np.int64)
     pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
     splice = np.array([len(p[1]) != len(p[2]) for p in patches], bool)
-    import hashlib
-
     n = len(plan)
     raw = RawSites.from_routes(routes, plan)
     old = np.zeros(len(raw), np.uint64)
     new = np.zeros(len(raw), np.uint64)
+    size = os.path.getsize(src)
+    h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
+                                 block=max(1, min(block, size)))  # small files: small buffers (zero-filled)
+    old_out = np.zeros(n, np.uint64)
+    new_out = np.zeros(n, np.uint64)
+    raw.scatter(old, new, old_out, new_out)
+    return h_in, h_out, old_out, new_out
+
+
+def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
+                   pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
+                   new: np.ndarray, *, block: int) -> tuple[str, str]:
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
-    # two buffers: while the main thread reads, hashes and patches block i, a helper thread
-    # hashes and writes block i-1 (hashlib and file writes release the GIL)
-    block = max(1, min(block, os.path.getsize(src)))  # small files: small buffers (they are zero-filled)
-    bufs = [bytearray(block + 8), bytearray(block + 8)]
-    pending: list[Any] = [None, None]
+    # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
+    # hashes the output bytes and another writes them (of blocks i-1, i-2): the two sha256 passes and the
+    # write run side by side (hashlib and file I/O release the GIL)
+    nbuf = 3
+    bufs = [bytearray(block + 8) for _ in range(nbuf)]
+    pending: list[list[Any]] = [[] for _ in range(nbuf)]
     base = lo = i = 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as pool:
+    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as hasher, \
+            ThreadPoolExecutor(1) as writer:
+
+        def digest(pieces: list[Any]) -> None:
+            for chunk in pieces:
+                h_out.update(chunk)
 
         def emit(pieces: list[Any]) -> None:
             for chunk in pieces:
-                h_out.update(chunk)
                 fout.write(chunk)
 
         while True:
-            slot = i % 2
-            if pending[slot] is not None:
-                pending[slot].result()  # the helper is done with this buffer
+            slot = i % nbuf
+            for f in pending[slot]:
+                f.result()  # the helpers are done with this buffer
             view = memoryview(bufs[slot])
             got = fin.readinto(view[:block])
             if not got:
@@ -372,29 +413,12 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
             if hi > lo:
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
-            pieces = [view[:got]]
-            if len(pstart):
-                hit = np.flatnonzero((pstart < end) & (pend > base))
-                for k in hit[~splice[hit]].tolist():
-                    off, _, data = patches[k]
-                    a, b = max(off, base), min(off + len(data), end)
-                    view[a - base : b - base] = data[a - off : b - off]
-                if splice[hit].any():
-                    pieces, cur = [], base
-                    for k in hit[splice[hit]].tolist():
-                        off, ob, data = patches[k]
-                        if off >= base:
-                            pieces += [view[cur - base : off - base], data]
-                        cur = min(off + len(ob), end)
-                    pieces.append(view[cur - base : got])
-            pending[slot] = pool.submit(emit, pieces)
+            pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
+            pending[slot] = [hasher.submit(digest, pieces), writer.submit(emit, pieces)]
             base = end
             i += 1
-        for f in pending:
-            if f is not None:
+        for fs in pending:
+            for f in fs:
                 f.result()
         fout.flush()
-    old_out = np.zeros(n, np.uint64)
-    new_out = np.zeros(n, np.uint64)
-    raw.scatter(old, new, old_out, new_out)
-    return h_in.hexdigest(), h_out.hexdigest(), old_out, new_out
+    return h_in.hexdigest(), h_out.hexdigest()

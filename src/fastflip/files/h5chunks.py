@@ -179,7 +179,7 @@ def _lzf_encode(data: bytes, old: bytes, room: int) -> bytes | None:
     """An LZF stream of exactly ``room`` bytes for ``data``: along the old stream's tokens, else a fresh encoding;
     a shorter stream is lengthened (None when neither fits)."""
     z = _lzf.reencode(old, data)
-    for depth in (32, 512):  # then a fresh encoding, searching further for matches if it must
+    for depth in (4, 64):  # then a fresh encoding (a short search first: it is usually short enough)
         if len(z) <= room:
             break
         z = _lzf.compress(data, depth)

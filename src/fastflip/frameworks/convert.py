@@ -109,7 +109,7 @@ def load_any(path: str | os.PathLike[str]) -> Any:
     fmt = detect_format(src)
     if fmt == "hdf5":
         return load_state_dict(src)
-    if fmt == "torch":
+    if fmt in ("torch", "torch-legacy"):
         import torch
 
         read_layout(src)  # the restricted reader refuses pickles that ask for code, before torch sees them

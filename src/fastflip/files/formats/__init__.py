@@ -15,6 +15,8 @@ Formats (detected by content, never by the file name):
 ``torch``
     ``torch.save`` zip archive (``<name>/data.pkl`` + stored ``<name>/data/<key>`` entries);
     the pickle is read by a restricted reader that never runs code (:mod:`.torchsave`).
+``torch-legacy``
+    the pre-1.6 ``torch.save`` format: pickles then raw storages, read the same way (:mod:`.torchlegacy`).
 ``safetensors``
     8-byte little-endian header length, a JSON header, one raw buffer (:mod:`.safetensors_io`).
 ``npy`` / ``npz``
@@ -48,7 +50,7 @@ from ...core.records import Layout
 
 __all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line"]
 
-FORMATS = ("hdf5", "torch", "safetensors", "npy", "npz", "keras")
+FORMATS = ("hdf5", "torch", "torch-legacy", "safetensors", "npy", "npz", "keras")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NPY_MAGIC = b"\x93NUMPY"
 # pickle protocol 2, then the LONG1 magic number 0x1950a86a20f9469cfc6c of the legacy torch.save format
@@ -67,7 +69,7 @@ class UnsafeInputError(InputFileError):
 
 
 def supported_formats_line() -> str:
-    return ("HDF5 (.h5, .weights.h5, torch layout, Chainer), torch.save zip (.pt/.pth), safetensors, "
+    return ("HDF5 (.h5, .weights.h5, torch layout, Chainer), torch.save (.pt/.pth, zip and legacy), safetensors, "
             "NumPy .npy/.npz, Keras .keras")
 
 
@@ -151,8 +153,9 @@ def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
 
         return read_numpy_layout(p, fmt)
     if fmt == "torch-legacy":
-        raise FormatError(f"{p}: legacy (pre-1.6, non-zip) torch.save format, which fastflip does not read; "
-                          "load and re-save it with torch.save (zip format) or save its state_dict")
+        from .torchlegacy import read_legacy_layout
+
+        return read_legacy_layout(p)
     if fmt == "keras":
         raise FormatError(f"{p}: a Keras .keras archive; its tensors are in the model.weights.h5 inside "
                           "(fastflip inspect/inject handle .keras archives)")

@@ -65,9 +65,11 @@ def _tail(room: int) -> bytes | None:
 
 
 def _tries(level: int) -> list[tuple[int, int, int]]:
-    """zlib settings to try: the member's level first, then others (smallest streams first)."""
+    """zlib settings to try: the member's level first (memLevel 9, whose stream is usually a little shorter than
+    the one zipfile wrote with memLevel 8, so that the sync flush and the closing blocks fit), then others."""
+    first = [(level, 9, zlib.Z_DEFAULT_STRATEGY), (level, 8, zlib.Z_DEFAULT_STRATEGY)]
     rest = [(lv, mem, st) for st in (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED) for mem in (9, 8) for lv in (9, 6, 4, 1)]
-    return [(level, 8, zlib.Z_DEFAULT_STRATEGY)] + [t for t in rest if t != (level, 8, zlib.Z_DEFAULT_STRATEGY)]
+    return first + [t for t in rest if t not in first]
 
 
 def deflate_exact(data: bytes, size: int, level: int = 6) -> bytes | None:

@@ -42,7 +42,7 @@ import io
 import math
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
@@ -54,7 +54,7 @@ from .naming import label_tensors, optimizer_layers
 from .zipraw import ZipEntry, stored_entries
 
 __all__ = ["RestrictedUnpickler", "TensorRecord", "StorageRef", "restricted_loads", "read_torch_layout",
-           "TORCH_DTYPES"]
+           "layout_from_records", "records_of", "TORCH_DTYPES"]
 
 # torch dtype name -> (stored word dtype, little-endian form); bf16 / fp8 as unsigned words
 TORCH_DTYPES = {
@@ -186,8 +186,8 @@ class RestrictedUnpickler(pickle.Unpickler):
     own functions); every other global raises :class:`~fastflip.files.formats.UnsafeInputError`.
     """
 
-    def __init__(self, data: bytes, where: str) -> None:
-        super().__init__(io.BytesIO(data))
+    def __init__(self, data: bytes | BinaryIO, where: str) -> None:
+        super().__init__(io.BytesIO(data) if isinstance(data, bytes) else data)  # a file: read from its position
         self.where = where
 
     def find_class(self, module: str, name: str) -> Any:
@@ -209,8 +209,9 @@ class RestrictedUnpickler(pickle.Unpickler):
         return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
 
 
-def restricted_loads(data: bytes, where: str) -> Any:
-    """Unpickle ``data`` with :class:`RestrictedUnpickler` (tensors become :class:`TensorRecord`)."""
+def restricted_loads(data: bytes | BinaryIO, where: str) -> Any:
+    """Unpickle ``data`` (bytes, or the next pickle of a file) with :class:`RestrictedUnpickler` (tensors become
+    :class:`TensorRecord`)."""
     try:
         return RestrictedUnpickler(data, where).load()
     except (FormatError, UnsafeInputError):
@@ -269,9 +270,14 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
+    return obj, records_of(obj), entries, prefix, order
+
+
+def records_of(obj: Any) -> list[tuple[str, TensorRecord]]:
+    """[(key path, record)] of every tensor in an unpickled object, in walk order."""
     recs: list[tuple[str, TensorRecord]] = []
     _walk(obj, "", recs)
-    return obj, recs, entries, prefix, order
+    return recs
 
 
 def read_torch_layout(path: str) -> Layout:
@@ -285,6 +291,21 @@ def read_torch_layout(path: str) -> Layout:
         The pickle asks for anything but tensor rebuilds and plain containers.
     """
     obj, recs, entries, prefix, order = read_records(path)
+    storages: dict[str, tuple[int, int]] = {}
+    for _, rec in recs:
+        entry = entries.get(f"{prefix}data/{rec.storage.key}")
+        if entry is None:
+            raise FormatError(f"{path}: a tensor names storage {rec.storage.key!r}, which the archive lacks")
+        if not entry.stored:
+            raise FormatError(f"{path}: storage entry {entry.name} is compressed; torch.save stores storages raw")
+        storages[rec.storage.key] = (entry.offset, entry.size)
+    return layout_from_records(path, obj, recs, storages, order, "torch")
+
+
+def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]],
+                        storages: dict[str, tuple[int, int]], order: str, fmt: str) -> Layout:
+    """The layout of tensor records whose storages lie at ``storages[key] = (file offset, bytes)``
+    (a zip entry's data, or a legacy file's raw storage)."""
     skipped: list[Skipped] = []
     groups: dict[tuple[Any, ...], list[str]] = {}
     first: dict[tuple[Any, ...], TensorRecord] = {}
@@ -304,11 +325,9 @@ def read_torch_layout(path: str) -> Layout:
         dt = np.dtype(TORCH_DTYPES[rec.dtype])
         if order == "big" and dt.itemsize > 1:
             dt = dt.newbyteorder(">")
-        entry = entries.get(f"{prefix}data/{rec.storage.key}")
-        if entry is None:
-            raise FormatError(f"{path}: tensor {name} names storage {rec.storage.key!r}, which the archive lacks")
-        if not entry.stored:
-            raise FormatError(f"{path}: storage entry {entry.name} is compressed; torch.save stores storages raw")
+        if rec.storage.key not in storages:
+            raise FormatError(f"{path}: tensor {name} names storage {rec.storage.key!r}, which the file lacks")
+        at, nbytes = storages[rec.storage.key]
         size = math.prod(rec.shape)
         if size == 0:
             skipped.append(Skipped(name, "empty"))
@@ -316,10 +335,10 @@ def read_torch_layout(path: str) -> Layout:
         if rec.offset < 0 or any(s < 0 for s in rec.stride):
             raise FormatError(f"{path}: tensor {name} has a negative offset or stride")
         span = (rec.offset + sum((n - 1) * s for n, s in zip(rec.shape, rec.stride)) + 1) * dt.itemsize
-        if span > entry.size:
+        if span > nbytes:
             raise FormatError(f"{path}: tensor {name} reaches byte {span} of storage {rec.storage.key!r}, which holds "
-                              f"{entry.size} bytes (offsets outside the file's data)")
-        start = entry.offset + rec.offset * dt.itemsize
+                              f"{nbytes} bytes (offsets outside the file's data)")
+        start = at + rec.offset * dt.itemsize
         if not _contiguous(rec):
             skipped.append(Skipped(name, f"non-contiguous view (strides {rec.stride}); save a .contiguous() copy"))
             continue
@@ -341,4 +360,4 @@ def read_torch_layout(path: str) -> Layout:
     tensors.sort(key=lambda t: _natural_key(t.path))
     tensors = label_tensors(tensors, "torch", optimizer_layers(obj, {t.path: t.shape for t in tensors}))
     skipped.sort(key=lambda s: s.path)
-    return Layout(file=path, tensors=tensors, skipped=skipped, framework="torch", format="torch")
+    return Layout(file=path, tensors=tensors, skipped=skipped, framework="torch", format=fmt)
