@@ -115,18 +115,21 @@ def test_member_that_grows_moves_the_rest(tmp_path):
     assert sha256_file(out) == before
 
 
+class Unseekable(io.RawIOBase):
+    """A file zipfile cannot seek in: it writes data descriptors (flag bit 3) after each member."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        return self.fh.write(b)
+
+
 def _archive(path, members, *, stream=False, methods=None):
     """A zip written by zipfile itself: ``stream`` writes to an unseekable file (data descriptors, flag bit 3)."""
-    class Unseekable(io.RawIOBase):
-        def __init__(self, fh):
-            self.fh = fh
-
-        def writable(self):
-            return True
-
-        def write(self, b):
-            return self.fh.write(b)
-
     with open(path, "wb") as raw:
         target = Unseekable(raw) if stream else raw
         with zipfile.ZipFile(target, "w") as z:
@@ -161,6 +164,34 @@ def test_mixed_stored_and_deflated_members(tmp_path, stream):
         assert got[k].tobytes() == v.tobytes(), k
     assert revert(res.log_path, out).sha256 == before
     check_format(p, np_load, str(tmp_path), fmt="npz", count=20, non_atomic=False)
+
+
+def test_savez_compressed_to_a_stream_grows(tmp_path):
+    """np.savez_compressed into an unseekable file: zip64 local fields holding zeros and zip64 data descriptors
+    (flag bit 3) hold the sizes; a member that grows gets its descriptor fixed, the local fields left alone."""
+    p = str(tmp_path / "s.npz")
+    with open(p, "wb") as raw:
+        np.savez_compressed(Unseekable(raw), a=np.ones(300, "<f4"), b=np.arange(50.0))
+    with zipfile.ZipFile(p) as z:
+        assert all(i.flag_bits & 8 for i in z.infolist())
+    before = sha256_file(p)
+    out = str(tmp_path / "o.npz")
+    res = inject_file(p, out, seed=1, count=3, bits="exponent", selection={"include": ["/a"]})
+    assert os.path.getsize(out) > os.path.getsize(p)
+    with zipfile.ZipFile(out) as z:
+        assert z.testzip() is None
+        info = z.getinfo("a.npy")
+    raw = open(out, "rb").read()
+    nlen, xlen = struct.unpack("<HH", raw[26:30])
+    assert raw[30 + nlen:30 + nlen + xlen] == open(p, "rb").read()[30 + nlen:30 + nlen + xlen]  # local zip64 field
+    end = 30 + nlen + xlen + info.compress_size
+    assert raw[end:end + 4] == b"PK\x07\x08"
+    assert struct.unpack("<IQQ", raw[end + 4:end + 24]) == (info.CRC, info.compress_size, info.file_size)
+    want = {"/a": np.ones(300, "<f4"), "/b": np.arange(50.0)}
+    reference.apply_plan(want, res.log.plan)
+    got = np_load(out)
+    assert all(got[k].tobytes() == v.tobytes() for k, v in want.items())
+    assert revert(res.log_path, out).sha256 == before
 
 
 def test_object_member_copied_never_unpickled(tmp_path, capsys):

@@ -95,7 +95,9 @@ def _size_patches(fh, e: ZipEntry, new_size: int) -> list[Patch]:  # type: ignor
         if z is None or z[1] < 16:
             raise FormatError(f"member {e.name}: local header points to a zip64 size it does not hold")
         at = h + 30 + nlen + z[0] + 8
-        out.append((at, struct.pack("<Q", old), struct.pack("<Q", new_size)))
+        fh.seek(at)
+        if fh.read(8) == struct.pack("<Q", old):  # (zeros when a data descriptor holds the sizes)
+            out.append((at, struct.pack("<Q", old), struct.pack("<Q", new_size)))
     elif local == old:
         out.append((h + 18, struct.pack("<I", old), struct.pack("<I", new_size)))
     desc = descriptor_at(fh, e)
