@@ -304,3 +304,23 @@ def test_every_fault_model_matches_reference(model: str) -> None:
     live.revert(arrays, log)
     for k in arrays:
         assert arrays[k].tobytes() == original[k].tobytes(), k
+
+
+def test_live_tensor_gives_the_one_record_and_the_plan_ref() -> None:
+    """A LiveTensor is a view that yields :class:`fastflip.core.records.Tensor` (what selection and roles use)
+    and :class:`fastflip.core.plan.TensorRef` (what plans and logs use); a CUDA tensor's record says ``device``."""
+    from fastflip.core.plan import TensorRef
+    from fastflip.core.records import Tensor
+    from fastflip.live.adapters import LiveTensor
+    from fastflip.live.targets import Targets
+
+    arrays = {"w": np.zeros((2, 3), ">f4"), "b": np.zeros(3, np.int8)}
+    tg = Targets.from_tensors(arrays)
+    assert tg.records() == [t.record() for t in tg.sampled()]
+    assert {r.name: r for r in tg.refs()} == {"w": TensorRef("w", ">f4", (2, 3)), "b": TensorRef("b", "|i1", (3,))}
+    r = next(r for r in tg.records() if r.name == "w")
+    assert isinstance(r, Tensor) and (r.name, r.storage, r.dtype.str, r.nbytes, r.in_file) == ("w", "memory", ">f4", 24, False)
+    gpu = LiveTensor("x", np.dtype("<u2"), (4,), "cuda", ptr=1 << 40, strides=(2,), device=0, format="bfloat16")
+    rec = gpu.record()
+    assert (rec.storage, rec.format, rec.aliases) == ("device", "bfloat16", ("/x",))
+    assert gpu.ref() == TensorRef("x", "bfloat16", (4,))

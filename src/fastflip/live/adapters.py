@@ -49,6 +49,8 @@ import numpy as np
 
 from ..core.dtypes import is_supported_dtype
 from ..core.floatformats import FORMATS, format_name
+from ..core.plan import TensorRef
+from ..core.records import Tensor
 from ..errors import OptionError
 
 __all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
@@ -118,6 +120,24 @@ class LiveTensor:
             return np.zeros(len(index), dtype=np.int64)
         coords = np.unravel_index(index, self.shape)
         return sum(c.astype(np.int64) * s for c, s in zip(coords, self.strides)).astype(np.int64)
+
+    def record(self) -> Tensor:
+        """This tensor as the one tensor record (:class:`fastflip.core.records.Tensor`): storage ``device``
+        for CUDA tensors, ``memory`` otherwise; every name and alias as ``/<name>`` (what selections match).
+
+        >>> t = LiveTensor("fc.weight", np.dtype("<f4"), (2, 3), "cpu", aliases=("model/fc.weight",), role="weight")
+        >>> r = t.record()
+        >>> r.name, r.aliases, r.storage, r.nbytes, r.role
+        ('fc.weight', ('/fc.weight', '/model/fc.weight'), 'memory', 24, 'weight')
+        """
+        names = tuple(dict.fromkeys("/" + n.lstrip("/") for n in (self.name, *self.aliases)))
+        return Tensor(self.name, names, self.dtype, self.shape, self.size, "device" if self.kind == "cuda" else "memory",
+                      nbytes=self.size * self.dtype.itemsize, framework="live", layer=self.layer, role=self.role,
+                      format=self.format)
+
+    def ref(self) -> TensorRef:
+        """The part of this tensor a plan and a log need (:class:`fastflip.core.plan.TensorRef`)."""
+        return TensorRef(self.name, self.dtype.str, self.shape, self.format)
 
 
 def _module_of(obj: Any) -> str:

@@ -146,7 +146,7 @@ class Targets:
         group), so that a site space over a live model and one over its checkpoint are
         the same space: the same seed draws the same sites in both.
         """
-        return [TensorRef(t.name, t.dtype.str, t.shape, t.format) for t in self.sampled()]
+        return [t.ref() for t in self.sampled()]
 
     def sampled(self) -> list[LiveTensor]:
         """The tensors a site space draws from, in checkpoint order (views of other tensors left out)."""
@@ -156,12 +156,7 @@ class Targets:
     def records(self) -> list[Tensor]:
         """:class:`~fastflip.files.layout.Tensor` records of :meth:`sampled` (name, aliases, layer, role) for
         :func:`fastflip.files.select.select`; every name and alias matches as ``/<name>``."""
-        out = []
-        for t in self.sampled():
-            names = tuple(dict.fromkeys("/" + n.lstrip("/") for n in (t.name, *t.aliases)))
-            out.append(Tensor(t.name, names, t.dtype, t.shape, t.size, "memory", nbytes=t.size * t.dtype.itemsize,
-                              framework="live", layer=t.layer, role=t.role, format=t.format))
-        return out
+        return [t.record() for t in self.sampled()]
 
     def get(self, name: str) -> LiveTensor:
         """The tensor called ``name`` (or having it as an alias).
