@@ -33,6 +33,12 @@ def cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def not_racy(monkeypatch):
+    """Files written by the test a moment ago count as settled (a checkpoint is saved before it is injected)."""
+    monkeypatch.setattr(hashcache, "RACY_S", -1.0)
+
+
+@pytest.fixture
 def ckpt(tmp_path):
     p = str(tmp_path / "ckpt.h5")
     with h5py.File(p, "w") as f:
@@ -46,7 +52,7 @@ def _inject(src: str, dst: str, seed: int):
     return inject_file(src, dst, sampling=Sampling(count=20), seed=seed)
 
 
-def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypatch):
+def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypatch, not_racy):
     truth = _sha(ckpt)
     r1 = _inject(ckpt, str(tmp_path / "a.h5"), 1)
     assert r1.log.manifest["input"]["sha256"] == truth
@@ -67,7 +73,7 @@ def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypat
     assert _sha(str(tmp_path / "back.h5")) == truth
 
 
-def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cache):
+def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cache, not_racy):
     _inject(ckpt, str(tmp_path / "a.h5"), 1)
     with h5py.File(ckpt, "r+") as f:  # same size, same mtime afterwards: only ctime tells
         f["dense/bias"][0] = 1.0
@@ -80,11 +86,12 @@ def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cach
 def test_a_file_just_written_is_not_cached(tmp_path, cache):
     p = tmp_path / "fresh.bin"
     p.write_bytes(b"x" * 100)
+    os.utime(p, ns=(OLD, OLD))  # an old mtime does not make it settled: its ctime is now
     assert sha256_file(str(p)) == _sha(str(p))
     assert not cache.exists() or not list(cache.iterdir())  # racy: mtime within RACY_S of the hash
 
 
-def test_a_wrong_entry_makes_revert_refuse(ckpt, tmp_path, cache):
+def test_a_wrong_entry_makes_revert_refuse(ckpt, tmp_path, cache, not_racy):
     """The cache's worst case: an entry that lies. The log then names a wrong input hash, and revert refuses
     (the reverted bytes do not hash to it); nothing is accepted that should not be."""
     st = os.stat(ckpt)
@@ -96,7 +103,7 @@ def test_a_wrong_entry_makes_revert_refuse(ckpt, tmp_path, cache):
     assert not (tmp_path / "back.h5").exists()
 
 
-def test_a_damaged_entry_is_ignored(ckpt, tmp_path, cache):
+def test_a_damaged_entry_is_ignored(ckpt, tmp_path, cache, not_racy):
     _inject(ckpt, str(tmp_path / "a.h5"), 1)
     (entry,) = cache.iterdir()
     entry.write_text("{not json")

@@ -8,8 +8,8 @@ injection logs the input's sha256, and hashing a 1 GiB input costs as much as co
 entry records a file's sha256 under its identity and state as ``stat`` gives them — device,
 inode, size, modification and *change* time in nanoseconds — the rule git's index uses. Any
 write to the file moves its mtime and ctime, and ctime cannot be set back from user space, so a
-changed file misses the cache. Like git, a file whose mtime is within :data:`RACY_S` seconds
-of the moment it was hashed is not cached (a write in the same clock tick would not move it).
+changed file misses the cache. Like git, a file whose mtime or ctime is within :data:`RACY_S`
+seconds of the moment it was hashed is not cached (a write in the same clock tick would not move them).
 
 A wrong entry could only make fastflip *refuse* (a log whose input hash is not the file's
 makes ``revert``/``replay`` fail their sha256 check); it can never make it accept a file it
@@ -27,11 +27,12 @@ Examples
 >>> p = os.path.join(d, "ckpt.bin")
 >>> with open(p, "wb") as fh:
 ...     _ = fh.write(b"weights")
->>> os.utime(p, ns=(10**18, 10**18))  # an mtime long before now: not racy
 >>> st = os.stat(p)
 >>> lookup(p, st) is None
 True
->>> remember(p, st, hashlib.sha256(b"weights").hexdigest())
+>>> remember(p, st, hashlib.sha256(b"weights").hexdigest())  # written a moment ago: "racy", not kept
+False
+>>> remember(p, st, hashlib.sha256(b"weights").hexdigest(), hashed_at=st.st_ctime_ns / 1e9 + 60)
 True
 >>> lookup(p, os.stat(p))[:12]
 '9a129038d9a0'
@@ -102,7 +103,8 @@ def remember(path: str, st: os.stat_result, digest: str, hashed_at: float | None
     unchanged after); return whether it was recorded (not racy, cache on and writable)."""
     d = cache_dir()
     hashed_at = time.time() if hashed_at is None else hashed_at
-    if d is None or not os.path.isfile(path) or hashed_at - st.st_mtime_ns / 1e9 < RACY_S:
+    last_write = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9  # ctime too: timestamps are coarse (a clock tick)
+    if d is None or not os.path.isfile(path) or hashed_at - last_write < RACY_S:
         return False
     try:
         os.makedirs(d, exist_ok=True)
