@@ -211,6 +211,14 @@ def throughput(flips_list: list[int]) -> dict[str, float]:
     return results
 
 
+def _torch_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def cuda_model():  # the factory of the --trials campaign: bench_batched's CNN, on the GPU
     import bench_batched
 
@@ -277,6 +285,16 @@ def main() -> int:
             name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         except Exception as exc:  # ImportError, CUDARuntimeError
             print(f"no usable GPU/CuPy here ({exc}); install cupy-cuda12x, or run with NUMBA_ENABLE_CUDASIM=1")
+            if args.trials and _torch_cuda():  # the real-trials check needs torch with CUDA only
+                print("[real trials] batched + golden prefix on the GPU (torch with CUDA, no CuPy):")
+                try:
+                    figures, bad = real_trials()
+                except Exception as err:
+                    figures, bad = {}, [f"real trials: {type(err).__name__}: {err}"]
+                if args.json:
+                    args.json.write_text(json.dumps({"failures": bad, **figures}, indent=2))
+                print("FAILED:\n  " + "\n  ".join(bad) if bad else "real-trials check passed")
+                return 1 if bad else 0
             return 2
         print(f"GPU: {name} ({n} device(s))")
         engines = ["raw"]

@@ -307,3 +307,16 @@ def test_activation_block_needs_its_batch():
         with pytest.raises(OptionError, match="needs forwards of 6 samples, not 3"):
             with injected_activations(m, 1, plan=block, samples_per_plan=3):
                 m(x)
+
+
+def test_inputs_torch_cannot_take_run_serially(capsys):
+    """Evaluation inputs that are not one tensor (a list of ragged arrays): the batcher steps aside, said once."""
+    require("torch")
+    c = _campaign("batch_helpers:digits_net", "batch_helpers:digits_data", ["30"], 3, batch=2)
+    cells = campaign_cells(c)
+    runner = TrialRunner(c, cells)
+    runner.evaluate = lambda model: 0.5  # the serial evaluator is not this test's concern
+    runner.evaluate.inputs, runner.evaluate.answer = [[1.0, 2.0], [3.0]], lambda out: out
+    rows = runner.run_many(0, range(3))
+    assert runner._batcher is None and len(rows) == 3
+    assert capsys.readouterr().err.count("batched trials off: ValueError") == 1

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 from fastflip.campaign import Campaign, load_campaign
-from fastflip.campaign.cells import expand_cells, planned_counts, tensors_from_arrays
+from fastflip.campaign.cells import planned_counts
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.outcomes import Answer, judge
 from fastflip.core.permutation import Permutation
 from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner, trial_seed
 from fastflip.errors import OptionError, StoreError
-from fastflip.core.sampling import SiteSpace
 from fastflip.campaign.stats import sample_size, should_stop
 from fastflip.campaign.store import ResultStore, merge_stores
 

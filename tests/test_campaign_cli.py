@@ -7,7 +7,6 @@ import json
 import os
 
 import h5py
-import numpy as np
 import pytest
 
 from conftest import require
@@ -173,7 +172,7 @@ def test_checkpoint_campaign_with_an_evaluator_command(tmp_path):
 
     from fastflip.campaign import Campaign
     from fastflip.campaign.sweep import sweep
-    from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC
+    from fastflip.campaign.trials import DUE, MASKED
 
     _write_checkpoints(tmp_path)
 

@@ -14,7 +14,7 @@ from conftest import require
 from fastflip.errors import OptionError, SelectionError
 from fastflip.experiment.runner import golden_checkpoint, run_experiment
 from fastflip.experiment.config import ExperimentConfig, load_config
-from fastflip.experiment.outcomes import Verdict, classify, read_csv, summarize
+from fastflip.experiment.outcomes import Verdict, classify_run, read_csv, summarize
 from fastflip.files.log import InjectionLog
 from fastflip.frameworks.trainers.data import digits
 
@@ -286,7 +286,7 @@ def _pt(acc, loss=0.1, train=0.95, val=0.2):
     ([{"val_loss": 0.3, "accuracy": 0.9}], {"error": "RuntimeError: x"}, Verdict("crashed", None)),
 ])
 def test_classify_rules(run, kw, want):
-    assert classify(run, G[: len(run)] if run else [], tolerance=0.02, **kw) == want
+    assert classify_run(run, G[: len(run)] if run else [], tolerance=0.02, **kw) == want
 
 
 def test_classify_agrees_with_the_independent_rules_on_random_curves():
@@ -308,7 +308,7 @@ def test_classify_agrees_with_the_independent_rules_on_random_curves():
             run.append(p)
         gp = [{k: golden[p["epoch"]][k] for k in (("val_loss", "accuracy") if p["phase"] == "injected"
                                                    else ("loss", "train_accuracy", "val_loss", "accuracy"))} for p in run]
-        got = classify(run, gp, tolerance=0.02, chance=0.1, chance_margin=0.05)
+        got = classify_run(run, gp, tolerance=0.02, chance=0.1, chance_margin=0.05)
         assert tuple(got) == independent_outcome(run, golden, 0.02, 0.1, 0.05)
         seen.add(got.outcome)
     assert seen == {"masked", "recovered", "degraded", "diverged"}

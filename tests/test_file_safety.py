@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 
 import h5py
@@ -18,9 +17,8 @@ import pytest
 from conftest import require
 from fastflip.errors import FileLockedError, InputFileError, LogMismatchError, OutputError
 from fastflip.files.fileio import sha256_file
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.inject import inject_file, revert
 from fastflip.files.keras_archive import ArchiveLimits, edit_archive, read_archive
-from fastflip.files.locks import WriterLock
 from fastflip.files.log import InjectionLog
 from fastflip.files.paths import sweep_stale
 from h5fixtures import keras_legacy_like

@@ -15,7 +15,7 @@ from conftest import require
 from fastflip import live
 from fastflip.core.dtypes import word_type
 from fastflip.core.floatformats import FORMATS, decode, encode, nonfinite_words
-from fastflip.core.plan import Plan, TensorRef
+from fastflip.core.plan import TensorRef
 from fastflip.core.reference import apply_plan, format_scale_word, format_value
 from fastflip.files.select import Selection, select
 from fastflip.core.wordrule import nonfinite, scale_words, words_to_values

@@ -16,7 +16,6 @@ from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
 from fastflip.files.fileio import sha256_file
-from fastflip.files.formats import FormatError
 from fastflip.files.formats.npz_members import deflate_exact
 from fastflip.files.inject import inject_file, replay, revert
 from fastflip.files.layout import read_layout

@@ -49,15 +49,20 @@ for scale in (False, True):
     offs = np.array(starts)[plan.tensor] + plan.index * np.array(sizes)[plan.tensor]
     sites = kc.SiteArrays.from_host(offs, plan.tensor, sizes, little, plan.and_mask, plan.or_mask, plan.xor_mask,
                                     xp=np, scale=plan.scale, dtypes=[v.dtype for v in arrays.values()])
-    old, new = kc.launch_apply(span, sites)
-    assert old.tolist() == exp_old.tolist(), "old words differ"
-    assert new.tolist() == exp_new.tolist(), "new words differ"
-    for s, (k, v) in zip(starts, arrays.items()):
-        assert span[s : s + v.nbytes].tobytes() == expected[k].tobytes(), k
-    assert kc.launch_read(span, sites).tolist() == exp_new.tolist()
-    kc.launch_write(span, sites, old)
-    for s, v in zip(starts, arrays.values()):
-        assert span[s : s + v.nbytes].tobytes() == v.tobytes()
+    # the launch functions, then the same sites through the registry, as the live CUDA path calls them
+    be = kc.gpu_backend(np)
+    assert be.name == "numba-cuda" and be.device == "gpu"
+    for apply, read, write in ((kc.launch_apply, kc.launch_read, kc.launch_write),
+                               (be.apply_sites, be.read_sites, be.write_sites)):
+        old, new = apply(span, sites)
+        assert old.tolist() == exp_old.tolist(), "old words differ"
+        assert new.tolist() == exp_new.tolist(), "new words differ"
+        for s, (k, v) in zip(starts, arrays.items()):
+            assert span[s : s + v.nbytes].tobytes() == expected[k].tobytes(), k
+        assert read(span, sites).tolist() == exp_new.tolist()
+        write(span, sites, old)
+        for s, v in zip(starts, arrays.values()):
+            assert span[s : s + v.nbytes].tobytes() == v.tobytes()
 print("GPU-SIM-OK", len(plan))
 """
 

@@ -425,3 +425,28 @@ def test_select_takes_live_refs() -> None:
         "blocks.0.bn.num_batches_tracked", "blocks.1.bn.num_batches_tracked"]
     with pytest.raises(SelectionError, match="layers: blocks.0.bn"):
         select(refs, Selection(layers=["decoder*"]))
+
+
+def test_keras_subclassed_aliases_are_the_paths_keras_writes(tmp_path) -> None:
+    """Names are Keras's public ``variable.path``; each alias is the dataset ``model.save_weights`` writes for
+    that variable (read back from the file Keras wrote, optimizer included), on a subclassed model with a
+    nested custom layer and BatchNorm."""
+    h5py = require("h5py")
+    model = keras_subclassed()
+    path = tmp_path / "m.weights.h5"
+    model.save_weights(path)
+    with h5py.File(path, "r") as f:
+        stored: dict[str, np.ndarray] = {}
+        f.visititems(lambda n, o: stored.__setitem__(n, o[()]) if isinstance(o, h5py.Dataset) else None)
+    tg = live.targets(model, include_optimizer=True)
+    # the model's own name prefix (``classifier/``) is dropped, as for a functional model's layers
+    assert [t.name for t in tg.tensors][: len(model.weights)] == [v.path.removeprefix("classifier/") for v in model.weights]
+    aliased = [t for t in tg.tensors if t.aliases]
+    assert {t.aliases[0] for t in aliased} == set(stored)  # every dataset of the file reaches one variable
+    for t in aliased:
+        assert np.asarray(t.obj.numpy()).tobytes() == stored[t.aliases[0]].tobytes(), (t.name, t.aliases[0])
+    by_alias = {t.aliases[0]: t for t in aliased}
+    kernel = next(t for t in aliased if t.name == "block/inner/kernel")
+    with fastflip.injected(model, fastflip.site(model, kernel.aliases[0], (0, 0), bits=30)):
+        assert np.asarray(by_alias[kernel.aliases[0]].obj.numpy())[0, 0] != stored[kernel.aliases[0]][0, 0]
+    assert np.asarray(kernel.obj.numpy()).tobytes() == stored[kernel.aliases[0]].tobytes()

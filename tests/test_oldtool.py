@@ -14,12 +14,11 @@ import pytest
 
 from conftest import require
 from fastflip.cli import main
-from fastflip.compat.oldtool import draw_slots, old_tool_plan
+from fastflip.compat.oldtool import draw_slots
 from fastflip.compat.run import run_old_settings
 from fastflip.files.inject import replay, revert
 from fastflip.files.log import InjectionLog
 from fastflip.compat.oldconfig import OldSettings, load_old_config, settings_from_config
-from fastflip.core.plan import TensorRef
 from fastflip.core.sampling import generator
 
 SIZES = {"a": 8, "b": 64, "c": 1024, "d": 4096}

@@ -41,7 +41,7 @@ from fastflip.report import (
     write_report,
 )
 from fastflip.campaign.stats import wilson_half_width, wilson_interval
-from fastflip.campaign.store import OUTCOMES, ResultStore
+from fastflip.campaign.store import TRIAL_OUTCOMES, ResultStore
 
 TESTS = Path(__file__).parent
 TOY = str(TESTS / "toy_trainer.py")
@@ -173,20 +173,20 @@ def _raw_counts(store: str):
     by_bit, by_group, by_cell = defaultdict(Counter), defaultdict(Counter), defaultdict(Counter)
     for cell_id, bits, grp, flips, fault, sites, outcome in rows:
         cond = f"fault {fault}, {flips} flip{'s' if flips != 1 else ''}/trial"
-        by_cell[cell_id][OUTCOMES[outcome]] += 1
+        by_cell[cell_id][TRIAL_OUTCOMES[outcome]] += 1
         b = _bit_of(bits, sites)
         if b is not None:
-            by_bit[(cond, b)][OUTCOMES[outcome]] += 1
-            by_group[(cond, grp, b)][OUTCOMES[outcome]] += 1
+            by_bit[(cond, b)][TRIAL_OUTCOMES[outcome]] += 1
+            by_group[(cond, grp, b)][TRIAL_OUTCOMES[outcome]] += 1
     return by_bit, by_group, by_cell, len(rows)
 
 
 def _check_rates(row: dict[str, str], counts: Counter) -> None:
     n = sum(counts.values())
     assert int(row["trials"]) == n
-    for o in OUTCOMES:
+    for o in TRIAL_OUTCOMES:
         assert int(row[o]) == counts[o]
-    kinds = {o: counts[o] for o in OUTCOMES}
+    kinds = {o: counts[o] for o in TRIAL_OUTCOMES}
     kinds["sdc_total"] = counts["sdc"] + counts["critical"]
     kinds["failure"] = n - counts["masked"]
     for kind, k in kinds.items():
@@ -345,7 +345,7 @@ def test_vulnerability_per_layer_table_and_figure(store, campaign_report):
     n, k = Counter(), Counter()
     for cid, o in outcomes:
         n[cid] += 1
-        k[cid] += OUTCOMES[o] != "masked"  # the default failure classes: sdc, critical, due
+        k[cid] += TRIAL_OUTCOMES[o] != "masked"  # the default failure classes: sdc, critical, due
     rows = _csv_rows(Path(campaign_report.out) / "groups.csv")
     assert {(r["group"], r["flips"]) for r in rows} == {(g, str(f)) for _, g, f, _ in cells}
     for r in rows:  # stratified by population over the group's cells, written out here
@@ -389,7 +389,7 @@ def test_figures_api_returns_matplotlib_figures(store):
     assert im.get_array().shape[0] == 2  # layers dense, out
     o = outcome_figure(data, max_cells=5)
     bars = [p for p in o.axes[0].patches]
-    assert len(bars) == 5 * len(OUTCOMES)
+    assert len(bars) == 5 * len(TRIAL_OUTCOMES)
     assert "5 of 16 cells" in o.axes[0].get_title()
     with pytest.raises(Exception, match="heatmap kind"):
         heatmap_figure(data, kind="nope")

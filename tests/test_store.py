@@ -8,12 +8,11 @@ import sqlite3
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from conftest import require
 from fastflip.errors import OutputError, StoreError
-from fastflip.campaign.store import OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
+from fastflip.campaign.store import TRIAL_OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
 
 CONFIG = {"name": "t", "seed": 7, "cells": {"bits": [0, 31]}}
 CELLS = [
@@ -174,7 +173,7 @@ def test_export_csv_and_parquet(store, tmp_path):
     assert n == 6
     with open(tmp_path / "t.csv") as fh:
         recs = list(csv.DictReader(fh))
-    assert [r["outcome"] for r in recs] == [OUTCOMES[t % 4] for t in range(5)] + ["critical"]
+    assert [r["outcome"] for r in recs] == [TRIAL_OUTCOMES[t % 4] for t in range(5)] + ["critical"]
     assert recs[-1]["cell"] == "bit=31" and recs[-1]["worker"] == "w9" and recs[3]["message"] == "boom"
     with pytest.raises(OutputError, match="exists"):
         store.export_csv(str(tmp_path / "t.csv"))

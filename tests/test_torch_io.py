@@ -208,7 +208,6 @@ def test_missing_and_foreign_files(torch, tmp_path):
 
 
 def test_damaged_and_older_key_lists(torch, tmp_path):
-    import json
 
     from fastflip.errors import InputFileError
     from fastflip.frameworks.torch_state import load_state_dict, save_state_dict

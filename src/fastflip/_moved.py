@@ -108,6 +108,12 @@ def warn_moved(old: str, new: str) -> None:
                   DeprecationWarning, stacklevel=_stacklevel())
 
 
+def warn_renamed(old: str, new: str) -> None:
+    """Say that the public name ``old`` (``module.NAME``) is now ``new`` in the same module."""
+    warnings.warn(f"{old} is renamed {new} (the old name will be removed)", DeprecationWarning,
+                  stacklevel=3)
+
+
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, new: str) -> None:
         self.new = new

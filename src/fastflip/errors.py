@@ -35,6 +35,7 @@ __all__ = [
     "FileLockedError",
     "one_line",
     "DiskFullError",
+    "IndexRangeError",
 ]
 
 
@@ -111,6 +112,10 @@ class FileLockedError(FastflipError, OSError):
 
 class DiskFullError(OutputError):
     """The disk (or quota) filled up while writing; nothing half-written was left behind."""
+
+
+class IndexRangeError(FastflipError, IndexError):
+    """An element index lies outside its tensor."""
 
 
 class MissingExtraError(FastflipError, ImportError):

@@ -574,4 +574,8 @@ def make_batcher(runner: Any) -> TrialBatcher | None:
         if want is not None:
             say_once(f"batch_trials = {want} ignored: {why}; running trials one at a time")
         return None
-    return TrialBatcher(runner, model, runner.evaluate, want)
+    try:
+        return TrialBatcher(runner, model, runner.evaluate, want)
+    except Exception as exc:  # e.g. evaluation inputs torch cannot take as one tensor: the serial path still runs
+        say_once(f"batched trials off: {type(exc).__name__}: {str(exc)[:160]}; running trials one at a time")
+        return None

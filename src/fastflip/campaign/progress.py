@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterable, TextIO
 
 from ..errors import OptionError
-from .store import OUTCOMES
+from .store import TRIAL_OUTCOMES
 
 __all__ = ["Progress", "format_seconds", "status_seconds"]
 
@@ -96,7 +96,7 @@ class Progress:
         self.total = int(total)
         self.start_done = int(done)
         self.done = int(done)
-        self.counts = [0] * len(OUTCOMES)
+        self.counts = [0] * len(TRIAL_OUTCOMES)
         self.t0 = time.monotonic()
         self._last = 0.0
         self._last_status = self.t0
@@ -135,7 +135,7 @@ class Progress:
         return (self.done - self.start_done) / dt if dt > 0 else 0.0
 
     def counts_text(self) -> str:
-        return " ".join(f"{name} {n}" for name, n in zip(OUTCOMES, self.counts))
+        return " ".join(f"{name} {n}" for name, n in zip(TRIAL_OUTCOMES, self.counts))
 
     def line(self) -> str:
         rate = self.rate()

@@ -20,7 +20,7 @@ Schema (version :data:`SCHEMA_VERSION`; ``PRAGMA application_id`` is
     trials(cell_id, trial, seed, sites, outcome, metric, delta, message, duration, worker,
            numeric, changed, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID
 
-``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`OUTCOMES`, the vocabulary of
+``outcome`` is 0 masked, 1 SDC, 2 critical SDC, 3 DUE (:data:`TRIAL_OUTCOMES`, the vocabulary of
 :mod:`fastflip.campaign.outcomes`); ``numeric`` is 1 where the raw outputs changed (a masked trial
 with it is ``masked_numeric``), NULL where the evaluator gave no outputs; ``changed`` is
 the fraction of inputs whose answer changed. A cell's ``sampling`` is ``permutation``
@@ -72,7 +72,7 @@ from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
 __all__ = [
     "SCHEMA_VERSION",
     "APPLICATION_ID",
-    "OUTCOMES",
+    "TRIAL_OUTCOMES",
     "TrialRow",
     "ResultStore",
     "config_hash",
@@ -81,7 +81,6 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 APPLICATION_ID = 0x46466C70  # "FFlp"
-OUTCOMES = TRIAL_OUTCOMES  # the exclusive classes of a trial, by stored code
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SCHEMA = """
@@ -106,7 +105,7 @@ _CELL_COLUMNS = ("key", "bits", "grp", "group_by", "flips", "fault", "epoch", "p
 
 
 class TrialRow(NamedTuple):
-    """One finished trial as stored (``outcome`` is an index into :data:`OUTCOMES`).
+    """One finished trial as stored (``outcome`` is an index into :data:`TRIAL_OUTCOMES`).
 
     ``numeric`` (1: the raw outputs changed) and ``changed`` (fraction of inputs whose
     answer changed) come last so that the first ten fields keep their places.
@@ -440,7 +439,7 @@ class ResultStore:
     def outcome_counts(self) -> np.ndarray:
         """Counts per (cell, outcome) by SQL aggregation: an int64 array of shape (n_cells, 4)."""
         n_cells = int(self.conn.execute("SELECT COUNT(*) FROM cells").fetchone()[0])
-        out = np.zeros((n_cells, len(OUTCOMES)), dtype=np.int64)
+        out = np.zeros((n_cells, len(TRIAL_OUTCOMES)), dtype=np.int64)
         for cell, outcome, n in self.conn.execute("SELECT cell_id, outcome, COUNT(*) FROM trials GROUP BY cell_id, outcome"):
             out[cell, outcome] = n
         return out
@@ -456,17 +455,17 @@ class ResultStore:
         failure = self.failure if failure is None else tuple(failure)
         q = (
             f"SELECT c.cell_id, {', '.join('c.' + k for k in _CELL_COLUMNS)}, COUNT(t.trial), "
-            + ", ".join(f"SUM(t.outcome = {i})" for i in range(len(OUTCOMES)))
+            + ", ".join(f"SUM(t.outcome = {i})" for i in range(len(TRIAL_OUTCOMES)))
             + f", SUM(t.outcome = 0 AND t.numeric = 1), SUM({failure_sql(failure, 't.outcome', 't.numeric')})"
             ", AVG(t.metric), AVG(t.delta), AVG(t.duration), AVG(t.changed) "
             "FROM cells c LEFT JOIN trials t ON t.cell_id = c.cell_id GROUP BY c.cell_id ORDER BY c.cell_id"
         )
-        names = (("cell_id",) + _CELL_COLUMNS + ("trials",) + OUTCOMES
+        names = (("cell_id",) + _CELL_COLUMNS + ("trials",) + TRIAL_OUTCOMES
                  + (MASKED_NUMERIC, "failures", "mean_metric", "mean_delta", "mean_duration", "mean_changed"))
         rows = []
         for r in self.conn.execute(q):
             d = dict(zip(names, r))
-            for o in (*OUTCOMES, MASKED_NUMERIC, "failures"):
+            for o in (*TRIAL_OUTCOMES, MASKED_NUMERIC, "failures"):
                 d[o] = int(d[o] or 0)
             rows.append(d)
         return rows
@@ -487,7 +486,7 @@ class ResultStore:
             rows = cur.fetchmany(batch)
             if not rows:
                 return
-            yield [r[:10] + (OUTCOMES[r[10]],) + r[11:] for r in rows]
+            yield [r[:10] + (TRIAL_OUTCOMES[r[10]],) + r[11:] for r in rows]
 
     # ------------------------------------------------------------------ export
     def export_csv(self, out: str, *, overwrite: bool = False) -> int:
@@ -621,3 +620,13 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
         raise
     dst.close()
     return {"trials": total, "duplicates": duplicates}
+
+
+def __getattr__(name: str) -> Any:
+    """``OUTCOMES`` is the old name of :data:`TRIAL_OUTCOMES` (an experiment run has other classes)."""
+    if name == "OUTCOMES":
+        from .._moved import warn_renamed
+
+        warn_renamed(f"{__name__}.OUTCOMES", "TRIAL_OUTCOMES")
+        return TRIAL_OUTCOMES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

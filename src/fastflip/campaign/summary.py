@@ -46,7 +46,7 @@ import numpy as np
 
 from .outcomes import MASKED_NUMERIC, parse_failure
 from .stats import stratified_estimate, wilson_interval
-from .store import OUTCOMES, ResultStore
+from .store import TRIAL_OUTCOMES, ResultStore
 
 __all__ = ["summarize", "format_summary", "group_vulnerability", "stratified_rate"]
 
@@ -157,7 +157,7 @@ def summarize(store: str | ResultStore, *, confidence: float = 0.95,
         else:
             lo, hi = wilson_interval(fail, n, confidence)
             cell["failure_low"], cell["failure_high"] = float(lo), float(hi)
-        for o in (*OUTCOMES, MASKED_NUMERIC):
+        for o in (*TRIAL_OUTCOMES, MASKED_NUMERIC):
             olo, ohi = wilson_interval(r[o], n, confidence)
             cell[o] = r[o]
             cell[f"{o}_rate"] = r[o] / n if n else None

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import OptionError, StoreError
 from .outcomes import failure_sql
-from .store import OUTCOMES, ResultStore, TrialRow, config_hash
+from .store import TRIAL_OUTCOMES, ResultStore, TrialRow, config_hash
 from .store_guard import sqlite_error
 from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
 from .config import Campaign
@@ -533,7 +533,7 @@ def sweep(
                     close_runners()  # working copies of an in-process (serial) sweep
                     remove_workdirs(os.getpid())  # and of workers that could not remove their own
                     counts = st.outcome_counts().sum(axis=0)
-                    result.counts = {name: int(n) for name, n in zip(OUTCOMES, counts)}
+                    result.counts = {name: int(n) for name, n in zip(TRIAL_OUTCOMES, counts)}
                     result.masked_numeric = int(st.conn.execute(
                         "SELECT COUNT(*) FROM trials WHERE outcome = 0 AND numeric = 1").fetchone()[0])
                     result.stored = st.n_trials()

@@ -35,13 +35,13 @@ Outcome classes (checked in this order):
 Examples
 --------
 >>> g = [{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.95}]       # golden at E and E+1
->>> classify([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
+>>> classify_run([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
 Verdict(outcome='masked', epochs_to_recovery=0)
->>> classify([{"val_loss": float("nan"), "accuracy": 0.1}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
+>>> classify_run([{"val_loss": float("nan"), "accuracy": 0.1}, {"loss": 0.3, "accuracy": 0.95}], g, tolerance=0.02)
 Verdict(outcome='recovered', epochs_to_recovery=1)
->>> classify([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.5}], g, tolerance=0.02).outcome
+>>> classify_run([{"accuracy": 0.9}, {"loss": 0.3, "accuracy": 0.5}], g, tolerance=0.02).outcome
 'degraded'
->>> classify([{"accuracy": 0.9}, {"loss": float("nan"), "accuracy": 0.95}], g, tolerance=0.02).outcome
+>>> classify_run([{"accuracy": 0.9}, {"loss": float("nan"), "accuracy": 0.95}], g, tolerance=0.02).outcome
 'diverged'
 """
 
@@ -59,11 +59,10 @@ from ..campaign.stats import wilson_interval
 from ..errors import OptionError
 from ..files.fileio import atomic_output
 
-__all__ = ["OUTCOMES", "Verdict", "classify", "beyond_tolerance", "write_csv", "read_csv", "summarize",
+__all__ = ["RUN_OUTCOMES", "Verdict", "classify_run", "beyond_tolerance", "write_csv", "read_csv", "summarize",
            "format_summary", "plot_accuracy", "METRIC_FIELDS", "RESULT_FIELDS", "DEFAULT_FAILURE",
            "check_failure"]
 
-OUTCOMES = RUN_OUTCOMES  # the experiment rows of the one vocabulary (fastflip.campaign.outcomes, docs/outcomes.md)
 METRIC_FIELDS = ("epoch", "iteration", "phase", "loss", "train_accuracy", "val_loss", "accuracy", "seconds")
 RESULT_FIELDS = ("scenario", "rep", "seed", "epoch", "iteration", "framework", "outcome", "epochs_to_recovery",
                  "final_accuracy", "golden_accuracy", "delta", "min_accuracy", "post_injection_accuracy",
@@ -112,7 +111,7 @@ def beyond_tolerance(point: Mapping[str, Any], golden: Mapping[str, Any], tolera
     return False
 
 
-def classify(
+def classify_run(
     run: Sequence[Mapping[str, Any]],
     golden: Sequence[Mapping[str, Any]],
     *,
@@ -129,7 +128,7 @@ def classify(
     if error or not run:
         return Verdict("crashed", None)
     if len(golden) != len(run):
-        raise ValueError(f"classify: {len(run)} run points but {len(golden)} golden points")
+        raise OptionError(f"classify_run: {len(run)} run points but {len(golden)} golden points")
     out = [beyond_tolerance(p, g, tolerance) for p, g in zip(run, golden)]
     last = run[-1]
     if _nonfinite(last) or not _recorded(last, "accuracy"):
@@ -195,11 +194,11 @@ def check_failure(failure: Iterable[str] | None) -> tuple[str, ...]:
         raise OptionError(f"failure: expected a list of outcome classes such as [degraded, diverged], got {failure!r}")
     got = [str(f) for f in failure]
     for f in got:
-        if f not in OUTCOMES:
-            raise OptionError(f"failure: unknown outcome class {f!r}; experiment outcomes are {', '.join(OUTCOMES)}")
+        if f not in RUN_OUTCOMES:
+            raise OptionError(f"failure: unknown outcome class {f!r}; experiment outcomes are {', '.join(RUN_OUTCOMES)}")
     if not got:
         raise OptionError("failure: give at least one outcome class")
-    return tuple(o for o in OUTCOMES if o in got)
+    return tuple(o for o in RUN_OUTCOMES if o in got)
 
 
 def summarize(
@@ -233,7 +232,7 @@ def summarize(
         n = len(rows)
         row: dict[str, Any] = {"scenario": name, "epoch": rows[0].get("epoch"), "iteration": rows[0].get("iteration"),
                                "runs": n}
-        for o, k in [*((o, counts.get(o, 0)) for o in OUTCOMES), ("failure", sum(counts.get(o, 0) for o in fail))]:
+        for o, k in [*((o, counts.get(o, 0)) for o in RUN_OUTCOMES), ("failure", sum(counts.get(o, 0) for o in fail))]:
             lo, hi = wilson_interval(k, n, confidence)
             row["failures" if o == "failure" else o] = k
             row.update({f"{o}_rate": k / n, f"{o}_low": float(lo), f"{o}_high": float(hi)})
@@ -256,11 +255,11 @@ def format_summary(summary: Sequence[Mapping[str, Any]]) -> str:
     scenario  E  runs  masked  recovered  degraded  diverged  crashed    failure [95% CI]  mean acc  min acc  golden
     a         2     1       1          0         0         0        0  0.0% [0.0%, 79.3%]    0.9000   0.9000  0.9100
     """
-    head = ["scenario", "E", "runs", *OUTCOMES, "failure [95% CI]", "mean acc", "min acc", "golden"]
+    head = ["scenario", "E", "runs", *RUN_OUTCOMES, "failure [95% CI]", "mean acc", "min acc", "golden"]
     body = []
     for s in summary:
         e = str(s["epoch"]) + (f".{s['iteration']}" if s.get("iteration") not in (None, "") else "")
-        body.append([str(s["scenario"]), e, str(s["runs"]), *(str(s[o]) for o in OUTCOMES),
+        body.append([str(s["scenario"]), e, str(s["runs"]), *(str(s[o]) for o in RUN_OUTCOMES),
                      f"{s['failure_rate']:.1%} [{s['failure_low']:.1%}, {s['failure_high']:.1%}]",
                      f"{float(s['mean_final_accuracy']):.4f}", f"{float(s['min_final_accuracy']):.4f}",
                      f"{float(s['golden_accuracy']):.4f}" if _finite(s.get("golden_accuracy")) else "-"])
@@ -331,3 +330,17 @@ def plot_accuracy(
     with atomic_output(p, suffix=".png") as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+
+
+_RENAMED = {"OUTCOMES": "RUN_OUTCOMES", "classify": "classify_run"}
+
+
+def __getattr__(name: str) -> Any:
+    """Old names: ``OUTCOMES`` (a campaign trial has other classes, :data:`fastflip.campaign.outcomes.TRIAL_OUTCOMES`)
+    and ``classify`` (the campaign's trial judge is :func:`fastflip.campaign.outcomes.judge`)."""
+    if name in _RENAMED:
+        from .._moved import warn_renamed
+
+        warn_renamed(f"{__name__}.{name}", _RENAMED[name])
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

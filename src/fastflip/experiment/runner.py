@@ -50,7 +50,7 @@ from .config import ExperimentConfig, Scenario, load_config
 from .outcomes import (
     METRIC_FIELDS,
     RESULT_FIELDS,
-    classify,
+    classify_run,
     format_summary,
     plot_accuracy,
     read_csv,
@@ -299,7 +299,7 @@ class _Driver:
         row["train_seconds"] = train_s
         if not self.cfg.keep_checkpoints and altered.exists():
             altered.unlink()
-        verdict = classify(rows, gpts[: len(rows)], tolerance=self.cfg.tolerance, chance=self._chance(),
+        verdict = classify_run(rows, gpts[: len(rows)], tolerance=self.cfg.tolerance, chance=self._chance(),
                            chance_margin=self.cfg.chance_margin, error=error)
         row["outcome"], row["epochs_to_recovery"] = verdict
         row["error"] = error

@@ -34,6 +34,7 @@ from ..errors import (
     DiskFullError,
     FastflipError,
     InputFileError,
+    LogMismatchError,
     MissingExtraError,
     OutputError,
     one_line,
@@ -303,7 +304,7 @@ class ByteUndo:
     def redo(self, path: str) -> None:
         """Redo: the altered bytes again (on a copy of the original)."""
         if self.new_size < 0:
-            raise ValueError("this delta holds no altered bytes")
+            raise LogMismatchError("this delta holds no altered bytes (a log written before redo data was kept)")
         with open(path, "r+b") as fh:
             fh.truncate(max(self.new_size, os.fstat(fh.fileno()).st_size))
         self._write(path, self.new_data, self.new_size, self.new_size)

@@ -47,8 +47,8 @@ from ..errors import CapacityError, LogMismatchError, OptionError, SelectionErro
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
-from .fileio import atomic_output, byte_diff, check_input, check_output_dir, copy_with_hash, sha256_file
-from .h5apply import (SiteRoute, apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
+from .fileio import atomic_output, byte_diff, check_input, copy_with_hash, sha256_file
+from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog

@@ -59,7 +59,7 @@ from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
 from .h5open import open_h5
 from .roles import annotate as _annotate
-from ..errors import NotHDF5Error, UnsupportedStorageError
+from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
 
 __all__ = [
     "Tensor",
@@ -518,12 +518,12 @@ def element_byte_offsets(file_or_dset: Any, tensor: Tensor, flat_index: np.ndarr
     ------
     UnsupportedStorageError
         For filtered, compact, external, virtual or unallocated storage.
-    IndexError
-        For indices outside the tensor.
+    IndexRangeError
+        (an :class:`IndexError`) For indices outside the tensor.
     """
     flat = np.asarray(flat_index, dtype=np.int64)
     if flat.size and (flat.min() < 0 or flat.max() >= tensor.size):
-        raise IndexError(f"{tensor.path}: element index out of range [0, {tensor.size})")
+        raise IndexRangeError(f"{tensor.path}: element index out of range [0, {tensor.size})")
     if tensor.storage == "contiguous":
         assert tensor.offset is not None
         return tensor.offset + flat * tensor.itemsize

@@ -45,8 +45,9 @@ import numpy as np
 
 from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
-from .registry import Backend
+from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
+from ..errors import OptionError
 
 __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
            "launch_read", "launch_write", "device_span", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
@@ -223,8 +224,24 @@ def _engine(xp: Any, engine: str) -> str:
     if engine == "auto":
         return "numba" if xp is np else "raw"
     if engine not in ("raw", "numba"):
-        raise ValueError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
     return engine
+
+
+#: The registry backend of each GPU engine name.
+ENGINE_BACKENDS = {"raw": "cuda-raw", "numba": "numba-cuda"}
+
+
+def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
+    """The registry's GPU backend for arrays of module ``xp`` (CuPy, or NumPy under Numba's simulator).
+
+    ``engine`` 'auto' follows :data:`DEFAULT_ENGINE` ('auto': ``cuda-raw`` for CuPy, ``numba-cuda`` for
+    NumPy); 'raw' and 'numba' name one.
+
+    >>> ENGINE_BACKENDS[_engine(np, "auto")]    # what gpu_backend(numpy) fetches from the registry
+    'numba-cuda'
+    """
+    return get_backend(ENGINE_BACKENDS[_engine(xp, engine)])
 
 
 def _launch(kind: str, engine: str, n: int, *args: Any) -> None:
@@ -339,6 +356,15 @@ class _GpuBackend(Backend):
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
         return launch_apply(buf, self._one(buf, offsets, itemsize, swap, (and_mask, or_mask, xor_mask)),
                             engine=self.engine)
+
+    def read_sites(self, buf: Any, sites: SiteArrays) -> Any:
+        return launch_read(buf, sites, engine=self.engine)
+
+    def write_sites(self, buf: Any, sites: SiteArrays, words: Any) -> None:
+        launch_write(buf, sites, words, engine=self.engine)
+
+    def apply_sites(self, buf: Any, sites: SiteArrays) -> tuple[Any, Any]:
+        return launch_apply(buf, sites, engine=self.engine)
 
     def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
               masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:

@@ -63,6 +63,14 @@ class Backend:
     - ``write_ptrs(table, tensor, offsets, words)``
     - ``apply_ptrs(table, tensor, offsets, and_mask, or_mask, xor_mask) -> (old, new)``
 
+    At the device-resident sites of a :class:`fastflip.kernels.gpu.SiteArrays` (GPU backends only: the sites
+    are uploaded once, when a plan is prepared, and reused by every trial; ``buf`` the device span they
+    point into):
+
+    - ``read_sites(buf, sites) -> words``
+    - ``write_sites(buf, sites, words)``
+    - ``apply_sites(buf, sites) -> (old, new)`` (device arrays; scale sites included)
+
     Subclasses set ``name`` and ``device`` and may override :meth:`load`, which raises ImportError
     when the engine cannot run here (missing extension, Numba, CuPy or GPU).
     """
@@ -92,6 +100,15 @@ class Backend:
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError(f"backend {self.name!r} cannot apply words at addresses")
+
+    def read_sites(self, buf: Any, sites: Any) -> Any:
+        raise NotImplementedError(f"backend {self.name!r} cannot read device-resident sites")
+
+    def write_sites(self, buf: Any, sites: Any, words: Any) -> None:
+        raise NotImplementedError(f"backend {self.name!r} cannot write device-resident sites")
+
+    def apply_sites(self, buf: Any, sites: Any) -> tuple[Any, Any]:
+        raise NotImplementedError(f"backend {self.name!r} cannot apply device-resident sites")
 
     def __repr__(self) -> str:
         return f"<fastflip backend {self.name!r} ({self.device})>"

@@ -169,9 +169,11 @@ def _unique(name: str, used: set[str]) -> str:
 def _weights_h5_paths(model: Any, include_optimizer: bool) -> dict[int, str]:
     """``id(variable) -> .weights.h5 dataset path``, from Keras's own saving walk; {} when it cannot tell.
 
-    The walk is Keras's private ``saving_lib._save_state`` driven with a store that
-    records instead of writing; it only supplies aliases (checkpoint compatibility),
-    so a Keras whose walk changed costs the aliases and nothing else.
+    The layers' paths come from Keras's private ``saving_lib._save_state`` driven with a store that
+    records instead of writing (Keras has no public API for that walk); it only supplies aliases
+    (checkpoint compatibility), so a Keras whose walk changed costs the aliases and nothing else. Names
+    never depend on it: they are the public ``variable.path``. The optimizer's paths come from its public
+    ``save_own_variables`` (:func:`_optimizer_h5_paths`).
     """
     try:
         from keras.src.saving import saving_lib
@@ -202,9 +204,35 @@ def _weights_h5_paths(model: Any, include_optimizer: bool) -> dict[int, str]:
                                visited_saveables=set())
     except Exception:  # a Keras whose private saving walk changed: no aliases  # noqa: BLE001
         return {}
-    if not include_optimizer:
-        found = {k: v for k, v in found.items() if not v.startswith("optimizer/")}
+    found = {k: v for k, v in found.items() if not v.startswith("optimizer/")}
+    if include_optimizer:
+        found.update(_optimizer_h5_paths(model))
     return found
+
+
+def _optimizer_h5_paths(model: Any) -> dict[int, str]:
+    """``id(variable) -> optimizer/vars/<i>`` by the optimizer's public ``save_own_variables`` contract.
+
+    Keras's optimizer stores copies (``variable.numpy()``), not the variables, so a walk that recognises
+    variables by identity cannot place them; its store keys follow ``optimizer.variables`` in order. The
+    keys are checked against the variables (count, shape, dtype) and dropped on any mismatch.
+    """
+    opt = getattr(model, "optimizer", None)
+    if opt is None or not hasattr(opt, "save_own_variables"):
+        return {}
+    store: dict[str, Any] = {}
+    try:
+        opt.save_own_variables(store)
+    except Exception:  # an optimizer that cannot save before it is built  # noqa: BLE001
+        return {}
+    variables = list(opt.variables)
+    if list(store) != [str(i) for i in range(len(variables))]:
+        return {}
+    for v, value in zip(variables, store.values()):
+        a = np.asarray(value)
+        if tuple(a.shape) != tuple(v.shape) or np.dtype(a.dtype) != np.dtype(str(v.dtype)):
+            return {}
+    return {id(v): f"optimizer/vars/{i}" for i, v in enumerate(variables)}
 
 
 # ---------------------------------------------------------------------------------- mappings and sharing

@@ -53,6 +53,14 @@ def _fast(prep: "Prepared", backend: str) -> Backend | None:
     return be if be.device == "cpu" else None
 
 
+def _gpu(sites: Any) -> Backend:
+    """The registry's GPU backend for device-resident ``sites`` (``cuda-raw`` for CuPy arrays unless
+    :data:`fastflip.kernels.gpu.DEFAULT_ENGINE` says otherwise)."""
+    from ..kernels.gpu import gpu_backend
+
+    return gpu_backend(sites.xp)
+
+
 @dataclass
 class Prepared:
     """A plan's sites resolved against one :class:`Targets` (built by :meth:`Targets.prepare`)."""
@@ -328,9 +336,7 @@ class Targets:
         if len(prep.cpu):
             out[prep.cpu] = native.read_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels.gpu import launch_read
-
-            out[pos] = sites.xp.asnumpy(launch_read(self._span(dev)[0], sites))
+            out[pos] = sites.xp.asnumpy(_gpu(sites).read_sites(self._span(dev)[0], sites))
         for i, pos in prep.tf:
             out[pos] = _tf_read(self.tensors[i], self._tf_index(prep, pos, i))
         return out
@@ -350,9 +356,7 @@ class Targets:
         if len(prep.cpu):
             native.write_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], words[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels.gpu import launch_write
-
-            launch_write(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
+            _gpu(sites).write_sites(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
         for i, pos in prep.tf:
             _tf_write(self.tensors[i], self._tf_index(prep, pos, i), words[pos])
 
@@ -372,9 +376,7 @@ class Targets:
                                                plan.or_mask[c], plan.xor_mask[c], backend,
                                                scale=None if plan.scale is None else plan.scale[c])
         for dev, (pos, sites) in prep.cuda.items():
-            from ..kernels.gpu import launch_apply
-
-            d_old, d_new = launch_apply(self._span(dev)[0], sites)
+            d_old, d_new = _gpu(sites).apply_sites(self._span(dev)[0], sites)
             old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
         for i, pos in prep.tf:
             t = self.tensors[i]

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from .. import __version__
 from ..campaign.significance import PAIRWISE_FIELDS
-from ..campaign.store import OUTCOMES
+from ..campaign.store import TRIAL_OUTCOMES
 from ..errors import InputFileError, OutputError
 from ..experiment.outcomes import RESULT_FIELDS, write_csv
 from ..files.fileio import atomic_output
@@ -249,7 +249,7 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
         ("input hashes (SHA-256)", _hashes(data.input_hashes)),
         ("cells", f"{len(data.cells)} ({', '.join(data.conditions)}; grouped by {data.group_by})"),
         ("trials", f"{n:,} stored of {data.n_planned:,} planned"),
-        ("outcomes", ", ".join(f"{o} {totals[o]:,} ({totals[o] / n:.2%})" for o in OUTCOMES)),
+        ("outcomes", ", ".join(f"{o} {totals[o]:,} ({totals[o] / n:.2%})" for o in TRIAL_OUTCOMES)),
         ("trials rule", target),
         ("margin reached", f"largest per-cell Wilson half-width of the failure rate ±{worst:.4f} "
                            f"at {data.confidence:.0%} confidence{reached}"),
@@ -261,7 +261,7 @@ def _campaign_report(data: CampaignData, out: str, rep: Report) -> str:
         ("failure_low", "low", _PCT), ("failure_high", "high", _PCT), ("failure_half_width", "± half-width", _RATE),
     ])
     bit_cols: list[H.Column] = [("condition", "condition", None), ("bit", "bit", None), ("trials", "trials", "{:,}")]
-    for o in OUTCOMES:
+    for o in TRIAL_OUTCOMES:
         bit_cols += [(f"{o}_rate", f"{o}", _PCT), (f"{o}_low", "low", _PCT), (f"{o}_high", "high", _PCT)]
     sections: list[tuple[str | None, str]] = [
         (None, header),

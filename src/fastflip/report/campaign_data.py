@@ -14,7 +14,7 @@ The bit position of a trial is
 * unknown (the trial counts in its cell but in no per-bit table) when a trial flips
   several sites or several bits of a word.
 
-Outcome classes are the store's (:data:`fastflip.campaign.store.OUTCOMES`, the vocabulary of
+Outcome classes are the store's (:data:`fastflip.campaign.store.TRIAL_OUTCOMES`, the vocabulary of
 :mod:`fastflip.campaign.outcomes`): ``masked``, ``sdc``, ``critical`` (an SDC whose metric dropped
 beyond the campaign's threshold) and ``due``. They are exclusive; ``masked_numeric`` is
 the part of ``masked`` whose raw outputs changed (the answer did not). The *SDC rate*
@@ -45,7 +45,7 @@ import numpy as np
 from ..campaign.summary import group_vulnerability, stratified_rate
 from ..errors import StoreError
 from ..campaign.outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, failure_count
-from ..campaign.store import OUTCOMES, ResultStore
+from ..campaign.store import TRIAL_OUTCOMES, ResultStore
 from ..campaign.stats import wilson_half_width, wilson_interval
 
 __all__ = [
@@ -62,9 +62,9 @@ __all__ = [
 ]
 
 #: Columns of every count array: the four exclusive outcomes, then the masked_numeric part of masked.
-COUNT_COLUMNS = (*OUTCOMES, MASKED_NUMERIC)
+COUNT_COLUMNS = (*TRIAL_OUTCOMES, MASKED_NUMERIC)
 #: Rates the tables carry: the four exclusive outcomes, masked_numeric, SDC of either kind, and failure.
-RATE_KINDS = (*OUTCOMES, MASKED_NUMERIC, "sdc_total", "failure")
+RATE_KINDS = (*TRIAL_OUTCOMES, MASKED_NUMERIC, "sdc_total", "failure")
 
 # The bit position of a trial of a cell whose bit spec is not one plain position: the
 # single bit of its single site (see the module docstring); NULL when it has none.
@@ -94,7 +94,7 @@ def rate_columns(counts: np.ndarray, confidence: float = 0.95,
     (0, 1) where a row has no trial). ``failure`` names the classes that count as failure.
     """
     counts = np.asarray(counts, dtype=np.int64).reshape(-1, len(COUNT_COLUMNS))
-    n = counts[:, : len(OUTCOMES)].sum(axis=1)
+    n = counts[:, : len(TRIAL_OUTCOMES)].sum(axis=1)
     cols: dict[str, np.ndarray] = {"trials": n}
     for i, o in enumerate(COUNT_COLUMNS):
         cols[o] = counts[:, i]
@@ -149,7 +149,7 @@ class CampaignData:
 
     def totals(self) -> dict[str, int]:
         """Trials per outcome over the whole store."""
-        return {o: int(sum(c[o] for c in self.cells)) for o in OUTCOMES}
+        return {o: int(sum(c[o] for c in self.cells)) for o in TRIAL_OUTCOMES}
 
 
 def _condition(cell: dict[str, Any]) -> str:
@@ -193,7 +193,7 @@ def load_campaign_data(path: str | os.PathLike[str], *, confidence: float | None
                     arr = by_bit[key] = np.zeros(len(COUNT_COLUMNS), dtype=np.int64)
                 arr[int(outcome)] += int(n)
                 if int(outcome) == 0 and num:
-                    arr[len(OUTCOMES)] += int(n)
+                    arr[len(TRIAL_OUTCOMES)] += int(n)
         if confidence is None:
             confidence = float((st.config.get("trials") or {}).get("confidence") or 0.95)
         conditions: list[str] = []

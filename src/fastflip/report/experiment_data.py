@@ -26,7 +26,7 @@ from .. import __version__
 from ..campaign.significance import pairwise_tests
 from ..campaign.store import _version_tuple
 from ..errors import InputFileError, StoreError
-from ..experiment.outcomes import OUTCOMES, check_failure, read_csv, summarize
+from ..experiment.outcomes import RUN_OUTCOMES, check_failure, read_csv, summarize
 from ..files.fileio import sha256_file
 
 __all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
@@ -188,4 +188,4 @@ def curve_table(data: ExperimentData) -> list[dict[str, Any]]:
 
 
 #: Outcome classes of experiment runs, in the order the report lists them.
-EXPERIMENT_OUTCOMES = OUTCOMES
+EXPERIMENT_OUTCOMES = RUN_OUTCOMES

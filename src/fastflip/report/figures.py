@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ..campaign.store import OUTCOMES
+from ..campaign.store import TRIAL_OUTCOMES
 from ..errors import OptionError
-from ..experiment.outcomes import OUTCOMES as RUN_OUTCOMES
+from ..experiment.outcomes import RUN_OUTCOMES
 from ..files.fileio import atomic_output
 from .bitclass import BIT_CLASSES, class_spans, condition_fields, drop_values
 from .campaign_data import (RATE_KINDS, CampaignData, bit_table, cell_table, group_table, heatmap_table,
@@ -121,7 +121,7 @@ def bit_figure(data: "CampaignData | str | os.PathLike[str]") -> "Figure":
             continue
         x = np.array([r["bit"] for r in mine])
         full = np.arange(nbits)
-        for o in OUTCOMES:
+        for o in TRIAL_OUTCOMES:
             y = np.array([r[f"{o}_rate"] for r in mine])
             lo = np.array([r[f"{o}_low"] for r in mine])
             hi = np.array([r[f"{o}_high"] for r in mine])
@@ -272,7 +272,7 @@ def outcome_figure(data: "CampaignData | str | os.PathLike[str]", max_cells: int
     ax = fig.subplots()
     y = np.arange(len(rows))[::-1]
     left = np.zeros(len(rows))
-    for o in OUTCOMES:
+    for o in TRIAL_OUTCOMES:
         w = np.array([r[f"{o}_rate"] for r in rows])
         ax.barh(y, w, left=left, color=OUTCOME_COLOURS[o], label=OUTCOME_LABELS[o], height=0.8)
         left += w

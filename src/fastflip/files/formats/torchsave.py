@@ -42,7 +42,7 @@ import io
 import math
 import pickle
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 import numpy as np
 

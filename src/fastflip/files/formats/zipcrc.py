@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...errors import UnsupportedStorageError
+
 if TYPE_CHECKING:
     from .zipraw import ZipEntry
 
@@ -139,7 +141,7 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
             e = entries[i]
             at = np.flatnonzero(which == i)
             if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
-                raise ValueError(f"{path}: a changed word lies outside stored entry {e.name}")
+                raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
             dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
             if not dcrc:
                 continue
