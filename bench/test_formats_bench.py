@@ -154,19 +154,50 @@ def test_h5_800_peak_rss(benchmark, files, mode):
             os.unlink(p)
 
 
+def _cp_fsync(src: str, out: str) -> None:
+    """``cp`` and then make the copy durable (fsync of the file and of its folder), as fastflip does by default."""
+    subprocess.run(["cp", src, out], check=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(os.path.dirname(out), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.parametrize("fmt", ["pt", "st"])
-def test_cp_baseline(benchmark, files, fmt):
+@pytest.mark.parametrize("durable", [False, True], ids=["cp", "cp+fsync"])
+def test_cp_baseline(benchmark, files, fmt, durable):
     out = os.path.join(files["dir"], "cp.out")
-    benchmark.pedantic(lambda: subprocess.run(["cp", files[fmt], out], check=True), rounds=E2E_ROUNDS, iterations=1)
+    if durable:
+        benchmark.pedantic(lambda: _cp_fsync(files[fmt], out), rounds=E2E_ROUNDS, iterations=1)
+    else:
+        benchmark.pedantic(lambda: subprocess.run(["cp", files[fmt], out], check=True), rounds=E2E_ROUNDS,
+                           iterations=1)
     os.unlink(out)
 
 
 @pytest.mark.parametrize("fmt", ["pt", "st"])
-def test_100k_flips_new_file(benchmark, files, fmt):
+@pytest.mark.parametrize("input_hash", ["cold", "cached"])
+@pytest.mark.parametrize("durable", [False, True], ids=["no-fsync", "fsync"])
+def test_100k_flips_new_file(benchmark, files, fmt, input_hash, durable, monkeypatch, tmp_path):
+    """cold: the input is hashed in the pass (the sha256 cache off); cached: the input was injected before and is
+    unchanged, so its sha256 comes from fastflip.files.hashcache (the output is always hashed). fsync: the default
+    (``durable=True``: output, log and folder fsync'ed), to compare with ``cp`` + fsync; no-fsync with bare ``cp``."""
     out = os.path.join(files["dir"], "out." + fmt)
     seeds = iter(range(1000))
-    benchmark.pedantic(lambda: inject_file(files[fmt], out, seed=next(seeds), count=100_000), rounds=E2E_ROUNDS,
-                       iterations=1)
+    if input_hash == "cold":
+        monkeypatch.setenv("FASTFLIP_HASH_CACHE", "off")
+    else:
+        monkeypatch.setenv("FASTFLIP_HASH_CACHE", str(tmp_path / "hashcache"))
+        time.sleep(max(0.0, os.stat(files[fmt]).st_ctime_ns / 1e9 + 2.5 - time.time()))  # saved before the run
+        inject_file(files[fmt], out, seed=999, count=1)  # the first injection hashes and remembers the input
+    benchmark.pedantic(lambda: inject_file(files[fmt], out, seed=next(seeds), count=100_000, durable=durable),
+                       rounds=E2E_ROUNDS, iterations=1)
     for p in (out, out + ".fflog"):
         os.unlink(p)
 

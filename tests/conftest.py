@@ -8,9 +8,12 @@ lazily), which :func:`pytest_runtest_makereport` turns into a skip. Under ``make
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import re
+import shutil
+import tempfile
 from types import ModuleType
 
 import pytest
@@ -20,6 +23,10 @@ OPTIONAL_EXTRAS = frozenset({
     "numba", "torch", "tensorflow", "keras", "dask", "distributed", "dask_jobqueue", "pyarrow", "matplotlib",
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer",
 })
+# The sha256 cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
+_HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
+os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
+atexit.register(shutil.rmtree, _HASH_CACHE, True)
 _NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 

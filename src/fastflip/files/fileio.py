@@ -24,6 +24,7 @@ import errno
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,6 +40,7 @@ from ..errors import (
     one_line,
 )
 from ..kernels.environment import missing_extra
+from . import hashcache
 from .paths import sweep_stale, temp_prefix
 
 __all__ = ["atomic_output", "write_error", "as_fastflip_error", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
@@ -227,15 +229,27 @@ def new_file_mode() -> int:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file, read in blocks (memory stays flat)."""
+    """Hex sha256 of a file, read in blocks (memory stays flat).
+
+    A file hashed before and unchanged since (same device, inode, size, mtime and ctime)
+    is not read again: see :mod:`fastflip.files.hashcache`.
+    """
+    p = os.fspath(path)
+    st0, t0 = os.stat(p), time.time()
+    known = hashcache.lookup(p, st0)
+    if known is not None:
+        return known
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open(p, "rb") as fh:
         while True:
             b = fh.read(_BLOCK)
             if not b:
                 break
             h.update(b)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if hashcache.same_state(st0, os.stat(p)):
+        hashcache.remember(p, st0, digest, t0)
+    return digest
 
 
 def copy_with_hash(src: str, dst: str) -> str:

@@ -1,0 +1,127 @@
+"""The stat-keyed sha256 cache (fastflip.files.hashcache): an input injected again is not hashed again, and the
+cache can only make fastflip refuse, never accept a file it should not."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from fastflip import Sampling
+from fastflip.errors import LogMismatchError
+from fastflip.files import h5apply, hashcache
+from fastflip.files.fileio import sha256_file
+from fastflip.files.inject import inject_file, revert
+
+OLD = 10**18  # an mtime (ns) long before now: the file is not "racy"
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv(hashcache.ENV, str(d))
+    return d
+
+
+@pytest.fixture
+def not_racy(monkeypatch):
+    """Files written by the test a moment ago count as settled (a checkpoint is saved before it is injected)."""
+    monkeypatch.setattr(hashcache, "RACY_S", -1.0)
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    p = str(tmp_path / "ckpt.h5")
+    with h5py.File(p, "w") as f:
+        f["dense/kernel"] = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+        f["dense/bias"] = np.zeros(32, np.float32)
+    os.utime(p, ns=(OLD, OLD))
+    return p
+
+
+def _inject(src: str, dst: str, seed: int):
+    return inject_file(src, dst, sampling=Sampling(count=20), seed=seed)
+
+
+def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypatch, not_racy):
+    truth = _sha(ckpt)
+    r1 = _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    assert r1.log.manifest["input"]["sha256"] == truth
+    assert len(list(cache.iterdir())) == 1  # remembered
+    # the second copy must not hash the input: make the streaming hash of the input impossible to use
+    calls = []
+    real = h5apply._copy_buffered
+
+    def spy(*a, **k):
+        calls.append(k.get("hash_input"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(h5apply, "_copy_buffered", spy)
+    r2 = _inject(ckpt, str(tmp_path / "b.h5"), 2)
+    assert calls == [False] and r2.log.manifest["input"]["sha256"] == truth
+    assert r2.log.manifest["output"]["sha256"] == _sha(str(tmp_path / "b.h5"))  # outputs are always hashed
+    back = revert(r2.log, str(tmp_path / "b.h5"), str(tmp_path / "back.h5"))
+    assert _sha(str(tmp_path / "back.h5")) == truth
+
+
+def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cache, not_racy):
+    _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    with h5py.File(ckpt, "r+") as f:  # same size, same mtime afterwards: only ctime tells
+        f["dense/bias"][0] = 1.0
+    os.utime(ckpt, ns=(OLD, OLD))
+    r = _inject(ckpt, str(tmp_path / "b.h5"), 2)
+    assert r.log.manifest["input"]["sha256"] == _sha(ckpt)
+    assert sha256_file(ckpt) == _sha(ckpt)
+
+
+def test_a_file_just_written_is_not_cached(tmp_path, cache):
+    p = tmp_path / "fresh.bin"
+    p.write_bytes(b"x" * 100)
+    os.utime(p, ns=(OLD, OLD))  # an old mtime does not make it settled: its ctime is now
+    assert sha256_file(str(p)) == _sha(str(p))
+    assert not cache.exists() or not list(cache.iterdir())  # racy: mtime within RACY_S of the hash
+
+
+def test_a_wrong_entry_makes_revert_refuse(ckpt, tmp_path, cache, not_racy):
+    """The cache's worst case: an entry that lies. The log then names a wrong input hash, and revert refuses
+    (the reverted bytes do not hash to it); nothing is accepted that should not be."""
+    st = os.stat(ckpt)
+    assert hashcache.remember(ckpt, st, "0" * 64)
+    r = _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    assert r.log.manifest["input"]["sha256"] == "0" * 64
+    with pytest.raises(LogMismatchError, match="did not give the logged input back"):
+        revert(r.log, str(tmp_path / "a.h5"), str(tmp_path / "back.h5"))
+    assert not (tmp_path / "back.h5").exists()
+
+
+def test_a_damaged_entry_is_ignored(ckpt, tmp_path, cache, not_racy):
+    _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    (entry,) = cache.iterdir()
+    entry.write_text("{not json")
+    assert sha256_file(ckpt) == _sha(ckpt)
+    entry.write_text(json.dumps({"key": {}, "sha256": "1" * 64}))
+    assert sha256_file(ckpt) == _sha(ckpt)
+
+
+def test_input_changed_while_copied_writes_nothing(ckpt, tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(hashcache, "same_state", lambda a, b: False)  # as if a write landed during the copy
+    with pytest.raises(LogMismatchError, match="changed while it was being read"):
+        _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    assert sorted(os.listdir(tmp_path)) == ["cache", "ckpt.h5"] or sorted(os.listdir(tmp_path)) == ["ckpt.h5"]
+
+
+def test_off_turns_it_off(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv(hashcache.ENV, "off")
+    assert hashcache.cache_dir() is None
+    _inject(ckpt, str(tmp_path / "a.h5"), 1)
+    assert not hashcache.remember(ckpt, os.stat(ckpt), "0" * 64)
+    assert sorted(os.listdir(tmp_path)) == ["a.h5", "a.h5.fflog", "ckpt.h5"]
