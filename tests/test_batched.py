@@ -125,6 +125,7 @@ def test_sweep_batch_trials_knob_and_resume(tmp_path):
 
 
 def test_batch_trials_config_and_cli(tmp_path):
+    require("torch")  # the campaign's model is a torch module: the CLI sweep below runs it
     from fastflip.errors import OptionError
 
     with pytest.raises(OptionError, match=r"\[evaluator\] batch_trials"):
