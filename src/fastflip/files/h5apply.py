@@ -160,7 +160,9 @@ class RawSites:
     """The raw-path sites of a plan in file-offset order (the order every block walk uses).
 
     The plan's columns are gathered into that order once, so each block works on
-    slices; results are collected in that order and scattered back once.
+    slices; results are collected in that order and scattered back once. ``sites`` is the one
+    site type (:class:`fastflip.core.records.SiteArrays`), its ``tensor`` column indexing
+    ``dtypes``; ``size`` is each site's word size.
     """
 
     sites: SiteArrays  # tensor = index into dtypes; offsets absolute, increasing; masks/scale/words gathered
