@@ -36,6 +36,7 @@ import numpy as np
 
 from ..core.dtypes import from_words, to_words, word_type
 from ..core.plan import Plan
+from ..core.records import SiteArrays
 from ..core.wordrule import new_words_for
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
@@ -159,15 +160,35 @@ class RawSites:
     """The raw-path sites of a plan in file-offset order (the order every block walk uses).
 
     The plan's columns are gathered into that order once, so each block works on
-    slices; results are collected in that order and scattered back once.
+    slices; results are collected in that order and scattered back once. ``sites`` is the one
+    site type (:class:`fastflip.core.records.SiteArrays`), its ``tensor`` column indexing
+    ``dtypes``; ``size`` is each site's word size.
     """
 
-    site: np.ndarray  # positions in the plan
-    offs: np.ndarray  # absolute byte offsets, increasing
+    sites: SiteArrays  # tensor = index into dtypes; offsets absolute, increasing; masks/scale/words gathered
     size: np.ndarray  # word size of each site
-    dcode: np.ndarray  # index into dtypes
     dtypes: list[tuple[np.dtype, str | None]]  # (stored dtype, float format)
-    cols: dict[str, np.ndarray | None]  # and/or/xor/scale/words in this order
+
+    @property
+    def site(self) -> np.ndarray:
+        """Positions in the plan."""
+        return self.sites.positions
+
+    @property
+    def offs(self) -> np.ndarray:
+        """Absolute byte offsets, increasing."""
+        return self.sites.offsets
+
+    @property
+    def dcode(self) -> np.ndarray:
+        """Index into ``dtypes`` per site (the sites' ``tensor`` column: sites are grouped by dtype)."""
+        return self.sites.tensor
+
+    @property
+    def cols(self) -> dict[str, np.ndarray | None]:
+        """The and/or/xor/scale/words columns by name."""
+        s = self.sites
+        return {"and": s.and_mask, "or": s.or_mask, "xor": s.xor_mask, "scale": s.scale, "words": s.words}
 
     @classmethod
     def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
@@ -188,10 +209,11 @@ class RawSites:
         if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
             site, offs, size, dcode = site[order], offs[order], size[order], dcode[order]
-        cols = {"and": plan.and_mask[site], "or": plan.or_mask[site], "xor": plan.xor_mask[site],
-                "scale": None if plan.scale is None else plan.scale[site],
-                "words": None if words is None else np.asarray(words, np.uint64)[site]}
-        return cls(site, offs, size, dcode, dtypes, cols)
+        sites = SiteArrays(positions=site, tensor=dcode, offsets=offs, and_mask=plan.and_mask[site],
+                           or_mask=plan.or_mask[site], xor_mask=plan.xor_mask[site],
+                           scale=None if plan.scale is None else plan.scale[site],
+                           words=None if words is None else np.asarray(words, np.uint64)[site])
+        return cls(sites, size, dtypes)
 
     def __len__(self) -> int:
         return len(self.site)

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.dtypes import WordType, word_type
+from ..core.records import TensorTable
 from ..errors import OptionError, ReadOnlyTargetError
 from ..core.wordrule import rule_words, scale_words
 from .registry import AUTO_ORDER, get_backend, resolve_backend
@@ -211,8 +212,11 @@ def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, w
 # --------------------------------------------------------------------------- several tensors by address
 
 
-class PtrTable:
+class PtrTable(TensorTable):
     """Per-tensor base addresses, word widths and byte orders for the ``*_ptrs`` kernels.
+
+    The :class:`fastflip.core.records.TensorTable` of live host tensors (``ptrs`` is its ``bases``
+    column), plus ``little`` (stored little-endian) per tensor.
 
     Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes) is
     only used by the NumPy fallback, which needs a bounded view of each tensor.
@@ -225,14 +229,15 @@ class PtrTable:
 
     def __init__(self, ptrs: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
                  extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
-        self.ptrs = np.ascontiguousarray(ptrs, dtype=np.uint64)
-        self.itemsizes = np.ascontiguousarray(itemsizes, dtype=np.int32)
-        self.swaps = np.ascontiguousarray(swaps, dtype=np.uint8)
+        swap_col = np.ascontiguousarray(swaps, dtype=np.uint8)
+        super().__init__(
+            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=swap_col,
+            # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
+            dtypes=[d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
+            bases=np.ascontiguousarray(ptrs, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
         # stored little-endian <=> (this machine is little-endian) XOR swap
-        self.little = np.ascontiguousarray(self.swaps.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_)
-        self.extents = np.ascontiguousarray(extents, dtype=np.int64)
-        # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
-        self.dtypes = [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes]
+        object.__setattr__(self, "ptrs", self.bases)  # the name the pointer kernels use (the same array)
+        object.__setattr__(self, "little", np.ascontiguousarray(swap_col.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_))
         n = len(self.ptrs)
         if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
             raise OptionError("pointer table columns must all have the same length")
@@ -240,7 +245,7 @@ class PtrTable:
             raise OptionError("itemsizes must be 1, 2, 4 or 8")
 
     def __len__(self) -> int:
-        return len(self.ptrs)
+        return len(self.bases)
 
 
 def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..core import records
 from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
 from .registry import Backend, get_backend
@@ -99,34 +100,28 @@ def get_gpu_kernels() -> dict[str, Any]:
     return _KERNELS["numba"]
 
 
-@dataclass
-class SiteArrays:
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SiteArrays(records.SiteArrays):
     """A plan's columns on the device (built once per plan and device, applied many times).
 
-    ``offsets`` are byte offsets into the device span, ``tensor`` indexes ``sizes``
+    The one site type (:class:`fastflip.core.records.SiteArrays`) with its columns on the device of
+    ``xp``: ``offsets`` are byte offsets into the device span, ``tensor`` indexes ``sizes``
     (word bytes) and ``little`` (stored little-endian) per tensor; ``scale_pos`` and
     ``scale_factors`` (host arrays) list the value-level sites and ``scale_dtypes``
     their dtypes.
     """
 
-    offsets: Any
-    tensor: Any
     sizes: Any
     little: Any
-    and_mask: Any
-    or_mask: Any
-    xor_mask: Any
     xp: Any
     scale_pos: np.ndarray | None = None
     scale_factors: np.ndarray | None = None
     scale_dtypes: Sequence[np.dtype] | None = None
 
-    def __len__(self) -> int:
-        return int(self.offsets.shape[0])
-
     @classmethod
     def from_host(cls, offsets: Any, tensor: Any, sizes: Any, little: Any, and_mask: Any, or_mask: Any,
-                  xor_mask: Any, xp: Any, scale: Any = None, dtypes: Sequence[Any] | None = None) -> "SiteArrays":
+                  xor_mask: Any, xp: Any, scale: Any = None, dtypes: Sequence[Any] | None = None,
+                  positions: Any = None) -> "SiteArrays":
         """Copy host columns to the device of ``xp`` (``cupy``, or ``numpy`` under the simulator)."""
         def put(v: Any, dtype: Any) -> Any:
             return xp.asarray(np.ascontiguousarray(np.asarray(v).astype(dtype)))
@@ -141,7 +136,8 @@ class SiteArrays:
         return cls(
             offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
             little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64), or_mask=put(u64(or_mask), np.uint64),
-            xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos, scale_factors=factors,
+            xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
+            positions=None if positions is None else np.asarray(positions, np.int64), scale_factors=factors,
             scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
         )
 

@@ -37,6 +37,7 @@ from ..kernels.registry import Backend, get_backend
 from ..core.dtypes import word_type
 from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
 from ..files.layout import Tensor
+from ..core.records import SiteArrays
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
@@ -63,14 +64,29 @@ def _gpu(sites: Any) -> Backend:
 
 @dataclass
 class Prepared:
-    """A plan's sites resolved against one :class:`Targets` (built by :meth:`Targets.prepare`)."""
+    """A plan's sites resolved against one :class:`Targets` (built by :meth:`Targets.prepare`).
 
-    tid: np.ndarray  # target tensor id per site (int32)
-    offsets: np.ndarray  # byte offset from the tensor's base address (int64)
+    ``sites`` is the one site type (:class:`fastflip.core.records.SiteArrays`): target tensor id per
+    site (``tensor``, int32, indexing :attr:`Targets.table`), byte offset from the tensor's base
+    address (``offsets``, int64) and the plan's masks and scale; ``tid`` and ``offsets`` name its two
+    columns. The partitions say which sites go to which engine.
+    """
+
+    sites: SiteArrays
     cpu: np.ndarray | None  # site positions on CPU tensors, or None when every site is (fast path)
     cuda: dict[int, tuple[np.ndarray, Any]] = field(default_factory=dict)  # device -> (positions, SiteArrays)
     tf: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (tensor id, positions)
     bitwise: bool = True  # no scale site
+
+    @property
+    def tid(self) -> np.ndarray:
+        """Target tensor id per site (the sites' ``tensor`` column)."""
+        return self.sites.tensor
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Byte offset of each site from its tensor's base address."""
+        return self.sites.offsets
 
 
 class Targets:
@@ -197,7 +213,7 @@ class Targets:
         """
         key = id(plan)
         hit = self._prepared.get(key)
-        if hit is not None and hit[0]() is plan and len(hit[1].tid) == len(plan) and len(plan.and_mask) == len(plan):
+        if hit is not None and hit[0]() is plan and len(hit[1].sites.tensor) == len(plan) and len(plan.and_mask) == len(plan):
             return hit[1]
         prep = self._prepare(plan)
         self._prepared[key] = (weakref.ref(plan, lambda _r, k=key: self._prepared.pop(k, None)), prep)
@@ -272,7 +288,9 @@ class Targets:
             if bare:
                 raise PlanMismatchError(f"tensor {bare[0]!r}: scaling {plan.tensors[0].format} values needs a tensor "
                                         "that knows its format (a torch bfloat16/float8 tensor), not plain words")
-        prep = Prepared(tid=tid, offsets=np.ascontiguousarray(offsets), cpu=None, bitwise=bitwise)
+        prep = Prepared(SiteArrays(tensor=tid, offsets=np.ascontiguousarray(offsets), and_mask=plan.and_mask,
+                                   or_mask=plan.or_mask, xor_mask=plan.xor_mask, scale=None if bitwise else plan.scale),
+                        cpu=None, bitwise=bitwise)
         if n and kinds is not None and kinds.any():
             prep.cpu = np.flatnonzero(kinds == 0)
             for i in np.unique(tid[kinds == 2]):
@@ -314,22 +332,22 @@ class Targets:
             return SiteArrays.from_host(
                 offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
                 plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
-                dtypes=self.table.dtypes,
+                dtypes=self.table.dtypes, positions=pos,
             )
 
     # ------------------------------------------------------------------ word access per group
 
     def read(self, prep: Prepared, backend: str = "auto") -> np.ndarray:
         """Current words of every site of a prepared plan (native order)."""
-        n = len(prep.tid)
+        n = len(prep.sites.tensor)
         be = _fast(prep, backend)
         if be is not None:
-            return be.read_ptrs(self.table, prep.tid, prep.offsets)
+            return be.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets)
         if prep.cpu is None:
-            return native.read_ptrs(self.table, prep.tid, prep.offsets, backend)
+            return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, backend)
         out = np.empty(n, dtype=np.uint64)
         if len(prep.cpu):
-            out[prep.cpu] = native.read_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], backend)
+            out[prep.cpu] = native.read_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
             out[pos] = sites.xp.asnumpy(_gpu(sites).read_sites(self._span(dev)[0], sites))
         for i, pos in prep.tf:
@@ -339,17 +357,17 @@ class Targets:
     def write(self, prep: Prepared, words: np.ndarray, backend: str = "auto") -> None:
         """Store ``words`` (native order) at every site of a prepared plan."""
         words = np.ascontiguousarray(words, dtype=np.uint64)
-        if len(words) != len(prep.tid):
-            raise OptionError(f"{len(words)} words for {len(prep.tid)} sites")
+        if len(words) != len(prep.sites.tensor):
+            raise OptionError(f"{len(words)} words for {len(prep.sites.tensor)} sites")
         be = _fast(prep, backend)
         if be is not None:
-            be.write_ptrs(self.table, prep.tid, prep.offsets, words)
+            be.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words)
             return
         if prep.cpu is None:
-            native.write_ptrs(self.table, prep.tid, prep.offsets, words, backend)
+            native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, backend)
             return
         if len(prep.cpu):
-            native.write_ptrs(self.table, prep.tid[prep.cpu], prep.offsets[prep.cpu], words[prep.cpu], backend)
+            native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
             _gpu(sites).write_sites(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
         for i, pos in prep.tf:
@@ -359,15 +377,15 @@ class Targets:
         """Apply ``plan`` (already prepared) in place; (old, new) words in plan order."""
         be = _fast(prep, backend) if prep.bitwise else None
         if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
-            return be.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
+            return be.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
         if prep.cpu is None:
-            return native.apply_ptrs(self.table, prep.tid, prep.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
+            return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
                                      backend, scale=None if prep.bitwise else plan.scale)
         n = len(plan)
         old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
         if len(prep.cpu):
             c = prep.cpu
-            old[c], new[c] = native.apply_ptrs(self.table, prep.tid[c], prep.offsets[c], plan.and_mask[c],
+            old[c], new[c] = native.apply_ptrs(self.table, prep.sites.tensor[c], prep.sites.offsets[c], plan.and_mask[c],
                                                plan.or_mask[c], plan.xor_mask[c], backend,
                                                scale=None if plan.scale is None else plan.scale[c])
         for dev, (pos, sites) in prep.cuda.items():
@@ -387,7 +405,7 @@ class Targets:
         return old, new
 
     def _tf_index(self, prep: Prepared, pos: np.ndarray, i: int) -> np.ndarray:
-        return prep.offsets[pos] // self.tensors[i].dtype.itemsize
+        return prep.sites.offsets[pos] // self.tensors[i].dtype.itemsize
 
     def word_reader(self) -> Callable[[Plan], np.ndarray]:
         """``read_words(plan)`` for :meth:`fastflip.core.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
