@@ -6,10 +6,12 @@ Imported by the executors (worker set-up), the trial runner (working copies) and
 sweep (clean-up at the end and at the next start).
 
 * :func:`watch_parent` — run in each pool worker: on Linux ``prctl(PR_SET_PDEATHSIG)``
-  asks the kernel to send SIGTERM when the sweep's process dies (even by SIGKILL), and
-  a daemon thread polling ``os.getppid()`` does the same everywhere else (and backs
-  up the signal). Either way the worker removes its temporaries and exits, so no
-  worker or multiprocessing resource tracker is left blocked behind a killed sweep.
+  asks the kernel to send SIGKILL when the sweep's process dies (even by SIGKILL; a
+  SIGTERM there was seen to leave a worker deadlocked in its own Python-level handler,
+  about one kill in ten under load — the kernel's SIGKILL needs no Python code), and
+  a daemon thread polling ``os.getppid()`` ends the worker everywhere else, removing its
+  temporaries first. Either way no worker or multiprocessing resource tracker is left
+  blocked behind a killed sweep; a killed worker's folder is removed at the next start.
 * :func:`make_workdir` — a worker's temporary folder in ``$TMPDIR``, named
   ``fastflip-trial-<host>-<sweep pid>-<worker pid>-XXXX`` so that its owners can be
   told from its name.
@@ -139,7 +141,7 @@ def watch_parent(parent: int, poll: float = 0.5) -> None:
             import ctypes
 
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # its folder: the next start removes it
         except (OSError, AttributeError):  # pragma: no cover - no prctl: the thread below still watches
             pass
     if os.getppid() != parent:  # the parent died before the watch was set
