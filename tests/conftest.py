@@ -21,7 +21,7 @@ import pytest
 #: Top-level modules of the package's optional extras (pyproject.toml) and of the test-only peers.
 OPTIONAL_EXTRAS = frozenset({
     "numba", "torch", "tensorflow", "keras", "dask", "distributed", "dask_jobqueue", "pyarrow", "matplotlib",
-    "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer",
+    "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
 })
 # The sha256 cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
 _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
