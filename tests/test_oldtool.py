@@ -114,6 +114,8 @@ def reference_run(cfg: dict, data: dict[str, np.ndarray], seed: int) -> dict[str
     for i in range(n):
         if not passed[i]:
             continue
+        if data[names[pick[i]]].ndim > 4:  # its corrupt_dataset handled 0..4 dimensions: the try is spent
+            continue
         arr = data[names[pick[i]]].reshape(-1)
         v = arr[elem[i]]
         if arr.dtype.kind in "iu":
@@ -191,6 +193,41 @@ def test_matches_independent_reimplementation(ckpt, tmp_path, cfg):
     assert all(same_words(read_all(tmp_path / "re.h5")[k], got[k]) for k in got)
     revert(r.result.log_path, str(tmp_path / "o.h5"))
     assert all(same_words(read_all(tmp_path / "o.h5")[k], data[k]) for k in data)
+
+
+def test_datasets_of_more_than_four_dimensions_spend_attempts(tmp_path, capsys):
+    """One 5-D dataset among four: a quarter of the attempts land on it and change nothing (the older tool
+    indexed at most 4 dimensions); --design fastflip corrupts it."""
+    stats = require("scipy.stats")
+    h5 = tmp_path / "c3d.h5"
+    shapes = {"/w1": (64,), "/w2": (8, 8), "/w4": (2, 4, 2, 4), "/w5": (2, 2, 2, 2, 4)}
+    rng = np.random.default_rng(3)
+    with h5py.File(h5, "w") as f:
+        for k, shp in shapes.items():
+            f[k] = (rng.standard_normal(shp) * 0.05 + 1.0).astype("<f4")
+    data = read_all(h5)
+    cfg = {"injection_tries": 800, "first_bit": 9, "last_bit": 31, "float_precision": 32}
+    s = base_cfg(h5, **cfg, save_injection_sequence=True)
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=5)
+    seq = r.run.sequence
+    on5 = len(seq["/w5"])
+    assert r.run.attempts == 800 == sum(len(v) for v in seq.values())
+    assert r.run.corrupted == 800 - on5 and r.run.plan.meta["skipped_over_4d"] == on5
+    assert all(bits is None for _, bits in seq["/w5"]) and all(bits for k in ("/w1", "/w2", "/w4") for _, bits in seq[k])
+    assert stats.binomtest(on5, 800, 0.25).pvalue > 1e-3  # still one location in four
+    got = read_all(tmp_path / "o.h5")
+    want = reference_run({**cfg, "allow_NaN_values": True}, data, seed=5)
+    assert all(same_words(got[k], want[k]) for k in data) and same_words(got["/w5"], data["/w5"])
+    assert not same_words(got["/w4"], data["/w4"])  # 4 dimensions still corrupted
+    assert any("more than 4 dimensions (/w5)" in w and "--design fastflip" in w for w in r.warnings)
+    # the same settings in fastflip's design corrupt the 5-D dataset too
+    f = run_old_settings(s, str(h5), str(tmp_path / "f.h5"), seed=5, design="fastflip")
+    assert not same_words(read_all(f.result.output)["/w5"], data["/w5"])
+    # the drop-in command says so on stderr and counts the same way
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "40", "--injectionType",
+                       "count", "--useRandomLocations", "--floatPrecision", "32", "--seed", "2", "--json")
+    res = json.loads(out)
+    assert rc == 0 and "more than 4 dimensions" in err and res["attempts"] == 40 and res["corrupted"] < 40
 
 
 def test_config_exactly_as_the_older_tool_ships_it(ckpt, tmp_path, capsys):

@@ -37,7 +37,7 @@ from ..files.inject import InjectionResult, cached_layout, inject_file
 from ..files.layout import Tensor
 from ..files.select import Selection, select
 from .oldconfig import OldSettings, map_old_config
-from .oldtool import OldToolRun, old_tool_plan
+from .oldtool import MAX_NDIM, OldToolRun, old_tool_plan
 
 __all__ = ["OldRunResult", "run_old_settings", "load_sequence", "save_sequence", "location_list", "DESIGNS"]
 
@@ -140,6 +140,11 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
     if design == "oldtool":
         ids, bases = location_list(s, tensors)
         seq = load_sequence(s.sequence_path) if s.load_sequence else None
+        deep = sorted({tensors[i].path for i in ids if len(tensors[i].shape) > MAX_NDIM})
+        if deep:
+            warnings.append(f"{len(deep)} dataset(s) of more than {MAX_NDIM} dimensions ({', '.join(deep[:3])}"
+                            f"{', ...' if len(deep) > 3 else ''}) are never changed in the older tool's design (it "
+                            "skipped them, yet an attempt on them used up a try); --design fastflip corrupts them")
         run = old_tool_plan(s, [t.ref() for t in tensors], _reader(src, tensors), seed=seed, locations=ids,
                             bases=bases, file_entries=entries, sequence=seq)
         res = inject_file(src, dst, in_place=in_place, plan=run.plan, seed=seed, log_path=lp, layout=layout,
