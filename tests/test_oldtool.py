@@ -508,10 +508,60 @@ def test_diff_oldtool_comparator(tmp_path, capsys):
     assert w["relative_diffs"][0] == pytest.approx(rel[0]) and w["relative_diffs"][1] == "inf"
     assert t["/s"]["diff_count"] == 1 and t["/s"]["euclidean_distance"] is None
     rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/w", "s")
-    assert "diff count" in out and "euclidean" in out
-    assert 'for "/w" --- 3 diff count of 5 entries' in out and 'for "/s" --- 1 diff count of 1 entries' in out
+    assert '\n--Summary of comparison for "/w" ---\n\t  3 diff count. Representing 60.0%. \n' in out
+    assert '\n--Summary of comparison for "/s" ---\n\t  1 diff count. Representing 100.0%. \n' in out
     rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/", "--json")
     assert json.loads(out)["oldtool_locations"]["/"]["diff_count"] == 4
+
+
+def ref_comparator_lines(path: str, x: np.ndarray, y: np.ndarray) -> list[str]:
+    """hdf5_comparator.py -p on one dataset, re-written from its description: NumPy scalars of the stored
+    dtype compared one by one, ``abs(y - x) / x`` per differing pair, ``numpy.linalg.norm(x - y)``, each figure
+    printed with ``str`` (NumPy 1 printed list items that way)."""
+    with np.errstate(all="ignore"):
+        if x.ndim == 0:
+            n, dist, diffs = int(x[()] != y[()]), "", []
+        else:
+            pairs = [(p, q) for p, q in zip(x.flatten(), y.flatten()) if p != q]
+            diffs = [abs(q - p) / p for p, q in pairs]
+            n, dist = len(diffs), " Euclidean distance: " + str(np.linalg.norm(x.flatten() - y.flatten()))
+    return [f'\t\t Object: "{path}" has:  {n} diff count. Representing {str(n * 100 / max(x.size, 1))}%. {dist}',
+            f"\t\t Actual diffs: [{', '.join(str(v) for v in diffs)}]", ""]
+
+
+def test_diff_oldtool_in_the_datasets_own_arithmetic(tmp_path, capsys):
+    """float32 norms overflow to inf, NaN distances print nan, float16 figures have float16 digits, x = 0 gives
+    ±inf, integer differences wrap (int8), every relative difference printed: as the older comparator did."""
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal(50).astype("f2")
+    pairs = {
+        "/big": (np.array([3.0e38, -2.0e38, 1.0, 0.0], "f4"), np.array([-3.0e38, 2.0e38, 1.5, -4.0], "f4")),
+        "/near": (np.array([1.0e19, 2.0e19, 3.0], "f4"), np.array([-1.0e19, -2.0e19, 3.0], "f4")),
+        "/half": (h, np.where(np.arange(50) % 7 == 0, h * np.float16(1.37), h).astype("f2")),
+        "/nan": (np.array([1.0, np.nan, 2.0], "f8"), np.array([1.0, np.nan, 2.5], "f8")),
+        "/i8": (np.array([[100, -120], [5, 0]], "i1"), np.array([[-100, 120], [7, -3]], "i1")),
+        "/u8": (np.array([3, 250, 9], "u1"), np.array([5, 4, 9], "u1")),
+        "/be": (np.array([1.5, -2.25, 7.0], ">f4"), np.array([1.5, 2.25, -7.0], ">f4")),
+        "/s": (np.array(2.5, "f4"), np.array(-2.5, "f4")),
+    }
+    with h5py.File(a, "w") as fa, h5py.File(b, "w") as fb:
+        for k, (x, y) in pairs.items():
+            fa[k], fb[k] = x, y
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool")
+    assert rc == 1
+    block = out[out.index("the older tool's comparator"):].split("\n")[1:-1]  # print ends the last line
+    want = [line for k in sorted(pairs) for line in ref_comparator_lines(k, *pairs[k])]
+    assert block == want
+    assert "Euclidean distance: inf" in out and "Euclidean distance: nan" in out  # what it printed
+    # fastflip's own figures stay the default: float64, no wrap (|(-100) - 100| / 100 = 2, not 0.56)
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--json")
+    t = {d["path"]: d for d in json.loads(out)["tensors"]}
+    assert "oldtool" not in t["/i8"] and t["/i8"]["max_rel"] == 2.0 and t["/big"]["max_abs"] == pytest.approx(6e38)
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--json")
+    o = {d["path"]: d["oldtool"] for d in json.loads(out)["tensors"]}
+    assert o["/i8"]["relative_diffs"][0] == pytest.approx(0.56) and o["/big"]["euclidean_distance"] == "inf"
+    assert o["/half"]["arithmetic"] == "float16" and o["/i8"]["arithmetic"] == "float64"
 
 
 def test_console_script_entry_point(ckpt, tmp_path, capsys):
