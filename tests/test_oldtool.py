@@ -468,14 +468,14 @@ def test_drop_in_command(ckpt, tmp_path, capsys):
     assert sum(len(v) for v in seq.values()) == 30 and all(len(i) == 1 for v in seq.values() for i, _ in v)
     # the saved sequence (with indexes) loads as a plan: the same float flips at the same elements
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
-                       str(tmp_path / "seq.json"), "--floatPrecision", "32", "-o", str(tmp_path / "re.h5"), "--json")
+                       str(tmp_path / "seq.json"), "--floatPrecision", "32", "--output", str(tmp_path / "re.h5"), "--json")
     assert rc == 0, err
     a, b = read_all(res["output"]), read_all(tmp_path / "re.h5")
     assert all(same_words(a[k], b[k]) for k in a)
     # the older format (bits only) loads too
     (tmp_path / "old.json").write_text(json.dumps({"/predictor/a/": [[1], [2, 3], None]}))
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
-                       str(tmp_path / "old.json"), "--floatPrecision", "32", "-o", str(tmp_path / "old.h5"), "--json")
+                       str(tmp_path / "old.json"), "--floatPrecision", "32", "--output", str(tmp_path / "old.h5"), "--json")
     assert rc == 0 and json.loads(out)["attempts"] == 2
     # --inPlace edits the input like the older tool; the log reverts it
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "5", "--injectionType",
@@ -485,6 +485,89 @@ def test_drop_in_command(ckpt, tmp_path, capsys):
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionType", "count",
                        "--injectionTries", "2")
     assert rc == 2 and "locations_to_corrupt" in err  # switches absent are false, as in the older tool
+
+
+def ref_old_tool_refuses(cfg: dict) -> bool:
+    """The last version's settings check (settings_reader.py), re-written from its description: precision
+    compared with strings, its ``auto and (range) or scaling or mask`` condition as Python groups it, its count of
+    incompatible settings, and the crash when a range setting leaves first/last bit unset."""
+    fp, first, last = cfg.get("float_precision"), cfg.get("first_bit"), cfg.get("last_bit")
+    sf, mask, burst = cfg.get("scaling_factor"), cfg.get("bit_mask"), cfg.get("burst", 1)
+    if fp not in ("16", "32", "64", "auto"):
+        return True
+    if fp == "auto" and (first is not None and last is not None) or sf is not None or mask is not None:
+        return True
+    ranged = burst > 1 or first is not None or last is not None
+    if (fp == "auto") + ranged > 1:
+        return True
+    return ranged and (first is None or last is None)
+
+
+@pytest.mark.parametrize("extra", [
+    {"float_precision": "32", "first_bit": 1, "last_bit": 8}, {"float_precision": 32}, {"float_precision": 64},
+    {"float_precision": "64", "bit_mask": "101"}, {"float_precision": "32", "scaling_factor": 2.0},
+    {"float_precision": "32", "burst": 3}, {"float_precision": "32", "burst": 3, "first_bit": 2, "last_bit": 20},
+    {"float_precision": "32", "first_bit": 4}, {"float_precision": "auto"}, {"float_precision": "auto", "burst": 2},
+    {"float_precision": "16", "burst": 1},
+])
+def test_note_when_the_older_tool_refused_the_setting(ckpt, tmp_path, capsys, extra):
+    h5, _ = ckpt
+    cfg = {"hdf5_file": str(h5), "log_file_path": "l-", "injection_probability": 1, "injection_type": "count",
+           "injection_tries": 5, "allow_sign_change": False, "allow_NaN_values": True, "use_random_locations": True,
+           "locations_to_corrupt": [], "save_injection_sequence": False, **extra}
+    p = write_yaml(tmp_path / "c.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()))
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", str(tmp_path / "o.h5"), "--seed", "1", "--json")
+    notes = [line for line in err.splitlines() if line.startswith("fastflip inject: note: the older tool refused")]
+    assert rc == 0 and len(notes) == int(ref_old_tool_refuses(extra)), err
+    log = InjectionLog.load(json.loads(out)["log"])
+    assert len(log.manifest.get("old_tool_refused", [])) == len(notes)  # the log says so too
+    rc, _, err = run(capsys, "inject", "--config", str(p), "-o", str(tmp_path / "f.h5"), "--design", "fastflip")
+    assert rc == 0 and ("note: the older tool refused" in err) == ref_old_tool_refuses(extra)
+
+
+README_SHORT = {"-c": "--configFile", "-f": "--hdf5File", "-l": "--logFilePath", "-d": "--firstBit", "-e": "--lastBit",
+                "-p": "--injectionProbability", "-t": "--injectionType", "-k": "--injectionTries",
+                "-a": "--scalingFactor"}  # its README's list (-o | --onlyPrint takes no value)
+
+
+def test_readme_short_flags(ckpt, tmp_path, capsys):
+    from fastflip.cli import build_parser
+
+    h5, _ = ckpt
+    parser = build_parser()
+    for short, long in README_SHORT.items():
+        assert parser.parse_args(["hdf5-corrupter", short, "7"]) == parser.parse_args(["hdf5-corrupter", long, "7"])
+    assert parser.parse_args(["hdf5-corrupter", "-o"]).onlyPrint is True
+    cfg = write_yaml(tmp_path / "config-pytorch.yaml", f"""\
+hdf5_file: "{h5}"
+log_file_path: "l-"
+injection_probability: 1
+injection_type: "percentage"
+injection_tries: 1
+float_precision: "32"
+allow_sign_change: True
+allow_NaN_values: False
+save_injection_sequence: False
+use_random_locations: True
+locations_to_corrupt: []
+""")
+    # its README: python3 hdf5_corrupter.py -c "config-pytorch.yaml" -t "count" -k 34 (the flags override the file)
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-t", "count", "-k", "34", "--output",
+                       str(tmp_path / "o.h5"), "--seed", "1", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == 34, err
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "--output", str(tmp_path / "o2.h5"), "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(SIZES.values()) // 100  # the file's own 1 %
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "--burst", "3", "--output", str(tmp_path / "o3.h5"))
+    assert rc == 0 and "--burst is ignored with --configFile" in err
+    # python3 hdf5_corrupter.py -c "config-pytorch.yaml" -o: print the datasets, change nothing
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-o")
+    assert rc == 0 and '"/predictor/a/W" --- Type: float32' in out and not (tmp_path / "m.corrupted.h5").exists()
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-o", str(tmp_path / "x.h5"))
+    assert rc == 2 and "--output" in err and "Traceback" not in err
+    rc, out, err = run(capsys, "hdf5-corrupter", "-f", str(h5), "-t", "count", "-k", "3", "-d", "1", "-e", "8",
+                       "--useRandomLocations", "--output", str(tmp_path / "o4.h5"), "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == 3
+    assert "note: the older tool refused or crashed on this setting" in err and "--floatPrecision" in err
 
 
 def test_diff_oldtool_comparator(tmp_path, capsys):
@@ -569,7 +652,7 @@ def test_console_script_entry_point(ckpt, tmp_path, capsys):
 
     h5, _ = ckpt
     rc = script_main(["--hdf5File", str(h5), "--injectionTries", "4", "--injectionType", "count",
-                      "--useRandomLocations", "--floatPrecision", "auto", "-o", str(tmp_path / "s.h5"), "--json"])
+                      "--useRandomLocations", "--floatPrecision", "auto", "--output", str(tmp_path / "s.h5"), "--json"])
     out, err = capsys.readouterr()
     assert rc == 0 and json.loads(out)["attempts"] == 4, err
 

@@ -103,6 +103,8 @@ def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                          design=args.design, log_path=log, selection=kwargs["selection"])
     for w in r.warnings:
         print(f"fastflip inject: warning: {w}", file=sys.stderr)
+    for n in r.notes:
+        print(f"fastflip inject: note: {n}", file=sys.stderr)
     extra = {} if r.run is None else {"attempts": r.run.attempts, "corrupted": r.run.corrupted,
                                       "unchanged": int(r.run.plan.meta["unchanged"])}
     if r.sequence_path:

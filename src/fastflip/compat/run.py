@@ -52,6 +52,7 @@ class OldRunResult:
     run: OldToolRun | None = None
     sequence_path: str | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def location_list(s: OldSettings, tensors: Sequence[Tensor]) -> tuple[list[int], list[str]]:
@@ -133,7 +134,8 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
         raise OptionError(f"{src}: no numeric datasets to corrupt")
     seed = secrets.randbits(63) if seed is None else int(seed)
     entries = int(sum(t.size for t in layout.tensors))
-    extra = {"old_settings": {k: v for k, v in asdict(s).items() if k != "warnings"}, "design": design}
+    extra = {"old_settings": {k: v for k, v in asdict(s).items() if k not in ("warnings", "notes")}, "design": design,
+             **({"old_tool_refused": list(s.notes)} if s.notes else {})}
     warnings = list(s.warnings)
     lp: Any = log_path
     run: OldToolRun | None = None
@@ -166,4 +168,4 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
     seq_path = None
     if s.save_sequence and run is not None:
         seq_path = save_sequence(run.sequence, s.sequence_path or sequence_out or res.output + ".sequence")
-    return OldRunResult(res, run, seq_path, warnings)
+    return OldRunResult(res, run, seq_path, warnings, list(s.notes))
