@@ -570,6 +570,61 @@ locations_to_corrupt: []
     assert "note: the older tool refused or crashed on this setting" in err and "--floatPrecision" in err
 
 
+def test_old_tool_sequence_file_and_replay_of_either_form(ckpt, tmp_path, capsys, monkeypatch):
+    """--oldtool-sequence writes the sequence as the older tool did in config mode (<injection_sequence_path>.json
+    in the working directory, no indexes, each entry under the first location its dataset starts with); its
+    entries are re-derived here from fastflip's own form of the same run, then both forms replay."""
+    h5, data = ckpt
+    monkeypatch.chdir(tmp_path)
+    prefixes = ["/predictor/a/", "/predictor/", "/predictor/c/"]  # a and c are each under two prefixes
+    cfg = {"hdf5_file": str(h5), "log_file_path": "l-", "injection_probability": 0.5, "injection_type": "count",
+           "injection_tries": 300, "float_precision": "32", "first_bit": 1, "last_bit": 8, "allow_sign_change": True,
+           "allow_NaN_values": True, "use_random_locations": False, "locations_to_corrupt": prefixes,
+           "save_injection_sequence": True}
+    p = write_yaml(tmp_path / "c.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()))
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", "f.h5", "--seed", "4", "--json")
+    assert rc == 0 and json.loads(out)["sequence"].endswith("/f.h5.sequence.json"), err
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", "o.h5", "--seed", "4", "--json", "--oldtool-sequence")
+    assert rc == 0 and json.loads(out)["sequence"] == ".json", err  # no injection_sequence_path: just ".json"
+    ours = json.loads((tmp_path / "f.h5.sequence.json").read_text())
+    old = json.loads((tmp_path / ".json").read_text())
+    names = [n for q in prefixes for n in data if n.startswith(q)]  # the location list, per prefix in order
+    drawn = [q for q in prefixes for n in data if n.startswith(q)]
+    pick = generator(4).integers(0, len(names), size=300)  # the documented first draw: one location per attempt
+    queues = {k: list(v) for k, v in ours.items()}
+    want: dict[str, list] = {}
+    for i in pick.tolist():
+        idx, bits = queues[drawn[i]].pop(0)
+        assert len(idx) == 1  # fastflip's form keeps the indexes
+        want.setdefault(next(q for q in prefixes if names[i].startswith(q)), []).append([[], bits])
+    assert old == want and list(old) == list(want) and "/predictor/c/" not in old and "/predictor/c/" in ours
+    assert all(same_words(read_all("f.h5")[k], read_all("o.h5")[k]) for k in data)  # the same run either way
+    # the older form replays: entries with bits re-applied (null: the probability failed), each at a random
+    # element of a random dataset under its location (fastflip's form replays too: test_drop_in_command)
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence", ".json",
+                       "--floatPrecision", "32", "--output", "re.h5", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(b is not None for v in old.values() for _, b in v), err
+    # injection_sequence_path names the file (".json" appended, relative to the working directory), and a config
+    # that names it without saving loads it back
+    (tmp_path / "seqs").mkdir()
+    p2 = write_yaml(tmp_path / "c2.yaml", p.read_text() + '\ninjection_sequence_path: "seqs/run1"\n')
+    rc, out, err = run(capsys, "inject", "--config", str(p2), "-o", "o2.h5", "--seed", "4", "--oldtool-sequence")
+    assert rc == 0 and json.loads((tmp_path / "seqs" / "run1.json").read_text()) == old, err
+    p3 = write_yaml(tmp_path / "c3.yaml", p2.read_text().replace("save_injection_sequence: true",
+                                                                 "save_injection_sequence: false"))
+    rc, out, err = run(capsys, "inject", "--config", str(p3), "-o", "o3.h5", "--seed", "1", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(b is not None for v in old.values() for _, b in v), err
+    # its flags: --saveInjectionSequence PATH SAVE_INDEXES, entries under the first matching location
+    for keep in ("true", "false"):
+        rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "50", "--injectionType",
+                           "count", "--floatPrecision", "32", "--locationsToCorrupt", *prefixes,
+                           "--saveInjectionSequence", f"s-{keep}", keep, "--oldtool-sequence", "--output", "x.h5",
+                           "--seed", "2")
+        got = json.loads((tmp_path / f"s-{keep}.json").read_text())
+        assert rc == 0 and set(got) <= {"/predictor/a/", "/predictor/"} and sum(map(len, got.values())) == 50
+        assert all(len(i) == (1 if keep == "true" else 0) for v in got.values() for i, _ in v)
+
+
 def test_diff_oldtool_comparator(tmp_path, capsys):
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     x = np.array([1.0, -2.0, 0.0, 4.0, np.nan], "f4")

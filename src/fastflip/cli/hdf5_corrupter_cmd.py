@@ -59,6 +59,10 @@ def _add_fastflip_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, help="seed (random and recorded when omitted)")
     g.add_argument("--design", choices=("oldtool", "fastflip"), default="oldtool",
                    help="oldtool (default) or fastflip's own sampling design")
+    g.add_argument("--oldtool-sequence", action="store_true",
+                   help="save the injection sequence as the older tool wrote it: PATH.json (with --configFile: "
+                   "<injection_sequence_path>.json in the working directory, no indexes), entries under the first "
+                   "matching location")
     g.add_argument("--log", metavar="PATH", help="fastflip log path (default OUTPUT.fflog)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -109,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = src if args.in_place else (args.output or default_output(src))
     r = run_old_settings(settings, src, None if args.in_place else out, in_place=args.in_place, seed=args.seed,
-                         design=args.design, log_path=args.log)
+                         design=args.design, log_path=args.log,
+                         old_sequence=("config" if args.configFile else "flags") if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"hdf5-corrupter: warning: {w}", file=sys.stderr)
     for n in r.notes:
