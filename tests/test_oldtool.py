@@ -614,6 +614,8 @@ def test_old_tool_sequence_file_and_replay_of_either_form(ckpt, tmp_path, capsys
                                                                  "save_injection_sequence: false"))
     rc, out, err = run(capsys, "inject", "--config", str(p3), "-o", "o3.h5", "--seed", "1", "--json")
     assert rc == 0 and json.loads(out)["attempts"] == sum(b is not None for v in old.values() for _, b in v), err
+    rc, out, err = run(capsys, "inject", str(h5), "-o", "n.h5", "--count", "1", "--oldtool-sequence")
+    assert rc == 2 and "add --config" in err
     # its flags: --saveInjectionSequence PATH SAVE_INDEXES, entries under the first matching location
     for keep in ("true", "false"):
         rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "50", "--injectionType",

@@ -6,8 +6,9 @@ Takes the older tool's flags (``--hdf5File``, ``--injectionTries``, ``--injectio
 ``--lastBit``, ``--floatPrecision``, ``--useRandomLocations``, ``--locationsToCorrupt``, ``--burst``,
 ``--bitMask``, ``--scalingFactor``, ``--allowSignChange``, ``--allowNaNValues``, ``--injectionProbability``,
 ``--logFilePath``, ``--saveInjectionSequence PATH [SAVE_INDEXES]``, ``--loadInjectionSequence PATH``,
-``--injectionSequencePath``, ``--configFile``, ``--onlyPrint``) with their meaning (switches absent = false,
-``--configFile`` wins over the other settings) and runs the older tool's sampling
+``--injectionSequencePath``, ``--configFile``, ``--onlyPrint``) and the short flags of its README (``-c -f -l
+-d -e -p -t -k -a -o``) with their meaning (switches absent = false; with ``--configFile`` the value flags
+override its keys, as the README said, and the others are ignored) and runs the older tool's sampling
 (:mod:`fastflip.compat.oldtool`). Unlike the older tool it writes fastflip's log, so every run replays and
 reverts, and it leaves the input alone unless ``--inPlace`` is given: the output is ``--output`` or
 ``<input stem>.corrupted<suffix>`` beside the input.
@@ -47,8 +48,9 @@ def add_old_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allowSignChange", action="store_true", help="the sign bit is one more slot of the range")
     g.add_argument("--useRandomLocations", action="store_true", help="every dataset of the file")
     g.add_argument("--allowNaNValues", action="store_true", help="allow flips that give NaN/Inf")
-    g.add_argument("-o", "--onlyPrint", nargs="?", const=True, default=False, metavar="",
+    g.add_argument("-o", "--onlyPrint", action="store_true",
                    help="list the file's datasets and exit (-o as in its README; the output file is --output)")
+    p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)  # caught in run(): `-o PATH` meant --output
 
 
 def _add_fastflip_flags(p: argparse.ArgumentParser) -> None:
@@ -91,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     if args.saveInjectionSequence is not None and not 1 <= len(args.saveInjectionSequence) <= 2:
         if args.saveInjectionSequence:
             raise OptionError("--saveInjectionSequence takes PATH and optionally true/false (save the indexes)")
-    if args.onlyPrint not in (True, False):
-        raise OptionError(f"-o is the older tool's --onlyPrint and takes no value ({args.onlyPrint!r}); "
-                          "name the output file with --output")
+    if args.stray:
+        hint = "; -o is the older tool's --onlyPrint: name the output file with --output" if args.onlyPrint else ""
+        raise OptionError(f"unexpected argument {args.stray[0]!r}{hint}")
     if args.configFile:
         cfg, ignored = config_with_flags(load_old_config(args.configFile), args)
         for flag in ignored:

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     src = args.file
     if args.config:
         return _run_config(args, kwargs)
+    if args.oldtool_sequence:
+        raise OptionError("--oldtool-sequence writes the sequence file of an hdf5_corrupter config: add --config")
     if not src:
         raise OptionError("give the HDF5 file to inject into")
     kwargs["sampling"] = Sampling.from_cli(args)
