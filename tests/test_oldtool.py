@@ -114,6 +114,8 @@ def reference_run(cfg: dict, data: dict[str, np.ndarray], seed: int) -> dict[str
     for i in range(n):
         if not passed[i]:
             continue
+        if data[names[pick[i]]].ndim > 4:  # its corrupt_dataset handled 0..4 dimensions: the try is spent
+            continue
         arr = data[names[pick[i]]].reshape(-1)
         v = arr[elem[i]]
         if arr.dtype.kind in "iu":
@@ -191,6 +193,41 @@ def test_matches_independent_reimplementation(ckpt, tmp_path, cfg):
     assert all(same_words(read_all(tmp_path / "re.h5")[k], got[k]) for k in got)
     revert(r.result.log_path, str(tmp_path / "o.h5"))
     assert all(same_words(read_all(tmp_path / "o.h5")[k], data[k]) for k in data)
+
+
+def test_datasets_of_more_than_four_dimensions_spend_attempts(tmp_path, capsys):
+    """One 5-D dataset among four: a quarter of the attempts land on it and change nothing (the older tool
+    indexed at most 4 dimensions); --design fastflip corrupts it."""
+    stats = require("scipy.stats")
+    h5 = tmp_path / "c3d.h5"
+    shapes = {"/w1": (64,), "/w2": (8, 8), "/w4": (2, 4, 2, 4), "/w5": (2, 2, 2, 2, 4)}
+    rng = np.random.default_rng(3)
+    with h5py.File(h5, "w") as f:
+        for k, shp in shapes.items():
+            f[k] = (rng.standard_normal(shp) * 0.05 + 1.0).astype("<f4")
+    data = read_all(h5)
+    cfg = {"injection_tries": 800, "first_bit": 9, "last_bit": 31, "float_precision": 32}
+    s = base_cfg(h5, **cfg, save_injection_sequence=True)
+    r = run_old_settings(s, str(h5), str(tmp_path / "o.h5"), seed=5)
+    seq = r.run.sequence
+    on5 = len(seq["/w5"])
+    assert r.run.attempts == 800 == sum(len(v) for v in seq.values())
+    assert r.run.corrupted == 800 - on5 and r.run.plan.meta["skipped_over_4d"] == on5
+    assert all(bits is None for _, bits in seq["/w5"]) and all(bits for k in ("/w1", "/w2", "/w4") for _, bits in seq[k])
+    assert stats.binomtest(on5, 800, 0.25).pvalue > 1e-3  # still one location in four
+    got = read_all(tmp_path / "o.h5")
+    want = reference_run({**cfg, "allow_NaN_values": True}, data, seed=5)
+    assert all(same_words(got[k], want[k]) for k in data) and same_words(got["/w5"], data["/w5"])
+    assert not same_words(got["/w4"], data["/w4"])  # 4 dimensions still corrupted
+    assert any("more than 4 dimensions (/w5)" in w and "--design fastflip" in w for w in r.warnings)
+    # the same settings in fastflip's design corrupt the 5-D dataset too
+    f = run_old_settings(s, str(h5), str(tmp_path / "f.h5"), seed=5, design="fastflip")
+    assert not same_words(read_all(f.result.output)["/w5"], data["/w5"])
+    # the drop-in command says so on stderr and counts the same way
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "40", "--injectionType",
+                       "count", "--useRandomLocations", "--floatPrecision", "32", "--seed", "2", "--json")
+    res = json.loads(out)
+    assert rc == 0 and "more than 4 dimensions" in err and res["attempts"] == 40 and res["corrupted"] < 40
 
 
 def test_config_exactly_as_the_older_tool_ships_it(ckpt, tmp_path, capsys):
@@ -431,14 +468,14 @@ def test_drop_in_command(ckpt, tmp_path, capsys):
     assert sum(len(v) for v in seq.values()) == 30 and all(len(i) == 1 for v in seq.values() for i, _ in v)
     # the saved sequence (with indexes) loads as a plan: the same float flips at the same elements
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
-                       str(tmp_path / "seq.json"), "--floatPrecision", "32", "-o", str(tmp_path / "re.h5"), "--json")
+                       str(tmp_path / "seq.json"), "--floatPrecision", "32", "--output", str(tmp_path / "re.h5"), "--json")
     assert rc == 0, err
     a, b = read_all(res["output"]), read_all(tmp_path / "re.h5")
     assert all(same_words(a[k], b[k]) for k in a)
     # the older format (bits only) loads too
     (tmp_path / "old.json").write_text(json.dumps({"/predictor/a/": [[1], [2, 3], None]}))
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence",
-                       str(tmp_path / "old.json"), "--floatPrecision", "32", "-o", str(tmp_path / "old.h5"), "--json")
+                       str(tmp_path / "old.json"), "--floatPrecision", "32", "--output", str(tmp_path / "old.h5"), "--json")
     assert rc == 0 and json.loads(out)["attempts"] == 2
     # --inPlace edits the input like the older tool; the log reverts it
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "5", "--injectionType",
@@ -448,6 +485,146 @@ def test_drop_in_command(ckpt, tmp_path, capsys):
     rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionType", "count",
                        "--injectionTries", "2")
     assert rc == 2 and "locations_to_corrupt" in err  # switches absent are false, as in the older tool
+
+
+def ref_old_tool_refuses(cfg: dict) -> bool:
+    """The last version's settings check (settings_reader.py), re-written from its description: precision
+    compared with strings, its ``auto and (range) or scaling or mask`` condition as Python groups it, its count of
+    incompatible settings, and the crash when a range setting leaves first/last bit unset."""
+    fp, first, last = cfg.get("float_precision"), cfg.get("first_bit"), cfg.get("last_bit")
+    sf, mask, burst = cfg.get("scaling_factor"), cfg.get("bit_mask"), cfg.get("burst", 1)
+    if fp not in ("16", "32", "64", "auto"):
+        return True
+    if fp == "auto" and (first is not None and last is not None) or sf is not None or mask is not None:
+        return True
+    ranged = burst > 1 or first is not None or last is not None
+    if (fp == "auto") + ranged > 1:
+        return True
+    return ranged and (first is None or last is None)
+
+
+@pytest.mark.parametrize("extra", [
+    {"float_precision": "32", "first_bit": 1, "last_bit": 8}, {"float_precision": 32}, {"float_precision": 64},
+    {"float_precision": "64", "bit_mask": "101"}, {"float_precision": "32", "scaling_factor": 2.0},
+    {"float_precision": "32", "burst": 3}, {"float_precision": "32", "burst": 3, "first_bit": 2, "last_bit": 20},
+    {"float_precision": "32", "first_bit": 4}, {"float_precision": "auto"}, {"float_precision": "auto", "burst": 2},
+    {"float_precision": "16", "burst": 1},
+])
+def test_note_when_the_older_tool_refused_the_setting(ckpt, tmp_path, capsys, extra):
+    h5, _ = ckpt
+    cfg = {"hdf5_file": str(h5), "log_file_path": "l-", "injection_probability": 1, "injection_type": "count",
+           "injection_tries": 5, "allow_sign_change": False, "allow_NaN_values": True, "use_random_locations": True,
+           "locations_to_corrupt": [], "save_injection_sequence": False, **extra}
+    p = write_yaml(tmp_path / "c.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()))
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", str(tmp_path / "o.h5"), "--seed", "1", "--json")
+    notes = [line for line in err.splitlines() if line.startswith("fastflip inject: note: the older tool refused")]
+    assert rc == 0 and len(notes) == int(ref_old_tool_refuses(extra)), err
+    log = InjectionLog.load(json.loads(out)["log"])
+    assert len(log.manifest.get("old_tool_refused", [])) == len(notes)  # the log says so too
+    rc, _, err = run(capsys, "inject", "--config", str(p), "-o", str(tmp_path / "f.h5"), "--design", "fastflip")
+    assert rc == 0 and ("note: the older tool refused" in err) == ref_old_tool_refuses(extra)
+
+
+README_SHORT = {"-c": "--configFile", "-f": "--hdf5File", "-l": "--logFilePath", "-d": "--firstBit", "-e": "--lastBit",
+                "-p": "--injectionProbability", "-t": "--injectionType", "-k": "--injectionTries",
+                "-a": "--scalingFactor"}  # its README's list (-o | --onlyPrint takes no value)
+
+
+def test_readme_short_flags(ckpt, tmp_path, capsys):
+    from fastflip.cli import build_parser
+
+    h5, _ = ckpt
+    parser = build_parser()
+    for short, long in README_SHORT.items():
+        assert parser.parse_args(["hdf5-corrupter", short, "7"]) == parser.parse_args(["hdf5-corrupter", long, "7"])
+    assert parser.parse_args(["hdf5-corrupter", "-o"]).onlyPrint is True
+    cfg = write_yaml(tmp_path / "config-pytorch.yaml", f"""\
+hdf5_file: "{h5}"
+log_file_path: "l-"
+injection_probability: 1
+injection_type: "percentage"
+injection_tries: 1
+float_precision: "32"
+allow_sign_change: True
+allow_NaN_values: False
+save_injection_sequence: False
+use_random_locations: True
+locations_to_corrupt: []
+""")
+    # its README: python3 hdf5_corrupter.py -c "config-pytorch.yaml" -t "count" -k 34 (the flags override the file)
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-t", "count", "-k", "34", "--output",
+                       str(tmp_path / "o.h5"), "--seed", "1", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == 34, err
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "--output", str(tmp_path / "o2.h5"), "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(SIZES.values()) // 100  # the file's own 1 %
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "--burst", "3", "--output", str(tmp_path / "o3.h5"))
+    assert rc == 0 and "--burst is ignored with --configFile" in err
+    # python3 hdf5_corrupter.py -c "config-pytorch.yaml" -o: print the datasets, change nothing
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-o")
+    assert rc == 0 and '"/predictor/a/W" --- Type: float32' in out and not (tmp_path / "m.corrupted.h5").exists()
+    rc, out, err = run(capsys, "hdf5-corrupter", "-c", str(cfg), "-o", str(tmp_path / "x.h5"))
+    assert rc == 2 and "--output" in err and "Traceback" not in err
+    rc, out, err = run(capsys, "hdf5-corrupter", "-f", str(h5), "-t", "count", "-k", "3", "-d", "1", "-e", "8",
+                       "--useRandomLocations", "--output", str(tmp_path / "o4.h5"), "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == 3
+    assert "note: the older tool refused or crashed on this setting" in err and "--floatPrecision" in err
+
+
+def test_old_tool_sequence_file_and_replay_of_either_form(ckpt, tmp_path, capsys, monkeypatch):
+    """--oldtool-sequence writes the sequence as the older tool did in config mode (<injection_sequence_path>.json
+    in the working directory, no indexes, each entry under the first location its dataset starts with); its
+    entries are re-derived here from fastflip's own form of the same run, then both forms replay."""
+    h5, data = ckpt
+    monkeypatch.chdir(tmp_path)
+    prefixes = ["/predictor/a/", "/predictor/", "/predictor/c/"]  # a and c are each under two prefixes
+    cfg = {"hdf5_file": str(h5), "log_file_path": "l-", "injection_probability": 0.5, "injection_type": "count",
+           "injection_tries": 300, "float_precision": "32", "first_bit": 1, "last_bit": 8, "allow_sign_change": True,
+           "allow_NaN_values": True, "use_random_locations": False, "locations_to_corrupt": prefixes,
+           "save_injection_sequence": True}
+    p = write_yaml(tmp_path / "c.yaml", "\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()))
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", "f.h5", "--seed", "4", "--json")
+    assert rc == 0 and json.loads(out)["sequence"].endswith("/f.h5.sequence.json"), err
+    rc, out, err = run(capsys, "inject", "--config", str(p), "-o", "o.h5", "--seed", "4", "--json", "--oldtool-sequence")
+    assert rc == 0 and json.loads(out)["sequence"] == ".json", err  # no injection_sequence_path: just ".json"
+    ours = json.loads((tmp_path / "f.h5.sequence.json").read_text())
+    old = json.loads((tmp_path / ".json").read_text())
+    names = [n for q in prefixes for n in data if n.startswith(q)]  # the location list, per prefix in order
+    drawn = [q for q in prefixes for n in data if n.startswith(q)]
+    pick = generator(4).integers(0, len(names), size=300)  # the documented first draw: one location per attempt
+    queues = {k: list(v) for k, v in ours.items()}
+    want: dict[str, list] = {}
+    for i in pick.tolist():
+        idx, bits = queues[drawn[i]].pop(0)
+        assert len(idx) == 1  # fastflip's form keeps the indexes
+        want.setdefault(next(q for q in prefixes if names[i].startswith(q)), []).append([[], bits])
+    assert old == want and list(old) == list(want) and "/predictor/c/" not in old and "/predictor/c/" in ours
+    assert all(same_words(read_all("f.h5")[k], read_all("o.h5")[k]) for k in data)  # the same run either way
+    # the older form replays: entries with bits re-applied (null: the probability failed), each at a random
+    # element of a random dataset under its location (fastflip's form replays too: test_drop_in_command)
+    rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--loadInjectionSequence", ".json",
+                       "--floatPrecision", "32", "--output", "re.h5", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(b is not None for v in old.values() for _, b in v), err
+    # injection_sequence_path names the file (".json" appended, relative to the working directory), and a config
+    # that names it without saving loads it back
+    (tmp_path / "seqs").mkdir()
+    p2 = write_yaml(tmp_path / "c2.yaml", p.read_text() + '\ninjection_sequence_path: "seqs/run1"\n')
+    rc, out, err = run(capsys, "inject", "--config", str(p2), "-o", "o2.h5", "--seed", "4", "--oldtool-sequence")
+    assert rc == 0 and json.loads((tmp_path / "seqs" / "run1.json").read_text()) == old, err
+    p3 = write_yaml(tmp_path / "c3.yaml", p2.read_text().replace("save_injection_sequence: true",
+                                                                 "save_injection_sequence: false"))
+    rc, out, err = run(capsys, "inject", "--config", str(p3), "-o", "o3.h5", "--seed", "1", "--json")
+    assert rc == 0 and json.loads(out)["attempts"] == sum(b is not None for v in old.values() for _, b in v), err
+    rc, out, err = run(capsys, "inject", str(h5), "-o", "n.h5", "--count", "1", "--oldtool-sequence")
+    assert rc == 2 and "add --config" in err
+    # its flags: --saveInjectionSequence PATH SAVE_INDEXES, entries under the first matching location
+    for keep in ("true", "false"):
+        rc, out, err = run(capsys, "hdf5-corrupter", "--hdf5File", str(h5), "--injectionTries", "50", "--injectionType",
+                           "count", "--floatPrecision", "32", "--locationsToCorrupt", *prefixes,
+                           "--saveInjectionSequence", f"s-{keep}", keep, "--oldtool-sequence", "--output", "x.h5",
+                           "--seed", "2")
+        got = json.loads((tmp_path / f"s-{keep}.json").read_text())
+        assert rc == 0 and set(got) <= {"/predictor/a/", "/predictor/"} and sum(map(len, got.values())) == 50
+        assert all(len(i) == (1 if keep == "true" else 0) for v in got.values() for i, _ in v)
 
 
 def test_diff_oldtool_comparator(tmp_path, capsys):
@@ -471,10 +648,60 @@ def test_diff_oldtool_comparator(tmp_path, capsys):
     assert w["relative_diffs"][0] == pytest.approx(rel[0]) and w["relative_diffs"][1] == "inf"
     assert t["/s"]["diff_count"] == 1 and t["/s"]["euclidean_distance"] is None
     rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/w", "s")
-    assert "diff count" in out and "euclidean" in out
-    assert 'for "/w" --- 3 diff count of 5 entries' in out and 'for "/s" --- 1 diff count of 1 entries' in out
+    assert '\n--Summary of comparison for "/w" ---\n\t  3 diff count. Representing 60.0%. \n' in out
+    assert '\n--Summary of comparison for "/s" ---\n\t  1 diff count. Representing 100.0%. \n' in out
     rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--locations", "/", "--json")
     assert json.loads(out)["oldtool_locations"]["/"]["diff_count"] == 4
+
+
+def ref_comparator_lines(path: str, x: np.ndarray, y: np.ndarray) -> list[str]:
+    """hdf5_comparator.py -p on one dataset, re-written from its description: NumPy scalars of the stored
+    dtype compared one by one, ``abs(y - x) / x`` per differing pair, ``numpy.linalg.norm(x - y)``, each figure
+    printed with ``str`` (NumPy 1 printed list items that way)."""
+    with np.errstate(all="ignore"):
+        if x.ndim == 0:
+            n, dist, diffs = int(x[()] != y[()]), "", []
+        else:
+            pairs = [(p, q) for p, q in zip(x.flatten(), y.flatten()) if p != q]
+            diffs = [abs(q - p) / p for p, q in pairs]
+            n, dist = len(diffs), " Euclidean distance: " + str(np.linalg.norm(x.flatten() - y.flatten()))
+    return [f'\t\t Object: "{path}" has:  {n} diff count. Representing {str(n * 100 / max(x.size, 1))}%. {dist}',
+            f"\t\t Actual diffs: [{', '.join(str(v) for v in diffs)}]", ""]
+
+
+def test_diff_oldtool_in_the_datasets_own_arithmetic(tmp_path, capsys):
+    """float32 norms overflow to inf, NaN distances print nan, float16 figures have float16 digits, x = 0 gives
+    ±inf, integer differences wrap (int8), every relative difference printed: as the older comparator did."""
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    rng = np.random.default_rng(7)
+    h = rng.standard_normal(50).astype("f2")
+    pairs = {
+        "/big": (np.array([3.0e38, -2.0e38, 1.0, 0.0], "f4"), np.array([-3.0e38, 2.0e38, 1.5, -4.0], "f4")),
+        "/near": (np.array([1.0e19, 2.0e19, 3.0], "f4"), np.array([-1.0e19, -2.0e19, 3.0], "f4")),
+        "/half": (h, np.where(np.arange(50) % 7 == 0, h * np.float16(1.37), h).astype("f2")),
+        "/nan": (np.array([1.0, np.nan, 2.0], "f8"), np.array([1.0, np.nan, 2.5], "f8")),
+        "/i8": (np.array([[100, -120], [5, 0]], "i1"), np.array([[-100, 120], [7, -3]], "i1")),
+        "/u8": (np.array([3, 250, 9], "u1"), np.array([5, 4, 9], "u1")),
+        "/be": (np.array([1.5, -2.25, 7.0], ">f4"), np.array([1.5, 2.25, -7.0], ">f4")),
+        "/s": (np.array(2.5, "f4"), np.array(-2.5, "f4")),
+    }
+    with h5py.File(a, "w") as fa, h5py.File(b, "w") as fb:
+        for k, (x, y) in pairs.items():
+            fa[k], fb[k] = x, y
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool")
+    assert rc == 1
+    block = out[out.index("the older tool's comparator"):].split("\n")[1:-1]  # print ends the last line
+    want = [line for k in sorted(pairs) for line in ref_comparator_lines(k, *pairs[k])]
+    assert block == want
+    assert "Euclidean distance: inf" in out and "Euclidean distance: nan" in out  # what it printed
+    # fastflip's own figures stay the default: float64, no wrap (|(-100) - 100| / 100 = 2, not 0.56)
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--json")
+    t = {d["path"]: d for d in json.loads(out)["tensors"]}
+    assert "oldtool" not in t["/i8"] and t["/i8"]["max_rel"] == 2.0 and t["/big"]["max_abs"] == pytest.approx(6e38)
+    rc, out, _ = run(capsys, "diff", str(a), str(b), "--oldtool", "--json")
+    o = {d["path"]: d["oldtool"] for d in json.loads(out)["tensors"]}
+    assert o["/i8"]["relative_diffs"][0] == pytest.approx(0.56) and o["/big"]["euclidean_distance"] == "inf"
+    assert o["/half"]["arithmetic"] == "float16" and o["/i8"]["arithmetic"] == "float64"
 
 
 def test_console_script_entry_point(ckpt, tmp_path, capsys):
@@ -482,7 +709,7 @@ def test_console_script_entry_point(ckpt, tmp_path, capsys):
 
     h5, _ = ckpt
     rc = script_main(["--hdf5File", str(h5), "--injectionTries", "4", "--injectionType", "count",
-                      "--useRandomLocations", "--floatPrecision", "auto", "-o", str(tmp_path / "s.h5"), "--json"])
+                      "--useRandomLocations", "--floatPrecision", "auto", "--output", str(tmp_path / "s.h5"), "--json"])
     out, err = capsys.readouterr()
     assert rc == 0 and json.loads(out)["attempts"] == 4, err
 

@@ -31,8 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--all", action="store_true", help="list identical tensors too")
     p.add_argument("--oldtool", action="store_true",
-                   help="also report what the older tool's comparator did per dataset: differing entries, their "
-                   "%%, Euclidean distance, relative differences |b-a|/a (all of them in --json)")
+                   help="also print what the older tool's comparator (hdf5_comparator.py -p) printed per dataset, "
+                   "computed in the dataset's own dtype as it did: differing entries, their %%, Euclidean distance, "
+                   "every relative difference |b-a|/a")
     p.add_argument("--locations", nargs="+", metavar="PREFIX",
                    help="with --oldtool: also sum the figures per location prefix, as its -l option did")
     add_selection_arguments(p)
@@ -80,28 +81,46 @@ def format_diff(result: Any, show_all: bool = False) -> str:
     return "\n".join(out)
 
 
-def format_oldtool(result: Any, show_all: bool = False) -> str:
-    """The older tool's comparator figures per dataset (``fastflip diff --oldtool``)."""
-    from .inspect_cmd import format_table
+def _old_print(tabs: str, prefix: str, o: dict[str, Any], distance: str | None, diffs: list[str]) -> list[str]:
+    """The lines of the older comparator's ``diff_print`` (with the blank line its ``print`` added)."""
+    dist = "" if distance is None else " Euclidean distance: " + distance
+    return [f"{tabs} {prefix} {o['diff_count']} diff count. Representing {o['diff_percent']!r}%. {dist}",
+            f"{tabs} Actual diffs: [{', '.join(diffs)}]", ""]
 
-    rows = []
+
+def _under(result: Any, raw: str) -> tuple[str, list[Any]]:
+    """A location prefix (with its leading ``/``) and the compared tensors under it."""
+    p = "/" + raw.strip().lstrip("/")
+    return p, [t for t in result.tensors if t.oldtool is not None and t.path.startswith(p)]
+
+
+def _old_diffs(ts: list[Any]) -> list[str]:
+    """Every relative difference of ``ts`` as the older tool printed it (each in its dataset's arithmetic)."""
+    from ..files.oldcompare import old_str
+
+    return [old_str(x, t.oldtool["arithmetic"]) for t in ts for x in t.oldtool["relative_diffs"]]
+
+
+def format_oldtool(result: Any, prefixes: list[str] | None = None) -> str:
+    """What ``hdf5_comparator.py -p`` printed (``fastflip diff --oldtool``): per dataset with differing entries
+    its count, percentage, Euclidean distance and every relative difference ``|b-a|/a``, in the dataset's own
+    arithmetic; then, with ``--locations``, its summary per location prefix."""
+    from ..files.oldcompare import old_str
+
+    out = ["the older tool's comparator (hdf5_comparator.py -p), in each dataset's own arithmetic:"]
     for t in result.tensors:
         o = t.oldtool
-        if o is None or (o["diff_count"] == 0 and not show_all):
+        if o is None or not o["diff_count"] or not o["entries"]:
             continue
-        rel = [float("nan") if x is None else float(x) for x in o["relative_diffs"]]
-        finite = sorted(abs(x) for x in rel if math.isfinite(x))
-        med = finite[len(finite) // 2] if finite else float("nan")
-        dist = o["euclidean_distance"]
-        rows.append([t.path, str(o["entries"]), str(o["diff_count"]), f"{o['diff_percent']:.4g}%",
-                     "-" if dist is None else str(dist) if isinstance(dist, str) else _fmt(float(dist)),
-                     _fmt(finite[0]) if finite else "-", _fmt(med), _fmt(finite[-1]) if finite else "-",
-                     str(len(rel) - len(finite))])
-    head = "the older tool's comparator (values compared with !=; relative diff |b-a|/a):"
-    if not rows:
-        return head + " no differing entries"
-    return head + "\n" + format_table(["path", "entries", "diff count", "%", "euclidean", "|rel| min", "|rel| median",
-                                       "|rel| max", "rel inf/nan"], rows, right=[1, 2, 3, 4, 5, 6, 7, 8])
+        dist = None if len(t.shape) == 0 else old_str(o["euclidean_distance"], o["arithmetic"])
+        out += _old_print("\t\t", f'Object: "{t.path}" has: ', o, dist, _old_diffs([t]))
+    if len(out) == 1:
+        out.append("no differing entries")
+    for p, o in oldtool_summary(result, prefixes or []).items():
+        if o["diff_count"]:
+            diffs = _old_diffs(_under(result, p)[1])
+            out += ["", f'--Summary of comparison for "{p}" ---'] + _old_print("\t", "", o, None, diffs)
+    return "\n".join(out)
 
 
 def oldtool_summary(result: Any, prefixes: list[str]) -> dict[str, dict[str, Any]]:
@@ -109,12 +128,12 @@ def oldtool_summary(result: Any, prefixes: list[str]) -> dict[str, dict[str, Any
     datasets whose path starts with each prefix (it printed no distance for a summary)."""
     out: dict[str, dict[str, Any]] = {}
     for raw in prefixes:
-        p = "/" + raw.strip().lstrip("/")
-        ts = [t.oldtool for t in result.tensors if t.oldtool is not None and t.path.startswith(p)]
+        p, under = _under(result, raw)
+        ts = [t.oldtool for t in under]
         entries = sum(o["entries"] for o in ts)
         diff = sum(o["diff_count"] for o in ts)
         out[p] = {"datasets": len(ts), "entries": entries, "diff_count": diff,
-                  "diff_percent": 100.0 * diff / entries if entries else 0.0,
+                  "diff_percent": diff * 100 / entries if entries else 0.0,
                   "relative_diffs": [x for o in ts for x in o["relative_diffs"]]}
     return out
 
@@ -134,8 +153,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_diff(result, show_all=args.all))
         if args.oldtool:
-            print(format_oldtool(result, show_all=args.all))
-        for p, o in (summary or {}).items():
-            print(f"--Summary of comparison for \"{p}\" --- {o['diff_count']} diff count of {o['entries']} entries "
-                  f"in {o['datasets']} dataset(s). Representing {o['diff_percent']:.4g}%")
+            print(format_oldtool(result, args.locations))
     return 0 if result.identical else 1

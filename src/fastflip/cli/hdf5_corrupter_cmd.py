@@ -6,8 +6,9 @@ Takes the older tool's flags (``--hdf5File``, ``--injectionTries``, ``--injectio
 ``--lastBit``, ``--floatPrecision``, ``--useRandomLocations``, ``--locationsToCorrupt``, ``--burst``,
 ``--bitMask``, ``--scalingFactor``, ``--allowSignChange``, ``--allowNaNValues``, ``--injectionProbability``,
 ``--logFilePath``, ``--saveInjectionSequence PATH [SAVE_INDEXES]``, ``--loadInjectionSequence PATH``,
-``--injectionSequencePath``, ``--configFile``, ``--onlyPrint``) with their meaning (switches absent = false,
-``--configFile`` wins over the other settings) and runs the older tool's sampling
+``--injectionSequencePath``, ``--configFile``, ``--onlyPrint``) and the short flags of its README (``-c -f -l
+-d -e -p -t -k -a -o``) with their meaning (switches absent = false; with ``--configFile`` the value flags
+override its keys, as the README said, and the others are ignored) and runs the older tool's sampling
 (:mod:`fastflip.compat.oldtool`). Unlike the older tool it writes fastflip's log, so every run replays and
 reverts, and it leaves the input alone unless ``--inPlace`` is given: the output is ``--output`` or
 ``<input stem>.corrupted<suffix>`` beside the input.
@@ -26,17 +27,18 @@ __all__ = ["add_parser", "run", "main", "add_old_flags"]
 def add_old_flags(p: argparse.ArgumentParser) -> None:
     """The older tool's flags, with its names and value types."""
     g = p.add_argument_group("the older tool's flags (hdf5_corrupter)")
-    g.add_argument("--configFile", help="path/to/config.yaml; its settings replace the other old flags")
-    g.add_argument("--hdf5File", help="the HDF5 file to corrupt")
+    g.add_argument("-c", "--configFile", help="path/to/config.yaml; the value flags given beside it (-f, -l, -d, -e, "
+                   "-p, -t, -k, -a) override its keys, as its README said; the other old flags are ignored")
+    g.add_argument("-f", "--hdf5File", help="the HDF5 file to corrupt")
     g.add_argument("--locationsToCorrupt", nargs="+", help="location prefixes inside the file")
-    g.add_argument("--logFilePath", help="accepted (the older tool's text log); fastflip writes its own log")
+    g.add_argument("-l", "--logFilePath", help="accepted (the older tool's text log); fastflip writes its own log")
     g.add_argument("--floatPrecision", help="16, 32, 64 or auto: the width float values are packed at")
-    g.add_argument("--firstBit", type=int, help="first bit, sign-first numbering (0 = sign)")
-    g.add_argument("--lastBit", type=int, help="last bit, sign-first numbering")
-    g.add_argument("--injectionProbability", type=float, help="probability that an attempt corrupts")
-    g.add_argument("--injectionType", help="count or percentage")
-    g.add_argument("--injectionTries", type=float, help="attempts (count) or percent of the file's entries")
-    g.add_argument("--scalingFactor", type=float, help="multiply the value instead of flipping bits")
+    g.add_argument("-d", "--firstBit", type=int, help="first bit, sign-first numbering (0 = sign)")
+    g.add_argument("-e", "--lastBit", type=int, help="last bit, sign-first numbering")
+    g.add_argument("-p", "--injectionProbability", type=float, help="probability that an attempt corrupts")
+    g.add_argument("-t", "--injectionType", help="count or percentage")
+    g.add_argument("-k", "--injectionTries", type=float, help="attempts (count) or percent of the file's entries")
+    g.add_argument("-a", "--scalingFactor", type=float, help="multiply the value instead of flipping bits")
     g.add_argument("--bitMask", help="a 0/1 string XORed at a random offset")
     g.add_argument("--burst", type=int, help="distinct random bits flipped per value (default 1)")
     g.add_argument("--saveInjectionSequence", nargs="*", metavar="ARG",
@@ -46,17 +48,23 @@ def add_old_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allowSignChange", action="store_true", help="the sign bit is one more slot of the range")
     g.add_argument("--useRandomLocations", action="store_true", help="every dataset of the file")
     g.add_argument("--allowNaNValues", action="store_true", help="allow flips that give NaN/Inf")
-    g.add_argument("--onlyPrint", action="store_true", help="list the file's datasets and exit")
+    g.add_argument("-o", "--onlyPrint", action="store_true",
+                   help="list the file's datasets and exit (-o as in its README; the output file is --output)")
+    p.add_argument("stray", nargs="*", help=argparse.SUPPRESS)  # caught in run(): `-o PATH` meant --output
 
 
 def _add_fastflip_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fastflip")
-    g.add_argument("-o", "--output", help="output file (default: <input stem>.corrupted<suffix>)")
+    g.add_argument("--output", help="output file (default: <input stem>.corrupted<suffix>; -o is --onlyPrint here)")
     g.add_argument("--inPlace", "--in-place", dest="in_place", action="store_true",
                    help="edit --hdf5File itself, as the older tool did (atomically; the log reverts it)")
     g.add_argument("--seed", type=int, help="seed (random and recorded when omitted)")
     g.add_argument("--design", choices=("oldtool", "fastflip"), default="oldtool",
                    help="oldtool (default) or fastflip's own sampling design")
+    g.add_argument("--oldtool-sequence", action="store_true",
+                   help="save the injection sequence as the older tool wrote it: PATH.json (with --configFile: "
+                   "<injection_sequence_path>.json in the working directory, no indexes), entries under the first "
+                   "matching location")
     g.add_argument("--log", metavar="PATH", help="fastflip log path (default OUTPUT.fflog)")
     g.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -79,14 +87,21 @@ def default_output(src: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ..compat.run import run_old_settings
     from ..errors import OptionError
-    from ..compat.oldconfig import load_old_config, settings_from_config, settings_from_flags
+    from ..compat.oldconfig import config_with_flags, load_old_config, settings_from_config, settings_from_flags
     from .inject_cmd import _print_summary
 
     if args.saveInjectionSequence is not None and not 1 <= len(args.saveInjectionSequence) <= 2:
         if args.saveInjectionSequence:
             raise OptionError("--saveInjectionSequence takes PATH and optionally true/false (save the indexes)")
+    if args.stray:
+        hint = "; -o is the older tool's --onlyPrint: name the output file with --output" if args.onlyPrint else ""
+        raise OptionError(f"unexpected argument {args.stray[0]!r}{hint}")
     if args.configFile:
-        settings = settings_from_config(load_old_config(args.configFile), source=args.configFile)
+        cfg, ignored = config_with_flags(load_old_config(args.configFile), args)
+        for flag in ignored:
+            print(f"hdf5-corrupter: warning: {flag} is ignored with --configFile (the older tool read that setting "
+                  "from the file)", file=sys.stderr)
+        settings = settings_from_config(cfg, source=args.configFile)
     else:
         settings = settings_from_flags(args)
     src = settings.hdf5_file
@@ -100,9 +115,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = src if args.in_place else (args.output or default_output(src))
     r = run_old_settings(settings, src, None if args.in_place else out, in_place=args.in_place, seed=args.seed,
-                         design=args.design, log_path=args.log)
+                         design=args.design, log_path=args.log,
+                         old_sequence=("config" if args.configFile else "flags") if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"hdf5-corrupter: warning: {w}", file=sys.stderr)
+    for n in r.notes:
+        print(f"hdf5-corrupter: note: {n}", file=sys.stderr)
     if not args.in_place:
         print(f"hdf5-corrupter: note: {src} is unchanged; the corrupted copy is {out} (the older tool edited its "
               "input in place: add --inPlace to do the same)", file=sys.stderr)

@@ -32,6 +32,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="with --config: oldtool (default: reproduce the older tool: a dataset uniformly, then an "
                    "element, with replacement; float_precision packing) or fastflip (elements uniform, without "
                    "replacement, stored words flipped exactly)")
+    p.add_argument("--oldtool-sequence", action="store_true",
+                   help="with --config and save_injection_sequence: write the sequence as the older tool did "
+                   "(<injection_sequence_path>.json in the working directory, no indexes, entries under the first "
+                   "matching location) instead of OUTPUT.sequence.json")
     p.add_argument("--log", metavar="PATH", help="log path (default OUTPUT.fflog)")
     p.add_argument("--no-log", action="store_true", help="write no log file")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -50,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     src = args.file
     if args.config:
         return _run_config(args, kwargs)
+    if args.oldtool_sequence:
+        raise OptionError("--oldtool-sequence writes the sequence file of an hdf5_corrupter config: add --config")
     if not src:
         raise OptionError("give the HDF5 file to inject into")
     kwargs["sampling"] = Sampling.from_cli(args)
@@ -100,9 +106,12 @@ def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     settings = settings_from_config(load_old_config(args.config), source=args.config)
     log: Any = False if args.no_log else args.log
     r = run_old_settings(settings, args.file, args.output, in_place=args.in_place, seed=kwargs["seed"],
-                         design=args.design, log_path=log, selection=kwargs["selection"])
+                         design=args.design, log_path=log, selection=kwargs["selection"],
+                         old_sequence="config" if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"fastflip inject: warning: {w}", file=sys.stderr)
+    for n in r.notes:
+        print(f"fastflip inject: note: {n}", file=sys.stderr)
     extra = {} if r.run is None else {"attempts": r.run.attempts, "corrupted": r.run.corrupted,
                                       "unchanged": int(r.run.plan.meta["unchanged"])}
     if r.sequence_path:

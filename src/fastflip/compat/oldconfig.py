@@ -40,7 +40,8 @@ from ..errors import InputFileError, OptionError
 from ..files.select import Selection
 
 __all__ = ["OLD_KEYS", "REQUIRED_KEYS", "OldSettings", "OldConfigMapping", "load_old_config", "settings_from_config",
-           "settings_from_flags", "expand_locations", "map_old_config"]
+           "settings_from_flags", "expand_locations", "map_old_config", "refused_by_old_tool", "config_with_flags",
+           "FLAG_KEYS"]
 
 REQUIRED_KEYS = ("hdf5_file", "log_file_path", "injection_probability", "injection_type", "injection_tries",
                  "allow_sign_change", "allow_NaN_values", "use_random_locations", "locations_to_corrupt",
@@ -80,6 +81,7 @@ class OldSettings:
     sequence_path: str = ""
     load_sequence: bool = False
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def mode(self) -> str:
@@ -234,7 +236,37 @@ def settings_from_config(cfg: Mapping[str, Any], *, source: str = "config") -> O
     kw["sequence_path"] = str(cfg.get("injection_sequence_path") or "")
     if kw["sequence_path"] and not kw["save_sequence"]:
         kw["load_sequence"] = True  # the later reader: a sequence path without saving means load it
-    return check_settings(OldSettings(**kw), warnings)
+    fp = cfg.get("float_precision")
+    unquoted = [f"float_precision: {fp} unquoted: YAML reads a number, which its reader compared with the strings "
+                f"\"16\", \"32\", \"64\", \"auto\" and refused (write \"{fp}\" to run it there)"
+                ] if isinstance(fp, int) and not isinstance(fp, bool) else []
+    return check_settings(OldSettings(**kw), warnings, unquoted)
+
+
+FLAG_KEYS = {"hdf5File": "hdf5_file", "logFilePath": "log_file_path", "firstBit": "first_bit", "lastBit": "last_bit",
+             "injectionProbability": "injection_probability", "injectionType": "injection_type",
+             "injectionTries": "injection_tries", "scalingFactor": "scaling_factor"}
+_CONFIG_ONLY_FLAGS = ("floatPrecision", "burst", "bitMask", "locationsToCorrupt", "saveInjectionSequence",
+                      "loadInjectionSequence", "injectionSequencePath", "allowSignChange", "useRandomLocations",
+                      "allowNaNValues")
+
+
+def config_with_flags(cfg: Mapping[str, Any], args: Any) -> tuple[dict[str, Any], list[str]]:
+    """A config with the value flags given beside ``--configFile`` put over its keys, as the older tool's README
+    promised for ``-f -l -d -e -p -t -k -a`` ("Overwrites value from config file"; ``-c config.yaml -t count
+    -k 34``); returns it and the other old flags given, which the tool never read beside a config file.
+
+    >>> from types import SimpleNamespace as NS
+    >>> flags = dict.fromkeys([*FLAG_KEYS, *_CONFIG_ONLY_FLAGS])
+    >>> config_with_flags({"injection_tries": 5}, NS(**{**flags, "injectionTries": 34.0, "burst": 2}))
+    ({'injection_tries': 34.0}, ['--burst'])
+    """
+    out = dict(cfg)
+    for flag, key in FLAG_KEYS.items():
+        if getattr(args, flag, None) is not None:
+            out[key] = getattr(args, flag)
+    ignored = [f"--{f}" for f in _CONFIG_ONLY_FLAGS if getattr(args, f, None) not in (None, False)]
+    return out, ignored
 
 
 def settings_from_flags(args: Any) -> OldSettings:
@@ -257,13 +289,39 @@ def settings_from_flags(args: Any) -> OldSettings:
         "sequence_path": (save[0] if save else "") or args.loadInjectionSequence or args.injectionSequencePath or "",
         "load_sequence": bool(args.loadInjectionSequence or (args.injectionSequencePath and save is None)),
     }
+    notes = []
     if args.floatPrecision is None:
-        warnings.append("no --floatPrecision: values are packed as float64 before flipping (the older tool's default)")
-    return check_settings(OldSettings(**kw), warnings)
+        warnings.append("no --floatPrecision: values are packed as float64 before flipping (the older tool's default "
+                        "in its config versions without the key)")
+        notes.append("no --floatPrecision: its settings check required one (\"Float precision must be submitted\")")
+    return check_settings(OldSettings(**kw), warnings, notes)
 
 
-def check_settings(s: OldSettings, warnings: list[str] | None = None) -> OldSettings:
-    """The older tool's checks (same order, one-line errors); returns ``s`` with its warnings."""
+def refused_by_old_tool(s: OldSettings) -> list[str]:
+    """Settings that run here but that the older tool's last version (``settings_reader.py``) refused or crashed
+    on, so that it has no results of its own for them: one line each (printed as notes, not errors).
+
+    >>> refused_by_old_tool(OldSettings(burst=3))[0].split(":")[0]
+    'burst 3 without first_bit and last_bit'
+    """
+    out: list[str] = []
+    if s.bit_mask is not None or s.scaling_factor is not None:
+        what = "bit_mask" if s.bit_mask is not None else "scaling_factor"
+        out.append(f"{what}: its settings check refused every {what} (an operator-precedence bug read it as "
+                   "\"float_precision auto does not allow a bit range, scaling factor or bit mask\")")
+    ranged = s.burst > 1 or s.first_bit is not None or s.last_bit is not None
+    if s.mode == "range" and s.precision == "auto" and ranged:
+        out.append("float_precision auto with a bit range or burst: it refused them as incompatible settings")
+    elif s.mode == "range" and ranged and (s.first_bit is None or s.last_bit is None):
+        given = f"burst {s.burst}" if s.burst > 1 else ("first_bit" if s.first_bit is not None else "last_bit")
+        out.append(f"{given} without first_bit and last_bit: it left its bit range unset and crashed when drawing "
+                   "bits (fastflip uses the whole word)")
+    return out
+
+
+def check_settings(s: OldSettings, warnings: list[str] | None = None, notes: Sequence[str] = ()) -> OldSettings:
+    """The older tool's checks (same order, one-line errors); returns ``s`` with its warnings and the notes of
+    :func:`refused_by_old_tool` (after ``notes`` given by the reader)."""
     warnings = list(warnings or [])
     if s.load_sequence and s.injection_type not in ("count", "percentage"):
         s = replace(s, injection_type="count", tries=1)  # a loaded sequence ignores type and tries
@@ -299,7 +357,9 @@ def check_settings(s: OldSettings, warnings: list[str] | None = None) -> OldSett
         raise OptionError("locations_to_corrupt must be given when use_random_locations is false")
     if s.precision == "auto" and s.mode != "range":
         raise OptionError("float_precision auto takes the bit range from each value; no bit_mask or scaling_factor")
-    return replace(s, warnings=tuple(warnings))
+    refused = [*notes, *refused_by_old_tool(s)]
+    return replace(s, warnings=tuple(warnings), notes=tuple(
+        f"the older tool refused or crashed on this setting, so no results of its own exist for it: {n}" for n in refused))
 
 
 def expand_locations(prefixes: Iterable[str], names: Sequence[str]) -> list[str]:

@@ -17,7 +17,9 @@ injection loop with fastflip's seeded generator (the older tool seeded from the 
   a flip that would give NaN/Inf is dropped and that many slots are drawn again (NaN re-draw);
 * mask mode XORs ``bit_mask`` placed at a uniformly random offset of the word (offset re-drawn on NaN/Inf);
 * integers (signed or not) flip one of the binary digits of ``|v|`` (leading zeros excluded), sign kept;
-* scale mode multiplies in float64 and writes back in the stored dtype (integers truncate, saturating).
+* scale mode multiplies in float64 and writes back in the stored dtype (integers truncate, saturating);
+* an attempt that lands on a dataset of more than 4 dimensions (a Conv3D kernel) changes nothing: the older
+  tool indexed up to 4 dimensions only, yet the attempt consumed one of its tries (logged with bits ``None``).
 
 Every hit element's final stored word is compared with its original word: the plan holds each element
 once with ``xor_mask = old ^ final`` (0 when the hits cancelled), which replays and reverts exactly.
@@ -47,9 +49,11 @@ from .oldconfig import OldSettings
 from ..core.plan import Plan, TensorRef
 from ..core.sampling import generator
 
-__all__ = ["OldToolRun", "old_tool_plan", "array_reader", "draw_slots", "flip_float", "flip_int", "MAX_REDRAWS"]
+__all__ = ["OldToolRun", "old_tool_plan", "array_reader", "draw_slots", "flip_float", "flip_int", "MAX_REDRAWS",
+           "MAX_NDIM"]
 
 MAX_REDRAWS = 1000  # the older tool recursed without bound (and crashed); fastflip stops and says so
+MAX_NDIM = 4  # the older tool's corrupt_dataset indexed 0..4 dimensions; an attempt on more changed nothing
 _FLOATS = {16: np.float16, 32: np.float32, 64: np.float64}
 _UINTS = {16: np.uint16, 32: np.uint32, 64: np.uint64}
 _EXP = {16: 0x7C00, 32: 0x7F800000, 64: 0x7FF0000000000000}
@@ -268,6 +272,8 @@ def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_words: Read
                 base.append(prefix)
         n = len(tid_l)
         tid, elem, passed = np.array(tid_l, np.int64), np.array(elem_l, np.int64), np.ones(n, bool)
+    deep = np.array([len(t.shape) > MAX_NDIM for t in tensors], bool)[tid] if n else np.zeros(0, bool)
+    passed &= ~deep  # the attempt is spent, nothing changes (the older tool fell through its ndim cases)
     keys = np.unique(tid[passed] * (1 << 40) + elem[passed])
     ut, ue = keys >> 40, keys & ((1 << 40) - 1)
     current: dict[int, np.generic] = {}
@@ -299,5 +305,6 @@ def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_words: Read
     plan.meta.update({"design": "oldtool", "attempts": int(n), "corrupted": corrupted, "elements_hit": int(len(keys)),
                       "unchanged": int((xor == 0).sum()), "nan_redraws": sim.redraws, "seed": int(seed),
                       "stream": [int(x) for x in stream], "generator": "philox/seedsequence",
-                      "float_precision": s.precision, "from_sequence": sequence is not None})
+                      "float_precision": s.precision, "from_sequence": sequence is not None,
+                      "skipped_over_4d": int(deep.sum())})
     return OldToolRun(plan, int(n), corrupted, sim.redraws, seq)

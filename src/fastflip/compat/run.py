@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -37,7 +37,7 @@ from ..files.inject import InjectionResult, cached_layout, inject_file
 from ..files.layout import Tensor
 from ..files.select import Selection, select
 from .oldconfig import OldSettings, map_old_config
-from .oldtool import OldToolRun, old_tool_plan
+from .oldtool import MAX_NDIM, OldToolRun, old_tool_plan
 
 __all__ = ["OldRunResult", "run_old_settings", "load_sequence", "save_sequence", "location_list", "DESIGNS"]
 
@@ -52,30 +52,42 @@ class OldRunResult:
     run: OldToolRun | None = None
     sequence_path: str | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
-def location_list(s: OldSettings, tensors: Sequence[Tensor]) -> tuple[list[int], list[str]]:
-    """The older tool's location list as tensor ids, and the location (prefix) each came from.
+def location_list(s: OldSettings, tensors: Sequence[Tensor], first_prefix: bool = False) -> tuple[list[int], list[str]]:
+    """The older tool's location list as tensor ids, and the location (prefix) each entry is filed under.
 
-    Random locations (or a sequence to load, whose locations pick among all): every tensor once. Otherwise each prefix expands to every tensor whose path (or an
-    alias) starts with it, prefix by prefix, so a tensor under two prefixes is listed twice.
+    Random locations (or a sequence to load, whose locations pick among all): every tensor once. Otherwise each
+    prefix expands to every tensor whose path (or an alias) starts with it, prefix by prefix, so a tensor under
+    two prefixes is listed twice. Each entry is filed under the prefix it came from; with ``first_prefix``
+    under the first location (in list order) its path starts with, as the older tool filed its saved sequence
+    (``get_base_locations_for``): a dataset under two overlapping prefixes always under the first one, and
+    with random locations a dataset under an earlier dataset whose path is a prefix of its own.
     """
     if s.use_random_locations or s.load_sequence:
-        return list(range(len(tensors))), [t.path for t in tensors]
-    ids: list[int] = []
-    bases: list[str] = []
-    for loc in s.locations:
-        p = "/" + str(loc).lstrip("/")
-        hit = [i for i, t in enumerate(tensors) if any(a.startswith(p) for a in t.aliases)]
-        if not hit:
-            raise OptionError(f"there are no datasets with the prefix {p!r} (locations_to_corrupt)")
-        ids.extend(hit)
-        bases.extend([p] * len(hit))
+        ids, bases = list(range(len(tensors))), [t.path for t in tensors]
+    else:
+        ids, bases = [], []
+        for loc in s.locations:
+            p = "/" + str(loc).lstrip("/")
+            hit = [i for i, t in enumerate(tensors) if any(a.startswith(p) for a in t.aliases)]
+            if not hit:
+                raise OptionError(f"there are no datasets with the prefix {p!r} (locations_to_corrupt)")
+            ids.extend(hit)
+            bases.extend([p] * len(hit))
+    if first_prefix:
+        order = list(dict.fromkeys(bases))
+        bases = [next(p for p in order if any(a.startswith(p) for a in tensors[i].aliases)) for i in ids]
     return ids, bases
 
 
 def load_sequence(path: str) -> dict[str, list[Any]]:
-    """Read an injection-sequence JSON of the older tool (``{location: [[indexes, bits], ...]}``)."""
+    """Read an injection-sequence JSON, in either form: fastflip's (``{location: [[indexes, bits], ...]}``)
+    or the older tool's (indexes ``[]`` in its config mode, or bits only in its first versions). ``PATH.json``
+    is read when ``PATH`` does not exist (both tools append ``.json`` when saving)."""
+    if not os.path.isfile(path) and os.path.isfile(path + ".json"):
+        path += ".json"
     if not os.path.isfile(path):
         raise InputFileError(f"{path}: injection sequence file not found")
     try:
@@ -89,7 +101,8 @@ def load_sequence(path: str) -> dict[str, list[Any]]:
 
 
 def save_sequence(sequence: dict[str, list[Any]], path: str) -> str:
-    """Write the sequence as the older tool did (``.json`` appended when missing, indent 2), atomically."""
+    """Write the sequence as the older tool did (``.json`` appended when missing, indent 2), atomically
+    (an empty path gives ``.json``, where the older tool put it without ``injection_sequence_path``)."""
     path = path if path.endswith(".json") else path + ".json"
     check_output_dir(path)
     with atomic_output(path) as tmp:
@@ -112,18 +125,27 @@ def _reader(src: str, tensors: Sequence[Tensor]) -> Any:
 
 def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = None, *, in_place: bool = False,
                      seed: int | None = None, design: str = "oldtool", log_path: str | bool | None = None,
-                     selection: Selection | None = None, sequence_out: str | None = None) -> OldRunResult:
+                     selection: Selection | None = None, sequence_out: str | None = None,
+                     old_sequence: str | None = None) -> OldRunResult:
     """Run settings ``s`` on ``src`` (default ``s.hdf5_file``); see the module docstring.
 
     ``design`` is ``'oldtool'`` (the older tool's sampling and value rules) or ``'fastflip'``
     (:func:`fastflip.compat.oldconfig.map_old_config`). ``selection`` narrows the datasets the settings see.
     The sequence JSON is written when ``s.save_sequence`` (to ``s.sequence_path``, else ``sequence_out``,
-    else ``<output>.sequence.json``).
+    else ``<output>.sequence.json``), each entry filed under the location it was drawn from, with indexes
+    unless ``s.save_indexes`` is false. ``old_sequence`` writes it as the older tool did instead:
+    ``'config'`` (its config mode: ``<injection_sequence_path>.json`` relative to the working directory, just
+    ``.json`` without the key, and no indexes) or ``'flags'`` (its flags: ``--saveInjectionSequence PATH
+    SAVE_INDEXES``); either way an entry is filed under the first location its dataset's path starts with.
     """
     import secrets
 
     if design not in DESIGNS:
         raise OptionError(f"design {design!r}: use oldtool or fastflip")
+    if old_sequence not in (None, "config", "flags"):
+        raise OptionError(f"old_sequence {old_sequence!r}: use 'config' or 'flags'")
+    if old_sequence == "config":
+        s = replace(s, save_indexes=False)  # its config reader never set INJECTION_SEQUENCE_SAVE_INDEXES
     src = src or s.hdf5_file
     if not src:
         raise OptionError("no input file: give FILE (--hdf5File) or hdf5_file in the config")
@@ -133,13 +155,19 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
         raise OptionError(f"{src}: no numeric datasets to corrupt")
     seed = secrets.randbits(63) if seed is None else int(seed)
     entries = int(sum(t.size for t in layout.tensors))
-    extra = {"old_settings": {k: v for k, v in asdict(s).items() if k != "warnings"}, "design": design}
+    extra = {"old_settings": {k: v for k, v in asdict(s).items() if k not in ("warnings", "notes")}, "design": design,
+             **({"old_tool_refused": list(s.notes)} if s.notes else {})}
     warnings = list(s.warnings)
     lp: Any = log_path
     run: OldToolRun | None = None
     if design == "oldtool":
-        ids, bases = location_list(s, tensors)
+        ids, bases = location_list(s, tensors, first_prefix=old_sequence is not None)
         seq = load_sequence(s.sequence_path) if s.load_sequence else None
+        deep = sorted({tensors[i].path for i in ids if len(tensors[i].shape) > MAX_NDIM})
+        if deep:
+            warnings.append(f"{len(deep)} dataset(s) of more than {MAX_NDIM} dimensions ({', '.join(deep[:3])}"
+                            f"{', ...' if len(deep) > 3 else ''}) are never changed in the older tool's design (it "
+                            "skipped them, yet an attempt on them used up a try); --design fastflip corrupts them")
         run = old_tool_plan(s, [t.ref() for t in tensors], _reader(src, tensors), seed=seed, locations=ids,
                             bases=bases, file_entries=entries, sequence=seq)
         res = inject_file(src, dst, in_place=in_place, plan=run.plan, seed=seed, log_path=lp, layout=layout,
@@ -160,5 +188,6 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
                           selection=sel if sel is not None else selection, extra_manifest=extra, **kw)
     seq_path = None
     if s.save_sequence and run is not None:
-        seq_path = save_sequence(run.sequence, s.sequence_path or sequence_out or res.output + ".sequence")
-    return OldRunResult(res, run, seq_path, warnings)
+        target = s.sequence_path if old_sequence else s.sequence_path or sequence_out or res.output + ".sequence"
+        seq_path = save_sequence(run.sequence, target)
+    return OldRunResult(res, run, seq_path, warnings, list(s.notes))

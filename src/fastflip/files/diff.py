@@ -35,18 +35,13 @@ from ..core.dtypes import to_words
 from ..core.floatformats import FORMATS, decode
 from .formats.npz_members import member_array
 from .layout import Layout, Tensor, open_h5, read_layout
+from .oldcompare import OldComparator
+from .oldcompare import json_num as _json_num
 from .select import Selection, select
 
 __all__ = ["TensorDiff", "DiffResult", "diff_files", "diff_arrays", "iter_blocks", "BLOCK_BYTES"]
 
 BLOCK_BYTES = 16 * 2**20
-
-
-def _json_num(x: float) -> float | str | None:
-    """NaN → None, ±inf → 'inf'/'-inf' (strict JSON has neither)."""
-    if math.isnan(x):
-        return None
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 @dataclass
@@ -192,7 +187,7 @@ class _Acc:
     """Running statistics of one tensor pair (and, with ``oldtool``, the older tool's comparator figures)."""
 
     def __init__(self, bits: int, oldtool: bool = False, fmt: str | None = None) -> None:
-        self.old = _OldAcc() if oldtool else None
+        self.old = OldComparator() if oldtool else None
         self.fmt = fmt  # bfloat16 / float8 words: values decoded by the format
         self.n_diff = 0
         self.hist = np.zeros(bits, dtype=np.int64)
@@ -243,40 +238,8 @@ class _Acc:
             bit_hist=self.hist, max_abs=self.max_abs if self.max_abs > -math.inf else math.nan,
             max_rel=self.max_rel if self.max_rel > -math.inf else math.nan,
             new_nan=self.new_nan, new_inf=self.new_inf,
-            oldtool=None if self.old is None else self.old.result(t),
+            oldtool=None if self.old is None else self.old.result(t.size, scalar=len(t.shape) == 0),
         )
-
-
-class _OldAcc:
-    """The older tool's comparator (hdf5_comparator) per dataset: entries whose values differ (``x != y``, so
-    NaN counts as differing from itself and ``-0.0`` equals ``0.0``), their percentage, the Euclidean distance
-    ``||before - after||`` and the relative differences ``|y - x| / x`` (signed ``x``, as it divided), all
-    computed in float64 (the older tool used the dataset's own arithmetic: float32 norms could overflow to
-    Inf and integer differences wrap)."""
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sq = 0.0
-        self.rel: list[np.ndarray] = []
-
-    def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        fa, fb = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
-        ne = a.reshape(-1) != b.reshape(-1)
-        self.n += int(np.count_nonzero(ne))
-        d = fa - fb
-        self.sq += float(np.dot(d, d))
-        if ne.any():
-            self.rel.append(np.abs(fb[ne] - fa[ne]) / fa[ne])
-
-    def result(self, t: Tensor) -> dict[str, Any]:
-        rel = np.concatenate(self.rel) if self.rel else np.zeros(0)
-        scalar = len(t.shape) == 0
-        return {
-            "entries": int(t.size), "diff_count": self.n,
-            "diff_percent": (100.0 * self.n / t.size) if t.size else 0.0,
-            "euclidean_distance": None if scalar else _json_num(math.sqrt(self.sq) if self.sq >= 0 else math.nan),
-            "relative_diffs": [] if scalar else [_json_num(float(x)) for x in rel],
-        }
 
 
 def diff_arrays(a: np.ndarray, b: np.ndarray, path: str = "") -> TensorDiff:
@@ -340,8 +303,9 @@ def diff_files(
     block_bytes : int
         Upper bound of the data read at once per file.
     oldtool : bool
-        Also compute what the older tool's comparator reported per dataset (``TensorDiff.oldtool``:
-        ``entries``, ``diff_count``, ``diff_percent``, ``euclidean_distance``, ``relative_diffs``).
+        Also compute what the older tool's comparator reported per dataset, in the dataset's own
+        arithmetic (``TensorDiff.oldtool``: ``entries``, ``diff_count``, ``diff_percent``,
+        ``euclidean_distance``, ``relative_diffs``, ``arithmetic``; :mod:`fastflip.files.oldcompare`).
 
     Raises
     ------
