@@ -8,6 +8,7 @@ for bit and the outputs exactly.
 from __future__ import annotations
 
 import copy
+import pickle
 import warnings
 
 import numpy as np
@@ -214,3 +215,22 @@ def test_quantize_dynamic_reload_refreshes_the_kept_words():
     assert not torch.equal(q(x), other(x))
     revert(tg, log)
     assert torch.equal(q(x), other(x))
+
+
+def test_quantize_dynamic_copies_after_targets_stay_independent():
+    torch = _torch()
+    q = _dynamic(torch)
+    tg = targets(q)
+    twin = copy.deepcopy(q)  # the model can still be copied (and pickled) once fastflip reaches it
+    x = torch.randn(2, 8)
+    y0 = q[0](x)
+    log = inject(tg, _flip(tg, "0.weight", 5, 7))
+    assert not torch.equal(q[0](x), y0) and torch.equal(twin[0](x), y0)  # the copy keeps its own weights
+    tg2 = targets(twin)
+    log2 = inject(tg2, _flip(tg2, "0.weight", 5, 7))
+    assert torch.equal(twin[0](x), q[0](x))  # and takes flips of its own
+    revert(tg, log)
+    revert(tg2, log2)
+    assert torch.equal(q[0](x), y0) and torch.equal(twin[0](x), y0)
+    assert len(twin[0]._forward_pre_hooks) == 1
+    assert torch.equal(pickle.loads(pickle.dumps(q))[0](x), y0)

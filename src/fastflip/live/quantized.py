@@ -32,11 +32,10 @@ Examples
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator
 
 __all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors"]
-
-_HOLDER = "_fastflip_unpacked"
 
 
 def inner_role(attr: str, parent_role: str) -> str:
@@ -77,36 +76,34 @@ def subclass_tensors(name: str, t: Any, role: str, depth: int = 0) -> Iterator[t
 
 
 class _Unpacked:
-    """The unpacked weight (and bias) of one packed module, and a pre-hook that repacks it after a change."""
+    """The unpacked weight (and bias) of one packed module; :func:`_before_forward` repacks it after a change."""
 
     def __init__(self, module: Any) -> None:
-        import torch  # only reached for a torch module
-
-        self.torch = torch
         self.params = module._packed_params
         self.weight: Any = None
         self.bias: Any = None
         self.parts: dict[str, Any] = {}
         self._load()
-        module.register_forward_pre_hook(self._before_forward)
 
     def _load(self) -> None:
         """Unpack the module's packed parameters into this holder (in place when the layout is unchanged)."""
+        import torch  # only reached for a torch module
+
         w, b = self.params._weight_bias()
         if self.weight is not None and self._same_kind(w, b):  # keep the addresses the targets hold
-            self.parts["weight"].copy_(self._words(w))
-            for key, value in self._qparams(w).items():
+            self.parts["weight"].copy_(_words(w))
+            for key, value in _qparams(w).items():
                 self.parts[key].copy_(value)
             if b is not None:
                 self.bias.copy_(b)
-            if w.is_quantized and w.qscheme() == self.torch.per_tensor_affine:  # new scale, same storage
+            if w.is_quantized and w.qscheme() == torch.per_tensor_affine:  # new scale, same storage
                 old = self.weight
-                self.weight = self.torch._empty_affine_quantized(
+                self.weight = torch._empty_affine_quantized(
                     (0,), scale=w.q_scale(), zero_point=w.q_zero_point(), dtype=w.dtype).set_(
                     old.untyped_storage(), old.storage_offset(), old.shape, old.stride())
         else:
             self.weight, self.bias = w, (None if b is None else b.detach().clone())
-            self.parts = {"weight": self._words(w), **self._qparams(w)}
+            self.parts = {"weight": _words(w), **_qparams(w)}
             if self.bias is not None:
                 self.parts["bias"] = self.bias
         self.packed = self.params._packed_params
@@ -117,30 +114,50 @@ class _Unpacked:
         same = w.dtype == old.dtype and w.shape == old.shape and (b is None) == (self.bias is None)
         return same and (not w.is_quantized or w.qscheme() == old.qscheme())
 
-    def _words(self, w: Any) -> Any:
-        """The stored words of ``w``: for a quantized tensor, an integer tensor over its own storage."""
-        if not w.is_quantized:
-            return w.detach()
-        words = {self.torch.qint8: self.torch.int8, self.torch.quint8: self.torch.uint8,
-                 self.torch.qint32: self.torch.int32}[w.dtype]
-        return self.torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+    def sync(self) -> None:
+        """Repack when the kept words changed; take the module's words when its packed parameters were replaced."""
+        import torch
 
-    def _qparams(self, w: Any) -> dict[str, Any]:
-        """Per-channel scales and zero points (the quantizer's own tensors); none for per-tensor quantization."""
-        if not w.is_quantized or w.qscheme() == self.torch.per_tensor_affine:
-            return {}
-        return {"weight.scale": w.q_per_channel_scales(), "weight.zero_point": w.q_per_channel_zero_points()}
-
-    def _before_forward(self, module: Any, args: Any) -> None:
         if self.params._packed_params is not self.packed:  # replaced (load_state_dict): take the new words
             self._load()
             return
-        if all(self.torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+        if all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
             return
         self.params.set_weight_bias(self.weight, self.bias)
         self.packed = self.params._packed_params
         for k, v in self.parts.items():
             self.snapshot[k].copy_(v)
+
+
+def _words(w: Any) -> Any:
+    """The stored words of ``w``: for a quantized tensor, an integer tensor over its own storage."""
+    import torch
+
+    if not w.is_quantized:
+        return w.detach()
+    words = {torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32}[w.dtype]
+    return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+
+
+def _qparams(w: Any) -> dict[str, Any]:
+    """Per-channel scales and zero points (the quantizer's own tensors); none for per-tensor quantization."""
+    import torch
+
+    if not w.is_quantized or w.qscheme() == torch.per_tensor_affine:
+        return {}
+    return {"weight.scale": w.q_per_channel_scales(), "weight.zero_point": w.q_per_channel_zero_points()}
+
+
+# module -> its holder; weak, so a copy of the module (deepcopy, pickle) carries no holder and computes with its
+# own packed parameters until targets are built on it
+_HOLDERS: "weakref.WeakKeyDictionary[Any, _Unpacked]" = weakref.WeakKeyDictionary()
+
+
+def _before_forward(module: Any, args: Any) -> None:
+    """Forward pre-hook of a packed module that fastflip reaches (a plain function: copies stay picklable)."""
+    holder = _HOLDERS.get(module)
+    if holder is not None:
+        holder.sync()
 
 
 def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
@@ -159,10 +176,11 @@ def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tupl
     weight, ``.../1`` for the bias), so a plan sampled from the saved file applies to the live module.
     """
     for name, module in _packed_modules(model):
-        holder = module.__dict__.get(_HOLDER)
+        holder = _HOLDERS.get(module)
         if holder is None:
-            holder = _Unpacked(module)
-            module.__dict__[_HOLDER] = holder
+            holder = _HOLDERS[module] = _Unpacked(module)
+            if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
+                module.register_forward_pre_hook(_before_forward)
         prefix = f"{name}." if name else ""
         saved = f"{prefix}_packed_params._packed_params"
         files = {"weight": f"{saved}/0", "bias": f"{saved}/1",
