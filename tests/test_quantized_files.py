@@ -139,3 +139,13 @@ def test_quantized_record_checked_as_torch_checks_it(tmp_path):
             rebuild(st, 0, (3, 4), (4, 1), bad)
     with pytest.raises(FormatError):
         rebuild(StorageRef("0", "float32", 12), 0, (3, 4), (4, 1), (per_channel, scales, [0, 0, 0], 0))
+
+
+def test_legacy_torch_save_of_a_quantized_state_dict(tmp_path):
+    torch = require("torch")
+    p = str(tmp_path / "q_legacy.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.save(_quantized(per_channel=True).state_dict(), p, _use_new_zipfile_serialization=False)
+    assert read_layout(p).format == "torch-legacy"
+    check_format(p, torch_load_quantized, str(tmp_path), fmt="torch-legacy", models=["flip", "stuck-at-1"], count=6)
