@@ -69,6 +69,7 @@ class Packed:
 
     @property
     def per_word(self) -> int:
+        """Values per int32 word (8 for 4 bits)."""
         return 32 // self.bits
 
 
