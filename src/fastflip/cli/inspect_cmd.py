@@ -73,6 +73,8 @@ def _storage(t: Any) -> str:
 
 def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
     """The readable table ``fastflip inspect`` prints."""
+    from ..files.packing import describe, detect_packing
+
     tensors = layout.tensors if tensors is None else tensors
     rows = []
     for t in tensors:
@@ -91,6 +93,11 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(by_storage.items()))
     out.append(f"total: {len(tensors)} tensors, {sum(t.size for t in tensors)} elements, "
                f"{human_bytes(nbytes)} ({nbytes} bytes){'; ' + kinds if kinds else ''}")
+    packed = detect_packing(tensors)
+    if packed:  # GPTQ/AWQ int32 words: which logical element each bit belongs to
+        out.append(f"packed integer weights ({len(packed)}; a site is a bit of a word, "
+                   "fastflip.files.packing.packed_element names its element):")
+        out.extend(f"  {describe(p)}" for p in packed)
     if layout.skipped:
         out.append(f"skipped {len(layout.skipped)} datasets:")
         out.extend(f"  {s.path}: {s.reason}" for s in layout.skipped)
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..files.layout import Layout, read_layout
     from ..files.select import select, selection_from_args
+    from ..files.packing import detect_packing
 
     from ..files.keras_archive import is_keras_archive, read_archive
 
@@ -117,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
         d = shown.as_dict()
         if not sel.is_all:
             d["selection"] = sel.as_dict()
+        packed = detect_packing(tensors)
+        if packed:
+            d["packed"] = [{"path": p.path, "kind": p.kind, "packing": p.packing, "bits": p.bits} for p in packed]
         print(dumps(d))
     else:
         print(format_layout(layout, tensors))

@@ -25,7 +25,7 @@ def add_selection_arguments(parser: Any) -> None:
     g.add_argument("--dtype", action="append", metavar="DTYPE", default=[],
                    help="float32, f4, >f4, or a group: float, int, uint, signed, bool")
     g.add_argument("--role", action="append", metavar="ROLE", default=[],
-                   help="weight, bias, bn-statistic, optimizer-moment (or: optimizer), step-counter, other")
+                   help="weight, bias, bn-statistic, optimizer-moment (or: optimizer), step-counter, scale, zero, other")
     g.add_argument("--layer", action="append", metavar="GLOB", default=[], help="glob on layer names")
 
 

@@ -4,7 +4,14 @@ Layer: ``files`` (may import core, kernels and files; imported by live and above
 
 Roles: ``weight``, ``bias``, ``bn-statistic`` (batch-norm running mean/variance),
 ``optimizer-moment`` (Adam/SGD state), ``step-counter`` (iteration counters,
-``num_batches_tracked``, Chainer ``N``/``t``) and ``other``.
+``num_batches_tracked``, Chainer ``N``/``t``), ``scale`` and ``zero`` (a quantized weight's
+scales and zero points) and ``other``.
+
+Quantized weights: integer weight words are ``weight`` whatever their dtype (GPTQ/AWQ ``qweight``,
+compressed-tensors ``weight_packed``, torchao ``<param>.qdata``); ``scales``, ``weight_scale``,
+``weight_scale_inv``, ``input_scale`` and a torch key ``<param>.scale`` below a weight or of rank 0 are
+``scale``; ``qzeros``, ``zero_point(s)``, ``weight_zero_point`` are ``zero``. For ``<module>.weight.qdata``
+(a tensor subclass's inner tensor) the layer is the module, as for ``<module>.weight``.
 
 Recognised layouts (the ``framework`` label):
 
@@ -50,11 +57,12 @@ from .h5open import open_h5
 
 __all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names"]
 
-ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "other")
+ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "scale", "zero", "other")
 # short names accepted by selections (``--role optimizer``)
 ROLE_ALIASES = {"optimizer": "optimizer-moment", "moment": "optimizer-moment", "bn": "bn-statistic",
                 "batchnorm": "bn-statistic", "counter": "step-counter", "step": "step-counter",
-                "weights": "weight", "biases": "bias"}
+                "weights": "weight", "biases": "bias", "scales": "scale", "zeros": "zero",
+                "zero-point": "zero", "zero_point": "zero"}
 FRAMEWORKS = ("keras3", "keras-legacy", "torch", "chainer")
 
 _KERAS3_VAR = re.compile(r"^(?P<group>/.*)/vars/(?P<i>\d+)$")
@@ -65,6 +73,13 @@ _BN_NAMES = {"moving_mean", "moving_variance", "running_mean", "running_var", "a
 _CHAINER_PARAMS = {"W", "b", "gamma", "beta", "avg_mean", "avg_var"}
 _STEP_NAMES = {"iter", "iteration", "iterations", "step", "num_batches_tracked", "n", "t", "epoch",
                "global_step"}
+
+# quantized checkpoints (GPTQ/AWQ, compressed-tensors, FP8, torchao inner tensors): roles by name, any dtype
+_QUANT_ROLES = {"qweight": "weight", "weight_packed": "weight", "qdata": "weight",
+                "scales": "scale", "weight_scale": "scale", "weight_scale_inv": "scale", "input_scale": "scale",
+                "qzeros": "zero", "zero_point": "zero", "zero_points": "zero", "weight_zero_point": "zero",
+                "input_zero_point": "zero"}
+_QUANT_INNER = {"qdata", "scale", "zero_point"}
 
 T = TypeVar("T", Layout, list)
 
@@ -118,6 +133,8 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
 
 def _guess_role(name: str, ndim: int, kind: str) -> str:
     low = name.lower()
+    if low in _QUANT_ROLES:
+        return _QUANT_ROLES[low]
     if low in _BN_NAMES:
         return "bn-statistic"
     if low in _STEP_NAMES and kind in "iuf" and ndim == 0:
@@ -145,6 +162,12 @@ def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[
             layer, _, name = key.rpartition(".")
             if name == "num_batches_tracked":
                 return layer or None, "step-counter"
+            owner, _, param = layer.rpartition(".")
+            if name in _QUANT_INNER and (param in _WEIGHT_NAMES or param in _BIAS_NAMES):
+                # a tensor subclass's inner tensor (``fc.weight.qdata``): the module is the layer
+                return owner or None, "scale" if name == "scale" else _guess_role(name, ndim, "f")
+            if name == "scale" and ndim == 0:  # a quantized module's output scale (quantize_dynamic)
+                return layer or None, "scale"
             # bfloat16 tensors are stored as uint16 words: the name decides, not the kind
             return layer or None, _guess_role(name, ndim, "f")
         if parts[:2] == ["optimizer", "state"] and len(parts) >= 4:

@@ -126,7 +126,7 @@ class Selection:
         ``float32``, ``f4`` (either byte order), ``>f4`` (one byte order), or groups:
         ``float``, ``int`` (every integer type, signed or not), ``signed``, ``uint``, ``bool``.
     roles : tuple of str
-        ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``other``
+        ``weight``, ``bias``, ``bn-statistic``, ``optimizer-moment``, ``step-counter``, ``scale``, ``zero``, ``other``
         (short forms: ``optimizer`` = ``optimizer-moment``, ``bn`` = ``bn-statistic``,
         ``counter`` = ``step-counter``).
     layers : tuple of str

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..files.roles import label_names, label_path
+from . import quantized
 
 if TYPE_CHECKING:
     from .adapters import LiveTensor
@@ -85,7 +86,13 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         names.setdefault(id(t), name)
         alias = f"model/{name}"
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
+        if quantized.is_subclass(t):  # torchao: the inner tensors (qdata, scale, zero_point) are the storage
+            out += [Found(n, v, (f"model/{n}",), layer, r, f"model/{n}") for n, v, r in
+                    quantized.subclass_tensors(name, t, role)]
+            continue
         out.append(Found(name, t.detach(), (alias,), layer, role, alias))
+    for n, v, layer, r, aliases in quantized.packed_tensors(model):  # torch.ao packed int8 modules
+        out.append(Found(n, v, aliases, layer, r, aliases[0]))
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
             from ..errors import OptionError

@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from ...core.records import Tensor, replace
 from ..roles import label_path
+from .torchquant import packed_label
 
 __all__ = ["key_label", "label_tensors", "optimizer_layers"]
 
@@ -40,6 +41,9 @@ def key_label(path: str, ndim: int) -> tuple[str | None, str]:
     parts = [p for p in path.split("/") if p]
     if _is_optimizer_state(parts):
         return None, "step-counter" if parts[-1] == "step" else "optimizer-moment"
+    packed = packed_label(parts)  # a torch.ao quantized module's (weight, bias)
+    if packed is not None:
+        return packed
     return label_path("/model/" + (parts[-1] if parts else ""), "torch", ndim, "f")
 
 

@@ -51,6 +51,7 @@ from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError, UnsafeInputError
 from .naming import label_tensors, optimizer_layers
+from .torchquant import QUANT_DTYPES, QUANT_STORAGES, quantized_globals
 from .zipraw import ZipEntry, stored_entries
 
 __all__ = ["RestrictedUnpickler", "TensorRecord", "StorageRef", "restricted_loads", "read_torch_layout",
@@ -69,6 +70,8 @@ _STORAGE_TYPES = {
     "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
     "ByteStorage": "uint8", "BoolStorage": "bool",
 }
+TORCH_DTYPES.update(QUANT_DTYPES)  # quantized tensors as their integer words (see .torchquant)
+_STORAGE_TYPES.update(QUANT_STORAGES)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class TensorRecord:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: str  # torch dtype name
+    parts: tuple[tuple[str, Any], ...] = ()  # a quantized tensor's stored per-channel scales / zero points
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -177,6 +181,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 }
 _ALLOWED.update({("torch", k): _StorageType(v, k) for k, v in _STORAGE_TYPES.items()})
 _ALLOWED.update({("torch", k): _DType(k) for k in TORCH_DTYPES})
+_ALLOWED.update(quantized_globals(_rebuild_v2))
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -197,7 +202,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             pass
         if module == "torch" and name.endswith("Storage"):
             raise FormatError(f"{self.where}: tensors of storage type torch.{name} are not supported "
-                              "(float, int, bool, bfloat16 and float8 tensors are)")
+                              "(float, int, bool, bfloat16, float8 and qint8/quint8/qint32 tensors are)")
         raise UnsafeInputError(
             f"{self.where}: the pickle asks for {module}.{name}, which fastflip does not run (only tensors and plain "
             "containers are read); save a state_dict (torch.save(model.state_dict(), f)) instead")
@@ -225,6 +230,8 @@ def _walk(obj: Any, prefix: str, out: list[tuple[str, TensorRecord]], depth: int
         raise FormatError("saved object nested more than 64 levels deep")
     if isinstance(obj, TensorRecord):
         out.append((prefix or "/", obj))
+        for k, v in obj.parts:
+            _walk(v, f"{prefix}/{k}", out, depth + 1)
     elif isinstance(obj, dict):
         for k, v in obj.items():
             _walk(v, f"{prefix}/{k}", out, depth + 1)

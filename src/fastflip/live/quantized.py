@@ -1,0 +1,190 @@
+"""Quantized PyTorch weights as live tensors: torchao tensor subclasses and ``torch.ao`` packed modules.
+
+Layer: ``live`` (may import files and below; imported by :mod:`fastflip.live.frameworks` only). torch is
+never imported here: only the objects passed in are touched.
+
+torchao tensor subclasses (``Int8Tensor`` of ``Int8WeightOnlyConfig`` / ``Int8DynamicActivationInt8WeightConfig``, ...)
+    A parameter whose type defines ``__tensor_flatten__`` is reached through it: each inner plain tensor
+    becomes a live tensor ``<parameter>.<inner>`` (``0.weight.qdata``, ``0.weight.scale``,
+    ``0.weight.zero_point``), its layer the parameter's module. Roles: an inner name containing ``zero``
+    is ``zero``, one containing ``scale`` is ``scale``, any other (``qdata``) takes the parameter's role
+    (``weight``). The inner tensors *are* the storage the subclass computes from: a flip in ``qdata``
+    changes the dequantized weight ``(qdata - zero_point) * scale`` the next forward uses, exactly; a
+    revert restores the words bit for bit. Nested subclasses are flattened recursively.
+``torch.ao.quantization.quantize_dynamic`` / static quantized ``Linear`` (packed int8 parameters)
+    The module's ``_packed_params`` hold the weight in the quantized engine's own packed layout, which no
+    address reaches. fastflip unpacks it once (``_weight_bias()``) and keeps that quantized tensor on the
+    module: its words (``<module>.weight``, role ``weight``, int8 for ``qint8``), its bias (``<module>.bias``)
+    and, for per-channel quantization, its scales and zero points (``<module>.weight.scale``,
+    ``<module>.weight.zero_point``) become live tensors. A forward pre-hook writes them back
+    (``set_weight_bias``) before any forward that follows a change to those words, so the module computes
+    with exactly the flipped (or reverted) words; the check costs one comparison of the weight's words
+    per forward. A per-tensor scale and zero point are numbers inside the quantizer, not storage: they
+    cannot be flipped live (in a saved state_dict they are pickle numbers too). If the module's packed
+    parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place from them at the
+    next forward (rebuild the targets if the new weight's shape, dtype or quantization scheme differ).
+
+Examples
+--------
+>>> inner_role("zero_point", "weight"), inner_role("qdata", "weight"), inner_role("scale", "weight")
+('zero', 'weight', 'scale')
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterator
+
+__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors"]
+
+
+def inner_role(attr: str, parent_role: str) -> str:
+    """Role of a tensor subclass's inner tensor ``attr`` (``zero``, ``scale``, else ``parent_role``)."""
+    low = attr.lower()
+    if "zero" in low:
+        return "zero"
+    if "scale" in low:
+        return "scale"
+    return parent_role
+
+
+def is_subclass(t: Any) -> bool:
+    """True for a tensor subclass that flattens into inner tensors (``__tensor_flatten__``), e.g. torchao's."""
+    return callable(getattr(type(t), "__tensor_flatten__", None))
+
+
+def subclass_tensors(name: str, t: Any, role: str, depth: int = 0) -> Iterator[tuple[str, Any, str]]:
+    """``(name, inner tensor, role)`` of every plain tensor inside the subclass tensor ``t`` called ``name``.
+
+    Inner tensors that are ``None`` (optional fields) are left out; nested subclasses are flattened.
+    """
+    if depth > 8:
+        return
+    attrs, _ctx = t.__tensor_flatten__()
+    for attr in attrs:
+        inner = getattr(t, attr, None)
+        if inner is None:
+            continue
+        sub = f"{name}.{attr}"
+        if is_subclass(inner):
+            yield from subclass_tensors(sub, inner, inner_role(attr, role), depth + 1)
+        else:
+            yield sub, inner.detach(), inner_role(attr, role)
+
+
+# ---------------------------------------------------------------------------------- torch.ao packed modules
+
+
+class _Unpacked:
+    """The unpacked weight (and bias) of one packed module; :func:`_before_forward` repacks it after a change."""
+
+    def __init__(self, module: Any) -> None:
+        self.params = module._packed_params
+        self.weight: Any = None
+        self.bias: Any = None
+        self.parts: dict[str, Any] = {}
+        self._load()
+
+    def _load(self) -> None:
+        """Unpack the module's packed parameters into this holder (in place when the layout is unchanged)."""
+        import torch  # only reached for a torch module
+
+        w, b = self.params._weight_bias()
+        if self.weight is not None and self._same_kind(w, b):  # keep the addresses the targets hold
+            self.parts["weight"].copy_(_words(w))
+            for key, value in _qparams(w).items():
+                self.parts[key].copy_(value)
+            if b is not None:
+                self.bias.copy_(b)
+            if w.is_quantized and w.qscheme() == torch.per_tensor_affine:  # new scale, same storage
+                old = self.weight
+                self.weight = torch._empty_affine_quantized(
+                    (0,), scale=w.q_scale(), zero_point=w.q_zero_point(), dtype=w.dtype).set_(
+                    old.untyped_storage(), old.storage_offset(), old.shape, old.stride())
+        else:
+            self.weight, self.bias = w, (None if b is None else b.detach().clone())
+            self.parts = {"weight": _words(w), **_qparams(w)}
+            if self.bias is not None:
+                self.parts["bias"] = self.bias
+        self.packed = self.params._packed_params
+        self.snapshot = {k: v.clone() for k, v in self.parts.items()}
+
+    def _same_kind(self, w: Any, b: Any) -> bool:
+        old = self.weight
+        same = w.dtype == old.dtype and w.shape == old.shape and (b is None) == (self.bias is None)
+        return same and (not w.is_quantized or w.qscheme() == old.qscheme())
+
+    def sync(self) -> None:
+        """Repack when the kept words changed; take the module's words when its packed parameters were replaced."""
+        import torch
+
+        if self.params._packed_params is not self.packed:  # replaced (load_state_dict): take the new words
+            self._load()
+            return
+        if all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+            return
+        self.params.set_weight_bias(self.weight, self.bias)
+        self.packed = self.params._packed_params
+        for k, v in self.parts.items():
+            self.snapshot[k].copy_(v)
+
+
+def _words(w: Any) -> Any:
+    """The stored words of ``w``: for a quantized tensor, an integer tensor over its own storage."""
+    import torch
+
+    if not w.is_quantized:
+        return w.detach()
+    words = {torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32}[w.dtype]
+    return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+
+
+def _qparams(w: Any) -> dict[str, Any]:
+    """Per-channel scales and zero points (the quantizer's own tensors); none for per-tensor quantization."""
+    import torch
+
+    if not w.is_quantized or w.qscheme() == torch.per_tensor_affine:
+        return {}
+    return {"weight.scale": w.q_per_channel_scales(), "weight.zero_point": w.q_per_channel_zero_points()}
+
+
+# module -> its holder; weak, so a copy of the module (deepcopy, pickle) carries no holder and computes with its
+# own packed parameters until targets are built on it
+_HOLDERS: "weakref.WeakKeyDictionary[Any, _Unpacked]" = weakref.WeakKeyDictionary()
+
+
+def _before_forward(module: Any, args: Any) -> None:
+    """Forward pre-hook of a packed module that fastflip reaches (a plain function: copies stay picklable)."""
+    holder = _HOLDERS.get(module)
+    if holder is not None:
+        holder.sync()
+
+
+def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
+    for name, module in model.named_modules():
+        params = getattr(module, "_packed_params", None)
+        if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):
+            yield name, module
+
+
+def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...]]]:
+    """``(name, tensor, layer, role, aliases)`` of the unpacked parameters of every packed quantized module in ``model``.
+
+    The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
+    holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
+    aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for the
+    weight, ``.../1`` for the bias), so a plan sampled from the saved file applies to the live module.
+    """
+    for name, module in _packed_modules(model):
+        holder = _HOLDERS.get(module)
+        if holder is None:
+            holder = _HOLDERS[module] = _Unpacked(module)
+            if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
+                module.register_forward_pre_hook(_before_forward)
+        prefix = f"{name}." if name else ""
+        saved = f"{prefix}_packed_params._packed_params"
+        files = {"weight": f"{saved}/0", "bias": f"{saved}/1",
+                 "weight.scale": f"{saved}/0/scale", "weight.zero_point": f"{saved}/0/zero_point"}
+        for key, t in holder.parts.items():
+            role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
+            yield prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key])

@@ -1,0 +1,238 @@
+"""Quantized PyTorch weights live: torchao tensor subclasses and torch.ao quantize_dynamic modules.
+
+Each flip is checked against the same fault applied by hand (the dequantized weight computed in the test,
+or a twin module given the flipped words through torch's own API); reverts restore the inner tensors bit
+for bit and the outputs exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip.core.plan import Plan
+from fastflip.live.api import inject, revert, select_live, targets
+
+pytestmark = pytest.mark.framework
+
+
+def _torch():
+    torch = require("torch")
+    torch.manual_seed(0)
+    return torch
+
+
+def _flip(tg, name, index, bit):
+    """A plan flipping ``bit`` of flat element ``index`` of the live tensor ``name``."""
+    ref = tg.get(name).ref()
+    return Plan.from_sites([ref], [0], [index], xor_mask=[1 << bit])
+
+
+def _int8_model(config_name):
+    torch = _torch()
+    ao = require("torchao.quantization")
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    ao.quantize_(m, getattr(ao, config_name)())
+    return torch, m
+
+
+def _dequant(torch, w):
+    """The weight an Int8Tensor stands for, computed by hand from its inner tensors (per-row blocks)."""
+    return (w.qdata.to(torch.float32) - w.zero_point.to(torch.float32)) * w.scale
+
+
+def test_torchao_inner_tensors_are_live_targets():
+    torch, m = _int8_model("Int8WeightOnlyConfig")
+    tg = targets(m)
+    by = {t.name: t for t in tg.tensors}
+    assert {"0.weight.qdata", "0.weight.scale", "0.weight.zero_point", "0.bias"} <= set(by)
+    assert (by["0.weight.qdata"].role, by["0.weight.scale"].role, by["0.weight.zero_point"].role) == \
+        ("weight", "scale", "zero")
+    assert by["0.weight.qdata"].dtype == np.int8 and by["0.weight.qdata"].layer == "0"
+    assert by["0.weight.qdata"].ptr == m[0].weight.qdata.data_ptr()  # the subclass's own storage
+    assert [t.name for t in select_live(tg, {"roles": ["scale"]})] == ["0.weight.scale"]
+    assert [t.name for t in select_live(tg, {"roles": ["zero"]})] == ["0.weight.zero_point"]
+
+
+@pytest.mark.parametrize("bit", [0, 6, 7])
+def test_torchao_int8_weight_only_flip_matches_hand_dequant_and_reverts(bit):
+    torch, m = _int8_model("Int8WeightOnlyConfig")
+    w = m[0].weight
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        y0 = m(x)
+    before = {k: getattr(w, k).clone() for k in ("qdata", "scale", "zero_point")}
+    tg = targets(m)
+    log = inject(tg, _flip(tg, "0.weight.qdata", 1 * 8 + 3, bit))
+    old = int(before["qdata"][1, 3]) & 0xFF
+    assert int(log.old_words[0]) == old and int(log.new_words[0]) == old ^ (1 << bit)
+    expect_q = before["qdata"].clone()
+    expect_q.view(torch.uint8)[1, 3] ^= 1 << bit
+    assert torch.equal(w.qdata, expect_q)
+    with torch.no_grad():
+        y1 = m(x)
+        by_hand = x @ _dequant(torch, w).T + m[0].bias
+    torch.testing.assert_close(y1, by_hand, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(y1[:, 1], y0[:, 1])
+    assert torch.equal(y1[:, [0, 2, 3]], y0[:, [0, 2, 3]])  # only output 1 reads row 1 of the weight
+    revert(tg, log)
+    for k, v in before.items():
+        assert torch.equal(getattr(w, k), v), k
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+
+
+def test_torchao_scale_flip_reaches_the_forward_zero_point_flip_the_dequantized_weight():
+    torch, m = _int8_model("Int8WeightOnlyConfig")
+    w = m[0].weight
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        y0, d0 = m(x), w.dequantize()
+    tg = targets(m)
+    log = inject(tg, _flip(tg, "0.weight.scale", 2, 22))
+    with torch.no_grad():
+        y1 = m(x)
+        by_hand = x @ _dequant(torch, w).T + m[0].bias
+    torch.testing.assert_close(y1, by_hand, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(y1[:, 2], y0[:, 2]) and torch.equal(y1[:, [0, 1, 3]], y0[:, [0, 1, 3]])
+    revert(tg, log)
+    # the zero point is stored and dequantize() reads it; the symmetric int8 forward does not (documented)
+    log = inject(tg, _flip(tg, "0.weight.zero_point", 0, 1))
+    with torch.no_grad():
+        assert torch.equal(w.dequantize(), _dequant(torch, w)) and not torch.equal(w.dequantize(), d0)
+        assert torch.equal(m(x), y0)
+    revert(tg, log)
+    with torch.no_grad():
+        assert torch.equal(m(x), y0) and torch.equal(w.dequantize(), d0)
+
+
+def test_torchao_dynamic_activation_int8_flip_equals_flip_by_hand():
+    torch, m = _int8_model("Int8DynamicActivationInt8WeightConfig")
+    twin = copy.deepcopy(m)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        y0 = m(x)
+    tg = targets(m)
+    log = inject(tg, _flip(tg, "0.weight.qdata", 2 * 8 + 5, 7))
+    twin[0].weight.qdata.view(torch.uint8)[2, 5] ^= 1 << 7  # the same fault, by hand
+    with torch.no_grad():
+        y1, expect = m(x), twin(x)
+    assert torch.equal(y1, expect) and not torch.equal(y1, y0)
+    revert(tg, log)
+    with torch.no_grad():
+        assert torch.equal(m(x), y0)
+
+
+def _dynamic(torch, per_channel=False):
+    tq = torch.ao.quantization
+    m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    spec = {torch.nn.Linear: tq.per_channel_dynamic_qconfig} if per_channel else {torch.nn.Linear}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tq.quantize_dynamic(m, spec, dtype=torch.qint8)
+
+
+def _set_words(torch, module, words):
+    """Give ``module`` the int8 weight ``words`` by torch's own API (the fault applied by hand)."""
+    w, b = module._packed_params._weight_bias()
+    if w.qscheme() == torch.per_tensor_affine:
+        new = torch._make_per_tensor_quantized_tensor(words, w.q_scale(), w.q_zero_point())
+    else:
+        new = torch._make_per_channel_quantized_tensor(words, w.q_per_channel_scales(),
+                                                       w.q_per_channel_zero_points(), w.q_per_channel_axis())
+    module._packed_params.set_weight_bias(new, b)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_quantize_dynamic_int8_flip_equals_flip_by_hand_and_reverts(per_channel):
+    torch = _torch()
+    q = _dynamic(torch, per_channel)
+    twin = copy.deepcopy(q)
+    x = torch.randn(5, 8)
+    y0 = q(x)
+    words0 = q[0]._packed_params._weight_bias()[0].int_repr().clone()
+    tg = targets(q)
+    assert tg.get("0.weight").dtype == np.int8 and tg.get("0.weight").role == "weight"
+    assert tg.get("0._packed_params._packed_params/0") is tg.get("0.weight")  # the saved state_dict's key
+    log = inject(tg, _flip(tg, "0.weight", 1 * 8 + 3, 6))
+    flipped = words0.clone()
+    flipped.view(torch.uint8)[1, 3] ^= 1 << 6
+    assert int(log.old_words[0]) == int(words0[1, 3]) & 0xFF
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)  # packed until the next forward
+    y1 = q(x)
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), flipped)
+    _set_words(torch, twin[0], flipped)
+    assert torch.equal(y1, twin(x)) and not torch.equal(y1, y0)
+    revert(tg, log)
+    assert torch.equal(q(x), y0)
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)
+    assert torch.equal(tg.get("0.weight").obj, words0)
+
+
+def test_quantize_dynamic_per_channel_scale_and_bias_are_targets():
+    torch = _torch()
+    q = _dynamic(torch, per_channel=True)
+    twin = copy.deepcopy(q)
+    x = torch.randn(2, 8)
+    y0 = q[0](x)
+    tg = targets(q)
+    roles = {t.name: t.role for t in tg.tensors}
+    assert roles["0.weight.scale"] == "scale" and roles["0.weight.zero_point"] == "zero" and roles["0.bias"] == "bias"
+    w0, b0 = twin[0]._packed_params._weight_bias()
+    log = inject(tg, _flip(tg, "0.weight.scale", 2, 52))  # float64 scales: bit 52 is the exponent's lowest
+    y1 = q[0](x)
+    scales = w0.q_per_channel_scales().clone()
+    scales.view(torch.int64)[2] ^= 1 << 52  # by hand: the same flip, through torch's own API
+    twin[0]._packed_params.set_weight_bias(torch._make_per_channel_quantized_tensor(
+        w0.int_repr(), scales, w0.q_per_channel_zero_points(), w0.q_per_channel_axis()), b0)
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].q_per_channel_scales(), scales)
+    assert torch.equal(y1, twin[0](x)) and not torch.equal(y1[:, 2], y0[:, 2])
+    revert(tg, log)
+    assert torch.equal(q[0](x), y0)
+    log = inject(tg, _flip(tg, "0.bias", 1, 31))  # the bias sign
+    expect = y0.clone()
+    expect[:, 1] -= 2 * b0[1]
+    torch.testing.assert_close(q[0](x), expect, rtol=1e-5, atol=1e-6)
+    revert(tg, log)
+    assert torch.equal(q[0](x), y0)
+
+
+def test_quantize_dynamic_reload_refreshes_the_kept_words():
+    torch = _torch()
+    q = _dynamic(torch)
+    other = _dynamic(torch)
+    tg = targets(q)
+    x = torch.randn(2, 8)
+    q.load_state_dict(other.state_dict())
+    assert torch.equal(q(x), other(x))  # the kept words follow the loaded ones
+    assert torch.equal(tg.get("0.weight").obj, other[0]._packed_params._weight_bias()[0].int_repr())
+    log = inject(tg, _flip(tg, "0.weight", 0, 7))
+    assert not torch.equal(q(x), other(x))
+    revert(tg, log)
+    assert torch.equal(q(x), other(x))
+
+
+def test_quantize_dynamic_copies_after_targets_stay_independent():
+    torch = _torch()
+    q = _dynamic(torch)
+    tg = targets(q)
+    twin = copy.deepcopy(q)  # the model can still be copied (and pickled) once fastflip reaches it
+    x = torch.randn(2, 8)
+    y0 = q[0](x)
+    log = inject(tg, _flip(tg, "0.weight", 5, 7))
+    assert not torch.equal(q[0](x), y0) and torch.equal(twin[0](x), y0)  # the copy keeps its own weights
+    tg2 = targets(twin)
+    log2 = inject(tg2, _flip(tg2, "0.weight", 5, 7))
+    assert torch.equal(twin[0](x), q[0](x))  # and takes flips of its own
+    revert(tg, log)
+    revert(tg2, log2)
+    assert torch.equal(q[0](x), y0) and torch.equal(twin[0](x), y0)
+    assert len(twin[0]._forward_pre_hooks) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own TypedStorage notice while unpickling
+        assert torch.equal(pickle.loads(pickle.dumps(q))[0](x), y0)
