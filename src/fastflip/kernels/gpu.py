@@ -251,7 +251,7 @@ def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
         except Exception as exc:  # CompileException, NVRTCError, RuntimeError/ImportError/OSError (no libnvrtc)
             raise DeviceError(f"cannot compile fastflip's CUDA kernels for device {dev} with NVRTC "
                               f"({type(exc).__name__}: {one_line(exc)}): install NVRTC for your CUDA version "
-                              "(e.g. pip install nvidia-cuda-nvrtc-cu12); nothing was flipped") from None
+                              "(pip install 'fastflip[cupy-cuda12]' brings it); nothing was flipped") from None
     return _KERNELS[key]
 
 
