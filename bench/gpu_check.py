@@ -336,19 +336,10 @@ WIDTH = int(os.environ.get("FASTFLIP_GPU_CHECK_WIDTH", "64"))  # set by --width 
 
 
 def _resnet18():  # torchvision's ResNet-18 topology built in code (tests/user_models.py), CIFAR-sized use
-    import torch
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import user_models
+    import batch_helpers
 
-    torch.manual_seed(0)
-    m = user_models.torch_classes()["ResNet18"](width=WIDTH, classes=10)
-    with torch.no_grad():
-        for mod in m.modules():
-            if isinstance(mod, torch.nn.BatchNorm2d):
-                mod.running_mean.uniform_(-0.1, 0.1)
-                mod.running_var.uniform_(0.5, 1.5)
-    return m.eval()
+    return batch_helpers.resnet18(WIDTH)
 
 
 def cuda_model():  # the factory of the real-trials campaign: the ResNet-18, on the GPU
