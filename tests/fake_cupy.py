@@ -229,7 +229,8 @@ class TorchCudaTensor:
 
     def __init__(self, a: np.ndarray, device: int) -> None:
         self._a = np.ascontiguousarray(a)
-        self.dtype = _TorchDtype({"f": "float", "i": "int", "u": "uint"}[self._a.dtype.kind] + str(8 * self._a.itemsize))
+        kind = {"f": "float", "i": "int", "u": "uint"}[self._a.dtype.kind]
+        self.dtype = _TorchDtype(f"{kind}{8 * self._a.itemsize}")
         self.device = types.SimpleNamespace(type="cuda", index=device)
         self.shape = self._a.shape
 

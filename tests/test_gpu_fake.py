@@ -96,7 +96,8 @@ def test_kernels_compiled_once_per_device_when_the_plan_is_prepared(fake) -> Non
 def test_launches_follow_torchs_current_stream(fake, monkeypatch) -> None:
     torch = pytest.importorskip("torch")
     streams = {0: 0x7000, 1: 0x7100}
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: type("S", (), {"cuda_stream": streams[device]}))
+    monkeypatch.setattr(torch.cuda, "current_stream",
+                        lambda device=None: type("S", (), {"cuda_stream": streams[device]}))
     host, tensors, plan = mixed(fake, 7, {"t0": "torch:0", "t1": "torch:1", "c": "cpu"})
     expected, _, _ = reference(host, plan)
     tg = live.targets(tensors)
@@ -170,3 +171,22 @@ def test_gpu_check_skips_cleanly_without_a_gpu() -> None:
     proc = subprocess.run([sys.executable, str(script), "--quick", "--require-gpu"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "no GPU" in proc.stdout
+
+
+def test_registry_backend_launches_on_the_buffers_device(fake) -> None:
+    from fastflip.kernels.registry import get_backend
+
+    rng = np.random.default_rng(17)
+    host = rng.integers(0, 256, size=4096, dtype=np.uint8)
+    offsets = np.sort(rng.choice(4096 // 4, size=100, replace=False)).astype(np.int64) * 4
+    flips = np.uint64(1) << rng.integers(0, 32, 100).astype(np.uint64)
+    masks = [np.full(100, 2**64 - 1, np.uint64), np.zeros(100, np.uint64), flips]
+    cpu = host.copy()
+    exp_old, exp_new = get_backend("numpy").apply_words(cpu, offsets, 4, False, *masks)
+    with fake.cuda.Device(1):
+        buf = fake.asarray(host)
+    be = get_backend("cuda-raw")
+    old, new = be.apply_words(buf, offsets, 4, False, *masks)  # called from device 0
+    assert fake.asnumpy(old).tolist() == exp_old.tolist() and fake.asnumpy(new).tolist() == exp_new.tolist()
+    assert buf._a.tobytes() == cpu.tobytes()
+    assert {dev for _, _, dev, _ in fake.launches()} == {1}

@@ -160,7 +160,8 @@ class SiteArrays(records.SiteArrays):
                 little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64),
                 or_mask=put(u64(or_mask), np.uint64), xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
                 positions=None if positions is None else np.asarray(positions, np.int64), scale_factors=factors,
-                scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
+                scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d)
+                                                           for d in dtypes],
                 device=None if device is None else int(device), streams=tuple(streams),
             )
             if xp is not np:
