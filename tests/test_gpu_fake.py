@@ -190,3 +190,11 @@ def test_registry_backend_launches_on_the_buffers_device(fake) -> None:
     assert fake.asnumpy(old).tolist() == exp_old.tolist() and fake.asnumpy(new).tolist() == exp_new.tolist()
     assert buf._a.tobytes() == cpu.tobytes()
     assert {dev for _, _, dev, _ in fake.launches()} == {1}
+
+
+def test_a_failed_launch_on_the_first_part_says_nothing_was_flipped(fake) -> None:
+    fake.fail_launch = lambda name, dev: dev == 0
+    host, tensors, plan = mixed(fake, 19, {"a0": 0, "a1": 1})
+    with pytest.raises(DeviceError, match="CUDA device 0 failed .*; no other part was flipped$"):
+        live.inject(tensors, plan)
+    assert as_bytes(fake, tensors) == {k: v.tobytes() for k, v in host.items()}

@@ -427,10 +427,10 @@ class Targets:
             return DeviceError(f"injecting into {where} failed ({type(exc).__name__}: {one_line(exc)}) and writing "
                                f"back the {count} sites already flipped failed too ({one_line(undo)}): the tensors "
                                "are in an unknown state; reload them")
-        if isinstance(exc, FastflipError):
-            return exc
-        return DeviceError(f"injecting into {where} failed ({type(exc).__name__}: {one_line(exc)}); the {count} "
-                           "sites already flipped elsewhere were written back")
+        if isinstance(exc, FastflipError) or not (count or where.startswith("CUDA")):
+            return exc  # already one line, or a CPU/TensorFlow failure before anything was flipped: as it was
+        undone = f"the {count} sites already flipped elsewhere were written back" if count else "no other part was flipped"
+        return DeviceError(f"injecting into {where} failed ({type(exc).__name__}: {one_line(exc)}); {undone}")
 
     def _tf_index(self, prep: Prepared, pos: np.ndarray, i: int) -> np.ndarray:
         return prep.sites.offsets[pos] // self.tensors[i].dtype.itemsize
