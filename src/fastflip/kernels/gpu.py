@@ -325,8 +325,9 @@ def device_scope(sites: SiteArrays) -> Iterator[None]:
       ``cupy.cuda.ExternalStream``), so the flip is ordered after the work already queued on it (a
       forward pass, an optimizer step); otherwise CuPy's current stream. When the device holds tensors of
       both, torch's stream first waits for an event recorded on CuPy's;
-    - on exit (also on an error) that stream is synchronised, so the words are in place (and the
-      returned device arrays complete) whatever stream the caller uses next.
+    - on a normal exit that stream is synchronised, so the words are in place (and the returned device
+      arrays complete) whatever stream the caller uses next; an error propagates as it is (the caller
+      rolls back what other parts flipped, see :meth:`fastflip.live.targets.Targets.apply`).
 
     NumPy arrays (the simulator) and ``device=None`` (the caller's current device and stream) enter nothing
     but the synchronisation.
