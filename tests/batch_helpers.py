@@ -60,11 +60,11 @@ def digits_data() -> tuple[np.ndarray, np.ndarray]:
     return x[:200], y[:200]
 
 
-def resnet18() -> Any:
+def resnet18(width: int = 8) -> Any:
     import torch
 
     torch.manual_seed(0)
-    m = user_models.torch_classes()["ResNet18"](width=8, classes=10)
+    m = user_models.torch_classes()["ResNet18"](width=width, classes=10)
     with torch.no_grad():
         for mod in m.modules():
             if isinstance(mod, torch.nn.BatchNorm2d):

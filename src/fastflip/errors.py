@@ -17,6 +17,7 @@ from __future__ import annotations
 __all__ = [
     "FastflipError",
     "MissingExtraError",
+    "DeviceError",
     "OptionError",
     "InputFileError",
     "NotHDF5Error",
@@ -120,6 +121,10 @@ class IndexRangeError(FastflipError, IndexError):
 
 class MissingExtraError(FastflipError, ImportError):
     """The work needs an optional extra (a framework, Numba, matplotlib, ...) that is not installed."""
+
+
+class DeviceError(FastflipError, RuntimeError):
+    """A GPU kernel could not be compiled or launched (no NVRTC, a CUDA error); nothing stays flipped."""
 
 
 def one_line(exc: BaseException) -> str:

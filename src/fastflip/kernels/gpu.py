@@ -22,6 +22,16 @@ address space), with each site's byte offset taken relative to the span's start.
 Only bytes inside the tensors are ever touched (:mod:`fastflip.live` validates the
 plan against every tensor's shape before building the offsets).
 
+Devices and streams (see docs/internals.md, "GPU kernels: devices and streams"): a :class:`SiteArrays`
+knows its ``device`` and which frameworks' streams its tensors follow (``streams``); every launch, upload
+and read-back of :func:`launch_apply`, :func:`launch_read` and :func:`launch_write` runs inside
+:func:`device_scope` — ``cupy.cuda.Device(device)`` and, for PyTorch tensors, torch's current stream of
+that device (wrapped as ``cupy.cuda.ExternalStream``; CuPy's current stream otherwise, made to wait for the
+other when a device holds both) — and ends with a synchronisation of that stream. Compiled kernels are
+cached per device (:func:`get_raw_kernels`); :meth:`RawCudaBackend.prepare_sites` compiles them when a
+plan is prepared, so a missing NVRTC is one :class:`~fastflip.errors.DeviceError` before anything is
+flipped.
+
 Value-level (scale) sites: the kernel returns their old words, the new words are
 computed by :func:`fastflip.core.wordrule.scale_words` on the host (only the scale
 sites' words cross the bus, never a tensor) and written back by a second launch.
@@ -37,9 +47,11 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
+import sys
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -48,13 +60,13 @@ from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
 from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
-from ..errors import OptionError
+from ..errors import DeviceError, OptionError, one_line
 
 __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
-           "launch_read", "launch_write", "device_span", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
+           "launch_read", "launch_write", "device_span", "device_scope", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
 
 THREADS = 256
-_KERNELS: dict[str, Any] = {}
+_KERNELS: dict[Any, Any] = {}  # "numba" -> Numba dispatchers; ("raw", device id) -> that device's functions
 cuda: Any = None  # numba.cuda, bound on first use (a module global so the simulator can swap it)
 
 
@@ -108,7 +120,9 @@ class SiteArrays(records.SiteArrays):
     ``xp``: ``offsets`` are byte offsets into the device span, ``tensor`` indexes ``sizes``
     (word bytes) and ``little`` (stored little-endian) per tensor; ``scale_pos`` and
     ``scale_factors`` (host arrays) list the value-level sites and ``scale_dtypes``
-    their dtypes.
+    their dtypes. ``device`` is the CUDA device the columns and the tensors live on (None: the current
+    one, and the simulator) and ``streams`` the frameworks whose current stream launches must follow
+    (``'torch'``, ``'cupy'``; empty means CuPy's), see :func:`device_scope`.
     """
 
     sizes: Any
@@ -117,12 +131,18 @@ class SiteArrays(records.SiteArrays):
     scale_pos: np.ndarray | None = None
     scale_factors: np.ndarray | None = None
     scale_dtypes: Sequence[np.dtype] | None = None
+    device: int | None = None
+    streams: tuple[str, ...] = ()
 
     @classmethod
     def from_host(cls, offsets: Any, tensor: Any, sizes: Any, little: Any, and_mask: Any, or_mask: Any,
                   xor_mask: Any, xp: Any, scale: Any = None, dtypes: Sequence[Any] | None = None,
-                  positions: Any = None) -> "SiteArrays":
-        """Copy host columns to the device of ``xp`` (``cupy``, or ``numpy`` under the simulator)."""
+                  positions: Any = None, device: int | None = None, streams: Sequence[str] = ()) -> "SiteArrays":
+        """Copy host columns to ``device`` of ``xp`` (``cupy``, or ``numpy`` under the simulator).
+
+        The copies are made inside ``cupy.cuda.Device(device)`` on CuPy's current stream, which is then
+        synchronised, so that a launch on any other stream (torch's) finds them in place.
+        """
         def put(v: Any, dtype: Any) -> Any:
             return xp.asarray(np.ascontiguousarray(np.asarray(v).astype(dtype)))
 
@@ -133,13 +153,20 @@ class SiteArrays(records.SiteArrays):
             where = np.flatnonzero(~np.isnan(f))
             if len(where):
                 pos, factors = where, f[where]
-        return cls(
-            offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
-            little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64), or_mask=put(u64(or_mask), np.uint64),
-            xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
-            positions=None if positions is None else np.asarray(positions, np.int64), scale_factors=factors,
-            scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
-        )
+        on = contextlib.nullcontext() if xp is np or device is None else xp.cuda.Device(device)
+        with on:
+            out = cls(
+                offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
+                little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64),
+                or_mask=put(u64(or_mask), np.uint64), xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
+                positions=None if positions is None else np.asarray(positions, np.int64), scale_factors=factors,
+                scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d)
+                                                           for d in dtypes],
+                device=None if device is None else int(device), streams=tuple(streams),
+            )
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+        return out
 
 
 def _word_header() -> str:
@@ -201,14 +228,32 @@ def build_host_library(directory: str, compiler: str = "cc") -> Any:
     return ctypes.CDLL(lib)
 
 
-def get_raw_kernels() -> dict[str, Any]:
-    """Compile (once per process, cached by CuPy) the CUDA C kernels with NVRTC."""
-    if "raw" not in _KERNELS:
-        import cupy
+def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
+    """The CUDA C kernels (``apply``, ``read``, ``write``) compiled with NVRTC and loaded on ``device``
+    (None: CuPy's current device), once per device and process.
 
-        module = cupy.RawModule(code=CUDA_SOURCE)
-        _KERNELS["raw"] = {k: module.get_function(f"ff_{k}") for k in ("apply", "read", "write")}
-    return _KERNELS["raw"]
+    A CuPy function is bound to the device that was current when it was fetched, so the cache is keyed
+    by device: a kernel loaded on device 0 is never launched on device 1.
+
+    Raises
+    ------
+    DeviceError
+        NVRTC is missing or fails (one line; nothing has been launched).
+    """
+    import cupy
+
+    dev = cupy.cuda.Device().id if device is None else int(device)
+    key = ("raw", dev)
+    if key not in _KERNELS:
+        try:
+            with cupy.cuda.Device(dev):
+                module = cupy.RawModule(code=CUDA_SOURCE)
+                _KERNELS[key] = {k: module.get_function(f"ff_{k}") for k in ("apply", "read", "write")}
+        except Exception as exc:  # CompileException, NVRTCError, RuntimeError/ImportError/OSError (no libnvrtc)
+            raise DeviceError(f"cannot compile fastflip's CUDA kernels for device {dev} with NVRTC "
+                              f"({type(exc).__name__}: {one_line(exc)}): install NVRTC for your CUDA version "
+                              "(pip install 'fastflip[cupy-cuda12]' brings it); nothing was flipped") from None
+    return _KERNELS[key]
 
 
 DEFAULT_ENGINE = "auto"  # what engine="auto" means: 'auto' (raw for CuPy, numba for NumPy), 'raw' or 'numba'
@@ -240,12 +285,69 @@ def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
     return get_backend(ENGINE_BACKENDS[_engine(xp, engine)])
 
 
-def _launch(kind: str, engine: str, n: int, *args: Any) -> None:
-    """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n)."""
+def _launch(sites: SiteArrays, kind: str, engine: str, n: int, *args: Any) -> None:
+    """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n),
+    on the current device and stream (callers are inside :func:`device_scope`)."""
     if engine == "raw":
-        get_raw_kernels()[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
-    else:
+        get_raw_kernels(sites.device)[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
+    elif sites.xp is np:  # Numba's simulator
         get_gpu_kernels()[kind][_grid(n), THREADS](*args)
+    else:  # Numba on CuPy arrays: Numba's context of the device, CuPy's current stream
+        kernels = get_gpu_kernels()
+        with cuda.gpus[sites.xp.cuda.Device().id]:
+            stream = cuda.external_stream(sites.xp.cuda.get_current_stream().ptr)
+            kernels[kind][_grid(n), THREADS, stream](*args)
+
+
+_EXTERNAL: dict[tuple[int, int], Any] = {}  # (device, stream pointer) -> cupy.cuda.ExternalStream
+
+
+def _torch_stream(cupy: Any, device: int) -> Any:
+    """torch's current stream of ``device`` as a CuPy stream (CuPy's own object when the pointers agree)."""
+    ptr = int(sys.modules["torch"].cuda.current_stream(device).cuda_stream)
+    current = cupy.cuda.get_current_stream()
+    if int(current.ptr) == ptr:
+        return current
+    key = (device, ptr)
+    if key not in _EXTERNAL:
+        if len(_EXTERNAL) > 64:
+            _EXTERNAL.clear()
+        _EXTERNAL[key] = cupy.cuda.ExternalStream(ptr)
+    return _EXTERNAL[key]
+
+
+@contextlib.contextmanager
+def device_scope(sites: SiteArrays) -> Iterator[None]:
+    """Enter the device of ``sites`` and the stream its launches must follow; synchronise it on exit.
+
+    - device: ``cupy.cuda.Device(sites.device)`` (every launch, upload and read-back inside it);
+    - stream: torch's current stream of that device when ``'torch'`` is in ``sites.streams`` (wrapped as
+      ``cupy.cuda.ExternalStream``), so the flip is ordered after the work already queued on it (a
+      forward pass, an optimizer step); otherwise CuPy's current stream. When the device holds tensors of
+      both, torch's stream first waits for an event recorded on CuPy's;
+    - on a normal exit that stream is synchronised, so the words are in place (and the returned device
+      arrays complete) whatever stream the caller uses next; an error propagates as it is (the caller
+      rolls back what other parts flipped, see :meth:`fastflip.live.targets.Targets.apply`).
+
+    NumPy arrays (the simulator) and ``device=None`` (the caller's current device and stream) enter nothing
+    but the synchronisation.
+    """
+    xp = sites.xp
+    if xp is np:
+        yield
+        return
+    with contextlib.ExitStack() as scope:
+        if sites.device is not None:
+            scope.enter_context(xp.cuda.Device(sites.device))
+        stream = xp.cuda.get_current_stream()
+        if "torch" in sites.streams and "torch" in sys.modules:
+            ext = _torch_stream(xp, xp.cuda.Device().id)
+            if ext is not stream:
+                if "cupy" in sites.streams:
+                    ext.wait_event(stream.record())
+                stream = scope.enter_context(ext)
+        yield
+        stream.synchronize()  # not on an error: a failed launch leaves the stream to the caller's handling
 
 
 def _grid(n: int) -> int:
@@ -259,16 +361,21 @@ def _host(xp: Any, arr: Any) -> np.ndarray:
 def launch_apply(buf: Any, sites: SiteArrays, sync: bool = True, engine: str = "auto") -> tuple[Any, Any]:
     """Apply ``sites`` to the device span ``buf`` in one launch; returns (old, new) device arrays.
 
-    Scale sites (if any) then take one read-back of their old words, the host
-    computation, and one more launch to write their new words.
+    Scale sites (if any) then take one read-back of their old words, the host computation, and one
+    more launch to write their new words. Runs inside :func:`device_scope` (``sync=False``: on the
+    caller's current device and stream, not synchronised — for timing the kernel alone).
     """
+    with device_scope(sites) if sync else contextlib.nullcontext():
+        return _apply(buf, sites, _engine(sites.xp, engine))
+
+
+def _apply(buf: Any, sites: SiteArrays, eng: str) -> tuple[Any, Any]:
     xp, n = sites.xp, len(sites)
-    eng = _engine(xp, engine)
     old = xp.empty(n, dtype=xp.uint64)
     new = xp.empty(n, dtype=xp.uint64)
     if n == 0:
         return old, new
-    _launch("apply", eng, n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+    _launch(sites, "apply", eng, n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
             sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
     if sites.scale_pos is not None:
         pos = sites.scale_pos
@@ -281,28 +388,29 @@ def launch_apply(buf: Any, sites: SiteArrays, sync: bool = True, engine: str = "
             new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.scale_dtypes[int(t)])
         d_pos = xp.asarray(pos)
         new[d_pos] = xp.asarray(new_h)
-        _launch("write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
+        _launch(sites, "write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
                 xp.ascontiguousarray(sites.tensor[d_pos]), sites.sizes, sites.little, xp.ascontiguousarray(new[d_pos]))
-    if sync and xp is not np:
-        xp.cuda.get_current_stream().synchronize()
     return old, new
 
 
 def launch_read(buf: Any, sites: SiteArrays, engine: str = "auto") -> Any:
-    """Words (native order) of every site, as a device array."""
+    """Words (native order) of every site, as a device array (complete on return: see :func:`device_scope`)."""
     xp, n = sites.xp, len(sites)
-    out = xp.empty(n, dtype=xp.uint64)
-    if n:
-        _launch("read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little, out)
+    with device_scope(sites):
+        out = xp.empty(n, dtype=xp.uint64)
+        if n:
+            _launch(sites, "read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+                    out)
     return out
 
 
 def launch_write(buf: Any, sites: SiteArrays, words: Any, engine: str = "auto") -> None:
-    """Store ``words`` (device array, native order) at every site."""
+    """Store ``words`` (host or device array, native order) at every site; uploaded inside :func:`device_scope`."""
     xp, n = sites.xp, len(sites)
     if n:
-        _launch("write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
-                xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
+        with device_scope(sites):
+            _launch(sites, "write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+                    xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
 
 
 def device_span(ptrs: Sequence[int], nbytes: Sequence[int], device_id: int, owner: Any) -> tuple[Any, int]:
@@ -334,8 +442,9 @@ class _GpuBackend(Backend):
         xp = _xp(buf)
         zero = np.zeros(len(offsets), np.uint64)
         a, o, x = masks if masks is not None else (zero, zero, zero)
+        device = None if xp is np else int(buf.device.id)
         return SiteArrays.from_host(offsets=offsets, tensor=tensor, sizes=sizes, little=little,
-                                    and_mask=a, or_mask=o, xor_mask=x, xp=xp)
+                                    and_mask=a, or_mask=o, xor_mask=x, xp=xp, device=device)
 
     def _one(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
              masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
@@ -366,10 +475,11 @@ class _GpuBackend(Backend):
               masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
         import cupy
 
-        span, base = device_span(table.ptrs.tolist(), table.extents.tolist(), cupy.cuda.Device().id, table)
+        device = cupy.cuda.Device().id  # a pointer table does not say its device: the caller's current one
+        span, base = device_span(table.ptrs.tolist(), table.extents.tolist(), device, table)
         offs = (table.ptrs[tensor] - np.uint64(base)).astype(np.int64) + offsets
         return span, SiteArrays.from_host(offs, tensor, table.itemsizes, table.little,
-                                          *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy)
+                                          *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy, device=device)
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         span, sites = self._span(table, tensor, offsets)
@@ -401,6 +511,11 @@ class RawCudaBackend(_GpuBackend):
     name = "cuda-raw"
     engine = "raw"
 
+    def prepare_sites(self, sites: SiteArrays) -> None:
+        """Compile (NVRTC) and load the kernels on the device of ``sites``; :class:`DeviceError` when NVRTC
+        is missing or fails."""
+        get_raw_kernels(sites.device)
+
     def load(self) -> None:
         import cupy
 
@@ -414,6 +529,10 @@ class NumbaCudaBackend(_GpuBackend):
 
     name = "numba-cuda"
     engine = "numba"
+
+    def prepare_sites(self, sites: SiteArrays) -> None:
+        """Build the Numba dispatchers (Numba compiles each for its argument types at the first launch)."""
+        get_gpu_kernels()
 
     def load(self) -> None:
         from numba import cuda as numba_cuda

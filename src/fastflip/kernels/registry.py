@@ -70,6 +70,11 @@ class Backend:
     - ``read_sites(buf, sites) -> words``
     - ``write_sites(buf, sites, words)``
     - ``apply_sites(buf, sites) -> (old, new)`` (device arrays; scale sites included)
+    - ``prepare_sites(sites)``: compile and load the kernels for the device of ``sites`` (called when a plan
+      is prepared, so that a compiler failure comes before anything is flipped)
+
+    GPU backends launch inside the device of ``sites`` and on the stream its tensors' framework uses
+    (:func:`fastflip.kernels.gpu.device_scope`).
 
     Subclasses set ``name`` and ``device`` and may override :meth:`load`, which raises ImportError
     when the engine cannot run here (missing extension, Numba, CuPy or GPU).
@@ -109,6 +114,9 @@ class Backend:
 
     def apply_sites(self, buf: Any, sites: Any) -> tuple[Any, Any]:
         raise NotImplementedError(f"backend {self.name!r} cannot apply device-resident sites")
+
+    def prepare_sites(self, sites: Any) -> None:
+        """Compile / load what :meth:`apply_sites` needs on the device of ``sites`` (nothing by default)."""
 
     def __repr__(self) -> str:
         return f"<fastflip backend {self.name!r} ({self.device})>"

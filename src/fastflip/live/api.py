@@ -140,6 +140,9 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     ------
     TensorNotFoundError, PlanMismatchError, ReadOnlyTargetError
         Before anything is changed.
+    DeviceError
+        The CUDA kernels cannot be compiled (no NVRTC; before anything is changed), or a launch failed
+        (the parts of the plan already flipped on other devices or the CPU are written back first).
     """
     if not isinstance(plan, Plan):
         raise OptionError(f"plan must be a fastflip.core.plan.Plan, got {type(plan).__name__}")

@@ -38,6 +38,7 @@ from ..core.dtypes import word_type
 from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
 from ..files.layout import Tensor
 from ..core.records import SiteArrays
+from ..errors import DeviceError, FastflipError, one_line
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
@@ -328,12 +329,14 @@ class Targets:
         ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
         tids = tid[pos]
         offs = ptr[tids] - base + offsets[pos]
-        with cupy.cuda.Device(device):
-            return SiteArrays.from_host(
-                offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
-                plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
-                dtypes=self.table.dtypes, positions=pos,
-            )
+        on = {type(t.obj).__module__.split(".")[0] for t in self.tensors if t.kind == "cuda" and t.device == device}
+        sites = SiteArrays.from_host(
+            offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
+            plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
+            dtypes=self.table.dtypes, positions=pos, device=device, streams=tuple(sorted(on & {"torch", "cupy"})),
+        )
+        _gpu(sites).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
+        return sites
 
     # ------------------------------------------------------------------ word access per group
 
@@ -369,7 +372,7 @@ class Targets:
         if len(prep.cpu):
             native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu], backend)
         for dev, (pos, sites) in prep.cuda.items():
-            _gpu(sites).write_sites(self._span(dev)[0], sites, sites.xp.asarray(words[pos]))
+            _gpu(sites).write_sites(self._span(dev)[0], sites, words[pos])  # uploaded on the device and stream
         for i, pos in prep.tf:
             _tf_write(self.tensors[i], self._tf_index(prep, pos, i), words[pos])
 
@@ -383,26 +386,51 @@ class Targets:
                                      backend, scale=None if prep.bitwise else plan.scale)
         n = len(plan)
         old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
-        if len(prep.cpu):
-            c = prep.cpu
-            old[c], new[c] = native.apply_ptrs(self.table, prep.sites.tensor[c], prep.sites.offsets[c], plan.and_mask[c],
-                                               plan.or_mask[c], plan.xor_mask[c], backend,
-                                               scale=None if plan.scale is None else plan.scale[c])
-        for dev, (pos, sites) in prep.cuda.items():
-            d_old, d_new = _gpu(sites).apply_sites(self._span(dev)[0], sites)
-            old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
-        for i, pos in prep.tf:
-            t = self.tensors[i]
-            idx = self._tf_index(prep, pos, i)
-            o = _tf_read(t, idx)
-            w = rule_words(o, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], 8 * t.dtype.itemsize)
-            if plan.scale is not None:
-                s = ~np.isnan(plan.scale[pos])
-                if s.any():
-                    w[s] = scale_words(o[s], plan.scale[pos][s], word_type(t.dtype, t.format))
-            _tf_write(t, idx, w)
-            old[pos], new[pos] = o, w
+        done = Prepared(prep.sites, cpu=prep.cpu[:0], bitwise=prep.bitwise)  # what is flipped, undone on a failure
+        where = "the CPU tensors"
+        try:
+            if len(prep.cpu):
+                c = prep.cpu
+                old[c], new[c] = native.apply_ptrs(self.table, prep.sites.tensor[c], prep.sites.offsets[c],
+                                                   plan.and_mask[c], plan.or_mask[c], plan.xor_mask[c], backend,
+                                                   scale=None if plan.scale is None else plan.scale[c])
+                done.cpu = c
+            for dev, (pos, sites) in prep.cuda.items():
+                where = f"CUDA device {dev}"
+                d_old, d_new = _gpu(sites).apply_sites(self._span(dev)[0], sites)
+                old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
+                done.cuda[dev] = (pos, sites)
+            for i, pos in prep.tf:
+                where = f"TensorFlow variable {self.tensors[i].name!r}"
+                t = self.tensors[i]
+                idx = self._tf_index(prep, pos, i)
+                o = _tf_read(t, idx)
+                w = rule_words(o, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], 8 * t.dtype.itemsize)
+                if plan.scale is not None:
+                    s = ~np.isnan(plan.scale[pos])
+                    if s.any():
+                        w[s] = scale_words(o[s], plan.scale[pos][s], word_type(t.dtype, t.format))
+                _tf_write(t, idx, w)
+                old[pos], new[pos] = o, w
+                done.tf.append((i, pos))
+        except Exception as exc:
+            raise self._roll_back(done, old, where, exc, backend) from None
         return old, new
+
+    def _roll_back(self, done: Prepared, old: np.ndarray, where: str, exc: Exception, backend: str) -> Exception:
+        """Write the old words of the parts of a mixed plan already flipped (``done``) back after ``exc``
+        stopped it at ``where``; the one-line error to raise."""
+        count = len(done.cpu) + sum(len(p) for p, _ in done.cuda.values()) + sum(len(p) for _, p in done.tf)
+        try:
+            self.write(done, old, backend)
+        except Exception as undo:
+            return DeviceError(f"injecting into {where} failed ({type(exc).__name__}: {one_line(exc)}) and writing "
+                               f"back the {count} sites already flipped failed too ({one_line(undo)}): the tensors "
+                               "are in an unknown state; reload them")
+        if isinstance(exc, FastflipError) or not (count or where.startswith("CUDA")):
+            return exc  # already one line, or a CPU/TensorFlow failure before anything was flipped: as it was
+        undone = f"the {count} sites already flipped elsewhere were written back" if count else "no other part was flipped"
+        return DeviceError(f"injecting into {where} failed ({type(exc).__name__}: {one_line(exc)}); {undone}")
 
     def _tf_index(self, prep: Prepared, pos: np.ndarray, i: int) -> np.ndarray:
         return prep.sites.offsets[pos] // self.tensors[i].dtype.itemsize
