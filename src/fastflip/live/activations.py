@@ -356,7 +356,8 @@ def layer_outputs(model: Any, run: Callable[[], Any], selection: Any = None) -> 
 def injected_activations(network: Any, /, seed: int | None = None, *, count: int | None = None, rate: float | None = None,
                          bits: Any = None, model_fault: Any = None, selection: Any = None, per_sample: bool = False,
                          nan_policy: str = "allow", stream: Sequence[int] = (), plan: Any = None,
-                         samples_per_plan: int | None = None, **kwargs: Any) -> Iterator[ActivationLog]:
+                         samples_per_plan: int | None = None, forward: int | None = None,
+                         **kwargs: Any) -> Iterator[ActivationLog]:
     """Fault the outputs of the selected layers of a model in every forward inside the block.
 
     Parameters
@@ -404,7 +405,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
     names = hooks.select(selection)
     log = ActivationLog(seed=int(seed), meta={"count": count, "rate": rate, "bits": bits, "per_sample": per_sample,
                                              "model": FaultModel.parse(fault).as_dict(), "nan_policy": nan_policy,
-                                             "stream": list(stream)})
+                                             "stream": list(stream), "forward": forward})
     state: dict[str, Any] = {"sites": None}
 
     def make_sites(refs: list[TensorRef]) -> Sites:
@@ -417,5 +418,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
 
     if plan is not None:
         make_sites(list(plan.tensors))
-    with hooks.faulting(names, selection, log, state, make_sites):
+    if forward is not None and (int(forward) != forward or forward < 0 or plan is not None):
+        raise OptionError(f"forward= takes the 0-based number of one forward in the block, without plan= (got {forward!r})")
+    with hooks.faulting(names, selection, log, state, make_sites, at=forward):
         yield log
