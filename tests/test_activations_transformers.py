@@ -302,6 +302,7 @@ def test_model_output_elements_by_key_or_position_name_the_same_element() -> Non
     assert torch.equal(runs["encoder"], runs["encoder:out.last_hidden_state"])
 
 
+@pytest.mark.slow
 def test_gpt2_activation_example_runs() -> None:
     require("torch")
     require("transformers")
