@@ -27,8 +27,10 @@ Examples
 ('transformer.h.0.attn', 'softmax')
 >>> base_of("transformer.h.0.attn:sdpa#2"), op_name("scaled_dot_product_attention")
 ('transformer.h.0.attn:sdpa', 'sdpa')
->>> pick((1.0, "x"), "out.1")
-(1, 'x')
+>>> import numpy as np
+>>> key, t = pick({"loss": None, "logits": np.zeros((2, 3))}, None)  # a ModelOutput-like dict
+>>> key, t.shape, output_name("model", None, key)
+('logits', (2, 3), 'model:out.logits')
 """
 
 from __future__ import annotations
