@@ -302,6 +302,22 @@ def test_model_output_elements_by_key_or_position_name_the_same_element() -> Non
     assert torch.equal(runs["encoder"], runs["encoder:out.last_hidden_state"])
 
 
+def test_one_output_named_twice_is_faulted_once_and_forward_must_exist() -> None:
+    torch = require("torch")
+    model, x = gpt2("eager"), tokens()
+    runs = []
+    for layers in (["transformer.h.0.attn"], ["transformer.h.0.attn", "transformer.h.0.attn:out.0"]):
+        with torch.no_grad(), fastflip.injected_activations(model, seed=5, count=1, bits="30", selection=fastflip.Selection(
+                layers=layers)) as log:
+            runs.append((model(x).logits, log.layers, log.records()))
+    assert same(runs[0][0], runs[1][0]) and runs[0][1:] == runs[1][1:] == (["transformer.h.0.attn:out.0"], runs[0][2])
+    with pytest.raises(OptionError, match=r"forward=2 but the GPT2LMHeadModel ran 2 forward\(s\)"):
+        with torch.no_grad(), fastflip.injected_activations(model, seed=5, count=1, forward=2, selection=fastflip.Selection(
+                layers=["transformer.h.0.attn"])):
+            model(x)
+            model(x)
+
+
 @pytest.mark.slow
 def test_gpt2_activation_example_runs() -> None:
     require("torch")

@@ -266,6 +266,9 @@ class _Hooks:
                 return None
             raise OptionError(f"layer {call_name(name, k)} {exc} in forward {st['log'].forwards}") from None
         cname = call_name(output_name(name, what, key), k)
+        if ("faulted", cname) in st["counts"]:  # `attn` and `attn:out.0` name one output: fault it once
+            return None
+        st["counts"][("faulted", cname)] = 1
         li = st["index"].get(cname)
         if li is None:
             if cname not in st["probed"] and call_name(name, k) not in st["probed"]:
