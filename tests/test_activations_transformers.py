@@ -302,6 +302,30 @@ def test_model_output_elements_by_key_or_position_name_the_same_element() -> Non
     assert torch.equal(runs["encoder"], runs["encoder:out.last_hidden_state"])
 
 
+def test_one_call_selected_by_number_and_a_fixed_plan_of_it_match_a_patched_matmul(monkeypatch: Any) -> None:
+    torch = require("torch")
+    from fastflip.core.sampling import SiteSpace
+    from fastflip.live.activations import layer_outputs
+
+    model, x = gpt2("eager"), tokens()
+    sel = fastflip.Selection(layers=["transformer.h.0.attn:matmul#1"])  # the context p @ v, not the scores
+    with torch.no_grad():
+        clean = model(x).logits
+        refs = layer_outputs(model, lambda: model(x), sel)
+        assert [(r.name, r.shape) for r in refs] == [("transformer.h.0.attn:matmul#1", (2, 7, 16))]
+        plan = SiteSpace(refs, bits="30").plan(seed=9, count=2)  # a campaign trial's plan: every sample
+        with fastflip.injected_activations(model, 9, plan=plan) as log:
+            faulted = model(x).logits
+        with pytest.raises(OptionError, match=r"transformer\.h\.0\.attn:matmul#2 never ran: .* ran 2 time"):
+            layer_outputs(model, lambda: model(x), fastflip.Selection(layers=["transformer.h.0.attn:matmul#2"]))
+    assert log.layers == ["transformer.h.0.attn:matmul#1"] and len(log) == 2 * 3
+    records = log.records()
+    counting(monkeypatch, torch, "matmul", {1: lambda o: by_hand(o, records, "transformer.h.0.attn:matmul#1")})
+    with torch.no_grad():
+        hand = model(x).logits
+    assert same(faulted, hand) and not same(faulted, clean)
+
+
 def test_one_output_named_twice_is_faulted_once_and_forward_must_exist() -> None:
     torch = require("torch")
     model, x = gpt2("eager"), tokens()

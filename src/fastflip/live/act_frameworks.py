@@ -140,6 +140,7 @@ class _Hooks:
         self.explicit = not (selection is None or not (selection.layers or selection.include or selection.exclude
                                                        or selection.regex))
         self.exact: set[str] = set()
+        self.calls: dict[str, set[int] | None] = {}
         if not self.explicit:  # every leaf layer that the forward calls
             names = list(self.leaves)
         else:
@@ -158,15 +159,21 @@ class _Hooks:
         targets matched by a glob that have no usable output are left out with one warning)."""
         import dataclasses
 
-        functional = [p for p in selection.layers if ":" in p]
-        modular = [p for p in selection.layers if ":" not in p]
+        calls = [(m.group(1), int(m.group(2))) if m else (p, None)
+                 for p, m in ((p, re.fullmatch(r"(.*)#(\d+)", p)) for p in selection.layers)]
+        functional = [(p, k) for p, k in calls if ":" in p]
+        modular = [(p, k) for p, k in calls if ":" not in p]
         names: list[str] = []
         if modular or selection.include or selection.regex or not functional:
-            sel = dataclasses.replace(selection, layers=tuple(modular))
+            sel = dataclasses.replace(selection, layers=tuple(p for p, _ in modular))
             names = [n for n in self.layers if _name_matches(sel, n)]
-            self.exact.update(n for n in names if n in modular)
+            self.exact.update(n for n in names if n in {p for p, _ in modular})
+            for n in names:
+                for p, k in modular:
+                    if fnmatch.fnmatchcase(n, p):
+                        self._restrict(n, k)
         unexcluded = [n for n in self.layers if not any(glob_to_regex(g).match("/" + n) for g in selection.exclude)]
-        for p in functional:
+        for p, k in functional:
             glob, what = p.split(":", 1)
             what = parse_what(what, p)
             if not self._OPS and not what.startswith("out."):
@@ -174,9 +181,27 @@ class _Hooks:
                                   "need a PyTorch model; give a layer name or LAYER:out.K")
             hit = [f"{n}:{what}" for n in unexcluded if fnmatch.fnmatchcase(n, glob)]
             names += hit
+            for n in hit:
+                self._restrict(n, k)
             if not _GLOB.search(glob):
                 self.exact.update(hit)
         return list(dict.fromkeys(names))
+
+    def _restrict(self, target: str, k: int | None) -> None:
+        """Keep only call ``k`` of ``target`` (a pattern ending in ``#k``); a pattern without ``#`` keeps every call."""
+        calls = self.calls
+        if target in calls and calls[target] is None:
+            return
+        calls[target] = None if k is None else (calls.get(target) or set()) | {k}
+
+    def _wanted(self, name: str) -> tuple[str, int, bool]:
+        """``(selected target, call number, kept)`` of a recorded call name (``#k`` patterns keep only call k)."""
+        base, _, k = name.partition("#")
+        module, what = split_target(base)
+        calls = getattr(self, "calls", {})
+        key = base if base in calls or not (what is None or what.startswith("out.")) else module
+        allowed = calls.get(key)
+        return key, int(k or 0), allowed is None or int(k or 0) in allowed
 
     def refs(self, names: list[str], rec: dict[str, tuple[tuple[int, ...], str]], selection: Any) -> list[TensorRef]:
         """Per-sample output refs in forward order, filtered by the selection's dtypes.
@@ -185,7 +210,13 @@ class _Hooks:
         and are left out (one warning lists them) when a glob or the default selection matched them."""
         exact = getattr(self, "exact", set(names))
         ran = getattr(rec, "ran", set(rec))
-        errors = getattr(rec, "errors", {})
+        errors = {c: m for c, m in getattr(rec, "errors", {}).items() if self._wanted(c)[2]}
+        have = {self._wanted(c)[:2] for c in [*rec, *errors]}
+        for base, ks in getattr(self, "calls", {}).items():
+            lost = sorted(k for k in ks or () if (base, k) not in have)
+            if lost and base in exact and base in ran:
+                raise OptionError(f"{base}#{lost[0]} never ran: {base} ran "
+                                  f"{max([k + 1 for b, k in have if b == base], default=0)} time(s) in the forward")
         missing = [n for n in names if n not in ran]
         hard = [n for n in missing if n in exact]
         if hard:
@@ -195,7 +226,7 @@ class _Hooks:
             if base_of(c) in exact:
                 raise OptionError(msg)
         left = ([f"{n} (never ran)" for n in missing] if getattr(self, "explicit", True) else []) + list(errors.values())
-        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items()]
+        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if self._wanted(n)[2]]
         if not refs:
             raise OptionError(f"no layer of this {type(self.model).__name__} ran in its forward"
                               + (f" with a tensor output ({'; '.join(left[:4])})" if left else ""))
@@ -270,8 +301,8 @@ class _Hooks:
             return None
         st["counts"][("faulted", cname)] = 1
         li = st["index"].get(cname)
-        if li is None:
-            if cname not in st["probed"] and call_name(name, k) not in st["probed"]:
+        if li is None:  # a fixed plan names only the calls it faults (a cell of `relu#1`)
+            if not st.get("fixed") and cname not in st["probed"] and call_name(name, k) not in st["probed"]:
                 raise OptionError(f"layer {name} ran {k + 1} times in forward {st['log'].forwards}, more than in the first "
                                   "forward: its extra outputs have no sites")
             return None
@@ -443,7 +474,7 @@ class TorchHooks(_Hooks):
                               "on": False}
         if state["sites"] is not None:
             st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"] = set(st["index"])
+            st["probed"], st["fixed"] = set(st["index"]), True
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if st["probing"]:
@@ -638,7 +669,7 @@ class KerasHooks(_Hooks):
                               "probing": False}
         if state["sites"] is not None:
             st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"] = set(st["index"])
+            st["probed"], st["fixed"] = set(st["index"]), True
 
         def root(call: Callable) -> Callable:
             def wrapper(*a: Any, **k: Any) -> Any:
