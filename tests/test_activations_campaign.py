@@ -125,30 +125,10 @@ def test_activation_sweep_stores_and_a_bad_definition_is_refused(tmp_path) -> No
         Campaign.from_dict({**bad, "target": {"factory": "m:f", "kind": "neurons"}})
 
 
-LM_TOML = """
-name = "gpt2-attention"
-seed = 3
-paths = ["{here}"]
-
-[target]
-factory = "act_campaign_helpers:lm"
-kind = "activations"
-
-[select]
-layers = ["gpt.transformer.h.*.attn:softmax", "gpt.transformer.h.0.attn"]
-
-[cells]
-bits = ["30"]
-group_by = "layer"
-
-[trials]
-per_cell = 4
-
-[evaluator]
-builtin = "accuracy"
-data = "act_campaign_helpers:lm_data"
-critical = 0.05
-"""
+LM_TOML = (TOML.replace('"digits-activations"\nseed = 7', '"gpt2-attention"\nseed = 3')
+           .replace(":model", ":lm").replace(":heldout", ":lm_data").replace("per_cell = 12", "per_cell = 4")
+           .replace('["fc1", "fc2"]', '["gpt.transformer.h.*.attn:softmax", "gpt.transformer.h.0.attn"]')
+           .replace('["30", "22", "0-21"]', '["30"]'))
 
 
 def test_campaign_over_attention_targets_matches_faults_applied_by_hand(tmp_path, monkeypatch) -> None:  # noqa: ANN001
