@@ -3,7 +3,10 @@
 Layer: ``live`` (may import files and below; imported by frameworks and above).
 
 PyTorch: forward hooks on the selected modules (named by module path, ``layer1.0.conv2``,
-for any ``nn.Module`` subclass, nested) and a forward pre-hook on the model itself
+for any ``nn.Module`` subclass, nested; tuple/dict outputs give their first tensor or the
+element a ``MODULE:out.K`` target names, :mod:`fastflip.live.act_targets`), an
+:class:`~fastflip.live.act_ops.OpWatch` for functional targets (``MODULE:softmax``,
+``MODULE:cache.key``) and a forward pre-hook on the model itself
 that counts forwards and, at the first one, probes the selected layers' output
 shapes. The probe runs the same call on the ``meta`` device (no computation, no
 side effects); when the model cannot run there (data-dependent Python, autocast),
@@ -25,9 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 import functools
-import re
 import warnings
 import weakref
 from typing import Any, Callable, Iterator
@@ -36,9 +37,10 @@ import numpy as np
 
 from ..errors import OptionError, SelectionError
 from ..core.plan import TensorRef
-from ..files.select import dtype_matcher, glob_to_regex
+from ..files.select import dtype_matcher
 from .act_ops import OpWatch
-from .act_targets import base_of, is_cache, output_name, parse_what, pick, replace, split_target
+from .act_targets import (Recorded, base_of, choose, is_cache, module_targets, output_name, pick, replace,
+                          split_target)
 from .adapters import TORCH_DTYPES
 
 __all__ = ["hooks_for", "TorchHooks", "KerasHooks", "call_name"]
@@ -87,41 +89,6 @@ def hooks_for(model: Any) -> "_Hooks":
     raise OptionError(f"activation faults need a torch.nn.Module or a Keras model, got {type(model).__name__} ({mod})")
 
 
-def _name_matches(selection: Any, name: str) -> bool:
-    """A layer name against a Selection's name criteria (layers, include, exclude, regex)."""
-    if selection.layers and not any(fnmatch.fnmatchcase(name, g) for g in selection.layers):
-        return False
-    if selection.include or selection.regex:
-        if not (any(glob_to_regex(g).match("/" + name) for g in selection.include)
-                or any(re.search(rx, name) for rx in selection.regex)):
-            return False
-    return not any(glob_to_regex(g).match("/" + name) for g in selection.exclude)
-
-
-_GLOB = re.compile(r"[*?\[]")
-
-
-class Recorded(dict):
-    """Per-sample output (shape, dtype) of each target call; ``errors``: call name -> why it has no usable
-    output; ``ran``: the targets that produced an output (with or without error)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.errors: dict[str, str] = {}
-        self.ran: set[str] = set()
-
-    def clear(self) -> None:
-        super().clear()
-        self.errors.clear()
-        self.ran.clear()
-
-    def copy(self) -> "Recorded":
-        new = Recorded()
-        new.update(self)
-        new.errors, new.ran = dict(self.errors), set(self.ran)
-        return new
-
-
 def _listing(names: list[str]) -> str:
     shown = ", ".join(names[:12])
     return shown + (f" (+{len(names) - 12} more)" if len(names) > 12 else "") if names else "none"
@@ -137,14 +104,8 @@ class _Hooks:
         """The selected layer names (default: every leaf layer)."""
         if selection is not None and selection.roles:
             raise OptionError("roles select tensors, not layer outputs: use layers=, include= or dtypes= for activations")
-        self.explicit = not (selection is None or not (selection.layers or selection.include or selection.exclude
-                                                       or selection.regex))
-        self.exact: set[str] = set()
-        self.calls: dict[str, set[int] | None] = {}
-        if not self.explicit:  # every leaf layer that the forward calls
-            names = list(self.leaves)
-        else:
-            names = self._match(selection)
+        self.chosen = choose(self.layers, self.leaves, selection, ops=self._OPS)
+        names = self.chosen.names
         if not names:
             raise SelectionError(f"selection {selection.describe() if selection is not None else ''} matches no layer "
                                  f"of this {type(self.model).__name__}; its layers: {_listing(list(self.layers))}")
@@ -152,67 +113,17 @@ class _Hooks:
 
     _OPS = False  # functional targets (MODULE:OP, MODULE:cache.*) need PyTorch
 
-    def _match(self, selection: Any) -> list[str]:
-        """Target names of an explicit selection: modules by name criteria, ``MODULE:WHAT`` patterns of ``layers``.
-
-        Names matched by a pattern without wildcards go to ``self.exact`` (errors about them stop the block;
-        targets matched by a glob that have no usable output are left out with one warning)."""
-        import dataclasses
-
-        calls = [(m.group(1), int(m.group(2))) if m else (p, None)
-                 for p, m in ((p, re.fullmatch(r"(.*)#(\d+)", p)) for p in selection.layers)]
-        functional = [(p, k) for p, k in calls if ":" in p]
-        modular = [(p, k) for p, k in calls if ":" not in p]
-        names: list[str] = []
-        if modular or selection.include or selection.regex or not functional:
-            sel = dataclasses.replace(selection, layers=tuple(p for p, _ in modular))
-            names = [n for n in self.layers if _name_matches(sel, n)]
-            self.exact.update(n for n in names if n in {p for p, _ in modular})
-            for n in names:
-                for p, k in modular:
-                    if fnmatch.fnmatchcase(n, p):
-                        self._restrict(n, k)
-        unexcluded = [n for n in self.layers if not any(glob_to_regex(g).match("/" + n) for g in selection.exclude)]
-        for p, k in functional:
-            glob, what = p.split(":", 1)
-            what = parse_what(what, p)
-            if not self._OPS and not what.startswith("out."):
-                raise OptionError(f"activation target {p!r}: functional targets (softmax, matmul, cache.key, ...) "
-                                  "need a PyTorch model; give a layer name or LAYER:out.K")
-            hit = [f"{n}:{what}" for n in unexcluded if fnmatch.fnmatchcase(n, glob)]
-            names += hit
-            for n in hit:
-                self._restrict(n, k)
-            if not _GLOB.search(glob):
-                self.exact.update(hit)
-        return list(dict.fromkeys(names))
-
-    def _restrict(self, target: str, k: int | None) -> None:
-        """Keep only call ``k`` of ``target`` (a pattern ending in ``#k``); a pattern without ``#`` keeps every call."""
-        calls = self.calls
-        if target in calls and calls[target] is None:
-            return
-        calls[target] = None if k is None else (calls.get(target) or set()) | {k}
-
-    def _wanted(self, name: str) -> tuple[str, int, bool]:
-        """``(selected target, call number, kept)`` of a recorded call name (``#k`` patterns keep only call k)."""
-        base, _, k = name.partition("#")
-        module, what = split_target(base)
-        calls = getattr(self, "calls", {})
-        key = base if base in calls or not (what is None or what.startswith("out.")) else module
-        allowed = calls.get(key)
-        return key, int(k or 0), allowed is None or int(k or 0) in allowed
-
     def refs(self, names: list[str], rec: dict[str, tuple[tuple[int, ...], str]], selection: Any) -> list[TensorRef]:
         """Per-sample output refs in forward order, filtered by the selection's dtypes.
 
         Targets that never ran or whose output is not a tensor stop the block when they were named exactly,
         and are left out (one warning lists them) when a glob or the default selection matched them."""
-        exact = getattr(self, "exact", set(names))
+        chosen = self.chosen
+        exact = chosen.exact
         ran = getattr(rec, "ran", set(rec))
-        errors = {c: m for c, m in getattr(rec, "errors", {}).items() if self._wanted(c)[2]}
-        have = {self._wanted(c)[:2] for c in [*rec, *errors]}
-        for base, ks in getattr(self, "calls", {}).items():
+        errors = {c: m for c, m in getattr(rec, "errors", {}).items() if chosen.wanted(c)[2]}
+        have = {chosen.wanted(c)[:2] for c in [*rec, *errors]}
+        for base, ks in chosen.calls.items():
             lost = sorted(k for k in ks or () if (base, k) not in have)
             if lost and base in exact and base in ran:
                 raise OptionError(f"{base}#{lost[0]} never ran: {base} ran "
@@ -225,8 +136,8 @@ class _Hooks:
         for c, msg in errors.items():
             if base_of(c) in exact:
                 raise OptionError(msg)
-        left = ([f"{n} (never ran)" for n in missing] if getattr(self, "explicit", True) else []) + list(errors.values())
-        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if self._wanted(n)[2]]
+        left = ([f"{n} (never ran)" for n in missing] if chosen.explicit else []) + list(errors.values())
+        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if chosen.wanted(n)[2]]
         if not refs:
             raise OptionError(f"no layer of this {type(self.model).__name__} ran in its forward"
                               + (f" with a tensor output ({'; '.join(left[:4])})" if left else ""))
@@ -319,11 +230,6 @@ class _Hooks:
 
 # ------------------------------------------------------------------------------ PyTorch
 
-def _module_targets(names: list[str]) -> list[str]:
-    """The targets that are module outputs (``MODULE`` or ``MODULE:out.K``), hooked with forward hooks."""
-    return [n for n in names if split_target(n)[1] is None or split_target(n)[1].startswith("out.")]  # type: ignore[union-attr]
-
-
 class TorchHooks(_Hooks):
     _OPS = True
 
@@ -398,7 +304,7 @@ class TorchHooks(_Hooks):
 
         handles = [self.model.register_forward_pre_hook(start, with_kwargs=True), self.model.register_forward_hook(post)]
         try:
-            handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in _module_targets(names)]
+            handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
             with watch.active():
                 yield
         finally:

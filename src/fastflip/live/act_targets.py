@@ -35,13 +35,16 @@ Examples
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import re
-from typing import Any
+from typing import Any, Iterable
 
 from ..errors import OptionError
+from ..files.select import glob_to_regex
 
-__all__ = ["CACHE_PARTS", "base_of", "is_cache", "op_name", "output_name", "parse_what", "pick", "replace",
-           "split_target"]
+__all__ = ["CACHE_PARTS", "Chosen", "Recorded", "base_of", "choose", "is_cache", "module_targets", "op_name",
+           "output_name", "parse_what", "pick", "replace", "split_target"]
 
 CACHE_PARTS = ("cache.key", "cache.value")
 _OP_ALIASES = {"__matmul__": "matmul", "__rmatmul__": "matmul", "scaled_dot_product_attention": "sdpa"}
@@ -138,6 +141,115 @@ def replace(out: Any, key: Any, new: Any) -> Any:
     return out._replace(**{out._fields[key]: new}) if hasattr(out, "_fields") else type(out)(items)
 
 
+def module_targets(names: list[str]) -> list[str]:
+    """The targets that are module outputs (``MODULE`` or ``MODULE:out.K``), hooked with forward hooks."""
+    whats = [split_target(n)[1] for n in names]
+    return [n for n, w in zip(names, whats) if w is None or w.startswith("out.")]
+
+
 def is_cache(obj: Any) -> bool:
     """Whether ``obj`` is a Hugging Face ``transformers`` Cache (without importing transformers)."""
     return any(c.__name__ == "Cache" and c.__module__.startswith("transformers") for c in type(obj).__mro__)
+
+
+# ------------------------------------------------------------------------------ selections of targets
+
+class Recorded(dict):
+    """Per-sample output (shape, dtype) of each target call; ``errors``: call name -> why it has no usable
+    output; ``ran``: the targets that produced an output (with or without error)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[str, str] = {}
+        self.ran: set[str] = set()
+
+    def clear(self) -> None:
+        super().clear()
+        self.errors.clear()
+        self.ran.clear()
+
+    def copy(self) -> "Recorded":
+        new = Recorded()
+        new.update(self)
+        new.errors, new.ran = dict(self.errors), set(self.ran)
+        return new
+
+
+_GLOB = re.compile(r"[*?\[]")
+_CALL = re.compile(r"(.*)#(\d+)")
+
+
+def name_matches(selection: Any, name: str) -> bool:
+    """A layer name against a Selection's name criteria (layers, include, exclude, regex)."""
+    if selection.layers and not any(fnmatch.fnmatchcase(name, g) for g in selection.layers):
+        return False
+    if selection.include or selection.regex:
+        if not (any(glob_to_regex(g).match("/" + name) for g in selection.include)
+                or any(re.search(rx, name) for rx in selection.regex)):
+            return False
+    return not any(glob_to_regex(g).match("/" + name) for g in selection.exclude)
+
+
+@dataclasses.dataclass
+class Chosen:
+    """The targets a selection names: ``names`` (``MODULE[:WHAT]``, hooked), ``exact`` (named without a wildcard:
+    problems with them stop the block), ``calls`` (target -> the call numbers a ``#k`` pattern keeps; absent or
+    None: every call), ``explicit`` (False for the default selection of every leaf layer)."""
+
+    names: list[str]
+    exact: set[str] = dataclasses.field(default_factory=set)
+    calls: dict[str, set[int] | None] = dataclasses.field(default_factory=dict)
+    explicit: bool = True
+
+    def restrict(self, target: str, k: int | None) -> None:
+        """Keep only call ``k`` of ``target`` (a pattern ending in ``#k``); a pattern without ``#`` keeps every call."""
+        if target in self.calls and self.calls[target] is None:
+            return
+        self.calls[target] = None if k is None else (self.calls.get(target) or set()) | {k}
+
+    def wanted(self, name: str) -> tuple[str, int, bool]:
+        """``(selected target, call number, kept)`` of a recorded call name (``attn:out.0#1`` -> ``attn``, 1)."""
+        base, _, k = name.partition("#")
+        module, what = split_target(base)
+        key = base if base in self.calls or not (what is None or what.startswith("out.")) else module
+        allowed = self.calls.get(key)
+        return key, int(k or 0), allowed is None or int(k or 0) in allowed
+
+
+def choose(layers: Iterable[str], leaves: list[str], selection: Any, *, ops: bool) -> Chosen:
+    """The targets of ``selection`` among a model's layer names (``leaves`` when it names none).
+
+    ``layers`` patterns may carry ``:WHAT`` (``transformer.h.*.attn:softmax``) and ``#k``;
+    ``ops`` False (Keras) refuses functional ``WHAT`` parts.
+    """
+    layers = list(layers)
+    if selection is None or not (selection.layers or selection.include or selection.exclude or selection.regex):
+        return Chosen(list(leaves), explicit=False)  # every leaf layer that the forward calls
+    chosen = Chosen([])
+    pats = [(m.group(1), int(m.group(2))) if m else (p, None)
+            for p, m in ((p, _CALL.fullmatch(p)) for p in selection.layers)]
+    functional = [(p, k) for p, k in pats if ":" in p]
+    modular = [(p, k) for p, k in pats if ":" not in p]
+    if modular or selection.include or selection.regex or not functional:
+        sel = dataclasses.replace(selection, layers=tuple(p for p, _ in modular))
+        chosen.names = [n for n in layers if name_matches(sel, n)]
+        chosen.exact.update(n for n in chosen.names if n in {p for p, _ in modular})
+        for n in chosen.names:
+            for p, k in modular:
+                if fnmatch.fnmatchcase(n, p):
+                    chosen.restrict(n, k)
+    unexcluded = [n for n in layers if not any(glob_to_regex(g).match("/" + n) for g in selection.exclude)]
+    for p, k in functional:
+        glob, what = p.split(":", 1)
+        what = parse_what(what, p)
+        if not ops and not what.startswith("out."):
+            raise OptionError(f"activation target {p!r}: functional targets (softmax, matmul, cache.key, ...) "
+                              "need a PyTorch model; give a layer name or LAYER:out.K")
+        hit = [f"{n}:{what}" for n in unexcluded if fnmatch.fnmatchcase(n, glob)]
+        chosen.names += hit
+        for n in hit:
+            chosen.restrict(n, k)
+        if not _GLOB.search(glob):
+            chosen.exact.update(hit)
+    chosen.names = list(dict.fromkeys(chosen.names))
+    return chosen
