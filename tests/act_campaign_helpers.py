@@ -53,3 +53,40 @@ def model() -> Any:
 def heldout() -> tuple[np.ndarray, np.ndarray]:
     """The 397 held-out digits (inputs, labels)."""
     return _data()[2], _data()[3]
+
+
+def lm() -> Any:
+    """A fresh copy of a tiny GPT-2 (from its config, eager attention) returning the last position's logits."""
+    return copy.deepcopy(_lm())
+
+
+@lru_cache(maxsize=1)
+def _lm() -> Any:
+    import torch
+    import transformers
+    from torch import nn
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    gpt = transformers.GPT2LMHeadModel(cfg).eval()
+    gpt.set_attn_implementation("eager")
+
+    class LastToken(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt = gpt
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.gpt(x).logits[:, -1]
+
+    return LastToken().eval()
+
+
+def lm_data() -> tuple[np.ndarray, np.ndarray]:
+    """24 random token sequences and the fault-free model's next tokens as labels."""
+    import torch
+
+    x = np.random.default_rng(0).integers(1, 64, (24, 6))
+    with torch.no_grad():
+        y = _lm()(torch.from_numpy(x)).argmax(-1).numpy()
+    return x, y

@@ -261,8 +261,11 @@ def test_bad_input_gives_one_line_errors_and_leaves_no_hook() -> None:
             return x.argmax(-1)
 
     seq = Seq()
-    with pytest.raises(OptionError, match="layer lstm returns a tuple, not a tensor"):
-        with fastflip.injected_activations(seq, seed=1, count=1, selection=fastflip.Selection(layers=["lstm"])):
+    with fastflip.injected_activations(seq, seed=1, count=1, selection=fastflip.Selection(layers=["lstm"])) as log:
+        seq(torch.randn(2, 5, 3))  # a tuple output: its first tensor is faulted, and named for it
+    assert log.layers == ["lstm:out.0"] and len(log) == 2
+    with pytest.raises(OptionError, match=r"layer lstm:out\.1 element 1 of its tuple output is a tuple, not a tensor"):
+        with fastflip.injected_activations(seq, seed=1, count=1, selection=fastflip.Selection(layers=["lstm:out.1"])):
             seq(torch.randn(2, 5, 3))
     wrapped = nn.Sequential(nn.Linear(3, 4), ArgMax())
     with pytest.raises(BitRangeError, match=r"output of layer\(s\) 1 \(int64\)"):

@@ -123,3 +123,63 @@ def test_activation_sweep_stores_and_a_bad_definition_is_refused(tmp_path) -> No
         Campaign.from_dict({**bad, "target": {"checkpoint": "x.h5", "kind": "activations"}})
     with pytest.raises(OptionError, match=r"\[target\] kind must be one of weights, activations \(got 'neurons'\)"):
         Campaign.from_dict({**bad, "target": {"factory": "m:f", "kind": "neurons"}})
+
+
+LM_TOML = (TOML.replace('"digits-activations"\nseed = 7', '"gpt2-attention"\nseed = 3')
+           .replace(":model", ":lm").replace(":heldout", ":lm_data").replace("per_cell = 12", "per_cell = 4")
+           .replace('["fc1", "fc2"]', '["gpt.transformer.h.*.attn:softmax", "gpt.transformer.h.0.attn"]')
+           .replace('["30", "22", "0-21"]', '["30"]'))
+
+
+def test_campaign_over_attention_targets_matches_faults_applied_by_hand(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    torch = require("torch")
+    require("transformers")
+    import act_campaign_helpers as h
+
+    path = tmp_path / "lm.toml"
+    path.write_text(LM_TOML.format(here=HERE))
+    c = load_campaign(str(path))
+    cells = campaign_cells(c)
+    assert [(x.group, x.population) for x in cells] == [
+        ("gpt.transformer.h.0.attn:softmax", 2 * 6 * 6), ("gpt.transformer.h.0.attn:out.0", 6 * 32),
+        ("gpt.transformer.h.1.attn:softmax", 2 * 6 * 6)]
+    runner = TrialRunner(c, cells)
+    x, y = h.lm_data()
+    m = h.lm()
+    softmax = torch.nn.functional.softmax
+    seen = set()
+    for cid, cell in enumerate(cells):
+        for t in range(4):
+            row, plan = runner.run(cid, t), runner.plan(cid, t)
+            name, i = plan.tensors[int(plan.tensor[0])].name, int(plan.index[0])
+            a, o, xr = (int(v[0]) & 0xFFFFFFFF for v in (plan.and_mask, plan.or_mask, plan.xor_mask))
+
+            def fault(out, n):  # noqa: ANN001, ANN202 - every sample, the plan's element, by hand
+                w = out.contiguous().view(len(out), -1).view(torch.int32)
+                old = w[:, i].numpy().view(np.uint32)
+                w[:, i] = torch.from_numpy((((old & np.uint32(a)) | np.uint32(o)) ^ np.uint32(xr)).view(np.int32))
+                return w.view(torch.float32).view(out.shape)
+
+            calls = [0]
+            which = 0 if ".h.0." in name else 1
+
+            def patched(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+                out = softmax(*args, **kw)
+                calls[0] += 1
+                return fault(out, name) if name.endswith("softmax") and calls[0] - 1 == which else out
+
+            monkeypatch.setattr(torch.nn.functional, "softmax", patched)
+            hook = m.gpt.transformer.h[0].attn.register_forward_hook(
+                lambda _m, _a, out: (fault(out[0], name), *out[1:]) if name.endswith(":out.0") else None)
+            with torch.no_grad():
+                logits = m(torch.from_numpy(x)).numpy()
+            hook.remove()
+            monkeypatch.undo()
+            acc = float(np.mean(logits.argmax(-1) == y))
+            expect = (DUE if not np.isfinite(logits).all() else MASKED if acc == 1.0
+                      else CRITICAL if 1.0 - acc > 0.05 else SDC)
+            assert (name, row.outcome) == (cell.group, expect), (cell.key, t)
+            seen.add(expect)
+    assert MASKED in seen and seen - {MASKED}
+    res = sweep(c, str(tmp_path / "lm.db"), workers=0, progress=False)
+    assert res.complete and res.stored == 3 * 4

@@ -99,3 +99,38 @@ def test_keras_bad_input() -> None:
         with fastflip.injected_activations(model, seed=1, count=1, selection=fastflip.Selection(layers=["spare"])):
             model(x)
     assert not any(instance_calls(model))
+
+
+def test_keras_tuple_outputs_fault_the_chosen_element_and_functional_targets_are_refused() -> None:
+    keras = require("keras")
+
+    class Split(keras.layers.Layer):
+        def call(self, x):  # noqa: ANN001, ANN201
+            return x * 2.0, x + 1.0
+
+    class Net(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.split = Split(name="split")
+            self.head = keras.layers.Dense(3, name="head")
+
+        def call(self, x):  # noqa: ANN001, ANN201
+            a, b = self.split(x)
+            return self.head(a - b)
+
+    keras.utils.set_random_seed(0)
+    model = Net()
+    x = np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32)
+    model(x)
+    for what, sign in (("split", 1.0), ("split:out.1", -1.0)):
+        with fastflip.injected_activations(model, seed=3, count=1, model="scale:3.0", per_sample=True,
+                                           selection=fastflip.Selection(layers=[what])) as log:
+            got = np.array(model(x))
+        assert log.layers == (["split:out.0"] if what == "split" else ["split:out.1"])
+        a, b = x * 2.0, x + 1.0
+        hit = b if sign < 0 else a
+        hit[log.sample, log.index] *= 3.0  # by hand: the chosen element of each sample, scaled
+        np.testing.assert_array_equal(got, np.array(model.head(a - b)))
+    with pytest.raises(OptionError, match="functional targets .* need a PyTorch model"):
+        with fastflip.injected_activations(model, seed=3, count=1, selection=fastflip.Selection(layers=["split:softmax"])):
+            model(x)

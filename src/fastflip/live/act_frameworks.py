@@ -3,7 +3,10 @@
 Layer: ``live`` (may import files and below; imported by frameworks and above).
 
 PyTorch: forward hooks on the selected modules (named by module path, ``layer1.0.conv2``,
-for any ``nn.Module`` subclass, nested) and a forward pre-hook on the model itself
+for any ``nn.Module`` subclass, nested; tuple/dict outputs give their first tensor or the
+element a ``MODULE:out.K`` target names, :mod:`fastflip.live.act_targets`), an
+:class:`~fastflip.live.act_ops.OpWatch` for functional targets (``MODULE:softmax``,
+``MODULE:cache.key``) and a forward pre-hook on the model itself
 that counts forwards and, at the first one, probes the selected layers' output
 shapes. The probe runs the same call on the ``meta`` device (no computation, no
 side effects); when the model cannot run there (data-dependent Python, autocast),
@@ -24,9 +27,9 @@ lazily by the class that needs them.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
+import copy
 import functools
-import re
+import warnings
 import weakref
 from typing import Any, Callable, Iterator
 
@@ -34,7 +37,10 @@ import numpy as np
 
 from ..errors import OptionError, SelectionError
 from ..core.plan import TensorRef
-from ..files.select import dtype_matcher, glob_to_regex
+from ..files.select import dtype_matcher
+from .act_ops import OpWatch
+from .act_targets import (Recorded, base_of, choose, is_cache, module_targets, output_name, pick, replace,
+                          split_target)
 from .adapters import TORCH_DTYPES
 
 __all__ = ["hooks_for", "TorchHooks", "KerasHooks", "call_name"]
@@ -83,17 +89,6 @@ def hooks_for(model: Any) -> "_Hooks":
     raise OptionError(f"activation faults need a torch.nn.Module or a Keras model, got {type(model).__name__} ({mod})")
 
 
-def _name_matches(selection: Any, name: str) -> bool:
-    """A layer name against a Selection's name criteria (layers, include, exclude, regex)."""
-    if selection.layers and not any(fnmatch.fnmatchcase(name, g) for g in selection.layers):
-        return False
-    if selection.include or selection.regex:
-        if not (any(glob_to_regex(g).match("/" + name) for g in selection.include)
-                or any(re.search(rx, name) for rx in selection.regex)):
-            return False
-    return not any(glob_to_regex(g).match("/" + name) for g in selection.exclude)
-
-
 def _listing(names: list[str]) -> str:
     shown = ", ".join(names[:12])
     return shown + (f" (+{len(names) - 12} more)" if len(names) > 12 else "") if names else "none"
@@ -109,26 +104,46 @@ class _Hooks:
         """The selected layer names (default: every leaf layer)."""
         if selection is not None and selection.roles:
             raise OptionError("roles select tensors, not layer outputs: use layers=, include= or dtypes= for activations")
-        self.explicit = not (selection is None or not (selection.layers or selection.include or selection.exclude
-                                                       or selection.regex))
-        if not self.explicit:  # every leaf layer that the forward calls
-            names = list(self.leaves)
-        else:
-            names = [n for n in self.layers if _name_matches(selection, n)]
+        self.chosen = choose(self.layers, self.leaves, selection, ops=self._OPS)
+        names = self.chosen.names
         if not names:
             raise SelectionError(f"selection {selection.describe() if selection is not None else ''} matches no layer "
                                  f"of this {type(self.model).__name__}; its layers: {_listing(list(self.layers))}")
         return names
 
+    _OPS = False  # functional targets (MODULE:OP, MODULE:cache.*) need PyTorch
+
     def refs(self, names: list[str], rec: dict[str, tuple[tuple[int, ...], str]], selection: Any) -> list[TensorRef]:
-        """Per-sample output refs in forward order, filtered by the selection's dtypes."""
-        missing = [n for n in names if n not in rec]
-        if missing and getattr(self, "explicit", True):
-            raise OptionError(f"layer(s) {_listing(missing)} never ran in the forward of this {type(self.model).__name__} "
+        """Per-sample output refs in forward order, filtered by the selection's dtypes.
+
+        Targets that never ran or whose output is not a tensor stop the block when they were named exactly,
+        and are left out (one warning lists them) when a glob or the default selection matched them."""
+        chosen = self.chosen
+        exact = chosen.exact
+        ran = getattr(rec, "ran", set(rec))
+        errors = {c: m for c, m in getattr(rec, "errors", {}).items() if chosen.wanted(c)[2]}
+        have = {chosen.wanted(c)[:2] for c in [*rec, *errors]}
+        for base, ks in chosen.calls.items():
+            lost = sorted(k for k in ks or () if (base, k) not in have)
+            if lost and base in exact and base in ran:
+                raise OptionError(f"{base}#{lost[0]} never ran: {base} ran "
+                                  f"{max([k + 1 for b, k in have if b == base], default=0)} time(s) in the forward")
+        missing = [n for n in names if n not in ran]
+        hard = [n for n in missing if n in exact]
+        if hard:
+            raise OptionError(f"layer(s) {_listing(hard)} never ran in the forward of this {type(self.model).__name__} "
                               "(defined but not called?): select layers that model.forward calls")
-        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items()]
+        for c, msg in errors.items():
+            if base_of(c) in exact:
+                raise OptionError(msg)
+        left = ([f"{n} (never ran)" for n in missing] if chosen.explicit else []) + list(errors.values())
+        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if chosen.wanted(n)[2]]
         if not refs:
-            raise OptionError(f"no layer of this {type(self.model).__name__} ran in its forward")
+            raise OptionError(f"no layer of this {type(self.model).__name__} ran in its forward"
+                              + (f" with a tensor output ({'; '.join(left[:4])})" if left else ""))
+        if left:
+            warnings.warn(f"fastflip: {len(left)} activation target(s) left out: {'; '.join(left[:8])}"
+                          + (f" (+{len(left) - 8} more)" if len(left) > 8 else ""), stacklevel=5)
         if selection is not None and selection.dtypes:
             def keep(r: TensorRef) -> bool:
                 fmt = getattr(r, "format", None)
@@ -155,38 +170,69 @@ class _Hooks:
         refs = self.refs(names, rec, selection)
         make_sites(refs)
         st["index"] = {r.name: i for i, r in enumerate(refs)}
-        st["probed"] = set(rec)
+        st["probed"] = set(rec) | set(getattr(rec, "errors", ()))
 
-    def _record_output(self, rec: dict, name: str, counts: dict[str, int], out: Any) -> None:
+    def _record_output(self, rec: Recorded, name: str, counts: dict[str, int], out: Any) -> None:
+        """Record the output of target ``name`` (``MODULE[:WHAT]``): its picked tensor's shape, or why it has none."""
         k = counts.get(name, 0)
         counts[name] = k + 1
-        rec[call_name(name, k)] = self.describe(name, out)
+        rec.ran.add(name)
+        what = split_target(name)[1]
+        try:
+            key, t = pick(out, what)
+        except OptionError as exc:
+            rec.errors[call_name(name, k)] = f"layer {call_name(name, k)} {exc}"
+            return
+        cname = call_name(output_name(name, what, key), k)
+        try:
+            rec[cname] = self.describe(cname, t)
+        except OptionError as exc:
+            rec.errors[call_name(name, k)] = str(exc)
 
-    def _fault_output(self, st: dict[str, Any], name: str, out: Any, alias: bool = False) -> Any:
+    def _aliases(self, t: Any, args: tuple) -> bool:
+        """Whether output ``t`` shares memory with one of the call's inputs (then it is faulted in a copy)."""
+        return False
+
+    def _fault_output(self, st: dict[str, Any], name: str, out: Any, args: tuple = ()) -> Any:
+        """The faulted output of one call of target ``name``, or None when ``out`` was faulted in place / untouched."""
         k = st["counts"].get(name, 0)
         st["counts"][name] = k + 1
-        cname = call_name(name, k)
         sites = st["state"]["sites"]
         if sites is None:
             raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its layers")
+        what = split_target(name)[1]
+        try:
+            key, t = pick(out, what)
+        except OptionError as exc:
+            if call_name(name, k) in st["probed"]:  # left out when the sites were drawn
+                return None
+            raise OptionError(f"layer {call_name(name, k)} {exc} in forward {st['log'].forwards}") from None
+        cname = call_name(output_name(name, what, key), k)
+        if ("faulted", cname) in st["counts"]:  # `attn` and `attn:out.0` name one output: fault it once
+            return None
+        st["counts"][("faulted", cname)] = 1
         li = st["index"].get(cname)
-        if li is None:
-            if cname not in st["probed"]:
+        if li is None:  # a fixed plan names only the calls it faults (a cell of `relu#1`)
+            if not st.get("fixed") and cname not in st["probed"] and call_name(name, k) not in st["probed"]:
                 raise OptionError(f"layer {name} ran {k + 1} times in forward {st['log'].forwards}, more than in the first "
                                   "forward: its extra outputs have no sites")
             return None
-        shape, dt = self.describe(name, out)
+        shape, dt = self.describe(cname, t)
         ref = sites.refs[li]
         if TensorRef(ref.name, dt, shape) != ref:
             raise OptionError(f"layer {cname} outputs {shape} {label(dt)} per sample in forward {st['log'].forwards}, "
                               f"but {ref.shape} {label(_ref_dtype(ref))} when its sites were drawn: activation sites need "
-                              "fixed output shapes and dtypes (use one input shape per block)")
-        return self.write(out, li, sites, st["log"], alias)
+                              "fixed output shapes and dtypes (use one input shape per block, or forward= to fault "
+                              "one forward)")
+        new = self.write(t, li, sites, st["log"], self._aliases(t, args))
+        return None if new is None else replace(out, key, new)
 
 
 # ------------------------------------------------------------------------------ PyTorch
 
 class TorchHooks(_Hooks):
+    _OPS = True
+
     def __init__(self, model: Any) -> None:
         import torch
 
@@ -239,30 +285,49 @@ class TorchHooks(_Hooks):
         # out of place: keeps autograd whole (no gradient through a faulted element) and never writes into an input
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
+    def _aliases(self, t: Any, args: tuple) -> bool:
+        ptr = t.untyped_storage().data_ptr()
+        return any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
+
+    @contextlib.contextmanager
+    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable) -> Iterator[None]:
+        """Model pre/post hooks, forward hooks on the module targets and an :class:`OpWatch` for the functional
+        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output)."""
+        watch = OpWatch(self.torch, self.layers, names, on_output)
+
+        def start(m: Any, args: tuple, kwargs: dict) -> None:
+            watch.reset()
+            pre(m, args, kwargs)
+
+        def make(name: str) -> Callable:
+            return lambda _m, args, out: on_output(name, out, args)
+
+        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True), self.model.register_forward_hook(post)]
+        try:
+            handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
+            with watch.active():
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
-        rec: dict[str, tuple[tuple[int, ...], str]] = {}
+        rec = Recorded()
         st = {"counts": {}, "done": False}
 
-        def pre(_m: Any, _a: Any) -> None:
+        def pre(_m: Any, _a: Any, _k: Any) -> None:
             st["counts"] = {}
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
             st["done"] = True
 
-        def make(name: str) -> Callable:
-            def hook(_m: Any, _a: Any, out: Any) -> None:
-                if not st["done"]:
-                    self._record_output(rec, name, st["counts"], out)
-            return hook
+        def record(name: str, out: Any, _args: tuple) -> None:
+            if not st["done"]:
+                self._record_output(rec, name, st["counts"], out)
 
-        handles = [self.model.register_forward_pre_hook(pre), self.model.register_forward_hook(post)]
-        try:
-            handles += [self.layers[n].register_forward_hook(make(n)) for n in names]
+        with self._hooked(names, pre, post, record):
             yield rec
-        finally:
-            for h in handles:
-                h.remove()
 
     def _probe(self, names: list[str], args: tuple, kwargs: dict) -> dict:
         """Output shapes of the selected layers for this call (cached per model and input signature)."""
@@ -272,21 +337,25 @@ class TorchHooks(_Hooks):
         autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda") if hasattr(torch, d))
         first = next(iter(self.model.parameters()), None)
         key = (tuple(names), autocast, None if first is None else (first.dtype, first.device),
-               tuple((tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor) else type(t).__name__
+               tuple((tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                     else (type(t).__name__, t.get_seq_length()) if is_cache(t) else type(t).__name__
                      for t in tree_leaves((args, kwargs))))
         cache = _PROBES.setdefault(self.model, {})
         if key not in cache:
             if len(cache) > 16:
                 cache.clear()
             cache[key] = self._run_probe(names, args, kwargs, autocast)
-        return dict(cache[key])
+        return cache[key].copy()
 
     def _run_probe(self, names: list[str], args: tuple, kwargs: dict, autocast: bool) -> dict:
         torch = self.torch
         from torch.func import functional_call
         from torch.utils._pytree import tree_map
 
-        if not autocast:
+        if any(is_cache(v) for v in (*args, *kwargs.values())):  # a KV cache: probe on a copy, never on meta
+            args = tuple(copy.deepcopy(a) if is_cache(a) else a for a in args)
+            kwargs = {k: copy.deepcopy(v) if is_cache(v) else v for k, v in kwargs.items()}
+        elif not autocast:
             try:
                 meta = lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t  # noqa: E731
                 state = {k: v.to("meta") for k, v in [*self.model.named_parameters(), *self.model.named_buffers()]}
@@ -302,50 +371,43 @@ class TorchHooks(_Hooks):
         return rec
 
     @contextlib.contextmanager
-    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable) -> Iterator[None]:
-        if state["sites"] is not None:  # a fixed plan: hook the layers it names
-            names = list(dict.fromkeys(r.name.split("#")[0] for r in state["sites"].refs))
-            self._check_names(names)
-        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {}}
+    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
+                 at: int | None = None) -> Iterator[None]:
+        if state["sites"] is not None:  # a fixed plan: hook the targets it names
+            names = list(dict.fromkeys(base_of(r.name) for r in state["sites"].refs))
+            self._check_names([split_target(n)[0] for n in names])
+        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
+                              "on": False}
         if state["sites"] is not None:
             st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"] = set(st["index"])
+            st["probed"], st["fixed"] = set(st["index"]), True
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if st["probing"]:
                 return
             st["counts"] = {}
-            if state["sites"] is None:
+            st["on"] = at is None or log.forwards == at
+            if st["on"] and state["sites"] is None:
                 self._learn(st, names, selection, make_sites, lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
             if not st["probing"]:
                 log.forwards += 1
 
-        def make(name: str) -> Callable:
-            def hook(_m: Any, args: tuple, out: Any) -> Any:
-                if st["probing"]:
-                    return None
-                torch = self.torch
-                alias = False
-                if isinstance(out, torch.Tensor):  # an output that aliases an input (ReLU(inplace), views) is copied
-                    ptr = out.untyped_storage().data_ptr()
-                    alias = any(isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
-                return self._fault_output(st, name, out, alias)
-            return hook
+        def fault(name: str, out: Any, args: tuple) -> Any:
+            # an output that aliases an input (ReLU(inplace), views) is faulted in a copy
+            return self._fault_output(st, name, out, args) if st["on"] and not st["probing"] else None
 
-        handles = [self.model.register_forward_pre_hook(pre, with_kwargs=True), self.model.register_forward_hook(post)]
         ok = False
-        try:
-            handles += [self.layers[n].register_forward_hook(make(n)) for n in names]
+        with self._hooked(names, pre, post, fault):
             yield
             ok = True
-        finally:
-            for h in handles:
-                h.remove()
         if ok and log.forwards == 0:
             raise OptionError(f"the {type(self.model).__name__} never ran a forward inside injected_activations(...): "
                               "nothing was injected (call the model inside the block)")
+        if ok and at is not None and log.forwards <= at:
+            raise OptionError(f"forward={at} but the {type(self.model).__name__} ran {log.forwards} forward(s) inside "
+                              "injected_activations(...): nothing was injected")
 
     def _check_names(self, names: list[str]) -> None:
         bad = [n for n in names if n not in self.layers]
@@ -365,6 +427,21 @@ def _after(hook: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
             return out if res is None else res
         return wrapper
     return make
+
+
+def _wraps(names: list[str], fn: Callable[[str, Any], Any]) -> dict[str, Callable]:
+    """``call`` wrappers per layer: ``fn(target, output)`` for each target (``LAYER`` or ``LAYER:out.K``) of it."""
+    by_layer: dict[str, list[str]] = {}
+    for n in names:
+        by_layer.setdefault(split_target(n)[0], []).append(n)
+
+    def chain(targets: list[str], out: Any) -> Any:
+        for t in targets:
+            res = fn(t, out)
+            out = out if res is None else res
+        return out
+
+    return {layer: _after(functools.partial(chain, targets)) for layer, targets in by_layer.items()}
 
 
 class KerasHooks(_Hooks):
@@ -432,7 +509,7 @@ class KerasHooks(_Hooks):
 
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
-        rec: dict[str, tuple[tuple[int, ...], str]] = {}
+        rec = Recorded()
         st = {"counts": {}, "depth": 0, "done": False}
 
         def root(call: Callable) -> Callable:
@@ -447,7 +524,7 @@ class KerasHooks(_Hooks):
             if not st["done"]:
                 self._record_output(rec, name, st["counts"], out)
 
-        with self._eager(), self._wrapped({"": root, **{n: _after(functools.partial(record, n)) for n in names}}):
+        with self._eager(), self._wrapped({"": root, **_wraps(names, record)}):
             yield rec
 
     @contextlib.contextmanager
@@ -475,7 +552,7 @@ class KerasHooks(_Hooks):
             try:
                 spec = lambda t: keras.KerasTensor(t.shape, keras.backend.standardize_dtype(t.dtype)) if hasattr(t, "shape") and hasattr(t, "dtype") else t  # noqa: E731
                 self.model.compute_output_spec(*[spec(a) for a in args], **{k: spec(v) for k, v in kwargs.items()})
-                if all(n in rec for n in names):
+                if all(n in rec.ran for n in names):
                     return rec
             except Exception:
                 pass
@@ -485,17 +562,20 @@ class KerasHooks(_Hooks):
         return rec
 
     @contextlib.contextmanager
-    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable) -> Iterator[None]:
+    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
+                 at: int | None = None) -> Iterator[None]:
+        if at is not None:
+            raise OptionError("forward= (fault one forward of the block) needs a PyTorch model")
         if state["sites"] is not None:
-            names = list(dict.fromkeys(r.name.split("#")[0] for r in state["sites"].refs))
-            bad = [n for n in names if n not in self.layers]
+            names = list(dict.fromkeys(base_of(r.name) for r in state["sites"].refs))
+            bad = [split_target(n)[0] for n in names if split_target(n)[0] not in self.layers]
             if bad:
                 raise SelectionError(f"layer {bad[0]!r} is not in this model; its layers: {_listing(list(self.layers))}")
         st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probed": set(), "index": {}, "depth": 0,
                               "probing": False}
         if state["sites"] is not None:
             st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"] = set(st["index"])
+            st["probed"], st["fixed"] = set(st["index"]), True
 
         def root(call: Callable) -> Callable:
             def wrapper(*a: Any, **k: Any) -> Any:
@@ -519,7 +599,7 @@ class KerasHooks(_Hooks):
 
         ok = False
         with self._eager():
-            with self._wrapped({"": root, **{n: _after(functools.partial(fault, n)) for n in names}}):
+            with self._wrapped({"": root, **_wraps(names, fault)}):
                 yield
                 ok = True
         if ok and log.forwards == 0:

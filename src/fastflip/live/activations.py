@@ -18,6 +18,14 @@ hit in proportion to its output size) with the same bit specs, fault models and
 count / rate modes as weights. A layer called several times in one forward (a
 reused ``ReLU``) has one output space per call: ``name``, ``name#1``, ...
 
+Targets beyond plain layer outputs (:mod:`fastflip.live.act_targets`): the first
+tensor of a tuple / dict / ``ModelOutput`` output (``attn:out.0``) or a chosen
+element (``attn:out.1``, ``encoder:out.last_hidden_state``); in PyTorch, the outputs
+of torch functions called inside a module (``attn:softmax``, ``attn:matmul``,
+``attn:sdpa``) and a Hugging Face KV cache (``attn:cache.key``, ``attn:cache.value``;
+:mod:`fastflip.live.act_ops`). ``forward=k`` faults only forward ``k`` of the block
+(one generation step).
+
 - ``per_sample=False``: one plan, drawn from ``(seed, *stream)``, is applied to
   every sample of every forward in the block: a fault in the unit that computes
   those neurons (results do not depend on the batch size).
@@ -356,7 +364,8 @@ def layer_outputs(model: Any, run: Callable[[], Any], selection: Any = None) -> 
 def injected_activations(network: Any, /, seed: int | None = None, *, count: int | None = None, rate: float | None = None,
                          bits: Any = None, model_fault: Any = None, selection: Any = None, per_sample: bool = False,
                          nan_policy: str = "allow", stream: Sequence[int] = (), plan: Any = None,
-                         samples_per_plan: int | None = None, **kwargs: Any) -> Iterator[ActivationLog]:
+                         samples_per_plan: int | None = None, forward: int | None = None,
+                         **kwargs: Any) -> Iterator[ActivationLog]:
     """Fault the outputs of the selected layers of a model in every forward inside the block.
 
     Parameters
@@ -377,6 +386,9 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
         ``layers`` / ``include`` / ``exclude`` / ``regex`` match layer names (PyTorch
         module paths like ``layer1.0.conv2``, Keras layer names); ``dtypes`` filters
         by output dtype. Default: every leaf layer (a module without children).
+        ``layers`` also takes ``MODULE:WHAT`` patterns (``transformer.h.*.attn:softmax``,
+        ``attn:out.1``, ``attn:cache.key``). Targets matched by a glob whose output holds
+        no tensor, or that never run, are left out with one warning.
     per_sample : bool
         Independent faults per batch sample (see the module docstring).
     nan_policy : {'allow', 'avoid'}
@@ -384,6 +396,9 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
         Fixed sites over the layer outputs (``layer_outputs`` gives their refs). A block of ``B``
         plans with ``samples_per_plan = n`` runs ``B`` trials in forwards of ``B * n`` samples:
         trial ``j``'s plan in samples ``j*n … j*n+n-1`` (batched campaign trials).
+    forward : int, optional
+        Fault only this forward of the block (0-based; in ``generate``, the step that
+        generates token ``forward``); sites are drawn from its shapes. PyTorch only.
 
     Yields
     ------
@@ -404,7 +419,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
     names = hooks.select(selection)
     log = ActivationLog(seed=int(seed), meta={"count": count, "rate": rate, "bits": bits, "per_sample": per_sample,
                                              "model": FaultModel.parse(fault).as_dict(), "nan_policy": nan_policy,
-                                             "stream": list(stream)})
+                                             "stream": list(stream), "forward": forward})
     state: dict[str, Any] = {"sites": None}
 
     def make_sites(refs: list[TensorRef]) -> Sites:
@@ -417,5 +432,7 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
 
     if plan is not None:
         make_sites(list(plan.tensors))
-    with hooks.faulting(names, selection, log, state, make_sites):
+    if forward is not None and (int(forward) != forward or forward < 0 or plan is not None):
+        raise OptionError(f"forward= takes the 0-based number of one forward in the block, without plan= (got {forward!r})")
+    with hooks.faulting(names, selection, log, state, make_sites, at=forward):
         yield log
