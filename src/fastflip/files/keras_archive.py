@@ -201,6 +201,12 @@ def _unpack_weights(path: Path, tmpdir: str, limits: ArchiveLimits) -> Path:
             _stream_member(path, zf, zf.getinfo(WEIGHTS_ENTRY), dst, limits)
     except (zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise _zip_error(path, exc) from None
+    try:
+        kind = detect_format(dest)
+    except FormatError:
+        kind = "unknown"
+    if kind != "hdf5":  # named by the archive: the temporary copy means nothing to the user
+        raise FormatError(f"{path}: its {WEIGHTS_ENTRY} is not an HDF5 file (damaged or foreign .keras archive)")
     return dest
 
 

@@ -12,11 +12,10 @@ header. Used by :mod:`~fastflip.files.formats.numpy_io` and :mod:`~fastflip.file
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from . import FormatError
+from .bounds import checked_numel
 
 __all__ = ["npy_header"]
 
@@ -37,7 +36,7 @@ def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, .
     except (ValueError, OSError, SyntaxError) as exc:
         raise FormatError(f"{where}: damaged .npy header ({exc})") from None
     hlen = fh.tell() - start
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = checked_numel(shape, f"{where}: array") * dtype.itemsize
     if dtype.hasobject:
         return dtype, fortran, tuple(shape), hlen
     if hlen + nbytes > limit:

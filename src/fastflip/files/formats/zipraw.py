@@ -71,10 +71,43 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
                 if data + info.compress_size > fsize:
                     raise FormatError(f"{path}: zip entry {info.filename!r} points past the end of the file "
                                       f"({data + info.compress_size} > {fsize} bytes): truncated archive")
+                if info.filename in out:  # readers differ on which copy counts (zipfile: the last, torch: another)
+                    raise FormatError(f"{path}: zip entry {info.filename!r} appears more than once (which copy a "
+                                      "reader takes is undefined); the file is damaged or crafted")
                 out[info.filename] = ZipEntry(info.filename, data, int(info.file_size), stored, info)
+            _check_disjoint(path, fh, list(out.values()), int(zf.start_dir))  # type: ignore[attr-defined]
     except (zipfile.BadZipFile, EOFError, ValueError) as exc:
         raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     return out
+
+
+def _descriptor_len(fh, info: zipfile.ZipInfo, end: int) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of the data descriptor after an entry's data (0 without flag bit 3)."""
+    if not info.flag_bits & 0x08:
+        return 0
+    fh.seek(end)
+    sig = fh.read(4) == b"PK\x07\x08"
+    wide = info.file_size > 0xFFFFFFFF or info.compress_size > 0xFFFFFFFF
+    return (4 if sig else 0) + 4 + (16 if wide else 8)
+
+
+def _check_disjoint(path: str, fh, entries: list[ZipEntry], start_dir: int) -> None:  # type: ignore[no-untyped-def]
+    """Refuse entries whose local header, data or data descriptor overlap another entry or the central directory
+    (a change to one would change the other, and a revert of one would undo the other)."""
+    from . import FormatError
+
+    spans = []
+    for e in entries:
+        end = e.offset + e.info.compress_size
+        spans.append((e.info.header_offset, end + _descriptor_len(fh, e.info, end), e.name))
+    spans.sort()
+    for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            raise FormatError(f"{path}: zip entries {n0!r} and {n1!r} overlap (bytes {b1}..{e0}); the file is "
+                              "damaged or crafted")
+    if spans and spans[-1][1] > start_dir:
+        raise FormatError(f"{path}: zip entry {spans[-1][2]!r} overlaps the central directory; the file is damaged "
+                          "or crafted")
 
 
 def central_records(path: str) -> dict[str, int]:
