@@ -41,7 +41,7 @@ def _refused(path: str, tmp_path, match: str = "") -> str:
     before = open(path, "rb").read()
     out = str(tmp_path / ("out" + os.path.splitext(path)[1]))
     with pytest.raises(FastflipError) as ei:
-        inject_file(path, out, seed=1, count=4)
+        inject_file(path, out, seed=1, sampling={"count": 4})
     msg = str(ei.value)
     assert "\n" not in msg and len(msg) < 600, msg
     assert match in msg, msg
@@ -130,7 +130,7 @@ def test_overlapping_zip_entries_refused_torch(tmp_path):
                    [Entry("archive/data.pkl", pkl), Entry("archive/byteorder", b"little")])
     p = _write(tmp_path, "overlap.pt", z)
     with pytest.raises(FastflipError, match="overlap|declares"):
-        inject_file(p, str(tmp_path / "o.pt"), seed=1, count=4)
+        inject_file(p, str(tmp_path / "o.pt"), seed=1, sampling={"count": 4})
 
 
 def test_overlapping_zip_entries_refused_npz(tmp_path):
