@@ -171,8 +171,10 @@ def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, 
                 raise ChecksumError(f"{where}: fletcher32 checksum fails before patching (damaged file); nothing was written")
             data = body
         elif code == 1:
-            d = zlib.decompressobj()
-            data = d.decompress(data, nbytes + 1)
+            try:
+                data = zlib.decompressobj().decompress(data, nbytes + 1)
+            except zlib.error as exc:
+                raise UnsupportedStorageError(f"{where}: damaged gzip chunk ({exc}); nothing was written") from None
         elif code == 32000:
             streams[code] = data
             try:

@@ -33,8 +33,9 @@ def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, .
             shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 20)
         else:
             raise ValueError(f"npy format version {major}")
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise FormatError(f"{where}: damaged .npy header ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - NumPy parses the header with ast/tokenize: any error is a damaged header
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise FormatError(f"{where}: damaged .npy header ({first})") from None
     hlen = fh.tell() - start
     nbytes = checked_numel(shape, f"{where}: array") * dtype.itemsize
     if dtype.hasobject:

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -293,10 +294,13 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
         raise FormatError(f"{path}: data.pkl is larger than 1 GiB")
     import zipfile
 
-    with zipfile.ZipFile(path) as zf:
-        data = zf.read(pkl.info)
-        order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
-            if prefix + "byteorder" in entries else "little"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            data = zf.read(pkl.info)
+            order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
+                if prefix + "byteorder" in entries else "little"
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise FormatError(f"{path}: damaged torch.save archive ({str(exc)[:120]}); nothing was read") from None
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)

@@ -55,6 +55,9 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
     try:
         with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
             for info in zf.infolist():
+                if not 0 <= info.header_offset <= fsize - 30:
+                    raise FormatError(f"{path}: zip entry {info.filename!r} has its local header at "
+                                      f"{info.header_offset}, outside the file (damaged or truncated archive)")
                 fh.seek(info.header_offset)
                 head = fh.read(30)
                 if len(head) != 30 or head[:4] != b"PK\x03\x04":
@@ -76,7 +79,7 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
                                       "reader takes is undefined); the file is damaged or crafted")
                 out[info.filename] = ZipEntry(info.filename, data, int(info.file_size), stored, info)
             _check_disjoint(path, fh, list(out.values()), int(zf.start_dir))  # type: ignore[attr-defined]
-    except (zipfile.BadZipFile, EOFError, ValueError) as exc:
+    except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
         raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     return out
 
