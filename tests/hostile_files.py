@@ -18,8 +18,8 @@ __all__ = ["Entry", "raw_zip", "nested_zip", "SRef", "T", "torch_pickle", "torch
 class Entry:
     """One stored zip entry: its name, data and general-purpose flags."""
 
-    def __init__(self, name: str, data: bytes, flags: int = 0) -> None:
-        self.name, self.data, self.flags = name, data, flags
+    def __init__(self, name: str, data: bytes, flags: int = 0, attr: int = 0) -> None:
+        self.name, self.data, self.flags, self.attr = name, data, flags, attr
 
     def local(self) -> bytes:
         n = self.name.encode()
@@ -29,7 +29,7 @@ class Entry:
     def central(self, at: int) -> bytes:
         n = self.name.encode()
         return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, self.flags, 0, 0, 0, zlib.crc32(self.data),
-                           len(self.data), len(self.data), len(n), 0, 0, 0, 0, 0, at) + n
+                           len(self.data), len(self.data), len(n), 0, 0, 0, 0, self.attr, at) + n
 
 
 def _finish(body: bytes, cds: list[bytes]) -> bytes:

@@ -157,6 +157,26 @@ def test_npz_keys_that_collide_in_np_load_refused(tmp_path):
     _refused(p, tmp_path, "np.load")
 
 
+def test_entry_marked_as_directory_refused(tmp_path):
+    """miniz (torch's zip reader) reads no data for an entry with the DOS directory attribute."""
+    pkl = torch_pickle({"a": T(SRef("0", 16), 0, (16,), (1,))})
+    p = _write(tmp_path, "dir.pt", raw_zip([Entry("archive/data.pkl", pkl), Entry("archive/byteorder", b"little"),
+                                            Entry("archive/data/0", F32.tobytes(), attr=0x10)]))
+    _refused(p, tmp_path, "directory")
+
+
+def test_central_record_lengths_that_disagree_with_zipfile_refused(tmp_path):
+    """A name length running past the directory: zipfile reads the name cut short, a raw walk reads on."""
+    p = str(tmp_path / "len.npz")
+    np.savez(p, w=F32, s=np.float64(2.5))
+    raw = bytearray(open(p, "rb").read())
+    last = raw.rfind(b"PK\x01\x02")
+    raw[last + 29] = 4  # name length + 1024
+    open(p, "wb").write(bytes(raw))
+    assert sorted(np.load(p).files) == ["s", "w"]
+    _refused(p, tmp_path, "central directory")
+
+
 def _shared_bytes_h5(path: str) -> None:
     with h5py.File(path, "w") as f:
         f.create_dataset("a", data=F32)

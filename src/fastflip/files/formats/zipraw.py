@@ -74,6 +74,9 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
                 if data + info.compress_size > fsize:
                     raise FormatError(f"{path}: zip entry {info.filename!r} points past the end of the file "
                                       f"({data + info.compress_size} > {fsize} bytes): truncated archive")
+                if info.external_attr & 0x10 or info.filename.endswith("/"):  # miniz (torch) reads no data there
+                    raise FormatError(f"{path}: zip entry {info.filename!r} is marked as a directory; the file is "
+                                      "damaged or crafted")
                 if info.filename in out:  # readers differ on which copy counts (zipfile: the last, torch: another)
                     raise FormatError(f"{path}: zip entry {info.filename!r} appears more than once (which copy a "
                                       "reader takes is undefined); the file is damaged or crafted")
@@ -114,15 +117,22 @@ def _check_disjoint(path: str, fh, entries: list[ZipEntry], start_dir: int) -> N
 
 
 def central_records(path: str) -> dict[str, int]:
-    """Absolute file offset of each entry's central-directory record (its CRC-32 is at +16)."""
+    """Absolute file offset of each entry's central-directory record (its CRC-32 is at +16).
+
+    Raises
+    ------
+    FormatError
+        A record whose lengths run it past the directory, or that names another entry than ``zipfile`` reads
+        there (the two readings of the directory must agree before any field of it is patched).
+    """
     from . import FormatError
 
     with zipfile.ZipFile(path) as zf:
         pos = int(zf.start_dir)  # type: ignore[attr-defined]
-        n = len(zf.infolist())
+        infos = zf.infolist()
     out: dict[str, int] = {}
     with open(path, "rb") as fh:
-        for _ in range(n):
+        for info in infos:
             fh.seek(pos)
             rec = fh.read(46)
             if len(rec) != 46 or rec[:4] != b"PK\x01\x02":
@@ -130,6 +140,9 @@ def central_records(path: str) -> dict[str, int]:
             flags = struct.unpack("<H", rec[8:10])[0]
             nlen, xlen, clen = struct.unpack("<HHH", rec[28:34])
             name = fh.read(nlen).decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            if name != info.filename or name in out:
+                raise FormatError(f"{path}: zip central directory record at byte {pos} does not read as entry "
+                                  f"{info.filename!r} (damaged or crafted lengths)")
             out[name] = pos
             pos += 46 + nlen + xlen + clen
     return out
