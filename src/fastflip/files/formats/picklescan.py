@@ -19,13 +19,14 @@ Examples
 >>> try:
 ...     scan_pickle(bomb, "bomb.pt")
 ... except FormatError as e:
-...     print(str(e)[:60])
-bomb.pt: the pickle stores memo entry 134217728 after 3 opcod
+...     print(str(e)[:63])
+bomb.pt: the pickle stores memo entry 134217728 after 3 opcodes
 """
 
 from __future__ import annotations
 
 import pickletools
+import warnings
 from typing import Any, Callable
 
 from . import FormatError
@@ -48,20 +49,26 @@ def scan_pickle(data: Any, where: str) -> None:
     FormatError
         Too many opcodes, a memo index beyond the opcodes read so far, or an undecodable opcode stream.
     """
-    n = 0
     try:
-        for op, arg, _pos in pickletools.genops(data if isinstance(data, (bytes, bytearray)) else _Capped(data)):
-            n += 1
-            if n > MAX_OPS:
-                raise FormatError(f"{where}: the pickle holds more than {MAX_OPS} opcodes; refusing it")
-            if op.name in _PUTS and not (isinstance(arg, int) and 0 <= arg <= n):
-                raise FormatError(f"{where}: the pickle stores memo entry {arg} after {n} opcodes (a pickler "
-                                  "numbers them in order); the file is damaged or crafted")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # a crafted STRING argument's escapes
+            _scan(data, where)
     except FormatError:
         raise
     except (ValueError, OverflowError, MemoryError, EOFError, UnicodeError) as exc:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:120]
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {first})") from None
+
+
+def _scan(data: Any, where: str) -> None:
+    n = 0
+    for op, arg, _pos in pickletools.genops(data if isinstance(data, (bytes, bytearray)) else _Capped(data)):
+        n += 1
+        if n > MAX_OPS:
+            raise FormatError(f"{where}: the pickle holds more than {MAX_OPS} opcodes; refusing it")
+        if op.name in _PUTS and not (isinstance(arg, int) and 0 <= arg <= n):
+            raise FormatError(f"{where}: the pickle stores memo entry {arg} after {n} opcodes (a pickler "
+                              "numbers them in order); the file is damaged or crafted")
 
 
 class _Capped:
