@@ -121,24 +121,10 @@ def _safetensors_view(path: str) -> dict[str, np.ndarray]:
     return {"/" + k: v for k, v in st.load_file(path).items()}
 
 
-def _torch_flat(obj, prefix: str = "") -> dict[str, np.ndarray]:
-    torch = require("torch")
-    out: dict[str, np.ndarray] = {}
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().contiguous()
-        out[prefix or "/"] = t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(_torch_flat(v, f"{prefix}/{k}"))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(_torch_flat(v, f"{prefix}/{i}"))
-    return out
-
-
 def _torch_view(path: str) -> dict[str, np.ndarray]:
-    torch = require("torch")
-    return _torch_flat(torch.load(path, weights_only=True))
+    from test_formats_torch import torch_load  # torch.load(weights_only=True), flattened to stored words
+
+    return torch_load(path)
 
 
 def _torch_base(path: str, legacy: bool) -> None:
