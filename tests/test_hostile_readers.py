@@ -297,3 +297,21 @@ def test_keras_weights_not_hdf5_named_by_archive(tmp_path, capsys):
         z.writestr("model.weights.h5", b"not an hdf5 file at all" * 4)
     err = _cli_one_line(["inject", p, "-o", str(tmp_path / "o.keras"), "--count", "1"], capsys, p)
     assert "fastflip-keras" not in err and "model.weights.h5" in err
+
+
+def test_overlapping_hdf5_chunks_refused_at_inject(tmp_path):
+    """A chunk index entry pointing into another dataset's data: h5py reads the chunk from those bytes."""
+    p = str(tmp_path / "chunks.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("a", data=F32)
+        f.create_dataset("c", data=F32 + 100, chunks=(8,))
+        oa = f["a"].id.get_offset()
+        second = f["c"].id.get_chunk_info(1).byte_offset
+    raw = bytearray(open(p, "rb").read())
+    at = raw.find(struct.pack("<Q", second))
+    assert at > 0
+    raw[at:at + 8] = struct.pack("<Q", oa)
+    open(p, "wb").write(bytes(raw))
+    with h5py.File(p, "r") as f:
+        np.testing.assert_array_equal(f["c"][8:], F32[:8])
+    _refused(p, tmp_path, "share bytes")

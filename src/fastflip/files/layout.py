@@ -329,7 +329,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
-        _refuse_shared_bytes(p, tensors)
+        _refuse_shared_bytes(p, f, tensors)
         tensors.sort(key=lambda t: _natural_key(t.path))
         skipped.sort(key=lambda s: s.path)
         layout = Layout(file=p, tensors=tensors, skipped=skipped)
@@ -338,14 +338,41 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     return layout
 
 
-def _refuse_shared_bytes(path: str, tensors: list[Tensor]) -> None:
-    """Refuse two datasets whose contiguous data overlap: a flip in one would change the other (h5py reads both
-    from the same bytes) and the log, which names one, could not describe it."""
-    spans = sorted((t.offset, t.offset + t.nbytes, t.path) for t in tensors
-                   if t.storage == "contiguous" and t.offset is not None)
-    for (b0, e0, n0), (b1, _e1, n1) in zip(spans, spans[1:]):
+MAX_CHUNKS_CHECKED = 1_000_000  # chunks whose byte ranges are checked for overlaps when a file is read
+
+
+def _stored_spans(f: Any, tensors: list[Tensor]) -> list[tuple[int, int, str]]:
+    """(start, end, path) of every contiguous dataset's data and every allocated chunk (up to
+    :data:`MAX_CHUNKS_CHECKED` chunks in all: a file with more is checked for its first datasets only)."""
+    spans = [(t.offset, t.offset + t.nbytes, t.path) for t in tensors
+             if t.storage == "contiguous" and t.offset is not None]
+    budget = MAX_CHUNKS_CHECKED
+    for t in tensors:
+        if t.storage not in ("chunked", "filtered"):
+            continue
+        ds = f[t.path]
+        n = ds.id.get_num_chunks()
+        if n > budget or not hasattr(ds.id, "chunk_iter"):
+            break
+        budget -= n
+        base = chunk_address_base(ds)
+        ds.id.chunk_iter(lambda info, p=t.path: spans.append(
+            (int(info.byte_offset) + base, int(info.byte_offset) + base + int(info.size), p)))
+    return spans
+
+
+def _refuse_shared_bytes(path: str, f: Any, tensors: list[Tensor]) -> None:
+    """Refuse datasets (or chunks) whose stored bytes overlap: a flip in one would change the other (h5py reads
+    both from the same bytes) and the log, which names one, could not describe it."""
+    try:
+        spans = sorted(_stored_spans(f, tensors))
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotHDF5Error(f"{path}: damaged HDF5 file ({first})") from None
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
-            raise NotHDF5Error(f"{path}: datasets {n0} and {n1} share bytes {b1}..{min(e0, _e1)} of the file "
+            what = f"datasets {n0} and {n1}" if n0 != n1 else f"two chunks of dataset {n0}"
+            raise NotHDF5Error(f"{path}: {what} share bytes {b1}..{min(e0, e1)} of the file "
                                "(damaged or crafted HDF5 file); nothing was written")
 
 
