@@ -74,9 +74,9 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
                 if data + info.compress_size > fsize:
                     raise FormatError(f"{path}: zip entry {info.filename!r} points past the end of the file "
                                       f"({data + info.compress_size} > {fsize} bytes): truncated archive")
-                if info.external_attr & 0x10 or info.filename.endswith("/"):  # miniz (torch) reads no data there
+                if info.external_attr & 0x10 and not info.filename.endswith("/"):  # zipfile reads a file there,
                     raise FormatError(f"{path}: zip entry {info.filename!r} is marked as a directory; the file is "
-                                      "damaged or crafted")
+                                      "damaged or crafted")  # miniz (torch's reader) a directory without data
                 if info.filename in out:  # readers differ on which copy counts (zipfile: the last, torch: another)
                     raise FormatError(f"{path}: zip entry {info.filename!r} appears more than once (which copy a "
                                       "reader takes is undefined); the file is damaged or crafted")
