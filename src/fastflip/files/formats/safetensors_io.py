@@ -62,7 +62,7 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
         header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from None
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
         raise FormatError(f"{path}: safetensors header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise FormatError(f"{path}: safetensors header is not a JSON object")

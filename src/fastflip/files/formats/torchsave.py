@@ -290,8 +290,11 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     """(unpickled object, [(key path, record)], archive entries, entry prefix, byte order) of a torch.save file."""
     prefix, entries = _archive(path)
     pkl = entries[prefix + "data.pkl"]
-    if not pkl.stored and pkl.size > 1 << 30:
+    if pkl.size > 1 << 30:
         raise FormatError(f"{path}: data.pkl is larger than 1 GiB")
+    if prefix + "byteorder" in entries and entries[prefix + "byteorder"].size > 16:
+        raise FormatError(f"{path}: the byteorder entry holds {entries[prefix + 'byteorder'].size} bytes (expected "
+                          "'little' or 'big')")
     import zipfile
 
     try:
@@ -299,7 +302,8 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
             data = zf.read(pkl.info)
             order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
                 if prefix + "byteorder" in entries else "little"
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError,
+            MemoryError) as exc:
         raise FormatError(f"{path}: damaged torch.save archive ({str(exc)[:120]}); nothing was read") from None
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
