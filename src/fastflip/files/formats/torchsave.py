@@ -18,6 +18,13 @@ under two keys) are listed once with all their keys as aliases; a view inside a 
 tensor's bytes (a slice) and non-contiguous views are skipped with the reason, so no
 byte is counted twice.
 
+What torch would read differently is refused, not guessed: the pickle is bounded before it is
+unpickled (:mod:`.picklescan`: opcodes, memo indexes; the walk visits each container once), stand-in
+records are immutable (pickle's BUILD on one is refused), every shape, stride and offset is checked one
+number at a time (:mod:`.bounds`), a storage named twice with different types, a storage entry whose size
+differs from its persistent id, and (legacy files) a storage saved as a view are refused; duplicate or
+overlapping archive entries are refused by :mod:`.zipraw`.
+
 bfloat16 and float8 tensors have no NumPy dtype here: they are listed as their
 unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB), with
 their ``format`` (bfloat16, float8_e4m3fn, float8_e5m2) so that fields and values are the format's.
