@@ -368,4 +368,4 @@ def test_differential_fuzz(fmt, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", sorted(f for f in FORMATS if f not in ("hdf5", "keras")))
 def test_differential_fuzz_large(fmt, tmp_path):
-    _run(fmt, tmp_path, 1500, seed0=100_000)
+    _run(fmt, tmp_path, 1000, seed0=100_000)
