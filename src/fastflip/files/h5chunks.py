@@ -46,7 +46,7 @@ import numpy as np
 from ..core.dtypes import from_words, to_words, word_type
 from ..errors import UnsupportedStorageError
 from ..core.wordrule import new_words_for
-from .layout import open_h5
+from .layout import chunk_address_base, open_h5
 from ..core.plan import Plan
 
 if TYPE_CHECKING:
@@ -137,14 +137,25 @@ class ChunkPatches:
     resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
 
 
-def _pipeline(dsid: Any) -> list[tuple[int, tuple[int, ...]]] | None:
+def _pipeline(dsid: Any, itemsize: int, where: str) -> list[tuple[int, tuple[int, ...]]] | None:
+    """The dataset's filters as (code, parameters) when fastflip can decode and re-encode them exactly as HDF5
+    does; None sends its chunks through h5py. Parameters HDF5 itself would never write (a shuffle element
+    size other than the type's, a deflate level outside 0..9) are refused in one line."""
     dcpl = dsid.get_create_plist()
     out = []
     for i in range(dcpl.get_nfilters()):
         code, _flags, cd, _name = dcpl.get_filter(i)
-        if int(code) not in _ENCODABLE or (int(code) == 32000 and _lzf is None):
+        code, cd = int(code), tuple(int(c) for c in cd)
+        if code not in _ENCODABLE or (code == 32000 and _lzf is None):
             return None
-        out.append((int(code), tuple(int(c) for c in cd)))
+        if code == 2 and cd[:1] not in ((), (itemsize,)):
+            raise UnsupportedStorageError(f"{where}: the shuffle filter declares an element size of {cd[0]} "
+                                          f"for {itemsize}-byte elements (HDF5 writes the type's size); the file is "
+                                          "damaged or crafted")
+        if code == 1 and cd[:1] and not 0 <= cd[0] <= 9:
+            raise UnsupportedStorageError(f"{where}: the deflate filter declares level {cd[0]} (HDF5 allows "
+                                          "0..9); the file is damaged or crafted")
+        out.append((code, cd))
     return out if sum(c in _COMPRESSORS for c, _ in out) <= 1 else None
 
 
@@ -160,8 +171,10 @@ def _decode(raw: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int, 
                 raise ChecksumError(f"{where}: fletcher32 checksum fails before patching (damaged file); nothing was written")
             data = body
         elif code == 1:
-            d = zlib.decompressobj()
-            data = d.decompress(data, nbytes + 1)
+            try:
+                data = zlib.decompressobj().decompress(data, nbytes + 1)
+            except zlib.error as exc:
+                raise UnsupportedStorageError(f"{where}: damaged gzip chunk ({exc}); nothing was written") from None
         elif code == 32000:
             streams[code] = data
             try:
@@ -251,7 +264,7 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
             check_filters_available(ds.id, t.path)
             if t.storage != "filtered":
                 continue
-            pipe = _pipeline(ds.id)
+            pipe = _pipeline(ds.id, t.itemsize, f"{path}: {t.path}")
             if pipe is None:
                 _say(f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
                 continue
@@ -265,6 +278,7 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
             nbytes = int(np.prod(chunks)) * t.itemsize
             keys, inv = np.unique(corner, axis=0, return_inverse=True)
             inv = inv.reshape(-1)
+            base = chunk_address_base(ds)
             for k, c0 in enumerate(keys):
                 at = np.flatnonzero(inv == k)
                 info = ds.id.get_chunk_info_by_coord(tuple(int(x) for x in c0))
@@ -273,7 +287,8 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 if info.filter_mask:
                     _say("chunks stored with a filter skipped cannot be re-encoded in place")
                     continue
-                fh.seek(info.byte_offset)
+                address = int(info.byte_offset) + base
+                fh.seek(address)
                 raw = fh.read(info.size)
                 where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
                 streams: dict[int, bytes] = {}
@@ -286,7 +301,7 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 if enc is None:
                     _say("a re-encoded chunk would not fit in its stored size")
                     continue
-                out.patches.append((int(info.byte_offset), raw, enc))
+                out.patches.append((address, raw, enc))
                 handled.append(pos[at])
                 olds.append(old)
                 news.append(new)

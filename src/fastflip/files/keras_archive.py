@@ -58,7 +58,10 @@ from .formats import (  # torch.save files and .npz are zips too
     FormatError,
     detect_format,
 )
+from .formats.zipraw import stored_entries
 from .paths import make_temp_dir
+
+_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 
 __all__ = ["WEIGHTS_ENTRY", "UnsafeArchiveError", "ArchiveLimits", "LIMITS", "is_keras_archive", "check_archive",
            "read_archive", "edit_archive"]
@@ -144,7 +147,7 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
     try:
         if not zipfile.is_zipfile(path):
             return False
-    except OSError:
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
         return False
 
     try:
@@ -182,6 +185,10 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
     for info in infos:
         if _unsafe(info.filename):
             raise UnsafeArchiveError(f"{path}: refusing archive with unsafe entry name {info.filename!r}")
+    odd = [i for i in infos if i.compress_type not in _METHODS]
+    if odd:
+        raise InputFileError(f"{path}: archive entry {odd[0].filename!r} uses compression method "
+                             f"{odd[0].compress_type}, which fastflip cannot rewrite (stored, deflate, bzip2, lzma)")
     names = [i.filename for i in infos]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -191,6 +198,7 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
         raise InputFileError(
             f"{path}: a .keras archive needs exactly one {WEIGHTS_ENTRY} entry (found {names.count(WEIGHTS_ENTRY)})"
         )
+    stored_entries(str(path))  # local headers inside the file, agreeing with the directory, not overlapping
     return infos
 
 
@@ -201,6 +209,12 @@ def _unpack_weights(path: Path, tmpdir: str, limits: ArchiveLimits) -> Path:
             _stream_member(path, zf, zf.getinfo(WEIGHTS_ENTRY), dst, limits)
     except (zipfile.BadZipFile, KeyError, ValueError) as exc:
         raise _zip_error(path, exc) from None
+    try:
+        kind = detect_format(dest)
+    except FormatError:
+        kind = "unknown"
+    if kind != "hdf5":  # named by the archive: the temporary copy means nothing to the user
+        raise FormatError(f"{path}: its {WEIGHTS_ENTRY} is not an HDF5 file (damaged or foreign .keras archive)")
     return dest
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "read_layout",
     "open_h5",
     "chunk_index",
+    "chunk_address_base",
     "element_byte_offsets",
     "STORAGE_KINDS",
     "EXTERNAL_LINK_REASON",
@@ -328,12 +329,51 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
+        _refuse_shared_bytes(p, f, tensors)
         tensors.sort(key=lambda t: _natural_key(t.path))
         skipped.sort(key=lambda s: s.path)
         layout = Layout(file=p, tensors=tensors, skipped=skipped)
         if annotate:
             _annotate(layout, f)
     return layout
+
+
+MAX_CHUNKS_CHECKED = 1_000_000  # chunks whose byte ranges are checked for overlaps when a file is read
+
+
+def _stored_spans(f: Any, tensors: list[Tensor]) -> list[tuple[int, int, str]]:
+    """(start, end, path) of every contiguous dataset's data and every allocated chunk (up to
+    :data:`MAX_CHUNKS_CHECKED` chunks in all: a file with more is checked for its first datasets only)."""
+    spans = [(t.offset, t.offset + t.nbytes, t.path) for t in tensors
+             if t.storage == "contiguous" and t.offset is not None]
+    budget = MAX_CHUNKS_CHECKED
+    for t in tensors:
+        if t.storage not in ("chunked", "filtered"):
+            continue
+        ds = f[t.path]
+        n = ds.id.get_num_chunks()
+        if n > budget or not hasattr(ds.id, "chunk_iter"):
+            break
+        budget -= n
+        base = chunk_address_base(ds)
+        ds.id.chunk_iter(lambda info, p=t.path: spans.append(
+            (int(info.byte_offset) + base, int(info.byte_offset) + base + int(info.size), p)))
+    return spans
+
+
+def _refuse_shared_bytes(path: str, f: Any, tensors: list[Tensor]) -> None:
+    """Refuse datasets (or chunks) whose stored bytes overlap: a flip in one would change the other (h5py reads
+    both from the same bytes) and the log, which names one, could not describe it."""
+    try:
+        spans = sorted(_stored_spans(f, tensors))
+    except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotHDF5Error(f"{path}: damaged HDF5 file ({first})") from None
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+        if b1 < e0:
+            what = f"datasets {n0} and {n1}" if n0 != n1 else f"two chunks of dataset {n0}"
+            raise NotHDF5Error(f"{path}: {what} share bytes {b1}..{min(e0, e1)} of the file "
+                               "(damaged or crafted HDF5 file); nothing was written")
 
 
 _FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
@@ -431,11 +471,12 @@ def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
     return f[tensor.path], f
 
 
-def _chunk_address_base(dset: Any) -> int:
-    """What to add to the chunk addresses HDF5 reports to make them file offsets.
+def chunk_address_base(dset: Any) -> int:
+    """What to add to the chunk addresses HDF5 reports to make them file offsets (every user of
+    ``H5Dchunk_iter``, ``H5Dget_chunk_info`` or ``H5Dget_chunk_info_by_coord`` adds it).
 
-    Before HDF5 1.14.4, ``H5Dchunk_iter`` and ``H5Dget_chunk_info`` gave addresses relative to the
-    base address, i.e. without the user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
+    Before HDF5 1.14.4, those calls gave addresses relative to the base address, i.e. without the
+    user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
     """
     import h5py
 
@@ -480,7 +521,7 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
                     info = dset.id.get_chunk_info(i)
                     coords[i] = info.chunk_offset
                     offsets[i] = info.byte_offset
-            offsets += _chunk_address_base(dset)
+            offsets += chunk_address_base(dset)
         if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
                   or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
             raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "

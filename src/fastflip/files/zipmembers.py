@@ -34,7 +34,7 @@ from ..errors import LogMismatchError
 from .formats import FormatError
 from .formats.npz_members import deflate_exact, deflate_smallest, read_member, zip64_fields
 from .formats.numpy_io import npy_header
-from .formats.zipcrc import crc_spots, descriptor_at
+from .formats.zipcrc import check_patch_bytes, crc_spots, descriptor_at
 from .formats.zipraw import ZipEntry, central_records, stored_entries
 from .h5chunks import ChunkPatches
 from ..core.wordrule import new_words_for
@@ -163,6 +163,7 @@ def member_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkP
                 shifts.append((e.offset, len(enc) - len(raw)))
         if shifts:
             out.patches.extend(_offset_patches(path, fh, cd, shifts))
+        check_patch_bytes(path, fh, out.patches)
     out.handled = np.concatenate(handled)
     out.old = np.concatenate(olds)
     out.new = np.concatenate(news)

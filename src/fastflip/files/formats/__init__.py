@@ -87,7 +87,7 @@ def _zip_kind(path: str) -> str:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
         raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     if any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names) or "data.pkl" in names:
         return "torch"

@@ -12,34 +12,42 @@ header. Used by :mod:`~fastflip.files.formats.numpy_io` and :mod:`~fastflip.file
 
 from __future__ import annotations
 
-import math
+import warnings
+from typing import Any
 
 import numpy as np
 
 from . import FormatError
+from .bounds import checked_numel
 
 __all__ = ["npy_header"]
 
 
 def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:  # type: ignore[no-untyped-def]
     """(dtype, fortran_order, shape, header length) of the ``.npy`` stream at ``fh``'s position."""
-    from numpy.lib import format as npf
-
     start = fh.tell()
     try:
-        major, _ = npf.read_magic(fh)
-        if major == 1:
-            shape, fortran, dtype = npf.read_array_header_1_0(fh, max_header_size=1 << 20)
-        elif major in (2, 3):
-            shape, fortran, dtype = npf.read_array_header_2_0(fh, max_header_size=1 << 20)
-        else:
-            raise ValueError(f"npy format version {major}")
-    except (ValueError, OSError, SyntaxError) as exc:
-        raise FormatError(f"{where}: damaged .npy header ({exc})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # a crafted header's escapes (NumPy parses it)
+            shape, fortran, dtype = _read_header(fh)
+    except Exception as exc:  # noqa: BLE001 - NumPy parses the header with ast/tokenize: any error is a damaged header
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise FormatError(f"{where}: damaged .npy header ({first})") from None
     hlen = fh.tell() - start
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = checked_numel(shape, f"{where}: array") * dtype.itemsize
     if dtype.hasobject:
         return dtype, fortran, tuple(shape), hlen
     if hlen + nbytes > limit:
         raise FormatError(f"{where}: array of {nbytes} bytes runs past the end of its data ({limit - hlen} bytes)")
     return dtype, fortran, tuple(shape), hlen
+
+
+def _read_header(fh) -> tuple[Any, bool, np.dtype]:  # type: ignore[no-untyped-def]
+    from numpy.lib import format as npf
+
+    major, _ = npf.read_magic(fh)
+    if major == 1:
+        return npf.read_array_header_1_0(fh, max_header_size=1 << 20)
+    if major in (2, 3):
+        return npf.read_array_header_2_0(fh, max_header_size=1 << 20)
+    raise ValueError(f"npy format version {major}")

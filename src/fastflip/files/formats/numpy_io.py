@@ -21,7 +21,6 @@ Examples
 
 from __future__ import annotations
 
-import math
 import os
 import zipfile
 
@@ -31,6 +30,7 @@ from ...core.dtypes import is_supported_dtype
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError
+from .bounds import checked_numel
 from .naming import label_tensors
 from .npyheader import npy_header
 from .npz_members import member_npy_header
@@ -47,10 +47,10 @@ def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offs
         skipped.append(Skipped(name, f"unsupported dtype {dt}"))
     elif fortran and sum(s > 1 for s in shape) > 1:
         skipped.append(Skipped(name, "Fortran-ordered array (flat order is not C order); save np.ascontiguousarray"))
-    elif math.prod(shape) == 0:
+    elif checked_numel(shape, name) == 0:
         skipped.append(Skipped(name, "empty"))
     else:
-        size = math.prod(shape)
+        size = checked_numel(shape, name)
         if offset is None:  # a deflated member: one "chunk", the whole array
             return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="filtered",
                           chunks=shape, filters=("deflate",), nbytes=size * dt.itemsize)
@@ -69,8 +69,13 @@ def read_numpy_layout(path: str, fmt: str) -> Layout:
         t = _tensor("/array", dt, fortran, shape, hlen, skipped)
         tensors = [t] if t else []
     else:
+        entries = stored_entries(path)
+        for name in entries:  # np.load looks "k" up as "k", then "k.npy": member "k.npy.npy" would be out of its reach
+            if name.endswith(".npy") and name[:-4] in entries:
+                raise FormatError(f"{path}: members {name[:-4]!r} and {name!r} both answer to the key {name[:-8]!r} or "
+                                  f"{name[:-4]!r} in np.load; the file is damaged or crafted")
         with open(path, "rb") as fh:
-            for name, e in stored_entries(path).items():
+            for name, e in entries.items():
                 key = "/" + (name[:-4] if name.endswith(".npy") else name)
                 if e.info.flag_bits & 0x1:
                     raise FormatError(f"{path}: member {name} is encrypted; fastflip reads unencrypted archives only")

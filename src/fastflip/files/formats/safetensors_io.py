@@ -23,7 +23,6 @@ Examples
 from __future__ import annotations
 
 import json
-import math
 import os
 import struct
 
@@ -32,6 +31,7 @@ import numpy as np
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError
+from .bounds import checked_ints, checked_numel
 from .naming import label_tensors
 
 __all__ = ["SAFETENSORS_DTYPES", "read_safetensors_header", "read_safetensors_layout"]
@@ -59,8 +59,10 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
             raise FormatError(f"{path}: safetensors header length {n} points outside the file ({size} bytes)")
         text = fh.read(n)
     try:
-        header = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except FormatError as exc:
+        raise FormatError(f"{path}: {exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
         raise FormatError(f"{path}: safetensors header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise FormatError(f"{path}: safetensors header is not a JSON object")
@@ -69,15 +71,21 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
     for name, e in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (b, end) = e["dtype"], [int(s) for s in e["shape"]], e["data_offsets"]
-            b, end = int(b), int(end)
-        except (TypeError, KeyError, ValueError):
-            raise FormatError(f"{path}: safetensors header entry {name!r} is malformed") from None
-        if b < 0 or end < b or base + end > size:
+        where = f"{path}: tensor {name[:80]!r}"
+        if not isinstance(e, dict) or not isinstance(e.get("dtype"), str) or "shape" not in e \
+                or "data_offsets" not in e:
+            raise FormatError(f"{path}: safetensors header entry {name[:80]!r} is malformed (needs a dtype string, "
+                              "a shape and data_offsets)")
+        dtype = e["dtype"]
+        numel = checked_numel(e["shape"], where)  # integers >= 0, bounded before any product
+        offs = checked_ints(e["data_offsets"], where, "data_offsets")
+        if len(offs) != 2:
+            raise FormatError(f"{where} declares {len(offs)} data_offsets (needs [begin, end])")
+        b, end = offs
+        if end < b or base + end > size:
             raise FormatError(f"{path}: tensor {name!r} claims bytes [{b}, {end}) of the data buffer, outside the file")
-        if dtype in SAFETENSORS_DTYPES and end - b != math.prod(shape) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize:
-            raise FormatError(f"{path}: tensor {name!r}: {end - b} bytes do not hold {dtype} {shape}")
+        if dtype in SAFETENSORS_DTYPES and end - b != numel * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize:
+            raise FormatError(f"{path}: tensor {name!r}: {end - b} bytes do not hold {dtype} {list(e['shape'])}")
         if end > b:
             ranges.append((b, end, name))
     ranges.sort()
@@ -85,6 +93,16 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
         if b1 < e0:
             raise FormatError(f"{path}: safetensors header claims overlapping ranges for {n0!r} and {n1!r}")
     return base, header
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object's pairs as a dict, refusing a key given twice (readers differ on which one counts)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise FormatError(f"safetensors header names {dup[:80]!r} twice; the file is damaged or crafted")
+    return out
 
 
 def read_safetensors_layout(path: str) -> Layout:
@@ -100,7 +118,7 @@ def read_safetensors_layout(path: str) -> Layout:
         if e["dtype"] not in SAFETENSORS_DTYPES:
             skipped.append(Skipped(p, f"unsupported dtype {e['dtype']}"))
             continue
-        size = math.prod(shape)
+        size = checked_numel(shape, p)
         if size == 0:
             skipped.append(Skipped(p, "empty"))
             continue

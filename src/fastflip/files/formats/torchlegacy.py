@@ -40,22 +40,25 @@ def read_legacy_layout(path: str) -> Any:
     """
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
-        if restricted_loads(fh, path) != LEGACY_MAGIC:
+        if restricted_loads(fh, path, legacy=True) != LEGACY_MAGIC:
             raise FormatError(f"{path}: not a legacy torch.save file (magic number differs)")
-        if restricted_loads(fh, path) != _PROTOCOL:
+        if restricted_loads(fh, path, legacy=True) != _PROTOCOL:
             raise FormatError(f"{path}: legacy torch.save protocol other than {_PROTOCOL}")
-        info = restricted_loads(fh, path)
+        info = restricted_loads(fh, path, legacy=True)
         if not isinstance(info, dict) or info.get("little_endian") is not True:
             raise FormatError(f"{path}: legacy torch.save file written on a big-endian machine; load and re-save it")
-        obj = restricted_loads(fh, path)
-        keys = restricted_loads(fh, path)
+        obj = restricted_loads(fh, path, legacy=True)
+        keys = restricted_loads(fh, path, legacy=True)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise FormatError(f"{path}: legacy torch.save file with a malformed storage list")
+        if len(set(keys)) != len(keys):  # torch would read the later copy over the earlier one
+            raise FormatError(f"{path}: legacy torch.save file lists a storage twice; the file is damaged or crafted")
         recs = records_of(obj)
-        itemsize = {}
+        itemsize, declared = {}, {}
         for _, rec in recs:
             if rec.storage.dtype in TORCH_DTYPES:
                 itemsize[rec.storage.key] = int(TORCH_DTYPES[rec.storage.dtype][-1])
+                declared[rec.storage.key] = rec.storage.numel
         storages: dict[str, tuple[int, int]] = {}
         at = fh.tell()
         for key in keys:
@@ -70,6 +73,9 @@ def read_legacy_layout(path: str) -> Any:
             nbytes = numel * itemsize[key]
             if numel < 0 or at + 8 + nbytes > size:
                 raise FormatError(f"{path}: storage {key!r} of {nbytes} bytes runs past the end of the file (truncated)")
+            if numel != declared[key]:  # torch refuses a storage whose stored size differs from the pickle's
+                raise FormatError(f"{path}: storage {key!r} holds {numel} elements but the pickle declares "
+                                  f"{declared[key]}; the file is damaged or crafted")
             storages[key] = (at + 8, nbytes)
             at += 8 + nbytes
     return layout_from_records(path, obj, recs, storages, "little", "torch-legacy")

@@ -18,6 +18,13 @@ under two keys) are listed once with all their keys as aliases; a view inside a 
 tensor's bytes (a slice) and non-contiguous views are skipped with the reason, so no
 byte is counted twice.
 
+What torch would read differently is refused, not guessed: the pickle is bounded before it is
+unpickled (:mod:`.picklescan`: opcodes, memo indexes; the walk visits each container once), stand-in
+records are immutable (pickle's BUILD on one is refused), every shape, stride and offset is checked one
+number at a time (:mod:`.bounds`), a storage named twice with different types, a storage entry whose size
+differs from its persistent id, and (legacy files) a storage saved as a view are refused; duplicate or
+overlapping archive entries are refused by :mod:`.zipraw`.
+
 bfloat16 and float8 tensors have no NumPy dtype here: they are listed as their
 unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB), with
 their ``format`` (bfloat16, float8_e4m3fn, float8_e5m2) so that fields and values are the format's.
@@ -39,8 +46,8 @@ from __future__ import annotations
 
 import collections
 import io
-import math
 import pickle
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -50,7 +57,9 @@ from ...core.floatformats import format_name
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError, UnsafeInputError
+from .bounds import checked_ints, checked_numel
 from .naming import label_tensors, optimizer_layers
+from .picklescan import scan_pickle, walk_tensors
 from .torchquant import QUANT_DTYPES, QUANT_STORAGES, quantized_globals
 from .zipraw import ZipEntry, stored_entries
 
@@ -74,15 +83,31 @@ TORCH_DTYPES.update(QUANT_DTYPES)  # quantized tensors as their integer words (s
 _STORAGE_TYPES.update(QUANT_STORAGES)
 
 
+class _Sealed:
+    """Stand-ins are immutable: pickle's BUILD (``__setstate__``) on one is refused, so a pickle cannot change
+    the shared stand-ins (a later read would see a float32 tensor as ``<i4``) nor a record it built."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise FormatError(f"the pickle sets the state of a {type(self).__name__.lstrip('_')} (a tensor or dtype "
+                          "record); the file is damaged or crafted")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # copies and pickles of records rebuild from their fields
+        import dataclasses
+
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True)
-class _DType:
+class _DType(_Sealed):
     """Stand-in for a ``torch.<dtype>`` global."""
 
     name: str
 
 
 @dataclass(frozen=True)
-class _StorageType:
+class _StorageType(_Sealed):
     """Stand-in for a ``torch.<X>Storage`` class (dtype None: ``UntypedStorage``, bytes)."""
 
     dtype: str | None
@@ -90,7 +115,7 @@ class _StorageType:
 
 
 @dataclass(frozen=True)
-class StorageRef:
+class StorageRef(_Sealed):
     """A storage named by a persistent id: archive key, element dtype (None: bytes), element count."""
 
     key: str
@@ -98,8 +123,8 @@ class StorageRef:
     numel: int
 
 
-@dataclass
-class TensorRecord:
+@dataclass(frozen=True)
+class TensorRecord(_Sealed):
     """A tensor as the pickle describes it (nothing of it is materialised)."""
 
     storage: StorageRef
@@ -116,17 +141,20 @@ class TensorRecord:
 
 
 def _ints(x: Any, what: str) -> tuple[int, ...]:
-    if isinstance(x, int):
-        return (x,)
-    if not isinstance(x, (tuple, list)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in x):
-        raise FormatError(f"tensor record with a malformed {what}: {x!r}")
-    return tuple(int(i) for i in x)
+    """A record's shape or strides as ints (bounded: no negative or over-large value is let through)."""
+    return checked_ints(x, "a tensor record", what)
+
+
+def _offset(x: Any) -> int:
+    if not isinstance(x, int) or isinstance(x, bool):
+        raise FormatError(f"a tensor record declares a malformed storage offset ({type(x).__name__})")
+    return checked_ints((x,), "a tensor record", "storage offset")[0]
 
 
 def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or storage.dtype is None:
         raise FormatError("tensor record without a typed storage")
-    return TensorRecord(storage, _ints(storage_offset, "offset")[0], _ints(size, "shape"), _ints(stride, "stride"),
+    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
                         storage.dtype)
 
 
@@ -134,7 +162,7 @@ def _rebuild_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requi
                 hooks: Any = None, dtype: Any = None, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or not isinstance(dtype, _DType):
         raise FormatError("tensor record (v3) without a storage and a dtype")
-    return TensorRecord(storage, _ints(storage_offset, "offset")[0], _ints(size, "shape"), _ints(stride, "stride"),
+    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
                         dtype.name)
 
 
@@ -189,11 +217,15 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     ``find_class`` answers only the names in its allow-list (inert stand-ins, never torch's
     own functions); every other global raises :class:`~fastflip.files.formats.UnsafeInputError`.
+    ``legacy`` selects the persistent ids of the legacy format (six fields, the last a storage
+    view that fastflip refuses) over the zip format's five, as torch's own loaders do.
     """
 
-    def __init__(self, data: bytes | BinaryIO, where: str) -> None:
+    def __init__(self, data: bytes | BinaryIO, where: str, legacy: bool = False) -> None:
         super().__init__(io.BytesIO(data) if isinstance(data, bytes) else data)  # a file: read from its position
         self.where = where
+        self.legacy = legacy
+        self.storages: dict[str, StorageRef] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         try:
@@ -208,36 +240,40 @@ class RestrictedUnpickler(pickle.Unpickler):
             "containers are read); save a state_dict (torch.save(model.state_dict(), f)) instead")
 
     def persistent_load(self, pid: Any) -> StorageRef:
-        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)
-                and isinstance(pid[2], str) and isinstance(pid[4], int)):
+        fields = 6 if self.legacy else 5
+        if not (isinstance(pid, tuple) and len(pid) == fields and pid[0] == "storage"
+                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[4], int)
+                and not isinstance(pid[4], bool)):
             raise FormatError(f"{self.where}: unexpected persistent id in the pickle: {str(pid)[:80]}")
-        return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
+        if self.legacy and pid[5] is not None:  # torch's tensor would be a view into the storage: not applied here
+            raise FormatError(f"{self.where}: storage {pid[2][:40]!r} is saved as a view of another storage (legacy "
+                              "view metadata), which fastflip does not read; load and re-save the file with torch.save")
+        numel = checked_ints((pid[4],), f"{self.where}: storage {pid[2][:40]!r}", "element count")[0]
+        ref = StorageRef(pid[2], pid[1].dtype, numel)
+        first = self.storages.setdefault(ref.key, ref)
+        if first != ref:  # torch keeps the first one it meets: its dtype would reinterpret the later tensors
+            raise FormatError(f"{self.where}: storage {ref.key[:40]!r} is named twice with different types or sizes; "
+                              "the file is damaged or crafted")
+        return ref
 
 
-def restricted_loads(data: bytes | BinaryIO, where: str) -> Any:
+def restricted_loads(data: bytes | BinaryIO, where: str, legacy: bool = False) -> Any:
     """Unpickle ``data`` (bytes, or the next pickle of a file) with :class:`RestrictedUnpickler` (tensors become
-    :class:`TensorRecord`)."""
+    :class:`TensorRecord`), after :func:`~fastflip.files.formats.picklescan.scan_pickle` bounded it."""
+    if not isinstance(data, bytes):  # a stream: scan the next pickle, then unpickle exactly its bytes
+        start = data.tell()
+        scan_pickle(data, where)
+        end = data.tell()
+        data.seek(start)
+        data = data.read(end - start)
+    else:
+        scan_pickle(data, where)
     try:
-        return RestrictedUnpickler(data, where).load()
+        return RestrictedUnpickler(data, where, legacy).load()
     except (FormatError, UnsafeInputError):
         raise
-    except Exception as exc:  # any malformed pickle: one line
-        raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {exc})") from None
-
-
-def _walk(obj: Any, prefix: str, out: list[tuple[str, TensorRecord]], depth: int = 0) -> None:
-    if depth > 64:
-        raise FormatError("saved object nested more than 64 levels deep")
-    if isinstance(obj, TensorRecord):
-        out.append((prefix or "/", obj))
-        for k, v in obj.parts:
-            _walk(v, f"{prefix}/{k}", out, depth + 1)
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            _walk(v, f"{prefix}/{k}", out, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            _walk(v, f"{prefix}/{i}", out, depth + 1)
+    except Exception as exc:  # any malformed pickle (MemoryError included): one line
+        raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -266,14 +302,21 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     """(unpickled object, [(key path, record)], archive entries, entry prefix, byte order) of a torch.save file."""
     prefix, entries = _archive(path)
     pkl = entries[prefix + "data.pkl"]
-    if not pkl.stored and pkl.size > 1 << 30:
+    if pkl.size > 1 << 30:
         raise FormatError(f"{path}: data.pkl is larger than 1 GiB")
+    if prefix + "byteorder" in entries and entries[prefix + "byteorder"].size > 16:
+        raise FormatError(f"{path}: the byteorder entry holds {entries[prefix + 'byteorder'].size} bytes (expected "
+                          "'little' or 'big')")
     import zipfile
 
-    with zipfile.ZipFile(path) as zf:
-        data = zf.read(pkl.info)
-        order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
-            if prefix + "byteorder" in entries else "little"
+    try:
+        with zipfile.ZipFile(path) as zf:
+            data = zf.read(pkl.info)
+            order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
+                if prefix + "byteorder" in entries else "little"
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError,
+            MemoryError) as exc:
+        raise FormatError(f"{path}: damaged torch.save archive ({str(exc)[:120]}); nothing was read") from None
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
@@ -282,9 +325,7 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
 
 def records_of(obj: Any) -> list[tuple[str, TensorRecord]]:
     """[(key path, record)] of every tensor in an unpickled object, in walk order."""
-    recs: list[tuple[str, TensorRecord]] = []
-    _walk(obj, "", recs)
-    return recs
+    return walk_tensors(obj, lambda o: isinstance(o, TensorRecord), parts=lambda o: o.parts)
 
 
 def read_torch_layout(path: str) -> Layout:
@@ -305,8 +346,16 @@ def read_torch_layout(path: str) -> Layout:
             raise FormatError(f"{path}: a tensor names storage {rec.storage.key!r}, which the archive lacks")
         if not entry.stored:
             raise FormatError(f"{path}: storage entry {entry.name} is compressed; torch.save stores storages raw")
+        if entry.size != storage_nbytes(rec.storage):  # torch sizes the storage by the pickle, not by the entry
+            raise FormatError(f"{path}: storage entry {entry.name} holds {entry.size} bytes but the pickle declares "
+                              f"{storage_nbytes(rec.storage)}; the file is damaged or crafted")
         storages[rec.storage.key] = (entry.offset, entry.size)
     return layout_from_records(path, obj, recs, storages, order, "torch")
+
+
+def storage_nbytes(ref: StorageRef) -> int:
+    """The bytes of a storage as its persistent id declares them (element count x element size)."""
+    return ref.numel * (int(TORCH_DTYPES[ref.dtype][-1]) if ref.dtype in TORCH_DTYPES else 1)
 
 
 def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]],
@@ -335,12 +384,10 @@ def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]
         if rec.storage.key not in storages:
             raise FormatError(f"{path}: tensor {name} names storage {rec.storage.key!r}, which the file lacks")
         at, nbytes = storages[rec.storage.key]
-        size = math.prod(rec.shape)
+        size = checked_numel(rec.shape, f"{path}: tensor {name}")  # (offset and strides were checked when read)
         if size == 0:
             skipped.append(Skipped(name, "empty"))
             continue
-        if rec.offset < 0 or any(s < 0 for s in rec.stride):
-            raise FormatError(f"{path}: tensor {name} has a negative offset or stride")
         span = (rec.offset + sum((n - 1) * s for n, s in zip(rec.shape, rec.stride)) + 1) * dt.itemsize
         if span > nbytes:
             raise FormatError(f"{path}: tensor {name} reaches byte {span} of storage {rec.storage.key!r}, which holds "

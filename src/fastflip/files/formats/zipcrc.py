@@ -38,7 +38,7 @@ from ...errors import UnsupportedStorageError
 if TYPE_CHECKING:
     from .zipraw import ZipEntry
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at"]
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes"]
 
 _POLY = 0xEDB88320
 
@@ -148,8 +148,26 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
             old_crc = e.info.CRC
             ob, nb = struct.pack("<I", old_crc), struct.pack("<I", old_crc ^ dcrc)
             patches.extend((s, ob, nb) for s in crc_spots(fh, e, cd[e.name]))
+        check_patch_bytes(path, fh, patches)
     patches.sort()
     return patches
+
+
+def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]]) -> None:  # type: ignore[no-untyped-def]
+    """Refuse patches whose "old bytes" are not the file's bytes there, or that overlap one another: the log keeps
+    the old bytes for the revert, so they must be exactly what the patch replaces."""
+    from . import FormatError
+
+    last_end, last_at = -1, -1
+    for at, old, _new in sorted(patches, key=lambda p: p[0]):
+        fh.seek(at)
+        if fh.read(len(old)) != old:
+            raise FormatError(f"{path}: the zip fields at byte {at} do not hold what the directory says (the file is "
+                              "damaged or crafted); nothing was written")
+        if at < last_end and at != last_at:
+            raise FormatError(f"{path}: zip fields overlap at byte {at} (the file is damaged or crafted); nothing "
+                              "was written")
+        last_end, last_at = max(last_end, at + len(old)), at
 
 
 def descriptor_at(fh, e: "ZipEntry") -> int | None:  # type: ignore[no-untyped-def]
@@ -163,12 +181,25 @@ def descriptor_at(fh, e: "ZipEntry") -> int | None:  # type: ignore[no-untyped-d
 
 def crc_spots(fh, e: "ZipEntry", cd_record: int) -> list[int]:  # type: ignore[no-untyped-def]
     """File offsets of every copy of the entry's CRC-32: central directory, local header (unless it defers
-    to a data descriptor), data descriptor."""
+    to a data descriptor), data descriptor.
+
+    Raises
+    ------
+    FormatError
+        A data descriptor (flag bit 3) whose CRC field does not hold the entry's CRC-32: patching it would
+        write over bytes that are not a CRC, and the log could not restore them.
+    """
+    from . import FormatError
+
     spots = [cd_record + 16]
     fh.seek(e.info.header_offset + 14)
     if fh.read(4) == struct.pack("<I", e.info.CRC):
         spots.append(e.info.header_offset + 14)
     desc = descriptor_at(fh, e)
     if desc is not None:
+        fh.seek(desc)
+        if fh.read(4) != struct.pack("<I", e.info.CRC):
+            raise FormatError(f"zip entry {e.name!r}: its data descriptor does not hold the entry's CRC-32 (the file "
+                              "is damaged or crafted); nothing was written")
         spots.append(desc)
     return spots
