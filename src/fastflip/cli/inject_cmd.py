@@ -60,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from ..files.inject import inject_checkpoint_file
     from ..files.keras_archive import is_keras_archive
 
-    if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
+    from ..files.sharded import inject_dir, is_checkpoint_dir
+
+    if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
+        res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
+    elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)

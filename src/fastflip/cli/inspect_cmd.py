@@ -62,9 +62,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Se
     return "\n".join(line(r) for r in [header, *rows])
 
 
-def _storage(t: Any) -> str:
+def _storage(t: Any, shard: str | None = None) -> str:
     if t.storage == "contiguous":
-        return f"contiguous@{t.offset}"
+        return f"{shard or 'contiguous'}@{t.offset}"
     if t.storage in ("chunked", "filtered"):
         s = f"{t.storage}({','.join(str(c) for c in t.chunks)})"
         return s + (" " + "+".join(t.filters) if t.filters else "")
@@ -75,12 +75,14 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
     """The readable table ``fastflip inspect`` prints."""
     tensors = layout.tensors if tensors is None else tensors
     rows = []
+    shard_of = getattr(layout, "shard_of", {})  # a checkpoint directory: the shard holding each tensor
     for t in tensors:
         role = (t.role or "") + (f" [{t.layer}]" if t.layer else "")
         others = [a for a in t.aliases if a != t.path]
         rows.append([t.path, t.format or t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
-                     _storage(t), str(t.nbytes), role, ",".join(others)])
-    out = [f"{layout.file}: framework {layout.framework or 'unknown'}"]
+                     _storage(t, shard_of.get(t.path)), str(t.nbytes), role, ",".join(others)])
+    out = [f"{layout.file}: framework {layout.framework or 'unknown'}"
+           + (f"; {len(layout.shards)} weight file(s), index {layout.index}" if shard_of else "")]
     if rows:
         out.append(format_table(["path", "dtype", "shape", "elements", "storage", "bytes", "role [layer]",
                                  "aliases"], rows, right=[3, 5]))
