@@ -241,3 +241,18 @@ def test_outputs_and_logs_are_checked(tmp_path):
     with pytest.raises(OutputError, match="inside the output"):
         inject_dir(str(src), str(tmp_path / "o2"), sampling=smp, log_path=str(tmp_path / "o2" / "x.fflog"))
     assert not os.path.exists(tmp_path / "o2")
+
+
+@pytest.mark.framework
+def test_convert_a_directory_into_one_file(saved, tmp_path):
+    import torch
+
+    model, src = saved[("gpt2", "safetensors")]
+    out = str(tmp_path / "m.pt")
+    r = subprocess.run([sys.executable, "-m", "fastflip", "convert", src, "-o", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    sd = torch.load(out, weights_only=True)
+    names = [t.path.lstrip("/") for t in read_sharded_layout(src).tensors]
+    assert sorted(sd) == sorted(names)
+    for k in names:
+        assert np.array_equal(words(sd[k]), words(model.state_dict()[k])), k
