@@ -256,3 +256,12 @@ def test_convert_a_directory_into_one_file(saved, tmp_path):
     assert sorted(sd) == sorted(names)
     for k in names:
         assert np.array_equal(words(sd[k]), words(model.state_dict()[k])), k
+
+
+@pytest.mark.framework
+def test_the_sharded_checkpoint_example_runs(tmp_path):
+    require("transformers")
+    example = os.path.join(os.path.dirname(__file__), "..", "examples", "sharded_checkpoint.py")
+    r = subprocess.run([sys.executable, example, str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "in 7 shards" in r.stdout and "20 bits changed" in r.stdout and "reverted: every file" in r.stdout
