@@ -96,3 +96,16 @@ def check_loaded(original: dict[str, Any], loaded: dict[str, Any], log: Any) -> 
         assert hits, f"{k}: {len(pos)} element(s) differ that no logged tensor changed"
         reached.update(hits)
     assert reached == set(changed), f"logged changes not seen after from_pretrained: {set(changed) - reached}"
+
+
+def evaluate_gpt2_dir(path: str) -> tuple[Any, float]:
+    """A campaign evaluator for a GPT-2 checkpoint directory: next-token logits on 16 fixed tokens and the
+    share of positions whose prediction is the next input token."""
+    import torch
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(path).eval()
+    ids = torch.arange(16).reshape(1, 16) % 64
+    with torch.no_grad():
+        logits = model(ids).logits[0].numpy()
+    return logits, float(np.mean(logits[:-1].argmax(-1) == ids[0, 1:].numpy()))

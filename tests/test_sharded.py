@@ -89,12 +89,17 @@ def test_inject_changes_exactly_the_logged_bits_and_revert_restores_every_shard(
     assert r.sites == len(log) and same_tree(src, out)
 
 
-@pytest.mark.framework
-def test_in_place_inject_and_revert_of_a_directory(saved, tmp_path):
-    _, src = saved[("gpt2", "bin")]
+def _injected_copy(saved, case, tmp_path, seed):
+    """(original directory, a copy injected in place with 30 flips, the result)."""
+    _, src = saved[case]
     d = str(tmp_path / "m")
     shutil.copytree(src, d)
-    res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=30))
+    return src, d, inject_dir(d, in_place=True, seed=seed, sampling=Sampling(count=30))
+
+
+@pytest.mark.framework
+def test_in_place_inject_and_revert_of_a_directory(saved, tmp_path):
+    src, d, res = _injected_copy(saved, ("gpt2", "bin"), tmp_path, 2)
     assert res.log_path == d + ".fflog" and not same_tree(src, d)
     assert not [f for f in os.listdir(d) if ".fastflip-" in f]  # no temporaries left
     import torch  # the .bin shards still load (their zip CRCs follow the words)
@@ -112,10 +117,7 @@ def test_in_place_inject_and_revert_of_a_directory(saved, tmp_path):
 @pytest.mark.framework
 def test_revert_after_a_partial_in_place_commit(saved, tmp_path):
     """A kill between the shard renames leaves some shards new, some old: revert restores the new ones."""
-    _, src = saved[("gpt2", "safetensors")]
-    d = str(tmp_path / "m")
-    shutil.copytree(src, d)
-    res = inject_dir(d, in_place=True, seed=9, sampling=Sampling(count=30))
+    src, d, res = _injected_copy(saved, ("gpt2", "safetensors"), tmp_path, 9)
     touched = sorted(res.log.manifest["checkpoint_dir"]["shards"])
     shutil.copyfile(os.path.join(src, touched[0]), os.path.join(d, touched[0]))  # as if never renamed
     revert_dir(res.log_path, d)
@@ -265,3 +267,27 @@ def test_the_sharded_checkpoint_example_runs(tmp_path):
     r = subprocess.run([sys.executable, example, str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "in 7 shards" in r.stdout and "20 bits changed" in r.stdout and "reverted: every file" in r.stdout
+
+
+@pytest.mark.framework
+def test_a_checkpoint_campaign_on_a_directory_restores_every_shard(saved, tmp_path):
+    from fastflip.campaign.config import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    _, src = saved[("gpt2", "bin")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    c = Campaign.from_dict({
+        "name": "hf", "seed": 1, "mode": "checkpoint", "target": {"checkpoint": src}, "paths": [here],
+        "cells": {"bits": ["30"], "group_by": "tensor"}, "select": {"include": ["transformer.wte.weight", "*.c_fc.*"]},
+        "trials": {"per_cell": 3}, "evaluator": {"function": "hf_helpers:evaluate_gpt2_dir"}}, base_dir=str(tmp_path))
+    cells, hashes = campaign_cells(c, with_hashes=True)
+    assert len(hashes) == 1 and len(cells) >= 2
+    runner = TrialRunner(c, cells)
+    copy = runner.targets[None]
+    assert os.path.isdir(copy) and same_tree(src, copy)
+    rows = [runner.run(cid, t) for cid in range(len(cells)) for t in range(3)]
+    assert same_tree(src, copy)  # every trial restored every shard it touched (zip CRCs of .bin shards too)
+    assert any(r.outcome != 0 for r in rows) and all(r.message is None or "Error" not in r.message for r in rows)
+    runner.close()
+    assert not os.path.exists(copy)

@@ -71,16 +71,17 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
 from .fileio import atomic_output, fsync_path, sha256_file
 from .formats.hfdir import ShardedLayout, is_checkpoint_dir, read_sharded_layout
-from .h5apply import read_words
+from .h5apply import read_words, route_sites, write_words_to_file
 from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _site_space, default_log_path, inject_file,
                      revert)
 from .locks import WriterLock
 from .log import InjectionLog
+from .patches import crc_patches, is_zip_container, write_patches
 from .paths import resolve_output, sweep_stale, temp_prefix
 from .select import Selection
 
-__all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "is_checkpoint_dir", "share_copy", "shard_plans",
-           "is_dir_log"]
+__all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",
+           "is_checkpoint_dir", "share_copy", "shard_plans", "is_dir_log"]
 
 FICLONE = 0x40049409  # ioctl: make the destination share the source's blocks (btrfs, XFS, bcachefs, ...)
 
@@ -274,23 +275,24 @@ class _Staged:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _apply(layout: ShardedLayout, plan: Plan, stage: _Staged, backend: str,
-           durable: bool) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
-    """Write each touched shard's new bytes to its staged path; (old words, new words, per-shard record)."""
+def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPlan], InjectionResult]
+           ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
+    """Inject each touched shard's share of ``plan`` with ``inject_one(shard path, share)``;
+    (old words, new words, per-shard record)."""
     old = np.zeros(len(plan), np.uint64)
     new = np.zeros(len(plan), np.uint64)
     shards: dict[str, dict[str, Any]] = {}
     for sp in shard_plans(plan, layout):
         src = os.path.join(layout.file, sp.shard)
-        res = inject_file(src, stage.path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard], log_path=False,
-                          backend=backend, durable=durable, lock=False)
+        size = os.path.getsize(src)
+        res = inject_one(src, sp)
         if res.log.undo is not None:
             raise UnsupportedStorageError(f"{src}: this shard needed re-encoded bytes, which a checkpoint directory's "
                                           "log does not hold; inject into the file itself")
         old[sp.positions], new[sp.positions] = res.log.old_words, res.log.new_words
         shards[sp.shard] = {"input_sha256": res.log.manifest["input"]["sha256"],
-                            "output_sha256": res.log.manifest["output"]["sha256"],
-                            "size": os.path.getsize(src), "sites": int(len(sp.positions))}
+                            "output_sha256": res.log.manifest["output"]["sha256"], "size": size,
+                            "sites": int(len(sp.positions))}
     return old, new, shards
 
 
@@ -300,8 +302,13 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
     """Stage, log, commit: the one write sequence of :func:`inject_dir` and :func:`replay_dir`."""
     sweep_stale(layout.file if in_place else os.path.dirname(target))
     stage = _Staged(layout.file, in_place, target)
+
+    def staged(src: str, sp: ShardPlan) -> InjectionResult:
+        return inject_file(src, stage.path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard], log_path=False,
+                           backend=backend, durable=durable, lock=False)
+
     try:
-        old, new, shards = _apply(layout, plan, stage, backend, durable)
+        old, new, shards = _apply(layout, plan, staged)
         carried = None if stage.dir is None else _copy_tree(layout.file, stage.dir, set(shards))
         manifest = make_manifest(old, new, shards)
         if carried is not None:
@@ -343,16 +350,23 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
                sampling: Sampling | Mapping[str, Any] | None = None, seed: int | None = None,
                stream: Sequence[int] = (), log_path: str | os.PathLike[str] | bool | None = None,
                plan: Plan | None = None, backend: str = "auto", durable: bool = True, overwrite: bool = True,
-               extra_manifest: Mapping[str, Any] | None = None) -> InjectionResult:
+               extra_manifest: Mapping[str, Any] | None = None, atomic: bool = True, hash_files: bool = True,
+               layout: ShardedLayout | None = None, lock: bool = True) -> InjectionResult:
     """Flip bits in a Hugging Face checkpoint directory (or its index file) as one model.
 
     Parameters are those of :func:`fastflip.files.inject.inject_file`; ``dst`` is a directory
     (written atomically; ``overwrite`` replaces an existing one), the log defaults to
     ``<dst>.fflog`` beside it (in place: ``<dir>.fflog``, or ``<dir>.<k>.fflog`` when that exists).
     See the module docstring for what is shared, copied and logged.
+
+    ``in_place=True, atomic=False`` rewrites the words where they lie in each shard, with no temporary
+    copy and no staging (``hash_files=False``: no sha256 either): the fast path of campaign trials,
+    undone by :func:`restore_dir`; a log, if any, is written after the shards.
     """
-    layout = read_sharded_layout(src)
+    layout = layout or read_sharded_layout(src)
     root = layout.file
+    if not atomic and not in_place:
+        raise OptionError("atomic=False applies to in-place injection only")
     if in_place and dst is not None and os.path.realpath(os.fspath(dst)) != os.path.realpath(root):
         raise OptionError("give either an output directory or in_place=True (--in-place), not both")
     target = os.path.realpath(root) if in_place else _target_dir(root, dst, overwrite)
@@ -373,9 +387,49 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
         return {**_manifest(layout, target, plan, old, new, shards, seed, stream, options, in_place),
                 **dict(extra_manifest or {})}
 
-    with WriterLock(_lock_file(layout), "inject --in-place") if in_place else contextlib.nullcontext():
-        log = _write_dir(layout, target, in_place, plan, lp, backend, durable, manifest)
+    with WriterLock(_lock_file(layout), "inject --in-place") if in_place and lock else contextlib.nullcontext():
+        if atomic:
+            log = _write_dir(layout, target, in_place, plan, lp, backend, durable, manifest)
+        else:
+            def direct(path: str, sp: ShardPlan) -> InjectionResult:
+                return inject_file(path, in_place=True, atomic=False, plan=sp.plan, layout=layout.shards[sp.shard],
+                                   log_path=False, backend=backend, hash_files=hash_files, durable=durable, lock=False)
+
+            old, new, shards = _apply(layout, plan, direct)
+            log = InjectionLog.from_plan(plan, old, new, manifest(old, new, shards))
+            if lp is not None:
+                log.save(lp, durable=durable)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
+
+
+def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: ShardedLayout | None = None) -> None:
+    """Write a directory log's old words back where they lie (zip CRCs of ``.bin`` shards with them), checking
+    nothing: the undo of :func:`inject_dir` ``(in_place=True, atomic=False)`` in a working copy that is the
+    caller's own (campaign trials). :func:`revert_dir` is the checked revert."""
+    layout = layout or read_sharded_layout(root)
+    for sp in shard_plans(log.plan, layout):
+        path = os.path.join(layout.file, sp.shard)
+        by_name = {t.path: t for t in layout.shards[sp.shard].tensors}
+        routes = route_sites(path, sp.plan, by_name)
+        write_words_to_file(path, sp.plan, by_name, log.old_words[sp.positions], routes)
+        if is_zip_container(path):
+            write_patches(path, crc_patches(path, routes, log.new_words[sp.positions], log.old_words[sp.positions]))
+
+
+def checkpoint_dir_sha256(path: str | os.PathLike[str]) -> str:
+    """One sha256 of a checkpoint directory's weights: over (file name, sha256) of its index and every weight file."""
+    layout = read_sharded_layout(path)
+    names = ([layout.index] if layout.index else []) + list(layout.shards)
+    return _digest({n: sha256_file(os.path.join(layout.file, n)) for n in names})
+
+
+def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """Copy a checkpoint directory to the new directory ``dst`` (files shared by reflink where possible, else
+    copied; never linked); return ``dst``."""
+    dst = os.fspath(dst)
+    os.mkdir(dst)
+    _copy_tree(read_sharded_layout(src).file, dst, set())
+    return dst
 
 
 def _sub_log(lg: InjectionLog, sp: ShardPlan, shard: Mapping[str, Any]) -> InjectionLog:
