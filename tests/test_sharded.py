@@ -26,20 +26,28 @@ from fastflip.files.sharded import inject_dir, replay_dir, revert_dir, share_cop
 CASES = [("gpt2", "safetensors"), ("gpt2", "bin"), ("bert", "safetensors"), ("vit", "safetensors"), ("vit", "bin")]
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """{(model, format): (model, directory)} saved once for the module, each in >= 3 shards."""
-    require("torch")
-    require("transformers")
-    out = {}
-    base = tmp_path_factory.mktemp("hf")
-    for name, fmt in CASES:
+class _Saved(dict):
+    """{(model, format): (model, directory)}, each saved in >= 3 shards on first use, kept for the module."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, case):
+        name, fmt = case
         model = build(name)
-        d = str(base / f"{name}-{fmt}")
+        d = str(self.base / f"{name}-{fmt}")
         shards = save_sharded(model, d, fmt)
         assert len(shards) >= 3, shards
-        out[(name, fmt)] = (model, d)
-    return out
+        self[case] = (model, d)
+        return self[case]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    require("torch")
+    require("transformers")
+    return _Saved(tmp_path_factory.mktemp("hf"))
 
 
 def _shard_words(path: str, key: str) -> np.ndarray:
@@ -153,6 +161,7 @@ def test_replay_gives_the_logged_directory(saved, tmp_path):
 
 
 @pytest.mark.framework
+@pytest.mark.slow
 def test_cli_inspect_inject_diff_revert_on_a_directory_and_its_index(saved, tmp_path):
     _, src = saved[("gpt2", "safetensors")]
     run = lambda *a: subprocess.run([sys.executable, "-m", "fastflip", *a], capture_output=True, text=True)  # noqa: E731
@@ -239,6 +248,13 @@ def test_outputs_and_logs_are_checked(tmp_path):
         inject_dir(str(src), str(tmp_path / "out"), sampling=smp, overwrite=False)
     res = inject_dir(str(src), str(tmp_path / "out"), sampling=smp, overwrite=True)
     assert os.listdir(res.output) == ["model.safetensors"]
+    res = inject_dir(str(src), str(tmp_path / "out"), sampling=smp, overwrite=True)  # a checkpoint: replaced
+    assert os.listdir(res.output) == ["model.safetensors"]
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError, match="not a checkpoint directory"):  # --force never removes another folder
+        inject_dir(str(src), str(tmp_path / "folder"), sampling=smp, overwrite=True)
+    assert (tmp_path / "folder" / "notes.txt").read_text() == "mine"
     assert not [f for f in os.listdir(tmp_path) if ".fastflip-" in f]
     with pytest.raises(OutputError, match="inside the output"):
         inject_dir(str(src), str(tmp_path / "o2"), sampling=smp, log_path=str(tmp_path / "o2" / "x.fflog"))
@@ -250,9 +266,10 @@ def test_convert_a_directory_into_one_file(saved, tmp_path):
     import torch
 
     model, src = saved[("gpt2", "safetensors")]
+    from fastflip.frameworks.convert import convert
+
     out = str(tmp_path / "m.pt")
-    r = subprocess.run([sys.executable, "-m", "fastflip", "convert", src, "-o", out], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    assert convert(src, out) == "torch"
     sd = torch.load(out, weights_only=True)
     names = [t.path.lstrip("/") for t in read_sharded_layout(src).tensors]
     assert sorted(sd) == sorted(names)
@@ -261,6 +278,7 @@ def test_convert_a_directory_into_one_file(saved, tmp_path):
 
 
 @pytest.mark.framework
+@pytest.mark.slow
 def test_the_sharded_checkpoint_example_runs(tmp_path):
     require("transformers")
     example = os.path.join(os.path.dirname(__file__), "..", "examples", "sharded_checkpoint.py")
@@ -270,6 +288,7 @@ def test_the_sharded_checkpoint_example_runs(tmp_path):
 
 
 @pytest.mark.framework
+@pytest.mark.slow
 def test_a_checkpoint_campaign_on_a_directory_restores_every_shard(saved, tmp_path):
     from fastflip.campaign.config import Campaign
     from fastflip.campaign.sweep import campaign_cells

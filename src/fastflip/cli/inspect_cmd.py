@@ -82,7 +82,8 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
         rows.append([t.path, t.format or t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
                      _storage(t, shard_of.get(t.path)), str(t.nbytes), role, ",".join(others)])
     out = [f"{layout.file}: framework {layout.framework or 'unknown'}"
-           + (f"; {len(layout.shards)} weight file(s), index {layout.index}" if shard_of else "")]
+           + (f"; {len(layout.shards)} weight file(s)" if shard_of else "")
+           + (f", index {layout.index}" if getattr(layout, "index", None) else "")]
     if rows:
         out.append(format_table(["path", "dtype", "shape", "elements", "storage", "bytes", "role [layer]",
                                  "aliases"], rows, right=[3, 5]))

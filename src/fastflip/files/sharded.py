@@ -70,7 +70,7 @@ from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
 from .fileio import atomic_output, fsync_path, sha256_file
-from .formats.hfdir import ShardedLayout, is_checkpoint_dir, read_sharded_layout
+from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
 from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _site_space, default_log_path, inject_file,
                      revert)
@@ -206,6 +206,10 @@ def _target_dir(src: str, dst: Any, overwrite: bool) -> str:
             raise OutputError(f"{dst}: exists and is not a directory; choose another path")
         if not overwrite:
             raise OutputError(f"{dst}: output exists; use --force to replace it")
+        found = find_index(out)
+        if os.listdir(out) and not (found and (found[1] or found[2])):
+            raise OutputError(f"{dst}: exists and is not a checkpoint directory; fastflip replaces only a checkpoint "
+                              "directory (--force), never another folder: choose a new path")
     parent = os.path.dirname(real)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise OutputError(f"{dst}: output directory {parent} does not exist or is not writable")
