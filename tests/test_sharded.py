@@ -128,8 +128,10 @@ def test_revert_after_a_partial_in_place_commit(saved, tmp_path):
     src, d, res = _injected_copy(saved, ("gpt2", "safetensors"), tmp_path, 9)
     touched = sorted(res.log.manifest["checkpoint_dir"]["shards"])
     shutil.copyfile(os.path.join(src, touched[0]), os.path.join(d, touched[0]))  # as if never renamed
-    revert_dir(res.log_path, d)
+    first = res.log.manifest["checkpoint_dir"]["shards"][touched[0]]["sites"]
+    assert revert_dir(res.log_path, d).sites == len(res.log) - first
     assert same_tree(src, d)
+    assert revert_dir(res.log_path, d).sites == 0  # the original already: nothing to restore
     with open(os.path.join(d, touched[-1]), "r+b") as fh:  # a shard that is neither logged state
         fh.seek(-1, 2)
         fh.write(b"\x01")

@@ -495,7 +495,8 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                out: str | os.PathLike[str] | None = None, *, overwrite: bool = True) -> RevertResult:
     """Restore every shard the logged injection changed (in place unless ``out``), each checked by sha256.
 
-    A shard already at its logged input (an in-place run killed between its renames) is left alone.
+    A shard already at its logged input (an in-place run killed between its renames) is left alone;
+    ``sites`` of the result counts the sites restored (0 when every touched shard already was the original).
 
     Raises
     ------
@@ -515,6 +516,7 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
     with WriterLock(_lock_file(layout), "revert") if in_place else contextlib.nullcontext():
         try:
             todo = {sp.shard: sp for sp in shard_plans(lg.plan, layout)}
+            restored = 0
             for name, rec in want.items():
                 sp = todo[name]
                 path = os.path.join(root, name)
@@ -528,11 +530,12 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     share_copy(path, stage.path(name))
                 else:
                     revert(_sub_log(lg, sp, rec), path, stage.path(name))
+                    restored += len(sp.positions)
             if stage.dir is not None:
                 _copy_tree(root, stage.dir, set(stage.files))
             stage.commit(target, True)
         except BaseException:
             stage.discard()
             raise
-    return RevertResult(target, lg.manifest["input"]["sha256"], len(lg.plan))
+    return RevertResult(target, lg.manifest["input"]["sha256"], restored)
 
