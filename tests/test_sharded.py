@@ -312,3 +312,17 @@ def test_a_checkpoint_campaign_on_a_directory_restores_every_shard(saved, tmp_pa
     assert any(r.outcome != 0 for r in rows) and all(r.message is None or "Error" not in r.message for r in rows)
     runner.close()
     assert not os.path.exists(copy)
+
+
+def test_the_single_file_api_points_to_the_directory_one(tmp_path):
+    import fastflip
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _write_st(str(src / "model.safetensors"), {"a": np.arange(8)})
+    with pytest.raises(FastflipError, match="inject_dir"):
+        fastflip.inject_file(str(src), str(tmp_path / "o"), sampling=Sampling(count=1))
+    res = fastflip.inject_dir(str(src), str(tmp_path / "out"), seed=1, sampling=Sampling(count=1))
+    with pytest.raises(FastflipError, match="revert_dir"):
+        fastflip.revert(res.log_path, os.path.join(res.output, "model.safetensors"))
+    assert fastflip.revert_dir(res.log_path, res.output).sites == 1
