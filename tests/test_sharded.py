@@ -326,3 +326,18 @@ def test_the_single_file_api_points_to_the_directory_one(tmp_path):
     with pytest.raises(FastflipError, match="revert_dir"):
         fastflip.revert(res.log_path, os.path.join(res.output, "model.safetensors"))
     assert fastflip.revert_dir(res.log_path, res.output).sites == 1
+
+
+def test_in_place_replaces_a_linked_shard_and_leaves_its_blob(tmp_path):
+    """A Hugging Face cache snapshot links its shards to blobs: in place, the link becomes the altered file."""
+    blob = tmp_path / "blob"
+    _write_st(str(blob), {"a": np.arange(16)})
+    before = blob.read_bytes()
+    snap = tmp_path / "snapshot"
+    snap.mkdir()
+    os.symlink(blob, snap / "model.safetensors")
+    res = inject_dir(str(snap), in_place=True, seed=1, sampling=Sampling(count=3))
+    assert blob.read_bytes() == before and not os.path.islink(snap / "model.safetensors")
+    assert (snap / "model.safetensors").read_bytes() != before
+    revert_dir(res.log_path, str(snap))
+    assert (snap / "model.safetensors").read_bytes() == before

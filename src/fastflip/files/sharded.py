@@ -86,11 +86,11 @@ __all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir",
 FICLONE = 0x40049409  # ioctl: make the destination share the source's blocks (btrfs, XFS, bcachefs, ...)
 
 
-def share_copy(src: str, dst: str) -> str:
+def share_copy(src: str, dst: str, durable: bool = False) -> str:
     """Copy ``src`` to the new file ``dst``; return how: ``'reflink'`` (blocks shared copy-on-write) or ``'copy'``.
 
     Never a hard or symbolic link: writing ``dst`` later never changes ``src``. A symbolic link
-    ``src`` is followed (``dst`` is a regular file with its bytes).
+    ``src`` is followed (``dst`` is a regular file with its bytes). ``durable``: fsync ``dst``.
     """
     with open(src, "rb") as fi, open(dst, "xb") as fo:
         try:
@@ -113,11 +113,14 @@ def share_copy(src: str, dst: str) -> str:
                 fo.seek(0)
                 fo.truncate()
                 shutil.copyfileobj(fi, fo, 1 << 20)
+        if durable:
+            fo.flush()
+            os.fsync(fo.fileno())
     shutil.copymode(src, dst)
     return how
 
 
-def _copy_tree(src: str, dst: str, skip: set[str]) -> dict[str, int]:
+def _copy_tree(src: str, dst: str, skip: set[str], durable: bool = False) -> dict[str, int]:
     """Carry every file of ``src`` into the existing directory ``dst`` (but ``skip``); count how."""
     how = {"reflink": 0, "copy": 0}
     for e in sorted(os.scandir(src), key=lambda e: e.name):
@@ -125,10 +128,12 @@ def _copy_tree(src: str, dst: str, skip: set[str]) -> dict[str, int]:
             continue
         if e.is_dir():  # a subdirectory (or a link to one): its files, as real files
             os.mkdir(os.path.join(dst, e.name))
-            for k, v in _copy_tree(e.path, os.path.join(dst, e.name), set()).items():
+            for k, v in _copy_tree(e.path, os.path.join(dst, e.name), set(), durable).items():
                 how[k] += v
+            if durable:
+                fsync_path(os.path.join(dst, e.name))
         elif e.is_file():
-            how[share_copy(e.path, os.path.join(dst, e.name))] += 1
+            how[share_copy(e.path, os.path.join(dst, e.name), durable)] += 1
     return how
 
 
@@ -313,7 +318,7 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
 
     try:
         old, new, shards = _apply(layout, plan, staged)
-        carried = None if stage.dir is None else _copy_tree(layout.file, stage.dir, set(shards))
+        carried = None if stage.dir is None else _copy_tree(layout.file, stage.dir, set(shards), durable)
         manifest = make_manifest(old, new, shards)
         if carried is not None:
             manifest["checkpoint_dir"]["carried"] = carried
@@ -527,12 +532,12 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
                                            "nothing was changed")
                 if digest == rec["input_sha256"]:
-                    share_copy(path, stage.path(name))
+                    share_copy(path, stage.path(name), True)
                 else:
                     revert(_sub_log(lg, sp, rec), path, stage.path(name))
                     restored += len(sp.positions)
             if stage.dir is not None:
-                _copy_tree(root, stage.dir, set(stage.files))
+                _copy_tree(root, stage.dir, set(stage.files), True)
             stage.commit(target, True)
         except BaseException:
             stage.discard()
