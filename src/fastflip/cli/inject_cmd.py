@@ -18,11 +18,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from .options import add_fault_arguments, add_selection_arguments
 
     p = subparsers.add_parser(
-        "inject", help="flip bits in a checkpoint: HDF5, torch.save, safetensors, npy/npz (writes a new file and a log)",
+        "inject", help="flip bits in a checkpoint: HDF5, torch.save, safetensors, npy/npz, .keras, a Hugging Face "
+        "directory (writes a new file or directory and a log)",
         description="Sample injection sites with a seed, change the stored words, write the result to a new "
         "file (atomically; the input is untouched unless --in-place) and a log that replays and reverts it.")
-    p.add_argument("file", nargs="?", help="the checkpoint, format detected by content (or hdf5_file of --config)")
-    p.add_argument("-o", "--output", help="output file")
+    p.add_argument("file", nargs="?", help="the checkpoint, format detected by content (or hdf5_file of --config); "
+                   "a save_pretrained directory or its index file is one model")
+    p.add_argument("-o", "--output", help="output file (a directory for a checkpoint directory)")
     p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically; symlinks are followed "
                    "to the real file, which is locked against other writers)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
