@@ -102,7 +102,9 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    from ..files.layout import Layout, read_layout
+    import dataclasses
+
+    from ..files.layout import read_layout
     from ..files.select import select, selection_from_args
 
     from ..files.keras_archive import is_keras_archive, read_archive
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     sel = selection_from_args(args)
     tensors = layout.tensors if sel.is_all else select(layout.tensors, sel)
     if args.json:
-        shown = layout if sel.is_all else Layout(layout.file, list(tensors), layout.skipped, layout.framework)
+        shown = layout if sel.is_all else dataclasses.replace(layout, tensors=list(tensors))  # shards kept
         d = shown.as_dict()
         if not sel.is_all:
             d["selection"] = sel.as_dict()
