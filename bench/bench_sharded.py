@@ -11,6 +11,8 @@ Side by side, each round one seeded draw of 10 flips (element-uniform over the w
 - ``in-place``: ``inject_dir(DIR, in_place=True)``: each touched shard copied to a temporary beside it
   (input and output sha256 while streaming), log written and fsync'ed, temporaries fsync'ed and renamed;
 - ``in-place, durable=False``: the same without fsyncs (atomic renames kept);
+- ``in-place, atomic=False, hash_files=False``: the words written where they lie in each touched shard
+  (no copy, no hashes; the path of campaign trials, undone by ``restore_dir``);
 - ``-o DIR``: ``inject_dir(DIR, OUT)``: a new output directory; untouched shards reflinked where the file
   system can, else copied (``os.copy_file_range``), touched ones injected as above; fsync'ed.
 
@@ -99,6 +101,14 @@ def test_inject_in_place(benchmark, checkpoint, tmp_path, durable):
 
     benchmark.pedantic(run, rounds=3, iterations=1)
     benchmark.extra_info["shards_touched"] = touched
+
+
+def test_inject_in_place_raw(benchmark, checkpoint, tmp_path):
+    work = str(tmp_path / "m")
+    shutil.copytree(checkpoint, work)
+    seeds = iter(range(1, 1000))
+    benchmark.pedantic(lambda: inject_dir(work, in_place=True, atomic=False, hash_files=False, log_path=False,
+                                          seed=next(seeds), sampling=Sampling(count=COUNT)), rounds=20, iterations=1)
 
 
 def test_inject_to_new_directory(benchmark, checkpoint, tmp_path):
