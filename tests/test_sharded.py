@@ -21,7 +21,8 @@ from fastflip.errors import FastflipError, LogMismatchError, OutputError
 from fastflip.files.formats import FormatError
 from fastflip.files.formats.hfdir import read_sharded_layout
 from fastflip.files.log import InjectionLog
-from fastflip.files.sharded import inject_dir, replay_dir, revert_dir, share_copy
+from fastflip.files.sharded import inject_dir, replay_dir, revert_dir
+from fastflip.files.sharecopy import share_copy
 
 CASES = [("gpt2", "safetensors"), ("gpt2", "bin"), ("bert", "safetensors"), ("vit", "safetensors"), ("vit", "bin")]
 

@@ -52,8 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -77,65 +75,12 @@ from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _sit
 from .locks import WriterLock
 from .log import InjectionLog
 from .patches import crc_patches, is_zip_container, write_patches
+from .sharecopy import copy_tree, share_copy
 from .paths import resolve_output, sweep_stale, temp_prefix
 from .select import Selection
 
 __all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",
-           "is_checkpoint_dir", "share_copy", "shard_plans", "is_dir_log"]
-
-FICLONE = 0x40049409  # ioctl: make the destination share the source's blocks (btrfs, XFS, bcachefs, ...)
-
-
-def share_copy(src: str, dst: str, durable: bool = False) -> str:
-    """Copy ``src`` to the new file ``dst``; return how: ``'reflink'`` (blocks shared copy-on-write) or ``'copy'``.
-
-    Never a hard or symbolic link: writing ``dst`` later never changes ``src``. A symbolic link
-    ``src`` is followed (``dst`` is a regular file with its bytes). ``durable``: fsync ``dst``.
-    """
-    with open(src, "rb") as fi, open(dst, "xb") as fo:
-        try:
-            fcntl.ioctl(fo.fileno(), FICLONE, fi.fileno())
-            how = "reflink"
-        except OSError:
-            how = "copy"
-            size = os.fstat(fi.fileno()).st_size
-            try:  # an in-kernel copy (shares blocks on some file systems, copies on others)
-                done = 0
-                while done < size:
-                    n = os.copy_file_range(fi.fileno(), fo.fileno(), size - done)
-                    if n == 0:
-                        break
-                    done += n
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.EPERM):
-                    raise
-                fi.seek(0)
-                fo.seek(0)
-                fo.truncate()
-                shutil.copyfileobj(fi, fo, 1 << 20)
-        if durable:
-            fo.flush()
-            os.fsync(fo.fileno())
-    shutil.copymode(src, dst)
-    return how
-
-
-def _copy_tree(src: str, dst: str, skip: set[str], durable: bool = False) -> dict[str, int]:
-    """Carry every file of ``src`` into the existing directory ``dst`` (but ``skip``); count how."""
-    how = {"reflink": 0, "copy": 0}
-    for e in sorted(os.scandir(src), key=lambda e: e.name):
-        if e.name in skip or e.name.endswith(".tmp") and ".fastflip-" in e.name:
-            continue
-        if e.is_dir():  # a subdirectory (or a link to one): its files, as real files
-            os.mkdir(os.path.join(dst, e.name))
-            for k, v in _copy_tree(e.path, os.path.join(dst, e.name), set(), durable).items():
-                how[k] += v
-            if durable:
-                fsync_path(os.path.join(dst, e.name))
-        elif e.is_file():
-            how[share_copy(e.path, os.path.join(dst, e.name), durable)] += 1
-    return how
-
+           "is_checkpoint_dir", "shard_plans", "is_dir_log"]
 
 @dataclass
 class ShardPlan:
@@ -318,7 +263,7 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
 
     try:
         old, new, shards = _apply(layout, plan, staged)
-        carried = None if stage.dir is None else _copy_tree(layout.file, stage.dir, set(shards), durable)
+        carried = None if stage.dir is None else copy_tree(layout.file, stage.dir, set(shards), durable)
         manifest = make_manifest(old, new, shards)
         if carried is not None:
             manifest["checkpoint_dir"]["carried"] = carried
@@ -437,7 +382,7 @@ def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     copied; never linked); return ``dst``."""
     dst = os.fspath(dst)
     os.mkdir(dst)
-    _copy_tree(read_sharded_layout(src).file, dst, set())
+    copy_tree(read_sharded_layout(src).file, dst, set())
     return dst
 
 
@@ -537,7 +482,7 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     revert(_sub_log(lg, sp, rec), path, stage.path(name))
                     restored += len(sp.positions)
             if stage.dir is not None:
-                _copy_tree(root, stage.dir, set(stage.files), True)
+                copy_tree(root, stage.dir, set(stage.files), True)
             stage.commit(target, True)
         except BaseException:
             stage.discard()
