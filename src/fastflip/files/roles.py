@@ -203,7 +203,7 @@ def alias_layers(t: Tensor) -> tuple[str, ...]:
     kind = "f" if t.format else t.dtype.kind
     for a in t.aliases:
         leaf = _leaf(a)
-        if t.framework in ("torch", "live", None):  # state_dict keys: the layer is the dotted prefix
+        if t.framework in ("torch", "live"):  # state_dict keys: the layer is the dotted prefix
             layer = leaf.rpartition(".")[0] or None
         else:
             layer = label_path(a, t.framework, len(t.shape), kind)[0]
