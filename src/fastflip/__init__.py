@@ -23,7 +23,8 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
     "inject_file": "files.inject", "replay": "files.inject", "revert": "files.inject",
-    "InjectionResult": "files.inject", "InjectionLog": "files.log", "read_layout": "files.layout",
+    "InjectionResult": "files.inject", "InjectionLog": "files.log",
+    "inject_dir": "files.sharded", "replay_dir": "files.sharded", "revert_dir": "files.sharded", "read_layout": "files.layout",
     "Layout": "files.layout", "Tensor": "files.layout", "Selection": "files.select", "select": "files.select",
     "BitSpec": "core.bits", "FaultModel": "core.faults", "SiteSpace": "core.sampling", "make_plan": "core.sampling",
     "Sampling": "core.spec",

@@ -56,6 +56,7 @@ from ..errors import CapacityError, OptionError
 from ..files.layout import Tensor, read_layout
 from ..files.roles import detect_framework, label_path
 from ..files.select import Selection, select
+from ..files.sharded import checkpoint_dir_sha256, is_checkpoint_dir
 from ..live import targets
 from ..live.activations import layer_outputs
 from .config import Campaign
@@ -361,6 +362,9 @@ def input_hashes(campaign: Campaign, obj: Any = None) -> dict[str, str]:
     out = {}
     for e in epochs:
         path = campaign.checkpoint_path(e)
+        if is_checkpoint_dir(path):  # a Hugging Face directory: its index and weight files
+            out[os.path.basename(path) if e is None else f"epoch {e}"] = checkpoint_dir_sha256(path)
+            continue
         h = hashlib.sha256()
         try:
             with open(path, "rb") as fh:

@@ -52,6 +52,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import FastflipError, OptionError
+from ..files.formats.hfdir import ShardedLayout
+from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
 from .outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
 from .store import TrialRow
 from .cells import Cell, call_factory, target_tensors, trial_sites
@@ -172,7 +174,9 @@ class TrialRunner:
     def _restore(self, path: str, log: Any, epoch: int | None) -> None:
         """Undo one injection in the worker's own copy: the revert of :func:`fastflip.files.inject.revert`
         without its whole-file hashes and layout walk (the copy is ours; its layout is known)."""
-        if log.undo is not None:  # re-encoded chunks: restore their bytes
+        if isinstance(self.layouts[epoch], ShardedLayout):  # a checkpoint directory: each shard's words
+            restore_dir(path, log, self.layouts[epoch])
+        elif log.undo is not None:  # re-encoded chunks: restore their bytes
             log.undo.apply(path)
         else:
             from ..files.h5apply import write_words_to_file
@@ -188,6 +192,8 @@ class TrialRunner:
             # removed when the worker process ends normally; the sweep removes it after a kill
             multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         dst = os.path.join(self._workdir, f"{len(os.listdir(self._workdir))}-{os.path.basename(path)}")
+        if is_checkpoint_dir(path):  # a Hugging Face directory: a copy of it (shared blocks where possible)
+            return copy_checkpoint_dir(path, dst)
         shutil.copyfile(path, dst)
         return dst
 
@@ -290,8 +296,9 @@ class TrialRunner:
                 by_path = {t.path: t for t in self.layouts[epoch].tensors}
                 raw = self._raw_cells[cell_id] = all(by_path[n].raw_writable for n in self.cells[cell_id].tensors)
             # raw storage: rewrite the words where they lie; filtered chunks: re-encode through a temporary copy
-            res = inject_file(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
-                              log_path=False, hash_files=False)
+            inject = inject_dir if isinstance(self.layouts[epoch], ShardedLayout) else inject_file
+            res = inject(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
+                         log_path=False, hash_files=False)
             try:
                 j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:

@@ -18,11 +18,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     from .options import add_fault_arguments, add_selection_arguments
 
     p = subparsers.add_parser(
-        "inject", help="flip bits in a checkpoint: HDF5, torch.save, safetensors, npy/npz (writes a new file and a log)",
+        "inject", help="flip bits in a checkpoint: HDF5, torch.save, safetensors, npy/npz, .keras, a Hugging Face "
+        "directory (writes a new file or directory and a log)",
         description="Sample injection sites with a seed, change the stored words, write the result to a new "
         "file (atomically; the input is untouched unless --in-place) and a log that replays and reverts it.")
-    p.add_argument("file", nargs="?", help="the checkpoint, format detected by content (or hdf5_file of --config)")
-    p.add_argument("-o", "--output", help="output file")
+    p.add_argument("file", nargs="?", help="the checkpoint, format detected by content (or hdf5_file of --config); "
+                   "a save_pretrained directory or its index file is one model")
+    p.add_argument("-o", "--output", help="output file (a directory for a checkpoint directory)")
     p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically; symlinks are followed "
                    "to the real file, which is locked against other writers)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
@@ -66,7 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from ..files.inject import inject_checkpoint_file
     from ..files.keras_archive import is_keras_archive
 
-    if is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
+    from ..files.sharded import inject_dir, is_checkpoint_dir
+
+    if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
+        res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
+    elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)

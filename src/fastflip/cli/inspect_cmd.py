@@ -62,9 +62,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Se
     return "\n".join(line(r) for r in [header, *rows])
 
 
-def _storage(t: Any) -> str:
+def _storage(t: Any, shard: str | None = None) -> str:
     if t.storage == "contiguous":
-        return f"contiguous@{t.offset}"
+        return f"{shard or 'contiguous'}@{t.offset}"
     if t.storage in ("chunked", "filtered"):
         s = f"{t.storage}({','.join(str(c) for c in t.chunks)})"
         return s + (" " + "+".join(t.filters) if t.filters else "")
@@ -77,12 +77,15 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
 
     tensors = layout.tensors if tensors is None else tensors
     rows = []
+    shard_of = getattr(layout, "shard_of", {})  # a checkpoint directory: the shard holding each tensor
     for t in tensors:
         role = (t.role or "") + (f" [{t.layer}]" if t.layer else "")
         others = [a for a in t.aliases if a != t.path]
         rows.append([t.path, t.format or t.dtype.str, "x".join(str(s) for s in t.shape) or "scalar", str(t.size),
-                     _storage(t), str(t.nbytes), role, ",".join(others)])
-    out = [f"{layout.file}: framework {layout.framework or 'unknown'}"]
+                     _storage(t, shard_of.get(t.path)), str(t.nbytes), role, ",".join(others)])
+    out = [f"{layout.file}: framework {layout.framework or 'unknown'}"
+           + (f"; {len(layout.shards)} weight file(s)" if shard_of else "")
+           + (f", index {layout.index}" if getattr(layout, "index", None) else "")]
     if rows:
         out.append(format_table(["path", "dtype", "shape", "elements", "storage", "bytes", "role [layer]",
                                  "aliases"], rows, right=[3, 5]))
@@ -106,7 +109,9 @@ def format_layout(layout: Any, tensors: Sequence[Any] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
 
-    from ..files.layout import Layout, read_layout
+    import dataclasses
+
+    from ..files.layout import read_layout
     from ..files.select import select, selection_from_args
     from ..files.packing import detect_packing
 
@@ -121,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     sel = selection_from_args(args)
     tensors = layout.tensors if sel.is_all else select(layout.tensors, sel)
     if args.json:
-        shown = layout if sel.is_all else Layout(layout.file, list(tensors), layout.skipped, layout.framework)
+        shown = layout if sel.is_all else dataclasses.replace(layout, tensors=list(tensors))  # shards kept
         d = shown.as_dict()
         if not sel.is_all:
             d["selection"] = sel.as_dict()

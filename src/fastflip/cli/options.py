@@ -26,7 +26,8 @@ def add_selection_arguments(parser: Any) -> None:
                    help="float32, f4, >f4, or a group: float, int, uint, signed, bool")
     g.add_argument("--role", action="append", metavar="ROLE", default=[],
                    help="weight, bias, bn-statistic, optimizer-moment (or: optimizer), step-counter, scale, zero, other")
-    g.add_argument("--layer", action="append", metavar="GLOB", default=[], help="glob on layer names")
+    g.add_argument("--layer", action="append", metavar="GLOB", default=[],
+                   help="glob on layer names (a tied tensor: the layer of any of its names)")
 
 
 def add_fault_arguments(p: argparse.ArgumentParser) -> None:

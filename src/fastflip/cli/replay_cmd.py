@@ -25,8 +25,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import replay
+    from ..files.sharded import is_checkpoint_dir, replay_dir
 
-    res = replay(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
+    if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        res = replay_dir(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
+    else:
+        res = replay(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
     digest = res.log.manifest["output"]["sha256"]
     what = "inner weights file's sha256" if res.log.manifest.get("container") else "sha256"
     print(f"wrote {res.output}: {res.counts.get('sites', len(res.log))} element(s) replayed; "

@@ -26,8 +26,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import revert
+    from ..files.sharded import is_checkpoint_dir, revert_dir
 
-    res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
+    if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        res = revert_dir(args.log, args.file, args.output, overwrite=args.force)
+    else:
+        res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
     if res.verified:
         print(f"restored {res.output}: {res.sites} element(s); sha256 {res.sha256} matches the logged input")
     else:

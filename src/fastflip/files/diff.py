@@ -34,6 +34,7 @@ import numpy as np
 from ..core.dtypes import to_words
 from ..core.floatformats import FORMATS, decode
 from .formats.npz_members import member_array
+from .keras_archive import is_keras_archive, read_archive
 from .layout import Layout, Tensor, open_h5, read_layout
 from .oldcompare import OldComparator
 from .oldcompare import json_num as _json_num
@@ -277,7 +278,8 @@ def _datasets(layout: Layout) -> Iterator[Any]:
     """A function tensor → sliceable array: h5py datasets for HDF5, read-only memory maps for raw formats
     (torch.save, safetensors, npy/npz: contiguous at a byte offset), inflated arrays for deflated .npz members."""
     if layout.format != "hdf5":
-        yield lambda t: (np.memmap(layout.file, dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
+        file_of = getattr(layout, "file_of", lambda t: layout.file)  # a checkpoint directory: the tensor's shard
+        yield lambda t: (np.memmap(file_of(t), dtype=t.dtype, mode="r", offset=t.offset, shape=t.shape)
                          if t.storage == "contiguous" else member_array(layout.file, t.path))  # deflated .npz member
         return
     with open_h5(layout.file) as f:
@@ -292,7 +294,8 @@ def diff_files(
     block_bytes: int = BLOCK_BYTES,
     oldtool: bool = False,
 ) -> DiffResult:
-    """Compare the numeric tensors of two HDF5 files.
+    """Compare the numeric tensors of two checkpoints (any format fastflip reads, ``.keras`` archives and
+    checkpoint directories included).
 
     Parameters
     ----------
@@ -315,7 +318,13 @@ def diff_files(
         When the selection matches no tensor in either file.
     """
     pa, pb = os.fspath(a), os.fspath(b)
-    la, lb = read_layout(pa), read_layout(pb)
+    with contextlib.ExitStack() as inner:  # a .keras archive: the model.weights.h5 inside it
+        la, lb = (read_layout(inner.enter_context(read_archive(p)) if is_keras_archive(p) else p) for p in (pa, pb))
+        return _diff_layouts(pa, pb, la, lb, selection, block_bytes, oldtool)
+
+
+def _diff_layouts(pa: str, pb: str, la: Layout, lb: Layout, selection: Selection | None, block_bytes: int,
+                  oldtool: bool) -> DiffResult:
     ta, tb = _selected(la, selection), _selected(lb, selection)
     if not ta and not tb:
         select(la.tensors + lb.tensors, selection)  # raises SelectionError naming what exists

@@ -43,13 +43,14 @@ import numpy as np
 
 from .. import __version__
 from ..core.bits import BitSpec
-from ..errors import CapacityError, LogMismatchError, OptionError, SelectionError, one_line
+from ..errors import CapacityError, InputFileError, LogMismatchError, OptionError, SelectionError, one_line
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
 from .fileio import atomic_output, byte_diff, check_input, copy_with_hash, sha256_file
 from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
+from .formats.hfdir import is_checkpoint_dir
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .h5chunks import chunk_patches
@@ -178,6 +179,13 @@ def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
             _SPACES.pop(next(iter(_SPACES)))
         _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
     return space
+
+
+def _refuse_dir(path: Any, lg: InjectionLog | None = None) -> None:
+    """A checkpoint directory (or a log of one) is the business of :mod:`fastflip.files.sharded`: say so."""
+    if is_checkpoint_dir(path) or (lg is not None and lg.manifest.get("checkpoint_dir")):
+        raise InputFileError(f"{os.fspath(path)}: a checkpoint directory (or its log); use fastflip.inject_dir, "
+                             "replay_dir and revert_dir for it (the fastflip command does)")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -367,6 +375,7 @@ def inject_file(
     """
     raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
            "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
+    _refuse_dir(src)
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
         return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
@@ -480,6 +489,7 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         When ``file`` is not the logged input, or the result differs from the logged output.
     """
     lg = _load(log)
+    _refuse_dir(file, lg)
     src = check_input(file)
     if _container(lg):
 
@@ -550,6 +560,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         hashes and ``verify`` is True; nothing is changed.
     """
     lg = _load(log)
+    _refuse_dir(file, lg)
     src = check_input(file)
     want_out = lg.manifest.get("output", {}).get("sha256")
     want_in = lg.manifest.get("input", {}).get("sha256")

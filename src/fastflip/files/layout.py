@@ -57,6 +57,7 @@ from ..core.floatformats import FORMATS, format_name
 from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped, Tensor, replace
 from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
+from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from .h5open import open_h5
 from .roles import annotate as _annotate
 from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
@@ -273,6 +274,8 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     from h5py import h5o, h5s
 
     p = os.fspath(path)
+    if is_checkpoint_dir(p):  # a Hugging Face directory (or its index): one layout over every shard
+        return read_sharded_layout(p)
     if os.path.isfile(p):  # other checkpoint formats (torch.save, safetensors, npy/npz): detected by content
 
         fmt = detect_format(p)

@@ -55,7 +55,8 @@ from typing import Any, Iterable, Sequence, TypeVar
 from ..core.records import Layout, Tensor, replace
 from .h5open import open_h5
 
-__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names",
+           "alias_layers"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "scale", "zero", "other")
 # short names accepted by selections (``--role optimizer``)
@@ -205,6 +206,33 @@ def label_path(path: str, framework: str | None, ndim: int, kind: str) -> tuple[
         return layer, _guess_role(leaf, ndim, kind)
     # unknown layout: parent group as layer, role from the name
     return ("/".join(parts[:-1]) or None), _guess_role(leaf, ndim, kind)
+
+
+def alias_layers(t: Tensor) -> tuple[str, ...]:
+    """Every layer a tensor is reached through: its own ``layer``, then each alias's.
+
+    A tied matrix is one tensor with several names (GPT-2's ``transformer.wte.weight`` and
+    ``lm_head.weight``); a selection by layer matches it under any of them. A PyTorch key's layer
+    is its dotted prefix (``/model/lm_head.weight`` → ``lm_head``); other layouts' aliases are
+    labelled like the tensor's own path.
+
+    >>> import numpy as np
+    >>> t = Tensor("/transformer.wte.weight", ("/transformer.wte.weight", "/lm_head.weight"), np.dtype("<f4"),
+    ...            (4, 2), 8, "contiguous", 0, framework="torch", layer="transformer.wte")
+    >>> alias_layers(t)
+    ('transformer.wte', 'lm_head')
+    """
+    out = [t.layer] if t.layer else []
+    kind = "f" if t.format else t.dtype.kind
+    for a in t.aliases:
+        leaf = _leaf(a)
+        if t.framework in ("torch", "live"):  # state_dict keys: the layer is the dotted prefix
+            layer = leaf.rpartition(".")[0] or None
+        else:
+            layer = label_path(a, t.framework, len(t.shape), kind)[0]
+        if layer and layer not in out:
+            out.append(layer)
+    return tuple(out)
 
 
 def label_names(names: Sequence[str], ndims: Sequence[int], kinds: Sequence[str]) -> list[tuple[str | None, str]]:

@@ -35,7 +35,7 @@ import numpy as np
 from ..core.floatformats import format_name
 from ..core.records import Tensor
 from ..errors import OptionError, SelectionError
-from .roles import ROLE_ALIASES, ROLES, label_names
+from .roles import ROLE_ALIASES, ROLES, alias_layers, label_names
 
 __all__ = ["Selection", "select", "glob_to_regex", "dtype_matcher", "selection_from_args"]
 
@@ -130,7 +130,9 @@ class Selection:
         (short forms: ``optimizer`` = ``optimizer-moment``, ``bn`` = ``bn-statistic``,
         ``counter`` = ``step-counter``).
     layers : tuple of str
-        Globs on layer names (fnmatch, ``*`` matches anything).
+        Globs on layer names (fnmatch, ``*`` matches anything). A tensor reached under several
+        names (tied weights) matches through the layer of any of them
+        (:func:`fastflip.files.roles.alias_layers`).
     """
 
     include: tuple[str, ...] = ()
@@ -193,10 +195,8 @@ class Selection:
             return False
         if self.roles and t.role not in self.roles:
             return False
-        if self.layers:
-            if t.layer is None:
-                return False
-            if not any(fnmatch.fnmatchcase(t.layer, g) for g in self.layers):
+        if self.layers:  # any name of a tied tensor: its own layer or an alias's
+            if not any(fnmatch.fnmatchcase(lay, g) for g in self.layers for lay in alias_layers(t)):
                 return False
         return True
 

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 from ..errors import OptionError
 from ..files.fileio import atomic_output, check_input, check_output_dir
 from ..files.formats import FormatError, detect_format
+from ..files.formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from ..files.layout import read_layout
 from .torch_state import load_state_dict, save_state_dict
 
@@ -104,7 +105,13 @@ def _unflatten(tensors: Mapping[str, Any], meta: Mapping[str, str] | None) -> An
 
 
 def load_any(path: str | os.PathLike[str]) -> Any:
-    """The checkpoint at ``path`` as torch objects (format detected by content)."""
+    """The checkpoint at ``path`` as torch objects (format detected by content; a Hugging Face checkpoint
+    directory gives one state_dict of all its shards)."""
+    if is_checkpoint_dir(path):
+        state: dict = {}
+        for shard in read_sharded_layout(path).shard_paths():
+            state.update(load_any(shard))
+        return state
     src = check_input(path)
     fmt = detect_format(src)
     if fmt == "hdf5":
@@ -129,7 +136,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str | 
 
     Returns the output format.
     """
-    src_p = check_input(src)
+    src_p = os.fspath(src) if is_checkpoint_dir(src) else check_input(src)  # a directory: into one file
     dst_p = check_output_dir(dst)
     if os.path.exists(dst_p) and os.path.samefile(src_p, dst_p):
         raise OptionError(f"{dst_p}: the output is the input; choose another output path")

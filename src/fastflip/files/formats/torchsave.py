@@ -374,7 +374,7 @@ def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]
     for key, paths in groups.items():
         rec = first[key]
         aliases = tuple(sorted(set(paths)))
-        name = aliases[0]
+        name = paths[0]  # the first key in the saved order (a state_dict's: the name the live model uses)
         if rec.dtype not in TORCH_DTYPES:
             skipped.append(Skipped(name, f"unsupported dtype torch.{rec.dtype}"))
             continue

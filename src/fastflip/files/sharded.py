@@ -1,0 +1,491 @@
+"""Inject into, replay on and revert a Hugging Face checkpoint directory as one model.
+
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
+A directory that ``save_pretrained`` wrote (an index and its shards, or one
+``model.safetensors`` / ``pytorch_model.bin``), or its index file, is one checkpoint
+(:mod:`fastflip.files.formats.hfdir`): tensors are named as in the index, one
+:class:`~fastflip.core.sampling.SiteSpace` spans every shard (sites are drawn by size across
+the whole model; a seed draws the same sites as for the same model saved in one file), and
+one log describes the whole injection. Each shard is changed by
+:func:`fastflip.files.inject.inject_file` with its share of the plan, so every file format's
+rules (zip CRCs of ``.bin`` shards, bounds, hashes) are those of a single file.
+
+The log (``fastflip-log/1``) records, besides the usual columns, each tensor's ``shard`` in its
+``tensors`` list (so each flip's shard) and ``checkpoint_dir``: the index, every weight file,
+and per touched shard its ``input_sha256``/``output_sha256``/``size``/``sites``. Its
+``input``/``output`` ``sha256`` are digests of the touched shards' hashes.
+
+Output (``-o DIR``): a new directory written atomically — built as a temporary directory
+beside it and renamed into place (an existing one is replaced only with ``overwrite`` /
+``--force``). Files the injection does not change (other shards, the index, ``config.json``,
+``generation_config.json``, tokenizer files, ...) are carried over byte for byte: shared with the
+input where the file system can do it safely (a reflink: copy-on-write, FICLONE), else copied
+(``os.copy_file_range``, then a plain copy). Never a hard or symbolic link: a later in-place
+injection into the output would write through it into the input.
+
+In place: every touched shard is rewritten to a temporary file beside it, the log is made
+durable, then each temporary is renamed over its shard (evidence before change). A run killed
+between those renames leaves each shard either as it was or as the log says; :func:`revert_dir`
+reverts such a directory too (shards already at their logged input are left alone).
+
+Examples
+--------
+>>> import os, json, struct, tempfile, numpy as np
+>>> from fastflip import Sampling
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "model")
+>>> os.mkdir(src)
+>>> wm = {}
+>>> for k, name in enumerate(["a.weight", "b.weight"], 1):
+...     shard = f"model-0000{k}-of-00002.safetensors"; wm[name] = shard
+...     h = json.dumps({name: {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+...     _ = open(os.path.join(src, shard), "wb").write(struct.pack("<Q", len(h)) + h + np.ones(4, "<f4").tobytes())
+>>> _ = open(os.path.join(src, "model.safetensors.index.json"), "w").write(json.dumps({"weight_map": wm}))
+>>> res = inject_dir(src, os.path.join(d, "out"), seed=1, sampling=Sampling(count=3, bits="sign"))
+>>> res.counts["bits_changed"], sorted(os.listdir(res.output))[-1]
+(3, 'model.safetensors.index.json')
+>>> revert_dir(res.log_path, res.output).sites
+3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from .. import __version__
+from ..core.plan import Plan
+from ..core.spec import Sampling
+from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
+from .fileio import atomic_output, fsync_path, sha256_file
+from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
+from .h5apply import read_words, route_sites, write_words_to_file
+from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _site_space, default_log_path, inject_file,
+                     revert)
+from .locks import WriterLock
+from .log import InjectionLog
+from .patches import crc_patches, is_zip_container, write_patches
+from .sharecopy import copy_tree, share_copy
+from .paths import resolve_output, sweep_stale, temp_prefix
+from .select import Selection
+
+__all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",
+           "is_checkpoint_dir", "shard_plans", "is_dir_log"]
+
+@dataclass
+class ShardPlan:
+    """One shard's share of a whole-model plan: ``positions`` in the plan, ``plan`` with only its tensors."""
+
+    shard: str
+    positions: np.ndarray
+    plan: Plan
+
+
+def shard_plans(plan: Plan, layout: ShardedLayout) -> list[ShardPlan]:
+    """Split ``plan`` by the shard holding each site's tensor (index order of the shards).
+
+    Raises
+    ------
+    LogMismatchError
+        A plan tensor the directory does not hold.
+    """
+    names = []
+    for t in plan.tensors:
+        key = "/" + t.name.lstrip("/")
+        if key not in layout.shard_of:
+            raise LogMismatchError(f"{layout.file}: holds no tensor {t.name!r}, which the plan names; give the "
+                                   "checkpoint directory the plan or log was made for")
+        names.append(layout.shard_of[key])
+    out = []
+    site_shard = np.array(names, dtype=object)[plan.tensor] if len(plan) else np.array([], dtype=object)
+    for shard in layout.shards:
+        pos = np.flatnonzero(site_shard == shard)
+        if not len(pos):
+            continue
+        ids = np.unique(plan.tensor[pos])
+        remap = np.full(len(plan.tensors), -1, np.int64)
+        remap[ids] = np.arange(len(ids))
+        part = plan.select(pos)
+        out.append(ShardPlan(shard, pos, Plan(tuple(plan.tensors[i] for i in ids), remap[part.tensor], part.index,
+                                              part.and_mask, part.or_mask, part.xor_mask, part.scale, part.bits,
+                                              dict(plan.meta))))
+    return out
+
+
+def _read_words(layout: ShardedLayout, plan: Plan) -> np.ndarray:
+    """Current words of every plan site, read from each site's shard."""
+    out = np.zeros(len(plan), np.uint64)
+    for sp in shard_plans(plan, layout):
+        lay = layout.shards[sp.shard]
+        out[sp.positions] = read_words(os.path.join(layout.file, sp.shard), sp.plan, {t.path: t for t in lay.tensors})
+    return out
+
+
+def _digest(hashes: Mapping[str, str | None]) -> str:
+    """One sha256 over (shard, sha256) pairs: the whole directory's hash as far as the log is concerned."""
+    return hashlib.sha256(json.dumps(sorted(hashes.items())).encode()).hexdigest()
+
+
+def is_dir_log(log: InjectionLog) -> bool:
+    """True when ``log`` describes an injection into a checkpoint directory."""
+    return bool(log.manifest.get("checkpoint_dir"))
+
+
+def _target_dir(src: str, dst: Any, overwrite: bool) -> str:
+    if dst is None:
+        raise OptionError("give an output directory (-o OUT); the input is only changed with --in-place")
+    out = os.path.abspath(os.fspath(dst))
+    if out.endswith(".index.json"):
+        raise OptionError(f"{dst}: the output of a checkpoint directory is a directory; give its path")
+    real, src_real = os.path.realpath(out), os.path.realpath(src)
+    if real == src_real or real.startswith(src_real + os.sep) or src_real.startswith(real + os.sep):
+        raise OutputError(f"{dst}: the output directory is (inside) the input {src}; choose another path "
+                          "(or --in-place)")
+    if os.path.lexists(out):
+        if not os.path.isdir(out) or os.path.islink(out):
+            raise OutputError(f"{dst}: exists and is not a directory; choose another path")
+        if not overwrite:
+            raise OutputError(f"{dst}: output exists; use --force to replace it")
+        found = find_index(out)
+        if os.listdir(out) and not (found and (found[1] or found[2])):
+            raise OutputError(f"{dst}: exists and is not a checkpoint directory; fastflip replaces only a checkpoint "
+                              "directory (--force), never another folder: choose a new path")
+    parent = os.path.dirname(real)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+        raise OutputError(f"{dst}: output directory {parent} does not exist or is not writable")
+    return real
+
+
+def _log_path(log_path: Any, target: str, src: str, in_place: bool) -> str | None:
+    if log_path is False:
+        return None
+    lp = os.fspath(log_path) if log_path not in (None, True) else default_log_path(target, keep_existing=in_place)
+    if os.path.realpath(lp).startswith(os.path.realpath(target) + os.sep):
+        raise OutputError(f"{lp}: the log would be inside the output directory; give a path outside it")
+    return resolve_output(lp, inputs=[src], what="log")
+
+
+def _lock_file(layout: ShardedLayout) -> str:
+    """The file whose writer lock guards the directory: its index (never rewritten), else its weight file."""
+    return os.path.join(layout.file, layout.index or next(iter(layout.shards)))
+
+
+class _Staged:
+    """Touched shards written beside their final place, then committed (renamed) all together."""
+
+    def __init__(self, root: str, in_place: bool, target: str | None) -> None:
+        self.root, self.in_place = root, in_place
+        self.dir = None if in_place else tempfile.mkdtemp(prefix=temp_prefix(target or root), suffix=".tmp",
+                                                         dir=os.path.dirname(target or root))
+        self.files: dict[str, str] = {}  # shard -> its new bytes' temporary path
+
+    def path(self, shard: str) -> str:
+        if self.dir is not None:
+            p = os.path.join(self.dir, shard)
+        else:
+            fd, p = tempfile.mkstemp(prefix=temp_prefix(shard), suffix=".tmp", dir=self.root)
+            os.close(fd)
+        self.files[shard] = p
+        return p
+
+    def discard(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        for p in self.files.values():
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+
+    def commit(self, target: str, durable: bool) -> None:
+        """Rename the staged files (in place) or the staged directory (onto ``target``) into place."""
+        if self.dir is None:
+            for shard, p in self.files.items():
+                os.replace(p, os.path.join(self.root, shard))
+            if durable:
+                fsync_path(self.root)
+            return
+        if durable:
+            for p in self.files.values():
+                fsync_path(p)
+            fsync_path(self.dir)
+        old = None
+        if os.path.lexists(target):  # --force: the old directory moves aside, the new one takes its name
+            old = tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".tmp", dir=os.path.dirname(target))
+            os.rename(target, os.path.join(old, "old"))
+        os.rename(self.dir, target)
+        self.dir = None
+        if durable:
+            fsync_path(os.path.dirname(target))
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPlan], InjectionResult]
+           ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
+    """Inject each touched shard's share of ``plan`` with ``inject_one(shard path, share)``;
+    (old words, new words, per-shard record)."""
+    old = np.zeros(len(plan), np.uint64)
+    new = np.zeros(len(plan), np.uint64)
+    shards: dict[str, dict[str, Any]] = {}
+    for sp in shard_plans(plan, layout):
+        src = os.path.join(layout.file, sp.shard)
+        size = os.path.getsize(src)
+        res = inject_one(src, sp)
+        if res.log.undo is not None:
+            raise UnsupportedStorageError(f"{src}: this shard needed re-encoded bytes, which a checkpoint directory's "
+                                          "log does not hold; inject into the file itself")
+        old[sp.positions], new[sp.positions] = res.log.old_words, res.log.new_words
+        shards[sp.shard] = {"input_sha256": res.log.manifest["input"]["sha256"],
+                            "output_sha256": res.log.manifest["output"]["sha256"], "size": size,
+                            "sites": int(len(sp.positions))}
+    return old, new, shards
+
+
+def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, lp: str | None, backend: str,
+               durable: bool, make_manifest: Callable[[np.ndarray, np.ndarray, dict[str, Any]], dict[str, Any]]
+               ) -> InjectionLog:
+    """Stage, log, commit: the one write sequence of :func:`inject_dir` and :func:`replay_dir`."""
+    sweep_stale(layout.file if in_place else os.path.dirname(target))
+    stage = _Staged(layout.file, in_place, target)
+
+    def staged(src: str, sp: ShardPlan) -> InjectionResult:
+        return inject_file(src, stage.path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard], log_path=False,
+                           backend=backend, durable=durable, lock=False)
+
+    try:
+        old, new, shards = _apply(layout, plan, staged)
+        carried = None if stage.dir is None else copy_tree(layout.file, stage.dir, set(shards), durable)
+        manifest = make_manifest(old, new, shards)
+        if carried is not None:
+            manifest["checkpoint_dir"]["carried"] = carried
+        log = InjectionLog.from_plan(plan, old, new, manifest)
+        with contextlib.ExitStack() as log_commit:
+            if lp is not None:
+                log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+            if in_place and lp is not None:  # evidence before change: the log is in place before any shard
+                log_commit.close()
+            stage.commit(target, durable)
+    except BaseException:
+        stage.discard()
+        raise
+    return log
+
+
+def _manifest(layout: ShardedLayout, target: str, plan: Plan, old: np.ndarray, new: np.ndarray,
+              shards: dict[str, Any], seed: int, stream: Sequence[int], options: dict[str, Any],
+              in_place: bool) -> dict[str, Any]:
+    return {
+        "fastflip_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
+        "input": {"path": os.path.abspath(layout.file),
+                  "sha256": _digest({k: v["input_sha256"] for k, v in shards.items()}),
+                  "size": int(sum(os.path.getsize(p) for p in layout.shard_paths()))},
+        "output": {"path": os.path.abspath(target), "sha256": _digest({k: v["output_sha256"] for k, v in shards.items()})},
+        "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+        "checkpoint_dir": {"format": layout.format, "index": layout.index, "weight_files": list(layout.shards),
+                           "shards": shards},
+        "_storage": {t.name: {"storage": "contiguous", "shard": layout.shard_of["/" + t.name.lstrip("/")]}
+                     for t in plan.tensors},
+    }
+
+
+def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None = None, *, in_place: bool = False,
+               selection: Selection | Mapping[str, Any] | None = None,
+               sampling: Sampling | Mapping[str, Any] | None = None, seed: int | None = None,
+               stream: Sequence[int] = (), log_path: str | os.PathLike[str] | bool | None = None,
+               plan: Plan | None = None, backend: str = "auto", durable: bool = True, overwrite: bool = True,
+               extra_manifest: Mapping[str, Any] | None = None, atomic: bool = True, hash_files: bool = True,
+               layout: ShardedLayout | None = None, lock: bool = True) -> InjectionResult:
+    """Flip bits in a Hugging Face checkpoint directory (or its index file) as one model.
+
+    Parameters are those of :func:`fastflip.files.inject.inject_file`; ``dst`` is a directory
+    (written atomically; ``overwrite`` replaces an existing one), the log defaults to
+    ``<dst>.fflog`` beside it (in place: ``<dir>.fflog``, or ``<dir>.<k>.fflog`` when that exists).
+    See the module docstring for what is shared, copied and logged.
+
+    ``in_place=True, atomic=False`` rewrites the words where they lie in each shard, with no temporary
+    copy and no staging (``hash_files=False``: no sha256 either): the fast path of campaign trials,
+    undone by :func:`restore_dir`; a log, if any, is written after the shards.
+    """
+    layout = layout or read_sharded_layout(src)
+    root = layout.file
+    if not atomic and not in_place:
+        raise OptionError("atomic=False applies to in-place injection only")
+    if in_place and dst is not None and os.path.realpath(os.fspath(dst)) != os.path.realpath(root):
+        raise OptionError("give either an output directory or in_place=True (--in-place), not both")
+    target = os.path.realpath(root) if in_place else _target_dir(root, dst, overwrite)
+    if isinstance(selection, Mapping):
+        selection = Selection.from_dict(selection)
+    smp = _sampling_arg(sampling, plan, {})
+    if seed is None:
+        seed = secrets.randbits(63)
+    if plan is None:
+        assert smp is not None
+        space = _site_space(layout, selection, smp.bit_spec, smp.distribution_arg)
+        plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: _read_words(layout, p))
+    options = {"selection": (selection or Selection()).as_dict(), **(smp.as_dict() if smp is not None else {}),
+               "in_place": in_place, "stream": list(stream), "durable": durable}
+    lp = _log_path(log_path, target, root, in_place)
+
+    def manifest(old: np.ndarray, new: np.ndarray, shards: dict[str, Any]) -> dict[str, Any]:
+        return {**_manifest(layout, target, plan, old, new, shards, seed, stream, options, in_place),
+                **dict(extra_manifest or {})}
+
+    with WriterLock(_lock_file(layout), "inject --in-place") if in_place and lock else contextlib.nullcontext():
+        if atomic:
+            log = _write_dir(layout, target, in_place, plan, lp, backend, durable, manifest)
+        else:
+            def direct(path: str, sp: ShardPlan) -> InjectionResult:
+                return inject_file(path, in_place=True, atomic=False, plan=sp.plan, layout=layout.shards[sp.shard],
+                                   log_path=False, backend=backend, hash_files=hash_files, durable=durable, lock=False)
+
+            old, new, shards = _apply(layout, plan, direct)
+            log = InjectionLog.from_plan(plan, old, new, manifest(old, new, shards))
+            if lp is not None:
+                log.save(lp, durable=durable)
+    return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
+
+
+def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: ShardedLayout | None = None) -> None:
+    """Write a directory log's old words back where they lie (zip CRCs of ``.bin`` shards with them), checking
+    nothing: the undo of :func:`inject_dir` ``(in_place=True, atomic=False)`` in a working copy that is the
+    caller's own (campaign trials). :func:`revert_dir` is the checked revert."""
+    layout = layout or read_sharded_layout(root)
+    for sp in shard_plans(log.plan, layout):
+        path = os.path.join(layout.file, sp.shard)
+        by_name = {t.path: t for t in layout.shards[sp.shard].tensors}
+        routes = route_sites(path, sp.plan, by_name)
+        write_words_to_file(path, sp.plan, by_name, log.old_words[sp.positions], routes)
+        if is_zip_container(path):
+            write_patches(path, crc_patches(path, routes, log.new_words[sp.positions], log.old_words[sp.positions]))
+
+
+def checkpoint_dir_sha256(path: str | os.PathLike[str]) -> str:
+    """One sha256 of a checkpoint directory's weights: over (file name, sha256) of its index and every weight file."""
+    layout = read_sharded_layout(path)
+    names = ([layout.index] if layout.index else []) + list(layout.shards)
+    return _digest({n: sha256_file(os.path.join(layout.file, n)) for n in names})
+
+
+def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """Copy a checkpoint directory to the new directory ``dst`` (files shared by reflink where possible, else
+    copied; never linked); return ``dst``."""
+    dst = os.fspath(dst)
+    os.mkdir(dst)
+    copy_tree(read_sharded_layout(src).file, dst, set())
+    return dst
+
+
+def _sub_log(lg: InjectionLog, sp: ShardPlan, shard: Mapping[str, Any]) -> InjectionLog:
+    """The single-file log of one shard's share of a directory log."""
+    m = {"input": {"sha256": shard["input_sha256"]}, "output": {"sha256": shard["output_sha256"]}}
+    return InjectionLog(m, sp.plan, lg.old_words[sp.positions], lg.new_words[sp.positions])
+
+
+def _dir_log(log: InjectionLog | str | os.PathLike[str]) -> InjectionLog:
+    lg = log if isinstance(log, InjectionLog) else InjectionLog.load(log)
+    if not is_dir_log(lg):
+        raise LogMismatchError("this log describes a single checkpoint file, not a checkpoint directory; "
+                               "give the file it was made for")
+    return lg
+
+
+def replay_dir(log: InjectionLog | str | os.PathLike[str], src: str | os.PathLike[str],
+               out: str | os.PathLike[str] | None = None, *, in_place: bool = False,
+               log_path: str | os.PathLike[str] | bool | None = False, overwrite: bool = True) -> InjectionResult:
+    """Re-apply a directory log to the directory it was made from; every touched shard must come out
+    with its logged sha256 (nothing is committed otherwise).
+
+    Raises
+    ------
+    LogMismatchError
+        A shard is not the logged input, or the result differs from the logged output.
+    """
+    lg = _dir_log(log)
+    layout = read_sharded_layout(src)
+    root = layout.file
+    target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
+    lp = _log_path(log_path, target, root, in_place)
+    want = lg.manifest["checkpoint_dir"]["shards"]
+
+    def manifest(old: np.ndarray, new: np.ndarray, shards: dict[str, Any]) -> dict[str, Any]:
+        for name, rec in shards.items():
+            w = want.get(name, {})
+            if rec["input_sha256"] != w.get("input_sha256"):
+                raise LogMismatchError(f"{os.path.join(root, name)} is not the shard this log was made from "
+                                       "(sha256 differs); give the original directory")
+            if rec["output_sha256"] != w.get("output_sha256"):
+                raise LogMismatchError(f"replaying onto {os.path.join(root, name)} gave another file than the log "
+                                       "records; nothing was written")
+        if not np.array_equal(old, lg.old_words) or not np.array_equal(new, lg.new_words):
+            raise LogMismatchError(f"replaying onto {root} gave other words than the log records; nothing was written")
+        m = {k: v for k, v in lg.manifest.items() if k != "tensors"}
+        m["output"] = dict(m["output"], path=os.path.abspath(target))
+        m["replayed_from"] = lg.manifest.get("created")
+        m["_storage"] = {t["name"]: {k: v for k, v in t.items() if k in ("storage", "shard")}
+                         for t in lg.manifest.get("tensors", [])}
+        return m
+
+    with WriterLock(_lock_file(layout), "replay --in-place") if in_place else contextlib.nullcontext():
+        new_log = _write_dir(layout, target, in_place, lg.plan, lp, "auto", True, manifest)
+    return InjectionResult(target, new_log, lp, dict(lg.manifest.get("counts", {})))
+
+
+def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+               out: str | os.PathLike[str] | None = None, *, overwrite: bool = True) -> RevertResult:
+    """Restore every shard the logged injection changed (in place unless ``out``), each checked by sha256.
+
+    A shard already at its logged input (an in-place run killed between its renames) is left alone;
+    ``sites`` of the result counts the sites restored (0 when every touched shard already was the original).
+
+    Raises
+    ------
+    LogMismatchError
+        A touched shard is neither the logged output nor the logged input; nothing is changed.
+    """
+    lg = _dir_log(log)
+    layout = read_sharded_layout(file)
+    root = layout.file
+    in_place = out is None
+    target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
+    want = lg.manifest["checkpoint_dir"]["shards"]
+    missing = sorted(set(want) - set(layout.shards))
+    if missing:
+        raise LogMismatchError(f"{root}: lacks {missing[0]}, which the log changed; give the directory it describes")
+    stage = _Staged(root, in_place, target)
+    with WriterLock(_lock_file(layout), "revert") if in_place else contextlib.nullcontext():
+        try:
+            todo = {sp.shard: sp for sp in shard_plans(lg.plan, layout)}
+            restored = 0
+            for name, rec in want.items():
+                sp = todo[name]
+                path = os.path.join(root, name)
+                digest = sha256_file(path)
+                if digest == rec["input_sha256"] and in_place:
+                    continue  # already the original
+                if digest not in (rec["output_sha256"], rec["input_sha256"]):
+                    raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
+                                           "nothing was changed")
+                if digest == rec["input_sha256"]:
+                    share_copy(path, stage.path(name), True)
+                else:
+                    revert(_sub_log(lg, sp, rec), path, stage.path(name))
+                    restored += len(sp.positions)
+            if stage.dir is not None:
+                copy_tree(root, stage.dir, set(stage.files), True)
+            stage.commit(target, True)
+        except BaseException:
+            stage.discard()
+            raise
+    return RevertResult(target, lg.manifest["input"]["sha256"], restored)
+
