@@ -189,8 +189,9 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overwrite: bool = True,
-             inputs: Sequence[str] = ()) -> str:
-    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output."""
+             inputs: Sequence[str] = (), same: str = "use --in-place to change the input") -> str:
+    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output
+    (``same``: the fix named when the output is the input)."""
     if in_place:
         if dst is not None and not _same_file(src, os.fspath(dst)):
             raise OptionError("give either an output path or in_place=True (--in-place), not both")
@@ -199,8 +200,11 @@ def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overw
         raise OptionError("give an output path (-o OUT); the input is only changed with --in-place")
     dst = os.fspath(dst)
     if os.path.exists(dst) and _same_file(src, dst):
-        raise OptionError(f"{dst}: the output is the input; use --in-place to change the input")
-    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite)
+        raise OptionError(f"{dst}: the output is the input; {same}")
+    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite, hint=same)
+
+
+_REVERT_SAME = "leave out -o to restore the file itself"
 
 
 def _log_target(lp: str, src: str, target: str, inputs: Sequence[str] = ()) -> str:
@@ -599,7 +603,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
                    want_in: str | None, want_out: str | None) -> RevertResult:
-    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs)
+    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs, _REVERT_SAME)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
@@ -690,7 +694,8 @@ def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = Tr
     """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
     gets its original bytes back (checked by sha256); other entries are kept as they are."""
     with _lock(file, "revert", out is None):
-        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
+        target = (_targets(file, None, True) if out is None else
+                  _targets(file, out, False, overwrite, log_inputs or [], _REVERT_SAME))
         with edit_archive(file, target) as inner:
             res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
         res.output = target
