@@ -151,3 +151,28 @@ def test_kill_at_any_moment_keeps_a_way_back(fmt, tmp_path):
 def test_kill_at_any_moment_many(fmt, tmp_path):
     seen = _run(fmt, tmp_path, seed=100 + FORMATS.index(fmt), slow=True)
     assert seen["old"] and seen["new"]
+
+
+@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "keras", "npz") for m in _modes(f)])
+def test_the_log_is_in_place_before_the_file_changes(fmt, mode, tmp_path, monkeypatch):
+    """At the moment the log is renamed into place, the file it describes is still the old one (in place) or
+    not there yet (copy); afterwards both are there. Deterministic, in process."""
+    from fastflip.files.inject import inject_checkpoint_file
+
+    orig = _make(fmt, str(tmp_path))
+    original = _read(orig)
+    src, out = str(tmp_path / ("in" + os.path.splitext(orig)[1])), str(tmp_path / "out.bin")
+    with open(src, "wb") as fh:
+        fh.write(original)
+    real, seen = os.replace, []
+
+    def replace(a, b):
+        if str(b).endswith(".fflog"):
+            seen.append(_read(src) == original and not os.path.exists(out))
+        real(a, b)
+
+    monkeypatch.setattr(os, "replace", replace)
+    kw = {"in_place": True, "atomic": mode != "nonatomic"} if mode != "copy" else {"dst": out}
+    res = inject_checkpoint_file(src, count=10, seed=1, **kw)
+    assert seen == [True]
+    assert os.path.exists(res.log_path) and _read(res.output) != original
