@@ -176,3 +176,8 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, tmp_path, monkey
     res = inject_checkpoint_file(src, count=10, seed=1, **kw)
     assert seen == [True]
     assert os.path.exists(res.log_path) and _read(res.output) != original
+    import hashlib
+
+    m = res.log.manifest
+    logged = m["container"]["output_sha256"] if fmt == "keras" else m["output"]["sha256"]
+    assert logged == hashlib.sha256(_read(res.output)).hexdigest()  # non-atomic: the predicted hash is the file's

@@ -398,9 +398,12 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]") -> t
     ps = sorted(patches)
     starts = np.array([p[0] for p in ps], np.int64)
     ends = starts + np.array([len(p[2]) for p in ps], np.int64)
+    from concurrent.futures import ThreadPoolExecutor
+
     h_in, h_out = hashlib.sha256(), hashlib.sha256()
     base = 0
-    with open(path, "rb") as fh:
+    pending = None
+    with open(path, "rb") as fh, ThreadPoolExecutor(1) as helper:  # the two sha256 passes side by side
         while True:
             b = fh.read(_BLOCK)
             if not b:
@@ -415,8 +418,12 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]") -> t
                     lo, hi = max(off, base), min(off + len(data), end)
                     buf[lo - base : hi - base] = data[lo - off : hi - off]
                 b = bytes(buf)
-            h_out.update(b)
+            if pending is not None:
+                pending.result()
+            pending = helper.submit(h_out.update, b)
             base = end
+        if pending is not None:
+            pending.result()
     return h_in.hexdigest(), h_out.hexdigest()
 
 

@@ -248,13 +248,14 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, stage: Staging
+           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
 
     Non-atomic in place, the log (with the predicted output hash and the undo data) is committed first,
-    then the file is changed with SIGINT/SIGTERM deferred.
+    then the file is changed with SIGINT/SIGTERM deferred; without ``evidence`` (no log file: a campaign
+    trial's fast path) there is nothing to commit first, and the words are simply written.
     """
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
@@ -267,6 +268,8 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                               "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
+        if not evidence:
+            return _write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
         return _write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
@@ -294,6 +297,23 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
     result = finish(in_hash, out_hash, old, new, undo)  # stages the log: committed before the output
     return in_hash, out_hash, old, new, result
+
+
+def _write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
+                    backend: str, hash_files: bool, finish: Any
+                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
+    in_hash = sha256_file(src, cache=False) if hash_files else None
+    old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
+    undo = None
+    crcs = crc_patches(src, routes, old, new) if zipped else []
+    write_patches(src, crcs)
+    if cp.patches:
+        old[cp.handled], new[cp.handled] = cp.old, cp.new
+        write_patches(src, cp.patches)
+        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+    out_hash = sha256_file(src, cache=False) if hash_files else None
+    return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
 
 
 def _write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
@@ -481,7 +501,8 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         return log
 
     with staged(durable) as stage:
-        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage)
+        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
+                                 evidence=lp is not None)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
