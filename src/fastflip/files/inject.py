@@ -332,8 +332,8 @@ def _write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes:
     if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
         in_hash, out_hash = hash_with_patches(src, patches)
     result = finish(in_hash, out_hash, old, new, undo)
-    stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
-    with deferred_signals():
+    with deferred_signals():  # one section: the log, then the words
+        stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
         got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)
         write_patches(src, crcs + cp.patches)
     raw_pos = np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
