@@ -591,7 +591,9 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
     ``file`` is changed in place (atomically, under a :class:`fastflip.files.locks.WriterLock`) unless
-    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``).
+    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``). With
+    ``atomic=False`` the file is rewritten directly, but only after its bytes — read now, never a cached
+    hash — are checked to be the logged output.
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
