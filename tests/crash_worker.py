@@ -49,6 +49,9 @@ def _hook(sig: int, at: int) -> None:
 
 def _child(trial: dict, src: str, out: str) -> None:
     code = 1
+    null = os.open(os.devnull, os.O_WRONLY)  # the parent's stdout carries the trial results only
+    os.dup2(null, 1)
+    os.dup2(null, 2)
     try:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if trial["how"] == "replace":
@@ -65,6 +68,7 @@ def _child(trial: dict, src: str, out: str) -> None:
 def _run(trial: dict, original: str, ext: str, unit: float) -> tuple[int, float]:
     src = os.path.join(trial["dir"], "in" + ext)
     shutil.copyfile(original, src)
+    sys.stdout.flush()
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:
