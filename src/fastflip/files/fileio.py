@@ -237,6 +237,16 @@ def staged(durable: bool = True, *, name: str | None = None) -> Iterator[Staging
 
     OS write failures (disk full, permissions...) become one-line :class:`OutputError` naming ``name``
     (default: the first target).
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with staged() as st:
+    ...     with open(st.add(os.path.join(d, "out.bin")), "wb") as fh:
+    ...         _ = fh.write(b"data")
+    ...     with open(st.add(os.path.join(d, "out.bin.fflog"), evidence=True), "wb") as fh:
+    ...         _ = fh.write(b"log")  # renamed into place first
+    >>> sorted(os.listdir(d))
+    ['out.bin', 'out.bin.fflog']
     """
     st = Staging(durable)
     try:

@@ -47,8 +47,8 @@ from ..errors import CapacityError, LogMismatchError, OptionError, SelectionErro
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
-from .fileio import (Staging, atomic_output, byte_diff, check_input, copy_with_hash, deferred_signals,
-                     hash_with_patches, sha256_file, staged)
+from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, sha256_file, staged
+from .inplace import write_in_place, write_unlogged
 from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .layout import Layout, Tensor, read_layout
@@ -269,8 +269,8 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
         if not evidence:
-            return _write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
-        return _write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
+            return write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
+        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
@@ -296,51 +296,6 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
     elif cp.patches:
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
     result = finish(in_hash, out_hash, old, new, undo)  # stages the log: committed before the output
-    return in_hash, out_hash, old, new, result
-
-
-def _write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
-    in_hash = sha256_file(src, cache=False) if hash_files else None
-    old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
-    undo = None
-    crcs = crc_patches(src, routes, old, new) if zipped else []
-    write_patches(src, crcs)
-    if cp.patches:
-        old[cp.handled], new[cp.handled] = cp.old, cp.new
-        write_patches(src, cp.patches)
-        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-    out_hash = sha256_file(src, cache=False) if hash_files else None
-    return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
-
-
-def _write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any, stage: Staging
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
-    raw = [r for r in routes if (r.offsets >= 0).any()]
-    old = read_words(src, plan, by_name, raw)
-    new = expected_new(plan, routes, old)
-    crcs = crc_patches(src, routes, old, new) if zipped else []
-    if len(cp.handled):
-        old[cp.handled], new[cp.handled] = cp.old, cp.new
-    patches = cp.patches + crcs + word_patches(routes, old, new) if hash_files or cp.patches else []
-    undo = patch_undo(patches, os.path.getsize(src)) if cp.patches else None
-    in_hash = out_hash = None
-    if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-        in_hash, out_hash = hash_with_patches(src, patches)
-    result = finish(in_hash, out_hash, old, new, undo)
-    with deferred_signals():  # one section: the log, then the words
-        stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
-        got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)
-        write_patches(src, crcs + cp.patches)
-    raw_pos = np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
-    if not (np.array_equal(got_old[raw_pos], old[raw_pos]) and np.array_equal(got_new[raw_pos], new[raw_pos])):
-        write_words_to_file(src, plan, by_name, got_old, raw)  # changed between the read and the write: undone
-        write_patches(src, crcs + cp.patches, new=False)
-        raise LogMismatchError(f"{src} changed while it was being injected; its words were put back")
     return in_hash, out_hash, old, new, result
 
 
