@@ -213,3 +213,13 @@ def test_a_cache_folder_others_can_write_is_not_used(ckpt, tmp_path, monkeypatch
     monkeypatch.setenv(hashcache.ENV, str(d))
     _cache_refused(str(d), ckpt, tmp_path)
     assert list(d.iterdir()) == []
+
+
+def test_the_default_folder_is_made_private(ckpt, tmp_path, monkeypatch, not_racy):
+    monkeypatch.delenv(hashcache.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    d = tmp_path / "xdg" / "fastflip" / "sha256"
+    d.mkdir(parents=True)
+    os.chmod(d, 0o775)  # made by an earlier fastflip under umask 002
+    assert hashcache.remember(ckpt, os.stat(ckpt), _sha(ckpt))
+    assert os.stat(d).st_mode & 0o777 == 0o700 and len(list(d.iterdir())) == 1

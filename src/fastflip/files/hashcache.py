@@ -29,7 +29,8 @@ input's hash from the cache (the input stays, so a wrong entry could at worst ma
 revert/replay refuse, never accept).
 
 The folder must be a real folder (not a symlink) owned by the current user and writable by no one
-else; otherwise the cache is not used, with a one-line warning (once per process).
+else; otherwise the cache is not used, with a one-line warning (once per process). New folders are made
+with mode 0700; the default folder, if an earlier fastflip made it group-writable, is made private.
 
 Examples
 --------
@@ -111,6 +112,12 @@ def _private(d: str, create: bool) -> str | None:
     why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder" if not stat.S_ISDIR(st.st_mode)
            else "is owned by another user" if not hasattr(os, "getuid") or st.st_uid != os.getuid()
            else "is writable by other users" if st.st_mode & 0o022 else None)
+    if why == "is writable by other users" and not os.environ.get(ENV, "").strip():
+        try:  # the default folder, made by an earlier fastflip under a umask of 002: made private
+            os.chmod(d, 0o700)
+            why = None
+        except OSError:
+            pass
     if why is None:
         return d
     if d not in _WARNED:
