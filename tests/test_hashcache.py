@@ -125,3 +125,101 @@ def test_off_turns_it_off(ckpt, tmp_path, monkeypatch):
     _inject(ckpt, str(tmp_path / "a.h5"), 1)
     assert not hashcache.remember(ckpt, os.stat(ckpt), "0" * 64)
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "a.h5.fflog", "ckpt.h5"]
+
+
+# ---------------------------------------------------------------- issue 20 item 5: hashes that cannot lie
+
+
+def _stale_entry(path: str, claimed: str) -> os.stat_result:
+    """Leave the cache claiming ``claimed`` for the file's *current* state, as a write through a shared map that
+    did not move mtime/ctime would: the cache keys on (dev, inode, size, mtime, ctime); ctime cannot be put back
+    from user space, so the entry is made under the key the file has now."""
+    os.utime(path, ns=(OLD, OLD))
+    st = os.stat(path)
+    assert hashcache.remember(path, st, claimed)
+    assert hashcache.lookup(path, st) == claimed  # the lie is in place
+    return st
+
+
+def _change_bias(path: str, index: int = 31) -> None:
+    with h5py.File(path, "r+") as f:  # same size: only the bytes differ
+        f["dense/bias"][index] = 123.0
+
+
+def test_a_file_mapped_for_write_is_not_taken_from_the_cache(ckpt, tmp_path, cache, not_racy):
+    import mmap
+
+    before = _sha(ckpt)
+    _change_bias(ckpt)
+    st = _stale_entry(ckpt, before)
+    with open(ckpt, "r+b") as fh, mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_SHARED,
+                                            prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+        r = _inject(ckpt, str(tmp_path / "a.h5"), 1)
+        assert r.log.manifest["input"]["sha256"] == _sha(ckpt) != before
+        assert hashcache.lookup(ckpt, st) is None  # a writer that may not move the times: not trusted
+        assert hashcache.mapped_for_write(ckpt, st) is True
+        assert not hashcache.remember(ckpt, st, _sha(ckpt))  # nor recorded while it is mapped
+        del mm
+    assert hashcache.mapped_for_write(ckpt, os.stat(ckpt)) is False
+
+
+def test_in_place_inject_hashes_the_bytes_it_replaces(ckpt, tmp_path, cache, not_racy):
+    _change_bias(ckpt)
+    original = _sha(ckpt)
+    _stale_entry(ckpt, "0" * 64)
+    r = inject_file(ckpt, in_place=True, sampling=Sampling(count=20), seed=3)
+    assert r.log.manifest["input"]["sha256"] == original  # not the cached lie
+    revert(r.log_path, ckpt)
+    assert _sha(ckpt) == original
+
+
+def test_revert_not_atomic_checks_the_file_before_rewriting_it(ckpt, tmp_path, cache, not_racy):
+    out = str(tmp_path / "a.h5")
+    r = _inject(ckpt, out, 1)
+    hit = {int(i) for t, i in zip(r.log.plan.tensor, r.log.plan.index) if r.log.plan.tensors[t].name == "dense/bias"}
+    _change_bias(out, next(i for i in range(32) if i not in hit))  # not one of the logged sites
+    changed = _sha(out)
+    _stale_entry(out, r.log.manifest["output"]["sha256"])  # the cache says: the logged output
+    with pytest.raises(LogMismatchError, match="not the output this log describes"):
+        revert(r.log_path, out, atomic=False)
+    assert _sha(out) == changed  # nothing was rewritten
+
+
+def _cache_refused(cache_env: str, ckpt: str, tmp_path) -> None:
+    with pytest.warns(UserWarning, match="hash cache folder .* not used"):
+        assert not hashcache.remember(ckpt, os.stat(ckpt), _sha(ckpt))
+        _inject(ckpt, str(tmp_path / "o.h5"), 1)
+
+
+def test_a_cache_folder_through_a_symlink_is_not_used(ckpt, tmp_path, monkeypatch, not_racy):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv(hashcache.ENV, str(tmp_path / "link"))
+    _cache_refused(str(tmp_path / "link"), ckpt, tmp_path)
+    assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["other-writable", "other-owner"])
+def test_a_cache_folder_others_can_write_is_not_used(ckpt, tmp_path, monkeypatch, not_racy, how):
+    d = tmp_path / "cache"
+    d.mkdir(mode=0o700)
+    if how == "other-writable":
+        os.chmod(d, 0o777)
+    elif os.getuid() == 0:
+        os.chown(d, 12345, -1)
+    else:
+        pytest.skip("needs root to give the folder to another user")
+    monkeypatch.setenv(hashcache.ENV, str(d))
+    _cache_refused(str(d), ckpt, tmp_path)
+    assert list(d.iterdir()) == []
+
+
+def test_the_default_folder_is_made_private(ckpt, tmp_path, monkeypatch, not_racy):
+    monkeypatch.delenv(hashcache.ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    d = tmp_path / "xdg" / "fastflip" / "sha256"
+    d.mkdir(parents=True)
+    os.chmod(d, 0o775)  # made by an earlier fastflip under umask 002
+    assert hashcache.remember(ckpt, os.stat(ckpt), _sha(ckpt))
+    assert os.stat(d).st_mode & 0o777 == 0o700 and len(list(d.iterdir())) == 1

@@ -20,12 +20,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output file")
     p.add_argument("--to", choices=["hdf5", "torch", "safetensors"],
                    help="output format (default: from the output's extension .h5/.pt/.pth/.safetensors)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from ..frameworks.convert import convert
 
-    fmt = convert(args.file, args.output, args.to)
+    fmt = convert(args.file, args.output, args.to, overwrite=args.force)
     print(f"{args.output}: written as {fmt}")
     return 0

@@ -33,8 +33,9 @@ from ..core.spec import SAMPLING_KEYS, Sampling
 from ..errors import InputFileError, OptionError
 from ..files.fileio import atomic_output, check_output_dir
 from ..files.h5apply import read_words
-from ..files.inject import InjectionResult, cached_layout, inject_file
+from ..files.inject import InjectionResult, cached_layout, default_log_path, inject_file
 from ..files.layout import Tensor
+from ..files.paths import resolve_output
 from ..files.select import Selection, select
 from .oldconfig import OldSettings, map_old_config
 from .oldtool import MAX_NDIM, OldToolRun, old_tool_plan
@@ -160,7 +161,10 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
     warnings = list(s.warnings)
     lp: Any = log_path
     run: OldToolRun | None = None
+    seq_target: str | None = None
     if design == "oldtool":
+        seq_target = (_sequence_target(s, src, dst, in_place, log_path, sequence_out, old_sequence is not None)
+                      if s.save_sequence else None)
         ids, bases = location_list(s, tensors, first_prefix=old_sequence is not None)
         seq = load_sequence(s.sequence_path) if s.load_sequence else None
         deep = sorted({tensors[i].path for i in ids if len(tensors[i].shape) > MAX_NDIM})
@@ -188,6 +192,23 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
                           selection=sel if sel is not None else selection, extra_manifest=extra, **kw)
     seq_path = None
     if s.save_sequence and run is not None:
-        target = s.sequence_path if old_sequence else s.sequence_path or sequence_out or res.output + ".sequence"
-        seq_path = save_sequence(run.sequence, target)
+        seq_path = save_sequence(run.sequence, seq_target or res.output + ".sequence")
     return OldRunResult(res, run, seq_path, warnings, list(s.notes))
+
+
+def _sequence_target(s: OldSettings, src: str, dst: str | None, in_place: bool, log_path: Any,
+                     sequence_out: str | None, old_form: bool = False) -> str | None:
+    """The checked path of the sequence JSON, before anything is written: never the input (nor the loaded
+    sequence), never the output or the log, never a device/FIFO/socket (:func:`resolve_output`)."""
+    out = src if in_place else dst
+    if out is None:
+        return None
+    if old_form:
+        path = s.sequence_path or ""
+    else:
+        path = s.sequence_path or sequence_out or os.path.realpath(out) + ".sequence"
+    path = path if path.endswith(".json") else path + ".json"
+    log = None if log_path is False else (log_path if isinstance(log_path, str) else
+                                          default_log_path(os.path.realpath(out), keep_existing=in_place))
+    return resolve_output(path, inputs=[src, *([s.sequence_path] if s.load_sequence else [])],
+                          others={"output": out, "log": log}, what="sequence file")

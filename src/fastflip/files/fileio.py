@@ -23,10 +23,13 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
+import signal
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -43,7 +46,7 @@ from ..kernels.environment import missing_extra
 from . import hashcache
 from .paths import sweep_stale, temp_prefix
 
-__all__ = ["atomic_output", "write_error", "as_fastflip_error", "sha256_file", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
+__all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_with_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
            "byte_diff", "fsync_path"]
 
 _BLOCK = 8 << 20
@@ -90,44 +93,190 @@ def fsync_path(path: str) -> None:
 
 
 @contextlib.contextmanager
+def deferred_signals(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """A critical section in which SIGINT and SIGTERM are held back, then re-raised once it ends.
+
+    Used around the renames that commit a run's files (the log, then the file it describes), so that
+    Ctrl-C or a ``kill`` lands before or after the commit, never in the middle of it. Outside the main
+    thread (where Python cannot install handlers) the section defers nothing. SIGKILL cannot be deferred:
+    the order of the commit (evidence first) is what keeps a kill -9 safe.
+
+    >>> import signal
+    >>> got = []
+    >>> old = signal.signal(signal.SIGTERM, lambda s, f: got.append("handled"))
+    >>> with deferred_signals():
+    ...     signal.raise_signal(signal.SIGTERM)  # held back until the section ends
+    ...     got.append("committed")
+    >>> got
+    ['committed', 'handled']
+    >>> _ = signal.signal(signal.SIGTERM, old)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def hold(signum: int, frame: Any) -> None:
+        if signum not in held:
+            held.append(signum)
+
+    for s in signums:
+        h = signal.getsignal(s)
+        if h is None or h is signal.SIG_IGN:  # installed outside Python, or ignored: left as it is
+            continue
+        previous[s] = signal.signal(s, hold)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for s in held:  # ... and delivered to the handler that was there before, now that the commit is done
+            signal.raise_signal(s)
+
+
+class Staging:
+    """Temporaries beside their targets, renamed into place together, *evidence first*.
+
+    :meth:`add` makes a temporary for a target (``evidence=True``: a log that describes another
+    target, committed before it); :meth:`commit` fsyncs every temporary (``durable``), then, in one
+    :func:`deferred_signals` section, renames the evidence and then the rest into place and fsyncs
+    their folders; :meth:`abort` removes the temporaries. Used through :func:`staged`.
+    """
+
+    def __init__(self, durable: bool = True) -> None:
+        self.durable = durable
+        self.items: list[tuple[str, str, bool]] = []  # (temporary, target, evidence)
+
+    def add(self, target: str | os.PathLike[str], *, suffix: str = "", evidence: bool = False) -> str:
+        """A fresh temporary path beside ``target`` that :meth:`commit` renames onto it."""
+        target = check_output_dir(target)
+        d = os.path.dirname(os.path.abspath(target))
+        sweep_stale(d)  # temporaries a killed run left here
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp" + suffix, dir=d)
+        except OSError as exc:
+            raise write_error(target, exc) from None
+        os.close(fd)
+        self.items.append((tmp, target, evidence))
+        return tmp
+
+    def temp(self, target: str | os.PathLike[str]) -> str:
+        """The temporary staged for ``target``."""
+        real = os.fspath(target)
+        for tmp, t, _ in self.items:
+            if t == real:
+                return tmp
+        raise KeyError(real)
+
+    def commit(self) -> None:
+        """fsync the temporaries, then rename them into place (evidence first) with signals deferred."""
+        order = [i for i in self.items if i[2]] + [i for i in self.items if not i[2]]
+        for tmp, target, _ in order:
+            if self.durable:
+                fsync_path(tmp)
+            _copy_mode(tmp, target)
+        backups = {tmp: _backup(tmp, target) for tmp, target, ev in order if ev and len(order) > 1}
+        with deferred_signals():
+            done: list[str] = []
+            try:
+                for tmp, target, _ in order:
+                    os.replace(tmp, target)
+                    done.append(tmp)
+                    if self.durable:
+                        fsync_path(os.path.dirname(os.path.abspath(target)))
+            except BaseException:
+                for tmp, target, ev in order:  # evidence of a change that did not happen: the earlier file again
+                    if ev and tmp in done:
+                        with contextlib.suppress(OSError):
+                            if backups.get(tmp):
+                                os.replace(backups.pop(tmp), target)
+                            else:
+                                os.unlink(target)
+                raise
+            finally:
+                for bak in backups.values():
+                    if bak:
+                        with contextlib.suppress(OSError):
+                            os.unlink(bak)
+        self.items = []
+
+    def abort(self) -> None:
+        for tmp, _, _ in self.items:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        self.items = []
+
+
+def _backup(tmp: str, target: str) -> str | None:
+    """A second name (beside ``tmp``, swept like it) for an existing ``target`` that a commit may have to put back."""
+    if not os.path.isfile(target):
+        return None
+    bak = tmp + ".bak"
+    try:
+        os.link(target, bak)
+    except OSError:
+        try:
+            shutil.copy2(target, bak)
+        except OSError:
+            return None
+    return bak
+
+
+def _copy_mode(tmp: str, target: str) -> None:
+    """Give ``tmp`` the permission bits of the ``target`` it replaces (a new file: the umask's)."""
+    try:
+        os.chmod(tmp, os.stat(target).st_mode & 0o7777 if os.path.exists(target) else new_file_mode())
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def staged(durable: bool = True, *, name: str | None = None) -> Iterator[Staging]:
+    """A :class:`Staging` committed when the block ends cleanly and aborted (temporaries removed) otherwise.
+
+    OS write failures (disk full, permissions...) become one-line :class:`OutputError` naming ``name``
+    (default: the first target).
+
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with staged() as st:
+    ...     with open(st.add(os.path.join(d, "out.bin")), "wb") as fh:
+    ...         _ = fh.write(b"data")
+    ...     with open(st.add(os.path.join(d, "out.bin.fflog"), evidence=True), "wb") as fh:
+    ...         _ = fh.write(b"log")  # renamed into place first
+    >>> sorted(os.listdir(d))
+    ['out.bin', 'out.bin.fflog']
+    """
+    st = Staging(durable)
+    try:
+        yield st
+        st.commit()
+    except BaseException as exc:
+        targets = [t for _, t, _ in st.items]
+        st.abort()
+        if isinstance(exc, OSError) and not isinstance(exc, FastflipError):
+            target = name or (targets[0] if targets else "output")
+            d = os.path.dirname(os.path.abspath(target))
+            if exc.errno is None and _full(d):  # h5py reports a failed write without errno
+                exc = OSError(errno.ENOSPC, f"No space left on device ({one_line(exc)})")
+            if exc.errno in _WRITE_ERRNOS:
+                raise write_error(target, exc) from None
+        raise
+
+
+@contextlib.contextmanager
 def atomic_output(target: str | os.PathLike[str], *, suffix: str = "", durable: bool = True) -> Iterator[str]:
     """Yield a temporary path beside ``target``; on success fsync it and rename it onto ``target``.
 
     ``durable=False`` skips the fsyncs (the rename is still atomic: readers see the old
     or the new file, never a partial one) — for scratch files such as an experiment's
     per-run checkpoint copies, where a crash may lose them but never corrupt them.
+    The rename runs with SIGINT/SIGTERM deferred (:func:`deferred_signals`).
     """
     target = check_output_dir(target)
-    d = os.path.dirname(os.path.abspath(target))
-    sweep_stale(d)  # temporaries a killed run left here
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target), suffix=".tmp" + suffix, dir=d)
-    except OSError as exc:
-        raise write_error(target, exc) from None
-    os.close(fd)
-    try:
-        yield tmp
-        if durable:
-            fsync_path(tmp)
-        if os.path.exists(target):
-            try:
-                os.chmod(tmp, os.stat(target).st_mode & 0o7777)
-            except OSError:
-                pass
-        else:
-            os.chmod(tmp, new_file_mode())
-        os.replace(tmp, target)
-        if durable:
-            fsync_path(d)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, FastflipError):
-            if exc.errno is None and _full(d):  # h5py reports a failed write without errno
-                exc = OSError(errno.ENOSPC, f"No space left on device ({one_line(exc)})")
-            if exc.errno in _WRITE_ERRNOS:
-                raise write_error(target, exc) from None
-        raise
+    with staged(durable, name=target) as st:
+        yield st.add(target, suffix=suffix)
 
 
 def _full(directory: str) -> bool:
@@ -228,15 +377,16 @@ def new_file_mode() -> int:
     return 0o666 & ~process_umask()
 
 
-def sha256_file(path: str | os.PathLike[str]) -> str:
+def sha256_file(path: str | os.PathLike[str], *, cache: bool = True) -> str:
     """Hex sha256 of a file, read in blocks (memory stays flat).
 
-    A file hashed before and unchanged since (same device, inode, size, mtime and ctime)
-    is not read again: see :mod:`fastflip.files.hashcache`.
+    With ``cache`` (default), a file hashed before and unchanged since (same device, inode, size,
+    mtime and ctime, and no shared writable mapping: see :mod:`fastflip.files.hashcache`) is not read
+    again. ``cache=False`` reads the bytes: for a file that is about to be changed, or was just written.
     """
     p = os.fspath(path)
     st0, t0 = os.stat(p), time.time()
-    known = hashcache.lookup(p, st0)
+    known = hashcache.lookup(p, st0) if cache else None
     if known is not None:
         return known
     h = hashlib.sha256()
@@ -247,9 +397,44 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
                 break
             h.update(b)
     digest = h.hexdigest()
-    if hashcache.same_state(st0, os.stat(p)):
+    if cache and hashcache.same_state(st0, os.stat(p)):
         hashcache.remember(p, st0, digest, t0)
     return digest
+
+
+def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]") -> tuple[str, str]:
+    """(sha256 of the file now, sha256 it will have once each same-size ``(offset, old, new)`` patch is
+    written), from one read of its bytes (the cache is not used: the file is about to change)."""
+    ps = sorted(patches)
+    starts = np.array([p[0] for p in ps], np.int64)
+    ends = starts + np.array([len(p[2]) for p in ps], np.int64)
+    from concurrent.futures import ThreadPoolExecutor
+
+    h_in, h_out = hashlib.sha256(), hashlib.sha256()
+    base = 0
+    pending = None
+    with open(path, "rb") as fh, ThreadPoolExecutor(1) as helper:  # the two sha256 passes side by side
+        while True:
+            b = fh.read(_BLOCK)
+            if not b:
+                break
+            h_in.update(b)
+            end = base + len(b)
+            hit = np.flatnonzero((starts < end) & (ends > base)).tolist()
+            if hit:
+                buf = bytearray(b)
+                for k in hit:
+                    off, _, data = ps[k]
+                    lo, hi = max(off, base), min(off + len(data), end)
+                    buf[lo - base : hi - base] = data[lo - off : hi - off]
+                b = bytes(buf)
+            if pending is not None:
+                pending.result()
+            pending = helper.submit(h_out.update, b)
+            base = end
+        if pending is not None:
+            pending.result()
+    return h_in.hexdigest(), h_out.hexdigest()
 
 
 def copy_with_hash(src: str, dst: str) -> str:

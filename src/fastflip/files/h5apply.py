@@ -367,7 +367,7 @@ def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[
 
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
-               block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = ()
+               block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True
                ) -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
     (input sha256, output sha256 before any hdf5-path edit, old words, new words).
@@ -378,7 +378,9 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     bytes have another length than its old ones replaces that input range in the output
     (a re-deflated zip member), so the output's length may differ from the input's.
 
-    One pass over the file, block by block, in two threads (see :func:`_copy_buffered`).
+    One pass over the file, block by block, in two threads (see :func:`_copy_buffered`). ``cached_input=False``
+    hashes the input's bytes even when :mod:`fastflip.files.hashcache` knows them (in place: the log is the
+    only way back to them).
     """
     pstart = np.array([p[0] for p in patches], np.int64)
     pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
@@ -388,7 +390,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     old = np.zeros(len(raw), np.uint64)
     new = np.zeros(len(raw), np.uint64)
     st0, t0 = os.stat(src), time.time()
-    known = hashcache.lookup(src, st0)  # an input injected before, unchanged since: its hash is not redone
+    # an input injected before, unchanged since: its hash is not redone (never for an input about to be replaced)
+    known = hashcache.lookup(src, st0) if cached_input else None
     h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
                                  block=max(1, min(block, st0.st_size)),  # small files: small buffers
                                  hash_input=known is None)

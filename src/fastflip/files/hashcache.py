@@ -11,13 +11,26 @@ write to the file moves its mtime and ctime, and ctime cannot be set back from u
 changed file misses the cache. Like git, a file whose mtime or ctime is within :data:`RACY_S`
 seconds of the moment it was hashed is not cached (a write in the same clock tick would not move them).
 
-A wrong entry could only make fastflip *refuse* (a log whose input hash is not the file's
-makes ``revert``/``replay`` fail their sha256 check); it can never make it accept a file it
-should not. Readers still hash what they write: only the hash of an unchanged input is reused.
+Where it is sound, and where it is not used. A write through a shared writable memory map can
+change a file without moving its mtime or ctime (the times move at the first write fault of a clean
+page, not at later writes to the same dirty page; on tmpfs never), so the stat key alone can lie. An
+entry is therefore only recorded, and only trusted, while
 
-Where: ``$FASTFLIP_HASH_CACHE`` if set (``off``, ``0`` or ``no`` turns the cache off), else
-``$XDG_CACHE_HOME/fastflip/sha256`` (``~/.cache/fastflip/sha256``). One small JSON file per
-file hashed; a cache that cannot be written is silently not used.
+- the file is owned by the current user and writable by no one else (group/other write bits clear), and
+- no process of this user maps it shared and writable (``/proc/<pid>/maps``: device and inode, or path;
+  where ``/proc`` cannot be read the cache is not used).
+
+A mapping opened after an entry was recorded moves the times at its first write, so it misses. Not
+seen: a root process writing through a shared map of the user's file. And the cache is never used
+where a file is about to change: an ``--in-place`` inject hashes the bytes it reads (its log is the
+only way back to them), and ``revert``/``replay`` hash the bytes they check and the bytes they produce
+(:func:`fastflip.files.fileio.sha256_file` with ``cache=False``). A copy-mode inject may take the
+input's hash from the cache (the input stays, so a wrong entry could at worst make a later
+revert/replay refuse, never accept).
+
+The folder must be a real folder (not a symlink) owned by the current user and writable by no one
+else; otherwise the cache is not used, with a one-line warning (once per process). New folders are made
+with mode 0700; the default folder, if an earlier fastflip made it group-writable, is made private.
 
 Examples
 --------
@@ -47,10 +60,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
+import warnings
 
-__all__ = ["ENV", "RACY_S", "cache_dir", "lookup", "remember", "same_state"]
+__all__ = ["ENV", "RACY_S", "cache_dir", "lookup", "remember", "same_state", "mapped_for_write"]
 
 ENV = "FASTFLIP_HASH_CACHE"
 RACY_S = 2.0  # a file modified this close to the moment it was hashed is not cached
@@ -82,32 +97,108 @@ def _entry(d: str, st: os.stat_result) -> str:
     return os.path.join(d, f"{st.st_dev:x}-{st.st_ino:x}.json")
 
 
+_WARNED: set[str] = set()
+
+
+def _private(d: str, create: bool) -> str | None:
+    """``d`` when it is a real folder of this user that no one else can write (made, mode 0700, when ``create``),
+    else None (with a one-line warning once per folder and process)."""
+    try:
+        if create:
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        st = os.lstat(d)
+    except OSError:
+        return None
+    why = ("is a symbolic link" if stat.S_ISLNK(st.st_mode) else "is not a folder" if not stat.S_ISDIR(st.st_mode)
+           else "is owned by another user" if not hasattr(os, "getuid") or st.st_uid != os.getuid()
+           else "is writable by other users" if st.st_mode & 0o022 else None)
+    if why == "is writable by other users" and not os.environ.get(ENV, "").strip():
+        try:  # the default folder, made by an earlier fastflip under a umask of 002: made private
+            os.chmod(d, 0o700)
+            why = None
+        except OSError:
+            pass
+    if why is None:
+        return d
+    if d not in _WARNED:
+        _WARNED.add(d)
+        warnings.warn(f"fastflip: hash cache folder {d} {why}; not used (set {ENV} to a private folder, or off)",
+                      stacklevel=3)
+    return None
+
+
+def mapped_for_write(path: str, st: os.stat_result) -> bool | None:
+    """Whether a process of this user maps the file shared and writable (None: ``/proc`` cannot tell).
+
+    Such a process can change the file without moving its mtime/ctime, so its cached hash is not trusted.
+
+    >>> import os
+    >>> mapped_for_write(__file__, os.stat(__file__))
+    False
+    """
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    if not pids:
+        return None
+    ino = str(st.st_ino).encode()
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}".encode()
+    real = os.fsencode(os.path.realpath(path))
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as fh:
+                data = fh.read()
+        except OSError:  # gone, or another user's process (which cannot write the user's private file)
+            continue
+        if ino not in data and real not in data:
+            continue
+        for line in data.splitlines():
+            f = line.split(None, 5)
+            if len(f) < 5 or b"w" not in f[1] or b"s" not in f[1]:
+                continue
+            if (f[4] == ino and f[3] == dev) or (len(f) == 6 and f[5].removesuffix(b" (deleted)") == real):
+                return True
+    return False
+
+
+def _sound(path: str, st: os.stat_result) -> bool:
+    """Whether the stat key can stand for this file's bytes (see the module docstring)."""
+    if not hasattr(os, "getuid") or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return False
+    return mapped_for_write(path, st) is False
+
+
 def lookup(path: str, st: os.stat_result) -> str | None:
     """The cached sha256 of the file ``path`` whose ``stat`` is ``st``, or None."""
     d = cache_dir()
-    if d is None or not os.path.isfile(path):
+    if d is None or not os.path.isfile(path) or (d := _private(d, create=False)) is None:
         return None
     try:
-        with open(_entry(d, st), encoding="utf-8") as fh:
+        fd = os.open(_entry(d, st), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, encoding="utf-8") as fh:
             rec = json.load(fh)
     except (OSError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("key") != _key(st):
         return None
     digest = rec.get("sha256")
-    return digest if isinstance(digest, str) and len(digest) == 64 else None
+    if not (isinstance(digest, str) and len(digest) == 64) or not _sound(path, st):
+        return None
+    return digest
 
 
 def remember(path: str, st: os.stat_result, digest: str, hashed_at: float | None = None) -> bool:
     """Record ``digest`` as the sha256 of ``path`` in the state ``st`` (taken before it was read, and checked
-    unchanged after); return whether it was recorded (not racy, cache on and writable)."""
+    unchanged after); return whether it was recorded (not racy, sound, cache on and private)."""
     d = cache_dir()
     hashed_at = time.time() if hashed_at is None else hashed_at
     last_write = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9  # ctime too: timestamps are coarse (a clock tick)
-    if d is None or not os.path.isfile(path) or hashed_at - last_write < RACY_S:
+    if d is None or not os.path.isfile(path) or hashed_at - last_write < RACY_S or not _sound(path, st):
+        return False
+    if (d := _private(d, create=True)) is None:
         return False
     try:
-        os.makedirs(d, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".entry-")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             json.dump({"key": _key(st), "sha256": digest, "path": os.path.abspath(path)}, fh)

@@ -47,7 +47,8 @@ from ..errors import CapacityError, InputFileError, LogMismatchError, OptionErro
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
-from .fileio import atomic_output, byte_diff, check_input, copy_with_hash, sha256_file
+from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, sha256_file, staged
+from .inplace import write_in_place, write_unlogged
 from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .formats.hfdir import is_checkpoint_dir
@@ -196,8 +197,9 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overwrite: bool = True,
-             inputs: Sequence[str] = ()) -> str:
-    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output."""
+             inputs: Sequence[str] = (), same: str = "use --in-place to change the input") -> str:
+    """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output
+    (``same``: the fix named when the output is the input)."""
     if in_place:
         if dst is not None and not _same_file(src, os.fspath(dst)):
             raise OptionError("give either an output path or in_place=True (--in-place), not both")
@@ -206,8 +208,11 @@ def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overw
         raise OptionError("give an output path (-o OUT); the input is only changed with --in-place")
     dst = os.fspath(dst)
     if os.path.exists(dst) and _same_file(src, dst):
-        raise OptionError(f"{dst}: the output is the input; use --in-place to change the input")
-    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite)
+        raise OptionError(f"{dst}: the output is the input; {same}")
+    return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite, hint=same)
+
+
+_REVERT_SAME = "leave out -o to restore the file itself"
 
 
 def _log_target(lp: str, src: str, target: str, inputs: Sequence[str] = ()) -> str:
@@ -251,9 +256,15 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, durable: bool = True
+           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Apply ``plan`` to a copy of ``src`` that becomes ``target``; ``finish(...)`` runs before the rename."""
+    """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
+    evidence (the log) before anything is committed.
+
+    Non-atomic in place, the log (with the predicted output hash and the undo data) is committed first,
+    then the file is changed with SIGINT/SIGTERM deferred; without ``evidence`` (no log file: a campaign
+    trial's fast path) there is nothing to commit first, and the words are simply written.
+    """
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
@@ -265,41 +276,34 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                               "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
-        in_hash = sha256_file(src) if hash_files else None
-        old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
-        undo = None
-        crcs = crc_patches(src, routes, old, new) if zipped else []
-        write_patches(src, crcs)
-        if cp.patches:
-            old[cp.handled], new[cp.handled] = cp.old, cp.new
-            write_patches(src, cp.patches)
-            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-        out_hash = sha256_file(src) if hash_files else None
-        return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
+        if not evidence:
+            return write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
+        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
         old0 = read_words(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()])
         crcs = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
         patches += crcs
-    with atomic_output(target, durable=durable) as tmp:
-        in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches))
-        if zipped and not np.array_equal(old, old0):
-            raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
-        undo = None
-        if len(cp.handled):
-            old[cp.handled], new[cp.handled] = cp.old, cp.new
-        if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
-            o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
-            for r in h5_rest:
-                old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
-            undo = byte_diff(src, tmp)
-            out_hash = sha256_file(tmp)
-        elif cp.resized:  # a member changed size: every byte after it moved
-            undo = byte_diff(src, tmp)
-        elif cp.patches:
-            undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-        result = finish(in_hash, out_hash, old, new, undo)
+    tmp = stage.add(target)
+    in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
+                                             cached_input=not in_place)
+    if zipped and not np.array_equal(old, old0):
+        raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
+    undo = None
+    if len(cp.handled):
+        old[cp.handled], new[cp.handled] = cp.old, cp.new
+    if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
+        o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
+        for r in h5_rest:
+            old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
+        undo = byte_diff(src, tmp)
+        out_hash = sha256_file(tmp, cache=False)
+    elif cp.resized:  # a member changed size: every byte after it moved
+        undo = byte_diff(src, tmp)
+    elif cp.patches:
+        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+    result = finish(in_hash, out_hash, old, new, undo)  # stages the log: committed before the output
     return in_hash, out_hash, old, new, result
 
 
@@ -370,8 +374,11 @@ def inject_file(
         In place, hold a :class:`fastflip.files.locks.WriterLock` on the file while it is changed (default):
         a second writer of the same file is refused instead of losing one injection.
 
-    The log is written to a temporary first and renamed after the output is in place: a run that
-    fails leaves an existing output and its log as they were.
+    Evidence before change: the log is written to a temporary and fsynced, then renamed into place just
+    before the output, both renames in one section with SIGINT/SIGTERM deferred
+    (:func:`fastflip.files.fileio.staged`); with ``atomic=False`` the log is committed before the first
+    word is written. A kill at any moment leaves the old file, or the new one with the log that reverts
+    it; a run that fails leaves an existing output and its log as they were.
     """
     raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
            "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
@@ -453,12 +460,13 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
             **dict(extra_manifest or {}),
         }
         log = InjectionLog.from_plan(plan, old, new, manifest, undo)
-        if lp is not None:  # written now, renamed into place only once the output is
-            log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
+        if lp is not None:  # staged as evidence: renamed into place (durable) before the output
+            log.write(stage.add(lp, evidence=True))
         return log
 
-    with contextlib.ExitStack() as log_commit:
-        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, durable)
+    with staged(durable) as stage:
+        _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
+                                 evidence=lp is not None)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
@@ -534,10 +542,11 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
             lg.undo.redo(tmp)
             after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
             new = read_words(tmp, lg.plan, after)
-            new_log = finish(in_hash, sha256_file(tmp), lg.old_words, new, lg.undo)
+            new_log = finish(in_hash, sha256_file(tmp, cache=False), lg.old_words, new, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     by_name = {t.path: t for t in read_layout(src).tensors}
-    _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish)
+    with staged() as stage:
+        _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish, stage)
     return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
 
 
@@ -547,7 +556,9 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
     ``file`` is changed in place (atomically, under a :class:`fastflip.files.locks.WriterLock`) unless
-    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``).
+    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``). With
+    ``atomic=False`` the file is rewritten directly, but only after its bytes — read now, never a cached
+    hash — are checked to be the logged output.
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
@@ -581,7 +592,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
                    want_in: str | None, want_out: str | None) -> RevertResult:
-    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs)
+    target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs, _REVERT_SAME)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
@@ -599,13 +610,13 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
             if is_zip_container(path):
                 write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
-        digest = sha256_file(path)
+        digest = sha256_file(path, cache=False)  # the bytes produced, never a remembered hash
         if want_in and digest != want_in:
             raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")
         return digest
 
     if not atomic and out is None:
-        check(src, sha256_file(src))
+        check(src, sha256_file(src, cache=False))  # the file about to be rewritten: its bytes, read now
         digest = restore(src)
     else:
         with atomic_output(target) as tmp:
@@ -626,8 +637,8 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
     (default ``<dst>.fflog``; in place, an existing log is kept and the new one is
     ``<src>.<k>.fflog``) names the archives and records the inner file's hashes, so
     :func:`fastflip.files.inject.replay` and :func:`fastflip.files.inject.revert` accept the archive.
-    The log is renamed into place only after the archive is: a failed run leaves an
-    existing output and its log unchanged.
+    The log is renamed into place (durable) just before the archive, in one section with
+    SIGINT/SIGTERM deferred: a failed run leaves an existing output and its log unchanged.
     """
     if not is_keras_archive(src):
         return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
@@ -639,18 +650,17 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
         if log_path is not False:
             lp = _log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
                              default_log_path(target, keep_existing=in_place), src, target)
-        in_sha = sha256_file(src)
-        with contextlib.ExitStack() as log_commit:
-            with edit_archive(src, target, limits=limits) as inner:
+        in_sha = sha256_file(src, cache=not in_place)
+        with staged(durable) as stage:
+            with edit_archive(src, target, limits=limits, stage=stage) as inner:
                 res = inject_file(inner, in_place=True, log_path=False, lock=False, **inject_kwargs)
                 m = res.log.manifest
                 m["input"]["path"] = os.path.abspath(src)
                 m["output"]["path"] = os.path.abspath(target)
                 m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
-            m["container"]["output_sha256"] = sha256_file(target)
-            if lp is not None:
-                res.log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
-            # the archive is in place; leaving the stack renames the log beside it
+            m["container"]["output_sha256"] = sha256_file(stage.temp(target), cache=False)
+            if lp is not None:  # evidence: renamed into place before the archive when the stage commits
+                res.log.write(stage.add(lp, evidence=True))
         res.output, res.log_path = target, lp
     return res
 
@@ -673,7 +683,8 @@ def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = Tr
     """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
     gets its original bytes back (checked by sha256); other entries are kept as they are."""
     with _lock(file, "revert", out is None):
-        target = _targets(file, None, True) if out is None else _targets(file, out, False, overwrite, log_inputs or [])
+        target = (_targets(file, None, True) if out is None else
+                  _targets(file, out, False, overwrite, log_inputs or [], _REVERT_SAME))
         with edit_archive(file, target) as inner:
             res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
         res.output = target

@@ -42,6 +42,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -53,7 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any, Iterator
 
 from ..errors import InputFileError, OutputError
-from .fileio import atomic_output
+from .fileio import Staging, atomic_output
 from .formats import (  # torch.save files and .npz are zips too
     FormatError,
     detect_format,
@@ -239,13 +240,15 @@ def read_archive(path: str | os.PathLike, *, limits: ArchiveLimits | None = None
 
 @contextmanager
 def edit_archive(path: str | os.PathLike, out: str | os.PathLike, *,
-                 limits: ArchiveLimits | None = None) -> Iterator[Path]:
+                 limits: ArchiveLimits | None = None, stage: Staging | None = None) -> Iterator[Path]:
     """Edit the weights file inside a ``.keras`` archive and write the result to ``out``.
 
     Yields a temporary path to the unpacked ``model.weights.h5``; alter it in the
     ``with`` block. On a clean exit a new archive (every other entry unchanged) is
     written atomically to ``out`` (which may equal ``path`` to rewrite in place);
-    on an exception nothing is written. Members are streamed under ``limits``.
+    on an exception nothing is written. Members are streamed under ``limits``. With a ``stage``
+    (:class:`fastflip.files.fileio.Staging`) the new archive is staged there, renamed when it commits
+    (after the log that describes it), not at the end of the block.
     """
     path, out = Path(path), Path(out)
     lim = _limits(limits)
@@ -255,7 +258,8 @@ def edit_archive(path: str | os.PathLike, out: str | os.PathLike, *,
         yield weights
         if not out.parent.is_dir():
             raise OutputError(f"{out}: output directory {out.parent} does not exist; create it first")
-        with atomic_output(out) as tmp_out:
+        with contextlib.ExitStack() as own:
+            tmp_out = stage.add(out) if stage is not None else own.enter_context(atomic_output(out))
             with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp_out, "w") as zout:
                 for info in infos:
                     new = zipfile.ZipInfo(info.filename, date_time=info.date_time)

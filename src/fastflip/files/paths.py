@@ -62,7 +62,7 @@ def _same(a: str, b: str) -> bool:
 
 def resolve_output(path: str | os.PathLike[str], *, inputs: Iterable[str | os.PathLike[str]] = (),
                    others: Mapping[str, str | os.PathLike[str] | None] | None = None, overwrite: bool = True,
-                   what: str = "output", in_place_of: str | None = None) -> str:
+                   what: str = "output", in_place_of: str | None = None, hint: str | None = None) -> str:
     """Check that ``path`` may be written by this run; return its real path (symlinks resolved).
 
     Parameters
@@ -79,6 +79,8 @@ def resolve_output(path: str | os.PathLike[str], *, inputs: Iterable[str | os.Pa
         The name used in messages (``output``, ``log``).
     in_place_of : path, optional
         The input this output deliberately replaces (``--in-place``): allowed to be that input.
+    hint : str, optional
+        The fix named when the path is an input (default: another path, or ``--in-place`` for an output).
 
     Raises
     ------
@@ -107,8 +109,8 @@ def resolve_output(path: str | os.PathLike[str], *, inputs: Iterable[str | os.Pa
         if in_place_of is not None and _same(s, in_place_of):
             continue
         if _same(p, s):
-            hint = " (or --in-place)" if what == "output" else ""
-            raise OutputError(f"{p}: the {what} is the input file; choose another path{hint}")
+            fix = hint or "choose another path" + (" (or --in-place)" if what == "output" else "")
+            raise OutputError(f"{p}: the {what} is the input file; {fix}")
     for label, other in (others or {}).items():
         if other is not None and _same(p, os.fspath(other)):
             raise OutputError(f"{p}: the {what} is also the {label} of this run; give them different paths")

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 
 from ..errors import OptionError
 from ..files.fileio import atomic_output, check_input, check_output_dir
+from ..files.paths import resolve_output
 from ..files.formats import FormatError, detect_format
 from ..files.formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from ..files.layout import read_layout
@@ -131,16 +132,20 @@ def load_any(path: str | os.PathLike[str]) -> Any:
     raise FormatError(f"{src}: fastflip convert reads HDF5 (torch layout), torch.save and safetensors files, not {fmt}")
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str | None = None) -> str:
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], to: str | None = None, *,
+            overwrite: bool = True) -> str:
     """Write the checkpoint ``src`` to ``dst`` in format ``to`` (default: from ``dst``'s extension), atomically.
 
+    ``dst`` is checked like every output (:func:`fastflip.files.paths.resolve_output`): never the input,
+    never a directory, device, FIFO or socket; a symlink is written through (the link stays); an existing
+    file is replaced only with ``overwrite`` (default True; the CLI asks for ``--force``).
     Returns the output format.
     """
     src_p = os.fspath(src) if is_checkpoint_dir(src) else check_input(src)  # a directory: into one file
-    dst_p = check_output_dir(dst)
-    if os.path.exists(dst_p) and os.path.samefile(src_p, dst_p):
-        raise OptionError(f"{dst_p}: the output is the input; choose another output path")
-    fmt = target_format(dst_p, to)
+    if os.path.exists(dst) and os.path.samefile(src_p, dst):
+        raise OptionError(f"{dst}: the output is the input; choose another output path")
+    dst_p = check_output_dir(resolve_output(dst, inputs=[src_p], overwrite=overwrite, hint="choose another output path"))
+    fmt = target_format(os.fspath(dst), to)  # the name given: a link's own extension
     state = load_any(src_p)
     if fmt == "hdf5":
         if not isinstance(state, Mapping):

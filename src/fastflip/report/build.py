@@ -31,6 +31,7 @@ from ..campaign.store import TRIAL_OUTCOMES
 from ..errors import InputFileError, OutputError
 from ..experiment.outcomes import RESULT_FIELDS, write_csv
 from ..files.fileio import atomic_output
+from ..files.paths import resolve_output
 from . import html as H
 from .bitclass import DROP_FIELDS, bit_class, condition_fields, drop_table
 from .campaign_data import (
@@ -104,6 +105,24 @@ def detect_source(path: str | os.PathLike[str]) -> str:
     if head == _SQLITE_MAGIC or len(head) == 0:
         return "campaign"  # an empty file is refused by the store with its own message
     raise InputFileError(f"{p}: neither a fastflip results store (SQLite) nor an experiment directory")
+
+
+FILES = {"campaign": ("bits.png", "bits.csv", "heatmap.png", "heatmap.csv", "outcomes.png", "cells.csv", "margin.csv",
+                      "drops.png", "drops.csv", "groups.png", "groups.csv", "campaign.json"),
+         "experiment": ("accuracy.png", "outcome_rates.png", "loss.png", "summary.csv", "tests.csv", "runs.csv",
+                        "curves.csv", "experiment.json")}
+
+
+def _check_files(src: str, out: str, kind: str) -> None:
+    """Every file the report may write in ``out``, checked before any is written
+    (:func:`fastflip.files.paths.resolve_output`): never the store (or a file of the experiment folder) being
+    read, whatever its name (a store called ``cells.csv``), never a directory, device, FIFO or socket."""
+    if not os.path.isdir(out):
+        return  # a new folder holds nothing to overwrite
+    ins = [src, *([os.path.join(src, n) for n in os.listdir(src)] if os.path.isdir(src) else [])]
+    for name in (*FILES[kind], "index.html", MARKER):
+        resolve_output(os.path.join(out, name), inputs=ins, what="report file",
+                       hint=f"it is the {kind} being read; choose another report directory")
 
 
 def _prepare_out(out: str, force: bool) -> None:
@@ -407,6 +426,7 @@ def write_report(source: str | os.PathLike[str], out: str | os.PathLike[str], *,
     kind = detect_source(src)
     if os.path.realpath(dst) == os.path.realpath(src):
         raise OutputError(f"cannot write the report into {dst}: it is the {kind} itself; choose another directory")
+    _check_files(src, dst, kind)
     data: Any = load_campaign_data(src) if kind == "campaign" else load_experiment_data(src)
     _prepare_out(dst, force)
     rep = Report(kind, src, dst, os.path.join(dst, "index.html"))

@@ -1,0 +1,72 @@
+"""Non-atomic in-place injection: the words rewritten where they lie, the log committed before the first one.
+
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
+The fast path of campaign trials and scripts (``inject_file(..., in_place=True, atomic=False)``): raw storage,
+or chunks/members re-encoded at their size. With a log file, every byte to be written is worked out first
+(the sites' old and new words, zip CRC fields, re-encoded chunks), the file's hash now and the hash it will
+have are taken from one read, the log (with the undo bytes) is committed, and only then are the words
+written — in one section with SIGINT/SIGTERM deferred. Without a log file there is no evidence to order, and
+the words are simply written. Used by :func:`fastflip.files.inject.inject_file`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..core.plan import Plan
+from ..errors import LogMismatchError
+from .fileio import Staging, deferred_signals, hash_with_patches, sha256_file
+from .h5apply import apply_plan_to_file, read_words, write_words_to_file
+from .layout import Tensor
+from .patches import crc_patches, expected_new, patch_undo, word_patches, write_patches
+
+__all__ = ["write_in_place", "write_unlogged"]
+
+
+def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
+                    backend: str, hash_files: bool, finish: Any
+                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
+    in_hash = sha256_file(src, cache=False) if hash_files else None
+    old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
+    undo = None
+    crcs = crc_patches(src, routes, old, new) if zipped else []
+    write_patches(src, crcs)
+    if cp.patches:
+        old[cp.handled], new[cp.handled] = cp.old, cp.new
+        write_patches(src, cp.patches)
+        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+    out_hash = sha256_file(src, cache=False) if hash_files else None
+    return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
+
+
+def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
+                    backend: str, hash_files: bool, finish: Any, stage: Staging
+                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
+    raw = [r for r in routes if (r.offsets >= 0).any()]
+    old = read_words(src, plan, by_name, raw)
+    new = expected_new(plan, routes, old)
+    crcs = crc_patches(src, routes, old, new) if zipped else []
+    if len(cp.handled):
+        old[cp.handled], new[cp.handled] = cp.old, cp.new
+    patches = cp.patches + crcs + word_patches(routes, old, new) if hash_files or cp.patches else []
+    undo = patch_undo(patches, os.path.getsize(src)) if cp.patches else None
+    in_hash = out_hash = None
+    if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
+        in_hash, out_hash = hash_with_patches(src, patches)
+    result = finish(in_hash, out_hash, old, new, undo)
+    with deferred_signals():  # one section: the log, then the words
+        stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
+        got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)
+        write_patches(src, crcs + cp.patches)
+    raw_pos = np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
+    if not (np.array_equal(got_old[raw_pos], old[raw_pos]) and np.array_equal(got_new[raw_pos], new[raw_pos])):
+        write_words_to_file(src, plan, by_name, got_old, raw)  # changed between the read and the write: undone
+        write_patches(src, crcs + cp.patches, new=False)
+        raise LogMismatchError(f"{src} changed while it was being injected; its words were put back")
+    return in_hash, out_hash, old, new, result
