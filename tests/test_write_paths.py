@@ -46,7 +46,7 @@ def test_sequence_equal_to_the_input_is_refused(tmp_path, capsys):
     with h5py.File(src, "w") as f:
         f["w"] = np.ones(64, "f4")
     before = _sha(src)
-    assert _corrupt(src, "--saveInjectionSequence", src, "-o", str(tmp_path / "o.h5")) == 2
+    assert _corrupt(src, "--saveInjectionSequence", src, "--output", str(tmp_path / "o.h5")) == 2
     assert "sequence file is the input file" in capsys.readouterr().err
     assert _sha(src) == before and not (tmp_path / "o.h5").exists()  # refused before anything was written
 
@@ -61,7 +61,7 @@ def test_sequence_through_a_link_to_the_input_is_refused(h5, tmp_path, capsys):
 
 def test_sequence_equal_to_the_log_is_refused(h5, tmp_path, capsys):
     seq = str(tmp_path / "run.json")
-    assert _corrupt(h5, "--saveInjectionSequence", seq, "--log", seq, "-o", str(tmp_path / "o.h5")) == 2
+    assert _corrupt(h5, "--saveInjectionSequence", seq, "--log", seq, "--output", str(tmp_path / "o.h5")) == 2
     assert "is also the log of this run" in capsys.readouterr().err
     assert not os.path.exists(seq) and not (tmp_path / "o.h5").exists()
 
@@ -75,7 +75,7 @@ def test_sequence_onto_a_fifo_is_refused(h5, tmp_path, capsys):
 
 
 def test_sequence_beside_the_output_still_works(h5, tmp_path, capsys):
-    assert _corrupt(h5, "--saveInjectionSequence", str(tmp_path / "seq"), "-o", str(tmp_path / "o.h5")) == 0
+    assert _corrupt(h5, "--saveInjectionSequence", str(tmp_path / "seq"), "--output", str(tmp_path / "o.h5")) == 0
     assert (tmp_path / "seq.json").is_file() and (tmp_path / "o.h5.fflog").is_file()
 
 

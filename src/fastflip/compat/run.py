@@ -210,5 +210,6 @@ def _sequence_target(s: OldSettings, src: str, dst: str | None, in_place: bool, 
     path = path if path.endswith(".json") else path + ".json"
     log = None if log_path is False else (log_path if isinstance(log_path, str) else
                                           default_log_path(os.path.realpath(out), keep_existing=in_place))
-    return resolve_output(path, inputs=[src, *([s.sequence_path] if s.load_sequence else [])],
-                          others={"output": out, "log": log}, what="sequence file")
+    checked = resolve_output(path, inputs=[src, *([s.sequence_path] if s.load_sequence else [])],
+                             others={"output": out, "log": log}, what="sequence file")
+    return path if old_form else checked  # the older tool's name as it printed it (relative to the cwd)
