@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..files.roles import label_names, label_path
+from .storage import attribute_source, module_source, optimizer_source
 
 if TYPE_CHECKING:
     from .adapters import LiveTensor
@@ -59,6 +60,7 @@ class Found:
     layer: str | None = None
     role: str | None = None
     order: str | None = None
+    source: Any = None  # what the model holds under this name now (:mod:`fastflip.live.storage`)
 
 
 def _kind(dtype_name: str) -> str:
@@ -85,7 +87,7 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         names.setdefault(id(t), name)
         alias = f"model/{name}"
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
-        out.append(Found(name, t.detach(), (alias,), layer, role, alias))
+        out.append(Found(name, t.detach(), (alias,), layer, role, alias, module_source(model, name)))
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
             from ..errors import OptionError
@@ -108,7 +110,7 @@ def torch_optimizer_tensors(optimizer: Any, param_names: dict[int, str]) -> list
             name = f"optimizer/{pname}/{key}" if pname else ckpt
             role = "step-counter" if key == "step" else ("optimizer-moment" if v.is_floating_point() else "other")
             layer = pname.rpartition(".")[0] or None if pname else None
-            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt))
+            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt, optimizer_source(optimizer, p, key)))
     return out
 
 
@@ -129,7 +131,8 @@ def keras_tensors(model: Any, include_optimizer: bool = False) -> list[Found]:
         if role == "other" and _kind(str(v.dtype)) == "f" and len(v.shape) >= 2:
             role = "weight"
         layer_of[path.replace("/", "_")] = layer
-        out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+        out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v)),
+                         attribute_source(v, "_value")))
     opt = getattr(model, "optimizer", None)
     if include_optimizer and opt is not None:
         for v, path, rest in _unseen(opt.variables, opt.name, seen):
@@ -142,7 +145,8 @@ def keras_tensors(model: Any, include_optimizer: bool = False) -> list[Found]:
                 role = "optimizer-moment"
                 hit = max((k for k in layer_of if rest.startswith(k + "_")), key=len, default=None)
                 layer = layer_of[hit] if hit else None
-            out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+            out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v)),
+                             attribute_source(v, "_value")))
     return out
 
 
