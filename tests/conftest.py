@@ -36,6 +36,10 @@ os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
 atexit.register(shutil.rmtree, _HASH_CACHE, True)
 
 
+#: The CPU kernel backends, for ``@pytest.mark.parametrize("backend", CPU_BACKENDS)``: Numba is an extra.
+CPU_BACKENDS = ["cython", pytest.param("numba", marks=pytest.mark.extra("numba")), "numpy"]
+
+
 def extras_required() -> bool:
     """True under ``make test``, where every extra of the README set-up must be present."""
     return os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1"
