@@ -56,49 +56,32 @@ def cy():
     return require("fastflip.kernels._cython")
 
 
-def _words_args(n_offsets=1, n_cols=1, offset=0):
+def _words_args(n_offsets=1, n_cols=1):
     big = np.zeros(64, np.uint8)
     buf = big[:16]  # a view: past its end lies more of `big`, which must stay zero
-    offs = np.full(n_offsets, offset, np.int64)
+    offs = np.zeros(n_offsets, np.int64)
     cols = [np.zeros(n_cols, np.uint64) for _ in range(5)]
     cols[0][:] = ONES
     cols[2][:] = 0xFF
     return big, buf, offs, cols
 
 
-@pytest.mark.parametrize("itemsize", [0, 3, 16, -1])
-def test_cython_word_kernels_refuse_item_sizes(cy, itemsize):
-    big, buf, offs, (a, o, x, old, new) = _words_args()
-    with pytest.raises(ValueError, match="itemsize"):
-        cy.apply_words(buf, offs, itemsize, False, a, o, x, old, new)
-    with pytest.raises(ValueError, match="itemsize"):
-        cy.read_words(buf, offs, itemsize, False, old)
-    with pytest.raises(ValueError, match="itemsize"):
-        cy.write_words(buf, offs, itemsize, False, x)
-    assert not big.any()
+WORD_CASES = [  # (itemsize, offsets, entries per other column, what the refusal says)
+    *[(size, [0], 1, "itemsize") for size in (0, 3, 16, -1)],
+    (4, [0, 4, 8, 12], 1, "one entry per offset"),
+    *[(4, [off], 1, "outside the buffer") for off in (13, 16, 40, -1)],
+]
 
 
-def test_cython_word_kernels_refuse_short_columns(cy):
-    big, buf, offs, (a, o, x, old, new) = _words_args(n_offsets=4, n_cols=1)
-    offs[:] = [0, 4, 8, 12]
-    with pytest.raises(ValueError, match="one entry per offset"):
-        cy.apply_words(buf, offs, 4, False, a, o, x, old, new)
-    with pytest.raises(ValueError, match="one entry per offset"):
-        cy.read_words(buf, offs, 4, False, old)
-    with pytest.raises(ValueError, match="one entry per offset"):
-        cy.write_words(buf, offs, 4, False, x)
-    assert not big.any()
-
-
-@pytest.mark.parametrize("offset", [13, 16, 40, -1])
-def test_cython_word_kernels_refuse_offsets_outside_the_buffer(cy, offset):
-    big, buf, offs, (a, o, x, old, new) = _words_args(offset=offset)
-    with pytest.raises(ValueError, match="outside the buffer"):
-        cy.apply_words(buf, offs, 4, False, a, o, x, old, new)
-    with pytest.raises(ValueError, match="outside the buffer"):
-        cy.write_words(buf, offs, 4, False, x)
-    with pytest.raises(ValueError, match="outside the buffer"):
-        cy.read_words(buf, offs, 4, False, old)
+@pytest.mark.parametrize("itemsize, offsets, n_cols, says", WORD_CASES)
+def test_cython_word_kernels_refuse_bad_calls(cy, itemsize, offsets, n_cols, says):
+    big, buf, offs, (a, o, x, old, new) = _words_args(n_offsets=len(offsets), n_cols=n_cols)
+    offs[:] = offsets
+    for call in (lambda: cy.apply_words(buf, offs, itemsize, False, a, o, x, old, new),
+                 lambda: cy.read_words(buf, offs, itemsize, False, old),
+                 lambda: cy.write_words(buf, offs, itemsize, False, x)):
+        with pytest.raises(ValueError, match=says):
+            call()
     assert not big.any()
 
 
