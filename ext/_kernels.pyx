@@ -98,7 +98,7 @@ cdef int _check_words(str fn, Py_ssize_t nbuf, const int64_t[::1] offsets, int i
 cdef int _check_ptrs(str fn, const int32_t[::1] itemsizes, const uint8_t[::1] swaps, const int64_t[::1] extents,
                      Py_ssize_t ntab, const int32_t[::1] tensor, const int64_t[::1] offsets, Py_ssize_t ncol) except -1:
     """Raise unless the table's columns agree, every site column has ``len(offsets)`` entries, every
-    tensor id is in the table and every word lies inside its tensor's extent."""
+    tensor id is in the table, its word width is 1, 2, 4 or 8 and every word lies inside its tensor's extent."""
     cdef Py_ssize_t i, n = offsets.shape[0], bad = -1
     cdef int32_t t
     if itemsizes.shape[0] != ntab or swaps.shape[0] != ntab or extents.shape[0] != ntab:
@@ -106,20 +106,17 @@ cdef int _check_ptrs(str fn, const int32_t[::1] itemsizes, const uint8_t[::1] sw
     if tensor.shape[0] != n or ncol != n:
         raise ValueError(f"{fn}: every column needs one entry per offset")
     with nogil:
-        for i in range(ntab):
-            if _bad_width(itemsizes[i]):
-                bad = i
-                break
-    if bad >= 0:
-        raise ValueError(f"{fn}: itemsize of tensor {bad} must be 1, 2, 4 or 8, got {itemsizes[bad]}")
-    with nogil:
         for i in range(n):
             t = tensor[i]
-            if t < 0 or t >= ntab or offsets[i] < 0 or offsets[i] > extents[t] - itemsizes[t]:
+            if (t < 0 or t >= ntab or _bad_width(itemsizes[t]) or offsets[i] < 0
+                    or offsets[i] > extents[t] - itemsizes[t]):
                 bad = i
                 break
     if bad >= 0:
-        raise ValueError(f"{fn}: site {bad} (tensor {tensor[bad]}, byte offset {offsets[bad]}) lies outside the table")
+        t = tensor[bad]
+        if 0 <= t < ntab and _bad_width(itemsizes[t]):
+            raise ValueError(f"{fn}: itemsize of tensor {t} must be 1, 2, 4 or 8, got {itemsizes[t]}")
+        raise ValueError(f"{fn}: site {bad} (tensor {t}, byte offset {offsets[bad]}) lies outside the table")
     return 0
 
 

@@ -49,14 +49,6 @@ def test_revert_after_a_replacement_is_refused_before_reading_anything():
         live.revert(tg, log)
 
 
-def test_a_read_only_flag_set_after_building_is_seen():
-    d = {"w": np.ones(4, np.float32)}
-    tg = live.targets(d)
-    d["w"].flags.writeable = False
-    with pytest.raises(StaleTargetError):
-        live.inject(tg, _plan("w", (4,)))
-
-
 # ---------------------------------------------------------------------------------- PyTorch
 
 

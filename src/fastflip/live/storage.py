@@ -13,10 +13,11 @@ tensor) while the log records a normal old -> new word. So every target keeps
   optimizer's current state entry), and
 - a *key*: the facts of the storage the target addresses (:func:`storage_key`: data pointer, dtype,
   shape, strides and, for torch, the storage's byte size; for NumPy the array object itself, which
-  cannot move its data while a target holds it, and its writeable flag),
+  cannot move its data while a target holds it),
 
 and every read, write or injection first compares ``storage_key(source())`` with the key of each tensor
-it touches (a handful of attribute reads per touched tensor). A difference is refused in one line
+it touches (a handful of attribute reads per touched torch tensor; the NumPy arrays of a mapping in one
+C-level identity pass, :func:`same_objects`). A difference is refused in one line
 (:class:`~fastflip.errors.StaleTargetError`): rebuild the targets.
 
 torch's ``_version`` counter is not part of the key: it counts in-place writes (every optimizer step
@@ -39,11 +40,13 @@ False
 
 from __future__ import annotations
 
+from operator import is_, itemgetter
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-__all__ = ["storage_key", "mapping_source", "module_source", "optimizer_source", "attribute_source"]
+__all__ = ["storage_key", "key_function", "mapping_source", "module_source", "optimizer_source", "attribute_source",
+           "same_objects", "MappingSource"]
 
 Source = Callable[[], Any]
 
@@ -53,9 +56,10 @@ def _torch_key(x: Any) -> tuple[Any, ...]:
 
 
 def _numpy_key(x: Any) -> tuple[Any, ...]:
-    # the object itself (its id: a target holds it, so the id cannot be reused): an ndarray's data pointer
-    # does not move while another reference to it exists (ndarray.resize refuses)
-    return (id(x), x.shape, x.strides, x.dtype, x.flags.writeable)
+    # the object itself (its id: a target holds it, so the id cannot be reused): an ndarray keeps its buffer
+    # while another reference to it exists (ndarray.resize refuses), and a new shape or dtype set on the same
+    # object still lies inside that buffer
+    return (id(x),)
 
 
 def _cupy_key(x: Any) -> tuple[Any, ...]:
@@ -81,16 +85,51 @@ def key_function(x: Any) -> Callable[[Any], tuple[Any, ...]]:
 def storage_key(x: Any) -> tuple[Any, ...] | None:
     """The facts of ``x``'s storage a raw address depends on; None when ``x`` is None (the name is gone).
 
-    >>> storage_key(np.zeros((2, 3), "<f4"))[1:]
-    ((2, 3), (12, 4), dtype('float32'), True)
+    >>> a = np.zeros((2, 3), "<f4")
+    >>> storage_key(a) == storage_key(a), storage_key(a) == storage_key(a.copy())
+    (True, False)
     """
     return None if x is None else key_function(x)(x)
 
 
+class MappingSource:
+    """The value ``mapping`` holds under ``key`` now (None once the key is gone), as a callable."""
+
+    __slots__ = ("mapping", "key")
+
+    def __init__(self, mapping: Mapping[Any, Any], key: Any) -> None:
+        self.mapping, self.key = mapping, key
+
+    def __call__(self) -> Any:
+        return self.mapping.get(self.key)
+
+
 def mapping_source(mapping: Mapping[Any, Any], key: Any) -> Source:
     """The value ``mapping`` holds under ``key`` now (None once the key is gone)."""
-    get = mapping.get
-    return lambda: get(key)
+    return MappingSource(mapping, key)
+
+
+def same_objects(mapping: Mapping[Any, Any], keys: list[Any], objs: list[Any]) -> Callable[[], bool]:
+    """A check that ``mapping`` still holds exactly ``objs[i]`` under ``keys[i]`` (one C-level pass: the
+    NumPy arrays of a mapping, compared as objects).
+
+    >>> d = {"a": np.zeros(1), "b": np.zeros(1)}
+    >>> ok = same_objects(d, ["a", "b"], [d["a"], d["b"]])
+    >>> ok(), d.update(b=np.zeros(1)), ok()
+    (True, None, False)
+    """
+    if len(keys) == 1:
+        key, obj = keys[0], objs[0]
+        return lambda: mapping.get(key) is obj
+    get, want = itemgetter(*keys), tuple(objs)
+
+    def check() -> bool:
+        try:
+            return all(map(is_, get(mapping), want))
+        except (KeyError, TypeError):
+            return False
+
+    return check
 
 
 def module_source(root: Any, name: str) -> Source:

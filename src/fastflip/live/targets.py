@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import weakref
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -44,7 +45,7 @@ from ..core.records import SiteArrays
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
-from .storage import key_function
+from .storage import MappingSource, key_function, same_objects
 
 __all__ = ["Targets", "Prepared"]
 
@@ -81,7 +82,8 @@ class Prepared:
     cuda: dict[int, tuple[np.ndarray, Any]] = field(default_factory=dict)  # device -> (positions, SiteArrays)
     tf: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (tensor id, positions)
     bitwise: bool = True  # no scale site
-    fresh: tuple[int, ...] = ()  # target ids whose storage is re-checked before each use (Targets.check)
+    fresh: tuple[Callable[[], bool], ...] = ()  # storage checks of the tensors it touches (Targets.check)
+    touched: tuple[int, ...] = ()  # the target ids those checks cover
 
     @property
     def tid(self) -> np.ndarray:
@@ -303,7 +305,8 @@ class Targets:
                                         "that knows its format (a torch bfloat16/float8 tensor), not plain words")
         prep = Prepared(SiteArrays(tensor=tid, offsets=np.ascontiguousarray(offsets), and_mask=plan.and_mask,
                                    or_mask=plan.or_mask, xor_mask=plan.xor_mask, scale=None if bitwise else plan.scale),
-                        cpu=None, bitwise=bitwise, fresh=self._touched(tid))
+                        cpu=None, bitwise=bitwise)
+        prep.touched, prep.fresh = self._checks(tid)
         if n and kinds is not None and kinds.any():
             prep.cpu = np.flatnonzero(kinds == 0)
             for i in np.unique(tid[kinds == 2]):
@@ -315,27 +318,44 @@ class Targets:
                 prep.cuda[int(dev)] = (pos, self._site_arrays(plan, pos, int(dev), tid, offsets))
         return prep
 
-    def _touched(self, tid: np.ndarray) -> tuple[int, ...]:
-        """The target ids among ``tid`` whose storage :meth:`check` re-checks."""
+    def _checks(self, tid: np.ndarray) -> tuple[tuple[int, ...], tuple[Callable[[], bool], ...]]:
+        """The target ids among ``tid`` whose storage :meth:`check` re-checks, and the checks: one per tensor,
+        or one for all the NumPy arrays of one mapping."""
         if not self._checked.any() or not len(tid):
-            return ()
-        ids = dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist()
-        return tuple(i for i in ids if self._checked[i])
+            return (), ()
+        ids = tuple(i for i in (dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist())
+                    if self._checked[i])
+        checks: list[Callable[[], bool]] = []
+        arrays: dict[int, tuple[Any, list[Any], list[Any]]] = {}
+        for i in ids:
+            source, keyof, key = self._fresh[i]  # type: ignore[misc]
+            if isinstance(source, MappingSource) and isinstance(self.tensors[i].obj, np.ndarray):
+                group = arrays.setdefault(id(source.mapping), (source.mapping, [], []))
+                group[1].append(source.key)
+                group[2].append(self.tensors[i].obj)
+            else:
+                checks.append(partial(_same_storage, source, keyof, key))
+        checks += [same_objects(m, keys, objs) for m, keys, objs in arrays.values()]
+        return ids, tuple(checks)
 
     def check(self, prep: Prepared) -> None:
         """Refuse when a tensor ``prep`` touches no longer has the storage these targets were built on.
 
-        A few attribute reads per touched tensor (see :mod:`fastflip.live.storage`); every
-        :meth:`read`, :meth:`write` and :meth:`apply` calls it first.
+        A few attribute reads per touched torch tensor, one identity pass for a mapping's NumPy arrays
+        (see :mod:`fastflip.live.storage`); every :meth:`read`, :meth:`write` and :meth:`apply` calls it first.
 
         Raises
         ------
         StaleTargetError
             The model holds another storage (or nothing) under that tensor's name now.
         """
-        fresh = self._fresh
-        for i in prep.fresh:
-            source, keyof, key = fresh[i]  # type: ignore[misc]
+        for ok in prep.fresh:
+            if not ok():
+                self._refuse(prep)
+
+    def _refuse(self, prep: Prepared) -> None:
+        for i in prep.touched:
+            source, keyof, key = self._fresh[i]  # type: ignore[misc]
             now = source()
             if now is None or keyof(now) != key:
                 name = self.tensors[i].name
@@ -343,6 +363,7 @@ class Targets:
                 raise StaleTargetError(f"tensor {name!r} {what} since these targets were built; rebuild them "
                                        "(fastflip.live.targets(model)) after .data =, .to(), .half() or "
                                        "load_state_dict(assign=True); nothing was changed")
+        raise StaleTargetError("a tensor's storage changed since these targets were built; rebuild them")
 
     # ------------------------------------------------------------------ GPU
 
@@ -459,6 +480,11 @@ class Targets:
     def word_reader(self) -> Callable[[Plan], np.ndarray]:
         """``read_words(plan)`` for :meth:`fastflip.core.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
         return lambda plan: self.read(self.prepare(plan))
+
+
+def _same_storage(source: Callable[[], Any], keyof: Callable[[Any], Any], key: Any) -> bool:
+    now = source()
+    return now is not None and keyof(now) == key
 
 
 def _freshness(t: LiveTensor) -> tuple[Callable[[], Any], Callable[[Any], Any], Any] | None:
