@@ -141,6 +141,16 @@ class Targets:
         self._fresh: list[tuple[Callable[[], Any], Callable[[Any], Any], Any] | None] = [
             _freshness(t) for t in self.tensors]
         self._checked = np.array([f is not None for f in self._fresh], dtype=bool)
+        self._all_checked = bool(self._checked.all())
+        self._any_checked = bool(self._checked.any())
+        # NumPy arrays of one mapping (the common case) are checked as one group: their keys and objects
+        arrays = [f is not None and isinstance(f[0], MappingSource) and isinstance(t.obj, np.ndarray)
+                  for f, t in zip(self._fresh, self.tensors)]
+        owners = {id(f[0].mapping) for f, a in zip(self._fresh, arrays) if a}  # type: ignore[index]
+        self._one_mapping = (self._fresh[0][0].mapping  # type: ignore[index]
+                             if self._all_checked and all(arrays) and len(owners) == 1 else None)
+        self._map_keys = [f[0].key if a else None for f, a in zip(self._fresh, arrays)]  # type: ignore[index]
+        self._objs = [t.obj for t in self.tensors]
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -321,10 +331,13 @@ class Targets:
     def _checks(self, tid: np.ndarray) -> tuple[tuple[int, ...], tuple[Callable[[], bool], ...]]:
         """The target ids among ``tid`` whose storage :meth:`check` re-checks, and the checks: one per tensor,
         or one for all the NumPy arrays of one mapping."""
-        if not self._checked.any() or not len(tid):
+        if not self._any_checked or not len(tid):
             return (), ()
-        ids = tuple(i for i in (dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist())
-                    if self._checked[i])
+        ids = tuple(dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist())
+        if self._one_mapping is not None:  # every tensor a NumPy array of one mapping: one identity pass
+            return ids, (same_objects(self._one_mapping, [self._map_keys[i] for i in ids], [self._objs[i] for i in ids]),)
+        if not self._all_checked:
+            ids = tuple(i for i in ids if self._checked[i])
         checks: list[Callable[[], bool]] = []
         arrays: dict[int, tuple[Any, list[Any], list[Any]]] = {}
         for i in ids:
