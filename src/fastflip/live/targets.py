@@ -30,6 +30,7 @@ from __future__ import annotations
 import difflib
 import weakref
 from functools import partial
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -335,7 +336,10 @@ class Targets:
             return (), ()
         ids = tuple(dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist())
         if self._one_mapping is not None:  # every tensor a NumPy array of one mapping: one identity pass
-            return ids, (same_objects(self._one_mapping, [self._map_keys[i] for i in ids], [self._objs[i] for i in ids]),)
+            pick = itemgetter(*ids)
+            keys, objs = (pick(self._map_keys), pick(self._objs)) if len(ids) > 1 else (
+                [self._map_keys[ids[0]]], [self._objs[ids[0]]])
+            return ids, (same_objects(self._one_mapping, list(keys), list(objs)),)
         if not self._all_checked:
             ids = tuple(i for i in ids if self._checked[i])
         checks: list[Callable[[], bool]] = []
