@@ -65,8 +65,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("extra"):
         for module in mark.args:
             if module not in OPTIONAL_EXTRAS:
-                pytest.fail(f"pytest.mark.extra({module!r}): not an optional extra ({', '.join(sorted(OPTIONAL_EXTRAS))})",
-                            pytrace=False)
+                pytest.fail(f"pytest.mark.extra({module!r}): not an optional extra "
+                            f"({', '.join(sorted(OPTIONAL_EXTRAS))})", pytrace=False)
             why = _import_error(module)
             if why is not None:
                 if extras_required():

@@ -55,7 +55,8 @@ def _run(tmp_path: Path, require_extras: bool) -> dict[str, str]:
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "test_inner.py"],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     # a failure in set-up (the marker's check) is an ERROR: both count as failing here
-    return {m.group(1): m.group(2).replace("ERROR", "FAILED") for m in re.finditer(r"^test_inner\.py::(\w+) (PASSED|FAILED|SKIPPED|ERROR)", r.stdout, re.M)}
+    found = re.finditer(r"^test_inner\.py::(\w+) (PASSED|FAILED|SKIPPED|ERROR)", r.stdout, re.M)
+    return {m.group(1): m.group(2).replace("ERROR", "FAILED") for m in found}
 
 
 def test_outside_make_test_only_declared_extras_skip(tmp_path):

@@ -261,7 +261,8 @@ def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, 
             i = int(np.flatnonzero(outside)[0])
             t = int(tid[i])
             raise OptionError(f"site {i}: byte offset {int(offs[i])} of tensor {t} lies outside its "
-                              f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); nothing was changed")
+                              f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); "
+                              "nothing was changed")
     return tid, offs
 
 

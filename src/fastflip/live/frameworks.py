@@ -110,7 +110,8 @@ def torch_optimizer_tensors(optimizer: Any, param_names: dict[int, str]) -> list
             name = f"optimizer/{pname}/{key}" if pname else ckpt
             role = "step-counter" if key == "step" else ("optimizer-moment" if v.is_floating_point() else "other")
             layer = pname.rpartition(".")[0] or None if pname else None
-            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt, optimizer_source(optimizer, p, key)))
+            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt,
+                             optimizer_source(optimizer, p, key)))
     return out
 
 
