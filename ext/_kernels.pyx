@@ -1,9 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""Typed word kernels over a raw byte buffer (no validation, no policy).
+"""Typed word kernels over a raw byte buffer (no policy).
 
-The caller (fastflip.kernels.dispatch) validates every argument once: offsets lie inside the
-buffer, itemsize is 1, 2, 4 or 8, all columns have the same length. Each word is
-read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
+The caller (fastflip.kernels.dispatch) validates every argument once, with messages: offsets lie
+inside the buffer, itemsize is 1, 2, 4 or 8, all columns have the same length. The kernels still
+trust nothing they are handed: one cheap pass (:func:`_check_words`, :func:`_check_ptrs`) proves the
+same before any word is touched, and a wrong call raises ValueError instead of writing out of bounds.
+Each word is read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
 ``swap`` is true (storage order differs from this machine's), turned into the new
 word by the word rule ``ff_rule`` of ``ff_word.h`` and written back the same way.
 """
@@ -71,6 +73,53 @@ cdef inline void _store(uint8_t* p, uint64_t w, int itemsize, bint swap) noexcep
         memcpy(p, &b8, 8)
 
 
+cdef inline bint _bad_width(Py_ssize_t size) noexcept nogil:
+    return size != 1 and size != 2 and size != 4 and size != 8
+
+
+cdef int _check_words(str fn, Py_ssize_t nbuf, const int64_t[::1] offsets, int itemsize, Py_ssize_t ncol) except -1:
+    """Raise unless ``itemsize`` is a word width, every other column has ``len(offsets)`` entries and
+    every word lies inside the buffer of ``nbuf`` bytes."""
+    cdef Py_ssize_t i, n = offsets.shape[0], bad = -1
+    if _bad_width(itemsize):
+        raise ValueError(f"{fn}: itemsize must be 1, 2, 4 or 8, got {itemsize}")
+    if ncol != n:
+        raise ValueError(f"{fn}: every column needs one entry per offset ({ncol} for {n} offsets)")
+    with nogil:
+        for i in range(n):
+            if offsets[i] < 0 or offsets[i] > nbuf - itemsize:
+                bad = i
+                break
+    if bad >= 0:
+        raise ValueError(f"{fn}: byte offset {offsets[bad]} lies outside the buffer of {nbuf} bytes")
+    return 0
+
+
+cdef int _check_ptrs(str fn, const int32_t[::1] itemsizes, const uint8_t[::1] swaps, const int64_t[::1] extents,
+                     Py_ssize_t ntab, const int32_t[::1] tensor, const int64_t[::1] offsets, Py_ssize_t ncol) except -1:
+    """Raise unless the table's columns agree, every site column has ``len(offsets)`` entries, every
+    tensor id is in the table, its word width is 1, 2, 4 or 8 and every word lies inside its tensor's extent."""
+    cdef Py_ssize_t i, n = offsets.shape[0], bad = -1
+    cdef int32_t t
+    if itemsizes.shape[0] != ntab or swaps.shape[0] != ntab or extents.shape[0] != ntab:
+        raise ValueError(f"{fn}: the table's columns have different lengths")
+    if tensor.shape[0] != n or ncol != n:
+        raise ValueError(f"{fn}: every column needs one entry per offset")
+    with nogil:
+        for i in range(n):
+            t = tensor[i]
+            if (t < 0 or t >= ntab or _bad_width(itemsizes[t]) or offsets[i] < 0
+                    or offsets[i] > extents[t] - itemsizes[t]):
+                bad = i
+                break
+    if bad >= 0:
+        t = tensor[bad]
+        if 0 <= t < ntab and _bad_width(itemsizes[t]):
+            raise ValueError(f"{fn}: itemsize of tensor {t} must be 1, 2, 4 or 8, got {itemsizes[t]}")
+        raise ValueError(f"{fn}: site {bad} (tensor {t}, byte offset {offsets[bad]}) lies outside the table")
+    return 0
+
+
 def apply_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint swap,
                 const uint64_t[::1] and_mask, const uint64_t[::1] or_mask, const uint64_t[::1] xor_mask,
                 uint64_t[::1] old_out, uint64_t[::1] new_out):
@@ -78,6 +127,8 @@ def apply_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef uint64_t old, new
     cdef uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    _check_words("apply_words", buf.shape[0], offsets, itemsize,
+                 min(and_mask.shape[0], or_mask.shape[0], xor_mask.shape[0], old_out.shape[0], new_out.shape[0]))
     with nogil:
         for i in range(n):
             old = _load(base + offsets[i], itemsize, swap)
@@ -91,6 +142,7 @@ def read_words(const uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize,
     """Read the word at every byte offset (native order) into ``out``."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef const uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    _check_words("read_words", buf.shape[0], offsets, itemsize, out.shape[0])
     with nogil:
         for i in range(n):
             out[i] = _load(base + offsets[i], itemsize, swap)
@@ -100,6 +152,7 @@ def write_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
     """Write ``words`` (native order) at every byte offset."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef uint8_t* base = &buf[0] if buf.shape[0] else NULL
+    _check_words("write_words", buf.shape[0], offsets, itemsize, words.shape[0])
     with nogil:
         for i in range(n):
             _store(base + offsets[i], words[i], itemsize, swap)
@@ -108,11 +161,12 @@ def write_words(uint8_t[::1] buf, const int64_t[::1] offsets, int itemsize, bint
 # ---------------------------------------------------------------------------------------------
 # Multi-tensor kernels: one call over several tensors given their base addresses. Site ``i``
 # touches the word at ``ptrs[tensor[i]] + offsets[i]`` whose width and byte order are those of
-# its tensor. The caller guarantees that every address lies inside a live, writable buffer.
+# its tensor; ``extents[t]`` bytes from ``ptrs[t]`` belong to tensor ``t`` (checked for every site).
+# The caller guarantees that every base address is that of a live, writable buffer of its extent.
 # ---------------------------------------------------------------------------------------------
 
 def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
-               const int32_t[::1] tensor, const int64_t[::1] offsets,
+               const int64_t[::1] extents, const int32_t[::1] tensor, const int64_t[::1] offsets,
                const uint64_t[::1] and_mask, const uint64_t[::1] or_mask, const uint64_t[::1] xor_mask,
                uint64_t[::1] old_out, uint64_t[::1] new_out):
     """Apply the word rule at ``ptrs[tensor[i]] + offsets[i]`` for every site; store old and new words."""
@@ -121,9 +175,8 @@ def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
     cdef int size
     cdef uint64_t old, new
     cdef uint8_t* p
-    if (tensor.shape[0] < n or and_mask.shape[0] < n or or_mask.shape[0] < n or xor_mask.shape[0] < n
-            or old_out.shape[0] < n or new_out.shape[0] < n):
-        raise ValueError("apply_ptrs: every column needs one entry per offset")
+    _check_ptrs("apply_ptrs", itemsizes, swaps, extents, ptrs.shape[0], tensor, offsets,
+                min(and_mask.shape[0], or_mask.shape[0], xor_mask.shape[0], old_out.shape[0], new_out.shape[0]))
     with nogil:
         for i in range(n):
             t = tensor[i]
@@ -137,12 +190,11 @@ def apply_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
 
 
 def read_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
-              const int32_t[::1] tensor, const int64_t[::1] offsets, uint64_t[::1] out):
+              const int64_t[::1] extents, const int32_t[::1] tensor, const int64_t[::1] offsets, uint64_t[::1] out):
     """Read the word of every site (native order) into ``out``."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef int32_t t
-    if tensor.shape[0] < n or out.shape[0] < n:
-        raise ValueError("read_ptrs: every column needs one entry per offset")
+    _check_ptrs("read_ptrs", itemsizes, swaps, extents, ptrs.shape[0], tensor, offsets, out.shape[0])
     with nogil:
         for i in range(n):
             t = tensor[i]
@@ -150,12 +202,12 @@ def read_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint
 
 
 def write_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uint8_t[::1] swaps,
-               const int32_t[::1] tensor, const int64_t[::1] offsets, const uint64_t[::1] words):
+               const int64_t[::1] extents, const int32_t[::1] tensor, const int64_t[::1] offsets,
+               const uint64_t[::1] words):
     """Write ``words`` (native order) at every site."""
     cdef Py_ssize_t i, n = offsets.shape[0]
     cdef int32_t t
-    if tensor.shape[0] < n or words.shape[0] < n:
-        raise ValueError("write_ptrs: every column needs one entry per offset")
+    _check_ptrs("write_ptrs", itemsizes, swaps, extents, ptrs.shape[0], tensor, offsets, words.shape[0])
     with nogil:
         for i in range(n):
             t = tensor[i]

@@ -22,8 +22,8 @@ Functions (all take and return ``bytes``):
     literals take the new bytes, references keep the runs (3 bytes or more) that still copy the right
     bytes and spell out the rest as literals. Unchanged regions keep their encoding, so the size barely moves.
 ``grow(stream, extra)``
-    The same data in exactly ``extra`` more bytes (literal runs split, references spelled out as
-    literals), or None when the stream has too little to split.
+    The same data in exactly ``extra`` (0 or more) more bytes (literal runs split, references spelled out
+    as literals), or None when the stream has too little to split; ValueError for a negative ``extra``.
 """
 
 from libc.stdint cimport uint8_t, uint32_t
@@ -248,6 +248,8 @@ def grow(const uint8_t[::1] stream, const uint8_t[::1] data, Py_ssize_t extra):
     """``data`` (what ``stream`` decodes to) in exactly ``extra`` more stream bytes, or None when this pass
     cannot: literal runs are split (one byte each split), references lose their first bytes to literals."""
     cdef Py_ssize_t n = stream.shape[0], size = data.shape[0]
+    if extra < 0:  # the loops below write up to n + extra bytes: a negative count would write out of bounds
+        raise ValueError(f"grow: extra must be 0 or more bytes, got {extra}")
     out = bytearray(n + extra + 64)
     cdef uint8_t[::1] o = out
     cdef Py_ssize_t ip = 0, op = 0, pos = 0, length = 0, dist = 0, k, cut, left = extra, g

@@ -1,9 +1,15 @@
 """Shared test helpers: optional extras fail (not skip) when the README set-up promised them.
 
-Outside ``make test`` (``FASTFLIP_REQUIRE_EXTRAS`` unset, e.g. after ``pip install .[test]`` alone), a test
-that needs an optional extra is skipped with the extra's name: either it asks with :func:`require`, or it
-fails on importing one of :data:`OPTIONAL_EXTRAS` (directly or through fastflip, which imports extras
-lazily), which :func:`pytest_runtest_makereport` turns into a skip. Under ``make test`` both are failures.
+A test that needs an optional extra says so explicitly, in one of two ways:
+
+- ``@pytest.mark.extra("torch", ...)`` on the test (or ``pytestmark = pytest.mark.extra(...)`` for a whole
+  file): checked before the test runs;
+- ``require("torch")`` in the test body (or at module level), which also returns the module.
+
+Outside ``make test`` (``FASTFLIP_REQUIRE_EXTRAS`` unset: ``make test-floors``, or ``pip install .[test]``
+alone) a declared extra that is missing skips the test and the skip names it. Nothing else skips: a test that
+fails because an undeclared extra is missing fails (``make test-floors`` shows it). Under ``make test`` a
+missing declared extra is a failure too (the README set-up installs every extra).
 """
 
 from __future__ import annotations
@@ -11,14 +17,15 @@ from __future__ import annotations
 import atexit
 import importlib
 import os
-import re
 import shutil
 import tempfile
+from functools import lru_cache
 from types import ModuleType
 
 import pytest
 
-#: Top-level modules of the package's optional extras (pyproject.toml) and of the test-only peers.
+#: Top-level modules of the package's optional extras (pyproject.toml) and of the test-only peers: the names
+#: ``pytest.mark.extra`` and :func:`require` accept.
 OPTIONAL_EXTRAS = frozenset({
     "numba", "torch", "tensorflow", "keras", "dask", "distributed", "dask_jobqueue", "pyarrow", "matplotlib",
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
@@ -27,7 +34,10 @@ OPTIONAL_EXTRAS = frozenset({
 _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
 os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
 atexit.register(shutil.rmtree, _HASH_CACHE, True)
-_NO_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+#: The CPU kernel backends, for ``@pytest.mark.parametrize("backend", CPU_BACKENDS)``: Numba is an extra.
+CPU_BACKENDS = ["cython", pytest.param("numba", marks=pytest.mark.extra("numba")), "numpy"]
 
 
 def extras_required() -> bool:
@@ -35,35 +45,38 @@ def extras_required() -> bool:
     return os.environ.get("FASTFLIP_REQUIRE_EXTRAS") == "1"
 
 
-def _missing_extra(exc: BaseException | None) -> str | None:
-    """The optional extra whose absence raised ``exc`` (looked for along its cause chain), if any."""
-    seen = 0
-    while exc is not None and seen < 10:
-        name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
-        match = _NO_MODULE.search(str(exc))
-        for cand in (name, match.group(1) if match else None):
-            if cand and cand.split(".")[0] in OPTIONAL_EXTRAS:
-                return cand.split(".")[0]
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "extra(*modules): the test needs these optional extras (top-level module "
+                                       "names); outside make test it skips, naming them, when one is missing")
+
+
+@lru_cache(maxsize=None)
+def _import_error(module: str) -> str | None:
+    """Why ``module`` does not import (None when it does)."""
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return str(exc) or type(exc).__name__
     return None
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Outside ``make test``, a failure caused by a missing optional extra is reported as a skip naming it."""
-    outcome = yield
-    rep = outcome.get_result()
-    if not rep.failed or call.excinfo is None or extras_required():
-        return
-    extra = _missing_extra(call.excinfo.value)
-    if extra is not None:
-        rep.outcome = "skipped"
-        rep.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: optional extra {extra!r} not installed")
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip (or, under ``make test``, fail) a test whose declared extras are missing."""
+    for mark in item.iter_markers("extra"):
+        for module in mark.args:
+            if module not in OPTIONAL_EXTRAS:
+                pytest.fail(f"pytest.mark.extra({module!r}): not an optional extra "
+                            f"({', '.join(sorted(OPTIONAL_EXTRAS))})", pytrace=False)
+            why = _import_error(module)
+            if why is not None:
+                if extras_required():
+                    pytest.fail(f"optional extra {module!r} is missing but the README set-up installs it: {why}",
+                                pytrace=False)
+                pytest.skip(f"optional extra {module!r} not installed")
 
 
 def require(module: str) -> ModuleType:
-    """Import an optional extra for a test.
+    """Import an optional extra for a test (the in-body form of ``pytest.mark.extra``).
 
     Under ``make test`` (FASTFLIP_REQUIRE_EXTRAS=1) a missing extra fails the test:
     the README's set-up installs it, so its absence is a broken set-up, not a reason

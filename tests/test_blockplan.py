@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -59,7 +60,9 @@ def test_block_is_not_trivially_equal():
     assert not same_plan(block.plan(0), space.plan_sites([5], seed=1, stream=(0, 1), model="flip"))
     assert same_plan(block.plan(0), space.plan_sites([5], seed=1, stream=(0, 0), model="flip"))
     p = block.plan(1)
-    p.xor_mask[0] ^= np.uint64(1)
+    x = p.xor_mask.copy()  # a plan's columns are read-only
+    x[0] ^= np.uint64(1)
+    p = dataclasses.replace(p, xor_mask=x)
     assert not same_plan(p, space.plan_sites([6], seed=1, stream=(0, 1), model="flip"))
 
 

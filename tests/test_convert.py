@@ -93,6 +93,7 @@ def test_plain_safetensors_and_cli(tmp_path, capsys):
     assert "--to" in capsys.readouterr().err
 
 
+@pytest.mark.extra("torch")
 def test_convert_refuses_code(tmp_path, capsys):
     class Touch:
         def __reduce__(self):

@@ -42,6 +42,7 @@ def _files(out: Path) -> dict[str, bytes]:
             and p.name not in ("experiment.json", "accuracy.png")}
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_experiment_outputs_and_outcomes(tmp_path):
     res = run_experiment(_cfg(), tmp_path / "out")
     out = tmp_path / "out"
@@ -84,6 +85,7 @@ def test_experiment_outputs_and_outcomes(tmp_path):
     assert res.table().splitlines()[0].split()[:3] == ["scenario", "E", "runs"]
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_control_run_reproduces_golden_exactly(tmp_path):
     cfg = _cfg(scenarios=[{"name": "c0", "epoch": 0, "control": True, "repetitions": 1},
                           {"name": "c3", "epoch": 3, "control": True, "repetitions": 1}])
@@ -95,6 +97,7 @@ def test_control_run_reproduces_golden_exactly(tmp_path):
     assert [m["loss"] for m in metrics[1:]] == [g[e]["loss"] for e in range(1, 5)]
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_rerun_reuses_everything(tmp_path):
     out = tmp_path / "o"
     first = run_experiment(_cfg(), out)
@@ -105,6 +108,7 @@ def test_rerun_reuses_everything(tmp_path):
     assert _files(out) == before  # nothing recomputed or rewritten differently
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_changed_scenario_is_redone_others_kept(tmp_path):
     out = tmp_path / "o"
     run_experiment(_cfg(), out)
@@ -114,6 +118,7 @@ def test_changed_scenario_is_redone_others_kept(tmp_path):
     assert res.reused == 4  # exp-msb x3 and control kept; low-mant x3 redone
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_interrupted_runs_resume_to_the_same_results(tmp_path):
     full = run_experiment(_cfg(), tmp_path / "full")
     seen = []
@@ -135,6 +140,7 @@ def test_interrupted_runs_resume_to_the_same_results(tmp_path):
     assert strip(res.results) == strip(full.results)
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_interrupted_golden_run_resumes_from_its_last_checkpoint(tmp_path):
     full = run_experiment(_cfg(), tmp_path / "full")
 
@@ -156,6 +162,7 @@ def test_interrupted_golden_run_resumes_from_its_last_checkpoint(tmp_path):
             assert np.array_equal(fa["model/W"][()], fb["model/W"][()])
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_injected_nan_runs_on_and_is_diverged(tmp_path):
     cfg = _cfg(scenarios=[{"name": "nan", "epoch": 2, "bits": "exponent", "model": "stuck-at-1:8", "count": 5,
                            "selection": {"include": ["model/W"]}, "repetitions": 2}])
@@ -167,6 +174,7 @@ def test_injected_nan_runs_on_and_is_diverged(tmp_path):
     assert [m["epoch"] for m in metrics] == [2, 3, 4]  # training went on to the last epoch
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_crash_in_user_trainer_is_recorded_and_the_experiment_goes_on(tmp_path):
     cfg = _cfg(trainer={"framework": "custom", "model_file": TOY, "crash_above": 1e6})
     res = run_experiment(cfg, tmp_path / "o")
@@ -180,6 +188,7 @@ def test_crash_in_user_trainer_is_recorded_and_the_experiment_goes_on(tmp_path):
     assert rows[0]["error"] == "RuntimeError: toy trainer: weights out of range"
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_checkpoint_of_another_model_is_a_recorded_crash(tmp_path):
     out = tmp_path / "o"
     run_experiment(_cfg(scenarios=[{"name": "c", "epoch": 1, "control": True, "repetitions": 1}]), out)
@@ -191,6 +200,7 @@ def test_checkpoint_of_another_model_is_a_recorded_crash(tmp_path):
     assert "/model/W has shape (32, 10)" in res.results[0]["error"]
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_selection_that_matches_nothing_fails_early(tmp_path):
     cfg = _cfg(scenarios=[{"name": "x", "epoch": 1, "count": 1, "selection": {"include": ["nothing/*"]}}])
     with pytest.raises(SelectionError, match="scenario x: .*matched no tensor"):
@@ -198,6 +208,7 @@ def test_selection_that_matches_nothing_fails_early(tmp_path):
     assert not (tmp_path / "o/runs").exists()
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_other_golden_config_in_same_dir_is_refused(tmp_path):
     run_experiment(_cfg(scenarios=[{"name": "c", "epoch": 1, "control": True, "repetitions": 1}]), tmp_path / "o")
     with pytest.raises(OptionError, match="another golden run"):
@@ -234,6 +245,7 @@ def test_yaml_and_json_config_files(tmp_path):
         load_config(tmp_path / "bad.yaml")
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_relative_model_file_and_output_resolve_against_the_config(tmp_path):
     import shutil
 
@@ -357,6 +369,7 @@ def test_cli_experiment(tmp_path, capsys):
     assert "no output directory" in capsys.readouterr().err
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_injection_at_an_iteration_within_an_epoch(tmp_path):
     cfg = _cfg(scenarios=[
         {"name": "mid-control", "at": {"epoch": 2, "iteration": 7}, "control": True, "repetitions": 1},
@@ -387,6 +400,7 @@ def test_injection_at_an_iteration_within_an_epoch(tmp_path):
     assert rows[1]["iteration"] == 7
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_iteration_errors(tmp_path):
     bad = _cfg(scenarios=[{"name": "x", "at": {"epoch": 2, "iteration": 1000}, "count": 1,
                            "selection": {"include": ["model/*"]}}])
@@ -411,6 +425,7 @@ def test_iteration_errors(tmp_path):
         run_experiment(cfg, tmp_path / "n", trainer=NoRange())
 
 
+@pytest.mark.extra("sklearn")  # the digits trainer
 def test_pairwise_tests_between_scenarios_in_results(tmp_path):
     from scipy.stats import fisher_exact
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import CPU_BACKENDS, require
 from fastflip import live
 from fastflip.errors import (SelectionError, LogMismatchError, OptionError, PlanMismatchError, ReadOnlyTargetError,
                              TensorNotFoundError)
 from fastflip.core.plan import Plan, TensorRef
 from test_kernels import DTYPES, make_plan, random_array, reference
 
-BACKENDS = ["cython", "numba", "numpy"]
+BACKENDS = CPU_BACKENDS
 
 
 def numpy_set(rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -427,6 +427,7 @@ def test_select_takes_live_refs() -> None:
         select(refs, Selection(layers=["decoder*"]))
 
 
+@pytest.mark.extra("keras")
 def test_keras_subclassed_aliases_are_the_paths_keras_writes(tmp_path) -> None:
     """Names are Keras's public ``variable.path``; each alias is the dataset ``model.save_weights`` writes for
     that variable (read back from the file Keras wrote, optimizer included), on a subclassed model with a

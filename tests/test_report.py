@@ -68,12 +68,14 @@ def store(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def campaign_report(store, tmp_path_factory):
+    require("matplotlib")  # the report's figures
     out = tmp_path_factory.mktemp("crep") / "report"
     return write_report(store, out)
 
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory) -> Path:
+    require("sklearn")  # the toy trainer's data
     out = tmp_path_factory.mktemp("exp") / "run"
     cfg = {
         "name": "toy-report", "epochs": 3, "seed": 3, "repetitions": 2, "tolerance": 0.02,
@@ -273,6 +275,7 @@ def test_report_columns_match_export(store, campaign_report, tmp_path):
             assert r["bit"].isdigit() and r["bit_class"] == F32_CLASS[int(r["bit"])]
 
 
+@pytest.mark.extra("matplotlib")
 def test_heatmap_failure_rate_counts_hatching_and_bit_classes(store):
     stats = require("scipy.stats")
     data = load_campaign_data(store)
@@ -376,6 +379,7 @@ def test_campaign_page_header(store, campaign_report):
         st.close()
 
 
+@pytest.mark.extra("matplotlib")
 def test_figures_api_returns_matplotlib_figures(store):
     from matplotlib.figure import Figure
 
@@ -616,6 +620,7 @@ def test_other_bad_inputs(store, tmp_path, capsys):
         write_report(store, tmp_path / "notes.txt")
 
 
+@pytest.mark.extra("matplotlib")
 def test_sequential_campaign_margin_against_target(tmp_path):
     c = Campaign.from_dict({
         "name": "seq", "seed": 11, "target": {"factory": "campaign_helpers:weights"}, "paths": [str(TESTS)],

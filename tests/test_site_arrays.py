@@ -7,6 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import CPU_BACKENDS
 from fastflip import live
 from fastflip.core.records import SiteArrays, TensorTable
 from fastflip.files.h5apply import RawSites, route_sites
@@ -16,7 +17,7 @@ from fastflip.kernels.dispatch import PtrTable, apply_at_offsets
 from fastflip.kernels.registry import get_backend
 from test_kernels import DTYPES, make_plan, random_array, reference
 
-BACKENDS = ["cython", "numba", "numpy"]
+BACKENDS = CPU_BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

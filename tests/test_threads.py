@@ -9,9 +9,9 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import CPU_BACKENDS
 import h5fixtures as hf
 from fastflip import inject_file
-from fastflip.kernels import dispatch as native
 from fastflip.live import injected
 
 
@@ -22,9 +22,8 @@ def _read_all(path: str) -> dict[str, bytes]:
     return out
 
 
-@pytest.mark.parametrize("backend", ["cython", "numba", "numpy"])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_concurrent_file_injections_equal_serial(tmp_path, backend):
-    native.resolve_backend(backend)  # a missing backend is a skip outside make test (conftest)
     srcs = []
     for k in range(20):  # more files than the caches keep (16), so they fill and evict concurrently
         p = str(tmp_path / f"m{k}.h5")

@@ -101,6 +101,7 @@ def test_example_model_files_plug_in(framework, module, tmp_path, request):
     assert t.evaluate() == m
 
 
+@pytest.mark.extra("sklearn")  # fastflip.frameworks.trainers imports it
 def test_user_file_errors(tmp_path):
     from fastflip.frameworks.trainers import make_trainer
 

@@ -31,6 +31,7 @@ __all__ = [
     "NaNPolicyError",
     "PlanMismatchError",
     "ReadOnlyTargetError",
+    "StaleTargetError",
     "StoreError",
     "CheckpointMismatchError",
     "FileLockedError",
@@ -97,6 +98,10 @@ class PlanMismatchError(FastflipError, ValueError):
 
 class ReadOnlyTargetError(FastflipError, ValueError):
     """A live tensor cannot be written (read-only array)."""
+
+
+class StaleTargetError(FastflipError, RuntimeError):
+    """A live tensor's storage was replaced since its targets were built (rebuild them)."""
 
 
 class StoreError(FastflipError, OSError):

@@ -46,6 +46,7 @@ import numpy as np
 from ..core.dtypes import from_words, to_words
 from ..errors import NaNPolicyError, OptionError
 from .oldconfig import OldSettings
+from .sequence_check import element_of
 from ..core.plan import Plan, TensorRef
 from ..core.sampling import generator
 
@@ -265,7 +266,7 @@ def old_tool_plan(s: OldSettings, tensors: Sequence[TensorRef], read_words: Read
                     continue
                 t = locs[inner[int(rng.integers(0, len(inner)))]]
                 shape = tensors[t].shape
-                flat = (int(np.ravel_multi_index(tuple(idx), shape)) if idx and shape else int(rng.integers(0, sizes[t])))
+                flat = element_of(idx, shape, prefix) if idx and shape else int(rng.integers(0, sizes[t]))
                 tid_l.append(t)
                 elem_l.append(flat)
                 given.append(None if isinstance(bits, int) or bits == [-2] else [int(b) for b in bits])

@@ -37,6 +37,7 @@ from ..files.inject import InjectionResult, cached_layout, default_log_path, inj
 from ..files.layout import Tensor
 from ..files.paths import resolve_output
 from ..files.select import Selection, select
+from .sequence_check import check_sequence
 from .oldconfig import OldSettings, map_old_config
 from .oldtool import MAX_NDIM, OldToolRun, old_tool_plan
 
@@ -98,6 +99,7 @@ def load_sequence(path: str) -> dict[str, list[Any]]:
         raise OptionError(f"{path}: not an injection sequence (invalid JSON: {exc})") from None
     if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
         raise OptionError(f"{path}: an injection sequence maps each location to a list of [indexes, bits]")
+    check_sequence(data, path)
     return {"/" + str(k).lstrip("/"): v for k, v in data.items()}
 
 

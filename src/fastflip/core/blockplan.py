@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import OptionError
 from .faults import FaultModel, site_masks
-from .plan import Plan, TensorRef
+from .plan import Plan, TensorRef, readonly
 
 __all__ = ["PlanBlock", "plan_sites_block", "plan_block", "deterministic_model", "same_plan"]
 
@@ -77,6 +77,13 @@ class PlanBlock:
     common: dict[str, Any] = field(default_factory=dict)
     streams: Sequence[Sequence[int]] = ()
     flips: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        # read-only columns, as a plan's: trial plans are then views of them, not copies
+        for name in ("tensor", "index", "and_mask", "or_mask", "xor_mask", "bits", "scale"):
+            col = getattr(self, name)
+            if col is not None:
+                setattr(self, name, readonly(col, np.asarray(col).dtype))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -38,7 +38,7 @@ from .dtypes import WordType, word_type
 from .floatformats import format_name
 from ..errors import OptionError
 
-__all__ = ["TensorRef", "Plan", "compose_masks", "merge_duplicate_elements"]
+__all__ = ["TensorRef", "Plan", "compose_masks", "merge_duplicate_elements", "readonly"]
 
 IDENTITY_AND = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -80,9 +80,45 @@ class TensorRef:
         return d
 
 
+def readonly(values: Any, dtype: Any) -> np.ndarray:
+    """``values`` as a C-contiguous, read-only array of ``dtype`` that nothing else can change.
+
+    An array that owns its data (or a fresh conversion) is made read-only in place: a plan takes
+    ownership of the columns it is given. A view whose memory something else could still write (a
+    writable base) is copied first.
+
+    >>> a = np.arange(3)
+    >>> r = readonly(a, np.int64)
+    >>> r is a, a.flags.writeable
+    (True, False)
+    >>> base = np.arange(4)
+    >>> v = readonly(base[1:], np.int64)
+    >>> np.shares_memory(v, base), base.flags.writeable
+    (False, True)
+    """
+    arr = np.ascontiguousarray(values, dtype=dtype)
+    if arr.base is not None and not _immutable_base(arr):
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+def _immutable_base(arr: np.ndarray) -> bool:
+    """True when no object below the view ``arr`` can write its memory (read-only arrays down to bytes)."""
+    base: Any = arr
+    while isinstance(base, np.ndarray):
+        if base is not arr and base.flags.writeable:
+            return False
+        base = base.base
+    return base is None or isinstance(base, bytes)
+
+
 @dataclass
 class Plan:
     """Columnar injection plan (see the module docstring for the word rule).
+
+    Its columns are read-only (:func:`readonly`): a plan that was applied stays the plan its log
+    describes. Build a new plan (``select``, ``Plan(...)``, ``dataclasses.replace``) to change sites.
 
     Attributes
     ----------
@@ -112,15 +148,15 @@ class Plan:
 
     def __post_init__(self) -> None:
         n = len(self.index)
-        self.tensor = np.ascontiguousarray(self.tensor, dtype=np.int32)
-        self.index = np.ascontiguousarray(self.index, dtype=np.int64)
+        self.tensor = readonly(self.tensor, np.int32)
+        self.index = readonly(self.index, np.int64)
         for name in ("and_mask", "or_mask", "xor_mask"):
-            setattr(self, name, np.ascontiguousarray(getattr(self, name), dtype=np.uint64))
+            setattr(self, name, readonly(getattr(self, name), np.uint64))
         if self.scale is not None:
-            self.scale = np.ascontiguousarray(self.scale, dtype=np.float64)
+            self.scale = readonly(self.scale, np.float64)
         if self.bits is None:
             self.bits = self.touched_mask()
-        self.bits = np.ascontiguousarray(self.bits, dtype=np.uint64)
+        self.bits = readonly(self.bits, np.uint64)
         cols = [self.tensor, self.index, self.and_mask, self.or_mask, self.xor_mask, self.bits]
         if self.scale is not None:
             cols.append(self.scale)

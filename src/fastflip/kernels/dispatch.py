@@ -11,8 +11,9 @@ Two families:
 - ``*_ptrs``: several tensors by base address (``arr.ctypes.data``,
   ``tensor.data_ptr()``), per-tensor word width and byte order; site ``i`` is at
   ``ptrs[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
-  :mod:`fastflip.live` targets check plans against the tensors' shapes), so a
-  1-10 flip trial over many tensors costs one native call.
+  :mod:`fastflip.live` targets check that each tensor still has the storage they were built on);
+  the sites are checked against the table's extents here, and a 1-10 flip trial over many
+  tensors costs one native call.
 
 Value-level (scale) sites are computed here, vectorized, for every CPU backend:
 read the old words, compute :func:`fastflip.core.wordrule.scale_words`, write the new ones.
@@ -218,8 +219,8 @@ class PtrTable(TensorTable):
     The :class:`fastflip.core.records.TensorTable` of live host tensors (``ptrs`` is its ``bases``
     column), plus ``little`` (stored little-endian) per tensor.
 
-    Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes) is
-    only used by the NumPy fallback, which needs a bounded view of each tensor.
+    Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes from each base address to
+    the end of its last word) bound every site the ``*_ptrs`` functions accept (0: no host site at all).
 
     >>> a = np.zeros(3, dtype=">i2")
     >>> t = PtrTable([a.ctypes.data], [2], [np.little_endian], [a.nbytes], ["i2"])
@@ -249,10 +250,19 @@ class PtrTable(TensorTable):
 
 
 def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The site columns, checked: tensor ids in the table, every word inside its tensor's extent."""
     tid = _column(tensor, np.int32, None, "tensor")
     offs = _column(offsets, np.int64, len(tid), "offsets")
-    if len(tid) and (int(tid.min()) < 0 or int(tid.max()) >= len(table)):
-        raise OptionError(f"tensor ids must lie in [0, {len(table)})")
+    if len(tid):
+        if int(tid.min()) < 0 or int(tid.max()) >= len(table):
+            raise OptionError(f"tensor ids must lie in [0, {len(table)})")
+        outside = (offs < 0) | (offs > table.extents[tid] - table.itemsizes[tid])
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            t = int(tid[i])
+            raise OptionError(f"site {i}: byte offset {int(offs[i])} of tensor {t} lies outside its "
+                              f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); "
+                              "nothing was changed")
     return tid, offs
 
 

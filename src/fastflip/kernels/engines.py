@@ -62,17 +62,17 @@ class CythonBackend(Backend):
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.mod.read_ptrs(table.ptrs, table.itemsizes, table.swaps, tensor, offsets, out)
+        self.mod.read_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, out)
         return out
 
     def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.mod.write_ptrs(table.ptrs, table.itemsizes, table.swaps, tensor, offsets, words)
+        self.mod.write_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, words)
 
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.mod.apply_ptrs(table.ptrs, table.itemsizes, table.swaps, tensor, offsets, and_mask, or_mask, xor_mask,
-                            old, new)
+        self.mod.apply_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, and_mask,
+                            or_mask, xor_mask, old, new)
         return old, new
 
 

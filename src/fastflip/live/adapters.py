@@ -52,6 +52,7 @@ from ..core.floatformats import FORMATS, format_name
 from ..core.plan import TensorRef
 from ..core.records import Tensor
 from ..errors import OptionError
+from .storage import mapping_source
 
 __all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
 
@@ -90,6 +91,8 @@ class LiveTensor:
     format: str | None = None
     order: str | None = None  # sort key (the checkpoint path when known)
     view_of: str | None = None  # name of the tensor whose memory holds this one
+    # what the model holds under this name now (:mod:`fastflip.live.storage`): re-checked before each write
+    source: Any = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -237,6 +240,8 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     fw = framework_of(obj)
     if isinstance(obj, Mapping):
         out = [tensor(str(name), t) for name, t in obj.items()]
+        for t, name in zip(out, obj):
+            t.source = mapping_source(obj, name)
         frameworks.label_mapping(out)
         return frameworks.merge_shared(out), []
     if fw == "torch":
@@ -259,7 +264,7 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
         if t.size == 0:  # nothing to flip
             skipped.append(p.name)
             continue
-        t.aliases, t.layer, t.role, t.order = p.aliases, p.layer, p.role, p.order
+        t.aliases, t.layer, t.role, t.order, t.source = p.aliases, p.layer, p.role, p.order, p.source
         out.append(t)
     if refused and out:  # part of the model cannot be injected: say so (nothing is left out silently)
         warnings.warn(f"fastflip: {len(refused)} tensor(s) left out: {refused[0]}"

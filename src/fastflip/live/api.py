@@ -175,7 +175,7 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
             f"{len(bad)} of {len(log)} sites do not hold the logged new word (first: {name}[{int(log.plan.index[i])}] "
             f"holds {int(current[i]):#x}, the log says {int(log.new_words[i]):#x}); nothing was reverted"
         )
-    tg.write(prep, log.old_words, backend)
+    tg.write(prep, log.old_words, backend, checked=True)  # read() just checked the storages
 
 
 _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..files.roles import label_names, label_path
 from . import quantized
+from .storage import attribute_source, inner_source, module_source, optimizer_source
 
 if TYPE_CHECKING:
     from .adapters import LiveTensor
@@ -60,6 +61,7 @@ class Found:
     layer: str | None = None
     role: str | None = None
     order: str | None = None
+    source: Any = None  # what the model holds under this name now (:mod:`fastflip.live.storage`)
 
 
 def _kind(dtype_name: str) -> str:
@@ -87,10 +89,11 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         alias = f"model/{name}"
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
         if quantized.is_subclass(t):  # torchao: the inner tensors (qdata, scale, zero_point) are the storage
-            out += [Found(n, v, (f"model/{n}",), layer, r, f"model/{n}") for n, v, r in
-                    quantized.subclass_tensors(name, t, role)]
+            outer = module_source(model, name)
+            out += [Found(n, v, (f"model/{n}",), layer, r, f"model/{n}", inner_source(outer, n[len(name) + 1:]))
+                    for n, v, r in quantized.subclass_tensors(name, t, role)]
             continue
-        out.append(Found(name, t.detach(), (alias,), layer, role, alias))
+        out.append(Found(name, t.detach(), (alias,), layer, role, alias, module_source(model, name)))
     for n, v, layer, r, aliases in quantized.packed_tensors(model):  # torch.ao packed int8 modules
         out.append(Found(n, v, aliases, layer, r, aliases[0]))
     if optimizer is not None and optimizer is not False:
@@ -115,7 +118,8 @@ def torch_optimizer_tensors(optimizer: Any, param_names: dict[int, str]) -> list
             name = f"optimizer/{pname}/{key}" if pname else ckpt
             role = "step-counter" if key == "step" else ("optimizer-moment" if v.is_floating_point() else "other")
             layer = pname.rpartition(".")[0] or None if pname else None
-            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt))
+            out.append(Found(name, v, (ckpt,) if ckpt != name else (), layer, role, ckpt,
+                             optimizer_source(optimizer, p, key)))
     return out
 
 
@@ -136,7 +140,8 @@ def keras_tensors(model: Any, include_optimizer: bool = False) -> list[Found]:
         if role == "other" and _kind(str(v.dtype)) == "f" and len(v.shape) >= 2:
             role = "weight"
         layer_of[path.replace("/", "_")] = layer
-        out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+        out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v)),
+                         attribute_source(v, "_value")))
     opt = getattr(model, "optimizer", None)
     if include_optimizer and opt is not None:
         for v, path, rest in _unseen(opt.variables, opt.name, seen):
@@ -149,7 +154,8 @@ def keras_tensors(model: Any, include_optimizer: bool = False) -> list[Found]:
                 role = "optimizer-moment"
                 hit = max((k for k in layer_of if rest.startswith(k + "_")), key=len, default=None)
                 layer = layer_of[hit] if hit else None
-            out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v))))
+            out.append(Found(name, v, (h5[id(v)],) if id(v) in h5 else (), layer, role, h5.get(id(v)),
+                             attribute_source(v, "_value")))
     return out
 
 

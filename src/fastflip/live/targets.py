@@ -10,9 +10,11 @@ element ranges, unique elements, writability) and the resulting site arrays are
 cached for as long as the plan object lives, so a plan generated once can be
 applied many times at the cost of the kernel call alone.
 
-The targets hold raw addresses: rebuild them if a tensor's storage is replaced
-(``model.to(...)``, re-creating variables); in-place updates (training steps,
-``load_state_dict``) keep addresses valid.
+The targets hold raw addresses. Every read, write and injection first checks that each tensor it
+touches still has the storage the targets were built on (:mod:`fastflip.live.storage`): after a
+replacement (``m.weight.data = ...``, ``load_state_dict(assign=True)``, ``model.half()``, ``model.to(...)``,
+a new array under the same key) it raises :class:`~fastflip.errors.StaleTargetError` and nothing is
+written: rebuild the targets. In-place updates (training steps, ``load_state_dict``) keep them valid.
 
 Examples
 --------
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import difflib
 import weakref
+from functools import partial
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,13 +39,15 @@ import numpy as np
 from ..kernels import dispatch as native
 from ..kernels.registry import Backend, get_backend
 from ..core.dtypes import word_type
-from ..errors import OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, TensorNotFoundError
+from ..errors import (OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, StaleTargetError,
+                      TensorNotFoundError)
 from ..files.layout import Tensor
 from ..core.records import SiteArrays
 from ..errors import DeviceError, FastflipError, one_line
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import rule_words, scale_words
 from .adapters import LiveTensor, collect
+from .storage import MappingSource, key_function, same_objects
 
 __all__ = ["Targets", "Prepared"]
 
@@ -78,6 +84,8 @@ class Prepared:
     cuda: dict[int, tuple[np.ndarray, Any]] = field(default_factory=dict)  # device -> (positions, SiteArrays)
     tf: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (tensor id, positions)
     bitwise: bool = True  # no scale site
+    fresh: tuple[Callable[[], bool], ...] = ()  # storage checks of the tensors it touches (Targets.check)
+    touched: tuple[int, ...] = ()  # the target ids those checks cover
 
     @property
     def tid(self) -> np.ndarray:
@@ -120,7 +128,7 @@ class Targets:
             [word_type(t.dtype, t.format) if t.format else t.dtype for t in self.tensors],
         )
         self.kinds = {t.kind for t in self.tensors}
-        self._prepared: dict[int, tuple[weakref.ref, Prepared]] = {}
+        self._prepared: dict[int, tuple[weakref.ref, Prepared, tuple[Any, ...]]] = {}
         self._mappings: dict[int, tuple[tuple[TensorRef, ...], np.ndarray]] = {}
         self._sizes = np.array([t.size for t in self.tensors], dtype=np.int64)
         self._writable = np.array([t.writable for t in self.tensors], dtype=bool)
@@ -131,6 +139,20 @@ class Targets:
         self._all_cpu = not self._kind.any()
         self._device = np.array([t.device for t in self.tensors], dtype=np.int64)
         self._spans: dict[int, tuple[Any, int]] = {}
+        # per tensor: (source, key function, key) of its storage when built, re-checked before each use
+        self._fresh: list[tuple[Callable[[], Any], Callable[[Any], Any], Any] | None] = [
+            _freshness(t) for t in self.tensors]
+        self._checked = np.array([f is not None for f in self._fresh], dtype=bool)
+        self._all_checked = bool(self._checked.all())
+        self._any_checked = bool(self._checked.any())
+        # NumPy arrays of one mapping (the common case) are checked as one group: their keys and objects
+        arrays = [f is not None and isinstance(f[0], MappingSource) and isinstance(t.obj, np.ndarray)
+                  for f, t in zip(self._fresh, self.tensors)]
+        owners = {id(f[0].mapping) for f, a in zip(self._fresh, arrays) if a}  # type: ignore[index]
+        self._one_mapping = (self._fresh[0][0].mapping  # type: ignore[index]
+                             if self._all_checked and all(arrays) and len(owners) == 1 else None)
+        self._map_keys = [f[0].key if a else None for f, a in zip(self._fresh, arrays)]  # type: ignore[index]
+        self._objs = [t.obj for t in self.tensors]
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -201,8 +223,8 @@ class Targets:
     def prepare(self, plan: Plan) -> Prepared:
         """Check ``plan`` against these tensors (once per plan object) and resolve its sites.
 
-        The result is cached while the plan object lives: treat a plan as immutable once
-        it has been applied (build a new one, e.g. ``plan.select(...)``, to change sites).
+        The result is cached while the plan object lives and holds the same column arrays (they
+        are read-only; a column replaced by assignment is prepared again).
 
         Raises
         ------
@@ -214,10 +236,14 @@ class Targets:
         """
         key = id(plan)
         hit = self._prepared.get(key)
-        if hit is not None and hit[0]() is plan and len(hit[1].sites.tensor) == len(plan) and len(plan.and_mask) == len(plan):
-            return hit[1]
+        if hit is not None and hit[0]() is plan:
+            c = hit[2]  # the very columns it was prepared from (they are read-only: see Plan)
+            if (c[0] is plan.tensor and c[1] is plan.index and c[2] is plan.and_mask and c[3] is plan.or_mask
+                    and c[4] is plan.xor_mask and c[5] is plan.scale and c[6] is plan.tensors):
+                return hit[1]
         prep = self._prepare(plan)
-        self._prepared[key] = (weakref.ref(plan, lambda _r, k=key: self._prepared.pop(k, None)), prep)
+        cols = (plan.tensor, plan.index, plan.and_mask, plan.or_mask, plan.xor_mask, plan.scale, plan.tensors)
+        self._prepared[key] = (weakref.ref(plan, lambda _r, k=key: self._prepared.pop(k, None)), prep, cols)
         return prep
 
     def _mapping(self, refs: tuple[TensorRef, ...]) -> np.ndarray:
@@ -292,6 +318,7 @@ class Targets:
         prep = Prepared(SiteArrays(tensor=tid, offsets=np.ascontiguousarray(offsets), and_mask=plan.and_mask,
                                    or_mask=plan.or_mask, xor_mask=plan.xor_mask, scale=None if bitwise else plan.scale),
                         cpu=None, bitwise=bitwise)
+        prep.touched, prep.fresh = self._checks(tid)
         if n and kinds is not None and kinds.any():
             prep.cpu = np.flatnonzero(kinds == 0)
             for i in np.unique(tid[kinds == 2]):
@@ -302,6 +329,59 @@ class Targets:
                 pos = cuda_pos[devices == dev]
                 prep.cuda[int(dev)] = (pos, self._site_arrays(plan, pos, int(dev), tid, offsets))
         return prep
+
+    def _checks(self, tid: np.ndarray) -> tuple[tuple[int, ...], tuple[Callable[[], bool], ...]]:
+        """The target ids among ``tid`` whose storage :meth:`check` re-checks, and the checks: one per tensor,
+        or one for all the NumPy arrays of one mapping."""
+        if not self._any_checked or not len(tid):
+            return (), ()
+        ids = tuple(dict.fromkeys(tid.tolist()) if len(tid) <= 64 else np.unique(tid).tolist())
+        if self._one_mapping is not None:  # every tensor a NumPy array of one mapping: one identity pass
+            pick = itemgetter(*ids)
+            keys, objs = (pick(self._map_keys), pick(self._objs)) if len(ids) > 1 else (
+                [self._map_keys[ids[0]]], [self._objs[ids[0]]])
+            return ids, (same_objects(self._one_mapping, list(keys), list(objs)),)
+        if not self._all_checked:
+            ids = tuple(i for i in ids if self._checked[i])
+        checks: list[Callable[[], bool]] = []
+        arrays: dict[int, tuple[Any, list[Any], list[Any]]] = {}
+        for i in ids:
+            source, keyof, key = self._fresh[i]  # type: ignore[misc]
+            if isinstance(source, MappingSource) and isinstance(self.tensors[i].obj, np.ndarray):
+                group = arrays.setdefault(id(source.mapping), (source.mapping, [], []))
+                group[1].append(source.key)
+                group[2].append(self.tensors[i].obj)
+            else:
+                checks.append(partial(_same_storage, source, keyof, key))
+        checks += [same_objects(m, keys, objs) for m, keys, objs in arrays.values()]
+        return ids, tuple(checks)
+
+    def check(self, prep: Prepared) -> None:
+        """Refuse when a tensor ``prep`` touches no longer has the storage these targets were built on.
+
+        A few attribute reads per touched torch tensor, one identity pass for a mapping's NumPy arrays
+        (see :mod:`fastflip.live.storage`); every :meth:`read`, :meth:`write` and :meth:`apply` calls it first.
+
+        Raises
+        ------
+        StaleTargetError
+            The model holds another storage (or nothing) under that tensor's name now.
+        """
+        for ok in prep.fresh:
+            if not ok():
+                self._refuse(prep)
+
+    def _refuse(self, prep: Prepared) -> None:
+        for i in prep.touched:
+            source, keyof, key = self._fresh[i]  # type: ignore[misc]
+            now = source()
+            if now is None or keyof(now) != key:
+                name = self.tensors[i].name
+                what = "is gone" if now is None else "has another storage (replaced, moved or converted)"
+                raise StaleTargetError(f"tensor {name!r} {what} since these targets were built; rebuild them "
+                                       "(fastflip.live.targets(model)) after .data =, .to(), .half() or "
+                                       "load_state_dict(assign=True); nothing was changed")
+        raise StaleTargetError("a tensor's storage changed since these targets were built; rebuild them")
 
     # ------------------------------------------------------------------ GPU
 
@@ -342,6 +422,8 @@ class Targets:
 
     def read(self, prep: Prepared, backend: str = "auto") -> np.ndarray:
         """Current words of every site of a prepared plan (native order)."""
+        if prep.fresh:
+            self.check(prep)
         n = len(prep.sites.tensor)
         be = _fast(prep, backend)
         if be is not None:
@@ -357,8 +439,11 @@ class Targets:
             out[pos] = _tf_read(self.tensors[i], self._tf_index(prep, pos, i))
         return out
 
-    def write(self, prep: Prepared, words: np.ndarray, backend: str = "auto") -> None:
-        """Store ``words`` (native order) at every site of a prepared plan."""
+    def write(self, prep: Prepared, words: np.ndarray, backend: str = "auto", *, checked: bool = False) -> None:
+        """Store ``words`` (native order) at every site of a prepared plan (``checked``: :meth:`check`
+        has just passed, with no code in between that could replace a storage)."""
+        if prep.fresh and not checked:
+            self.check(prep)
         words = np.ascontiguousarray(words, dtype=np.uint64)
         if len(words) != len(prep.sites.tensor):
             raise OptionError(f"{len(words)} words for {len(prep.sites.tensor)} sites")
@@ -378,6 +463,8 @@ class Targets:
 
     def apply(self, plan: Plan, prep: Prepared, backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
         """Apply ``plan`` (already prepared) in place; (old, new) words in plan order."""
+        if prep.fresh:
+            self.check(prep)
         be = _fast(prep, backend) if prep.bitwise else None
         if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
             return be.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
@@ -438,6 +525,23 @@ class Targets:
     def word_reader(self) -> Callable[[Plan], np.ndarray]:
         """``read_words(plan)`` for :meth:`fastflip.core.sampling.SiteSpace.plan` (``nan_policy='avoid'``)."""
         return lambda plan: self.read(self.prepare(plan))
+
+
+def _same_storage(source: Callable[[], Any], keyof: Callable[[Any], Any], key: Any) -> bool:
+    now = source()
+    return now is not None and keyof(now) == key
+
+
+def _freshness(t: LiveTensor) -> tuple[Callable[[], Any], Callable[[Any], Any], Any] | None:
+    """(source, key function, key) of a raw-address tensor that knows its source; None otherwise
+    (TensorFlow variables are written through the variable, never a raw address)."""
+    if t.source is None or t.kind == "tf" or t.obj is None:
+        return None
+    keyof = key_function(t.obj)
+    try:
+        return t.source, keyof, keyof(t.obj)
+    except Exception:  # a tensor kind whose storage cannot be described: nothing to compare with
+        return None
 
 
 # ---------------------------------------------------------------------- TensorFlow variables
