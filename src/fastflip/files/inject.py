@@ -256,8 +256,8 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True
-           ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True,
+           cached_input: bool = True) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
 
@@ -287,7 +287,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=not in_place)
+                                             cached_input=cached_input and not in_place)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
@@ -335,6 +335,7 @@ def inject_file(
     extra_manifest: Mapping[str, Any] | None = None,
     overwrite: bool = True,
     lock: bool = True,
+    cached_input: bool = True,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
 
@@ -373,6 +374,10 @@ def inject_file(
     lock : bool
         In place, hold a :class:`fastflip.files.locks.WriterLock` on the file while it is changed (default):
         a second writer of the same file is refused instead of losing one injection.
+    cached_input : bool
+        Copy mode may take the input's sha256 from :mod:`fastflip.files.hashcache` (default); ``False`` hashes
+        its bytes, for an input that the caller is about to replace with the output (a shard of a checkpoint
+        directory injected in place). In place the bytes are always hashed.
 
     Evidence before change: the log is written to a temporary and fsynced, then renamed into place just
     before the output, both renames in one section with SIGINT/SIGTERM deferred
@@ -386,7 +391,7 @@ def inject_file(
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
         return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
-                              layout, backend, hash_files, durable, extra_manifest, overwrite)
+                              layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input)
 
 
 _SAMPLING_DEFAULTS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
@@ -412,7 +417,8 @@ def _sampling_arg(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | No
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
-                   extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
+                   extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True
+                   ) -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
@@ -466,7 +472,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     with staged(durable) as stage:
         _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
-                                 evidence=lp is not None)
+                                 evidence=lp is not None, cached_input=cached_input)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
