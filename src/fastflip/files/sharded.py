@@ -83,8 +83,8 @@ from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStor
 from .fileio import Staging, sha256_file, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
-from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _site_space, default_log_path, inject_file,
-                     revert)
+from .inject import InjectionResult, RevertResult, default_log_path, inject_file, revert
+from .sites import injection_counts, sampling_of, site_space
 from .locks import WriterLock
 from .log import InjectionLog
 from .patches import crc_patches, is_zip_container, write_patches
@@ -273,7 +273,7 @@ def _manifest(layout: ShardedLayout, target: str, plan: Plan, old: np.ndarray, n
                   "sha256": _digest({k: v["input_sha256"] for k, v in shards.items()}),
                   "size": int(sum(os.path.getsize(p) for p in layout.shard_paths()))},
         "output": {"path": os.path.abspath(target), "sha256": _digest({k: v["output_sha256"] for k, v in shards.items()})},
-        "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+        "in_place": in_place, "counts": injection_counts(plan, old, new), "plan": plan.meta,
         "checkpoint_dir": {"format": layout.format, "index": layout.index, "weight_files": list(layout.shards),
                            "shards": shards},
         "_storage": {t.name: {"storage": "contiguous", "shard": layout.shard_of["/" + t.name.lstrip("/")]}
@@ -317,12 +317,12 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     with _writer_lock(layout, "inject --in-place", in_place and lock):  # the layout is read before; the words after
         if isinstance(selection, Mapping):
             selection = Selection.from_dict(selection)
-        smp = _sampling_arg(sampling, plan, {})
+        smp = sampling_of(sampling, plan)
         if seed is None:
             seed = secrets.randbits(63)
         if plan is None:
             assert smp is not None
-            space = _site_space(layout, selection, smp.bit_spec, smp.distribution_arg)
+            space = site_space(layout, selection, smp.bit_spec, smp.distribution_arg)
             plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: _read_words(layout, p))
         options = {"selection": (selection or Selection()).as_dict(), **(smp.as_dict() if smp is not None else {}),
                    "in_place": in_place, "stream": list(stream), "durable": durable}
