@@ -105,7 +105,8 @@ def main() -> None:
     root = os.path.dirname(spec["trials"][0]["dir"])
     warm = os.path.join(root, "warm")
     os.makedirs(warm)
-    for mode in spec.get("warm", ("copy", "nonatomic")):  # everything an injection imports, imported once, before the forks
+    # everything an injection imports, imported here once, before the forks
+    for mode in spec.get("warm", ("copy", "nonatomic")):
         _copy(spec["file"], os.path.join(warm, mode + ext))
         _inject(mode, os.path.join(warm, mode + ext), os.path.join(warm, "out" + ext))
     unit = 0.0

@@ -92,6 +92,24 @@ def _hook(monkeypatch, before):
     monkeypatch.setattr(os, "rename", rename)
 
 
+def _watch_commit(monkeypatch, d: str, log_path: str, original: dict, signal_at: int | None = None) -> list:
+    """Record, at each rename onto the log or a shard of ``d``: ("log", no shard changed yet) or ("shard", the
+    log is in place); raise SIGTERM just before the ``signal_at``-th of them."""
+    events: list = []
+
+    def before(dst):
+        if dst == log_path:
+            events.append(("log", shards(d) == original))
+        elif dst.endswith(".safetensors"):
+            events.append(("shard", os.path.exists(log_path)))
+        watched = dst == log_path or dst.endswith(".safetensors")
+        if watched and len(events) == signal_at:
+            signal.raise_signal(signal.SIGTERM)
+
+    _hook(monkeypatch, before)
+    return events
+
+
 def test_copy_the_log_is_in_place_before_the_output_directory(src, tmp_path, monkeypatch, deferred_term):
     out = str(tmp_path / "out")
     seen, probe = deferred_term
@@ -126,17 +144,7 @@ def test_in_place_log_first_then_every_shard_with_signals_deferred(src, monkeypa
     log_path = src + ".fflog"
     seen, probe = deferred_term
     probe["f"] = lambda: sum(shards(src)[k] != v for k, v in original.items())
-    events: list = []
-
-    def before(dst):
-        if dst == log_path:
-            events.append(("log", shards(src) == original))
-        elif dst.endswith(".safetensors"):
-            events.append(("shard", os.path.exists(log_path)))
-            if len(events) == 2:
-                signal.raise_signal(signal.SIGTERM)
-
-    _hook(monkeypatch, before)
+    events = _watch_commit(monkeypatch, src, log_path, original, signal_at=2)
     res = inject_dir(src, in_place=True, seed=3, sampling=EVERY_SHARD)
     touched = len(res.log.manifest["checkpoint_dir"]["shards"])
     assert touched == 3
@@ -147,21 +155,26 @@ def test_in_place_log_first_then_every_shard_with_signals_deferred(src, monkeypa
     assert shards(src) == original
 
 
-def test_a_failed_rename_after_the_first_shard_keeps_the_log_that_reverts_it(src, monkeypatch):
-    original = shards(src)
+def _inject_with_a_failing_shard_rename(monkeypatch, src: str, nth: int) -> None:
+    """An in-place inject whose ``nth`` rename of a temporary onto a shard fails (EIO)."""
     real, calls = os.replace, []
 
     def replace(a, b, **kw):
         if os.fspath(b).endswith(".safetensors") and os.fspath(a).endswith(".tmp"):
             calls.append(b)
-            if len(calls) == 2:
+            if len(calls) == nth:
                 raise OSError(5, "Input/output error")
         return real(a, b, **kw)
 
     monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(Exception):
+    with pytest.raises(OSError):
         inject_dir(src, in_place=True, seed=3, sampling=EVERY_SHARD)
     monkeypatch.undo()
+
+
+def test_a_failed_rename_after_the_first_shard_keeps_the_log_that_reverts_it(src, monkeypatch):
+    original = shards(src)
+    _inject_with_a_failing_shard_rename(monkeypatch, src, 2)
     now = shards(src)
     assert sum(now[k] != v for k, v in original.items()) == 1  # one shard changed, then the commit failed
     assert not [n for n in os.listdir(src) if n.endswith(".tmp")]  # the other temporaries are gone
@@ -199,17 +212,7 @@ def test_staging_keeps_the_evidence_once_a_file_it_describes_has_changed(tmp_pat
 
 def test_a_failed_first_rename_takes_the_log_back(src, monkeypatch):
     original = shards(src)
-    real = os.replace
-
-    def replace(a, b, **kw):
-        if os.fspath(b).endswith(".safetensors") and os.fspath(a).endswith(".tmp"):
-            raise OSError(5, "Input/output error")
-        return real(a, b, **kw)
-
-    monkeypatch.setattr(os, "replace", replace)
-    with pytest.raises(Exception):
-        inject_dir(src, in_place=True, seed=3, sampling=EVERY_SHARD)
-    monkeypatch.undo()
+    _inject_with_a_failing_shard_rename(monkeypatch, src, 1)
     assert shards(src) == original and not os.path.exists(src + ".fflog")
 
 
@@ -226,15 +229,7 @@ def test_replay_in_place_commits_its_log_first(src, tmp_path, monkeypatch):
     res = inject_dir(src, str(tmp_path / "out"), seed=3, sampling=EVERY_SHARD)
     original = shards(src)
     lp = str(tmp_path / "replayed.fflog")
-    events: list = []
-
-    def before(dst):
-        if dst == lp:
-            events.append(("log", shards(src) == original))
-        elif dst.endswith(".safetensors"):
-            events.append(("shard", os.path.exists(lp)))
-
-    _hook(monkeypatch, before)
+    events = _watch_commit(monkeypatch, src, lp, original)
     replay_dir(res.log_path, src, in_place=True, log_path=lp)
     assert events[0] == ("log", True) and events[1:] == [("shard", True)] * 3
     monkeypatch.undo()

@@ -312,8 +312,8 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     target = os.path.realpath(root) if in_place else _target_dir(root, dst, overwrite)
     lp = _log_path(log_path, target, root, in_place)
     if not atomic and lp is not None:
-        raise OptionError("atomic=False in a checkpoint directory keeps its log in memory only (log_path=False, undone by "
-                          "restore_dir); for a log file, inject atomically (atomic=True)")
+        raise OptionError("atomic=False in a checkpoint directory keeps its log in memory only (log_path=False, "
+                          "undone by restore_dir); for a log file, inject atomically (atomic=True)")
     with _writer_lock(layout, "inject --in-place", in_place and lock):  # the layout is read before; the words after
         if isinstance(selection, Mapping):
             selection = Selection.from_dict(selection)
