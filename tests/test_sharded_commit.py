@@ -285,3 +285,15 @@ def test_in_place_writers_lock_the_whole_checkpoint(src, tmp_path, held):
             revert_dir(res.log_path, src)
     revert_dir(res.log_path, src)
     assert shards(src) == original
+
+
+def test_an_output_directory_never_carries_fastflip_scratch_files(src, tmp_path):
+    """A copy made while another fastflip writer works in the input (lock records, temporaries) leaves them out."""
+    scratch = [".fastflip-2049-1234.lock", ".config.json.fastflip-99999-ab.tmp", ".x.fastflip-99999-cd.tmp.bak"]
+    for name in scratch:
+        with open(os.path.join(src, name), "w") as fh:
+            fh.write("{}")
+    out = str(tmp_path / "out")
+    inject_dir(src, out, seed=3, sampling=EVERY_SHARD)
+    assert not set(scratch) & set(os.listdir(out))
+    assert sorted(os.listdir(out)) == sorted(n for n in os.listdir(src) if n not in scratch)
