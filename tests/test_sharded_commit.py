@@ -297,3 +297,17 @@ def test_an_output_directory_never_carries_fastflip_scratch_files(src, tmp_path)
     inject_dir(src, out, seed=3, sampling=EVERY_SHARD)
     assert not set(scratch) & set(os.listdir(out))
     assert sorted(os.listdir(out)) == sorted(n for n in os.listdir(src) if n not in scratch)
+
+
+def test_force_replaces_an_output_directory_after_its_new_log(src, tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    inject_dir(src, out, seed=1, sampling=EVERY_SHARD)
+    first = shards(out)
+    at_log: list = []
+    _hook(monkeypatch, lambda dst: at_log.append(shards(out) == first) if dst == out + ".fflog" else None)
+    res = inject_dir(src, out, seed=2, sampling=EVERY_SHARD, overwrite=True)
+    monkeypatch.undo()
+    assert at_log == [True]  # the new log goes in while the old output is still there
+    assert shards(out) != first and sorted(os.listdir(tmp_path)) == ["model", "out", "out.fflog"]  # nothing left aside
+    revert_dir(res.log_path, out, str(tmp_path / "back"))
+    assert shards(str(tmp_path / "back")) == shards(src)

@@ -267,7 +267,7 @@ def _backup(tmp: str, target: str) -> str | None:
 
 
 def _copy_mode(tmp: str, target: str) -> None:
-    """Give ``tmp`` the permission bits of the ``target`` it replaces (a new file: the umask's)."""
+    """Give ``tmp`` the permission bits of the ``target`` it replaces (a new file or folder: the umask's)."""
     try:
         new = (0o777 & ~process_umask()) if os.path.isdir(tmp) else new_file_mode()
         os.chmod(tmp, os.stat(target).st_mode & 0o7777 if os.path.exists(target) else new)
