@@ -5,7 +5,10 @@
 ``delay`` (the child is killed ``at`` seconds after it starts, drawn by the test from a seeded generator
 and scaled here by the duration of one uninterrupted injection) or ``replace`` (the child sends ``sig`` to
 itself just before its ``at``-th ``os.replace``, or just after the ``-at``-th when ``at`` is negative).
-fastflip is imported once; every trial forks, so a trial costs one injection, not an interpreter start.
+The original may be a checkpoint directory (copied as a tree; ``os.rename``, which commits a directory, counts
+as a rename too). SPEC's optional ``warm`` lists the modes run once before the forks (default: copy and
+nonatomic). fastflip is imported once; every trial forks, so a trial costs one injection, not an interpreter
+start.
 Prints one JSON line per trial: its index and how the child ended.
 """
 
@@ -33,18 +36,30 @@ def _inject(mode: str, src: str, out: str) -> int:
 
 
 def _hook(sig: int, at: int) -> None:
-    """Send ``sig`` to this process just before the ``at``-th os.replace (just after the ``-at``-th if negative)."""
-    real, calls = os.replace, [0]
+    """Send ``sig`` to this process just before the ``at``-th os.replace / os.rename (just after the ``-at``-th
+    if negative)."""
+    calls = [0]
 
-    def replace(a, b, **kw):  # noqa: ANN001
-        calls[0] += 1
-        if calls[0] == at:
-            os.kill(os.getpid(), sig)
-        real(a, b, **kw)
-        if calls[0] == -at:
-            os.kill(os.getpid(), sig)
+    def wrap(real):  # noqa: ANN001, ANN202
+        def renamed(a, b, **kw):  # noqa: ANN001
+            calls[0] += 1
+            if calls[0] == at:
+                os.kill(os.getpid(), sig)
+            real(a, b, **kw)
+            if calls[0] == -at:
+                os.kill(os.getpid(), sig)
 
-    os.replace = replace
+        return renamed
+
+    os.replace, os.rename = wrap(os.replace), wrap(os.rename)
+
+
+def _copy(src: str, dst: str) -> None:
+    """A fresh copy of the original checkpoint: a file, or a directory tree."""
+    if os.path.isdir(src):
+        shutil.copytree(src, dst)
+    else:
+        shutil.copyfile(src, dst)
 
 
 def _child(trial: dict, src: str, out: str) -> None:
@@ -67,7 +82,7 @@ def _child(trial: dict, src: str, out: str) -> None:
 
 def _run(trial: dict, original: str, ext: str, unit: float) -> tuple[int, float]:
     src = os.path.join(trial["dir"], "in" + ext)
-    shutil.copyfile(original, src)
+    _copy(original, src)
     sys.stdout.flush()
     t0 = time.perf_counter()
     pid = os.fork()
@@ -90,8 +105,9 @@ def main() -> None:
     root = os.path.dirname(spec["trials"][0]["dir"])
     warm = os.path.join(root, "warm")
     os.makedirs(warm)
-    for mode in ("copy",) if ext == ".keras" else ("copy", "nonatomic"):  # everything an injection imports, imported here once, before the forks
-        shutil.copyfile(spec["file"], os.path.join(warm, mode + ext))
+    # everything an injection imports, imported here once, before the forks
+    for mode in spec.get("warm", ("copy", "nonatomic")):
+        _copy(spec["file"], os.path.join(warm, mode + ext))
         _inject(mode, os.path.join(warm, mode + ext), os.path.join(warm, "out" + ext))
     unit = 0.0
     for k in range(2):  # the duration of one uninterrupted injection, in a child like the trials

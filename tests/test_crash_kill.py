@@ -5,7 +5,9 @@ kills it with SIGKILL, SIGTERM or SIGINT, either at seeded random moments (scale
 uninterrupted injection) or exactly before/after one of its renames (os.replace). Copy-mode injections must
 leave the input untouched and never an output without its log; in-place ones must leave the original bytes,
 or changed bytes with a ``.fflog`` whose revert gives the original bytes back. Checked for HDF5, .keras,
-torch.save, safetensors and .npz; the default tier runs a few kills per format and mode, ``slow`` many more.
+torch.save, safetensors, .npz and a sharded safetensors checkpoint directory (issue 21: index + three shards,
+killed also between the renames of its shards); the default tier runs a few kills per format and mode,
+``slow`` many more.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 
 from conftest import require
 from fastflip.files.inject import revert
+from fastflip.files.sharded import revert_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
@@ -60,6 +63,22 @@ def _make(fmt: str, d: str) -> str:
 
         p = os.path.join(d, "orig.safetensors")
         save_file(w, p)
+    elif fmt == "sharded":
+        require("safetensors")
+        from safetensors.numpy import save_file
+
+        p = os.path.join(d, "orig")
+        os.makedirs(p)
+        weight_map = {}
+        for k in range(1, 4):
+            shard = f"model-{k:05d}-of-00003.safetensors"
+            part = {f"layer{k}.{n}": v for n, v in (("weight", w["layer1.weight"] * k), ("bias", w["layer1.bias"]))}
+            save_file(part, os.path.join(p, shard))
+            weight_map.update(dict.fromkeys(part, shard))
+        with open(os.path.join(p, "model.safetensors.index.json"), "w") as fh:
+            json.dump({"metadata": {}, "weight_map": weight_map}, fh)
+        with open(os.path.join(p, "config.json"), "w") as fh:
+            fh.write("{}")
     else:
         p = os.path.join(d, "orig.npz")
         np.savez(p, **w)
@@ -67,7 +86,13 @@ def _make(fmt: str, d: str) -> str:
 
 
 def _modes(fmt: str) -> list[str]:
-    return ["copy", "inplace"] + ([] if fmt == "keras" else ["nonatomic"])
+    # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against
+    return ["copy", "inplace"] + ([] if fmt in ("keras", "sharded") else ["nonatomic"])
+
+
+# a directory commits in several renames (in place: the log, then each of three shards, after three staged
+# shards; copy: the log, then the folder): kill -9 right after the log and between the shards' renames too
+MID_COMMIT = {"sharded": [-4, -5, -6]}
 
 
 def _trials(fmt: str, root: str, rng: np.random.Generator, slow: bool) -> list[dict]:
@@ -76,6 +101,7 @@ def _trials(fmt: str, root: str, rng: np.random.Generator, slow: bool) -> list[d
         at_renames = [1, 2, 3, 4, -1, -2, -3] if slow else [2, 3, -2]
         kills = [(at, sig) for at in at_renames for sig in (SIGS if slow else [SIGS[int(rng.integers(3))]])]
         plan = [("replace", at, sig) for at, sig in kills]
+        plan += [("replace", at, signal.SIGKILL) for at in MID_COMMIT.get(fmt, [])]
         plan += [("delay", float(rng.uniform(0.0, 1.3)), SIGS[k % 3]) for k in range(30 if slow else 4)]
         for how, at, sig in plan:
             if mode == "nonatomic" and how == "delay" and sig == signal.SIGKILL:
@@ -86,7 +112,10 @@ def _trials(fmt: str, root: str, rng: np.random.Generator, slow: bool) -> list[d
     return trials
 
 
-def _read(p: str) -> bytes:
+def _read(p: str) -> bytes | dict[str, bytes]:
+    """A file's bytes, or a directory's files (fastflip's hidden temporaries and lock records left out)."""
+    if os.path.isdir(p):
+        return {n: _read(os.path.join(p, n)) for n in sorted(os.listdir(p)) if not n.startswith(".")}
     with open(p, "rb") as fh:
         return fh.read()
 
@@ -112,7 +141,7 @@ def _check(trial: dict, original: bytes, ext: str) -> str:
     back = os.path.join(d, "back" + ext)
     for lp in logs:
         try:
-            revert(lp, target, back, overwrite=True)
+            (revert_dir if os.path.isdir(target) else revert)(lp, target, back, overwrite=True)
         except Exception:  # noqa: BLE001 - another log (of a run that did not commit) may not fit
             continue
         if _read(back) == original:
@@ -124,7 +153,8 @@ def _run(fmt: str, tmp_path, seed: int, slow: bool = False) -> dict[str, int]:
     orig = _make(fmt, str(tmp_path))
     trials = _trials(fmt, str(tmp_path / "trials"), np.random.default_rng(seed), slow)
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"file": orig, "trials": trials}))
+    warm = [m for m in _modes(fmt) if m != "inplace"]
+    spec.write_text(json.dumps({"file": orig, "trials": trials, "warm": warm}))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "crash_worker.py"), str(spec)], capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, FASTFLIP_HASH_CACHE="off"))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -137,7 +167,7 @@ def _run(fmt: str, tmp_path, seed: int, slow: bool = False) -> dict[str, int]:
     return seen
 
 
-FORMATS = ["h5", "keras", "pt", "safetensors", "npz"]
+FORMATS = ["h5", "keras", "pt", "safetensors", "npz", "sharded"]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -139,9 +139,12 @@ class Staging:
     """Temporaries beside their targets, renamed into place together, *evidence first*.
 
     :meth:`add` makes a temporary for a target (``evidence=True``: a log that describes another
-    target, committed before it); :meth:`commit` fsyncs every temporary (``durable``), then, in one
-    :func:`deferred_signals` section, renames the evidence and then the rest into place and fsyncs
-    their folders; :meth:`abort` removes the temporaries. Used through :func:`staged`.
+    target, committed before it), :meth:`add_dir` a temporary folder for a target folder (a checkpoint
+    directory: an existing one is moved aside, replaced, then removed); :meth:`commit` fsyncs every
+    temporary (``durable``), then, in one :func:`deferred_signals` section, renames the evidence and then
+    the rest into place and fsyncs their folders; :meth:`abort` removes the temporaries. Used through
+    :func:`staged`. If a rename fails part way, the evidence is taken back only while none of the files
+    it describes has changed yet (after that, it is what reverts them).
     """
 
     def __init__(self, durable: bool = True) -> None:
@@ -161,6 +164,19 @@ class Staging:
         self.items.append((tmp, target, evidence))
         return tmp
 
+    def add_dir(self, target: str | os.PathLike[str]) -> str:
+        """A fresh temporary folder beside the folder ``target`` that :meth:`commit` renames onto it (an existing
+        ``target`` folder is replaced: the caller has checked that it may be)."""
+        target = os.path.abspath(os.fspath(target))
+        d = os.path.dirname(target)
+        sweep_stale(d)
+        try:
+            tmp = tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".tmp", dir=d)
+        except OSError as exc:
+            raise write_error(target, exc) from None
+        self.items.append((tmp, target, False))
+        return tmp
+
     def temp(self, target: str | os.PathLike[str]) -> str:
         """The temporary staged for ``target``."""
         real = os.fspath(target)
@@ -174,20 +190,31 @@ class Staging:
         order = [i for i in self.items if i[2]] + [i for i in self.items if not i[2]]
         for tmp, target, _ in order:
             if self.durable:
-                fsync_path(tmp)
+                _fsync_tree(tmp)
             _copy_mode(tmp, target)
         backups = {tmp: _backup(tmp, target) for tmp, target, ev in order if ev and len(order) > 1}
+        aside: list[str] = []  # replaced target folders, removed once the commit is done
         with deferred_signals():
             done: list[str] = []
             try:
-                for tmp, target, _ in order:
-                    os.replace(tmp, target)
+                for tmp, target, ev in order:
+                    if os.path.isdir(tmp) and os.path.isdir(target) and not os.path.islink(target):
+                        aside.append(tmp + ".old")
+                        os.rename(target, aside[-1])
+                        try:
+                            os.rename(tmp, target)
+                        except BaseException:
+                            os.rename(aside.pop(), target)
+                            raise
+                    else:
+                        os.replace(tmp, target)
                     done.append(tmp)
                     if self.durable:
                         fsync_path(os.path.dirname(os.path.abspath(target)))
             except BaseException:
+                changed = any(tmp in done for tmp, _, ev in order if not ev)
                 for tmp, target, ev in order:  # evidence of a change that did not happen: the earlier file again
-                    if ev and tmp in done:
+                    if ev and tmp in done and not changed:
                         with contextlib.suppress(OSError):
                             if backups.get(tmp):
                                 os.replace(backups.pop(tmp), target)
@@ -199,13 +226,29 @@ class Staging:
                     if bak:
                         with contextlib.suppress(OSError):
                             os.unlink(bak)
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
         self.items = []
 
     def abort(self) -> None:
         for tmp, _, _ in self.items:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            if os.path.isdir(tmp) and not os.path.islink(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
         self.items = []
+
+
+def _fsync_tree(path: str) -> None:
+    """fsync a file, or a folder with every file and folder in it."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        for d, _, files in os.walk(path):
+            for f in files:
+                fsync_path(os.path.join(d, f))
+            fsync_path(d)
+    else:
+        fsync_path(path)
 
 
 def _backup(tmp: str, target: str) -> str | None:
@@ -224,9 +267,10 @@ def _backup(tmp: str, target: str) -> str | None:
 
 
 def _copy_mode(tmp: str, target: str) -> None:
-    """Give ``tmp`` the permission bits of the ``target`` it replaces (a new file: the umask's)."""
+    """Give ``tmp`` the permission bits of the ``target`` it replaces (a new file or folder: the umask's)."""
     try:
-        os.chmod(tmp, os.stat(target).st_mode & 0o7777 if os.path.exists(target) else new_file_mode())
+        new = (0o777 & ~process_umask()) if os.path.isdir(tmp) else new_file_mode()
+        os.chmod(tmp, os.stat(target).st_mode & 0o7777 if os.path.exists(target) else new)
     except OSError:
         pass
 

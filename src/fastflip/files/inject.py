@@ -35,7 +35,6 @@ import datetime as _dt
 import os
 import secrets
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -43,13 +42,13 @@ import numpy as np
 
 from .. import __version__
 from ..core.bits import BitSpec
-from ..errors import CapacityError, InputFileError, LogMismatchError, OptionError, SelectionError, one_line
+from ..errors import InputFileError, LogMismatchError, OptionError
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
 from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, sha256_file, staged
 from .inplace import write_in_place, write_unlogged
-from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
+from .h5apply import (apply_plan_to_file, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .formats.hfdir import is_checkpoint_dir
 from .layout import Layout, Tensor, read_layout
@@ -60,10 +59,9 @@ from .zipmembers import member_patches
 from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
                       write_patches)
 from ..core.plan import Plan
-from ..core.sampling import SiteSpace
 from ..core.spec import Sampling
-from .select import Selection, select
-from ..core.wordrule import nonfinite
+from .select import Selection
+from .sites import injection_counts, nonfinite_created, site_space, sampling_of
 
 __all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created",
            "inject_checkpoint_file"]
@@ -115,19 +113,8 @@ def default_log_path(output: str, keep_existing: bool = False) -> str:
     return path
 
 
-def nonfinite_created(plan: Plan, old: np.ndarray, new: np.ndarray) -> tuple[int, int]:
-    """(values that became NaN, values that became Inf) among the plan's sites."""
-    nan_n = inf_n = 0
-    for dt, pos in plan.per_dtype():
-        on, oi = nonfinite(old[pos], dt)
-        nn, ni = nonfinite(new[pos], dt)
-        nan_n += int((nn & ~on).sum())
-        inf_n += int((ni & ~oi).sum())
-    return nan_n, inf_n
-
-
 _LAYOUTS: "dict[tuple[str, int, int, int], Layout]" = {}
-_CACHE_LOCK = threading.Lock()  # the two caches below are shared by the threads of a host harness
+_CACHE_LOCK = threading.Lock()  # the layout cache below is shared by the threads of a host harness
 
 
 def cached_layout(path: str) -> Layout:
@@ -147,39 +134,6 @@ def cached_layout(path: str) -> Layout:
                 _LAYOUTS.pop(next(iter(_LAYOUTS)))
             lay = _LAYOUTS.setdefault(key, lay)
     return lay
-
-
-_SPACES: "dict[tuple[Any, ...], tuple[Layout, list[Tensor], SiteSpace]]" = {}
-
-
-def _site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
-                distribution: str | Mapping[str, float]) -> SiteSpace:
-    """The selected tensors' SiteSpace, remembered per (layout object, selection, bits, distribution)."""
-    dist_key = distribution if isinstance(distribution, str) else tuple(sorted(distribution.items()))
-    key = (id(layout), repr(selection), spec, dist_key)
-    with _CACHE_LOCK:
-        hit = _SPACES.get(key)
-    if hit is not None and hit[0] is layout:
-        return hit[2]
-    try:
-        tensors = select(layout.tensors, selection)
-    except SelectionError as exc:
-        if not layout.skipped:
-            raise
-        shown = "; ".join(f"{k.path}: {k.reason}" for k in layout.skipped[:2])
-        raise SelectionError(f"{one_line(exc)} (not tensors: {shown}"
-                             f"{'; ...' if len(layout.skipped) > 2 else ''})") from None
-    check_storage(tensors)
-    total_bits = sum(t.size * t.itemsize * 8 for t in tensors)  # Python ints: exact whatever the shapes
-    if total_bits >= 2**63:
-        raise CapacityError(f"the selection holds {total_bits} bits in {len(tensors)} tensors, more than can be "
-                            "addressed (2**63); select fewer tensors")
-    space = SiteSpace([t.ref() for t in tensors], bits=spec, distribution=distribution)
-    with _CACHE_LOCK:
-        while len(_SPACES) >= 16:
-            _SPACES.pop(next(iter(_SPACES)))
-        _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
-    return space
 
 
 def _refuse_dir(path: Any, lg: InjectionLog | None = None) -> None:
@@ -225,39 +179,9 @@ def _lock(path: str, what: str, on: bool) -> Any:
     return WriterLock(path, what) if on and os.path.exists(path) else contextlib.nullcontext()
 
 
-def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
-    """What an injection touched and what it changed.
-
-    ``sites`` are the elements the plan touched and ``flips`` the bits it touched (a
-    stuck-at bit already at its value is touched, not changed; ``scale`` touches no bit);
-    ``elements_changed`` (also ``changed``) and ``bits_changed`` count what really differs
-    between the old and the new words.
-
-    >>> from fastflip.core.plan import TensorRef
-    >>> from fastflip.core.sampling import SiteSpace
-    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
-    >>> c = _counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
-    >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
-    (2, 2, 1, 1)
-    """
-    nan_n, inf_n = nonfinite_created(plan, old, new)
-    old_u, new_u = np.asarray(old, np.uint64), np.asarray(new, np.uint64)
-    return {
-        "sites": int(len(plan)),
-        "flips": int(np.bitwise_count(plan.bits).sum()) if len(plan) else 0,
-        "changed": int((old != new).sum()),
-        "elements_changed": int((old_u != new_u).sum()),
-        "bits_changed": int(np.bitwise_count(old_u ^ new_u).sum()) if len(plan) else 0,
-        "tensors_hit": len(plan.per_tensor()),
-        "nan_created": nan_n,
-        "inf_created": inf_n,
-        "nan_resampled": int(plan.meta.get("nan_resampled", 0)),
-    }
-
-
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True
-           ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True,
+           cached_input: bool = True) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
 
@@ -287,7 +211,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=not in_place)
+                                             cached_input=cached_input and not in_place)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
@@ -335,6 +259,7 @@ def inject_file(
     extra_manifest: Mapping[str, Any] | None = None,
     overwrite: bool = True,
     lock: bool = True,
+    cached_input: bool = True,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
 
@@ -373,6 +298,10 @@ def inject_file(
     lock : bool
         In place, hold a :class:`fastflip.files.locks.WriterLock` on the file while it is changed (default):
         a second writer of the same file is refused instead of losing one injection.
+    cached_input : bool
+        Copy mode may take the input's sha256 from :mod:`fastflip.files.hashcache` (default); ``False`` hashes
+        its bytes, for an input that the caller is about to replace with the output (a shard of a checkpoint
+        directory injected in place). In place the bytes are always hashed.
 
     Evidence before change: the log is written to a temporary and fsynced, then renamed into place just
     before the output, both renames in one section with SIGINT/SIGTERM deferred
@@ -386,39 +315,20 @@ def inject_file(
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
         return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
-                              layout, backend, hash_files, durable, extra_manifest, overwrite)
-
-
-_SAMPLING_DEFAULTS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
-                                      "ber": None, "distribution": "element", "replace": False, "nan_policy": "allow"}
-
-
-def _sampling_arg(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | None,
-                  raw: Mapping[str, Any]) -> Sampling | None:
-    """The Sampling of a call: ``sampling=``, or (deprecated) the separate keywords; None with a given plan."""
-    given = {k: v for k, v in raw.items() if not (v is _SAMPLING_DEFAULTS[k] or v == _SAMPLING_DEFAULTS[k])}
-    if sampling is not None:
-        if given:
-            raise OptionError(f"give either sampling= or its fields ({', '.join(given)}), not both")
-        return sampling if isinstance(sampling, Sampling) else Sampling.from_mapping(sampling)
-    if plan is not None:
-        return None
-    if given:
-        warnings.warn("inject_file(bits=, model=, count=/rate=/ber=, ...) is deprecated: pass "
-                      "sampling=fastflip.Sampling(...)", DeprecationWarning, stacklevel=4)
-    return Sampling.from_keywords("inject_file", **given)
+                              layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input)
 
 
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
-                   extra_manifest: Mapping[str, Any] | None, overwrite: bool) -> InjectionResult:
+                   extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True
+                   ) -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
     layout = layout or cached_layout(src)  # the file is read (and refused) before the options are judged
     by_name = {t.path: t for t in layout.tensors}
-    smp = _sampling_arg(sampling, plan, raw)
+    smp = sampling_of(sampling, plan, raw)
     if smp is not None:
         fields = smp.as_dict()
         model_obj, spec = smp.fault_model, smp.bit_spec
@@ -429,7 +339,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         seed = secrets.randbits(63)
     if plan is None:
         assert smp is not None
-        space = _site_space(layout, selection, spec, smp.distribution_arg)
+        space = site_space(layout, selection, spec, smp.distribution_arg)
         plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: read_words(src, p, by_name))
     options = {
         "selection": (selection or Selection()).as_dict(), "bits": list(spec.items), "sign_first": fields["sign_first"],
@@ -454,7 +364,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
             "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
             "input": {"path": os.path.abspath(src), "sha256": in_hash, "size": in_size},
             "output": {"path": os.path.abspath(target), "sha256": out_hash},
-            "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+            "in_place": in_place, "counts": injection_counts(plan, old, new), "plan": plan.meta,
             "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name}
             if lp is not None else {},
             **dict(extra_manifest or {}),
@@ -466,7 +376,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     with staged(durable) as stage:
         _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
-                                 evidence=lp is not None)
+                                 evidence=lp is not None, cached_input=cached_input)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 

@@ -45,7 +45,8 @@ from typing import Iterable, Mapping
 
 from ..errors import OutputError
 
-__all__ = ["resolve_output", "check_run_paths", "temp_prefix", "make_temp_dir", "sweep_stale", "pid_alive"]
+__all__ = ["resolve_output", "check_run_paths", "temp_prefix", "make_temp_dir", "sweep_stale", "pid_alive",
+           "is_fastflip_scratch"]
 
 _TEMP_FILE = re.compile(r"^\..*\.fastflip-(\d+)-[A-Za-z0-9_]+\.tmp.*$")
 _TEMP_DIR = re.compile(r"^fastflip-[a-z0-9]+-(\d+)-[A-Za-z0-9_]+$")
@@ -197,6 +198,18 @@ def _sweep_lock_record(path: str) -> list[str]:
     except OSError:
         return []
     return [path]
+
+
+def is_fastflip_scratch(name: str) -> bool:
+    """True for a name fastflip gives its temporary files (``.<x>.fastflip-<pid>-<r>.tmp*``) and writer-lock
+    records (``.fastflip-<dev>-<ino>.lock``): never part of a checkpoint, never copied with one.
+
+    >>> is_fastflip_scratch(".model.safetensors.fastflip-12-ab.tmp"), is_fastflip_scratch(".fastflip-1-2.lock")
+    (True, True)
+    >>> is_fastflip_scratch("model.safetensors")
+    False
+    """
+    return bool(_TEMP_FILE.match(name) or _LOCK_RECORD.match(name))
 
 
 def sweep_stale(directory: str) -> list[str]:

@@ -16,18 +16,33 @@ The log (``fastflip-log/1``) records, besides the usual columns, each tensor's `
 and per touched shard its ``input_sha256``/``output_sha256``/``size``/``sites``. Its
 ``input``/``output`` ``sha256`` are digests of the touched shards' hashes.
 
-Output (``-o DIR``): a new directory written atomically — built as a temporary directory
-beside it and renamed into place (an existing one is replaced only with ``overwrite`` /
-``--force``). Files the injection does not change (other shards, the index, ``config.json``,
+Evidence before change (issue 20): every write goes through :func:`fastflip.files.fileio.staged`. The touched
+shards' new bytes are written to temporaries and made durable, the log is staged as evidence, and one commit,
+with SIGINT/SIGTERM deferred (:func:`fastflip.files.fileio.deferred_signals`), renames the log into place
+(fsynced) before anything it describes. After a kill at any moment the user has the old state, or the new one
+with a log that reverts it.
+
+Output (``-o DIR``): a new directory built as a temporary directory beside it and renamed into place after
+the log (an existing one, replaced only with ``overwrite`` / ``--force``, is moved aside, replaced, then
+removed). Files the injection does not change (other shards, the index, ``config.json``,
 ``generation_config.json``, tokenizer files, ...) are carried over byte for byte: shared with the
 input where the file system can do it safely (a reflink: copy-on-write, FICLONE), else copied
 (``os.copy_file_range``, then a plain copy). Never a hard or symbolic link: a later in-place
 injection into the output would write through it into the input.
 
-In place: every touched shard is rewritten to a temporary file beside it, the log is made
-durable, then each temporary is renamed over its shard (evidence before change). A run killed
-between those renames leaves each shard either as it was or as the log says; :func:`revert_dir`
-reverts such a directory too (shards already at their logged input are left alone).
+In place: every touched shard is rewritten to a temporary file beside it, the log is made durable, then each
+temporary is renamed over its shard. A SIGKILL between those renames leaves each shard either as it was or
+as the log says; :func:`revert_dir` reverts such a directory too (shards already at their logged input are
+left alone). A rename that fails part way keeps the log once one shard has changed. The sha256 of a shard
+about to be replaced is taken from its bytes, never from :mod:`fastflip.files.hashcache` (inject, replay and
+revert alike). The non-atomic path (``atomic=False``: words rewritten where they lie, campaign trials) keeps
+its log in memory only; a log file is refused there.
+
+Locks: an in-place inject, replay or revert holds a :class:`~fastflip.files.locks.WriterLock` on the index and
+on every weight file of the directory (not only the touched ones) while it reads and changes it, so a second
+fastflip writer of the directory, or of any one shard as a single file, is refused with the holder named.
+Carried files (``config.json``, tokenizers) are not locked: fastflip never writes them. The locks are per
+inode: a shard replaced by the commit's rename is a new, unlocked file once the commit is done.
 
 Examples
 --------
@@ -56,10 +71,8 @@ import hashlib
 import json
 import os
 import secrets
-import shutil
-import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -67,16 +80,16 @@ from .. import __version__
 from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
-from .fileio import atomic_output, fsync_path, sha256_file
+from .fileio import Staging, sha256_file, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
-from .inject import (InjectionResult, RevertResult, _counts, _sampling_arg, _site_space, default_log_path, inject_file,
-                     revert)
+from .inject import InjectionResult, RevertResult, default_log_path, inject_file, revert
+from .sites import injection_counts, sampling_of, site_space
 from .locks import WriterLock
 from .log import InjectionLog
 from .patches import crc_patches, is_zip_container, write_patches
 from .sharecopy import copy_tree, share_copy
-from .paths import resolve_output, sweep_stale, temp_prefix
+from .paths import resolve_output
 from .select import Selection
 
 __all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",
@@ -175,58 +188,29 @@ def _log_path(log_path: Any, target: str, src: str, in_place: bool) -> str | Non
     return resolve_output(lp, inputs=[src], what="log")
 
 
-def _lock_file(layout: ShardedLayout) -> str:
-    """The file whose writer lock guards the directory: its index (never rewritten), else its weight file."""
-    return os.path.join(layout.file, layout.index or next(iter(layout.shards)))
+@contextlib.contextmanager
+def _writer_lock(layout: ShardedLayout, what: str, on: bool = True) -> Iterator[None]:
+    """While the block runs, a :class:`~fastflip.files.locks.WriterLock` on every file of the checkpoint that a
+    fastflip writer may change or read as its layout: the index and every weight file (shard), in name order.
+
+    A second in-place inject/replay/revert of the directory, or of one of its shards as a file, is refused
+    with the holder named, whichever file it starts from. Carried files (``config.json``, tokenizer files, ...)
+    are not locked: no fastflip writer changes them. Nothing is locked when ``on`` is false.
+    """
+    with contextlib.ExitStack() as locks:
+        if on:
+            for name in sorted(([layout.index] if layout.index else []) + list(layout.shards)):
+                locks.enter_context(WriterLock(os.path.join(layout.file, name), what))
+        yield
 
 
-class _Staged:
-    """Touched shards written beside their final place, then committed (renamed) all together."""
-
-    def __init__(self, root: str, in_place: bool, target: str | None) -> None:
-        self.root, self.in_place = root, in_place
-        self.dir = None if in_place else tempfile.mkdtemp(prefix=temp_prefix(target or root), suffix=".tmp",
-                                                         dir=os.path.dirname(target or root))
-        self.files: dict[str, str] = {}  # shard -> its new bytes' temporary path
-
-    def path(self, shard: str) -> str:
-        if self.dir is not None:
-            p = os.path.join(self.dir, shard)
-        else:
-            fd, p = tempfile.mkstemp(prefix=temp_prefix(shard), suffix=".tmp", dir=self.root)
-            os.close(fd)
-        self.files[shard] = p
-        return p
-
-    def discard(self) -> None:
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        for p in self.files.values():
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-
-    def commit(self, target: str, durable: bool) -> None:
-        """Rename the staged files (in place) or the staged directory (onto ``target``) into place."""
-        if self.dir is None:
-            for shard, p in self.files.items():
-                os.replace(p, os.path.join(self.root, shard))
-            if durable:
-                fsync_path(self.root)
-            return
-        if durable:
-            for p in self.files.values():
-                fsync_path(p)
-            fsync_path(self.dir)
-        old = None
-        if os.path.lexists(target):  # --force: the old directory moves aside, the new one takes its name
-            old = tempfile.mkdtemp(prefix=temp_prefix(target), suffix=".tmp", dir=os.path.dirname(target))
-            os.rename(target, os.path.join(old, "old"))
-        os.rename(self.dir, target)
-        self.dir = None
-        if durable:
-            fsync_path(os.path.dirname(target))
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+def _stage_shards(st: Staging, root: str, in_place: bool, target: str) -> Callable[[str], str]:
+    """Where each touched shard's new bytes go: a temporary beside the shard (in place), or the shard's name in a
+    temporary folder staged to become ``target``; both renamed into place when ``st`` commits, after the log."""
+    if in_place:
+        return lambda shard: st.add(os.path.join(root, shard))
+    folder = st.add_dir(target)
+    return lambda shard: os.path.join(folder, shard)
 
 
 def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPlan], InjectionResult]
@@ -253,30 +237,28 @@ def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPl
 def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, lp: str | None, backend: str,
                durable: bool, make_manifest: Callable[[np.ndarray, np.ndarray, dict[str, Any]], dict[str, Any]]
                ) -> InjectionLog:
-    """Stage, log, commit: the one write sequence of :func:`inject_dir` and :func:`replay_dir`."""
-    sweep_stale(layout.file if in_place else os.path.dirname(target))
-    stage = _Staged(layout.file, in_place, target)
+    """Stage, log, commit: the one write sequence of :func:`inject_dir` and :func:`replay_dir`.
 
-    def staged(src: str, sp: ShardPlan) -> InjectionResult:
-        return inject_file(src, stage.path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard], log_path=False,
-                           backend=backend, durable=durable, lock=False)
+    Evidence before change (:func:`fastflip.files.fileio.staged`): the touched shards are written to temporaries
+    (in place: beside them; else into a temporary folder with the carried files), the log is staged as evidence,
+    then one commit with SIGINT/SIGTERM deferred renames the log into place (durable) before the output folder or
+    the first shard.
+    """
+    with staged(durable, name=target) as st:
+        shard_path = _stage_shards(st, layout.file, in_place, target)
 
-    try:
-        old, new, shards = _apply(layout, plan, staged)
-        carried = None if stage.dir is None else copy_tree(layout.file, stage.dir, set(shards), durable)
+        def one(src: str, sp: ShardPlan) -> InjectionResult:
+            return inject_file(src, shard_path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard],
+                               log_path=False, backend=backend, durable=durable, lock=False,
+                               cached_input=not in_place)  # a shard about to be replaced: hashed from its bytes
+
+        old, new, shards = _apply(layout, plan, one)
         manifest = make_manifest(old, new, shards)
-        if carried is not None:
-            manifest["checkpoint_dir"]["carried"] = carried
+        if not in_place:
+            manifest["checkpoint_dir"]["carried"] = copy_tree(layout.file, st.temp(target), set(shards), durable)
         log = InjectionLog.from_plan(plan, old, new, manifest)
-        with contextlib.ExitStack() as log_commit:
-            if lp is not None:
-                log.write(log_commit.enter_context(atomic_output(lp, durable=durable)))
-            if in_place and lp is not None:  # evidence before change: the log is in place before any shard
-                log_commit.close()
-            stage.commit(target, durable)
-    except BaseException:
-        stage.discard()
-        raise
+        if lp is not None:
+            log.write(st.add(lp, evidence=True))
     return log
 
 
@@ -291,7 +273,7 @@ def _manifest(layout: ShardedLayout, target: str, plan: Plan, old: np.ndarray, n
                   "sha256": _digest({k: v["input_sha256"] for k, v in shards.items()}),
                   "size": int(sum(os.path.getsize(p) for p in layout.shard_paths()))},
         "output": {"path": os.path.abspath(target), "sha256": _digest({k: v["output_sha256"] for k, v in shards.items()})},
-        "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+        "in_place": in_place, "counts": injection_counts(plan, old, new), "plan": plan.meta,
         "checkpoint_dir": {"format": layout.format, "index": layout.index, "weight_files": list(layout.shards),
                            "shards": shards},
         "_storage": {t.name: {"storage": "contiguous", "shard": layout.shard_of["/" + t.name.lstrip("/")]}
@@ -315,7 +297,11 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
 
     ``in_place=True, atomic=False`` rewrites the words where they lie in each shard, with no temporary
     copy and no staging (``hash_files=False``: no sha256 either): the fast path of campaign trials,
-    undone by :func:`restore_dir`; a log, if any, is written after the shards.
+    undone by :func:`restore_dir`. It keeps its log in memory only (``log_path=False``; a log file is refused):
+    evidence before change would need every shard's new bytes worked out before the first is written.
+
+    In place, the whole checkpoint is locked while it is read and changed (every weight file and the index;
+    see the module docstring), unless ``lock=False``.
     """
     layout = layout or read_sharded_layout(src)
     root = layout.file
@@ -324,35 +310,36 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     if in_place and dst is not None and os.path.realpath(os.fspath(dst)) != os.path.realpath(root):
         raise OptionError("give either an output directory or in_place=True (--in-place), not both")
     target = os.path.realpath(root) if in_place else _target_dir(root, dst, overwrite)
-    if isinstance(selection, Mapping):
-        selection = Selection.from_dict(selection)
-    smp = _sampling_arg(sampling, plan, {})
-    if seed is None:
-        seed = secrets.randbits(63)
-    if plan is None:
-        assert smp is not None
-        space = _site_space(layout, selection, smp.bit_spec, smp.distribution_arg)
-        plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: _read_words(layout, p))
-    options = {"selection": (selection or Selection()).as_dict(), **(smp.as_dict() if smp is not None else {}),
-               "in_place": in_place, "stream": list(stream), "durable": durable}
     lp = _log_path(log_path, target, root, in_place)
+    if not atomic and lp is not None:
+        raise OptionError("atomic=False in a checkpoint directory keeps its log in memory only (log_path=False, "
+                          "undone by restore_dir); for a log file, inject atomically (atomic=True)")
+    with _writer_lock(layout, "inject --in-place", in_place and lock):  # the layout is read before; the words after
+        if isinstance(selection, Mapping):
+            selection = Selection.from_dict(selection)
+        smp = sampling_of(sampling, plan)
+        if seed is None:
+            seed = secrets.randbits(63)
+        if plan is None:
+            assert smp is not None
+            space = site_space(layout, selection, smp.bit_spec, smp.distribution_arg)
+            plan = smp.plan(space, seed=seed, stream=stream, read_words=lambda p: _read_words(layout, p))
+        options = {"selection": (selection or Selection()).as_dict(), **(smp.as_dict() if smp is not None else {}),
+                   "in_place": in_place, "stream": list(stream), "durable": durable}
 
-    def manifest(old: np.ndarray, new: np.ndarray, shards: dict[str, Any]) -> dict[str, Any]:
-        return {**_manifest(layout, target, plan, old, new, shards, seed, stream, options, in_place),
-                **dict(extra_manifest or {})}
+        def manifest(old: np.ndarray, new: np.ndarray, shards: dict[str, Any]) -> dict[str, Any]:
+            return {**_manifest(layout, target, plan, old, new, shards, seed, stream, options, in_place),
+                    **dict(extra_manifest or {})}
 
-    with WriterLock(_lock_file(layout), "inject --in-place") if in_place and lock else contextlib.nullcontext():
         if atomic:
             log = _write_dir(layout, target, in_place, plan, lp, backend, durable, manifest)
-        else:
+        else:  # no log file (checked above): nothing to commit first, the words are written where they lie
             def direct(path: str, sp: ShardPlan) -> InjectionResult:
                 return inject_file(path, in_place=True, atomic=False, plan=sp.plan, layout=layout.shards[sp.shard],
                                    log_path=False, backend=backend, hash_files=hash_files, durable=durable, lock=False)
 
             old, new, shards = _apply(layout, plan, direct)
             log = InjectionLog.from_plan(plan, old, new, manifest(old, new, shards))
-            if lp is not None:
-                log.save(lp, durable=durable)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
@@ -436,7 +423,7 @@ def replay_dir(log: InjectionLog | str | os.PathLike[str], src: str | os.PathLik
                          for t in lg.manifest.get("tensors", [])}
         return m
 
-    with WriterLock(_lock_file(layout), "replay --in-place") if in_place else contextlib.nullcontext():
+    with _writer_lock(layout, "replay --in-place", in_place):
         new_log = _write_dir(layout, target, in_place, lg.plan, lp, "auto", True, manifest)
     return InjectionResult(target, new_log, lp, dict(lg.manifest.get("counts", {})))
 
@@ -462,30 +449,25 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
     missing = sorted(set(want) - set(layout.shards))
     if missing:
         raise LogMismatchError(f"{root}: lacks {missing[0]}, which the log changed; give the directory it describes")
-    stage = _Staged(root, in_place, target)
-    with WriterLock(_lock_file(layout), "revert") if in_place else contextlib.nullcontext():
-        try:
-            todo = {sp.shard: sp for sp in shard_plans(lg.plan, layout)}
-            restored = 0
-            for name, rec in want.items():
-                sp = todo[name]
-                path = os.path.join(root, name)
-                digest = sha256_file(path)
-                if digest == rec["input_sha256"] and in_place:
-                    continue  # already the original
-                if digest not in (rec["output_sha256"], rec["input_sha256"]):
-                    raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
-                                           "nothing was changed")
-                if digest == rec["input_sha256"]:
-                    share_copy(path, stage.path(name), True)
-                else:
-                    revert(_sub_log(lg, sp, rec), path, stage.path(name))
-                    restored += len(sp.positions)
-            if stage.dir is not None:
-                copy_tree(root, stage.dir, set(stage.files), True)
-            stage.commit(target, True)
-        except BaseException:
-            stage.discard()
-            raise
+    with _writer_lock(layout, "revert", in_place), staged(name=target) as st:
+        shard_path = _stage_shards(st, root, in_place, target)
+        todo = {sp.shard: sp for sp in shard_plans(lg.plan, layout)}
+        restored = 0
+        for name, rec in want.items():
+            sp = todo[name]
+            path = os.path.join(root, name)
+            digest = sha256_file(path, cache=False)  # about to be replaced: its bytes, never a remembered hash
+            if digest == rec["input_sha256"] and in_place:
+                continue  # already the original
+            if digest not in (rec["output_sha256"], rec["input_sha256"]):
+                raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
+                                       "nothing was changed")
+            if digest == rec["input_sha256"]:
+                share_copy(path, shard_path(name), True)
+            else:
+                revert(_sub_log(lg, sp, rec), path, shard_path(name))
+                restored += len(sp.positions)
+        if not in_place:
+            copy_tree(root, st.temp(target), set(want), True)
     return RevertResult(target, lg.manifest["input"]["sha256"], restored)
 

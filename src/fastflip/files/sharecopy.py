@@ -25,6 +25,7 @@ import os
 import shutil
 
 from .fileio import fsync_path
+from .paths import is_fastflip_scratch
 
 __all__ = ["FICLONE", "share_copy", "copy_tree"]
 
@@ -66,10 +67,11 @@ def share_copy(src: str, dst: str, durable: bool = False) -> str:
 
 
 def copy_tree(src: str, dst: str, skip: set[str], durable: bool = False) -> dict[str, int]:
-    """Carry every file of ``src`` into the existing directory ``dst`` (but ``skip``); count how."""
+    """Carry every file of ``src`` into the existing directory ``dst`` (but ``skip``, and fastflip's own temporaries
+    and writer-lock records); count how."""
     how = {"reflink": 0, "copy": 0}
     for e in sorted(os.scandir(src), key=lambda e: e.name):
-        if e.name in skip or e.name.endswith(".tmp") and ".fastflip-" in e.name:
+        if e.name in skip or is_fastflip_scratch(e.name):  # temporaries and lock records of a writer at work
             continue
         if e.is_dir():  # a subdirectory (or a link to one): its files, as real files
             os.mkdir(os.path.join(dst, e.name))
