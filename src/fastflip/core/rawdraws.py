@@ -1,0 +1,138 @@
+"""NumPy Generator draws replayed in plain Python from a block of raw Philox words.
+
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
+A trial draws a handful of numbers; each NumPy ``Generator`` call costs 1–20 µs of
+argument handling for nanoseconds of work. :class:`RawDraws` takes the bit generator's
+raw 64-bit words in one call (``random_raw``) and computes the same results NumPy's
+C code computes from them, with the same algorithms:
+
+- ``integers(0, high)``: Lemire's bounded draw on 32-bit halves of the words (high half
+  buffered, as ``next_uint32`` does) when ``high - 1 < 2**32``, on whole words above;
+- ``random()``: ``(word >> 11) * 2**-53``;
+- ``choice(n, size, replace=False)`` for ``n <= 10000``: Floyd's algorithm on an open-addressed
+  hash set, then the Fisher–Yates shuffle of the result (both with the bounded draw).
+
+:meth:`RawDraws.sync` leaves the bit generator where NumPy's calls would have left it, so later
+draws go on through NumPy. tests/test_trialplan.py checks every draw against NumPy's.
+
+Examples
+--------
+>>> bg = np.random.Philox(5)
+>>> d = RawDraws(bg)
+>>> a = d.integers(1000, 3)
+>>> d.sync()
+>>> b = np.random.Generator(np.random.Philox(5)).integers(0, 1000, size=3).tolist()
+>>> a == b
+True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RawDraws", "FLOYD_MAX"]
+
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+_BLOCK = 32  # raw words fetched at a time (a multiple of Philox's 4-word block)
+FLOYD_MAX = 10000  # choice(n, ..., replace=False) uses Floyd's algorithm up to this n (NumPy's cut-off)
+
+
+class RawDraws:
+    """Draws of a freshly keyed Philox (counter 0, empty buffers), replayed from its raw words.
+
+    Parameters
+    ----------
+    bitgen : numpy.random.Philox
+        Just keyed (as :func:`fastflip.core.seedkey.keyed_generator` leaves it): nothing drawn yet.
+    """
+
+    def __init__(self, bitgen: Any) -> None:
+        self.bitgen = bitgen
+        self.raw: list[int] = bitgen.random_raw(_BLOCK).tolist()
+        self.pos = 0  # 64-bit words consumed
+        self.half: int | None = None  # the buffered high half of ``next_uint32``
+
+    def _next64(self) -> int:
+        if self.pos == len(self.raw):
+            self.raw += self.bitgen.random_raw(_BLOCK).tolist()
+        v = self.raw[self.pos]
+        self.pos += 1
+        return v
+
+    def _next32(self) -> int:
+        if self.half is not None:
+            v, self.half = self.half, None
+            return v
+        v = self._next64()
+        self.half = v >> 32
+        return v & _M32
+
+    def bounded(self, rng: int) -> int:
+        """``random_bounded_uint64(0, rng)``: uniform in ``[0, rng]`` (Lemire; no draw when rng is 0)."""
+        if rng == 0:
+            return 0
+        excl = rng + 1
+        if rng < _M32:
+            m = self._next32() * excl
+            if (m & _M32) < excl:
+                threshold = (_M32 - rng) % excl
+                while (m & _M32) < threshold:
+                    m = self._next32() * excl
+            return m >> 32
+        if rng == _M32:
+            return self._next32()
+        if rng == _M64:
+            return self._next64()
+        m = self._next64() * excl
+        if (m & _M64) < excl:
+            threshold = (_M64 - rng) % excl
+            while (m & _M64) < threshold:
+                m = self._next64() * excl
+        return m >> 64
+
+    def integers(self, high: int, size: int) -> list[int]:
+        """``Generator.integers(0, high, size=size)`` (any integer dtype; ``high >= 1``)."""
+        return [self.bounded(high - 1) for _ in range(size)]
+
+    def random(self, size: int) -> list[float]:
+        """``Generator.random(size)``."""
+        return [(self._next64() >> 11) * (1.0 / 9007199254740992.0) for _ in range(size)]
+
+    def choice_floyd(self, n: int, size: int) -> list[int]:
+        """``Generator.choice(n, size, replace=False)`` for ``n <= FLOYD_MAX`` (Floyd, then shuffled)."""
+        if not 0 <= size <= n <= FLOYD_MAX:
+            raise ValueError(f"choice_floyd covers 0 <= size <= n <= {FLOYD_MAX} (got n={n}, size={size})")
+        mask = (1 << int(1.2 * size).bit_length()) - 1 if int(1.2 * size) else 0
+        table: list[int | None] = [None] * (mask + 1)
+        out = []
+        for j in range(n - size, n):
+            val = self.bounded(j)
+            loc = val & mask
+            while table[loc] is not None and table[loc] != val:
+                loc = (loc + 1) & mask
+            if table[loc] is None:
+                table[loc] = val
+                out.append(val)
+            else:
+                loc = j & mask
+                while table[loc] is not None:
+                    loc = (loc + 1) & mask
+                table[loc] = j
+                out.append(j)
+        for i in range(size - 1, 0, -1):
+            j = self.bounded(i)
+            out[i], out[j] = out[j], out[i]
+        return out
+
+    def sync(self) -> None:
+        """Leave the bit generator in the state NumPy's own calls would have left it in."""
+        q = -(-self.pos // 4)  # Philox blocks used (the counter counts blocks)
+        block = self.raw[4 * (q - 1): 4 * q] if q else [0, 0, 0, 0]
+        self.bitgen.state = {"bit_generator": "Philox", "state": {"counter": (q, 0, 0, 0),
+                                                                    "key": self.bitgen.state["state"]["key"]},
+                             "buffer": block, "buffer_pos": self.pos - 4 * (q - 1) if q else 4,
+                             "has_uint32": int(self.half is not None), "uinteger": self.half or 0}

@@ -1,0 +1,126 @@
+"""The lean per-trial plan: a trial's few sites drawn and turned into a plan in plain Python.
+
+Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
+
+:meth:`fastflip.core.sampling.SiteSpace.plan` draws with NumPy calls whose argument
+handling costs far more than a trial's handful of numbers. For ``count=K`` with
+``K < 4096`` sites drawn uniformly (the per-trial loop of a harness), the space hands the
+draw to :func:`lean_plan`, which makes the same draws with the same algorithms on the
+generator's raw words (:class:`~fastflip.core.rawdraws.RawDraws`, keyed without a
+SeedSequence by :func:`~fastflip.core.seedkey.keyed_generator`) and builds the plan from
+Python lists: the same sites, masks, order and meta as the general path, bit for bit
+(tests/test_trialplan.py compares both over many seeds, streams, counts and fault models).
+When the first round of draws does not give K distinct sites (rare), it gives up and the
+general path draws instead, from the start. Sweeps keep the block planner
+(:mod:`fastflip.core.blockplan`).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any, Sequence
+
+import numpy as np
+
+from .faults import FaultModel
+from .plan import Plan, merge_duplicate_elements
+from .rawdraws import FLOYD_MAX, RawDraws
+from .seedkey import keyed_generator
+
+__all__ = ["lean_plan", "LeanTables"]
+
+_ALL = (1 << 64) - 1
+
+
+class LeanTables:
+    """What :func:`lean_plan` needs of a site space, as Python lists (built once per space)."""
+
+    def __init__(self, space: Any) -> None:
+        self.starts = [int(s) for s in space.starts]
+        self.group_of = [int(g) for g in space.group_of]
+        self.positions = [[int(p) for p in g.positions] for g in space.groups]
+        self.gm = [len(p) for p in self.positions]
+        self.n_elements = int(space.n_elements)
+
+    def tensor_of(self, elem: int) -> int:
+        return bisect_right(self.starts, elem) - 1
+
+
+def _draw_keys(lt: LeanTables, d: RawDraws, k: int, cap: int, pairs: bool, replace: bool) -> list[int] | None:
+    """The first round of :meth:`SiteSpace._sample` (sorted site keys), or None when it falls short of k."""
+    n = k if replace else k + int(2.0 * k * k / max(cap, 1)) + 8
+    elem = d.integers(lt.n_elements, n)
+    if pairs:
+        u = d.random(n)
+        if len(lt.positions) == 1:
+            pos, m = lt.positions[0], lt.gm[0]
+            keys = [e * 64 + pos[int(x * m)] for e, x in zip(elem, u)]
+        else:
+            keys = []
+            for e, x in zip(elem, u):
+                g = lt.group_of[lt.tensor_of(e)]
+                keys.append(e * 64 + lt.positions[g][int(x * lt.gm[g])])
+    else:
+        keys = elem
+    if replace:
+        return sorted(keys)
+    keys = sorted(set(keys))
+    if len(keys) < k or len(keys) > FLOYD_MAX:
+        return None
+    if len(keys) > k:
+        drop = set(d.choice_floyd(len(keys), len(keys) - k))
+        keys = [x for i, x in enumerate(keys) if i not in drop]
+    return keys
+
+
+def _pair_columns(lt: LeanTables, kind: str, keys: list[int], distinct: bool) -> tuple[list[int], ...]:
+    """Tensor, index and masks of pair sites (flip / one-bit stuck-at), as :meth:`SiteSpace._build` makes them."""
+    elems: list[int] = []
+    bms: list[int] = []
+    for key in keys:
+        e, b = key >> 6, 1 << (key & 63)
+        if distinct and elems and elems[-1] == e:  # distinct bits of one element combine by OR
+            bms[-1] |= b
+        else:
+            elems.append(e)
+            bms.append(b)
+    tensor = [lt.tensor_of(e) for e in elems]
+    index = [e - lt.starts[t] for e, t in zip(elems, tensor)]
+    ones, zeros = [_ALL] * len(elems), [0] * len(elems)
+    if kind == "stuck-at-0":
+        return tensor, index, [_ALL ^ b for b in bms], zeros, zeros, bms
+    if kind == "stuck-at-1":
+        return tensor, index, ones, bms, zeros, bms
+    return tensor, index, ones, zeros, bms, bms
+
+
+def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: FaultModel, replace: bool,
+              cap: int) -> Plan | None:
+    """The plan ``space.plan(seed=, stream=, count=k, model=, replace=)`` draws, or None to leave it to
+    the general path (stream values it does not take, or a first round short of k sites).
+
+    The caller has checked the rest: a uniform element distribution, ``1 <= k`` below the bulk
+    and dense thresholds, ``k <= cap`` without replacement, ``nan_policy='allow'``.
+    """
+    if any(int(s) < 0 for s in stream):
+        return None  # the general path raises NumPy's error
+    lt = space._lean_tables()
+    rng = keyed_generator(seed, stream)
+    d = RawDraws(rng.bit_generator)
+    pairs = model.pair_sites
+    keys = _draw_keys(lt, d, k, cap, pairs, replace)
+    if keys is None:
+        return None
+    if pairs:
+        tensor, index, and_m, or_m, xor_m, touched = _pair_columns(lt, model.kind, keys, not replace)
+        plan = Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), np.array(and_m, np.uint64),
+                    np.array(or_m, np.uint64), np.array(xor_m, np.uint64), None, np.array(touched, np.uint64))
+        if replace and len(plan) > 1:
+            plan = merge_duplicate_elements(plan)
+        flips = sum(b.bit_count() for b in touched) if not replace else int(np.bitwise_count(plan.bits).sum())
+    else:
+        d.sync()  # element models draw their bits or values through NumPy, where the sites left off
+        plan = space._build(rng, model, np.array(keys, np.int64), None, distinct=not replace)
+        flips = int(np.bitwise_count(plan.bits).sum())
+    plan.meta = space._plan_meta(flips, seed, stream, model, replace, "allow", k, {"count": k})
+    return plan

@@ -1,0 +1,168 @@
+"""The lean per-trial path draws exactly what the general path draws (issue 22 item 2).
+
+``SiteSpace.plan(count=K)`` for small K goes through :mod:`fastflip.core.trialplan` (raw Philox
+words, NumPy's algorithms replayed in Python, a SeedSequence-free key). The seed contract says a
+seed regenerates the same sites: these tests compare every column and the meta of the lean plan
+with the general path's (the lean path switched off) over many seeds, streams, counts, fault
+models, bit specs and dtype mixes, and check the pieces against NumPy directly.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from fastflip.core import sampling
+from fastflip.core.plan import Plan, TensorRef
+from fastflip.core.rawdraws import FLOYD_MAX, RawDraws
+from fastflip.core.sampling import SiteSpace, generator
+from fastflip.core.seedkey import keyed_generator, seed_state
+from fastflip.errors import CapacityError, OptionError
+
+MODELS = [None, "flip", "stuck-at-0", "stuck-at-1", "stuck-at-1:2", "random-bits:3", "adjacent:2", "mask:0b101@random",
+          "mask:0b11", "random-value", "zero", "scale:2.0"]
+
+
+def _general(space: SiteSpace, **kw) -> Plan:
+    """The plan of the general path (the lean path switched off)."""
+    lean = sampling.lean_plan
+    sampling.lean_plan = lambda *a, **k: None
+    try:
+        return space.plan(**kw)
+    finally:
+        sampling.lean_plan = lean
+
+
+def _columns(p: Plan) -> list:
+    cols = [p.tensor, p.index, p.and_mask, p.or_mask, p.xor_mask, p.bits]
+    return [(c.dtype.str, c.tolist()) for c in cols] + [None if p.scale is None else p.scale.tolist()]
+
+
+def _same(space: SiteSpace, **kw) -> Plan:
+    fast, slow = space.plan(**kw), _general(space, **kw)
+    assert _columns(fast) == _columns(slow), kw
+    assert fast.meta == slow.meta and list(fast.meta) == list(slow.meta), kw
+    assert fast.tensors is slow.tensors
+    return fast
+
+
+@pytest.fixture(scope="module")
+def mixed() -> SiteSpace:
+    """Three dtype groups (float32, float16, bfloat16 words), tensors of very different sizes."""
+    return SiteSpace([TensorRef("a", "<f4", (3, 5)), TensorRef("b", "<f2", (1000,)), TensorRef("c", "bfloat16", (7,)),
+                      TensorRef("d", "<f4", (200, 300))])
+
+
+def test_lean_path_is_taken(mixed: SiteSpace, monkeypatch) -> None:
+    """The comparison below compares two paths: the lean one does run for a small count."""
+    calls = []
+    real = sampling.lean_plan
+    monkeypatch.setattr(sampling, "lean_plan", lambda *a, **k: calls.append(a) or real(*a, **k))
+    mixed.plan(seed=1, count=2)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_same_plan_as_general_path(mixed: SiteSpace, model) -> None:
+    r = random.Random(hash(str(model)) & 0xFFFF)
+    for _ in range(40):
+        seed = r.choice([0, 1, r.randrange(1 << 20), r.randrange(1 << 63), r.randrange(1 << 80)])
+        stream = tuple(r.randrange(1 << r.choice([1, 8, 32, 40, 70])) for _ in range(r.randrange(0, 4)))
+        count = r.choice([1, 1, 2, 3, 10, 50, 200])
+        _same(mixed, seed=seed, stream=stream, count=count, model=model, replace=r.random() < 0.2)
+
+
+@pytest.mark.parametrize("bits", ["exponent-msb", "30-31", "sign", "0-7", None])
+def test_same_plan_bit_specs_and_one_group(bits) -> None:
+    space = SiteSpace([TensorRef(f"w{i}", "<f4", (i + 1, 17)) for i in range(40)], bits=bits)
+    for i in range(60):
+        _same(space, seed=7, stream=(i,), count=1 + i % 12)
+        _same(space, seed=i, stream=(3, i), count=5, replace=True)
+
+
+def test_same_plan_when_sites_are_few() -> None:
+    """Tiny spaces: collisions, surplus removal of many draws, replacement with repeats (merged sites)."""
+    space = SiteSpace([TensorRef("t", "<u1", (4,)), TensorRef("u", "<i2", (3,))])
+    for i in range(300):
+        _same(space, seed=i, count=1 + i % 5)  # <= a quarter of the 56 (element, bit) sites
+        _same(space, seed=i, count=1 + i % 20, replace=True)
+        _same(space, seed=i, count=1, model="zero")
+
+
+def test_rejection_and_fallbacks_give_the_general_plan() -> None:
+    """Counts the lean path leaves to the general one give the same plans through plan()."""
+    space = SiteSpace([TensorRef("t", "<f4", (64,))])
+    for kw in ({"count": 0}, {"count": 600}, {"count": 64, "model": "zero"}, {"count": 5000, "replace": True}):
+        _same(space, seed=3, **kw)
+    with pytest.raises(CapacityError):
+        space.plan(seed=1, count=65, model="zero")
+    with pytest.raises(OptionError, match="seed"):
+        space.plan(seed=-1, count=1)
+    with pytest.raises(ValueError):  # NumPy's SeedSequence refuses negative entropy on both paths
+        space.plan(seed=1, stream=(-1,), count=1)
+
+
+def test_lean_plan_applies_like_a_general_plan() -> None:
+    """Live inject/revert take the lean plan (its arrays are never written after construction)."""
+    from fastflip import live
+
+    arrays = {"a": np.arange(12, dtype=np.float32), "b": np.ones(5, np.float16)}
+    tg = live.targets(arrays)
+    space = SiteSpace(tg.refs())
+    before = {k: v.copy() for k, v in arrays.items()}
+    for i in range(20):
+        plan = space.plan(seed=5, stream=(i,), count=3)
+        for col in (plan.tensor, plan.index, plan.and_mask, plan.or_mask, plan.xor_mask, plan.bits):
+            col.flags.writeable = False
+        log = live.inject(tg, plan)
+        assert log.changed == len(plan) and log.bits_changed == plan.meta["flips"] == 3
+        live.revert(tg, log)
+    assert all((arrays[k].view(np.uint8) == before[k].view(np.uint8)).all() for k in arrays)
+
+
+# ---------------------------------------------------------------------- the pieces against NumPy
+
+
+def test_seed_state_is_seedsequence() -> None:
+    r = random.Random(2)
+    for _ in range(400):
+        ent = [r.choice([0, 1, r.randrange(1 << 32), r.randrange(1 << 64), r.randrange(1 << 130)])
+               for _ in range(r.randrange(1, 9))]
+        n = r.randrange(1, 9)
+        assert seed_state(ent, n) == [int(x) for x in np.random.SeedSequence(ent).generate_state(n, np.uint64)]
+
+
+def test_keyed_generator_is_generator() -> None:
+    for seed, stream in [(0, ()), (3, (17,)), (1 << 70, (1, 2, 3, 4, 5)), (9, (1 << 33,))]:
+        a, b = keyed_generator(seed, stream), generator(seed, stream)
+        assert a.integers(0, 1 << 62, size=9).tolist() == b.integers(0, 1 << 62, size=9).tolist()
+        assert a.random(3).tolist() == b.random(3).tolist()
+        assert a.binomial(1000, 0.3) == b.binomial(1000, 0.3)
+
+
+@pytest.mark.parametrize("high", [1, 2, 7, 25_636_712, (1 << 31) + 5, (1 << 32) - 1, 1 << 32, (1 << 32) + 1, (1 << 40) + 3,
+                                  (1 << 63) + 11])
+def test_raw_draws_match_numpy(high: int) -> None:
+    r = random.Random(high & 0xFFFF)
+    for seed in range(40):
+        d = RawDraws(np.random.Philox(seed))
+        g = np.random.Generator(np.random.Philox(seed))
+        for _ in range(4):
+            n = r.randrange(1, 40)
+            size = r.randrange(0, n + 1)
+            assert d.integers(high, 3) == g.integers(0, high, size=3, dtype=np.uint64).tolist()
+            assert d.random(2) == g.random(2).tolist()
+            assert d.choice_floyd(n, size) == g.choice(n, size, replace=False).tolist()
+        d.sync()  # the bit generator goes on where NumPy's calls would have left it
+        g2 = np.random.Generator(d.bitgen)
+        assert g2.integers(0, 1000, size=5).tolist() == g.integers(0, 1000, size=5).tolist()
+        assert g2.random(3).tolist() == g.random(3).tolist()
+
+
+def test_choice_floyd_limits() -> None:
+    d = RawDraws(np.random.Philox(1))
+    assert d.choice_floyd(FLOYD_MAX, 3) == np.random.Generator(np.random.Philox(1)).choice(FLOYD_MAX, 3, replace=False).tolist()
+    with pytest.raises(ValueError):
+        d.choice_floyd(FLOYD_MAX + 1, 3)
