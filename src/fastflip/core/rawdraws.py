@@ -55,6 +55,7 @@ class RawDraws:
         self.raw: list[int] = bitgen.random_raw(_BLOCK).tolist()
         self.pos = 0  # 64-bit words consumed
         self.half: int | None = None  # the buffered high half of ``next_uint32``
+        self.lost = False
 
     def _next64(self) -> int:
         if self.pos == len(self.raw):
@@ -77,7 +78,17 @@ class RawDraws:
             return 0
         excl = rng + 1
         if rng < _M32:
-            m = self._next32() * excl
+            half = self.half  # _next32, inlined: this is most of a trial's draws
+            if half is None:
+                if self.pos == len(self.raw):
+                    self.raw += self.bitgen.random_raw(_BLOCK).tolist()
+                v = self.raw[self.pos]
+                self.pos += 1
+                self.half = v >> 32
+                m = (v & _M32) * excl
+            else:
+                self.half = None
+                m = half * excl
             if (m & _M32) < excl:
                 threshold = (_M32 - rng) % excl
                 while (m & _M32) < threshold:
@@ -96,21 +107,31 @@ class RawDraws:
 
     def integers(self, high: int, size: int) -> list[int]:
         """``Generator.integers(0, high, size=size)`` (any integer dtype; ``high >= 1``)."""
-        return [self.bounded(high - 1) for _ in range(size)]
+        bounded, rng = self.bounded, high - 1
+        return [bounded(rng) for _ in range(size)]
 
     def random(self, size: int) -> list[float]:
         """``Generator.random(size)``."""
-        return [(self._next64() >> 11) * (1.0 / 9007199254740992.0) for _ in range(size)]
+        if self.pos + size > len(self.raw):
+            self.raw += self.bitgen.random_raw(max(_BLOCK, size)).tolist()
+        words = self.raw[self.pos: self.pos + size]
+        self.pos += size
+        return [(w >> 11) * (1.0 / 9007199254740992.0) for w in words]
 
-    def choice_floyd(self, n: int, size: int) -> list[int]:
-        """``Generator.choice(n, size, replace=False)`` for ``n <= FLOYD_MAX`` (Floyd, then shuffled)."""
+    def choice_floyd(self, n: int, size: int, shuffle: bool = True) -> list[int]:
+        """``Generator.choice(n, size, replace=False)`` for ``n <= FLOYD_MAX`` (Floyd, then shuffled).
+
+        ``shuffle=False`` returns the same set unshuffled and leaves the draws of the shuffle undrawn:
+        for a caller that needs only the set and draws nothing more (no :meth:`sync` after it).
+        """
         if not 0 <= size <= n <= FLOYD_MAX:
             raise ValueError(f"choice_floyd covers 0 <= size <= n <= {FLOYD_MAX} (got n={n}, size={size})")
         mask = (1 << int(1.2 * size).bit_length()) - 1 if int(1.2 * size) else 0
         table: list[int | None] = [None] * (mask + 1)
         out = []
+        bounded = self.bounded
         for j in range(n - size, n):
-            val = self.bounded(j)
+            val = bounded(j)
             loc = val & mask
             while table[loc] is not None and table[loc] != val:
                 loc = (loc + 1) & mask
@@ -123,13 +144,18 @@ class RawDraws:
                     loc = (loc + 1) & mask
                 table[loc] = j
                 out.append(j)
-        for i in range(size - 1, 0, -1):
-            j = self.bounded(i)
-            out[i], out[j] = out[j], out[i]
+        if shuffle:
+            for i in range(size - 1, 0, -1):
+                j = bounded(i)
+                out[i], out[j] = out[j], out[i]
+        else:
+            self.lost = True  # the stream position is no longer NumPy's: sync() would be wrong
         return out
 
     def sync(self) -> None:
         """Leave the bit generator in the state NumPy's own calls would have left it in."""
+        if self.lost:
+            raise ValueError("RawDraws.sync after an unshuffled choice_floyd: the stream position is unknown")
         q = -(-self.pos // 4)  # Philox blocks used (the counter counts blocks)
         block = self.raw[4 * (q - 1): 4 * q] if q else [0, 0, 0, 0]
         self.bitgen.state = {"bit_generator": "Philox", "state": {"counter": (q, 0, 0, 0),

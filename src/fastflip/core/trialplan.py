@@ -68,7 +68,7 @@ def _draw_keys(lt: LeanTables, d: RawDraws, k: int, cap: int, pairs: bool, repla
     if len(keys) < k or len(keys) > FLOYD_MAX:
         return None
     if len(keys) > k:
-        drop = set(d.choice_floyd(len(keys), len(keys) - k))
+        drop = set(d.choice_floyd(len(keys), len(keys) - k, shuffle=not pairs))  # pair sites draw nothing after
         keys = [x for i, x in enumerate(keys) if i not in drop]
     return keys
 
