@@ -10,8 +10,9 @@ C code computes from them, with the same algorithms:
 - ``integers(0, high)``: Lemire's bounded draw on 32-bit halves of the words (high half
   buffered, as ``next_uint32`` does) when ``high - 1 < 2**32``, on whole words above;
 - ``random()``: ``(word >> 11) * 2**-53``;
-- ``choice(n, size, replace=False)`` for ``n <= 10000``: Floyd's algorithm on an open-addressed
-  hash set, then the Fisher–Yates shuffle of the result (both with the bounded draw).
+- ``choice(n, size, replace=False)`` for ``n <= 10000``: Floyd's algorithm (NumPy keeps its set in
+  an open-addressed table, a Python set here), then the Fisher–Yates shuffle of the result (both with the
+  bounded draw).
 
 :meth:`RawDraws.sync` leaves the bit generator where NumPy's calls would have left it, so later
 draws go on through NumPy. tests/test_trialplan.py checks every draw against NumPy's.
@@ -107,8 +108,30 @@ class RawDraws:
 
     def integers(self, high: int, size: int) -> list[int]:
         """``Generator.integers(0, high, size=size)`` (any integer dtype; ``high >= 1``)."""
-        bounded, rng = self.bounded, high - 1
-        return [bounded(rng) for _ in range(size)]
+        rng = high - 1
+        if not 0 < rng < _M32 or self.pos + size > len(self.raw):
+            bounded = self.bounded
+            return [bounded(rng) for _ in range(size)]
+        # bounded() inlined for 32-bit ranges: locals only; the rare rejection step goes through bounded()
+        excl, raw, pos, half = rng + 1, self.raw, self.pos, self.half
+        out = []
+        for i in range(size):
+            if half is None:
+                v = raw[pos]
+                pos += 1
+                half = v >> 32
+                m = (v & _M32) * excl
+            else:
+                m, half = half * excl, None
+            if (m & _M32) < excl and (m & _M32) < (_M32 - rng) % excl:
+                self.pos, self.half = pos, half  # rejected: draw again as bounded() does, the rest through it
+                while (m & _M32) < (_M32 - rng) % excl:
+                    m = self._next32() * excl
+                out.append(m >> 32)
+                return out + [self.bounded(rng) for _ in range(size - i - 1)]
+            out.append(m >> 32)
+        self.pos, self.half = pos, half
+        return out
 
     def random(self, size: int) -> list[float]:
         """``Generator.random(size)``."""
@@ -126,24 +149,15 @@ class RawDraws:
         """
         if not 0 <= size <= n <= FLOYD_MAX:
             raise ValueError(f"choice_floyd covers 0 <= size <= n <= {FLOYD_MAX} (got n={n}, size={size})")
-        mask = (1 << int(1.2 * size).bit_length()) - 1 if int(1.2 * size) else 0
-        table: list[int | None] = [None] * (mask + 1)
+        seen: set[int] = set()  # NumPy's open-addressed hash set: only membership matters
         out = []
         bounded = self.bounded
         for j in range(n - size, n):
             val = bounded(j)
-            loc = val & mask
-            while table[loc] is not None and table[loc] != val:
-                loc = (loc + 1) & mask
-            if table[loc] is None:
-                table[loc] = val
-                out.append(val)
-            else:
-                loc = j & mask
-                while table[loc] is not None:
-                    loc = (loc + 1) & mask
-                table[loc] = j
-                out.append(j)
+            if val in seen:
+                val = j
+            seen.add(val)
+            out.append(val)
         if shuffle:
             for i in range(size - 1, 0, -1):
                 j = bounded(i)

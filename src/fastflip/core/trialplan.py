@@ -113,8 +113,9 @@ def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: Fault
         return None
     if pairs:
         tensor, index, and_m, or_m, xor_m, touched = _pair_columns(lt, model.kind, keys, not replace)
-        plan = Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), np.array(and_m, np.uint64),
-                    np.array(or_m, np.uint64), np.array(xor_m, np.uint64), None, np.array(touched, np.uint64))
+        masks = np.array([and_m, or_m, xor_m, touched], np.uint64)  # rows are contiguous columns
+        plan = Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), masks[0], masks[1], masks[2],
+                    None, masks[3])
         if replace and len(plan) > 1:
             plan = merge_duplicate_elements(plan)
         flips = sum(b.bit_count() for b in touched) if not replace else int(np.bitwise_count(plan.bits).sum())

@@ -45,6 +45,8 @@ from .adapters import LiveTensor, collect
 
 __all__ = ["Targets", "Prepared"]
 
+_SMALL = 16  # plans of up to this many sites are checked on Python integers (Targets._prepare_small)
+
 
 def _fast(prep: "Prepared", backend: str) -> Backend | None:
     """The per-trial fast path: a CPU backend's raw kernels, nothing re-validated (the sites were checked
@@ -131,6 +133,7 @@ class Targets:
         self._all_cpu = not self._kind.any()
         self._device = np.array([t.device for t in self.tensors], dtype=np.int64)
         self._spans: dict[int, tuple[Any, int]] = {}
+        self._lists: tuple[list[int], list[int], list[bool]] | None = None  # for _prepare_small
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -247,6 +250,10 @@ class Targets:
     def _prepare(self, plan: Plan) -> Prepared:
         mapping = self._mapping(plan.tensors)
         n = len(plan)
+        if 0 < n <= _SMALL and self._all_cpu and self._all_contiguous and not self._has_views:
+            small = self._prepare_small(plan, mapping)
+            if small is not None:
+                return small
         if n and (int(plan.tensor.min()) < 0 or int(plan.tensor.max()) >= len(mapping)):
             raise PlanMismatchError(f"the plan's tensor ids must lie in [0, {len(mapping)})")
         tid = np.ascontiguousarray(mapping[plan.tensor]) if n else np.zeros(0, dtype=np.int32)
@@ -302,6 +309,29 @@ class Targets:
                 pos = cuda_pos[devices == dev]
                 prep.cuda[int(dev)] = (pos, self._site_arrays(plan, pos, int(dev), tid, offsets))
         return prep
+
+    def _prepare_small(self, plan: Plan, mapping: np.ndarray) -> Prepared | None:
+        """:meth:`_prepare` of a trial's few sites on contiguous CPU tensors, with the same checks on Python
+        integers (a NumPy call per check costs more than the check); None leaves errors and scale plans to it."""
+        if plan.scale is not None:
+            return None
+        if self._lists is None:
+            self._lists = (self._sizes.tolist(), self.table.itemsizes.tolist(), self._writable.tolist())
+        sizes, itemsizes, writable = self._lists
+        ids = mapping.tolist()
+        tid, offsets = [], []
+        for t, i in zip(plan.tensor.tolist(), plan.index.tolist()):
+            if not 0 <= t < len(ids):
+                return None
+            k = ids[t]
+            if not (0 <= i < sizes[k] and writable[k]):
+                return None
+            tid.append(k)
+            offsets.append(i * itemsizes[k])
+        if len(tid) > 1 and len(set(zip(tid, offsets))) < len(tid):
+            return None
+        return Prepared(SiteArrays(tensor=np.array(tid, np.int32), offsets=np.array(offsets, np.int64),
+                                   and_mask=plan.and_mask, or_mask=plan.or_mask, xor_mask=plan.xor_mask), cpu=None)
 
     # ------------------------------------------------------------------ GPU
 
