@@ -318,12 +318,11 @@ class Targets:
         if self._lists is None:
             self._lists = (self._sizes.tolist(), self.table.itemsizes.tolist(), self._writable.tolist())
         sizes, itemsizes, writable = self._lists
-        ids = mapping.tolist()
         tid, offsets = [], []
         for t, i in zip(plan.tensor.tolist(), plan.index.tolist()):
-            if not 0 <= t < len(ids):
+            if not 0 <= t < len(mapping):
                 return None
-            k = ids[t]
+            k = int(mapping[t])
             if not (0 <= i < sizes[k] and writable[k]):
                 return None
             tid.append(k)
