@@ -180,3 +180,27 @@ def test_choice_floyd_limits() -> None:
     assert d.choice_floyd(FLOYD_MAX, 3) == np.random.Generator(np.random.Philox(1)).choice(FLOYD_MAX, 3, replace=False).tolist()
     with pytest.raises(ValueError):
         d.choice_floyd(FLOYD_MAX + 1, 3)
+
+
+@pytest.mark.parametrize("model", ["flip", "stuck-at-0", "stuck-at-1", "zero", "random-bits:2"])
+def test_plan_sites_lean_equals_general(mixed: SiteSpace, model, monkeypatch) -> None:
+    """plan_sites (a campaign trial's given units) builds pair-site plans on Python integers: the same plan."""
+    r = random.Random(5)
+    cases = [sorted(r.sample(range(mixed.n_sites(model)), r.choice([1, 2, 5, 40]))) for _ in range(60)]
+    cases += [[0], [mixed.n_sites(model) - 1], list(range(30))]  # first and last unit, many bits of one element
+    fast = [mixed.plan_sites(u, seed=3, stream=(1, i), model=model) for i, u in enumerate(cases)]
+    monkeypatch.setattr(sampling, "pair_units_plan", lambda *a, **k: None)
+    monkeypatch.setattr(sampling, "_BULK", 0)  # the general builder for every count
+    slow = [mixed.plan_sites(u, seed=3, stream=(1, i), model=model) for i, u in enumerate(cases)]
+    for a, b in zip(fast, slow):
+        assert _columns(a) == _columns(b) and a.meta == b.meta and list(a.meta) == list(b.meta)
+
+
+def test_permutation_stragglers_walk_in_python() -> None:
+    """Permutation(...)(positions): values outside [0, n) after the first NumPy pass finish in Python, the same."""
+    from fastflip.core.permutation import Permutation
+
+    p = Permutation(819_000_000, (3, 0, 0))  # domain 2**30: about a quarter of first passes land outside
+    for start in range(0, 2000, 97):
+        pos = np.arange(start, start + 12)
+        assert p(pos).tolist() == [p.value(int(i)) for i in pos]

@@ -59,7 +59,7 @@ from .dtypes import word_type
 from ..errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from .faults import FaultModel, GroupBits, site_masks
 from .plan import Plan, TensorRef, merge_duplicate_elements
-from .trialplan import LeanTables, lean_plan
+from .trialplan import LeanTables, lean_plan, pair_units_plan
 from .wordrule import nonfinite, rule_words, scale_words
 
 __all__ = ["SiteSpace", "make_plan", "generator"]
@@ -406,8 +406,11 @@ class SiteSpace:
         if len(u) > 1 and (u[1:] == u[:-1]).any():
             raise OptionError("plan_sites: the sites must be distinct")
         rng = _Lazy(seed, stream)  # deterministic models never build it (the SeedSequence is most of the cost)
-        elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
-        plan = self._build(rng, model, elem, bit)
+        if model.pair_sites and 0 < len(u) < _BULK:  # a trial's sites: the lean builder, nothing drawn
+            plan = pair_units_plan(self, u.tolist(), model.kind)
+        else:
+            elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
+            plan = self._build(rng, model, elem, bit)
         plan.meta.update({"flips": int(_popcount(plan.bits).sum()), "seed": int(seed),
                           "stream": [int(x) for x in stream], "model": model.as_dict(), "bits": list(self.bits.items),
                           "sign_first": self.bits.sign_first, "requested_sites": int(len(u)),

@@ -27,7 +27,7 @@ from .plan import Plan, merge_duplicate_elements
 from .rawdraws import FLOYD_MAX, RawDraws
 from .seedkey import keyed_generator
 
-__all__ = ["lean_plan", "LeanTables"]
+__all__ = ["lean_plan", "pair_units_plan", "LeanTables"]
 
 _ALL = (1 << 64) - 1
 
@@ -41,6 +41,8 @@ class LeanTables:
         self.positions = [[int(p) for p in g.positions] for g in space.groups]
         self.gm = [len(p) for p in self.positions]
         self.n_elements = int(space.n_elements)
+        self.pair_starts = [int(s) for s in space.pair_starts]
+        self.nbits = [int(m) for m in space.nbits]
 
     def tensor_of(self, elem: int) -> int:
         return bisect_right(self.starts, elem) - 1
@@ -94,6 +96,27 @@ def _pair_columns(lt: LeanTables, kind: str, keys: list[int], distinct: bool) ->
     return tensor, index, ones, zeros, bms, bms
 
 
+def _pair_plan(space: Any, lt: LeanTables, kind: str, keys: list[int], distinct: bool) -> Plan:
+    """The plan of sorted pair-site keys (``element * 64 + bit``) of a flip / one-bit stuck-at model."""
+    tensor, index, and_m, or_m, xor_m, touched = _pair_columns(lt, kind, keys, distinct)
+    masks = np.array([and_m, or_m, xor_m, touched], np.uint64)  # rows are contiguous columns
+    return Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), masks[0], masks[1], masks[2],
+                None, masks[3])
+
+
+def pair_units_plan(space: Any, units: list[int], kind: str) -> Plan:
+    """``space._build`` of given pair-site units (sorted, distinct, in range: checked by the caller) for a
+    flip / one-bit stuck-at model, on Python integers (the units of a campaign trial)."""
+    lt = space._lean_tables()
+    keys = []
+    for u in units:
+        t = bisect_right(lt.pair_starts, u) - 1
+        local = u - lt.pair_starts[t]
+        m = lt.nbits[t]
+        keys.append((lt.starts[t] + local // m) * 64 + lt.positions[lt.group_of[t]][local % m])
+    return _pair_plan(space, lt, kind, keys, True)
+
+
 def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: FaultModel, replace: bool,
               cap: int) -> Plan | None:
     """The plan ``space.plan(seed=, stream=, count=k, model=, replace=)`` draws, or None to leave it to
@@ -112,13 +135,10 @@ def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: Fault
     if keys is None:
         return None
     if pairs:
-        tensor, index, and_m, or_m, xor_m, touched = _pair_columns(lt, model.kind, keys, not replace)
-        masks = np.array([and_m, or_m, xor_m, touched], np.uint64)  # rows are contiguous columns
-        plan = Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), masks[0], masks[1], masks[2],
-                    None, masks[3])
+        plan = _pair_plan(space, lt, model.kind, keys, not replace)
         if replace and len(plan) > 1:
             plan = merge_duplicate_elements(plan)
-        flips = sum(b.bit_count() for b in touched) if not replace else int(np.bitwise_count(plan.bits).sum())
+        flips = int(np.bitwise_count(plan.bits).sum()) if replace else sum(int(b).bit_count() for b in plan.bits.tolist())
     else:
         d.sync()  # element models draw their bits or values through NumPy, where the sites left off
         plan = space._build(rng, model, np.array(keys, np.int64), None, distinct=not replace)
