@@ -30,7 +30,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -79,17 +79,7 @@ class RawDraws:
             return 0
         excl = rng + 1
         if rng < _M32:
-            half = self.half  # _next32, inlined: this is most of a trial's draws
-            if half is None:
-                if self.pos == len(self.raw):
-                    self.raw += self.bitgen.random_raw(_BLOCK).tolist()
-                v = self.raw[self.pos]
-                self.pos += 1
-                self.half = v >> 32
-                m = (v & _M32) * excl
-            else:
-                self.half = None
-                m = half * excl
+            m = self._next32() * excl
             if (m & _M32) < excl:
                 threshold = (_M32 - rng) % excl
                 while (m & _M32) < threshold:
@@ -106,16 +96,17 @@ class RawDraws:
                 m = self._next64() * excl
         return m >> 64
 
-    def integers(self, high: int, size: int) -> list[int]:
-        """``Generator.integers(0, high, size=size)`` (any integer dtype; ``high >= 1``)."""
-        rng = high - 1
-        if not 0 < rng < _M32 or self.pos + size > len(self.raw):
-            bounded = self.bounded
-            return [bounded(rng) for _ in range(size)]
-        # bounded() inlined for 32-bit ranges: locals only; the rare rejection step goes through bounded()
-        excl, raw, pos, half = rng + 1, self.raw, self.pos, self.half
+    def _bounded_many(self, rngs: Sequence[int]) -> list[int]:
+        """``[bounded(r) for r in rngs]``, with :meth:`bounded` inlined for 32-bit ranges (most of a trial's draws)."""
+        if not rngs or max(rngs) >= _M32 or self.pos + len(rngs) > len(self.raw):
+            return [self.bounded(r) for r in rngs]
+        raw, pos, half = self.raw, self.pos, self.half
         out = []
-        for i in range(size):
+        for i, rng in enumerate(rngs):
+            if rng == 0:
+                out.append(0)
+                continue
+            excl = rng + 1
             if half is None:
                 v = raw[pos]
                 pos += 1
@@ -128,10 +119,14 @@ class RawDraws:
                 while (m & _M32) < (_M32 - rng) % excl:
                     m = self._next32() * excl
                 out.append(m >> 32)
-                return out + [self.bounded(rng) for _ in range(size - i - 1)]
+                return out + [self.bounded(r) for r in rngs[i + 1:]]
             out.append(m >> 32)
         self.pos, self.half = pos, half
         return out
+
+    def integers(self, high: int, size: int) -> list[int]:
+        """``Generator.integers(0, high, size=size)`` (any integer dtype; ``high >= 1``)."""
+        return self._bounded_many([high - 1] * size)
 
     def random(self, size: int) -> list[float]:
         """``Generator.random(size)``."""
@@ -151,16 +146,15 @@ class RawDraws:
             raise ValueError(f"choice_floyd covers 0 <= size <= n <= {FLOYD_MAX} (got n={n}, size={size})")
         seen: set[int] = set()  # NumPy's open-addressed hash set: only membership matters
         out = []
-        bounded = self.bounded
-        for j in range(n - size, n):
-            val = bounded(j)
+        steps = range(n - size, n)  # the ranges do not depend on the draws: all drawn at once
+        for j, val in zip(steps, self._bounded_many(steps)):
             if val in seen:
                 val = j
             seen.add(val)
             out.append(val)
         if shuffle:
-            for i in range(size - 1, 0, -1):
-                j = bounded(i)
+            swaps = range(size - 1, 0, -1)
+            for i, j in zip(swaps, self._bounded_many(swaps)):
                 out[i], out[j] = out[j], out[i]
         else:
             self.lost = True  # the stream position is no longer NumPy's: sync() would be wrong
