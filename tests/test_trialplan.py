@@ -152,8 +152,8 @@ def test_keyed_generator_is_generator() -> None:
         assert a.binomial(1000, 0.3) == b.binomial(1000, 0.3)
 
 
-@pytest.mark.parametrize("high", [1, 2, 7, 25_636_712, (1 << 31) + 5, (1 << 32) - 1, 1 << 32, (1 << 32) + 1, (1 << 40) + 3,
-                                  (1 << 63) + 11])
+@pytest.mark.parametrize("high", [1, 2, 7, 25_636_712, (1 << 31) + 5, (1 << 32) - 1, 1 << 32, (1 << 32) + 1,
+                                  (1 << 40) + 3, (1 << 63) + 11])
 def test_raw_draws_match_numpy(high: int) -> None:
     r = random.Random(high & 0xFFFF)
     for seed in range(40):
@@ -173,11 +173,13 @@ def test_raw_draws_match_numpy(high: int) -> None:
 
 def test_choice_floyd_limits() -> None:
     d = RawDraws(np.random.Philox(1))
-    assert sorted(d.choice_floyd(30, 20, shuffle=False)) == sorted(np.random.Generator(np.random.Philox(1)).choice(30, 20, replace=False).tolist())
+    numpy_set = np.random.Generator(np.random.Philox(1)).choice(30, 20, replace=False)
+    assert sorted(d.choice_floyd(30, 20, shuffle=False)) == sorted(numpy_set.tolist())
     with pytest.raises(ValueError, match="unshuffled"):
         d.sync()
     d = RawDraws(np.random.Philox(1))
-    assert d.choice_floyd(FLOYD_MAX, 3) == np.random.Generator(np.random.Philox(1)).choice(FLOYD_MAX, 3, replace=False).tolist()
+    numpy_draw = np.random.Generator(np.random.Philox(1)).choice(FLOYD_MAX, 3, replace=False)
+    assert d.choice_floyd(FLOYD_MAX, 3) == numpy_draw.tolist()
     with pytest.raises(ValueError):
         d.choice_floyd(FLOYD_MAX + 1, 3)
 

@@ -138,7 +138,8 @@ def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: Fault
         plan = _pair_plan(space, lt, model.kind, keys, not replace)
         if replace and len(plan) > 1:
             plan = merge_duplicate_elements(plan)
-        flips = int(np.bitwise_count(plan.bits).sum()) if replace else sum(int(b).bit_count() for b in plan.bits.tolist())
+        bits = plan.bits.tolist()
+        flips = sum(b.bit_count() for b in bits) if len(bits) < 64 else int(np.bitwise_count(plan.bits).sum())
     else:
         d.sync()  # element models draw their bits or values through NumPy, where the sites left off
         plan = space._build(rng, model, np.array(keys, np.int64), None, distinct=not replace)
