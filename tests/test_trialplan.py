@@ -74,6 +74,14 @@ def test_lean_path_is_taken(mixed: SiteSpace, monkeypatch) -> None:
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("kw", [{"count": 1}, {"count": 30, "model": "random-bits:2"}, {"rate": 1e-3},
+                                {"ber": 1e-5}, {"count": 5, "replace": True}])
+def test_lean_path_serves_trials_alone(mixed: SiteSpace, kw, monkeypatch) -> None:
+    """A trial's plan never builds the general path's generator (SeedSequence + Philox + Generator)."""
+    monkeypatch.setattr(sampling, "generator", lambda *a: pytest.fail("the general path ran"))
+    assert mixed.plan(seed=4, stream=(2,), **kw).meta["requested_sites"] >= 1
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_same_plan_as_general_path(mixed: SiteSpace, model) -> None:
     r = random.Random(hash(str(model)) & 0xFFFF)
@@ -82,6 +90,20 @@ def test_same_plan_as_general_path(mixed: SiteSpace, model) -> None:
         stream = tuple(r.randrange(1 << r.choice([1, 8, 32, 40, 70])) for _ in range(r.randrange(0, 4)))
         count = r.choice([1, 1, 2, 3, 10, 50, 200])
         _same(mixed, seed=seed, stream=stream, count=count, model=model, replace=r.random() < 0.2)
+
+
+@pytest.mark.parametrize("model", [None, "stuck-at-1", "random-bits:2", "adjacent:3", "random-value", "scale:0.5"])
+def test_same_plan_rate_and_ber(mixed: SiteSpace, model) -> None:
+    """rate= and ber= draw K from a Binomial first, then the sites: the lean path goes on from there."""
+    r = random.Random(hash(str(model)) & 0xFFFF)
+    pair = model in (None, "stuck-at-1")
+    for i in range(40):
+        replace = r.random() < 0.2
+        _same(mixed, seed=r.randrange(1 << 40), stream=(i,), rate=r.choice([0.0, 1e-5, 1e-4, 1e-3, 0.01]), model=model,
+              replace=replace)
+        if pair:
+            _same(mixed, seed=r.randrange(1 << 40), stream=(i, 2), ber=r.choice([0.0, 1e-6, 1e-5, 1e-4]), model=model,
+                  replace=replace)
 
 
 @pytest.mark.parametrize("bits", ["exponent-msb", "30-31", "sign", "0-7", None])
@@ -169,6 +191,26 @@ def test_raw_draws_match_numpy(high: int) -> None:
         g2 = np.random.Generator(d.bitgen)
         assert g2.integers(0, 1000, size=5).tolist() == g.integers(0, 1000, size=5).tolist()
         assert g2.random(3).tolist() == g.random(3).tolist()
+
+
+def test_raw_draws_go_on_from_a_used_generator() -> None:
+    """RawDraws(fresh=False) starts where NumPy's draws left the bit generator (after a Binomial, a 32-bit draw)."""
+    for seed in range(60):
+        for before in ("binomial", "int32", "double"):
+            bg, ref = np.random.Philox(seed), np.random.Generator(np.random.Philox(seed))
+            for g in (np.random.Generator(bg), ref):
+                if before == "binomial":
+                    g.binomial(10**6, 1e-4 * (1 + seed % 7))
+                elif before == "int32":
+                    g.integers(0, 1000, size=1 + seed % 3)
+                else:
+                    g.random(1 + seed % 5)
+            d = RawDraws(bg, fresh=False)
+            assert d.integers(1 << 20, 5) == ref.integers(0, 1 << 20, size=5).tolist()
+            assert d.random(3) == ref.random(3).tolist()
+            assert d.random(37 + seed) == ref.random(37 + seed).tolist()  # past the first block of raw words
+            d.sync()
+            assert np.random.Generator(bg).integers(0, 99, size=4).tolist() == ref.integers(0, 99, size=4).tolist()
 
 
 def test_choice_floyd_limits() -> None:

@@ -43,19 +43,29 @@ FLOYD_MAX = 10000  # choice(n, ..., replace=False) uses Floyd's algorithm up to 
 
 
 class RawDraws:
-    """Draws of a freshly keyed Philox (counter 0, empty buffers), replayed from its raw words.
+    """Draws of a Philox bit generator, replayed from its raw words.
 
     Parameters
     ----------
     bitgen : numpy.random.Philox
-        Just keyed (as :func:`fastflip.core.seedkey.keyed_generator` leaves it): nothing drawn yet.
+    fresh : bool
+        True: just keyed (as :func:`fastflip.core.seedkey.keyed_generator` leaves it: counter 0, empty
+        buffers), nothing drawn yet. False: draws go on from its current state (read once, ~2 µs).
     """
 
-    def __init__(self, bitgen: Any) -> None:
+    def __init__(self, bitgen: Any, fresh: bool = True) -> None:
         self.bitgen = bitgen
-        self.raw: list[int] = bitgen.random_raw(_BLOCK).tolist()
-        self.pos = 0  # 64-bit words consumed
         self.half: int | None = None  # the buffered high half of ``next_uint32``
+        self.start: tuple[int, list[int], int] = (0, [0, 0, 0, 0], 4)  # counter, buffer, buffer position
+        if not fresh:
+            st = bitgen.state
+            if any(int(c) for c in st["state"]["counter"][1:]):
+                raise ValueError("RawDraws: a Philox counter beyond 2**64 blocks")
+            self.start = (int(st["state"]["counter"][0]), [int(b) for b in st["buffer"]], int(st["buffer_pos"]))
+            self.half = int(st["uinteger"]) if st["has_uint32"] else None
+        # the rest of the buffer, then whole new blocks (sync() takes the last block used from here)
+        self.raw: list[int] = bitgen.random_raw(4 - self.start[2] + _BLOCK).tolist()
+        self.pos = 0  # 64-bit words consumed
         self.lost = False
 
     def _next64(self) -> int:
@@ -131,7 +141,7 @@ class RawDraws:
     def random(self, size: int) -> list[float]:
         """``Generator.random(size)``."""
         if self.pos + size > len(self.raw):
-            self.raw += self.bitgen.random_raw(max(_BLOCK, size)).tolist()
+            self.raw += self.bitgen.random_raw(_BLOCK + 4 * (size // 4)).tolist()  # whole blocks
         words = self.raw[self.pos: self.pos + size]
         self.pos += size
         return [(w >> 11) * (1.0 / 9007199254740992.0) for w in words]
@@ -164,9 +174,15 @@ class RawDraws:
         """Leave the bit generator in the state NumPy's own calls would have left it in."""
         if self.lost:
             raise ValueError("RawDraws.sync after an unshuffled choice_floyd: the stream position is unknown")
-        q = -(-self.pos // 4)  # Philox blocks used (the counter counts blocks)
-        block = self.raw[4 * (q - 1): 4 * q] if q else [0, 0, 0, 0]
-        self.bitgen.state = {"bit_generator": "Philox", "state": {"counter": (q, 0, 0, 0),
+        counter, block, at = self.start
+        left = 4 - at  # words still in the buffer at the start
+        if self.pos <= left:
+            at += self.pos
+        else:
+            q = -(-(self.pos - left) // 4)  # new blocks used (the counter counts blocks)
+            block = self.raw[left + 4 * (q - 1): left + 4 * q]
+            counter, at = counter + q, self.pos - left - 4 * (q - 1)
+        self.bitgen.state = {"bit_generator": "Philox", "state": {"counter": (counter, 0, 0, 0),
                                                                     "key": self.bitgen.state["state"]["key"]},
-                             "buffer": block, "buffer_pos": self.pos - 4 * (q - 1) if q else 4,
+                             "buffer": block, "buffer_pos": at,
                              "has_uint32": int(self.half is not None), "uinteger": self.half or 0}

@@ -316,39 +316,38 @@ class SiteSpace:
             raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
         if nan_policy == "avoid" and read_words is None:
             raise OptionError("nan_policy='avoid' needs read_words to know the old values")
-        pairs = model.pair_sites
-        if count is not None and nan_policy == "allow":
-            if int(count) != count or count < 0:
-                raise OptionError(f"count must be a non-negative integer (got {count})")
-            cap = self._capacity(pairs)
-            if (self._weights is None and self.distribution == "element" and 1 <= count < _BULK
-                    and (replace or count <= _DENSE_FRACTION * cap)):
-                lean = lean_plan(self, seed, stream, int(count), model, replace, cap)
-                if lean is not None:
-                    return lean
-        rng = generator(seed, stream)
-        pair_uniform = False
+        uniform = self._weights is None and self.distribution == "element"
         if count is not None:
             if int(count) != count or count < 0:
                 raise OptionError(f"count must be a non-negative integer (got {count})")
-            k = int(count)
-            mode = {"count": k}
         elif rate is not None:
             if not 0 <= rate <= 1:
                 raise OptionError(f"rate must lie in [0, 1] (got {rate})")
-            if self._weights is not None or self.distribution != "element":
+            if not uniform:
                 raise OptionError("rate draws every element with the same probability: use distribution='element'")
-            k = int(rng.binomial(self.n_elements, rate))
-            pairs = False
-            mode = {"rate": float(rate), "drawn": k}
         else:
             assert ber is not None
             if not 0 <= ber <= 1:
                 raise OptionError(f"ber must lie in [0, 1] (got {ber})")
             if not model.pair_sites:
                 raise OptionError(f"ber flips single bits: use the flip or single-bit stuck-at model, not {model.describe()}")
-            if self._weights is not None or self.distribution != "element":
+            if not uniform:
                 raise OptionError("ber draws every bit with the same probability: use distribution='element'")
+        if uniform and nan_policy == "allow":  # a trial's few sites: the lean path, the same plan
+            lean = lean_plan(self, seed, stream, model, replace, count, rate, ber, (_BULK, _DENSE_FRACTION))
+            if lean is not None:
+                return lean
+        rng = generator(seed, stream)
+        pairs = model.pair_sites
+        pair_uniform = False
+        if count is not None:
+            k = int(count)
+            mode: dict[str, Any] = {"count": k}
+        elif rate is not None:
+            k = int(rng.binomial(self.n_elements, rate))
+            pairs = False
+            mode = {"rate": float(rate), "drawn": k}
+        else:
             k = int(rng.binomial(self.n_pairs, ber))
             pair_uniform = True
             mode = {"ber": float(ber), "drawn": k}

@@ -3,9 +3,9 @@
 Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
 
 :meth:`fastflip.core.sampling.SiteSpace.plan` draws with NumPy calls whose argument
-handling costs far more than a trial's handful of numbers. For ``count=K`` with
-``K < 4096`` sites drawn uniformly (the per-trial loop of a harness), the space hands the
-draw to :func:`lean_plan`, which makes the same draws with the same algorithms on the
+handling costs far more than a trial's handful of numbers. For fewer than 4096 sites drawn
+uniformly (``count=K``, or the K a ``rate``/``ber`` Binomial gives: the per-trial loop of a
+harness), the space hands the draw to :func:`lean_plan`, which makes the same draws with the same algorithms on the
 generator's raw words (:class:`~fastflip.core.rawdraws.RawDraws`, keyed without a
 SeedSequence by :func:`~fastflip.core.seedkey.keyed_generator`) and builds the plan from
 Python lists: the same sites, masks, order and meta as the general path, bit for bit
@@ -48,11 +48,14 @@ class LeanTables:
         return bisect_right(self.starts, elem) - 1
 
 
-def _draw_keys(lt: LeanTables, d: RawDraws, k: int, cap: int, pairs: bool, replace: bool) -> list[int] | None:
+def _draw_keys(lt: LeanTables, d: RawDraws, k: int, cap: int, pairs: bool, replace: bool,
+               pair_uniform: bool) -> list[int] | None:
     """The first round of :meth:`SiteSpace._sample` (sorted site keys), or None when it falls short of k."""
     n = k if replace else k + int(2.0 * k * k / max(cap, 1)) + 8
-    elem = d.integers(lt.n_elements, n)
-    if pairs:
+    if pair_uniform:
+        keys = _unit_keys(lt, d.integers(lt.pair_starts[-1], n))
+    elif pairs:
+        elem = d.integers(lt.n_elements, n)
         u = d.random(n)
         if len(lt.positions) == 1:
             pos, m = lt.positions[0], lt.gm[0]
@@ -63,7 +66,7 @@ def _draw_keys(lt: LeanTables, d: RawDraws, k: int, cap: int, pairs: bool, repla
                 g = lt.group_of[lt.tensor_of(e)]
                 keys.append(e * 64 + lt.positions[g][int(x * lt.gm[g])])
     else:
-        keys = elem
+        keys = d.integers(lt.n_elements, n)
     if replace:
         return sorted(keys)
     keys = sorted(set(keys))
@@ -104,34 +107,52 @@ def _pair_plan(space: Any, lt: LeanTables, kind: str, keys: list[int], distinct:
                 None, masks[3])
 
 
-def pair_units_plan(space: Any, units: list[int], kind: str) -> Plan:
-    """``space._build`` of given pair-site units (sorted, distinct, in range: checked by the caller) for a
-    flip / one-bit stuck-at model, on Python integers (the units of a campaign trial)."""
-    lt = space._lean_tables()
+def _unit_keys(lt: LeanTables, units: list[int]) -> list[int]:
+    """:meth:`SiteSpace._pairs_from_index` as keys ``element * 64 + bit``: the u-th (element, bit) pair."""
     keys = []
     for u in units:
         t = bisect_right(lt.pair_starts, u) - 1
         local = u - lt.pair_starts[t]
         m = lt.nbits[t]
         keys.append((lt.starts[t] + local // m) * 64 + lt.positions[lt.group_of[t]][local % m])
-    return _pair_plan(space, lt, kind, keys, True)
+    return keys
 
 
-def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: FaultModel, replace: bool,
-              cap: int) -> Plan | None:
-    """The plan ``space.plan(seed=, stream=, count=k, model=, replace=)`` draws, or None to leave it to
-    the general path (stream values it does not take, or a first round short of k sites).
+def pair_units_plan(space: Any, units: list[int], kind: str) -> Plan:
+    """``space._build`` of given pair-site units (sorted, distinct, in range: checked by the caller) for a
+    flip / one-bit stuck-at model, on Python integers (the units of a campaign trial)."""
+    lt = space._lean_tables()
+    return _pair_plan(space, lt, kind, _unit_keys(lt, units), True)
 
-    The caller has checked the rest: a uniform element distribution, ``1 <= k`` below the bulk
-    and dense thresholds, ``k <= cap`` without replacement, ``nan_policy='allow'``.
+
+def lean_plan(space: Any, seed: int, stream: Sequence[int], model: FaultModel, replace: bool, count: int | None,
+              rate: float | None, ber: float | None, limits: tuple[int, float]) -> Plan | None:
+    """The plan ``space.plan(seed=, stream=, count=|rate=|ber=, model=, replace=)`` draws, or None to leave it
+    to the general path (stream values it does not take, no site, at least ``limits[0]`` sites or more than
+    the fraction ``limits[1]`` of the space without replacement, or a first round short of the sites).
+
+    The caller has checked the options: one of count/rate/ber, valid; a uniform element distribution;
+    ``nan_policy='allow'``.
     """
     if any(int(s) < 0 for s in stream):
         return None  # the general path raises NumPy's error
-    lt = space._lean_tables()
     rng = keyed_generator(seed, stream)
-    d = RawDraws(rng.bit_generator)
-    pairs = model.pair_sites
-    keys = _draw_keys(lt, d, k, cap, pairs, replace)
+    pairs, pair_uniform = model.pair_sites, False
+    if count is not None:
+        k = int(count)
+        mode: dict[str, Any] = {"count": k}
+    elif rate is not None:
+        k, pairs = int(rng.binomial(space.n_elements, rate)), False
+        mode = {"rate": float(rate), "drawn": k}
+    else:
+        k, pair_uniform = int(rng.binomial(space.n_pairs, ber)), True
+        mode = {"ber": float(ber), "drawn": k}
+    cap = space._capacity(pairs)
+    if not (1 <= k < limits[0] and (replace or k <= limits[1] * cap)):
+        return None
+    lt = space._lean_tables()
+    d = RawDraws(rng.bit_generator, fresh=count is not None)
+    keys = _draw_keys(lt, d, k, cap, pairs, replace, pair_uniform)
     if keys is None:
         return None
     if pairs:
@@ -144,5 +165,5 @@ def lean_plan(space: Any, seed: int, stream: Sequence[int], k: int, model: Fault
         d.sync()  # element models draw their bits or values through NumPy, where the sites left off
         plan = space._build(rng, model, np.array(keys, np.int64), None, distinct=not replace)
         flips = int(np.bitwise_count(plan.bits).sum())
-    plan.meta = space._plan_meta(flips, seed, stream, model, replace, "allow", k, {"count": k})
+    plan.meta = space._plan_meta(flips, seed, stream, model, replace, "allow", k, mode)
     return plan
