@@ -30,7 +30,7 @@ True
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -40,6 +40,17 @@ _M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
 _BLOCK = 32  # raw words fetched at a time (a multiple of Philox's 4-word block)
 FLOYD_MAX = 10000  # choice(n, ..., replace=False) uses Floyd's algorithm up to this n (NumPy's cut-off)
+
+
+def _lemire(rng: int, draw: Callable[[], int], mask: int, width: int) -> int:
+    """Lemire's bounded draw in ``[0, rng]`` from ``width``-bit words (``mask``: their all-ones), with rejection."""
+    excl = rng + 1
+    m = draw() * excl
+    if (m & mask) < excl:
+        threshold = (mask - rng) % excl
+        while (m & mask) < threshold:
+            m = draw() * excl
+    return m >> width
 
 
 class RawDraws:
@@ -87,24 +98,13 @@ class RawDraws:
         """``random_bounded_uint64(0, rng)``: uniform in ``[0, rng]`` (Lemire; no draw when rng is 0)."""
         if rng == 0:
             return 0
-        excl = rng + 1
         if rng < _M32:
-            m = self._next32() * excl
-            if (m & _M32) < excl:
-                threshold = (_M32 - rng) % excl
-                while (m & _M32) < threshold:
-                    m = self._next32() * excl
-            return m >> 32
+            return _lemire(rng, self._next32, _M32, 32)
         if rng == _M32:
             return self._next32()
         if rng == _M64:
             return self._next64()
-        m = self._next64() * excl
-        if (m & _M64) < excl:
-            threshold = (_M64 - rng) % excl
-            while (m & _M64) < threshold:
-                m = self._next64() * excl
-        return m >> 64
+        return _lemire(rng, self._next64, _M64, 64)
 
     def _bounded_many(self, rngs: Sequence[int]) -> list[int]:
         """``[bounded(r) for r in rngs]``, with :meth:`bounded` inlined for 32-bit ranges (most of a trial's draws)."""
