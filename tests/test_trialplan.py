@@ -248,3 +248,44 @@ def test_permutation_stragglers_walk_in_python() -> None:
     for start in range(0, 2000, 97):
         pos = np.arange(start, start + 12)
         assert p(pos).tolist() == [p.value(int(i)) for i in pos]
+
+
+def test_small_plans_prepare_like_the_general_check(monkeypatch) -> None:
+    """Targets._prepare_small (a trial's few sites, Python integers) resolves what _prepare resolves, and leaves
+    every plan it would refuse to the general check (which raises)."""
+    from fastflip import live
+    import importlib
+
+    targets_mod = importlib.import_module("fastflip.live.targets")
+    from fastflip.errors import PlanMismatchError, ReadOnlyTargetError
+
+    arrays = {"a": np.zeros((3, 4), np.float32), "b": np.zeros(9, ">f2"), "c": np.zeros(5, np.uint8),
+              "d": np.zeros(2, np.int64)}
+    tg = live.targets(arrays)
+    space = SiteSpace(tg.refs())
+    plans = [space.plan(seed=i, count=1 + i % 16) for i in range(40)]
+    small = [tg._prepare_small(p, tg._mapping(p.tensors)) for p in plans]
+    monkeypatch.setattr(targets_mod, "_SMALL", 0)
+    for p, s in zip(plans, small):
+        g = tg._prepare(p)
+        assert s is not None and s.cpu is None and g.cpu is None and s.bitwise and g.bitwise
+        for col in ("tensor", "offsets", "and_mask", "or_mask", "xor_mask"):
+            a, b = getattr(s.sites, col), getattr(g.sites, col)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), col
+    refs = space.tensors
+    bad = [Plan.from_sites(refs, [0], [12], xor_mask=[1]), Plan.from_sites(refs, [1, 1], [3, 3], xor_mask=[1, 2]),
+           Plan(refs, np.array([9]), np.array([0]), np.array([~np.uint64(0)]), np.zeros(1, np.uint64),  # no tensor 9
+                np.ones(1, np.uint64), None, np.ones(1, np.uint64))]
+    for p in bad:
+        assert tg._prepare_small(p, tg._mapping(p.tensors)) is None
+    ro = {"w": np.zeros(4, np.float32)}
+    ro["w"].flags.writeable = False
+    tro = live.targets(ro)
+    p = Plan.from_sites(tro.refs(), [0], [1], xor_mask=[1])
+    assert tro._prepare_small(p, tro._mapping(p.tensors)) is None
+    monkeypatch.setattr(targets_mod, "_SMALL", 16)
+    with pytest.raises(ReadOnlyTargetError):
+        live.inject(tro, p)
+    for p in bad:
+        with pytest.raises(PlanMismatchError):
+            live.inject(tg, p)
