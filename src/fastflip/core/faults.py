@@ -38,7 +38,7 @@ Examples
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,7 @@ class FaultModel:
         """Parse the CLI form: ``flip``, ``random-bits:3``, ``adjacent:2`` (alias ``burst:2``), ``stuck-at-1``, ``stuck-at-0:2``,
         ``mask:0b101`` or ``mask:0x5@random``, ``scale:2.0``, ``random-value``, ``zero``."""
         if text is None:
-            return cls()
+            return _FLIP
         if isinstance(text, FaultModel):
             return text
         name, _, arg = str(text).strip().partition(":")
@@ -137,7 +137,11 @@ class FaultModel:
         return self.kind
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in _FIELDS}  # asdict's deep copy of five scalars: ~5 µs
+
+
+_FLIP = FaultModel()
+_FIELDS = fields(FaultModel)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from ..errors import OptionError
 __all__ = ["Permutation"]
 
 _ROUNDS = 8
+_FEW = 16  # out-of-range values after the first vectorised pass finished one by one
 _U64 = (1 << 64) - 1
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -77,18 +78,22 @@ class Permutation:
         """The value at one position (pure Python integers: the fast path for a trial's few sites)."""
         if not 0 <= i < self.n:
             raise OptionError(f"permutation positions must lie in [0, {self.n})")
-        h, mask, n = self.half, (1 << self.half) - 1, self.n
-        x = i
-        while True:
-            left, right = x >> h, x & mask
-            for k in self._int_keys:
-                z = (right + k) & _U64
-                z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-                z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
-                left, right = right, left ^ ((z ^ (z >> 31)) & mask)
-            x = (left << h) | right
-            if x < n:
-                return x
+        x = self._step(i)
+        while x >= self.n:  # cycle walking
+            x = self._step(x)
+        return x
+
+    def _step(self, x: int) -> int:
+        """One pass of the Feistel network over the whole domain, on a Python integer."""
+        h = self.half
+        mask = (1 << h) - 1
+        left, right = x >> h, x & mask
+        for k in self._int_keys:
+            z = (right + k) & _U64
+            z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+            z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+            left, right = right, left ^ ((z ^ (z >> 31)) & mask)
+        return (left << h) | right
 
     def _feistel(self, x: np.ndarray) -> np.ndarray:
         h = np.uint64(self.half)
@@ -109,6 +114,14 @@ class Permutation:
         x = self._feistel(pos.astype(np.uint64))
         n = np.uint64(self.n)
         out = x >= n
+        few = np.flatnonzero(out)
+        if len(few) <= _FEW:  # a trial's few stragglers walk on in Python (a NumPy pass costs ~50 µs)
+            for j in few.tolist():
+                v = self._step(int(x[j]))
+                while v >= self.n:
+                    v = self._step(v)
+                x[j] = v
+            return x.astype(np.int64)
         while out.any():  # cycle walking: stays a bijection of [0, n)
             x[out] = self._feistel(x[out])
             out = x >= n

@@ -59,6 +59,7 @@ from .dtypes import word_type
 from ..errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from .faults import FaultModel, GroupBits, site_masks
 from .plan import Plan, TensorRef, merge_duplicate_elements
+from .trialplan import LeanTables, lean_plan, pair_units_plan
 from .wordrule import nonfinite, rule_words, scale_words
 
 __all__ = ["SiteSpace", "make_plan", "generator"]
@@ -154,6 +155,7 @@ class SiteSpace:
                 raise OptionError("weights must be finite, non-negative and not all zero")
             self.distribution = dict(distribution)
             self._weights = w / w.sum()
+        self._lean: LeanTables | None = None
 
     # -- drawing -------------------------------------------------------------------------
     def _tensor_of(self, element: np.ndarray) -> np.ndarray:
@@ -314,30 +316,38 @@ class SiteSpace:
             raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
         if nan_policy == "avoid" and read_words is None:
             raise OptionError("nan_policy='avoid' needs read_words to know the old values")
-        rng = generator(seed, stream)
-        pairs = model.pair_sites
-        pair_uniform = False
+        uniform = self._weights is None and self.distribution == "element"
         if count is not None:
             if int(count) != count or count < 0:
                 raise OptionError(f"count must be a non-negative integer (got {count})")
-            k = int(count)
-            mode = {"count": k}
         elif rate is not None:
             if not 0 <= rate <= 1:
                 raise OptionError(f"rate must lie in [0, 1] (got {rate})")
-            if self._weights is not None or self.distribution != "element":
+            if not uniform:
                 raise OptionError("rate draws every element with the same probability: use distribution='element'")
-            k = int(rng.binomial(self.n_elements, rate))
-            pairs = False
-            mode = {"rate": float(rate), "drawn": k}
         else:
             assert ber is not None
             if not 0 <= ber <= 1:
                 raise OptionError(f"ber must lie in [0, 1] (got {ber})")
             if not model.pair_sites:
                 raise OptionError(f"ber flips single bits: use the flip or single-bit stuck-at model, not {model.describe()}")
-            if self._weights is not None or self.distribution != "element":
+            if not uniform:
                 raise OptionError("ber draws every bit with the same probability: use distribution='element'")
+        if uniform and nan_policy == "allow":  # a trial's few sites: the lean path, the same plan
+            lean = lean_plan(self, seed, stream, model, replace, count, rate, ber, (_BULK, _DENSE_FRACTION))
+            if lean is not None:
+                return lean
+        rng = generator(seed, stream)
+        pairs = model.pair_sites
+        pair_uniform = False
+        if count is not None:
+            k = int(count)
+            mode: dict[str, Any] = {"count": k}
+        elif rate is not None:
+            k = int(rng.binomial(self.n_elements, rate))
+            pairs = False
+            mode = {"rate": float(rate), "drawn": k}
+        else:
             k = int(rng.binomial(self.n_pairs, ber))
             pair_uniform = True
             mode = {"ber": float(ber), "drawn": k}
@@ -346,15 +356,26 @@ class SiteSpace:
         if nan_policy == "avoid" and len(plan):
             plan = self._avoid_nonfinite(plan, rng, model, pairs, replace, pair_uniform, read_words, elem, bit,
                                          max_resample_rounds)
-        plan.meta["flips"] = int(_popcount(plan.bits).sum())
-        if self.left_out:
-            plan.meta["left_out"] = dict(self.left_out)
-        plan.meta.update({
-            "seed": int(seed), "stream": [int(s) for s in stream], "model": model.as_dict(), "bits": list(self.bits.items),
-            "sign_first": self.bits.sign_first, "distribution": self.distribution, "replace": bool(replace),
-            "nan_policy": nan_policy, "requested_sites": k, "generator": "philox/seedsequence", **mode,
-        })
+        plan.meta = self._plan_meta(int(_popcount(plan.bits).sum()), seed, stream, model, replace, nan_policy, k, mode,
+                                    plan.meta)
         return plan
+
+    def _lean_tables(self) -> LeanTables:
+        if self._lean is None:
+            self._lean = LeanTables(self)
+        return self._lean
+
+    def _plan_meta(self, flips: int, seed: int, stream: Sequence[int], model: FaultModel, replace: bool,
+                   nan_policy: str, k: int, mode: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A drawn plan's meta (into ``meta`` when given): what regenerates it and what it did."""
+        meta = {} if meta is None else meta
+        meta["flips"] = flips
+        if self.left_out:
+            meta["left_out"] = dict(self.left_out)
+        meta.update(seed=int(seed), stream=[int(s) for s in stream], model=model.as_dict(), bits=list(self.bits.items),
+                    sign_first=self.bits.sign_first, distribution=self.distribution, replace=bool(replace),
+                    nan_policy=nan_policy, requested_sites=k, generator="philox/seedsequence", **mode)
+        return meta
 
     def n_sites(self, model: "FaultModel | str | None" = None) -> int:
         """The number of site units of ``model``: (element, bit) pairs for pair-site models, else elements."""
@@ -384,8 +405,11 @@ class SiteSpace:
         if len(u) > 1 and (u[1:] == u[:-1]).any():
             raise OptionError("plan_sites: the sites must be distinct")
         rng = _Lazy(seed, stream)  # deterministic models never build it (the SeedSequence is most of the cost)
-        elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
-        plan = self._build(rng, model, elem, bit)
+        if model.pair_sites and 0 < len(u) < _BULK:  # a trial's sites: the lean builder, nothing drawn
+            plan = pair_units_plan(self, u.tolist(), model.kind)
+        else:
+            elem, bit = self._pairs_from_index(u) if model.pair_sites else (u, None)
+            plan = self._build(rng, model, elem, bit)
         plan.meta.update({"flips": int(_popcount(plan.bits).sum()), "seed": int(seed),
                           "stream": [int(x) for x in stream], "model": model.as_dict(), "bits": list(self.bits.items),
                           "sign_first": self.bits.sign_first, "requested_sites": int(len(u)),

@@ -51,6 +51,8 @@ from .storage import MappingSource, key_function, same_objects
 
 __all__ = ["Targets", "Prepared"]
 
+_SMALL = 16  # plans of up to this many sites are checked on Python integers (Targets._prepare_small)
+
 
 def _fast(prep: "Prepared", backend: str) -> Backend | None:
     """The per-trial fast path: a CPU backend's raw kernels, nothing re-validated (the sites were checked
@@ -153,6 +155,7 @@ class Targets:
                              if self._all_checked and all(arrays) and len(owners) == 1 else None)
         self._map_keys = [f[0].key if a else None for f, a in zip(self._fresh, arrays)]  # type: ignore[index]
         self._objs = [t.obj for t in self.tensors]
+        self._lists: tuple[list[int], list[int], list[bool]] | None = None  # for _prepare_small
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -273,6 +276,10 @@ class Targets:
     def _prepare(self, plan: Plan) -> Prepared:
         mapping = self._mapping(plan.tensors)
         n = len(plan)
+        if 0 < n <= _SMALL and self._all_cpu and self._all_contiguous and not self._has_views:
+            small = self._prepare_small(plan, mapping)
+            if small is not None:
+                return small
         if n and (int(plan.tensor.min()) < 0 or int(plan.tensor.max()) >= len(mapping)):
             raise PlanMismatchError(f"the plan's tensor ids must lie in [0, {len(mapping)})")
         tid = np.ascontiguousarray(mapping[plan.tensor]) if n else np.zeros(0, dtype=np.int32)
@@ -382,6 +389,31 @@ class Targets:
                                        "(fastflip.live.targets(model)) after .data =, .to(), .half() or "
                                        "load_state_dict(assign=True); nothing was changed")
         raise StaleTargetError("a tensor's storage changed since these targets were built; rebuild them")
+
+    def _prepare_small(self, plan: Plan, mapping: np.ndarray) -> Prepared | None:
+        """:meth:`_prepare` of a trial's few sites on contiguous CPU tensors, with the same checks on Python
+        integers (a NumPy call per check costs more than the check); None leaves errors and scale plans to it."""
+        if plan.scale is not None:
+            return None
+        if self._lists is None:
+            self._lists = (self._sizes.tolist(), self.table.itemsizes.tolist(), self._writable.tolist())
+        sizes, itemsizes, writable = self._lists
+        tid, offsets = [], []
+        for t, i in zip(plan.tensor.tolist(), plan.index.tolist()):
+            if not 0 <= t < len(mapping):
+                return None
+            k = int(mapping[t])
+            if not (0 <= i < sizes[k] and writable[k]):
+                return None
+            tid.append(k)
+            offsets.append(i * itemsizes[k])
+        if len(tid) > 1 and len(set(zip(tid, offsets))) < len(tid):
+            return None
+        tids = np.array(tid, np.int32)
+        prep = Prepared(SiteArrays(tensor=tids, offsets=np.array(offsets, np.int64),
+                                   and_mask=plan.and_mask, or_mask=plan.or_mask, xor_mask=plan.xor_mask), cpu=None)
+        prep.touched, prep.fresh = self._checks(tids)  # the storage checks, as _prepare sets them
+        return prep
 
     # ------------------------------------------------------------------ GPU
 
