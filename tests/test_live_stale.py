@@ -176,3 +176,21 @@ def test_a_plan_changed_between_inject_and_revert_is_refused_by_revert():
     with pytest.raises(LogMismatchError):
         live.revert(tg, log)
     assert w.tolist() == [-1.0, 2.0, 3.0, 4.0]
+
+
+@pytest.mark.parametrize("count", [1, 3, 40])
+def test_the_per_trial_path_checks_storage_too(count):
+    """Plans of a few sites take a lean preparation path (live.targets._prepare_small); it carries the same
+    storage checks as the general one, for any plan size."""
+    torch = require("torch")
+    from fastflip import SiteSpace
+
+    net = torch.nn.Linear(16, 16)
+    tg = live.targets(net)
+    plan = SiteSpace(tg.refs(), bits=30).plan(seed=1, stream=(0,), count=count)
+    live.revert(tg, live.inject(tg, plan))  # prepared and cached while fresh
+    before = net.weight.detach().clone()
+    net.weight.data = before.clone()
+    with pytest.raises(StaleTargetError):
+        live.inject(tg, plan)
+    assert torch.equal(net.weight.detach(), before)
