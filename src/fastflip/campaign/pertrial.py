@@ -1,0 +1,162 @@
+"""Faulted modules that run once per trial on their share of a repeated batch.
+
+Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
+
+A block of ``B`` trials runs the evaluation inputs repeated ``B`` times along the batch
+(trial ``j``'s rows at ``j*n … j*n+n-1``). :class:`PerTrial` makes every module that holds a
+faulted tensor (in its own parameters or buffers) run ``B`` times, each time on trial ``j``'s rows
+with trial ``j``'s faulty copy in its slots (the serial forward's kernel and batch size); every other
+module runs once for all. It needs no graph: the modules' ``forward`` is replaced for the block and
+put back afterwards, so it works for models ``torch.fx`` cannot trace (Hugging Face models).
+
+* Inputs whose first dimension is the block's rows are split; other inputs (a ``(1, L)`` position
+  index that broadcasts over the batch) are given whole to each trial, and an output of batch 1
+  made from them is expanded to the trial's ``n`` rows.
+* Tuple and list outputs are joined element by element.
+* ``poison=True`` (the batcher's probe) puts NaN into the faulted tensors' own slots outside the
+  holders' forwards: a model that reads a faulted tensor anywhere else (a parent's
+  ``F.linear(x, self.child.weight)``) gives NaN outputs there, which the probe sees, and its trials
+  run one at a time.
+
+Examples
+--------
+>>> import torch
+>>> m = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False)).eval()
+>>> _ = torch.nn.init.ones_(m[0].weight)
+>>> stack = torch.tensor([[[2.0]], [[3.0]]])          # trial 0: w = 2, trial 1: w = 3
+>>> with PerTrial(m.named_modules(), {id(m[0].weight): stack}, 2) as pt:
+...     pt.rows = 4
+...     out = m(torch.ones(4, 1))
+>>> out[:, 0].tolist(), m[0].weight.item()
+([2.0, 2.0, 3.0, 3.0], 1.0)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..errors import FastflipError
+
+__all__ = ["PerTrial", "Unbatchable"]
+
+
+class Unbatchable(FastflipError):
+    """The model cannot run several trials in one forward (the message says why)."""
+
+
+class PerTrial:
+    """Context manager: the modules among ``modules`` holding a tensor of ``stacks`` run trial by trial.
+
+    Parameters
+    ----------
+    modules : iterable of (name, module)
+        Candidate modules (a module object met twice is patched once).
+    stacks : dict
+        ``{id(original tensor): stack of B faulty copies}``.
+    trials : int
+        ``B``.
+    poison : bool
+        NaN in the faulted slots outside the holders' forwards (see the module docstring).
+
+    Set :attr:`rows` (``B × n``) before each forward (and :attr:`only` to run one trial on all of them).
+    """
+
+    def __init__(self, modules: Iterable[tuple[str, Any]], stacks: dict[int, Any], trials: int,
+                 poison: bool = False) -> None:
+        self.modules = list(modules)
+        self.stacks = stacks
+        self.trials = int(trials)
+        self.poison = poison
+        self.rows = 0
+        #: run only this trial (on all the rows) instead of all of them
+        self.only: int | None = None
+        self._undo: list[Any] = []
+
+    def __enter__(self) -> "PerTrial":
+        import torch
+
+        seen: set[int] = set()
+        try:
+            for name, mod in self.modules:
+                if id(mod) in seen:
+                    continue
+                seen.add(id(mod))
+                hit = {}
+                for store in ("_parameters", "_buffers"):
+                    for pn, t in getattr(mod, store).items():
+                        if t is not None and id(t) in self.stacks:
+                            outside = t
+                            if self.poison and t.is_floating_point():
+                                outside = torch.full_like(t, float("nan"))
+                            hit[(store, pn)] = (t, outside, self.stacks[id(t)])
+                if hit:
+                    self._patch(name, mod, hit)
+        except BaseException:
+            self.__exit__()
+            raise
+        if not self._undo:
+            raise Unbatchable("no module of the model holds the faulted tensors")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        while self._undo:
+            mod, had, old, hit = self._undo.pop()
+            for (store, pn), (orig, _, _) in hit.items():
+                getattr(mod, store)[pn] = orig
+            if had:
+                mod.forward = old
+            else:
+                del mod.forward
+
+    def _patch(self, name: str, mod: Any, hit: dict) -> None:
+        import torch
+
+        had = "forward" in vars(mod)
+        orig = mod.forward
+        for (store, pn), (_, outside, _) in hit.items():
+            getattr(mod, store)[pn] = outside
+
+        def per_trial(*a: Any, **kw: Any) -> Any:
+            js = range(self.trials) if self.only is None else [self.only]
+            rows = self.rows
+            n = rows // len(js)
+
+            def part(t: Any, j: int) -> Any:
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows:
+                    return t[j * n:(j + 1) * n]
+                return t
+
+            outs = []
+            try:
+                for k, j in enumerate(js):
+                    for (store, pn), (_, _, st) in hit.items():
+                        getattr(mod, store)[pn] = st[j]
+                    outs.append(orig(*[part(t, k) for t in a], **{key: part(v, k) for key, v in kw.items()}))
+            finally:
+                for (store, pn), (_, outside, _) in hit.items():
+                    getattr(mod, store)[pn] = outside
+            return _join(outs, n, name)
+
+        self._undo.append((mod, had, vars(mod).get("forward"), hit))
+        mod.forward = per_trial
+
+
+def _join(outs: list[Any], n: int, name: str) -> Any:
+    """One output from the per-trial outputs: tensors concatenated along the batch (batch-1 ones expanded to
+    ``n`` rows each), tuples and lists element by element, other values only when every trial's is equal."""
+    import torch
+
+    first = outs[0]
+    if len(outs) == 1:
+        return first
+    if isinstance(first, torch.Tensor):
+        if all(o.dim() and o.shape[0] == n for o in outs):
+            return torch.cat(outs, 0)
+        if all(o.dim() and o.shape[0] == 1 for o in outs):
+            return torch.cat([o.expand(n, *o.shape[1:]) for o in outs], 0)
+        raise Unbatchable(f"module {name or 'the model'} returns values that are not batch-major")
+    if isinstance(first, (tuple, list)) and not hasattr(first, "_fields"):
+        return type(first)(_join([o[i] for o in outs], n, name) for i in range(len(first)))
+    if first is None or all(o is first or o == first for o in outs[1:]):
+        return first
+    raise Unbatchable(f"module {name or 'the model'} returns a {type(first).__name__}, which trials cannot share")
