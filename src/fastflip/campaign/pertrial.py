@@ -13,6 +13,9 @@ put back afterwards, so it works for models ``torch.fx`` cannot trace (Hugging F
   index that broadcasts over the batch) are given whole to each trial, and an output of batch 1
   made from them is expanded to the trial's ``n`` rows.
 * Tuple and list outputs are joined element by element.
+* Fault-free modules with parameters whose input has few rows per trial (fewer than :data:`SMALL_ROWS`:
+  a classifier head on one vector per input) also run once per trial, with the serial batch: matrix
+  kernels pick other code paths for a few rows, whose last bits differ.
 * ``poison=True`` (the batcher's probe) puts NaN into the faulted tensors' own slots outside the
   holders' forwards: a model that reads a faulted tensor anywhere else (a parent's
   ``F.linear(x, self.child.weight)``) gives NaN outputs there, which the probe sees, and its trials
@@ -37,7 +40,12 @@ from typing import Any, Iterable
 
 from ..errors import FastflipError
 
-__all__ = ["PerTrial", "Unbatchable"]
+__all__ = ["PerTrial", "Unbatchable", "SMALL_ROWS"]
+
+#: Modules with parameters whose input has fewer rows than this per trial run once per trial too: CPU matrix
+#: kernels for a few rows give other last bits than for a batch of many (torch's Linear on fewer than 12 rows, not a
+#: multiple of 4), and rows must equal the serial trial's exactly. Such modules are cheap.
+SMALL_ROWS = 16
 
 
 class Unbatchable(FastflipError):
@@ -62,11 +70,12 @@ class PerTrial:
     """
 
     def __init__(self, modules: Iterable[tuple[str, Any]], stacks: dict[int, Any], trials: int,
-                 poison: bool = False) -> None:
+                 poison: bool = False, small_rows: int = SMALL_ROWS) -> None:
         self.modules = list(modules)
         self.stacks = stacks
         self.trials = int(trials)
         self.poison = poison
+        self.small_rows = int(small_rows)
         self.rows = 0
         #: run only this trial (on all the rows) instead of all of them
         self.only: int | None = None
@@ -89,12 +98,13 @@ class PerTrial:
                             if self.poison and t.is_floating_point():
                                 outside = torch.full_like(t, float("nan"))
                             hit[(store, pn)] = (t, outside, self.stacks[id(t)])
-                if hit:
+                if hit or (mod._parameters and self.small_rows):
                     self._patch(name, mod, hit)
         except BaseException:
             self.__exit__()
             raise
-        if not self._undo:
+        if not any(hit for *_, hit in self._undo):
+            self.__exit__()
             raise Unbatchable("no module of the model holds the faulted tensors")
         return self
 
@@ -120,6 +130,8 @@ class PerTrial:
             js = range(self.trials) if self.only is None else [self.only]
             rows = self.rows
             n = rows // len(js)
+            if not hit and (len(js) == 1 or not _small(a, rows, n, self.small_rows)):
+                return orig(*a, **kw)  # a fault-free module on enough rows: once for all trials
 
             def part(t: Any, j: int) -> Any:
                 if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == rows:
@@ -139,6 +151,16 @@ class PerTrial:
 
         self._undo.append((mod, had, vars(mod).get("forward"), hit))
         mod.forward = per_trial
+
+
+def _small(args: tuple, rows: int, n: int, limit: int) -> bool:
+    """Whether a module's batch-major input has fewer than ``limit`` rows (all but the last axis) per trial."""
+    import torch
+
+    t = next((t for t in args if isinstance(t, torch.Tensor)), None)
+    if t is None or not t.dim() or t.shape[0] != rows:
+        return False
+    return t.numel() // (t.shape[-1] if t.dim() > 1 else 1) * n // rows < limit
 
 
 def _join(outs: list[Any], n: int, name: str) -> Any:
