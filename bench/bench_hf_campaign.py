@@ -60,21 +60,15 @@ def setup():
 
 
 def _mode(benchmark, setup, batch):
+    from trial_modes import time_mode
+
     runner, n, serial = setup
-    runner.campaign.evaluator.batch_trials = batch
-    runner._batcher = False
-    rows: list = []
-
-    def run():
-        rows[:] = [r for cid in range(n) for r in runner.run_many(cid, range(PER_CELL))]
-
-    run()  # builds the batcher and probes every cell: once per worker
     keep = (0, 1, 2, 3, 4, 5, 6, 7, 10, 11)  # every column but duration and worker
-    assert [tuple(r[i] for i in keep) for r in rows] == [tuple(s[i] for i in keep) for s in serial]
-    benchmark.pedantic(run, rounds=3, iterations=1)
-    benchmark.extra_info["trials"] = len(rows)
-    benchmark.extra_info["trials_per_s_best"] = len(rows) / benchmark.stats.stats.min
-    benchmark.extra_info["batch"] = runner._batcher.batch if runner._batcher else 1
+
+    def same(rows):
+        assert [tuple(r[i] for i in keep) for r in rows] == [tuple(s[i] for i in keep) for s in serial]
+
+    time_mode(benchmark, runner, n, PER_CELL, batch, same)
     benchmark.extra_info["path"] = runner._batcher.path() if runner._batcher else "serial"
 
 

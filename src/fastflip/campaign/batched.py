@@ -3,23 +3,25 @@
 Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
 
 A trial of a ``memory``-mode campaign on a PyTorch module with a built-in evaluator
-(``classification`` or ``regression``) is one forward pass of the evaluation set through
-the faulty model. :class:`BatchedTorch` runs ``B`` weight-fault trials at once:
+(:mod:`fastflip.campaign.builtins`) is a forward pass per mini-batch of the evaluation set through the
+faulty model (several per mini-batch for ``generation``). :class:`BatchedTorch` runs ``B`` weight-fault
+trials at once:
 
 * only the faulted tensors are copied: each becomes a stack of ``B`` copies, trial ``j``'s
   sites applied to copy ``j`` by the plan's exact word rule (:mod:`fastflip.core.wordrule`; the
   few faulted words make one trip to the host per block and tensor, never one per trial);
   every other tensor is shared;
-* the model, traced by ``torch.fx`` (a static graph: no control flow on values), runs once
-  on the evaluation inputs repeated ``B`` times along the batch dimension; every module
-  holding a faulted tensor runs once per trial, on that trial's part of its input with
-  that trial's copy (the serial forward's kernel and batch size, so huge or infinite
-  faulty values meet the same arithmetic as in a serial trial), the other modules once on
-  the whole batch (tied weights follow: every module holding a faulted tensor is split);
-* golden-prefix reuse: the values that the rest of the network needs from before the first
-  node touching a faulted tensor are computed once per cell on the fault-free model, and
-  each block runs only the rest of the network. A split that would need more than
-  batch-major tensors (a size read early) runs the full forward (said once).
+* the model runs once on each mini-batch repeated ``B`` times along the batch dimension; every
+  module holding a faulted tensor runs once per trial, on that trial's part of its input with
+  that trial's copy (:mod:`fastflip.campaign.pertrial`: the serial forward's kernel and batch size,
+  so huge or infinite faulty values meet the same arithmetic as in a serial trial), the other
+  modules once on the whole batch (tied weights follow: every module holding a faulted tensor is split);
+* two paths: **prefix** — a model ``torch.fx`` traces (a static graph) reuses golden prefixes: the
+  values the rest of the network needs from before the first node touching a faulted tensor are
+  computed once per cell and mini-batch on the fault-free model, and each block runs only the rest
+  (:mod:`fastflip.campaign.fxsplit`; a split that would need more than batch-major tensors runs the
+  full forward, said once); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
+  its whole forward per block with the faulted modules swapped for the block, no graph needed.
 
 :class:`BatchedActivations` does the same for activation faults: ``B × N`` samples per
 forward, trial ``j``'s plan in the layer outputs of its ``N`` samples; with the prefix, the
@@ -31,10 +33,11 @@ flips, forward) stays on the device; the outputs of a block come back once for j
 
 ``B`` is chosen from free memory (host RAM, or the CUDA device's free memory) and the
 output size of one forward, unless ``[evaluator] batch_trials`` / ``--batch-trials`` gives
-it; out-of-memory halves ``B`` and continues. A model that cannot be batched (no static
-graph: control flow on tensor values; ``forward`` writing to its parameters in place; a
-faulted tensor used outside a layer's forward; outputs that differ from the plain forward
-in a probe of fault-free copies) runs trial by trial, said in one line.
+it; out-of-memory halves ``B`` and continues. Before a cell batches, a probe runs three copies
+(fault-free, extreme, fault-free) and requires the fault-free ones to equal the plain forward
+(without a graph, the faulted slots hold NaN outside their modules meanwhile): a model whose forward
+mixes trials (control flow or statistics over the batch), reads a faulted tensor outside its module
+or writes to its parameters in place runs that cell trial by trial, said in one line.
 
 Examples
 --------

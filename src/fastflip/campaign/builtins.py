@@ -129,8 +129,9 @@ def _array(a: Any, what: str) -> np.ndarray:
 
 
 def _pair(obj: Any) -> bool:
+    """Whether ``obj`` is one ``(x, y)`` (two arrays or nested lists), not a list of two batches."""
     return isinstance(obj, (tuple, list)) and len(obj) == 2 and all(
-        _is_tensor(v) or isinstance(v, (list, tuple)) for v in obj) and not all(np.isscalar(v) for v in obj)
+        _is_tensor(v) or (isinstance(v, list) and not (v and isinstance(v[0], tuple))) for v in obj)
 
 
 def load_data(obj: Any, kind: str) -> tuple[np.ndarray, np.ndarray | None, int | None]:

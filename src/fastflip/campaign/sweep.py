@@ -19,6 +19,9 @@ equal to an uninterrupted run.
 * A worker process that dies (segfault, out of memory) does not stop the campaign:
   the chunks it held run again one trial at a time, and a trial that kills its worker
   again is stored as a DUE.
+* Before any store or worker exists, the sweep imports the campaign's functions, loads the target and
+  evaluates the golden run in its own process (:func:`preflight`): a model/evaluator mismatch is one
+  line; a sweep that fails after creating its store but before its first trial removes that store.
 * Nothing is left behind: workers exit when the sweep's process dies, even by SIGKILL
   (:mod:`fastflip.campaign.lifeline`); their working copies (checkpoint mode) are
   removed when the sweep ends by success, error, Ctrl-C or SIGTERM, and those of

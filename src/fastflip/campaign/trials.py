@@ -334,16 +334,17 @@ def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell],
             old.close()
         _RUNNERS.clear()
         runner = TrialRunner(Campaign.from_dict(campaign_dict), cells)
-        if digest is not None:
-            from .cells import target_digest
-
-            mine = target_digest(runner.targets[None])
-            if mine != digest:
-                raise OptionError(
-                    f"the target factory {runner.campaign.target.factory} gives other tensors in worker "
-                    f"{runner.worker} than in the sweep (unseeded random weights?); results would not be reproducible"
-                )
         _RUNNERS[token] = runner
+    if digest is not None and not getattr(runner, "_digest_checked", False):  # built here, or by the pre-flight
+        from .cells import target_digest
+
+        if target_digest(runner.targets[None]) != digest:
+            _RUNNERS.pop(token, None)
+            raise OptionError(
+                f"the target factory {runner.campaign.target.factory} gives other tensors in worker "
+                f"{runner.worker} than in the sweep (unseeded random weights?); results would not be reproducible"
+            )
+        runner._digest_checked = True
     return runner
 
 
