@@ -40,7 +40,8 @@ def test_cnn_campaign_toml_after_make_demo(tmp_path, monkeypatch, capsys):
     res = sweep(c, str(tmp_path / "cnn.db"), workers=0, progress=False)
     assert res.complete and res.stored == 3 * 5 * 4
     monkeypatch.setenv("FASTFLIP_DEMO_OUT", str(tmp_path / "nowhere"))
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     monkeypatch.syspath_prepend(EXAMPLES)
     import cnn_campaign
 
