@@ -257,3 +257,15 @@ def test_rates_print_fractional():
     p.t0 -= 10.0
     p.update([0] * 5)
     assert " 0.50 trials/s " in p.line()
+
+
+def test_out_of_memory_in_pool_workers_stops_the_sweep(tmp_path):
+    """The same through a process pool: the worker's error comes back as one line, not as DUE rows."""
+    from fastflip.campaign.failures import TrialAborted
+    from fastflip.campaign.trials import DUE
+
+    store = str(tmp_path / "s.db")
+    c = make(evaluator={"function": "hf_campaign_helpers:memory_error"}, trials={"per_cell": 3})
+    with pytest.raises(TrialAborted, match="out of memory in the evaluator \\(MemoryError: no room\\)"):
+        sweep(c, store, workers=2, progress=False)
+    assert not os.path.exists(store) or all(r[4] != DUE for r in _rows(store))
