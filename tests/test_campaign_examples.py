@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -37,8 +38,10 @@ def test_cnn_campaign_toml_after_make_demo(tmp_path, monkeypatch, capsys):
     assert sorted({x.group for x in campaign_cells(c)}) == ["0", "2", "4", "7"]
     assert c.evaluator.batch_size == 128 and c.evaluator.builtin == "classification"
     c.trials.per_cell = 3
-    res = sweep(c, str(tmp_path / "cnn.db"), workers=0, progress=False)
+    out = io.StringIO()
+    res = sweep(c, str(tmp_path / "cnn.db"), workers=0, stream=out)
     assert res.complete and res.stored == 3 * 5 * 4
+    assert "batched trials: " in out.getvalue() and "per forward (prefix: golden prefix reused" in out.getvalue()
     monkeypatch.setenv("FASTFLIP_DEMO_OUT", str(tmp_path / "nowhere"))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
