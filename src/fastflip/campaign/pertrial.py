@@ -55,6 +55,8 @@ class Unbatchable(FastflipError):
 class PerTrial:
     """Context manager: the modules among ``modules`` holding a tensor of ``stacks`` run trial by trial.
 
+    Set :attr:`rows` (``B × n``) before each forward (and :attr:`only` to run one trial on all of them).
+
     Parameters
     ----------
     modules : iterable of (name, module)
@@ -65,8 +67,8 @@ class PerTrial:
         ``B``.
     poison : bool
         NaN in the faulted slots outside the holders' forwards (see the module docstring).
-
-    Set :attr:`rows` (``B × n``) before each forward (and :attr:`only` to run one trial on all of them).
+    small_rows : int
+        Fault-free modules with parameters seeing fewer rows per trial run per trial too (:data:`SMALL_ROWS`).
     """
 
     def __init__(self, modules: Iterable[tuple[str, Any]], stacks: dict[int, Any], trials: int,
