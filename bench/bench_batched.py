@@ -83,24 +83,15 @@ def act_setup():
 
 
 def _mode(benchmark, setup, batch, prefix):
+    from trial_modes import time_mode
+
     runner, n, serial = setup
-    runner.campaign.evaluator.batch_trials = batch
-    runner._batcher = False
-    rows: list = []
 
-    def run():
-        rows[:] = [r for cid in range(n) for r in runner.run_many(cid, range(PER_CELL))]
+    def same(rows):
+        got = [tuple(r[:7]) for r in rows]
+        assert [g[:6] for g in got] == [s[:6] for s in serial]  # identical outcomes, metrics, sites
 
-    run()  # builds the batcher, probes every cell, caches prefixes: once per worker
-    if runner._batcher:
-        runner._batcher.prefix = prefix
-        run()
-    got = [tuple(r[:7]) for r in rows]
-    assert [g[:6] for g in got] == [s[:6] for s in serial]  # identical outcomes, metrics, sites
-    benchmark.pedantic(run, rounds=3, iterations=1)
-    benchmark.extra_info["trials"] = len(rows)
-    benchmark.extra_info["trials_per_s_best"] = len(rows) / benchmark.stats.stats.min
-    benchmark.extra_info["batch"] = runner._batcher.batch if runner._batcher else 1
+    time_mode(benchmark, runner, n, PER_CELL, batch, same, prefix)
     benchmark.extra_info["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

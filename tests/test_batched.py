@@ -147,7 +147,6 @@ def test_batch_trials_config_and_cli(tmp_path):
 
 
 @pytest.mark.parametrize("factory,why", [
-    ("batch_helpers:branchy", "batched trials off for Branchy: torch.fx cannot trace it"),
     ("batch_helpers:inplace", "batched trials off for InPlace: its forward writes to a.weight in place (clamp_)")])
 def test_unbatchable_models_fall_back_with_one_line(factory, why, capsys):
     require("torch")
@@ -173,13 +172,31 @@ def _serial_and_batched(c, per_cell):
     return runner, serial, got
 
 
-def test_untraceable_model_runs_serially_with_one_line(capsys):
+def test_untraceable_model_batches_without_a_graph(capsys):
+    """torch.fx cannot trace it (control flow on the input): its faulted modules run once per trial on their share of
+    the batch, no graph needed; said once; rows equal one trial at a time."""
     require("torch")
     c = _campaign("batch_helpers:traced_off", "batch_helpers:digits_data", ["30", "0"], 6, batch=3)
     runner, serial, got = _serial_and_batched(c, 6)
-    assert got == serial and runner._batcher._off is not None
+    assert got == serial and runner._batcher._off is None and all(runner._batcher._ok.values())
+    assert runner._batcher.path() == "full"
     err = capsys.readouterr().err
-    assert err.count("batched trials off for TracedOff: torch.fx cannot trace it") == 1, err
+    assert err.count("TracedOff: torch.fx cannot trace it") == 1, err
+    assert "its faulted modules run once per trial" in err and "batched trials off" not in err
+
+
+def test_control_flow_on_faulted_values_runs_serially(capsys):
+    """Branchy zeroes a layer's output when any value of it is huge: batched without a graph, one trial's fault would
+    decide for all. The probe (an extreme trial between two fault-free ones) sees it; those cells run one at a time,
+    the cells after the branch batch; rows equal one trial at a time."""
+    require("torch")
+    c = _campaign("batch_helpers:branchy", "batch_helpers:digits_data", ["30", "0"], 8, batch=4)
+    runner, serial, got = _serial_and_batched(c, 8)
+    assert got == serial
+    ok = runner._batcher._ok
+    assert ok[("a.bias", "a.weight")] is False and ok[("b.bias", "b.weight")] is True
+    err = capsys.readouterr().err
+    assert err.count("batched trials off for Branchy (tensors a.bias, a.weight)") == 1, err
 
 
 def test_no_prefix_when_the_rest_needs_sizes(capsys):
@@ -212,16 +229,16 @@ def test_out_of_memory_halves_the_batch(capsys, monkeypatch):
     cells = campaign_cells(c)
     runner = TrialRunner(c, cells)
     serial = [tuple(runner.run(cid, t)[:8]) for cid in range(len(cells)) for t in range(12)]
-    real = batched.BatchedTorch.outputs
+    real = batched.BatchedTorch.run
     sizes = []
 
-    def tight(self, block, names, prefix=True):
+    def tight(self, block, names, evaluate, prefix=True):
         sizes.append(len(block))
         if len(block) > 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, block, names, prefix)
+        return real(self, block, names, evaluate, prefix)
 
-    monkeypatch.setattr(batched.BatchedTorch, "outputs", tight)
+    monkeypatch.setattr(batched.BatchedTorch, "run", tight)
     got = [tuple(r[:8]) for cid in range(len(cells)) for r in runner.run_many(cid, range(12))]
     assert got == serial
     assert runner._batcher.batch == 2 and 8 in sizes and 4 in sizes
@@ -316,8 +333,7 @@ def test_inputs_torch_cannot_take_run_serially(capsys):
     c = _campaign("batch_helpers:digits_net", "batch_helpers:digits_data", ["30"], 3, batch=2)
     cells = campaign_cells(c)
     runner = TrialRunner(c, cells)
-    runner.evaluate = lambda model: 0.5  # the serial evaluator is not this test's concern
-    runner.evaluate.inputs, runner.evaluate.answer = [[1.0, 2.0], [3.0]], lambda out: out
+    runner.evaluate.chunks = [[[1.0, 2.0], [3.0]]]  # ragged: not one tensor
     rows = runner.run_many(0, range(3))
     assert runner._batcher is None and len(rows) == 3
     assert capsys.readouterr().err.count("batched trials off: ValueError") == 1

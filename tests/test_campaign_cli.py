@@ -206,10 +206,13 @@ def test_checkpoint_campaign_with_an_evaluator_command(tmp_path):
         assert g[5] == pytest.approx(r[5])
         assert g[4] == (MASKED if r[6] == 0 else r[4])
     assert compared >= 9
-    from fastflip.errors import StoreError
+    from fastflip.errors import OptionError
 
-    with pytest.raises(StoreError, match="command exited 3: cannot evaluate"):
+    # the golden evaluation fails in the sweep's own process, before any store or worker exists
+    with pytest.raises(OptionError, match=r"golden\) evaluation failed before the sweep started \(RuntimeError: "
+                                          "command exited 3: cannot evaluate"):
         sweep(camp(f"{sys.executable} {helper} {{checkpoint}} fail"), str(tmp_path / "f.db"), workers=0)
+    assert not os.path.exists(tmp_path / "f.db")
 
 
 def test_summary_wilson_per_cell_and_stratified_total(camp, tmp_path, capsys):

@@ -3,23 +3,25 @@
 Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
 
 A trial of a ``memory``-mode campaign on a PyTorch module with a built-in evaluator
-(``classification`` or ``regression``) is one forward pass of the evaluation set through
-the faulty model. :class:`BatchedTorch` runs ``B`` weight-fault trials at once:
+(:mod:`fastflip.campaign.builtins`) is a forward pass per mini-batch of the evaluation set through the
+faulty model (several per mini-batch for ``generation``). :class:`BatchedTorch` runs ``B`` weight-fault
+trials at once:
 
 * only the faulted tensors are copied: each becomes a stack of ``B`` copies, trial ``j``'s
   sites applied to copy ``j`` by the plan's exact word rule (:mod:`fastflip.core.wordrule`; the
   few faulted words make one trip to the host per block and tensor, never one per trial);
   every other tensor is shared;
-* the model, traced by ``torch.fx`` (a static graph: no control flow on values), runs once
-  on the evaluation inputs repeated ``B`` times along the batch dimension; every module
-  holding a faulted tensor runs once per trial, on that trial's part of its input with
-  that trial's copy (the serial forward's kernel and batch size, so huge or infinite
-  faulty values meet the same arithmetic as in a serial trial), the other modules once on
-  the whole batch (tied weights follow: every module holding a faulted tensor is split);
-* golden-prefix reuse: the values that the rest of the network needs from before the first
-  node touching a faulted tensor are computed once per cell on the fault-free model, and
-  each block runs only the rest of the network. A split that would need more than
-  batch-major tensors (a size read early) runs the full forward (said once).
+* the model runs once on each mini-batch repeated ``B`` times along the batch dimension; every
+  module holding a faulted tensor runs once per trial, on that trial's part of its input with
+  that trial's copy (:mod:`fastflip.campaign.pertrial`: the serial forward's kernel and batch size,
+  so huge or infinite faulty values meet the same arithmetic as in a serial trial), the other
+  modules once on the whole batch (tied weights follow: every module holding a faulted tensor is split);
+* two paths: **prefix** — a model ``torch.fx`` traces (a static graph) reuses golden prefixes: the
+  values the rest of the network needs from before the first node touching a faulted tensor are
+  computed once per cell and mini-batch on the fault-free model, and each block runs only the rest
+  (:mod:`fastflip.campaign.fxsplit`; a split that would need more than batch-major tensors runs the
+  full forward, said once); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
+  its whole forward per block with the faulted modules swapped for the block, no graph needed.
 
 :class:`BatchedActivations` does the same for activation faults: ``B × N`` samples per
 forward, trial ``j``'s plan in the layer outputs of its ``N`` samples; with the prefix, the
@@ -31,10 +33,11 @@ flips, forward) stays on the device; the outputs of a block come back once for j
 
 ``B`` is chosen from free memory (host RAM, or the CUDA device's free memory) and the
 output size of one forward, unless ``[evaluator] batch_trials`` / ``--batch-trials`` gives
-it; out-of-memory halves ``B`` and continues. A model that cannot be batched (no static
-graph: control flow on tensor values; ``forward`` writing to its parameters in place; a
-faulted tensor used outside a layer's forward; outputs that differ from the plain forward
-in a probe of fault-free copies) runs trial by trial, said in one line.
+it; out-of-memory halves ``B`` and continues. Before a cell batches, a probe runs three copies
+(fault-free, extreme, fault-free) and requires the fault-free ones to equal the plain forward
+(without a graph, the faulted slots hold NaN outside their modules meanwhile): a model whose forward
+mixes trials (control flow or statistics over the batch), reads a faulted tensor outside its module
+or writes to its parameters in place runs that cell trial by trial, said in one line.
 
 Examples
 --------
@@ -58,21 +61,22 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FastflipError
+from .builtins import logits_of, model_forward, to_numpy
+from .failures import is_oom
+from .fxsplit import split_after_layer, split_after_prefix, split_at
+from .pertrial import PerTrial, Unbatchable
 
-__all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once"]
+__all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "split_after_prefix", "split_at",
+           "split_after_layer"]
 
 _MAX_AUTO = 64  # CPU: beyond this many trials per pass the forward is not faster per trial, only bigger
 _MAX_AUTO_GPU = 512
 _SAID: set[str] = set()
-
-
-class Unbatchable(FastflipError):
-    """The model cannot run several trials in one forward (the message says why)."""
 
 
 def say_once(text: str, stream: Any = None) -> None:
@@ -83,14 +87,6 @@ def say_once(text: str, stream: Any = None) -> None:
     out = stream if stream is not None else sys.stderr
     out.write(f"fastflip: {text}\n")
     out.flush()
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Whether ``exc`` is an out-of-memory error (host or device)."""
-    if isinstance(exc, MemoryError):
-        return True
-    name = type(exc).__name__
-    return name == "OutOfMemoryError" or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
 def free_memory(device: Any) -> int:
@@ -124,6 +120,10 @@ _WORDS = {"float32": "int32", "float64": "int64", "float16": "int16", "bfloat16"
 _UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
+class Untraceable(Unbatchable):
+    """``torch.fx`` cannot trace the model: its faulted modules run per trial without a graph (no golden prefix)."""
+
+
 class BatchedTorch:
     """Run blocks of weight-fault trials of one PyTorch module in shared forwards (module docstring).
 
@@ -132,7 +132,8 @@ class BatchedTorch:
     model : torch.nn.Module
         In eval mode (its tensors are only read).
     x : array or tensor
-        The evaluation inputs (one forward, as the built-in evaluators run it).
+        Evaluation inputs of one forward (the built-in evaluator's first mini-batch: the probe, the memory
+        estimate and :meth:`outputs` use them).
     """
 
     def __init__(self, model: Any, x: Any) -> None:
@@ -142,12 +143,15 @@ class BatchedTorch:
         self.model = model
         first = next(iter(list(model.parameters()) + list(model.buffers())), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self.x = torch.as_tensor(x).to(self.device)
+        self.x = to_numpy(x)
+        if self.x.dtype == object:
+            raise ValueError("the evaluation inputs are not one array")
         self.named = {**dict(model.named_parameters(remove_duplicate=False)),
                       **dict(model.named_buffers(remove_duplicate=False))}
-        self._suffix: dict[tuple[str, ...], Any] = {}
+        self._suffix: dict[tuple[Any, ...], Any] = {}
         self._out_bytes: int | None = None
         self._gm: Any = None
+        self._untraceable: str | None = None
 
     # -- the faulty copies -------------------------------------------------------------
     def stacks(self, block: Any, names: Sequence[str]) -> dict[int, Any]:
@@ -182,7 +186,10 @@ class BatchedTorch:
 
     # -- forwards ----------------------------------------------------------------------
     def graph(self) -> Any:
-        """The model traced by ``torch.fx`` (batching needs a static graph: control flow cannot depend on values)."""
+        """The model traced by ``torch.fx`` (:class:`Untraceable` when it cannot be traced; :class:`Unbatchable`
+        when its forward writes to its own tensors)."""
+        if self._untraceable is not None:
+            raise Untraceable(self._untraceable)
         if self._gm is None:
             import torch.fx as fx
 
@@ -191,8 +198,9 @@ class BatchedTorch:
                 gm = fx.symbolic_trace(self.torch.nn.Sequential(self.model))
             except Exception as exc:
                 first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
-                raise Unbatchable(f"torch.fx cannot trace it, so trials cannot share a forward "
-                                  f"(control flow on tensor values?): {type(exc).__name__}: {first}") from None
+                self._untraceable = (f"torch.fx cannot trace it (control flow on tensor values?): "
+                                     f"{type(exc).__name__}: {first}")
+                raise Untraceable(self._untraceable) from None
             for n in gm.graph.nodes:  # forward writing to its own tensors: every trial would write the same one
                 if n.op in ("call_method", "call_function") and str(getattr(n.target, "__name__", n.target)).endswith("_") \
                         and n.args and getattr(n.args[0], "op", None) == "get_attr":
@@ -201,91 +209,99 @@ class BatchedTorch:
             self._gm = gm
         return self._gm
 
-    def outputs(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True) -> np.ndarray:
-        """The model's outputs for every trial of ``block``: an array ``(B, *output shape)``.
+    def traceable(self) -> bool:
+        """Whether ``torch.fx`` traces the model (else the faulted modules run per trial without a graph)."""
+        try:
+            self.graph()
+        except Untraceable:
+            return False
+        return True
 
-        The evaluation inputs are repeated ``B`` times along the batch dimension; every module that holds a
-        faulted tensor runs once per trial on that trial's part of its input with that trial's copy (the same
-        kernel and batch as the serial forward); the other modules run once on the whole batch.
+    def path(self, single_forward: bool = True) -> str:
+        """``'prefix'`` (a traced graph: golden prefixes reused where a cell allows) or ``'full'`` (full forwards)."""
+        return "prefix" if single_forward and self.traceable() else "full"
+
+    @contextmanager
+    def trials(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True,
+               poison: bool = False) -> Iterator[Any]:
+        """Within the context, ``forward(inputs, chunk, chunk_inputs) -> logits`` runs the block's trials.
+
+        ``inputs`` are a chunk's inputs repeated ``B`` times; every module that holds a faulted tensor runs once
+        per trial on that trial's rows with that trial's copy (the same kernel and batch as the serial forward),
+        the other modules once on the whole batch. With a traced graph and ``chunk`` given, the cached golden
+        prefix of that chunk is reused. ``poison`` (the probe): NaN in the faulted slots outside their holders.
         """
         torch = self.torch
         B = len(block)
         stacks = self.stacks(block, cell_tensors)
-        gm = self.graph()
-        split = self.suffix(cell_tensors) if prefix else None
-        module, args = split if split is not None else (gm, (self.x,))
-        args = tuple(a.repeat(B, *([1] * (a.dim() - 1))) for a in args)
-        restore = self._patch(gm, module, stacks, B)
-        try:
-            with torch.no_grad():
-                out = module(*args)
-        finally:
-            for mod in restore:
-                del mod.forward
-        if not isinstance(out, torch.Tensor):
-            raise Unbatchable(f"the model returns a {type(out).__name__}, not a tensor")
-        if out.shape[0] % B:
-            raise Unbatchable("its outputs are not batch-major (the batch is not their first dimension)")
-        return out.detach().reshape(B, out.shape[0] // B, *out.shape[1:]).cpu().numpy()
+        if poison:  # the probe: trial 1 holds the largest finite values, so that any mixing of trials shows in the others
+            for st in stacks.values():
+                if st.is_floating_point() and B > 2:
+                    st[1].fill_(torch.finfo(st.dtype).max)
+        gm = self.graph() if self.traceable() else None
+        if gm is not None:
+            self._check_attrs(gm, stacks)
+            used = sorted({n.target for n in gm.graph.nodes if n.op == "call_module"})
+            modules = [(name.partition(".")[2], gm.get_submodule(name)) for name in used]
+        else:
+            modules = list(self.model.named_modules())
+        key = tuple(sorted(cell_tensors))
 
-    def _patch(self, gm: Any, module: Any, stacks: dict[int, Any], B: int) -> list[Any]:
-        """Make every called module holding a faulted tensor run trial by trial (undone by deleting ``forward``)."""
-        torch = self.torch
-        used = {n.target for n in module.graph.nodes if n.op == "call_module"}
-        for n in module.graph.nodes:
+        def forward(x: Any, chunk: int | None = None, chunk_x: Any = None, only: int | None = None) -> np.ndarray:
+            pt.rows, pt.only = len(x), only
+            split = self.suffix(key, chunk, chunk_x) if prefix and gm is not None and chunk is not None else None
+            with torch.no_grad():
+                if split is not None:
+                    module, args = split
+                    reps = B if only is None else 1
+                    out = module(*(a.repeat(reps, *([1] * (a.dim() - 1))) for a in args))
+                else:
+                    out = (gm if gm is not None else self.model)(torch.as_tensor(np.asarray(x)).to(self.device))
+            return to_numpy(logits_of(out))
+
+        with PerTrial(modules, stacks, B, poison=poison and gm is None) as pt:
+            yield forward
+
+    @staticmethod
+    def _check_attrs(gm: Any, stacks: dict[int, Any]) -> None:
+        for n in gm.graph.nodes:
             if n.op == "get_attr":
-                obj: Any = module
+                obj: Any = gm
                 for part in str(n.target).split("."):
                     obj = getattr(obj, part)
                 if id(obj) in stacks:
                     raise Unbatchable(f"faulted tensor {str(n.target).partition('.')[2]} is used outside the "
                                       "forward of a torch.nn layer")
-        patched = []
-        for name in sorted(used):
-            mod = module.get_submodule(name)
-            hit = {}
-            for store in ("_parameters", "_buffers"):
-                for pn, t in getattr(mod, store).items():
-                    if t is not None and id(t) in stacks:
-                        hit[(store, pn)] = (t, stacks[id(t)])
-            if not hit:
-                continue
 
-            def per_trial(*a: Any, _mod: Any = mod, _hit: dict = hit, **kw: Any) -> Any:
-                total = next(t.shape[0] for t in a if isinstance(t, torch.Tensor))
-                n = total // B
-                outs = []
-                try:
-                    for j in range(B):
-                        for (store, pn), (_, st) in _hit.items():
-                            getattr(_mod, store)[pn] = st[j]
-                        part = [t[j * n:(j + 1) * n] if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] == total
-                                else t for t in a]
-                        outs.append(type(_mod).forward(_mod, *part, **kw))
-                finally:
-                    for (store, pn), (orig, _) in _hit.items():
-                        getattr(_mod, store)[pn] = orig
-                return torch.cat(outs, 0)
+    def run(self, block: Any, cell_tensors: Sequence[str], evaluate: Any, prefix: bool = True) -> list[Any]:
+        """The answers of the block's trials by the built-in evaluator ``evaluate``
+        (:meth:`fastflip.campaign.builtins.Builtin.run`)."""
+        with self.trials(block, cell_tensors, prefix and evaluate.single_forward) as fwd:
+            return evaluate.run(fwd, len(block))
 
-            mod.forward = per_trial
-            patched.append(mod)
-        if not patched:
-            raise Unbatchable("no module of the graph holds the faulted tensors")
-        return patched
+    def outputs(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True) -> np.ndarray:
+        """The model's outputs (logits) on :attr:`x` for every trial of ``block``: an array ``(B, *output shape)``."""
+        B = len(block)
+        with self.trials(block, cell_tensors, prefix) as fwd:
+            out = fwd(np.concatenate([self.x] * B), 0, self.x)
+        if out.shape[0] % B:
+            raise Unbatchable("its outputs are not batch-major (the batch is not their first dimension)")
+        return out.reshape(B, out.shape[0] // B, *out.shape[1:])
 
     def golden_outputs(self) -> np.ndarray:
-        """One fault-free forward (the serial evaluators' call)."""
-        with self.torch.no_grad():
-            return self.model(self.x).detach().cpu().numpy()
+        """One fault-free forward of :attr:`x` (the serial evaluators' call)."""
+        return model_forward(self.model)(self.x)
 
     def per_trial_bytes(self) -> int:
         """Memory one more trial in a block needs: the outputs of every module in one forward, twice."""
         if self._out_bytes is None:
             total = [0]
+            torch = self.torch
 
             def hook(mod: Any, inp: Any, out: Any) -> None:
-                if isinstance(out, self.torch.Tensor):
-                    total[0] += out.numel() * out.element_size()
+                for o in (out if isinstance(out, (tuple, list)) else [out]):
+                    if isinstance(o, torch.Tensor):
+                        total[0] += o.numel() * o.element_size()
 
             hooks = [m.register_forward_hook(hook) for m in self.model.modules()]
             try:
@@ -293,20 +309,27 @@ class BatchedTorch:
             finally:
                 for h in hooks:
                     h.remove()
-            self._out_bytes = 2 * total[0] + self.x.numel() * self.x.element_size()
+            self._out_bytes = 2 * total[0] + self.x.nbytes
         return self._out_bytes
 
     # -- golden prefix -----------------------------------------------------------------
-    def suffix(self, cell_tensors: Sequence[str]) -> tuple[Any, tuple[Any, ...]] | None:
-        """``(graph module running the rest of the network, its cached inputs)`` for faults in ``cell_tensors``,
-        or None when nothing comes before the faulted tensors' first use or the split needs more than
-        batch-major tensors (then the full forward runs; said once)."""
-        key = tuple(sorted(cell_tensors))
+    def _chunk(self, chunk: int | None, x: Any) -> tuple[int, Any]:
+        return (0, self.x) if chunk is None or x is None else (chunk, x)
+
+    def suffix(self, cell_tensors: Sequence[str], chunk: int | None = None,
+               x: Any = None) -> tuple[Any, tuple[Any, ...]] | None:
+        """``(graph module running the rest of the network, its cached inputs)`` for faults in ``cell_tensors`` on
+        the inputs ``x`` of mini-batch ``chunk`` (default: :attr:`x`), or None when nothing comes before the faulted
+        tensors' first use or the split needs more than batch-major tensors (then the full forward runs; said once)."""
+        names = tuple(sorted(cell_tensors))
+        chunk, x = self._chunk(chunk, x)
+        key = (names, chunk)
         if key not in self._suffix:
+            xt = self.torch.as_tensor(np.asarray(x)).to(self.device)
             try:
-                self._suffix[key] = split_after_prefix(self.graph(), self.x, [self.named[n] for n in key])
+                self._suffix[key] = split_after_prefix(self.graph(), xt, [self.named[n] for n in names])
             except Unbatchable as exc:
-                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (tensors {', '.join(key[:3])}): "
+                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (tensors {', '.join(names[:3])}): "
                          f"{exc}; running the full forward")
                 self._suffix[key] = None
         return self._suffix[key]
@@ -320,142 +343,61 @@ class BatchedActivations(BatchedTorch):
         super().__init__(model, x)
         self.seed = int(seed)
 
-    def suffix(self, cell_tensors: Sequence[str]) -> Any:
+    def path(self, single_forward: bool = True) -> str:
+        self.graph()  # a static graph: no control flow on (faulted) values
+        return "prefix" if single_forward else "full"
+
+    def suffix(self, cell_tensors: Sequence[str], chunk: int | None = None, x: Any = None) -> Any:
         """``(rest of the network, its golden inputs, position of the faulted layer's output)`` for a cell of one
         layer output, or None (several layer outputs, no prefix, or a model the split refuses; said once)."""
-        key = tuple(sorted(cell_tensors))
+        names = tuple(sorted(cell_tensors))
+        chunk, x = self._chunk(chunk, x)
+        key = (names, chunk)
         if key not in self._suffix:
             self._suffix[key] = None
-            if len(key) == 1:
+            if len(names) == 1:
+                xt = self.torch.as_tensor(np.asarray(x)).to(self.device)
                 try:
-                    self._suffix[key] = split_after_layer(self.graph(), self.x, key[0])
+                    self._suffix[key] = split_after_layer(self.graph(), xt, names[0])
                 except Unbatchable as exc:
-                    say_once(f"golden-prefix reuse off for {type(self.model).__name__} (layer {key[0]}): {exc}; "
+                    say_once(f"golden-prefix reuse off for {type(self.model).__name__} (layer {names[0]}): {exc}; "
                              "running the full forward")
         return self._suffix[key]
 
-    def outputs(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True) -> np.ndarray:
+    @contextmanager
+    def trials(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True,
+               poison: bool = False) -> Iterator[Any]:
         from ..live.activations import injected_activations
 
         torch = self.torch
         self.graph()  # a static graph: no control flow on (faulted) values
-        B, n = len(block), int(self.x.shape[0])
-        split = self.suffix(cell_tensors) if prefix else None
-        if split is not None:  # the golden output of the faulted layer, faulted per trial, then the rest
-            from ..live.act_frameworks import TorchHooks
-            from ..live.activations import ActivationLog, Sites
+        B = len(block)
 
-            suffix, inputs, at = split
-            args = [a.repeat(B, *([1] * (a.dim() - 1))) for a in inputs]
-            refs = list(block.tensors)
-            sites = Sites(refs, seed=self.seed, plan=block, samples_per_plan=n)
-            li = [r.name for r in refs].index(cell_tensors[0])
-            faulted = TorchHooks(self.model).write(args[at], li, sites, ActivationLog(seed=self.seed), alias=True)
-            if faulted is not None:
-                args[at] = faulted
-            with torch.no_grad():
-                out = suffix(*args)
-            return out.detach().reshape(B, n, *out.shape[1:]).cpu().numpy()
-        xb = self.x.repeat(B, *([1] * (self.x.dim() - 1)))
-        with injected_activations(self.model, self.seed, plan=block, samples_per_plan=n):
-            with torch.no_grad():
-                out = self.model(xb)
-        if not isinstance(out, torch.Tensor) or out.shape[0] != B * n:
-            raise Unbatchable("its outputs are not one batch-major tensor")
-        return out.detach().reshape(B, n, *out.shape[1:]).cpu().numpy()
+        def forward(x: Any, chunk: int | None = None, chunk_x: Any = None, only: int | None = None) -> np.ndarray:
+            if only is not None:
+                raise Unbatchable("a mini-batch of one input runs its activation trials one at a time")
+            n = len(x) // B
+            split = self.suffix(cell_tensors, chunk, chunk_x) if prefix and chunk is not None else None
+            if split is not None:  # the golden output of the faulted layer, faulted per trial, then the rest
+                from ..live.act_frameworks import TorchHooks
+                from ..live.activations import ActivationLog, Sites
 
+                suffix, inputs, at = split
+                args = [a.repeat(B, *([1] * (a.dim() - 1))) for a in inputs]
+                refs = list(block.tensors)
+                sites = Sites(refs, seed=self.seed, plan=block, samples_per_plan=n)
+                li = [r.name for r in refs].index(cell_tensors[0])
+                faulted = TorchHooks(self.model).write(args[at], li, sites, ActivationLog(seed=self.seed), alias=True)
+                if faulted is not None:
+                    args[at] = faulted
+                with torch.no_grad():
+                    return to_numpy(logits_of(suffix(*args)))
+            xb = torch.as_tensor(np.asarray(x)).to(self.device)
+            with injected_activations(self.model, self.seed, plan=block, samples_per_plan=n):
+                with torch.no_grad():
+                    return to_numpy(logits_of(self.model(xb)))
 
-def split_after_prefix(gm: Any, x: Any, faulted: Sequence[Any]) -> tuple[Any, tuple[Any, ...]] | None:
-    """Split a traced model before the first graph node that reads a tensor of ``faulted``.
-
-    Returns ``(suffix, inputs)``: a ``torch.fx.GraphModule`` whose inputs are the values
-    the rest of the network needs from the prefix (computed here once on the fault-free
-    model with input ``x``), or None when there is no prefix to reuse. ``suffix(*inputs)``
-    equals ``gm(x)``.
-    """
-    import torch
-    import torch.fx as fx
-
-    ids = {id(t) for t in faulted}
-    nodes = list(gm.graph.nodes)
-    modules = dict(gm.named_modules())
-
-    def reads_fault(n: Any) -> bool:
-        if n.op == "call_module":
-            mod = modules[n.target]
-            return any(id(t) in ids for t in list(mod.parameters()) + list(mod.buffers()))
-        if n.op == "get_attr":
-            obj: Any = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
-            return id(obj) in ids
-        return False
-
-    first = next((k for k, n in enumerate(nodes) if reads_fault(n)), None)
-    if first is None:
-        raise Unbatchable("no graph node reads the faulted tensors")
-    split = split_at(gm, x, first)
-    return None if split is None else split[:2]
-
-
-def split_at(gm: Any, x: Any, first: int) -> tuple[Any, tuple[Any, ...], list[Any]] | None:
-    """``(suffix, inputs, frontier nodes)``: ``gm`` cut before its node ``first`` (see :func:`split_after_prefix`)."""
-    import torch
-    import torch.fx as fx
-
-    nodes = list(gm.graph.nodes)
-    prefix = nodes[:first]
-    if all(n.op in ("placeholder", "get_attr") for n in prefix):
-        return None
-    later = set(nodes[first:])
-    frontier = [n for n in prefix if n.op != "get_attr" and any(u in later for u in n.users)]
-    env: dict[Any, Any] = {}
-    want = set(frontier)
-    interp = fx.Interpreter(gm)
-    with torch.no_grad():
-        args = iter([x])
-        for n in prefix:
-            if n.op == "placeholder":
-                env[n] = next(args)
-            else:
-                env[n] = getattr(interp, n.op)(n.target, *fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
-            for a in n.all_input_nodes:  # free the values whose every user has run and the rest does not need
-                if a not in want and a in env and all(u in env for u in a.users):
-                    del env[a]
-    inputs = tuple(env[n] for n in frontier)
-    batch = x.shape[0]
-    if not all(isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == batch for v in inputs):
-        raise Unbatchable("the rest of the network needs values that are not batch-major tensors (sizes?)")
-    graph = fx.Graph()
-    remap: dict[Any, Any] = {}
-    for n in frontier:
-        remap[n] = graph.placeholder(f"golden_{n.name}")
-    for n in prefix:
-        if n.op == "get_attr" and any(u in later for u in n.users):
-            remap[n] = graph.node_copy(n, lambda a: remap[a])
-    for n in nodes[first:]:
-        remap[n] = graph.node_copy(n, lambda a: remap[a])
-    return fx.GraphModule(gm, graph), inputs, frontier
-
-
-def split_after_layer(gm: Any, x: Any, name: str) -> tuple[Any, tuple[Any, ...], int] | None:
-    """Cut a traced model right after the call of layer output ``name`` (``layer`` or ``layer#k``, the k-th call).
-
-    Returns ``(suffix, inputs, position of that layer's output among inputs)`` or None (nothing to reuse).
-    """
-    layer, _, k = name.partition("#")
-    calls = [i for i, n in enumerate(gm.graph.nodes) if n.op == "call_module" and n.target == f"0.{layer}"]
-    if len(calls) <= int(k or 0):
-        raise Unbatchable(f"layer {name} is not a call of the traced graph")
-    at = calls[int(k or 0)]
-    split = split_at(gm, x, at + 1)
-    if split is None:
-        return None
-    suffix, inputs, frontier = split
-    node = list(gm.graph.nodes)[at]
-    if node not in frontier:
-        raise Unbatchable(f"the output of layer {name} is not used by the rest of the network")
-    return suffix, inputs, frontier.index(node)
+        yield forward
 
 
 class TrialBatcher:
@@ -467,36 +409,52 @@ class TrialBatcher:
     """
 
     def __init__(self, runner: Any, model: Any, evaluate: Any, batch: int | None) -> None:
+        x0 = evaluate.chunks[0]
         if runner.campaign.target.kind == "activations":
-            self.bt: BatchedTorch = BatchedActivations(model, evaluate.inputs, runner.seed)
+            self.bt: BatchedTorch = BatchedActivations(model, x0, runner.seed)
         else:
-            self.bt = BatchedTorch(model, evaluate.inputs)
-        self.answer = evaluate.answer
+            self.bt = BatchedTorch(model, x0)
+        self.evaluate = evaluate
         self.batch = batch
         self.prefix = True
         self._ok: dict[tuple[str, ...], bool] = {}
         self._golden: np.ndarray | None = None
         self._off: str | None = None  # why the model cannot batch at all
 
-    def size(self) -> int:
-        """Trials per forward: the configured number, or what free memory allows."""
+    def size(self, workers: int = 1) -> int:
+        """Trials per forward: the configured number, or what free memory allows (shared by ``workers``)."""
         if self.batch is None:  # a GPU keeps gaining from wider forwards long after a CPU core has stopped
             limit = _MAX_AUTO_GPU if getattr(self.bt.device, "type", "cpu") == "cuda" else _MAX_AUTO
-            self.batch = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device), limit)
+            self.batch = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device) // max(workers, 1), limit)
         return self.batch
 
+    def path(self) -> str:
+        """How blocks run: ``'prefix'`` (golden prefixes reused where a cell allows), ``'full'`` (full forwards,
+        faulted modules per trial) or ``'serial'`` (the model cannot batch; the reason is :attr:`why`)."""
+        try:
+            return self.bt.path(self.evaluate.single_forward and self.prefix)
+        except Unbatchable as exc:
+            self._off = str(exc)
+            return "serial"
+
+    @property
+    def why(self) -> str | None:
+        return self._off
+
     def usable(self, runner: Any, cell_id: int) -> bool:
-        """Whether the cell's trials can be batched: a probe of two fault-free copies against the golden forward."""
+        """Whether the cell's trials can be batched: a probe of two fault-free copies against the golden forward
+        (without a traced graph, with NaN in the faulted tensors' slots outside their modules)."""
         from ..core.blockplan import PlanBlock
         from ..core.plan import Plan
 
         key = tuple(sorted(runner.cells[cell_id].tensors))
         if key not in self._ok and self._off is None:
-            try:
-                self.bt.graph()
-            except Unbatchable as exc:  # the whole model: said once
-                self._off = str(exc)
-                say_once(f"batched trials off for {type(self.bt.model).__name__}: {exc}; running trials one at a time")
+            if self.path() == "serial":  # the whole model: said once
+                say_once(f"batched trials off for {type(self.bt.model).__name__}: {self._off}; "
+                         "running trials one at a time")
+            elif not self.bt.traceable() and not isinstance(self.bt, BatchedActivations):
+                say_once(f"{type(self.bt.model).__name__}: {self.bt._untraceable}; its faulted modules run once "
+                         "per trial on their share of each batch (no golden prefix)")
         if self._off is not None:
             return False
         if key not in self._ok:
@@ -505,11 +463,17 @@ class TrialBatcher:
             try:
                 if self._golden is None:
                     self._golden = self.bt.golden_outputs()
-                out = self.bt.outputs(PlanBlock.from_plans([same, same]), key, prefix=self.prefix)
+                x0 = self.bt.x
+                # trials 0 and 2 fault-free, trial 1 extreme (weights; activations: identity): 0 and 2 must equal
+                # the plain forward, or the forward mixes trials (control flow or statistics over the batch)
+                with self.bt.trials(PlanBlock.from_plans([same, same, same]), key, self.prefix and
+                                    self.evaluate.single_forward, poison=True) as fwd:
+                    out = fwd(np.concatenate([x0, x0, x0]), 0, x0)
+                out = out.reshape(3, -1, *out.shape[1:])
                 if out.shape[1:] != self._golden.shape or not all(
-                        np.allclose(o, self._golden, rtol=1e-5, atol=1e-6, equal_nan=True) for o in out):
-                    raise Unbatchable("its batched outputs differ from its plain forward (in-place writes to "
-                                      "parameters in forward?)")
+                        np.allclose(o, self._golden, rtol=1e-5, atol=1e-6, equal_nan=True) for o in out[::2]):
+                    raise Unbatchable("its batched outputs differ from its plain forward (control flow or statistics "
+                                      "over the batch, a faulted tensor read outside its module, or written in forward?)")
                 self._ok[key] = True
             except Exception as exc:  # anything the batched forward cannot do: the serial path is always right
                 why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
@@ -533,7 +497,7 @@ class TrialBatcher:
             start = time.perf_counter()
             block = runner.plan_block(cell_id, chunk)
             try:
-                out = self.bt.outputs(block, cell.tensors, prefix=self.prefix)
+                answers = self.bt.run(block, cell.tensors, self.evaluate, prefix=self.prefix)
             except Exception as exc:
                 if is_oom(exc) and size > 1:
                     self.batch = size // 2
@@ -546,22 +510,22 @@ class TrialBatcher:
                 continue
             each = (time.perf_counter() - start) / len(chunk)
             for j, t in enumerate(chunk):
-                rows.append(runner.judged_row(cell_id, t, block.plan(j), lambda o=out[j]: self.answer(o), each))
+                rows.append(runner.judged_row(cell_id, t, block.plan(j), lambda a=answers[j]: a, each))
             pos += len(chunk)
         return rows
 
 
-def make_batcher(runner: Any) -> TrialBatcher | None:
-    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (said once when asked for)."""
+def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
+    """``(the runner's TrialBatcher, None, False)``, or ``(None, why its trials run one by one, whether building the
+    batcher failed)``."""
     campaign = runner.campaign
-    want = campaign.evaluator.batch_trials
-    if want == 1:
-        return None
     model = runner.targets.get(None)
     why = None
-    if campaign.mode != "memory":
+    if campaign.evaluator.batch_trials == 1:
+        why = "batch_trials = 1"
+    elif campaign.mode != "memory":
         why = "checkpoint mode evaluates files"
-    elif not hasattr(runner.evaluate, "answer"):
+    elif not hasattr(runner.evaluate, "single_forward"):
         why = "a function or command evaluator runs the model itself (only built-in evaluators batch)"
     else:
         from ..live.adapters import framework_of
@@ -571,11 +535,19 @@ def make_batcher(runner: Any) -> TrialBatcher | None:
         elif model.training:
             why = "the model is in training mode (call model.eval() in the factory)"
     if why is not None:
-        if want is not None:
-            say_once(f"batch_trials = {want} ignored: {why}; running trials one at a time")
-        return None
+        return None, why, False
     try:
-        return TrialBatcher(runner, model, runner.evaluate, want)
+        return TrialBatcher(runner, model, runner.evaluate, campaign.evaluator.batch_trials), None, False
     except Exception as exc:  # e.g. evaluation inputs torch cannot take as one tensor: the serial path still runs
-        say_once(f"batched trials off: {type(exc).__name__}: {str(exc)[:160]}; running trials one at a time")
-        return None
+        return None, f"{type(exc).__name__}: {str(exc)[:160]}", True
+
+
+def make_batcher(runner: Any) -> TrialBatcher | None:
+    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (said once when asked for)."""
+    batcher, why, failed = batch_decision(runner)
+    want = runner.campaign.evaluator.batch_trials
+    if failed:
+        say_once(f"batched trials off: {why}; running trials one at a time")
+    elif batcher is None and want not in (None, 1):
+        say_once(f"batch_trials = {want} ignored: {why}; running trials one at a time")
+    return batcher

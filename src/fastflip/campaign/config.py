@@ -42,7 +42,8 @@ File form (TOML; YAML takes the same keys)::
 
     [evaluator]
     function = "mymod:evaluate"    # or builtin = "classification" (or "regression") with
-                                   # data = "mymod:heldout" returning (x, y),
+                                   # data = "mymod:heldout" returning (x, y), or builtin =
+                                   # "language-model" / "generation" with data returning token ids,
                                    # or command = "python eval.py {checkpoint}" (checkpoint mode)
     returns = ["predictions", "metric"]   # what the function returns (outputs/predictions/metric)
     critical = 0.05                # metric drop above which an SDC is critical
@@ -69,6 +70,7 @@ from typing import Any, Mapping
 
 from ..core import configcheck as cc
 from ..errors import OptionError
+from .builtins import BUILTIN_KINDS
 from .outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
 
 __all__ = [
@@ -82,7 +84,7 @@ __all__ = [
 
 GROUP_BY = ("none", "tensor", "layer", "role")
 MODES = ("memory", "checkpoint")
-BUILTIN_EVALUATORS = ("classification", "regression")
+BUILTIN_EVALUATORS = BUILTIN_KINDS
 
 
 _SELECT_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")
@@ -206,10 +208,15 @@ class EvaluatorSpec:
     atol: float = 0.0
     greater_is_better: bool = True
     batch_trials: int | None = None  # trials per forward pass (None: automatic; 1: serial); not part of the identity
+    batch_size: int | None = None  # built-ins: inputs per forward (None: the data loader's batches, else all at once)
+    max_new_tokens: int | None = None  # builtin = "generation": tokens decoded per prompt (default 8)
 
     def __post_init__(self) -> None:
         if self.batch_trials is not None:
             self.batch_trials = cc.positive_int(self.batch_trials, "[evaluator] batch_trials")
+        for k in ("batch_size", "max_new_tokens"):
+            if getattr(self, k) is not None:
+                setattr(self, k, cc.positive_int(getattr(self, k), f"[evaluator] {k}"))
         for k in ("function", "builtin", "data", "command"):
             setattr(self, k, cc.opt_string(getattr(self, k), f"[evaluator] {k}"))
         # a NaN or infinite threshold would make every SDC critical or none: refuse it
@@ -219,7 +226,7 @@ class EvaluatorSpec:
         given = [k for k in ("function", "builtin", "command") if getattr(self, k) is not None]
         if len(given) != 1:
             raise OptionError("[evaluator]: give exactly one of function = 'module:function', "
-                              "builtin = 'classification' | 'regression' or command = '...'")
+                              f"builtin = {' | '.join(repr(b) for b in BUILTIN_EVALUATORS)} or command = '...'")
         if self.function is not None and ":" not in self.function:
             raise OptionError(f"[evaluator] function must read 'module:function', got {self.function!r}")
         if self.builtin is not None:
@@ -228,9 +235,15 @@ class EvaluatorSpec:
             if self.builtin not in BUILTIN_EVALUATORS:
                 raise OptionError(f"[evaluator] builtin must be one of {', '.join(BUILTIN_EVALUATORS)}, got {self.builtin!r}")
             if not self.data or ":" not in self.data:
-                raise OptionError(f"[evaluator] builtin = '{self.builtin}' needs data = 'module:function' returning (x, y)")
-            if self.builtin == "regression":
-                self.greater_is_better = False  # its metric is the mean squared error
+                what = "(x, y)" if self.builtin in ("classification", "regression") else "token ids"
+                raise OptionError(f"[evaluator] builtin = '{self.builtin}' needs data = 'module:function' returning "
+                                  f"{what} (or a data loader yielding batches of them)")
+            if self.builtin in ("regression", "language-model"):
+                self.greater_is_better = False  # their metrics are the mean squared error and the perplexity
+        if self.max_new_tokens is not None and self.builtin != "generation":
+            raise OptionError("[evaluator] max_new_tokens applies to builtin = 'generation'")
+        if self.batch_size is not None and self.builtin is None:
+            raise OptionError("[evaluator] batch_size applies to built-in evaluators (a function batches its own data)")
         if self.returns is not None:
             self.returns = cc.strings(self.returns, "[evaluator] returns")
             bad = [r for r in self.returns if r not in RETURN_KINDS]
@@ -313,6 +326,9 @@ class Campaign:
         """What identifies the campaign's results (everything but where it was loaded from)."""
         d = self._file_dict()
         d["evaluator"].pop("batch_trials", None)  # how many trials share a forward pass changes no result
+        for k in ("batch_size", "max_new_tokens"):  # unset: the identity of campaigns written before these keys
+            if d["evaluator"].get(k) is None:
+                d["evaluator"].pop(k, None)
         return d
 
     def _file_dict(self) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Campaign evaluators: the ``[evaluator]`` table made into ``f(model or checkpoint path) -> result``.
 
-A user function (``module:function``), the built-in classification / regression judgements on
-``[evaluator] data``, or a shell command that prints a metric. :func:`import_object` imports the
+A user function (``module:function``), a built-in evaluator on ``[evaluator] data``
+(:mod:`fastflip.campaign.builtins`: classification, regression, language-model, generation), or a
+shell command that prints a metric. :func:`import_object` imports the
 user's ``module:attribute`` specs (target factories too).
 
-Imports: :mod:`fastflip.errors`, :mod:`fastflip.campaign.config` and :mod:`fastflip.campaign.outcomes`
-(frameworks lazily, to run a model). Imported by :mod:`fastflip.campaign.cells` and
+Imports: :mod:`fastflip.errors`, :mod:`fastflip.campaign.config` and :mod:`fastflip.campaign.builtins`. Imported by :mod:`fastflip.campaign.cells` and
 :mod:`fastflip.campaign.trials`.
 
 >>> classification_answer(np.array([[2.0, 1.0], [0.5, 0.7]]), np.array([0, 1])).predictions.tolist()
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import OptionError
 from .config import Campaign
-from .outcomes import Answer
+from .builtins import Builtin, classification_answer, load_data
 
 __all__ = ["classification_answer", "make_evaluator", "import_object"]
 
@@ -49,53 +49,6 @@ def import_object(spec: str, paths: Sequence[str] = ()) -> Any:
     return obj
 
 
-def _predict(model: Any, x: Any) -> np.ndarray:
-    # the framework of the model's class or of a base class (user models subclass nn.Module / keras.Model)
-    mods = [c.__module__ for c in type(model).__mro__]
-    mod = next((m for m in mods if m.startswith(("torch", "keras", "tensorflow", "tf_keras"))), mods[0])
-    if mod.startswith("torch"):
-        import torch
-
-        first = next(iter(list(model.parameters()) + list(model.buffers())), None)
-        with torch.no_grad():  # the inputs go where the model lives (a CUDA model stays on its GPU)
-            xt = torch.as_tensor(x) if first is None else torch.as_tensor(x).to(first.device)
-            return model(xt).detach().cpu().numpy()
-    if mod.startswith(("keras", "tensorflow", "tf_keras")):
-        return np.asarray(model(x, training=False))
-    if callable(model):
-        return np.asarray(model(x))
-    raise OptionError(f"builtin accuracy: cannot run a {type(model).__name__}; give [evaluator] function instead")
-
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Per input, its predicted class (k = 1) or its set of k best classes (sorted, so sets compare)."""
-    scores = np.asarray(scores)
-    if scores.ndim < 2:
-        raise OptionError(f"builtin classification: the model's outputs have shape {scores.shape}; "
-                          "expected (inputs, classes) scores")
-    if k == 1:
-        return np.argmax(scores, axis=-1)
-    if k > scores.shape[-1]:
-        raise OptionError(f"[evaluator] top_k = {k} exceeds the {scores.shape[-1]} classes of the model's outputs")
-    return np.sort(np.argsort(-scores, axis=-1, kind="stable")[..., :k], axis=-1)
-
-
-def classification_answer(scores: Any, y: np.ndarray, k: int = 1) -> Answer:
-    """The built-in classifier judgement of outputs ``scores`` on labels ``y``.
-
-    Predictions are the top-1 class (or, with ``k > 1``, the set of the k best classes);
-    the metric is the top-k accuracy.
-
-    >>> a = classification_answer(np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
-    >>> a.predictions.tolist(), a.metric
-    ([1, 0], 0.5)
-    """
-    scores = np.asarray(scores)
-    pred = _top_k(scores, k)
-    hit = pred == y if k == 1 else (pred == np.asarray(y)[..., None]).any(axis=-1)
-    return Answer(scores, pred, float(np.mean(hit)))
-
-
 def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
     """The campaign's evaluator as ``f(model or checkpoint path) -> result``."""
     ev = campaign.evaluator
@@ -107,30 +60,9 @@ def make_evaluator(campaign: Campaign) -> Callable[[Any], Any]:
         return fn
     if ev.builtin is not None:
         assert ev.data is not None
-        data = import_object(ev.data, paths)()
-        if not (isinstance(data, (tuple, list)) and len(data) == 2):
-            raise OptionError(f"[evaluator] data = {ev.data} must return (x, y), got a {type(data).__name__}")
-        x, y = data
-        y = np.asarray(y)
-        if ev.builtin == "classification":
-            k = ev.top_k
-
-            def answer(out: Any) -> Answer:
-                return classification_answer(out, y, k)
-        else:
-            def answer(out: Any) -> Answer:
-                out = np.asarray(out)
-                if out.shape != y.shape and out.size == y.size:
-                    out = out.reshape(y.shape)
-                return Answer(out, None, float(np.mean((out.astype(np.float64) - y) ** 2)))
-
-        def builtin(model: Any) -> Answer:
-            return answer(_predict(model, x))
-
-        # what batched trials need: the inputs of the one forward, and the judgement of its outputs
-        builtin.inputs, builtin.answer = x, answer  # type: ignore[attr-defined]
-        builtin.__name__ = ev.builtin
-        return builtin
+        x, y, loader_batch = load_data(import_object(ev.data, paths)(), ev.builtin)
+        return Builtin(ev.builtin, x, y, batch_size=ev.batch_size or loader_batch, top_k=ev.top_k,
+                       max_new_tokens=ev.max_new_tokens or 8)
     assert ev.command is not None
     command = ev.command
 

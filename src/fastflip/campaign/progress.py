@@ -31,7 +31,7 @@ from typing import Any, Iterable, TextIO
 from ..errors import OptionError
 from .store import TRIAL_OUTCOMES
 
-__all__ = ["Progress", "format_seconds", "status_seconds"]
+__all__ = ["Progress", "format_rate", "format_seconds", "status_seconds"]
 
 DEFAULT_STATUS_SECONDS = 60.0
 
@@ -46,6 +46,23 @@ def format_seconds(s: float) -> str:
         return "--:--"
     s = int(round(s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def format_rate(rate: float) -> str:
+    """Trials per second with the digits that matter (``0.49 trials/s``, never ``0 trials/s`` for a slow model).
+
+    >>> format_rate(0.4912), format_rate(7.25), format_rate(12.34), format_rate(1234.5), format_rate(0.0)
+    ('0.49 trials/s', '7.25 trials/s', '12.3 trials/s', '1,234 trials/s', '0 trials/s')
+    """
+    if rate != rate or rate <= 0:
+        return "0 trials/s"
+    if rate >= 100:
+        return f"{rate:,.0f} trials/s"
+    if rate >= 10:
+        return f"{rate:.1f} trials/s"
+    if rate >= 0.01:
+        return f"{rate:.2f} trials/s"
+    return f"{rate:.2g} trials/s"
 
 
 def status_seconds(value: float | None = None) -> float:
@@ -120,7 +137,7 @@ class Progress:
     def _draw(self) -> None:
         if self._bar is not None:
             task = self._bar.task_ids[0]
-            self._bar.update(task, completed=self.done, rate=f"{self.rate():,.0f} trials/s", counts=self.counts_text())
+            self._bar.update(task, completed=self.done, rate=format_rate(self.rate()), counts=self.counts_text())
             self._bar.refresh()
             return
         width = shutil.get_terminal_size((100, 24)).columns
@@ -142,7 +159,7 @@ class Progress:
         left = self.total - self.done
         eta = left / rate if rate > 0 else float("inf")
         pct = 100.0 * self.done / self.total if self.total else 100.0
-        return f"{self.done}/{self.total} {pct:5.1f}% {rate:,.0f} trials/s ETA {format_seconds(eta)} | {self.counts_text()}"
+        return f"{self.done}/{self.total} {pct:5.1f}% {format_rate(rate)} ETA {format_seconds(eta)} | {self.counts_text()}"
 
     def message(self, text: str) -> None:
         """A line of its own (e.g. 'finishing in-flight trials'), kept clear of the bar."""

@@ -19,6 +19,9 @@ equal to an uninterrupted run.
 * A worker process that dies (segfault, out of memory) does not stop the campaign:
   the chunks it held run again one trial at a time, and a trial that kills its worker
   again is stored as a DUE.
+* Before any store or worker exists, the sweep imports the campaign's functions, loads the target and
+  evaluates the golden run in its own process (:func:`preflight`): a model/evaluator mismatch is one
+  line; a sweep that fails after creating its store but before its first trial removes that store.
 * Nothing is left behind: workers exit when the sweep's process dies, even by SIGKILL
   (:mod:`fastflip.campaign.lifeline`); their working copies (checkpoint mode) are
   removed when the sweep ends by success, error, Ctrl-C or SIGTERM, and those of
@@ -51,8 +54,10 @@ from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, p
 from .config import Campaign
 from .executors import WorkerCrash, check_main_guard, make_executor, sweep_gpus
 from .lifeline import remove_workdirs, sweep_leftovers
+from .preflight import batch_line, drop_empty, preflight
 from .progress import Progress
-from .trials import DUE, close_runners, get_runner, worker_error
+from .failures import TrialAborted
+from .trials import DUE, adopt_runner, close_runners, get_runner, worker_error
 
 __all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_create"]
 
@@ -121,10 +126,13 @@ def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
 
 def open_or_create(
     store_path: str, campaign: Campaign | None, shard: str | None = None, say: Any = None,
+    expanded: tuple[list[Cell], dict[str, str], dict[str, list[str]]] | None = None,
+    created: list[str] | None = None,
 ) -> tuple[ResultStore, Campaign, list[Cell], list[int]]:
     """Open the store for writing (creating it from ``campaign`` when absent) and check it matches.
 
-    ``say(text)``, when given, is told when the (possibly slow) target loading starts.
+    ``say(text)``, when given, is told when the (possibly slow) target loading starts. ``expanded``:
+    ``(cells, input hashes, cell dtypes)`` of ``campaign`` already computed (by the pre-flight).
     """
 
     def loading(c: Campaign) -> None:
@@ -145,8 +153,11 @@ def open_or_create(
             campaign = campaign or stored
             if shard is not None and shard != st.shard:
                 raise StoreError(f"store {store_path} is shard {st.shard or 'none'}, not {shard}")
-            loading(campaign)
-            cells, hashes = campaign_cells(campaign, with_hashes=True)
+            if expanded is None:
+                loading(campaign)
+                cells, hashes = campaign_cells(campaign, with_hashes=True)
+            else:
+                cells, hashes, _ = expanded
             if hashes != st.input_hashes:
                 what = "checkpoint" if campaign.target.checkpoint else "target factory's tensors"
                 raise StoreError(f"the campaign's {what} changed since store {store_path} was started; refusing to mix results")
@@ -161,14 +172,19 @@ def open_or_create(
         return st, campaign, cells, planned
     if campaign is None:
         raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
-    dtypes: dict[str, list[str]] = {}
-    loading(campaign)
-    cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
+    if expanded is None:
+        dtypes: dict[str, list[str]] = {}
+        loading(campaign)
+        cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
+    else:
+        cells, hashes, dtypes = expanded
     planned = planned_counts(campaign, cells)
     st = ResultStore.create(
         store_path, campaign.to_dict(), [c.row(n) for c, n in zip(cells, planned)],
         input_hashes=hashes, shard=shard, chash=config_hash(campaign.definition()),
     )
+    if created is not None:
+        created.append(store_path)
     st.set_meta("cell_dtypes", json.dumps(dtypes, sort_keys=True))
     return st, campaign, cells, planned
 
@@ -314,9 +330,23 @@ def _release_sigterm(old: Any) -> bool:
     return hit and old is not None
 
 
-def sweep(
+def sweep(campaign: Campaign | None, store: str, **options: Any) -> SweepResult:
+    """Run every missing trial of ``campaign`` into ``store`` (see the module docstring and :func:`_sweep` for the
+    options). A sweep that fails before its first trial is stored leaves no store behind (the store it created is
+    removed), so the corrected campaign starts afresh."""
+    created: list[str] = []
+    try:
+        return _sweep(campaign, store, created, **options)
+    except BaseException:
+        if created:
+            drop_empty(created[0])
+        raise
+
+
+def _sweep(
     campaign: Campaign | None,
     store: str,
+    created: list[str],
     *,
     workers: int | None = None,
     executor: str = "local",
@@ -372,14 +402,31 @@ def sweep(
     sweep_leftovers()
     if dask == "local" or (dask is None and executor == "local" and workers != 0):
         check_main_guard()  # before the store exists: a script without a main guard leaves nothing behind
+    runner = expanded = None
     if campaign is not None:
         check_imports(campaign)
+        if batch_trials is not None:
+            campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
+        if not os.path.exists(store):  # a new store: the golden run first, so that a mismatch leaves nothing
+            dtypes: dict[str, list[str]] = {}
+            say(f"loading the target ({campaign.target.factory or campaign.target.checkpoint}) and evaluating the "
+                f"fault-free (golden) run of campaign {campaign.name!r}")
+            cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
+            runner = preflight(campaign, cells)
+            expanded = (cells, hashes, dtypes)
     try:
-        st, campaign, cells, planned = open_or_create(store, campaign, shard, say=say)
+        st, campaign, cells, planned = open_or_create(store, campaign, shard, say=say, expanded=expanded,
+                                                      created=created)
     except sqlite3.Error as exc:
         raise sqlite_error(store, exc, "opening it") from exc
     if batch_trials is not None:
         campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
+    if runner is None and st.n_trials() < sum(planned):
+        try:
+            runner = preflight(campaign, cells)
+        except BaseException:
+            st.close()
+            raise
     sequential = campaign.trials.sequential
     if sequential and (shard_t is not None and shard_t[1] > 1):
         st.close()
@@ -399,6 +446,20 @@ def sweep(
     except BaseException:
         st.close()
         raise
+    try:
+        line = batch_line(runner, ex.workers) if runner is not None and stored_before < planned_total else None
+    except BaseException:
+        ex.close(cancel=True)
+        st.close()
+        raise
+    if line:
+        say(line)
+    if runner is not None:
+        if getattr(ex, "name", "") == "serial":  # the trials run in this process: with the runner built here
+            adopt_runner(token, runner)
+        else:
+            runner.close()
+        runner = None
     if stored_before < planned_total:
         say(f"running on {ex.workers} {getattr(ex, 'name', executor)} worker(s); each loads the target and "
             "evaluates the fault-free (golden) run before its first trial")
@@ -480,6 +541,8 @@ def sweep(
                             else:
                                 suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
                             continue
+                        except TrialAborted as exc:  # out of memory, the environment: not a fault's outcome
+                            raise TrialAborted(str(exc)) from None
                         except Exception as exc:
                             raise StoreError(f"a worker could not run trials: {worker_error(exc)}") from exc
                         successes += 1

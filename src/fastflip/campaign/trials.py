@@ -31,7 +31,8 @@ each input's predicted class, the metric the top-k accuracy), ``builtin = "regre
 error, lower is better), a ``function`` whose result ``[evaluator] returns`` describes
 (outputs, predictions and/or metric; see :func:`fastflip.campaign.outcomes.answer_from`), or a
 ``command`` printing a metric. A trial whose evaluator raises is a DUE; it never stops the
-campaign.
+campaign, unless the error is out of memory or the environment's (:mod:`fastflip.campaign.failures`):
+then the sweep stops with one line (:class:`~fastflip.campaign.failures.TrialAborted`).
 
 Examples
 --------
@@ -59,10 +60,11 @@ from .store import TrialRow
 from .cells import Cell, call_factory, target_tensors, trial_sites
 from .evaluate import classification_answer, make_evaluator
 from .config import Campaign
+from .failures import TrialAborted, environment_failure
 from .lifeline import make_workdir
 
 __all__ = ["MASKED", "SDC", "CRITICAL", "DUE", "classification_answer", "make_evaluator", "sites_summary", "trial_seed",
-           "TrialRunner", "run_chunk", "close_runners"]
+           "TrialRunner", "run_chunk", "close_runners", "adopt_runner"]
 
 _INF = float("inf")
 _MESSAGE_LIMIT = 400
@@ -238,13 +240,25 @@ class TrialRunner:
             return Judgement(CRITICAL if delta > self.critical else SDC, None, 1.0, result, delta)
         return judge(golden, answer_from(result, self.returns), **self._judge_opts)
 
+    def _due(self, exc: Exception, cell_id: int, trial: int) -> tuple[Judgement, str]:
+        """A trial's exception as a DUE and its message, or :class:`~fastflip.campaign.failures.TrialAborted` when it
+        is out of memory or the environment's (not an outcome of the fault: the sweep stops; docs/outcomes.md)."""
+        why = environment_failure(exc)
+        if why is not None:
+            raise TrialAborted(
+                f"trial {trial} of cell {cell_id} ({self.cells[cell_id].key}): {why} in the evaluator "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}); "
+                "not a fault outcome, so the sweep stops: finished trials are saved; fix the cause (memory: "
+                "[evaluator] batch_size, --batch-trials, fewer workers) and run again to resume") from None
+        return _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+
     def judged_row(self, cell_id: int, trial: int, plan: Any, result: Callable[[], Any], elapsed: float) -> TrialRow:
         """The row of a trial whose evaluator result ``result()`` is known (a raising result is a DUE)."""
         message = None
         try:
             j = self._judge(result(), self.cells[cell_id].epoch)
         except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-            j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+            j, message = self._due(exc, cell_id, trial)
         return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
                         elapsed, self.worker, None if j.numeric is None else int(j.numeric), j.changed)
 
@@ -277,7 +291,7 @@ class TrialRunner:
             except FastflipError:
                 raise  # a layer that stopped running or changed shape: the campaign's definition is wrong
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = self._due(exc, cell_id, trial)
         elif self.campaign.mode == "memory":
             live = self._live
             tg = self.live[epoch]
@@ -285,7 +299,7 @@ class TrialRunner:
             try:
                 j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
-                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = self._due(exc, cell_id, trial)
             finally:
                 live.revert(tg, log)
         else:
@@ -302,7 +316,7 @@ class TrialRunner:
             try:
                 j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:
-                j, message = _DUE, f"{type(exc).__name__}: {exc}"[:_MESSAGE_LIMIT]
+                j, message = self._due(exc, cell_id, trial)
             finally:
                 self._restore(target, res.log, epoch)
         return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
@@ -327,17 +341,24 @@ def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell],
             old.close()
         _RUNNERS.clear()
         runner = TrialRunner(Campaign.from_dict(campaign_dict), cells)
-        if digest is not None:
-            from .cells import target_digest
-
-            mine = target_digest(runner.targets[None])
-            if mine != digest:
-                raise OptionError(
-                    f"the target factory {runner.campaign.target.factory} gives other tensors in worker "
-                    f"{runner.worker} than in the sweep (unseeded random weights?); results would not be reproducible"
-                )
         _RUNNERS[token] = runner
+    if digest is not None and not getattr(runner, "_digest_checked", False):  # built here, or by the pre-flight
+        from .cells import target_digest
+
+        if target_digest(runner.targets[None]) != digest:
+            _RUNNERS.pop(token, None)
+            raise OptionError(
+                f"the target factory {runner.campaign.target.factory} gives other tensors in worker "
+                f"{runner.worker} than in the sweep (unseeded random weights?); results would not be reproducible"
+            )
+        runner._digest_checked = True
     return runner
+
+
+def adopt_runner(token: str, runner: TrialRunner) -> None:
+    """Make ``runner`` (built by the sweep's pre-flight in this process) the process's runner for ``token``."""
+    close_runners()
+    _RUNNERS[token] = runner
 
 
 def close_runners() -> None:

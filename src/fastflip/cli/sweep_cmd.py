@@ -35,6 +35,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..campaign.config import load_campaign
+    from ..campaign.progress import format_rate
     from ..campaign.sweep import sweep
     from ..errors import OptionError
 
@@ -54,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
                                        else "") for k, v in res.counts.items())
     state = "complete" if res.complete else ("interrupted" if res.interrupted else "incomplete")
     print(f"{res.store}: {res.stored}/{res.planned} trials stored ({state}); ran {res.ran} in {res.elapsed:.1f} s "
-          f"({res.rate:,.0f} trials/s); {counts}")
+          f"({format_rate(res.rate)}); {counts}")
     return 130 if res.interrupted else 0
