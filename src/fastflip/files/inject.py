@@ -303,6 +303,8 @@ def inject_file(
         its bytes, for an input that the caller is about to replace with the output (a shard of a checkpoint
         directory injected in place). In place the bytes are always hashed.
 
+    Notes
+    -----
     Evidence before change: the log is written to a temporary and fsynced, then renamed into place just
     before the output, both renames in one section with SIGINT/SIGTERM deferred
     (:func:`fastflip.files.fileio.staged`); with ``atomic=False`` the log is committed before the first
