@@ -42,7 +42,8 @@ from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache
 from .formats import detect_format
-from .layout import Tensor, chunk_index, open_h5
+from .h5index import element_offsets
+from .layout import Tensor, _chunk_address_base, open_h5
 from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
@@ -92,7 +93,8 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
                 assert t.offset is not None
                 offs = t.offset + idx * t.itemsize
             elif t.storage == "chunked":
-                offs = chunk_index(f, t).byte_offsets(idx)
+                ds = f[t.path]  # only the touched chunks are looked up (files/h5index.py)
+                offs = element_offsets(ds.id, t.shape, t.chunks, t.itemsize, idx, _chunk_address_base(ds))
             else:
                 offs = np.full(len(idx), -1, np.int64)
             if len(offs) and int(offs.max()) + t.itemsize > fsize:

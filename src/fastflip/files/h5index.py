@@ -299,3 +299,25 @@ def object_info(gid: Any, name: bytes) -> tuple[int, int]:
     except (RuntimeError, OSError, ValueError) as exc:
         raise KeyError(name) from exc
     return int(info.addr), int(info.type)
+
+
+def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, flat: np.ndarray,
+                    base: int) -> np.ndarray:
+    """File offsets of flat C-order elements of an unfiltered chunked dataset, -1 where the chunk is unallocated.
+
+    Only the chunks the elements fall in are looked up (:func:`lookup_chunks`); ``base`` is added to the
+    addresses HDF5 reports (the user block before HDF5 1.14.4, see ``layout._chunk_address_base``).
+    """
+    flat = np.asarray(flat, np.int64)
+    if flat.size == 0:
+        return np.empty(flat.shape, np.int64)
+    ch = np.asarray(chunks, np.int64)
+    coords = np.stack(np.unravel_index(flat, shape), axis=1).astype(np.int64)
+    cid = coords // ch
+    within = np.ravel_multi_index(tuple((coords - cid * ch).T), tuple(int(c) for c in chunks)).astype(np.int64)
+    grid = tuple(-(-int(s) // int(c)) for s, c in zip(shape, chunks))
+    keys, inv = np.unique(np.ravel_multi_index(tuple(cid.T), grid), return_inverse=True)
+    corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * ch
+    addr, _size, _mask = lookup_chunks(dsid, corners)
+    start = addr[inv.reshape(-1)]
+    return np.where(start >= 0, start + base + within * itemsize, -1)
