@@ -79,52 +79,53 @@ def _all_corners(ds) -> np.ndarray:
     return np.array(list(itertools.product(*(range(0, s, c) for s, c in zip(ds.shape, ds.chunks)))), np.int64)
 
 
+def _datasets(path: str):
+    """(name, dataset) of both datasets of a test file, the file open read-only meanwhile."""
+    with h5py.File(path, "r") as f:
+        for name in ("g/full", "g/sparse"):
+            yield name, f[name]
+
+
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_lookup_equals_h5py_for_every_chunk(h5file, native, monkeypatch):
     monkeypatch.setenv("FASTFLIP_H5_NATIVE", native)
-    with h5py.File(h5file, "r") as f:
-        for name in ("g/full", "g/sparse"):
-            dsid = f[name].id
-            corners = _all_corners(f[name])
-            got = np.stack([a.astype(np.int64) for a in lookup_chunks(dsid, corners)], axis=1)
-            want = _truth(dsid, corners)
-            np.testing.assert_array_equal(got, want, err_msg=f"{h5file}:{name}")
+    for name, ds in _datasets(h5file):
+        corners = _all_corners(ds)
+        got = np.stack([a.astype(np.int64) for a in lookup_chunks(ds.id, corners)], axis=1)
+        np.testing.assert_array_equal(got, _truth(ds.id, corners), err_msg=f"{h5file}:{name}")
 
 
 def test_native_index_reader_used_and_exact(h5file):
     require("fastflip.kernels._h5chunks")
-    with h5py.File(h5file, "r") as f:
-        for name in ("g/full", "g/sparse"):
-            dsid = f[name].id
-            fd = os.open(h5file, os.O_RDONLY)
-            try:
-                kind = h5index._index(fd, object_info(dsid, b".")[0])[0]
-            finally:
-                os.close(fd)
-            out = h5index._native_lookup(dsid, _all_corners(f[name]))
-            if kind not in NATIVE_KINDS:
-                assert out is None  # HDF5's own lookup serves these
-                continue
-            assert out is not None, (h5file, name, kind)
-            np.testing.assert_array_equal(np.stack([a.astype(np.int64) for a in out], axis=1),
-                                          _truth(dsid, _all_corners(f[name])))
+    for name, ds in _datasets(h5file):
+        fd = os.open(h5file, os.O_RDONLY)
+        try:
+            kind = h5index._index(fd, object_info(ds.id, b".")[0])[0]
+        finally:
+            os.close(fd)
+        out = h5index._native_lookup(ds.id, _all_corners(ds))
+        if kind not in NATIVE_KINDS:
+            assert out is None  # HDF5's own lookup serves these
+            continue
+        assert out is not None, (h5file, name, kind)
+        np.testing.assert_array_equal(np.stack([a.astype(np.int64) for a in out], axis=1),
+                                      _truth(ds.id, _all_corners(ds)))
 
 
 @pytest.mark.parametrize("native", ["1", "0"])
 def test_walk_equals_get_chunk_info(h5file, native, monkeypatch):
     monkeypatch.setenv("FASTFLIP_H5_NATIVE", native)
-    with h5py.File(h5file, "r") as f:
-        for name in ("g/full", "g/sparse"):
-            dsid = f[name].id
-            coords, addr, size, mask = walk_chunks(dsid)
-            n = dsid.get_num_chunks()
-            assert len(addr) == n
-            for i in sorted({*range(min(n, 40)), *range(max(0, n - 40), n)}):  # get_chunk_info(i): O(i) each
-                info = dsid.get_chunk_info(i)
-                assert (tuple(coords[i]), addr[i], size[i], mask[i]) == (
-                    tuple(info.chunk_offset), info.byte_offset, info.size, info.filter_mask)
-            got = np.stack([addr, size, mask.astype(np.int64)], axis=1)
-            np.testing.assert_array_equal(got, _truth(dsid, coords))
+    for _name, ds in _datasets(h5file):
+        dsid = ds.id
+        coords, addr, size, mask = walk_chunks(dsid)
+        n = dsid.get_num_chunks()
+        assert len(addr) == n
+        for i in sorted({*range(min(n, 40)), *range(max(0, n - 40), n)}):  # get_chunk_info(i): O(i) each
+            info = dsid.get_chunk_info(i)
+            assert (tuple(coords[i]), addr[i], size[i], mask[i]) == (
+                tuple(info.chunk_offset), info.byte_offset, info.size, info.filter_mask)
+        got = np.stack([addr, size, mask.astype(np.int64)], axis=1)
+        np.testing.assert_array_equal(got, _truth(dsid, coords))
 
 
 def test_object_info_equals_h5o(tmp_path):

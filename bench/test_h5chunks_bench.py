@@ -1,0 +1,93 @@
+"""Benchmarks of issue 22 item 4: 10 flips in place into a chunked HDF5 dataset against a contiguous one.
+
+Run: ``pytest bench/test_h5chunks_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds -s``
+
+Files (h5py defaults: earliest format, so a version-1 B-tree chunk index), built once under a temporary
+directory:
+
+* 1,000,000 chunks of 64 float32 (256 MB) and a contiguous dataset of the same size;
+* 97,657 chunks of 256 float32 (100 MB, the issue's figure) and a contiguous one of the same size.
+
+``code``: ``after`` is this code (only the touched chunks looked up, the index read in C); ``before`` is
+the path at 21e5375 replayed in this process — the whole chunk index walked through h5py's ``chunk_iter``
+(a Python call per chunk) by ``route_sites`` and the layout walk's ``h5o.get_info`` (which makes HDF5 walk
+the index again) — so both run side by side on the same files; ``fallback`` is this code without the
+native module (no compiler: HDF5's ``H5Dget_chunk_info_by_coord`` per touched chunk, from Python).
+``mode``: ``bare`` is the campaign fast path (``atomic=False``, no hash, no log); ``default`` is
+``inject_file(in_place=True)`` with its defaults (hashes and a log).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from fastflip.files import h5apply
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import chunk_index
+
+ROUNDS = 7
+SIZES = {"1m": (64_000_000, 64), "97k": (25_000_000, 256)}  # (float32 values, values per chunk)
+
+
+def _h5(path: str, n: int, chunk: int | None) -> None:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("model/w", data=np.zeros(n, "<f4"), chunks=(chunk,) if chunk else None)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """name → path, each file built on first use (``-k 97k`` builds no 1m file)."""
+    d = tmp_path_factory.mktemp("h5chunks_bench")
+    built: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in built:
+            size, kind = name.split("-")
+            n, chunk = SIZES[size]
+            t0 = time.perf_counter()
+            built[name] = str(d / f"{name}.h5")
+            _h5(built[name], n, chunk if kind == "chunked" else None)
+            print(f"\n{name}: {os.path.getsize(built[name]) / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
+        return built[name]
+
+    get.dir = str(d)  # type: ignore[attr-defined]
+    yield get
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _before(dsid, shape, chunks, itemsize, flat, base):
+    """route_sites at 21e5375: the whole chunk index (chunk_iter, a Python call per chunk), then the offsets."""
+    import h5py
+
+    return chunk_index(h5py.Dataset(dsid)).byte_offsets(flat)
+
+
+@pytest.mark.parametrize("mode", ["bare", "default"])
+@pytest.mark.parametrize("code", ["after", "before", "fallback"])
+@pytest.mark.parametrize("name", ["1m-contiguous", "1m-chunked", "97k-contiguous", "97k-chunked"])
+def test_10_flips_in_place(benchmark, files, name, code, mode, monkeypatch):
+    if code != "after" and name.endswith("contiguous"):
+        pytest.skip("the contiguous path has no chunk index")
+    if code == "fallback" and mode == "default":
+        pytest.skip("the fallback is shown on the bare path")
+    if code in ("before", "fallback"):
+        monkeypatch.setenv("FASTFLIP_H5_NATIVE", "0")  # h5py's chunk_iter and h5o.get_info, as before
+    if code == "before":
+        monkeypatch.setattr(h5apply, "element_offsets", _before)
+    work = os.path.join(files.dir, "work.h5")
+    shutil.copyfile(files(name), work)
+    seeds = iter(range(1000))
+    kw = dict(atomic=False, log_path=False, hash_files=False) if mode == "bare" else {}
+    run = lambda: inject_file(work, in_place=True, seed=next(seeds), count=10, **kw)  # noqa: E731
+    run()  # warm: the file in the page cache, modules imported
+    benchmark.pedantic(run, rounds=ROUNDS if code != "before" else 3, iterations=1)
+    for p in (work, work + ".fflog"):
+        if os.path.exists(p):
+            os.unlink(p)
