@@ -200,7 +200,7 @@ def object_info(hid_t loc, bytes name):
 # chunk, whatever the number of chunks (H5Dget_chunk_info_by_coord visits the index up to the chunk).
 
 from posix.unistd cimport pread
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport malloc, free, realloc
 from libc.string cimport memcmp
 
 
@@ -222,8 +222,7 @@ cdef int _read(int fd, uint8_t* buf, Py_ssize_t n, int64_t at) noexcept nogil:
     return 0
 
 
-def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1] chunk,
-                  const int64_t[:, ::1] corners, int max_entries):
+def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[:, ::1] corners, int max_entries):
     """(address, size, filter mask) per corner from a version-1 B-tree of chunks (type 1) rooted at ``root``.
 
     Addresses are relative to ``base`` (as HDF5 keeps them); -1 for a chunk not in the tree. ``max_entries``
@@ -231,7 +230,7 @@ def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1]
     """
     cdef Py_ssize_t n = corners.shape[0], nd = corners.shape[1], i, k, e
     cdef int key = 8 + 8 * (nd + 1)
-    cdef Py_ssize_t cap = 8 + 2 * sa + (max_entries + 1) * key + max_entries * sa
+    cdef Py_ssize_t cap = 4096  # grown (realloc) for a larger node
     addr = np.full(n, -1, np.int64)
     size = np.zeros(n, np.int64)
     mask = np.zeros(n, np.uint32)
@@ -241,6 +240,8 @@ def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1]
     cdef const uint8_t* kp
     cdef int64_t node, lo, hi, mid, c
     cdef int level, used, depth, bad = 0, inside
+    cdef Py_ssize_t got, need
+    cdef uint8_t* grown
     if buf == NULL:
         raise MemoryError()
     try:
@@ -250,24 +251,37 @@ def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1]
                 depth = 0
                 while True:
                     depth += 1
-                    if depth > 64 or node < 0 or _read(fd, buf, 8 + 2 * sa, base + node) < 0 \
-                            or memcmp(buf, b"TREE", 4) != 0 or buf[4] != 1:
+                    if depth > 64 or node < 0:
+                        bad = 1
+                        break
+                    # one read a node in the usual case: a page, then the rest of a larger node
+                    got = pread(fd, buf, 4096, base + node)
+                    if got < 8 + 2 * sa or memcmp(buf, b"TREE", 4) != 0 or buf[4] != 1:
+                        bad = 1
+                        break
+                    used = <int>_le(buf + 6, 2)
+                    need = 8 + 2 * sa + (used + 1) * key + used * sa
+                    if used < 1 or used > max_entries:
+                        bad = 1
+                        break
+                    if need > cap:
+                        grown = <uint8_t*>realloc(buf, need)
+                        if grown == NULL:
+                            bad = 2
+                            break
+                        buf = grown
+                        cap = need
+                    if need > got and _read(fd, buf + got, need - got, base + node + got) < 0:
                         bad = 1
                         break
                     level = buf[5]
                     used = <int>_le(buf + 6, 2)
-                    if used < 1 or used > max_entries:
-                        bad = 1
-                        break
-                    if _read(fd, buf, (used + 1) * key + used * sa, base + node + 8 + 2 * sa) < 0:
-                        bad = 1
-                        break
                     # the last child whose left key is <= the corner (keys: size, mask, offsets; children between)
                     lo = 0
                     hi = used - 1
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
-                        kp = buf + mid * (key + sa) + 8
+                        kp = buf + 8 + 2 * sa + mid * (key + sa) + 8
                         c = 0
                         for k in range(nd):
                             if <int64_t>_le(kp + 8 * k, 8) != corners[i, k]:
@@ -277,7 +291,7 @@ def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1]
                             lo = mid
                         else:
                             hi = mid - 1
-                    kp = buf + lo * (key + sa)
+                    kp = buf + 8 + 2 * sa + lo * (key + sa)
                     node = <int64_t>_le(kp + key, sa)
                     if level == 0:
                         inside = 1
@@ -289,6 +303,8 @@ def btree1_lookup(int fd, int64_t base, int64_t root, int sa, const int64_t[::1]
                             s[i] = <int64_t>_le(kp, 4)
                             m[i] = <uint32_t>_le(kp + 4, 4)
                         break
+        if bad == 2:
+            raise MemoryError()
         if bad:
             raise ValueError("malformed version-1 B-tree node in the chunk index")
     finally:

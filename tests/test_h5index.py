@@ -159,7 +159,7 @@ def test_damaged_btree_node_falls_back_to_hdf5(tmp_path):
         dsid = f["g/full"].id
         real = h5index._h5chunks.btree1_lookup
         with pytest.raises(ValueError):
-            real(os.open(p, os.O_RDONLY), base, root + 1, 8, np.asarray(f["g/full"].chunks, np.int64), corners, 65535)
+            real(os.open(p, os.O_RDONLY), base, root + 1, 8, corners, 65535)
         np.testing.assert_array_equal(np.stack([a.astype(np.int64) for a in lookup_chunks(dsid, corners)], 1), want)
 
 
@@ -196,6 +196,27 @@ def test_inject_looks_up_only_touched_chunks(tmp_path, monkeypatch):
     inject_file(p, in_place=True, atomic=False, seed=3, count=10, log_path=False, hash_files=False)
     after = h5py.File(p, "r")["w"][...]
     assert 1 <= int((before.view("<u4") != after.view("<u4")).sum()) <= 10
+
+
+def test_in_place_flips_keep_the_cached_layout(tmp_path, monkeypatch):
+    """In place, only tensor bytes change: the next run reuses the layout instead of walking the file again."""
+    from fastflip.files import inject
+
+    p = str(tmp_path / "k.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("w", data=np.arange(5000, dtype="<f4"), chunks=(16,))
+        f.create_dataset("v", data=np.arange(100, dtype="<f8"))
+    inject_file(p, in_place=True, atomic=False, seed=1, count=5, log_path=False, hash_files=False)
+    os.utime(p, ns=(1, 1))  # the next write certainly changes the mtime
+
+    def walked(*a, **k):
+        raise AssertionError("the file was walked again")
+
+    inject.cached_layout(p)  # (re-read once: the mtime was set by hand above)
+    monkeypatch.setattr(inject, "read_layout", walked)
+    for seed in (2, 3):
+        inject_file(p, in_place=True, atomic=False, seed=seed, count=5, log_path=False, hash_files=False)
+    assert inject.cached_layout(p).tensors
 
 
 @pytest.mark.parametrize("wbits", [-15, 15])

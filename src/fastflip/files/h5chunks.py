@@ -279,6 +279,9 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 fh.seek(info.byte_offset)
                 raw = fh.read(info.size)
                 where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
+                if len(raw) != info.size:
+                    raise UnsupportedStorageError(f"{where}: the chunk index puts it past the end of the file "
+                                                  "(damaged or truncated HDF5 file); nothing was written")
                 streams: dict[int, bytes] = {}
                 buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where, streams))
                 arr = np.frombuffer(buf, t.dtype)

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import NotHDF5Error
+
 __all__ = ["native_available", "lookup_chunks", "walk_chunks", "object_info"]
 
 try:
@@ -185,20 +187,22 @@ def _native_lookup(dsid: Any, corners: np.ndarray) -> tuple[np.ndarray, np.ndarr
     if fid.get_intent() != h5f.ACC_RDONLY or fid.get_access_plist().get_driver() != h5fd.SEC2:
         return None
     obj_addr, _ = object_info(dsid, b".")
-    fd = os.open(fid.name, os.O_RDONLY)
+    fd = int(fid.get_vfd_handle())  # the sec2 driver's own descriptor: the very file HDF5 reads (pread only)
     try:
         kind, addr, chunk, sa, sl, base, extra = _index(fd, obj_addr)
         undef = (1 << (8 * sa)) - 1
         n = len(corners)
-        if list(chunk) != list(dsid.get_create_plist().get_chunk()):
+        dcpl = dsid.get_create_plist()
+        if list(chunk) != list(dcpl.get_chunk()):
             return None
         if addr == undef:
             return np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
-        filtered = dsid.get_create_plist().get_nfilters() > 0
+        if kind == "btree1":  # (its keys hold each chunk's size and filter mask)
+            out = _h5chunks.btree1_lookup(fd, base, addr, sa, corners, 65535)
+            return _absolute(out, base)
+        filtered = dcpl.get_nfilters() > 0
         nbytes = int(np.prod(chunk)) * dsid.get_type().get_size()
-        if kind == "btree1":
-            out = _h5chunks.btree1_lookup(fd, base, addr, sa, np.asarray(chunk, np.int64), corners, 65535)
-        elif kind == "farray":
+        if kind == "farray":
             maxshape = dsid.get_space().get_simple_extent_dims(True)
             grid = tuple(-(-int(m) // c) for m, c in zip(maxshape, chunk))
             linear = np.ravel_multi_index(tuple((corners // np.asarray(chunk, np.int64)).T), grid).astype(np.int64)
@@ -214,10 +218,13 @@ def _native_lookup(dsid: Any, corners: np.ndarray) -> tuple[np.ndarray, np.ndarr
             return None
     except (ValueError, OSError, IndexError):
         return None
-    finally:
-        os.close(fd)
-    if _ABSOLUTE:  # HDF5 >= 1.14.4 reports file offsets: report the same
-        out = (np.where(out[0] >= 0, out[0] + base, -1), out[1], out[2])
+    return _absolute(out, base)
+
+
+def _absolute(out: tuple[np.ndarray, np.ndarray, np.ndarray], base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The addresses as this HDF5 reports them: from 1.14.4 with the base address (the user block) added."""
+    if _ABSOLUTE and base:
+        return np.where(out[0] >= 0, out[0] + base, -1), out[1], out[2]
     return out
 
 
@@ -232,17 +239,25 @@ def lookup_chunks(dsid: Any, corners: np.ndarray) -> tuple[np.ndarray, np.ndarra
     from h5py._objects import phil
 
     corners = np.ascontiguousarray(corners, np.int64).reshape(len(corners), -1)
-    if native_available()[0]:
-        with phil:
-            out = _native_lookup(dsid, corners) if native_available()[2] else None
-            return out if out is not None else _h5chunks.lookup(dsid.id, corners)
-    n = len(corners)
-    addr, size, mask = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
-    for i, c in enumerate(corners.tolist()):
-        info = dsid.get_chunk_info_by_coord(tuple(c))
-        if info.byte_offset is not None:
-            addr[i], size[i], mask[i] = info.byte_offset, info.size, info.filter_mask
-    return addr, size, mask
+    try:
+        if native_available()[0]:
+            with phil:
+                out = _native_lookup(dsid, corners) if native_available()[2] else None
+                return out if out is not None else _h5chunks.lookup(dsid.id, corners)
+        n = len(corners)
+        addr, size, mask = np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
+        for i, c in enumerate(corners.tolist()):
+            info = dsid.get_chunk_info_by_coord(tuple(c))
+            if info.byte_offset is not None:
+                addr[i], size[i], mask[i] = info.byte_offset, info.size, info.filter_mask
+        return addr, size, mask
+    except (RuntimeError, OSError, ValueError) as exc:
+        from h5py import h5i
+
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise NotHDF5Error(f"{os.fsdecode(h5i.get_file_id(dsid).name)}: damaged HDF5 file (the chunk index of "
+                           f"{os.fsdecode(h5i.get_name(dsid) or b'?')} cannot be read: {first}); nothing was written"
+                           ) from None
 
 
 def walk_chunks(dsid: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -311,13 +326,15 @@ def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], 
     flat = np.asarray(flat, np.int64)
     if flat.size == 0:
         return np.empty(flat.shape, np.int64)
-    ch = np.asarray(chunks, np.int64)
-    coords = np.stack(np.unravel_index(flat, shape), axis=1).astype(np.int64)
-    cid = coords // ch
-    within = np.ravel_multi_index(tuple((coords - cid * ch).T), tuple(int(c) for c in chunks)).astype(np.int64)
-    grid = tuple(-(-int(s) // int(c)) for s, c in zip(shape, chunks))
-    keys, inv = np.unique(np.ravel_multi_index(tuple(cid.T), grid), return_inverse=True)
-    corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * ch
+    grid = [-(-int(s) // int(c)) for s, c in zip(shape, chunks)]
+    key = np.zeros(flat.shape, np.int64)  # the chunk's position in the grid, C order
+    within = np.zeros(flat.shape, np.int64)  # the element's position in its chunk, C order
+    for x, c, g in zip(np.unravel_index(flat, shape) if len(shape) > 1 else (flat,), chunks, grid):
+        q = x // c
+        key = key * g + q
+        within = within * int(c) + (x - q * c)
+    keys, inv = np.unique(key, return_inverse=True)
+    corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * np.asarray(chunks, np.int64)
     addr, _size, _mask = lookup_chunks(dsid, corners)
     start = addr[inv.reshape(-1)]
     return np.where(start >= 0, start + base + within * itemsize, -1)

@@ -147,6 +147,23 @@ def cached_layout(path: str) -> Layout:
     return lay
 
 
+def keep_layout(path: str, before: os.stat_result) -> None:
+    """After tensor bytes (never metadata) of ``path`` were patched in place, file it under its new mtime too.
+
+    The layout's key (:func:`cached_layout`) holds the mtime, which the write changed; the layout did not
+    change, so a campaign flipping the same file again does not walk it again (for a dataset of a million
+    chunks, a walk of its whole chunk index). Nothing happens when the file was not cached or was replaced.
+    """
+    st = os.stat(path)
+    real = os.path.realpath(path)
+    if (st.st_ino, st.st_size) != (before.st_ino, before.st_size):
+        return
+    with _CACHE_LOCK:
+        lay = _LAYOUTS.pop((real, before.st_ino, before.st_size, before.st_mtime_ns), None)
+        if lay is not None:
+            _LAYOUTS[(real, st.st_ino, st.st_size, st.st_mtime_ns)] = lay
+
+
 _SPACES: "dict[tuple[Any, ...], tuple[Layout, list[Tensor], SiteSpace]]" = {}
 
 
@@ -258,6 +275,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
         in_hash = sha256_file(src) if hash_files else None
+        st_before = os.stat(src)
         old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
         undo = None
         crcs = crc_patches(src, routes, old, new) if zipped else []
@@ -267,6 +285,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
             write_patches(src, cp.patches)
             undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
         out_hash = sha256_file(src) if hash_files else None
+        keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []

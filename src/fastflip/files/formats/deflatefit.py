@@ -50,10 +50,9 @@ def empty_blocks(room: int) -> bytes | None:
     """
     if room < 2:
         return None
-    pre = b""
-    while room > 6:  # empty stored blocks (non-final, aligned): 5 bytes each
-        pre += b"\x00\x00\x00\xff\xff"
-        room -= 5
+    k = max(0, (room - 2) // 5)  # empty stored blocks (non-final, aligned): 5 bytes each, leaving 2..6 bytes
+    pre = b"\x00\x00\x00\xff\xff" * k
+    room -= 5 * k
     stored = room == 6  # an empty fixed block (10 bits), a final stored block: 2 bytes + LEN/NLEN
     bits = _FIXED_EMPTY + _STORED_FINAL if stored else _FIXED_EMPTY * (room - 2) + _FIXED_FINAL
     bits += "0" * (-len(bits) % 8)
