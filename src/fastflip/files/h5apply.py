@@ -42,7 +42,7 @@ from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache
 from .formats import detect_format
-from .h5index import element_offsets
+from .h5index import tensor_element_offsets
 from .layout import Tensor, _chunk_address_base, _open_dataset, open_h5
 from .zipmembers import member_words
 
@@ -86,8 +86,15 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
     """Work out, per tensor of the plan, which sites go the raw way (with their byte offsets)."""
     routes: list[SiteRoute] = []
     groups = plan.per_tensor()
-    need_h5 = any(tensors[plan.tensors[tid].name].storage == "chunked" for tid, _ in groups)
-    fid = _open_read_only(path) if need_h5 else None
+    opened: list[Any] = []  # the file in HDF5, opened only when a chunked tensor needs it
+
+    def dataset(t: Tensor) -> Any:
+        import h5py
+
+        if not opened:
+            opened.append(_open_read_only(path))
+        return h5py.Dataset(_open_dataset(opened[0], t.path))
+
     fsize = os.path.getsize(path)
     try:
         for tid, pos in groups:
@@ -104,17 +111,15 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
                 assert t.offset is not None
                 offs = t.offset + idx * t.itemsize
             elif t.storage == "chunked":
-                import h5py
-
-                ds = h5py.Dataset(_open_dataset(fid, t.path))  # only the touched chunks are looked up (h5index.py)
-                offs = element_offsets(ds.id, t.shape, t.chunks, t.itemsize, idx, _chunk_address_base(ds))
+                # only the touched chunks are looked up, where it can without opening the file in HDF5 (h5index.py)
+                offs = tensor_element_offsets(path, t, idx, lambda t=t: dataset(t), _chunk_address_base)
             else:
                 offs = np.full(len(idx), -1, np.int64)
             if len(offs) and int(offs.max()) + t.itemsize > fsize:
                 raise InputFileError(f"{path}: damaged HDF5 file: data of {t.path} lies past the end of the file")
             routes.append(SiteRoute(t, pos, offs))
     finally:
-        if fid is not None:
+        for fid in opened:
             fid.close()
     return routes
 

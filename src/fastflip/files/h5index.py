@@ -34,13 +34,15 @@ Examples
 from __future__ import annotations
 
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import NotHDF5Error
 
-__all__ = ["native_available", "lookup_chunks", "walk_chunks", "object_info"]
+__all__ = ["native_available", "lookup_chunks", "walk_chunks", "object_info", "element_offsets",
+           "tensor_element_offsets", "IndexLocation"]
 
 try:
     from ..kernels import _h5chunks  # ext/_h5chunks.pyx; without it, h5py per chunk
@@ -177,48 +179,77 @@ def _index(fd: int, obj_addr: int) -> tuple[Any, ...]:
     raise ValueError("no chunked layout message")
 
 
-def _native_lookup(dsid: Any, corners: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The chunk index read from the file by ext/_h5chunks.pyx (v1 B-tree, fixed array, single chunk), or None
-    where it does not apply (a file open for writing, another driver or index, anything unexpected)."""
+@dataclass(frozen=True)
+class IndexLocation:
+    """Where a chunked dataset's index lies, as the native reader needs it (file metadata, like an offset)."""
+
+    kind: str  # btree1, farray, single
+    addr: int  # index (or single chunk) address, relative to base; all ones: no chunk written
+    sa: int  # sizeof offsets
+    sl: int  # sizeof lengths
+    base: int  # the base address (user block)
+    chunk: tuple[int, ...]
+    grid: tuple[int, ...]  # chunks along each axis of the maximum shape (fixed array element order)
+    filtered: bool
+    nbytes: int  # an unfiltered chunk's size
+    extra: Any = None
+
+
+def _locate(dsid: Any) -> IndexLocation | None:
+    """The dataset's :class:`IndexLocation` from its object header, or None where the native reader does not apply
+    (a file open for writing, another driver or index kind, anything unexpected)."""
     import h5py
     from h5py import h5f, h5fd
 
-    fid = dsid.file if hasattr(dsid, "file") else h5py.h5i.get_file_id(dsid)
+    fid = h5py.h5i.get_file_id(dsid)
     if fid.get_intent() != h5f.ACC_RDONLY or fid.get_access_plist().get_driver() != h5fd.SEC2:
         return None
     obj_addr, _ = object_info(dsid, b".")
-    fd = int(fid.get_vfd_handle())  # the sec2 driver's own descriptor: the very file HDF5 reads (pread only)
-    try:
-        kind, addr, chunk, sa, sl, base, extra = _index(fd, obj_addr)
-        undef = (1 << (8 * sa)) - 1
-        n = len(corners)
-        dcpl = dsid.get_create_plist()
-        if list(chunk) != list(dcpl.get_chunk()):
-            return None
-        if addr == undef:
-            return np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
-        if kind == "btree1":  # (its keys hold each chunk's size and filter mask)
-            out = _h5chunks.btree1_lookup(fd, base, addr, sa, corners, 65535)
-            return _absolute(out, base)
-        filtered = dcpl.get_nfilters() > 0
-        nbytes = int(np.prod(chunk)) * dsid.get_type().get_size()
-        if kind == "farray":
-            maxshape = dsid.get_space().get_simple_extent_dims(True)
-            grid = tuple(-(-int(m) // c) for m, c in zip(maxshape, chunk))
-            linear = np.ravel_multi_index(tuple((corners // np.asarray(chunk, np.int64)).T), grid).astype(np.int64)
-            out = _h5chunks.farray_lookup(fd, base, addr, sa, sl, linear, filtered, nbytes)
-        elif kind == "single":
-            flags, ex = extra
-            size = int.from_bytes(ex[:sl], "little") if flags & 2 else nbytes
-            fm = int.from_bytes(ex[sl:sl + 4], "little") if flags & 2 else 0
-            zero = (corners == 0).all(axis=1)
-            out = (np.where(zero, addr, -1).astype(np.int64), np.where(zero, size, 0).astype(np.int64),
-                   np.where(zero, fm, 0).astype(np.uint32))
-        else:
-            return None
+    try:  # the sec2 driver's own descriptor: the very file HDF5 reads (pread only)
+        kind, addr, chunk, sa, sl, base, extra = _index(int(fid.get_vfd_handle()), obj_addr)
     except (ValueError, OSError, IndexError):
         return None
-    return _absolute(out, base)
+    dcpl = dsid.get_create_plist()
+    if kind not in ("btree1", "farray", "single") or list(chunk) != list(dcpl.get_chunk()):
+        return None
+    maxshape = dsid.get_space().get_simple_extent_dims(True)
+    return IndexLocation(kind, addr, sa, sl, base, tuple(int(c) for c in chunk),
+                         tuple(-(-int(m) // int(c)) for m, c in zip(maxshape, chunk)), dcpl.get_nfilters() > 0,
+                         int(np.prod(chunk)) * dsid.get_type().get_size(), extra)
+
+
+def _read_index(fd: int, loc: IndexLocation, corners: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(address relative to the base, size, filter mask) per corner, read from the file (ValueError: malformed)."""
+    n = len(corners)
+    if loc.addr == (1 << (8 * loc.sa)) - 1:
+        return np.full(n, -1, np.int64), np.zeros(n, np.int64), np.zeros(n, np.uint32)
+    if loc.kind == "btree1":  # (its keys hold each chunk's size and filter mask)
+        return _h5chunks.btree1_lookup(fd, loc.base, loc.addr, loc.sa, corners, 65535)
+    if loc.kind == "farray":
+        linear = np.ravel_multi_index(tuple((corners // np.asarray(loc.chunk, np.int64)).T), loc.grid)
+        return _h5chunks.farray_lookup(fd, loc.base, loc.addr, loc.sa, loc.sl, linear.astype(np.int64),
+                                       loc.filtered, loc.nbytes)
+    flags, ex = loc.extra  # single chunk: in the layout message
+    size = int.from_bytes(ex[:loc.sl], "little") if flags & 2 else loc.nbytes
+    fm = int.from_bytes(ex[loc.sl:loc.sl + 4], "little") if flags & 2 else 0
+    zero = (corners == 0).all(axis=1)
+    return (np.where(zero, loc.addr, -1).astype(np.int64), np.where(zero, size, 0).astype(np.int64),
+            np.where(zero, fm, 0).astype(np.uint32))
+
+
+def _native_lookup(dsid: Any, corners: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The chunk index read from the file by ext/_h5chunks.pyx (v1 B-tree, fixed array, single chunk), or None
+    where it does not apply; addresses as this HDF5 reports them."""
+    import h5py
+
+    loc = _locate(dsid)
+    if loc is None:
+        return None
+    try:
+        out = _read_index(int(h5py.h5i.get_file_id(dsid).get_vfd_handle()), loc, corners)
+    except (ValueError, OSError, IndexError):
+        return None
+    return _absolute(out, loc.base)
 
 
 def _absolute(out: tuple[np.ndarray, np.ndarray, np.ndarray], base: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -316,6 +347,59 @@ def object_info(gid: Any, name: bytes) -> tuple[int, int]:
     return int(info.addr), int(info.type)
 
 
+def tensor_element_offsets(path: str, tensor: Any, flat: np.ndarray, open_dataset: Callable[[], Any],
+                           base_of: Callable[[Any], int]) -> np.ndarray:
+    """:func:`element_offsets` for a layout's chunked ``tensor`` of the file ``path``, without opening it in HDF5
+    when it can: the index's location is file metadata, kept on the tensor record like a contiguous tensor's
+    offset (a layout is remembered only while the file's metadata is unchanged), and the index itself is read
+    from the file each time. ``open_dataset()`` gives the dataset where HDF5 is needed (the first time, other
+    index kinds, no native module); ``base_of(dataset)`` what to add to HDF5's addresses.
+    """
+    loc = tensor.__dict__.get("_h5index_location")
+    ds = None
+    if loc is None and native_available()[2]:
+        from h5py._objects import phil
+
+        ds = open_dataset()
+        with phil:
+            loc = _locate(ds.id) or False
+        object.__setattr__(tensor, "_h5index_location", loc)  # (not a field: equality and hashing ignore it)
+    if loc:
+        key, within, inv = _chunk_keys(tensor.shape, tensor.chunks, flat)
+        corners = np.stack(np.unravel_index(key, _grid(tensor)), axis=1)
+        corners = corners.astype(np.int64) * np.asarray(tensor.chunks, np.int64)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = _read_index(fd, loc, np.ascontiguousarray(corners))[0]
+        except (ValueError, OSError, IndexError):
+            addr = None
+        finally:
+            os.close(fd)
+        if addr is not None:
+            start = addr[inv]
+            return np.where(start >= 0, start + loc.base + within * tensor.itemsize, -1)
+    ds = ds if ds is not None else open_dataset()
+    return element_offsets(ds.id, tensor.shape, tensor.chunks, tensor.itemsize, flat, base_of(ds))
+
+
+def _grid(tensor: Any) -> tuple[int, ...]:
+    return tuple(-(-int(s) // int(c)) for s, c in zip(tensor.shape, tensor.chunks))
+
+
+def _chunk_keys(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(touched chunks as C-order grid positions, each element's position in its chunk, element → chunk)."""
+    grid = [-(-int(s) // int(c)) for s, c in zip(shape, chunks)]
+    key = np.zeros(flat.shape, np.int64)
+    within = np.zeros(flat.shape, np.int64)
+    for x, c, g in zip(np.unravel_index(flat, shape) if len(shape) > 1 else (flat,), chunks, grid):
+        q = x // c
+        key = key * g + q
+        within = within * int(c) + (x - q * c)
+    keys, inv = np.unique(key, return_inverse=True)
+    return keys, within, inv.reshape(-1)
+
+
 def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, flat: np.ndarray,
                     base: int) -> np.ndarray:
     """File offsets of flat C-order elements of an unfiltered chunked dataset, -1 where the chunk is unallocated.
@@ -326,15 +410,9 @@ def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], 
     flat = np.asarray(flat, np.int64)
     if flat.size == 0:
         return np.empty(flat.shape, np.int64)
-    grid = [-(-int(s) // int(c)) for s, c in zip(shape, chunks)]
-    key = np.zeros(flat.shape, np.int64)  # the chunk's position in the grid, C order
-    within = np.zeros(flat.shape, np.int64)  # the element's position in its chunk, C order
-    for x, c, g in zip(np.unravel_index(flat, shape) if len(shape) > 1 else (flat,), chunks, grid):
-        q = x // c
-        key = key * g + q
-        within = within * int(c) + (x - q * c)
-    keys, inv = np.unique(key, return_inverse=True)
+    keys, within, inv = _chunk_keys(shape, chunks, flat)
+    grid = tuple(-(-int(s) // int(c)) for s, c in zip(shape, chunks))
     corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * np.asarray(chunks, np.int64)
     addr, _size, _mask = lookup_chunks(dsid, corners)
-    start = addr[inv.reshape(-1)]
+    start = addr[inv]
     return np.where(start >= 0, start + base + within * itemsize, -1)

@@ -3,11 +3,12 @@
 Layer: ``files`` (imports only the standard library).
 
 Patching a compressed member or chunk in place needs the new stream to take exactly the old one's
-bytes. :func:`deflate_exact` compresses the data once, ends it with a sync flush (byte-aligned, not
-final), and fills the bytes left with empty deflate blocks — empty stored blocks (5 bytes each), and
-empty fixed-Huffman blocks (10 bits; the last one final) — so the result is a complete, valid stream
-that every inflater reads to the same data and that ends exactly at ``size`` (in the zlib wrapper the
-Adler-32 follows). Only when the first setting's stream is too long are other zlib settings tried
+bytes. :func:`deflate_exact` compresses the data once, completes its last block without aligning
+(``Z_BLOCK``), and ends the stream by hand with empty deflate blocks worth exactly the bytes left —
+empty fixed-Huffman blocks (10 bits; the last one final), and where more room is left an empty stored
+block and empty stored blocks of 5 bytes — so the result is a complete, valid stream that every
+inflater reads to the same data and that ends exactly at ``size`` (in the zlib wrapper the Adler-32
+follows). Any room from that of the plain stream up fits, but for a few rooms of 1-5 bytes. Only when the first setting's stream is too long are other zlib settings tried
 (a handful, the densest first). Both the ``.npz`` member rewrite
 (:mod:`fastflip.files.zipmembers`, raw deflate) and the HDF5 gzip chunk patcher
 (:mod:`fastflip.files.h5chunks`, zlib wrapper) call it.
@@ -67,9 +68,60 @@ def _settings(level: int, mem_level: int) -> list[tuple[int, int, int]]:
     return first + [t for t in rest if t not in first]
 
 
+def _ending(pending: int, p: int, room: int) -> bytes | None:
+    """Exactly ``room`` bytes that carry the ``p`` (0..7) bits a ``Z_BLOCK`` flush left pending and end the stream.
+
+    Empty fixed-Huffman blocks (10 bits each, the last one final) when their bits round up to ``room``
+    bytes; else, after some of them, an empty stored block (3 bits, aligned, LEN/NLEN) and the aligned
+    :func:`empty_blocks` ending. None when no such ending has ``room`` bytes (a few small rooms).
+    """
+    for k in range(8):  # k empty fixed blocks, then the final one
+        n = p + 10 * k + 10
+        if -(-n // 8) == room:
+            acc = pending | sum(2 << (p + 10 * i) for i in range(k)) | (3 << (p + 10 * k))
+            return acc.to_bytes(room, "little")
+    for k in range(4):  # k empty fixed blocks, then an empty stored block (aligned), then the aligned ending
+        n = p + 10 * k + 3
+        head = -(-n // 8)
+        tail = empty_blocks(room - head - 4)
+        if tail is not None:
+            acc = pending | sum(2 << (p + 10 * i) for i in range(k))  # (the stored block's 3 header bits are 0)
+            return acc.to_bytes(head, "little") + b"\x00\x00\xff\xff" + tail
+    return None
+
+
+def _one_pass(data: bytes, size: int, lv: int, mem: int, st: int, wbits: int, zero_pad: bool) -> bytes | None:
+    """One compression of ``data`` ended in exactly ``size`` bytes, or None (verified by inflating it)."""
+    c = zlib.compressobj(lv, zlib.DEFLATED, wbits, mem, st)
+    body = c.compress(data)
+    plain = c.copy() if zero_pad else None  # the same compression, finished as zlib does (no extra block)
+    head = body + c.flush(zlib.Z_BLOCK)  # every block complete; up to 7 bits held back
+    fin = c.flush()  # those bits, an empty final fixed block (10 bits), the Adler-32 in the zlib wrapper
+    trailer = fin[-4:] if wbits > 0 else b""
+    last = fin[:len(fin) - len(trailer)]
+    v = int.from_bytes(last, "little")
+    p = v.bit_length() - 2
+    ending = _ending(v & ((1 << p) - 1), p, size - len(head) - len(trailer)) if 0 <= p <= 7 and v >> p == 3 else None
+    if ending is not None:
+        z = head + ending + trailer
+        d = zlib.decompressobj(wbits)
+        if d.decompress(z) == data and d.eof and not d.unused_data:
+            return z
+    if plain is not None:
+        whole = body + plain.flush()
+        if len(whole) <= size:
+            return whole + bytes(size - len(whole))
+    return None
+
+
 def deflate_exact(data: bytes, size: int, level: int = 6, *, wbits: int = -15, mem_level: int = 9,
                   zero_pad: bool = False) -> bytes | None:
     """A deflate stream of exactly ``size`` bytes that inflates to ``data``, or None when none fits.
+
+    The data are compressed once with the given settings and every block completed without aligning
+    (``Z_BLOCK``); the stream is then ended by hand with empty blocks worth exactly the bytes left (see
+    :func:`_ending`), so the result is one complete, valid stream — checked by inflating it. Other zlib
+    settings are tried only when that ending cannot fit.
 
     Parameters
     ----------
@@ -82,22 +134,13 @@ def deflate_exact(data: bytes, size: int, level: int = 6, *, wbits: int = -15, m
         -15 for a raw stream (zip members), 15 for the zlib wrapper (HDF5's deflate filter).
     zero_pad : bool
         Where the container ignores bytes after the stream (HDF5 inflates a chunk to its end marker):
-        when the empty-block ending does not fit, a complete stream of the same compression padded
-        with zero bytes is taken before other settings are tried.
+        when no empty-block ending has the size, the complete stream of the same compression is padded
+        with zero bytes before other settings are tried.
     """
     for lv, mem, st in _settings(level, mem_level):
-        c = zlib.compressobj(lv, zlib.DEFLATED, wbits, mem, st)
-        head = c.compress(data)
-        whole = c.copy() if zero_pad else None
-        body = head + c.flush(zlib.Z_SYNC_FLUSH)
-        trailer = zlib.adler32(data).to_bytes(4, "big") if wbits > 0 else b""
-        tail = empty_blocks(size - len(body) - len(trailer))
-        if tail is not None:
-            return body + tail + trailer
-        if whole is not None:
-            z = head + whole.flush()
-            if len(z) <= size:
-                return z + bytes(size - len(z))
+        z = _one_pass(data, size, lv, mem, st, wbits, zero_pad)
+        if z is not None:
+            return z
     return None
 
 
