@@ -64,11 +64,9 @@ def files(tmp_path_factory):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _before(dsid, shape, chunks, itemsize, flat, base):
+def _before(path, tensor, flat, open_dataset, base_of):
     """route_sites at 21e5375: the whole chunk index (chunk_iter, a Python call per chunk), then the offsets."""
-    import h5py
-
-    return chunk_index(h5py.Dataset(dsid)).byte_offsets(flat)
+    return chunk_index(open_dataset()).byte_offsets(flat)
 
 
 @pytest.mark.parametrize("mode", ["bare", "cold", "default"])
@@ -82,7 +80,7 @@ def test_10_flips_in_place(benchmark, files, name, code, mode, monkeypatch):
     if code in ("before", "fallback"):
         monkeypatch.setenv("FASTFLIP_H5_NATIVE", "0")  # h5py's chunk_iter and h5o.get_info, as before
     if code == "before":
-        monkeypatch.setattr(h5apply, "element_offsets", _before)
+        monkeypatch.setattr(h5apply, "tensor_element_offsets", _before)
         monkeypatch.setattr(inject, "keep_layout", lambda *a: None)  # at 21e5375 every write made a fresh walk
     work = os.path.join(files.dir, "work.h5")
     shutil.copyfile(files(name), work)
