@@ -19,7 +19,7 @@ from fastflip.files import h5apply, h5index, layout
 from fastflip.files.formats.deflatefit import deflate_exact, empty_blocks
 from fastflip.files.h5index import element_offsets, lookup_chunks, object_info, walk_chunks
 from fastflip.files.inject import inject_file
-from fastflip.files.layout import _chunk_address_base, chunk_index, read_layout
+from fastflip.files.layout import chunk_address_base, chunk_index, read_layout
 
 # (shape, chunks, maxshape, filter, user block, libver) -> the index HDF5 picks
 CASES = {
@@ -191,7 +191,7 @@ def test_element_offsets_equal_full_index(tmp_path):
         flat = rng.integers(0, t.size, 5000)
         flat[:3] = [0, t.size - 1, 12345]
         want = chunk_index(ds).byte_offsets(flat)
-        got = element_offsets(ds.id, t.shape, t.chunks, t.itemsize, flat, _chunk_address_base(ds))
+        got = element_offsets(ds.id, t.shape, t.chunks, t.itemsize, flat, chunk_address_base(ds))
     np.testing.assert_array_equal(got, want)
     assert (got == -1).any() and (got >= 0).any()
     with open(p, "rb") as fh:  # the offsets are file offsets (user block included): the bytes are the values
@@ -215,7 +215,7 @@ def test_tensor_offsets_equal_full_index_and_skip_hdf5_when_warm(h5file):
             flat = rng.integers(0, t.size, 300)
             want = chunk_index(f[t.path]).byte_offsets(flat)
             for _ in range(2):
-                got = h5index.tensor_element_offsets(h5file, t, flat, open_dataset, _chunk_address_base)
+                got = h5index.tensor_element_offsets(h5file, t, flat, open_dataset, chunk_address_base)
                 np.testing.assert_array_equal(got, want, err_msg=f"{h5file}:{t.path}")
         native = bool(t.__dict__.get("_h5index_location"))
         assert len(opened) == (1 if native else 2), (t.path, opened)

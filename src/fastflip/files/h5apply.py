@@ -43,7 +43,7 @@ from ..kernels import dispatch as native
 from . import hashcache
 from .formats import detect_format
 from .h5index import tensor_element_offsets
-from .layout import Tensor, _chunk_address_base, _open_dataset, open_h5
+from .layout import Tensor, chunk_address_base, _open_dataset, open_h5
 from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
@@ -112,7 +112,7 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
                 offs = t.offset + idx * t.itemsize
             elif t.storage == "chunked":
                 # only the touched chunks are looked up, where it can without opening the file in HDF5 (h5index.py)
-                offs = tensor_element_offsets(path, t, idx, lambda t=t: dataset(t), _chunk_address_base)
+                offs = tensor_element_offsets(path, t, idx, lambda t=t: dataset(t), chunk_address_base)
             else:
                 offs = np.full(len(idx), -1, np.int64)
             if len(offs) and int(offs.max()) + t.itemsize > fsize:

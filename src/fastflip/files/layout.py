@@ -70,6 +70,7 @@ __all__ = [
     "read_layout",
     "open_h5",
     "chunk_index",
+    "chunk_address_base",
     "element_byte_offsets",
     "STORAGE_KINDS",
     "EXTERNAL_LINK_REASON",
@@ -431,11 +432,12 @@ def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
     return f[tensor.path], f
 
 
-def _chunk_address_base(dset: Any) -> int:
-    """What to add to the chunk addresses HDF5 reports to make them file offsets.
+def chunk_address_base(dset: Any) -> int:
+    """What to add to the chunk addresses HDF5 reports to make them file offsets (every user of
+    ``H5Dchunk_iter``, ``H5Dget_chunk_info`` or ``H5Dget_chunk_info_by_coord`` adds it).
 
-    Before HDF5 1.14.4, ``H5Dchunk_iter`` and ``H5Dget_chunk_info`` gave addresses relative to the
-    base address, i.e. without the user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
+    Before HDF5 1.14.4, those calls gave addresses relative to the base address, i.e. without the
+    user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
     """
     import h5py
 
@@ -468,7 +470,7 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
         n = len(offsets)
         coords = coords.reshape(n, nd)
         if n:
-            offsets = offsets + _chunk_address_base(dset)
+            offsets = offsets + chunk_address_base(dset)
         if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
                   or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
             raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "
