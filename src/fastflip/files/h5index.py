@@ -80,8 +80,11 @@ def _bind() -> tuple[bool, bool, bool]:
                 except AttributeError:  # pragma: no cover - a library built without it
                     return 0
 
-            # H5Dchunk_iter's callback took (uint32_t mask, uint32_t size) in 1.13; hsize_t size from 1.14.0
-            _h5chunks.bind(addr("H5Dget_chunk_info_by_coord", (1, 10, 5)), addr("H5Dchunk_iter", (1, 14, 0)),
+            # H5Dchunk_iter's callback takes (unsigned mask, haddr_t, hsize_t size) from 1.10.10, 1.12.3 and 1.14
+            # (as h5py declares it); the 1.13 development releases had another one
+            iter_ok = (1, 10, 10) <= v < (1, 11) or (1, 12, 3) <= v < (1, 13) or v >= (1, 14)
+            _h5chunks.bind(addr("H5Dget_chunk_info_by_coord", (1, 10, 5)),
+                           addr("H5Dchunk_iter", (1, 10, 10)) if iter_ok else 0,
                            addr("H5Oget_info_by_name3", (1, 12, 0)), addr("H5VLnative_token_to_addr", (1, 12, 0)))
             _BOUND = tuple(bool(b) for b in _h5chunks.bound())  # type: ignore[assignment]
     return _BOUND
