@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.fastflip-installed
 # The package's extras, less `tensorflow`: this set-up takes the CPU-only build (tensorflow-cpu) instead.
 EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,safetensors,progress,transformers,torchao,docs,test
 
-$(STAMP): pyproject.toml setup.py ext/_kernels.pyx ext/_lzf.pyx constraints.txt
+$(STAMP): pyproject.toml setup.py ext/_kernels.pyx ext/_lzf.pyx ext/_h5chunks.pyx constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# constraints.txt pins torch to the CPU build this machine has; anything looser can pull a multi-GB CUDA build
@@ -44,7 +44,7 @@ test: setup chainer-venv report-deps
 # there. Only a test that declares its extra (pytest.mark.extra("torch") or require("torch"), tests/conftest.py)
 # skips, and says which; any other failure fails (FASTFLIP_REQUIRE_EXTRAS is not set: the extras are absent).
 FLOORS := .floors-venv
-$(FLOORS)/.stamp: pyproject.toml setup.py ext/_kernels.pyx ext/_lzf.pyx
+$(FLOORS)/.stamp: pyproject.toml setup.py ext/_kernels.pyx ext/_lzf.pyx ext/_h5chunks.pyx
 	rm -rf $(FLOORS) && $(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q "setuptools==77.*" wheel "Cython>=3.0" "numpy==2.0.*" "h5py==3.11.*"
 	FASTFLIP_REQUIRE_NATIVE=1 $(FLOORS)/bin/python -m pip install -q --no-build-isolation ".[test]"

@@ -49,7 +49,10 @@ def extensions() -> list:
         extra_compile_args=["-O3"],
     )
     lzf = Extension("fastflip.kernels._lzf", ["ext/_lzf.pyx"], extra_compile_args=["-O3"])
-    return cythonize([ext, lzf], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
+    # HDF5 chunk index in C: calls the libhdf5 h5py loaded through addresses given at run time (links nothing)
+    h5c = Extension("fastflip.kernels._h5chunks", ["ext/_h5chunks.pyx"], include_dirs=[np.get_include()],
+                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")], extra_compile_args=["-O3"])
+    return cythonize([ext, lzf, h5c], language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
 
 
 setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -42,7 +42,8 @@ from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache
 from .formats import detect_format
-from .layout import Tensor, chunk_index, open_h5
+from .h5index import tensor_element_offsets
+from .layout import Tensor, chunk_address_base, _open_dataset, open_h5
 from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
@@ -70,12 +71,30 @@ class SiteRoute:
     offsets: np.ndarray  # int64, -1 where the hdf5 path is needed
 
 
+def _open_read_only(path: str) -> Any:
+    """The file's low-level ``FileID``, read-only (a third of the cost of an ``h5py.File`` open and close); a file
+    HDF5 cannot open gets :func:`open_h5`'s one-line error."""
+    from h5py import h5f
+
+    try:
+        return h5f.open(os.fsencode(path), h5f.ACC_RDONLY)
+    except OSError:
+        return open_h5(path).id
+
+
 def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[SiteRoute]:
     """Work out, per tensor of the plan, which sites go the raw way (with their byte offsets)."""
     routes: list[SiteRoute] = []
     groups = plan.per_tensor()
-    need_h5 = any(tensors[plan.tensors[tid].name].storage == "chunked" for tid, _ in groups)
-    f = open_h5(path) if need_h5 else None
+    opened: list[Any] = []  # the file in HDF5, opened only when a chunked tensor needs it
+
+    def dataset(t: Tensor) -> Any:
+        import h5py
+
+        if not opened:
+            opened.append(_open_read_only(path))
+        return h5py.Dataset(_open_dataset(opened[0], t.path))
+
     fsize = os.path.getsize(path)
     try:
         for tid, pos in groups:
@@ -92,15 +111,16 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
                 assert t.offset is not None
                 offs = t.offset + idx * t.itemsize
             elif t.storage == "chunked":
-                offs = chunk_index(f, t).byte_offsets(idx)
+                # only the touched chunks are looked up, where it can without opening the file in HDF5 (h5index.py)
+                offs = tensor_element_offsets(path, t, idx, lambda t=t: dataset(t), chunk_address_base)
             else:
                 offs = np.full(len(idx), -1, np.int64)
             if len(offs) and int(offs.max()) + t.itemsize > fsize:
                 raise InputFileError(f"{path}: damaged HDF5 file: data of {t.path} lies past the end of the file")
             routes.append(SiteRoute(t, pos, offs))
     finally:
-        if f is not None:
-            f.close()
+        for fid in opened:
+            fid.close()
     return routes
 
 

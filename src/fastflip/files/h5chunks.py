@@ -9,8 +9,9 @@ from the chunk index), decoded (fletcher32 checked, inflated or LZF-decoded, uns
 with the plan's word rule, and re-encoded (shuffled, deflated at the dataset's level
 or another level that fits, or LZF-encoded by the native :mod:`fastflip.kernels._lzf` along the
 old stream's tokens, fletcher32 recomputed). The new encoding must fit in the
-chunk's stored size; a shorter deflate stream is padded with zero bytes, which
-inflate ignores after the end of the stream, and a shorter LZF stream is lengthened
+chunk's stored size; a deflate stream is made exactly that long with valid empty deflate blocks
+(one compression; :func:`fastflip.files.formats.deflatefit.deflate_exact`, shared with ``.npz``
+members), else padded with zero bytes, which inflate ignores after the end of the stream, and a shorter LZF stream is lengthened
 (literal runs split, references partly spelled out: LZF has no end marker, so every
 byte must decode), so the chunk keeps its place and size
 and the file changes only inside the chunk's bytes. The change is then a byte patch
@@ -46,6 +47,8 @@ import numpy as np
 from ..core.dtypes import from_words, to_words, word_type
 from ..errors import UnsupportedStorageError
 from ..core.wordrule import new_words_for
+from .formats.deflatefit import deflate_exact
+from .h5index import lookup_chunks
 from .layout import chunk_address_base, open_h5
 from ..core.plan import Plan
 
@@ -137,6 +140,15 @@ class ChunkPatches:
     resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
 
 
+@dataclass(frozen=True)
+class _ChunkInfo:
+    """A chunk's address as HDF5 reports it (None: never written), stored size and filter mask."""
+
+    byte_offset: int | None
+    size: int
+    filter_mask: int
+
+
 def _pipeline(dsid: Any, itemsize: int, where: str) -> list[tuple[int, tuple[int, ...]]] | None:
     """The dataset's filters as (code, parameters) when fastflip can decode and re-encode them exactly as HDF5
     does; None sends its chunks through h5py. Parameters HDF5 itself would never write (a shuffle element
@@ -210,23 +222,13 @@ def _encode(data: bytes, pipe: list[tuple[int, tuple[int, ...]]], itemsize: int,
         if code == 2:
             out = shuffle(out, cd[0] if cd else itemsize)
         elif code == 1:
-            level = cd[0] if cd else 6
-            best = None
-            # the dataset's level first (HDF5 uses memLevel 8), then other encoder settings until one fits
-            tries = [(level, 8, zlib.Z_DEFAULT_STRATEGY)] + [
-                (lv, mem, st) for st in (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED) for mem in (9, 8)
-                for lv in (9, 6, 4, 1, 2, 3, 5, 7, 8)]
-            for lv, mem, st in tries:
-                c = zlib.compressobj(lv, zlib.DEFLATED, 15, mem, st)
-                z = c.compress(out) + c.flush()
-                if best is None or len(z) < len(best):
-                    best = z
-                if len(z) <= room:
-                    break
-            assert best is not None
-            if len(best) > room:
+            # one compression at the dataset's level (HDF5 uses memLevel 8) ending in valid empty blocks of the
+            # exact size, else the complete stream padded with zeros (HDF5 inflates to the end marker); other
+            # settings only when neither fits (files/formats/deflatefit.py, shared with .npz members)
+            z = deflate_exact(out, room, cd[0] if cd else 6, wbits=15, mem_level=8, zero_pad=True)
+            if z is None:
                 return None
-            out = best + bytes(room - len(best))  # inflate stops at the stream's end: the padding is never read
+            out = z
         elif code == 32000:
             z = _lzf_encode(out, streams[code], room)
             if z is None:
@@ -279,9 +281,10 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
             keys, inv = np.unique(corner, axis=0, return_inverse=True)
             inv = inv.reshape(-1)
             base = chunk_address_base(ds)
+            addrs, sizes, masks = lookup_chunks(ds.id, keys)  # the touched chunks only, in C (files/h5index.py)
             for k, c0 in enumerate(keys):
                 at = np.flatnonzero(inv == k)
-                info = ds.id.get_chunk_info_by_coord(tuple(int(x) for x in c0))
+                info = _ChunkInfo(int(addrs[k]) if addrs[k] >= 0 else None, int(sizes[k]), int(masks[k]))
                 if info.byte_offset is None or info.size == 0:
                     continue  # never written: h5py allocates it
                 if info.filter_mask:
@@ -291,6 +294,9 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
                 fh.seek(address)
                 raw = fh.read(info.size)
                 where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
+                if len(raw) != info.size:
+                    raise UnsupportedStorageError(f"{where}: the chunk index puts it past the end of the file "
+                                                  "(damaged or truncated HDF5 file); nothing was written")
                 streams: dict[int, bytes] = {}
                 buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where, streams))
                 arr = np.frombuffer(buf, t.dtype)

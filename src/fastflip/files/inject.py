@@ -143,6 +143,23 @@ def _refuse_dir(path: Any, lg: InjectionLog | None = None) -> None:
                              "replay_dir and revert_dir for it (the fastflip command does)")
 
 
+def keep_layout(path: str, before: os.stat_result) -> None:
+    """After tensor bytes (never metadata) of ``path`` were patched in place, file it under its new mtime too.
+
+    The layout's key (:func:`cached_layout`) holds the mtime, which the write changed; the layout did not
+    change, so a campaign flipping the same file again does not walk it again (for a dataset of a million
+    chunks, a walk of its whole chunk index). Nothing happens when the file was not cached or was replaced.
+    """
+    st = os.stat(path)
+    real = os.path.realpath(path)
+    if (st.st_ino, st.st_size) != (before.st_ino, before.st_size):
+        return
+    with _CACHE_LOCK:
+        lay = _LAYOUTS.pop((real, before.st_ino, before.st_size, before.st_mtime_ns), None)
+        if lay is not None:
+            _LAYOUTS[(real, st.st_ino, st.st_size, st.st_mtime_ns)] = lay
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -200,9 +217,13 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
                               "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
                               "changes size: use atomic=True")
+        st_before = os.stat(src)
         if not evidence:
-            return write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
-        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
+            res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
+        else:
+            res = write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
+        keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
+        return res
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming

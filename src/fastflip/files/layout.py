@@ -58,6 +58,7 @@ from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped,
 from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
 from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
+from .h5index import object_info, walk_chunks
 from .h5open import open_h5
 from .roles import annotate as _annotate
 from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
@@ -186,15 +187,14 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
             if ltype not in (h5l.TYPE_HARD, h5l.TYPE_SOFT):
                 skipped.append(Skipped(path, "user-defined link (not followed)"))
                 continue
-            try:
-                info = h5o.get_info(gid, bname)
+            try:  # address and type only (h5o.get_info would walk a chunked dataset's whole index)
+                addr, otype = object_info(gid, bname)
             except (KeyError, RuntimeError, OSError, ValueError):
                 skipped.append(Skipped(path, "dangling link"))
                 continue
-            addr = int(info.addr)
-            if info.type == h5o.TYPE_DATASET:
+            if otype == h5o.TYPE_DATASET:
                 datasets.append((path, addr))
-            elif info.type == h5o.TYPE_GROUP:
+            elif otype == h5o.TYPE_GROUP:
                 if addr in seen:
                     first = seen[addr]
                     if not (path + "/").startswith(first.rstrip("/") + "/"):  # not a link back to an ancestor
@@ -505,26 +505,14 @@ def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
         if dset.chunks is None:
             raise UnsupportedStorageError(f"{dset.name}: not chunked")
         nd = len(dset.shape)
-        n = dset.id.get_num_chunks()
-        coords = np.empty((n, nd), dtype=np.int64)
-        offsets = np.empty(n, dtype=np.int64)
+        try:  # in C where built (files/h5index.py), else h5py's chunk_iter
+            coords, offsets, _size, _mask = walk_chunks(dset.id)
+        except RuntimeError as exc:
+            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name}: {exc})") from None
+        n = len(offsets)
+        coords = coords.reshape(n, nd)
         if n:
-            if hasattr(dset.id, "chunk_iter"):
-                pos = [0]
-
-                def visit(info: Any) -> None:
-                    i = pos[0]
-                    coords[i] = info.chunk_offset
-                    offsets[i] = info.byte_offset
-                    pos[0] = i + 1
-
-                dset.id.chunk_iter(visit)
-            else:  # pragma: no cover - HDF5 < 1.12.3
-                for i in range(n):
-                    info = dset.id.get_chunk_info(i)
-                    coords[i] = info.chunk_offset
-                    offsets[i] = info.byte_offset
-            offsets += chunk_address_base(dset)
+            offsets = offsets + chunk_address_base(dset)
         if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
                   or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
             raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "

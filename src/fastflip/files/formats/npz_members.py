@@ -6,25 +6,14 @@ A member of a compressed ``.npz`` is a raw deflate stream of a ``.npy`` file. Th
 reads such members safely — the archive must not need zip64 (members and directory below
 4 GiB; NumPy's zip64 *local* extra fields are fine), members must not be encrypted, must be
 deflated or stored, must inflate to their recorded size and CRC-32 — and re-deflates a
-patched member. :func:`deflate_exact` makes a stream of exactly the member's old compressed
-size when one fits: the data deflated with a sync flush (byte-aligned, not final), then
-empty deflate blocks worth exactly the bytes left (an empty final fixed-Huffman block is
-2 bytes, an empty stored block 5; a valid stream every inflater reads to the same data).
+patched member. :func:`deflate_exact` (from :mod:`.deflatefit`, shared with the HDF5 chunk
+patcher) makes a stream of exactly the member's old compressed size when one fits: the data
+deflated once with a sync flush, then valid empty deflate blocks worth exactly the bytes left.
 Then the member keeps its place and size and the change is a byte patch of the member and
 its CRC fields, like the raw path's. Otherwise the member is rewritten at its new size
 (see :mod:`fastflip.files.zipmembers`).
 
-Imports :mod:`.zipraw`, :mod:`.npyheader` helpers and :mod:`fastflip.errors`.
-
-Examples
---------
->>> import zlib
->>> data = bytes(range(256)) * 8
->>> z = deflate_exact(data, 700)
->>> len(z), zlib.decompress(z, -15) == data
-(700, True)
->>> deflate_exact(data, 10) is None      # no stream of 10 bytes holds it
-True
+Imports :mod:`.zipraw`, :mod:`.npyheader`, :mod:`.deflatefit` helpers and :mod:`fastflip.errors`.
 """
 
 from __future__ import annotations
@@ -37,57 +26,12 @@ from typing import Any
 
 from ...errors import UnsupportedStorageError
 from . import FormatError
+from .deflatefit import deflate_exact, deflate_smallest
 from .npyheader import npy_header
 from .zipraw import ZipEntry, stored_entries
 
 __all__ = ["check_rewritable", "read_member", "member_npy_header", "member_array", "deflate_exact", "deflate_smallest",
            "zip64_fields"]
-
-# empty deflate blocks, as bit strings written LSB first:
-_FIXED_EMPTY = "010" + "0000000"  # BFINAL=0, BTYPE=01 (fixed), end-of-block (code 256 = 7 zero bits)
-_FIXED_FINAL = "110" + "0000000"  # the same block with BFINAL=1
-_STORED_FINAL = "100"  # BFINAL=1, BTYPE=00; then pad to a byte and LEN=0, NLEN=0xFFFF
-
-
-def _tail(room: int) -> bytes | None:
-    """Bytes of exactly ``room`` that end a byte-aligned, not yet final deflate stream (None below 2)."""
-    if room < 2:
-        return None
-    pre = b""
-    while room > 6:  # empty stored blocks (non-final, aligned): 5 bytes each
-        pre += b"\x00\x00\x00\xff\xff"
-        room -= 5
-    stored = room == 6  # an empty fixed block (10 bits), a final stored block: 2 bytes + LEN/NLEN
-    bits = _FIXED_EMPTY + _STORED_FINAL if stored else _FIXED_EMPTY * (room - 2) + _FIXED_FINAL
-    bits += "0" * (-len(bits) % 8)
-    out = bytes(int(bits[i:i + 8][::-1], 2) for i in range(0, len(bits), 8))
-    return pre + out + (b"\x00\x00\xff\xff" if stored else b"")
-
-
-def _tries(level: int) -> list[tuple[int, int, int]]:
-    """zlib settings to try: the member's level first (memLevel 9, whose stream is usually a little shorter than
-    the one zipfile wrote with memLevel 8, so that the sync flush and the closing blocks fit), then others."""
-    first = [(level, 9, zlib.Z_DEFAULT_STRATEGY), (level, 8, zlib.Z_DEFAULT_STRATEGY)]
-    rest = [(lv, mem, st) for st in (zlib.Z_DEFAULT_STRATEGY, zlib.Z_FILTERED) for mem in (9, 8) for lv in (9, 6, 4, 1)]
-    return first + [t for t in rest if t not in first]
-
-
-def deflate_exact(data: bytes, size: int, level: int = 6) -> bytes | None:
-    """A raw deflate stream of exactly ``size`` bytes that inflates to ``data``, or None when none fits."""
-    for lv, mem, st in _tries(level):
-        c = zlib.compressobj(lv, zlib.DEFLATED, -15, mem, st)
-        body = c.compress(data) + c.flush(zlib.Z_SYNC_FLUSH)
-        tail = _tail(size - len(body))
-        if tail is not None:
-            return body + tail
-    return None
-
-
-def deflate_smallest(data: bytes, level: int = 6) -> bytes:
-    """The data deflated at ``level`` (a complete raw deflate stream, as zipfile writes it)."""
-    c = zlib.compressobj(level, zlib.DEFLATED, -15)
-    return c.compress(data) + c.flush()
-
 
 def zip64_fields(extra: bytes) -> tuple[int, int] | None:
     """(start, length) of the zip64 extended-information field's data inside ``extra``, or None."""
