@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from differential import check_logged_flips
-from fastflip.files import h5chunks
+from fastflip.files import h5chunks, h5index
 from fastflip.files.fileio import sha256_file
 from fastflip.files.inject import inject_file, revert
 from fastflip.files.layout import read_layout
@@ -59,7 +59,20 @@ class _OldChunkQueries:
                                      size=info.size)
 
 
-def _simulate_old_hdf5(monkeypatch) -> None:
+def _simulate_old_hdf5(monkeypatch, how: str = "h5py") -> None:
+    """Make this HDF5 answer chunk queries as HDF5 < 1.14.4 does (addresses without the user block).
+
+    ``how="h5py"``: h5py's chunk queries (``FASTFLIP_H5_NATIVE=0``) through a dataset id that answers the old
+    way; ``how="native"``: the chunk index read from the file by :mod:`fastflip.files.h5index`, set to the old
+    convention (skipped where the compiled module is not built).
+    """
+    monkeypatch.setattr(h5py.version, "hdf5_version_tuple", (1, 14, 3))
+    if how == "native":
+        if not h5index.native_available()[0]:
+            pytest.skip("fastflip.kernels._h5chunks is not built here: the h5py case covers the fallback")
+        monkeypatch.setattr(h5index, "_ABSOLUTE", False)
+        return
+    monkeypatch.setenv("FASTFLIP_H5_NATIVE", "0")
     real_open = h5chunks.open_h5
 
     @contextlib.contextmanager
@@ -75,10 +88,9 @@ def _simulate_old_hdf5(monkeypatch) -> None:
             yield File()
 
     monkeypatch.setattr(h5chunks, "open_h5", old_open)
-    monkeypatch.setattr(h5py.version, "hdf5_version_tuple", (1, 14, 3))
 
 
-@pytest.mark.parametrize("old", [False, True], ids=["this-hdf5", "old-hdf5"])
+@pytest.mark.parametrize("old", [None, "h5py", "native"], ids=["this-hdf5", "old-hdf5-h5py", "old-hdf5-native"])
 @pytest.mark.parametrize("name", sorted(FILTERS))
 def test_user_block_chunks_patched_where_h5py_reads_them(tmp_path, monkeypatch, old, name):
     if old and not NEW_HDF5:
@@ -86,7 +98,7 @@ def test_user_block_chunks_patched_where_h5py_reads_them(tmp_path, monkeypatch, 
     src, out = str(tmp_path / "ub.h5"), str(tmp_path / "out.h5")
     _file(src)
     if old:
-        _simulate_old_hdf5(monkeypatch)
+        _simulate_old_hdf5(monkeypatch, old)
     lay = read_layout(src)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no chunk may fall back to h5py: the chunk path is the one under test
@@ -100,12 +112,13 @@ def test_user_block_chunks_patched_where_h5py_reads_them(tmp_path, monkeypatch, 
     assert sha256_file(back) == sha256_file(src)
 
 
-def test_chunk_patches_use_the_user_block_base(tmp_path, monkeypatch):
+@pytest.mark.parametrize("how", ["h5py", "native"])
+def test_chunk_patches_use_the_user_block_base(tmp_path, monkeypatch, how):
     """The patches land at the chunk's file offset: the raw bytes there are the chunk HDF5 reads."""
     src = str(tmp_path / "ub.h5")
     _file(src)
     if NEW_HDF5:
-        _simulate_old_hdf5(monkeypatch)
+        _simulate_old_hdf5(monkeypatch, how)
     from fastflip.core.plan import Plan, TensorRef
     from fastflip.files.h5apply import route_sites
 

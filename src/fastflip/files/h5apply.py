@@ -43,7 +43,7 @@ from ..kernels import dispatch as native
 from . import hashcache
 from .formats import detect_format
 from .h5index import tensor_element_offsets
-from .layout import Tensor, chunk_address_base, _open_dataset, open_h5
+from .layout import Tensor, chunk_address_base, open_dataset, open_h5
 from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
@@ -93,7 +93,7 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
 
         if not opened:
             opened.append(_open_read_only(path))
-        return h5py.Dataset(_open_dataset(opened[0], t.path))
+        return h5py.Dataset(open_dataset(opened[0], t.path))
 
     fsize = os.path.getsize(path)
     try:

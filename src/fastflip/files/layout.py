@@ -58,7 +58,7 @@ from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped,
 from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
 from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
-from .h5index import object_info, walk_chunks
+from .h5index import native_available, object_info, walk_chunks
 from .h5open import open_h5
 from .roles import annotate as _annotate
 from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
@@ -245,7 +245,7 @@ def _group_aliases(found: list[tuple[str, int]], group_links: list[tuple[str, st
 MAX_BYTES = 2**60  # tensors up to 1 EiB: element x bit counts stay below 2**63
 
 
-def _open_dataset(fid: Any, path: str) -> Any:
+def open_dataset(fid: Any, path: str) -> Any:
     """Open a dataset by path one link at a time (HDF5's path traversal has a nesting limit)."""
     from h5py import h5d, h5g
 
@@ -295,7 +295,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                 by_addr.setdefault(addr, []).append(lpath)
             for paths in by_addr.values():
                 aliases = tuple(sorted(set(paths)))
-                dsid = _open_dataset(f.id, paths[0])
+                dsid = open_dataset(f.id, paths[0])
                 dtype = np.dtype(dsid.dtype)
                 space = dsid.get_space()
                 shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
@@ -344,39 +344,57 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
 MAX_CHUNKS_CHECKED = 1_000_000  # chunks whose byte ranges are checked for overlaps when a file is read
 
 
-def _stored_spans(f: Any, tensors: list[Tensor]) -> list[tuple[int, int, str]]:
-    """(start, end, path) of every contiguous dataset's data and every allocated chunk (up to
-    :data:`MAX_CHUNKS_CHECKED` chunks in all: a file with more is checked for its first datasets only)."""
-    spans = [(t.offset, t.offset + t.nbytes, t.path) for t in tensors
-             if t.storage == "contiguous" and t.offset is not None]
+def _stored_spans(f: Any, tensors: list[Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(start, end, owner) arrays of every contiguous dataset's data and every allocated chunk, and the owners'
+    paths (up to :data:`MAX_CHUNKS_CHECKED` chunks in all: a file with more is checked for its first datasets
+    only). Chunk indexes are walked by :func:`fastflip.files.h5index.walk_chunks` (in C where built)."""
+    paths: list[str] = []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+
+    def add(path: str, start: np.ndarray, size: np.ndarray) -> None:
+        starts.append(start.astype(np.int64))
+        ends.append(start.astype(np.int64) + size.astype(np.int64))
+        owners.append(np.full(len(start), len(paths), np.int64))
+        paths.append(path)
+
+    for t in tensors:
+        if t.storage == "contiguous" and t.offset is not None:
+            add(t.path, np.array([t.offset]), np.array([t.nbytes]))
     budget = MAX_CHUNKS_CHECKED
     for t in tensors:
         if t.storage not in ("chunked", "filtered"):
             continue
         ds = f[t.path]
         n = ds.id.get_num_chunks()
-        if n > budget or not hasattr(ds.id, "chunk_iter"):
+        if n > budget or not (native_available()[1] or hasattr(ds.id, "chunk_iter")):
             break
         budget -= n
-        base = chunk_address_base(ds)
-        ds.id.chunk_iter(lambda info, p=t.path: spans.append(
-            (int(info.byte_offset) + base, int(info.byte_offset) + base + int(info.size), p)))
-    return spans
+        _coords, addr, size, _mask = walk_chunks(ds.id)
+        add(t.path, addr + chunk_address_base(ds), size)
+    if not paths:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), paths
+    return np.concatenate(starts), np.concatenate(ends), np.concatenate(owners), paths
 
 
 def _refuse_shared_bytes(path: str, f: Any, tensors: list[Tensor]) -> None:
     """Refuse datasets (or chunks) whose stored bytes overlap: a flip in one would change the other (h5py reads
     both from the same bytes) and the log, which names one, could not describe it."""
     try:
-        spans = sorted(_stored_spans(f, tensors))
+        start, end, owner, paths = _stored_spans(f, tensors)
     except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise NotHDF5Error(f"{path}: damaged HDF5 file ({first})") from None
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            what = f"datasets {n0} and {n1}" if n0 != n1 else f"two chunks of dataset {n0}"
-            raise NotHDF5Error(f"{path}: {what} share bytes {b1}..{min(e0, e1)} of the file "
-                               "(damaged or crafted HDF5 file); nothing was written")
+    order = np.lexsort((end, start))  # sorted by start: disjoint iff each span ends before the next begins
+    start, end, owner = start[order], end[order], owner[order]
+    bad = np.flatnonzero(start[1:] < end[:-1])
+    if len(bad):
+        i = int(bad[0])
+        n0, n1 = paths[int(owner[i])], paths[int(owner[i + 1])]
+        what = f"datasets {n0} and {n1}" if n0 != n1 else f"two chunks of dataset {n0}"
+        raise NotHDF5Error(f"{path}: {what} share bytes {int(start[i + 1])}..{int(min(end[i], end[i + 1]))} of the "
+                           "file (damaged or crafted HDF5 file); nothing was written")
 
 
 _FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
