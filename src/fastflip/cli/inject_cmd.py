@@ -40,6 +40,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "matching location) instead of OUTPUT.sequence.json")
     p.add_argument("--log", metavar="PATH", help="log path (default OUTPUT.fflog)")
     p.add_argument("--no-log", action="store_true", help="write no log file")
+    p.add_argument("--hash", metavar="ALGO", dest="hash_algorithm",
+                   help="the log's integrity hash: blake3, xxh3-128 or sha256 (default: the fastest installed, "
+                   "or FASTFLIP_HASH)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_selection_arguments(p)
     add_fault_arguments(p)
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if not src:
         raise OptionError("give the HDF5 file to inject into")
     kwargs["sampling"] = Sampling.from_cli(args)
+    if args.hash_algorithm:
+        kwargs["hash_algorithm"] = args.hash_algorithm
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
@@ -71,16 +76,21 @@ def run(args: argparse.Namespace) -> int:
     from ..files.sharded import inject_dir, is_checkpoint_dir
 
     if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
+        if kwargs.pop("hash_algorithm", "sha256") != "sha256":
+            raise OptionError("a checkpoint directory's log is hashed with sha256; drop --hash")
         res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
-    _print_summary(res, args.json)
+    _print_summary(res, args.json, quiet=args.quiet)
     return 0
 
 
-def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None, quiet: bool = False) -> None:
+    """The run's summary line (``--json``: as JSON, printed under ``-q`` too: it is what was asked for)."""
+    if quiet and not as_json:
+        return
     c = res.counts
     left = (res.log.manifest.get("plan") or {}).get("left_out")  # tensors without the named bit fields
     if as_json:
@@ -116,11 +126,11 @@ def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                          old_sequence="config" if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"fastflip inject: warning: {w}", file=sys.stderr)
-    for n in r.notes:
+    for n in [] if args.quiet else r.notes:
         print(f"fastflip inject: note: {n}", file=sys.stderr)
     extra = {} if r.run is None else {"attempts": r.run.attempts, "corrupted": r.run.corrupted,
                                       "unchanged": int(r.run.plan.meta["unchanged"])}
     if r.sequence_path:
         extra["sequence"] = r.sequence_path
-    _print_summary(r.result, args.json, extra)
+    _print_summary(r.result, args.json, extra, quiet=args.quiet)
     return 0

@@ -32,9 +32,12 @@ def run(args: argparse.Namespace) -> int:
         res = revert_dir(args.log, args.file, args.output, overwrite=args.force)
     else:
         res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
+    algo = getattr(res, "algorithm", "sha256")
+    if args.quiet:
+        return 0
     if res.verified:
-        print(f"restored {res.output}: {res.sites} element(s); sha256 {res.sha256} matches the logged input")
+        print(f"restored {res.output}: {res.sites} element(s); {algo} {res.digest} matches the logged input")
     else:
-        print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no sha256 of the "
-              f"original; only the logged words were checked); sha256 now {res.sha256}")
+        print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no hash of the "
+              f"original; only the logged words were checked); {algo} now {res.digest}")
     return 0

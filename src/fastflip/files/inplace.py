@@ -19,7 +19,7 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..errors import LogMismatchError
-from .fileio import Staging, deferred_signals, hash_with_patches, sha256_file
+from .fileio import Staging, deferred_signals, hash_file, hash_with_patches
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
 from .layout import Tensor
 from .patches import crc_patches, expected_new, patch_undo, word_patches, write_patches
@@ -28,10 +28,10 @@ __all__ = ["write_in_place", "write_unlogged"]
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any
+                    backend: str, hash_files: bool, finish: Any, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
-    in_hash = sha256_file(src, cache=False) if hash_files else None
+    in_hash = hash_file(src, algorithm, cache=False) if hash_files else None
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
     crcs = crc_patches(src, routes, old, new) if zipped else []
@@ -40,12 +40,12 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         old[cp.handled], new[cp.handled] = cp.old, cp.new
         write_patches(src, cp.patches)
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-    out_hash = sha256_file(src, cache=False) if hash_files else None
+    out_hash = hash_file(src, algorithm, cache=False) if hash_files else None
     return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
 
 
 def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any, stage: Staging
+                    backend: str, hash_files: bool, finish: Any, stage: Staging, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
     raw = [r for r in routes if (r.offsets >= 0).any()]
@@ -58,7 +58,7 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
     undo = patch_undo(patches, os.path.getsize(src)) if cp.patches else None
     in_hash = out_hash = None
     if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-        in_hash, out_hash = hash_with_patches(src, patches)
+        in_hash, out_hash = hash_with_patches(src, patches, algorithm)
     result = finish(in_hash, out_hash, old, new, undo)
     with deferred_signals():  # one section: the log, then the words
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
