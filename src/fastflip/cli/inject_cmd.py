@@ -27,6 +27,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file (a directory for a checkpoint directory)")
     p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically; symlinks are followed "
                    "to the real file, which is locked against other writers)")
+    p.add_argument("--direct", action="store_true",
+                   help="with --in-place: rewrite only the changed bytes where they lie (no copy; raw storage, or "
+                   "chunks/members re-encoded at their size), the log committed first; the log's evidence is the "
+                   "touched byte ranges (old and new), the file size and a hash of its first and last MiB, so "
+                   "the cost follows the flips (docs/log-format.md)")
+    p.add_argument("--verify-file", action="store_true",
+                   help="with --direct: also hash the whole file before and after (one read of it), so that "
+                   "revert verifies every byte")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--config", metavar="YAML", help="an hdf5_corrupter config, run with the older tool's sampling "
                    "and value rules (docs/oldtool.md)")
@@ -66,6 +74,12 @@ def run(args: argparse.Namespace) -> int:
     kwargs["sampling"] = Sampling.from_cli(args)
     if args.hash_algorithm:
         kwargs["hash_algorithm"] = args.hash_algorithm
+    if args.verify_file and not args.direct:
+        raise OptionError("--verify-file goes with --in-place --direct (other injections hash the whole file anyway)")
+    if args.direct:
+        if not args.in_place:
+            raise OptionError("--direct changes the file itself: add --in-place")
+        kwargs.update(atomic=False, hash_files=True if args.verify_file else "regions")
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
@@ -73,11 +87,16 @@ def run(args: argparse.Namespace) -> int:
     from ..files.inject import inject_checkpoint_file
     from ..files.keras_archive import is_keras_archive
 
-    from ..files.sharded import inject_dir, is_checkpoint_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
+    if args.direct and (is_checkpoint_dir(src) or is_keras_archive(src)):
+        raise OptionError(f"{src}: --direct works on a single checkpoint file (a directory or .keras archive is "
+                          "rewritten through a copy); drop --direct")
     if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
         if kwargs.pop("hash_algorithm", "sha256") != "sha256":
             raise OptionError("a checkpoint directory's log is hashed with sha256; drop --hash")
+        from ..files.sharded import inject_dir
+
         res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)

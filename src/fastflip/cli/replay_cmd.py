@@ -25,9 +25,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import replay
-    from ..files.sharded import is_checkpoint_dir, replay_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        from ..files.sharded import replay_dir
+
         res = replay_dir(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
     else:
         res = replay(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)

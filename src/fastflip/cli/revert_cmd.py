@@ -26,16 +26,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import revert
-    from ..files.sharded import is_checkpoint_dir, revert_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        from ..files.sharded import revert_dir
+
         res = revert_dir(args.log, args.file, args.output, overwrite=args.force)
     else:
         res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
     algo = getattr(res, "algorithm", "sha256")
     if args.quiet:
         return 0
-    if res.verified:
+    if getattr(res, "evidence", "file") == "regions":
+        print(f"restored {res.output}: {res.sites} element(s); the touched byte ranges, size and head/tail "
+              f"fingerprint ({algo}) match the log (a direct in-place log holds no whole-file hash)")
+    elif res.verified:
         print(f"restored {res.output}: {res.sites} element(s); {algo} {res.digest} matches the logged input")
     else:
         print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no hash of the "

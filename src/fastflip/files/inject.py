@@ -50,6 +50,7 @@ from ..core.faults import FaultModel
 from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, hash_file, sha256_file, staged
 from . import hashing
 from .inplace import write_in_place, write_unlogged
+from .fingerprint import revert_regions
 from .h5apply import (apply_plan_to_file, check_storage, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .formats.hfdir import is_checkpoint_dir
@@ -103,6 +104,7 @@ class RevertResult:
     sites: int
     verified: bool = True
     algorithm: str = "sha256"
+    evidence: str = "file"  # "regions": a direct in-place log's touched ranges, size and fingerprint were checked
 
     @property
     def sha256(self) -> str | None:
@@ -264,7 +266,7 @@ def _counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True,
+           backend: str, hash_files: bool | str, finish: Any, stage: Staging, evidence: bool = True,
            algorithm: str = "sha256") -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
@@ -283,7 +285,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
                               "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
-                              "changes size: use atomic=True")
+                              "changes size: use atomic=True (the CLI: drop --direct)")
         if not evidence:
             return write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, algorithm)
         return write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage, algorithm)
@@ -338,7 +340,7 @@ def inject_file(
     plan: Plan | None = None,
     layout: Layout | None = None,
     backend: str = "auto",
-    hash_files: bool = True,
+    hash_files: bool | str = True,
     hash_algorithm: str | None = None,
     durable: bool = True,
     extra_manifest: Mapping[str, Any] | None = None,
@@ -372,6 +374,11 @@ def inject_file(
         one is ``<file>.<k>.fflog``; False: keep it in memory only).
     plan : Plan, optional
         Apply this plan instead of sampling one (selection/bits/mode are then ignored).
+    hash_files : bool or "regions"
+        Hash the input and output files for the log (default). ``"regions"`` (direct in place only:
+        ``in_place=True, atomic=False``): no whole-file pass; the log holds every byte range written (old and
+        new bytes), the file's size and a head/tail fingerprint (:mod:`fastflip.files.fingerprint`), and revert
+        checks those. ``False``: no hashes (revert then needs ``verify=False``).
     hash_algorithm : str, optional
         The log's integrity hash (:mod:`fastflip.files.hashing`: ``blake3``, ``xxh3-128``, ``sha256``); default
         the fastest available (or ``FASTFLIP_HASH``). The log names it; replay and revert verify with it.
@@ -424,7 +431,7 @@ def _sampling_arg(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | No
 
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
-                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
+                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool | str, durable: bool,
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool, algo: str = "sha256") -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
@@ -460,14 +467,18 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     in_size = os.path.getsize(src)
 
-    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any,
+               fingerprint: Mapping[str, Any] | None = None) -> InjectionLog:
+        evidence = ({"evidence": "regions", "fingerprint": {"algorithm": algo, "input": fingerprint[0],
+                                                            "output": fingerprint[1]}}
+                    if fingerprint is not None else {})
         manifest = {
             "fastflip_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
             "input": hashing.file_entry(os.path.abspath(src), in_hash, algo, size=in_size),
             "output": hashing.file_entry(os.path.abspath(target), out_hash, algo),
-            "in_place": in_place, "counts": _counts(plan, old, new), "plan": plan.meta,
+            "in_place": in_place, **evidence, "counts": _counts(plan, old, new), "plan": plan.meta,
             "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name}
             if lp is not None else {},
             **dict(extra_manifest or {}),
@@ -567,7 +578,7 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
 
 
 def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
-           out: str | os.PathLike[str] | None = None, *, atomic: bool = True, verify: bool = True,
+           out: str | os.PathLike[str] | None = None, *, atomic: bool | None = None, verify: bool = True,
            overwrite: bool = True) -> RevertResult:
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
@@ -575,6 +586,11 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``). With
     ``atomic=False`` the file is rewritten directly, but only after its bytes — read now, never a cached
     hash — are checked to be the logged output.
+
+    A log of a direct in-place injection with region evidence (``hash_files="regions"``; see
+    :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
+    instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
+    ranges are rewritten. The result says ``evidence="regions"``.
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
@@ -592,6 +608,13 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
     want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
     hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line, nothing changed
+    regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
+    if regions and not _container(lg):  # a direct in-place injection: its touched ranges and fingerprint
+        with _lock(src, "revert", out is None):
+            target = (_targets(src, None, True) if out is None
+                      else _targets(src, out, False, overwrite, _log_inputs(log), _REVERT_SAME))
+            revert_regions(lg, src, target, direct=out is None and atomic is not True)
+        return RevertResult(target, "", len(lg.plan), True, algo, evidence="regions")
     if verify and not (want_in and want_out):
         raise LogMismatchError(f"{src}: the log holds no hash of the original, so a revert cannot be verified; "
                                "give --no-verify (verify=False) to revert without that check")
@@ -602,7 +625,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         res.verified = bool(want_in and want_out)
         return res
     with _lock(src, "revert", out is None):
-        res = _revert_locked(lg, src, out, atomic, overwrite, _log_inputs(log), want_in, want_out, algo)
+        res = _revert_locked(lg, src, out, atomic is not False, overwrite, _log_inputs(log), want_in, want_out, algo)
     res.verified = bool(want_in and want_out)
     return res
 

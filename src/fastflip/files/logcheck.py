@@ -77,6 +77,21 @@ def _check_file_entry(path: str, m: Mapping[str, Any], key: str) -> None:
         _int(path, e["size"], f"{key}.size")
 
 
+def _check_fingerprint(path: str, fp: Any) -> None:
+    """The region evidence of a direct in-place log (:mod:`fastflip.files.fingerprint`)."""
+    if not isinstance(fp, dict) or not isinstance(fp.get("algorithm"), str) or not _NAME.match(fp["algorithm"]):
+        raise _bad(path, "fingerprint must be an object naming its algorithm")
+    for side in ("input", "output"):
+        e = fp.get(side)
+        if not isinstance(e, dict):
+            raise _bad(path, f"fingerprint.{side} must be an object")
+        for k in ("size", "head_len", "tail_len"):
+            _int(path, e.get(k), f"fingerprint.{side}.{k}")
+        for k in ("head", "tail"):
+            if not isinstance(e.get(k), str) or not _HEX.match(e[k]):
+                raise _bad(path, f"fingerprint.{side}.{k} must be a hex digest")
+
+
 def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
     """The manifest's ``tensors`` as (name, dtype, shape), each field type- and range-checked."""
     ts = m.get("tensors")
@@ -113,6 +128,8 @@ def validate_log(path: str, m: Any, cols: Mapping[str, np.ndarray], undo_blobs: 
     tensors = validate_tensors(path, m)
     for key in ("input", "output"):
         _check_file_entry(path, m, key)
+    if m.get("fingerprint") is not None:
+        _check_fingerprint(path, m["fingerprint"])
     if "counts" in m and not isinstance(m["counts"], dict):
         raise _bad(path, "counts must be an object")
     if not isinstance(m.get("plan", {}), dict):
