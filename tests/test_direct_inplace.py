@@ -178,3 +178,8 @@ def test_cli_direct(tmp_path, capsys):
     assert main(["inject", src, "--direct", "-o", str(tmp_path / "o.h5"), "--count", "1"]) == 2
     assert "add --in-place" in capsys.readouterr().err
     assert main(["inject", src, "-o", str(tmp_path / "o.h5"), "--verify-file", "--count", "1"]) == 2
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("injection_type: count\ninjection_tries: 1\n")
+    capsys.readouterr()
+    assert main(["inject", src, "--in-place", "--direct", "--config", str(cfg)]) == 2
+    assert "do not go with --config" in capsys.readouterr().err

@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"selection": selection_from_args(args), "seed": args.seed}
     src = args.file
     if args.config:
+        if args.direct or args.verify_file or args.hash_algorithm:
+            raise OptionError("--direct, --verify-file and --hash do not go with --config (the older tool's run)")
         return _run_config(args, kwargs)
     if args.oldtool_sequence:
         raise OptionError("--oldtool-sequence writes the sequence file of an hdf5_corrupter config: add --config")
