@@ -367,7 +367,7 @@ def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
                block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True,
-               algorithm: str = "sha256", writeback: int = 0) -> tuple[str, str, np.ndarray, np.ndarray]:
+               algorithm: str = "sha256") -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
     (input digest, output digest before any hdf5-path edit, old words, new words), hashed with
     ``algorithm`` (:mod:`fastflip.files.hashing`).
@@ -380,8 +380,7 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
     One pass over the file, block by block, in two threads (see :func:`_copy_buffered`). ``cached_input=False``
     hashes the input's bytes even when :mod:`fastflip.files.hashcache` knows them (in place: the log is the
-    only way back to them). ``writeback`` > 0 (a durable output): the writer flushes the output to disk every
-    ``writeback`` bytes, so that the disk writes run alongside the copy instead of all in the final fsync.
+    only way back to them).
     """
     pstart = np.array([p[0] for p in patches], np.int64)
     pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
@@ -395,7 +394,7 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     known = hashcache.lookup(src, st0, algorithm) if cached_input else None
     h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
                                  block=max(1, min(block, st0.st_size)),  # small files: small buffers
-                                 hash_input=known is None, algorithm=algorithm, writeback=writeback)
+                                 hash_input=known is None, algorithm=algorithm)
     if not hashcache.same_state(st0, os.stat(src)):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     if known is None:
@@ -410,8 +409,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
-                   new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256",
-                   writeback: int = 0) -> tuple[str, str]:
+                   new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256"
+                   ) -> tuple[str, str]:
     h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
     # hashes the output bytes and another writes them (of blocks i-1, i-2): the two sha256 passes and the
@@ -427,15 +426,9 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
             for chunk in pieces:
                 h_out.update(chunk)
 
-        dirty = [0]
-
         def emit(pieces: list[Any]) -> None:
             for chunk in pieces:
-                dirty[0] += fout.write(chunk)
-            if writeback and dirty[0] >= writeback:  # start the disk writes now, not all in the final fsync
-                fout.flush()
-                getattr(os, "fdatasync", os.fsync)(fout.fileno())
-                dirty[0] = 0
+                fout.write(chunk)
 
         while True:
             slot = i % nbuf

@@ -223,7 +223,6 @@ def _targets(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overw
 
 
 _REVERT_SAME = "leave out -o to restore the file itself"
-_WRITEBACK = 64 << 20  # a durable copy is flushed to disk every 64 MiB while it is written (h5apply.copy_apply)
 
 
 def _log_target(lp: str, src: str, target: str, inputs: Sequence[str] = ()) -> str:
@@ -298,8 +297,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=not in_place, algorithm=algorithm,
-                                             writeback=_WRITEBACK if stage.durable else 0)
+                                             cached_input=not in_place, algorithm=algorithm)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
