@@ -153,6 +153,13 @@ def test_what_region_evidence_does_not_see_and_verify_file_does(tmp_path):
         revert(res2.log_path, src)
 
 
+def test_hash_files_values(tmp_path):
+    from fastflip.errors import OptionError
+
+    with pytest.raises(OptionError, match="hash_files must be True, False or 'regions'"):
+        inject_file(_h5(tmp_path / "m.h5"), in_place=True, atomic=False, hash_files="region", seed=1, sampling=SMP)
+
+
 def test_damaged_fingerprint_is_one_line(tmp_path):
     from fastflip.files.logcheck import validate_log
 

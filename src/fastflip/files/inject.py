@@ -401,6 +401,8 @@ def inject_file(
     """
     raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
            "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
+    if hash_files not in (True, False, "regions"):
+        raise OptionError(f"hash_files must be True, False or 'regions' (got {hash_files!r:.40})")
     _refuse_dir(src)
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):

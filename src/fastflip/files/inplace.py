@@ -34,7 +34,7 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
                     backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
-    hash_files = hash_files is True or hash_files == "file"  # no log file: nothing for a fingerprint to guard
+    hash_files = hash_files is True  # no log file: nothing for a fingerprint ("regions") to guard
     in_hash = hash_file(src, algorithm, cache=False) if hash_files else None
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
