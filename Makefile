@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.fastflip-installed
 .PHONY: setup demo test test-fast test-floors docs bench chainer-venv report-deps clean
 
 # The package's extras, less `tensorflow`: this set-up takes the CPU-only build (tensorflow-cpu) instead.
-EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,safetensors,progress,transformers,torchao,docs,test
+EXTRAS := yaml,numba,torch,dask,parquet,plot,demo,safetensors,progress,transformers,torchao,docs,test,fasthash
 
 $(STAMP): pyproject.toml setup.py ext/_kernels.pyx ext/_lzf.pyx ext/_h5chunks.pyx constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

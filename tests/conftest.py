@@ -29,7 +29,11 @@ import pytest
 OPTIONAL_EXTRAS = frozenset({
     "numba", "torch", "tensorflow", "keras", "dask", "distributed", "dask_jobqueue", "pyarrow", "matplotlib",
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
+    "blake3", "xxhash",
 })
+# Logs hashed with sha256 unless a test chooses (the suite compares manifest["input"]["sha256"]); the tests of the
+# default rule (fastest available) unset it: tests/test_hashing.py.
+os.environ.setdefault("FASTFLIP_HASH", "sha256")
 # The sha256 cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
 _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
 os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)

@@ -7,8 +7,8 @@ Each subcommand lives in its own module of this package with two functions:
 ``run(args) -> int``. Heavy imports happen inside ``run`` so that
 ``fastflip --help`` stays fast and imports no framework.
 
-Every subcommand takes ``-q/--quiet`` (no progress, no informational lines: only the output asked for, and
-errors) and ``-v/--verbose`` (the library's ``fastflip`` log messages at INFO, ``-vv`` DEBUG); they are added
+Every subcommand takes ``-q/--quiet`` (no progress, no informational lines or warnings: only the output asked
+for, and errors; a command that only writes files prints nothing on success) and ``-v/--verbose`` (the library's ``fastflip`` log messages at INFO, ``-vv`` DEBUG); they are added
 here unless the subcommand defines its own. Exit codes: 0 success, 1 "differs" (diff) or failed trials,
 2 an error (one line on stderr), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM, where handled).
 """
@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Any, Sequence
 
 from .. import __version__
@@ -104,7 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     previous = _catch_sigterm()
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            if getattr(args, "quiet", False):  # the library's informational warnings ("fastflip: ...") too
+                warnings.filterwarnings("ignore", message="fastflip: ")
+            return int(args._run(args) or 0)
     except FastflipError as exc:
         print(f"fastflip {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2

@@ -28,5 +28,6 @@ def run(args: argparse.Namespace) -> int:
     from ..frameworks.convert import convert
 
     fmt = convert(args.file, args.output, args.to, overwrite=args.force)
-    print(f"{args.output}: written as {fmt}")
+    if not args.quiet:
+        print(f"{args.output}: written as {fmt}")
     return 0

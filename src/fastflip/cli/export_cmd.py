@@ -46,5 +46,6 @@ def run(args: argparse.Namespace) -> int:
             n, out = st.export_csv(args.csv, overwrite=args.force), args.csv
         else:
             n, out = st.export_parquet(args.parquet, overwrite=args.force), args.parquet
-    print(f"{out}: {n} trials")
+    if not args.quiet:
+        print(f"{out}: {n} trials")
     return 0

@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
                          old_sequence=("config" if args.configFile else "flags") if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"hdf5-corrupter: warning: {w}", file=sys.stderr)
-    for n in r.notes:
+    for n in [] if args.quiet else r.notes:
         print(f"hdf5-corrupter: note: {n}", file=sys.stderr)
-    if not args.in_place:
+    if not args.in_place and not args.quiet:
         print(f"hdf5-corrupter: note: {src} is unchanged; the corrupted copy is {out} (the older tool edited its "
               "input in place: add --inPlace to do the same)", file=sys.stderr)
     extra: dict[str, Any] = {}
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         extra = {"attempts": r.run.attempts, "corrupted": r.run.corrupted, "unchanged": r.run.plan.meta["unchanged"]}
     if r.sequence_path:
         extra["sequence"] = r.sequence_path
-    _print_summary(r.result, args.json, extra)
+    _print_summary(r.result, args.json, extra, quiet=args.quiet)
     return 0
 
 

@@ -27,6 +27,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output file (a directory for a checkpoint directory)")
     p.add_argument("--in-place", action="store_true", help="change FILE itself (atomically; symlinks are followed "
                    "to the real file, which is locked against other writers)")
+    p.add_argument("--direct", action="store_true",
+                   help="with --in-place: rewrite only the changed bytes where they lie (no copy; raw storage, or "
+                   "chunks/members re-encoded at their size), the log committed first; the log's evidence is the "
+                   "touched byte ranges (old and new), the file size and a hash of its first and last MiB, so "
+                   "the cost follows the flips (docs/log-format.md)")
+    p.add_argument("--verify-file", action="store_true",
+                   help="with --direct: also hash the whole file before and after (one read of it), so that "
+                   "revert verifies every byte")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--config", metavar="YAML", help="an hdf5_corrupter config, run with the older tool's sampling "
                    "and value rules (docs/oldtool.md)")
@@ -40,6 +48,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "matching location) instead of OUTPUT.sequence.json")
     p.add_argument("--log", metavar="PATH", help="log path (default OUTPUT.fflog)")
     p.add_argument("--no-log", action="store_true", help="write no log file")
+    p.add_argument("--hash", metavar="ALGO", dest="hash_algorithm",
+                   help="the log's integrity hash: blake3, xxh3-128 or sha256 (default: the fastest installed, "
+                   "or FASTFLIP_HASH)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_selection_arguments(p)
     add_fault_arguments(p)
@@ -55,12 +66,22 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"selection": selection_from_args(args), "seed": args.seed}
     src = args.file
     if args.config:
+        if args.direct or args.verify_file or args.hash_algorithm:
+            raise OptionError("--direct, --verify-file and --hash do not go with --config (the older tool's run)")
         return _run_config(args, kwargs)
     if args.oldtool_sequence:
         raise OptionError("--oldtool-sequence writes the sequence file of an hdf5_corrupter config: add --config")
     if not src:
         raise OptionError("give the HDF5 file to inject into")
     kwargs["sampling"] = Sampling.from_cli(args)
+    if args.hash_algorithm:
+        kwargs["hash_algorithm"] = args.hash_algorithm
+    if args.verify_file and not args.direct:
+        raise OptionError("--verify-file goes with --in-place --direct (other injections hash the whole file anyway)")
+    if args.direct:
+        if not args.in_place:
+            raise OptionError("--direct changes the file itself: add --in-place")
+        kwargs.update(atomic=False, hash_files=True if args.verify_file else "regions")
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
@@ -68,19 +89,29 @@ def run(args: argparse.Namespace) -> int:
     from ..files.inject import inject_checkpoint_file
     from ..files.keras_archive import is_keras_archive
 
-    from ..files.sharded import inject_dir, is_checkpoint_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
+    if args.direct and (is_checkpoint_dir(src) or is_keras_archive(src)):
+        raise OptionError(f"{src}: --direct works on a single checkpoint file (a directory or .keras archive is "
+                          "rewritten through a copy); drop --direct")
     if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
+        if kwargs.pop("hash_algorithm", "sha256") != "sha256":
+            raise OptionError("a checkpoint directory's log is hashed with sha256; drop --hash")
+        from ..files.sharded import inject_dir
+
         res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
-    _print_summary(res, args.json)
+    _print_summary(res, args.json, quiet=args.quiet)
     return 0
 
 
-def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
+def _print_summary(res: Any, as_json: bool, extra: dict[str, Any] | None = None, quiet: bool = False) -> None:
+    """The run's summary line (``--json``: as JSON, printed under ``-q`` too: it is what was asked for)."""
+    if quiet and not as_json:
+        return
     c = res.counts
     left = (res.log.manifest.get("plan") or {}).get("left_out")  # tensors without the named bit fields
     if as_json:
@@ -116,11 +147,11 @@ def _run_config(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
                          old_sequence="config" if args.oldtool_sequence else None)
     for w in r.warnings:
         print(f"fastflip inject: warning: {w}", file=sys.stderr)
-    for n in r.notes:
+    for n in [] if args.quiet else r.notes:
         print(f"fastflip inject: note: {n}", file=sys.stderr)
     extra = {} if r.run is None else {"attempts": r.run.attempts, "corrupted": r.run.corrupted,
                                       "unchanged": int(r.run.plan.meta["unchanged"])}
     if r.sequence_path:
         extra["sequence"] = r.sequence_path
-    _print_summary(r.result, args.json, extra)
+    _print_summary(r.result, args.json, extra, quiet=args.quiet)
     return 0

@@ -28,6 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..files.hashing import logged_hash
     from ..files.log import InjectionLog
 
     log = InjectionLog.load(args.log)
@@ -42,8 +43,9 @@ def run(args: argparse.Namespace) -> int:
     m = log.manifest
     c = m.get("counts", {})
     print(f"{args.log}: fastflip {m.get('fastflip_version')} {m.get('created')} seed {m.get('seed')}")
-    print(f"input  {m['input']['path']} sha256 {m['input']['sha256']}")
-    print(f"output {m['output']['path']} sha256 {m['output']['sha256']}")
+    for key, pad in (("input", " "), ("output", "")):
+        algo, digest = logged_hash(m[key])
+        print(f"{key}{pad} {m[key]['path']} {algo} {digest}")
     print(f"options {json.dumps(m.get('options', {}), sort_keys=True)}")
     print(f"counts {json.dumps(c, sort_keys=True)}")
     rows = list(log.iter_csv_rows())

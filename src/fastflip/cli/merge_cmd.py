@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     with ResultStore.open(args.output) as st:
         missing = sum(len(v) for v in st.missing().values())
     note = f"; {missing} planned trials still missing (run 'fastflip sweep -o {args.output}')" if missing else ""
+    if args.quiet:
+        return 0
     print(f"{args.output}: {res['trials']} trials from {len(args.sources)} stores "
           f"({res['duplicates']} agreeing duplicates dropped){note}")
     return 0

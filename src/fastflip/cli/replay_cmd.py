@@ -25,14 +25,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import replay
-    from ..files.sharded import is_checkpoint_dir, replay_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        from ..files.sharded import replay_dir
+
         res = replay_dir(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
     else:
         res = replay(args.log, args.file, args.output, in_place=args.in_place, overwrite=args.force)
-    digest = res.log.manifest["output"]["sha256"]
-    what = "inner weights file's sha256" if res.log.manifest.get("container") else "sha256"
+    from ..files.hashing import logged_hash
+
+    if args.quiet:
+        return 0
+    algo, digest = logged_hash(res.log.manifest["output"])
+    what = f"inner weights file's {algo}" if res.log.manifest.get("container") else algo
     print(f"wrote {res.output}: {res.counts.get('sites', len(res.log))} element(s) replayed; "
-          + (f"{what} {digest} matches the log" if digest else "the log holds no sha256: words checked, file not"))
+          + (f"{what} {digest} matches the log" if digest else "the log holds no hash: words checked, file not"))
     return 0

@@ -26,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from ..report import write_report
 
     rep = write_report(args.source, args.out, force=args.force)
-    print(f"{rep.kind} report: {rep.index} ({len(rep.figures)} figures, {len(rep.tables)} tables, {rep.seconds:.1f} s)")
+    if not args.quiet:
+        print(f"{rep.kind} report: {rep.index} ({len(rep.figures)} figures, {len(rep.tables)} tables, {rep.seconds:.1f} s)")
     return 0

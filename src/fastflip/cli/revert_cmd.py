@@ -26,15 +26,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..files.inject import revert
-    from ..files.sharded import is_checkpoint_dir, revert_dir
+    from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
+        from ..files.sharded import revert_dir
+
         res = revert_dir(args.log, args.file, args.output, overwrite=args.force)
     else:
         res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
-    if res.verified:
-        print(f"restored {res.output}: {res.sites} element(s); sha256 {res.sha256} matches the logged input")
+    algo = getattr(res, "algorithm", "sha256")
+    if args.quiet:
+        return 0
+    if getattr(res, "evidence", "file") == "regions":
+        print(f"restored {res.output}: {res.sites} element(s); the touched byte ranges, size and head/tail "
+              f"fingerprint ({algo}) match the log (a direct in-place log holds no whole-file hash)")
+    elif res.verified:
+        print(f"restored {res.output}: {res.sites} element(s); {algo} {res.digest} matches the logged input")
     else:
-        print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no sha256 of the "
-              f"original; only the logged words were checked); sha256 now {res.sha256}")
+        print(f"restored {res.output}: {res.sites} element(s); NOT verified (the log holds no hash of the "
+              f"original; only the logged words were checked); {algo} now {res.digest}")
     return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import signal
@@ -43,10 +42,10 @@ from ..errors import (
     one_line,
 )
 from ..kernels.environment import missing_extra
-from . import hashcache
+from . import hashcache, hashing
 from .paths import sweep_stale, temp_prefix
 
-__all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_with_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
+__all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_file", "hash_with_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
            "byte_diff", "fsync_path"]
 
 _BLOCK = 8 << 20
@@ -422,42 +421,49 @@ def new_file_mode() -> int:
 
 
 def sha256_file(path: str | os.PathLike[str], *, cache: bool = True) -> str:
-    """Hex sha256 of a file, read in blocks (memory stays flat).
+    """Hex sha256 of a file: :func:`hash_file` with sha256."""
+    return hash_file(path, "sha256", cache=cache)
+
+
+def hash_file(path: str | os.PathLike[str], algorithm: str | None = None, *, cache: bool = True) -> str:
+    """Hex digest of a file with ``algorithm`` (default :func:`fastflip.files.hashing.default_algorithm`), read in
+    blocks (memory stays flat).
 
     With ``cache`` (default), a file hashed before and unchanged since (same device, inode, size,
     mtime and ctime, and no shared writable mapping: see :mod:`fastflip.files.hashcache`) is not read
     again. ``cache=False`` reads the bytes: for a file that is about to be changed, or was just written.
     """
     p = os.fspath(path)
+    name = algorithm or hashing.default_algorithm()
     st0, t0 = os.stat(p), time.time()
-    known = hashcache.lookup(p, st0) if cache else None
+    known = hashcache.lookup(p, st0, name) if cache else None
     if known is not None:
         return known
-    h = hashlib.sha256()
+    h = hashing.new(name)
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
     with open(p, "rb") as fh:
-        while True:
-            b = fh.read(_BLOCK)
-            if not b:
-                break
-            h.update(b)
+        while n := fh.readinto(buf):
+            h.update(view[:n])
     digest = h.hexdigest()
     if cache and hashcache.same_state(st0, os.stat(p)):
-        hashcache.remember(p, st0, digest, t0)
+        hashcache.remember(p, st0, digest, t0, name)
     return digest
 
 
-def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]") -> tuple[str, str]:
-    """(sha256 of the file now, sha256 it will have once each same-size ``(offset, old, new)`` patch is
+def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256"
+                      ) -> tuple[str, str]:
+    """(digest of the file now, digest it will have once each same-size ``(offset, old, new)`` patch is
     written), from one read of its bytes (the cache is not used: the file is about to change)."""
     ps = sorted(patches)
     starts = np.array([p[0] for p in ps], np.int64)
     ends = starts + np.array([len(p[2]) for p in ps], np.int64)
     from concurrent.futures import ThreadPoolExecutor
 
-    h_in, h_out = hashlib.sha256(), hashlib.sha256()
+    h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     base = 0
     pending = None
-    with open(path, "rb") as fh, ThreadPoolExecutor(1) as helper:  # the two sha256 passes side by side
+    with open(path, "rb") as fh, ThreadPoolExecutor(1) as helper:  # the two hash passes side by side
         while True:
             b = fh.read(_BLOCK)
             if not b:
@@ -481,9 +487,9 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]") -> t
     return h_in.hexdigest(), h_out.hexdigest()
 
 
-def copy_with_hash(src: str, dst: str) -> str:
-    """Copy ``src`` to ``dst`` in blocks and return the sha256 of the bytes copied (one read pass)."""
-    h = hashlib.sha256()
+def copy_with_hash(src: str, dst: str, algorithm: str = "sha256") -> str:
+    """Copy ``src`` to ``dst`` in blocks and return the digest of the bytes copied (one read pass)."""
+    h = hashing.new(algorithm)
     buf = bytearray(_BLOCK)
     view = memoryview(buf)
     with open(src, "rb") as fin, open(dst, "wb") as fout:

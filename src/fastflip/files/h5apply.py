@@ -24,7 +24,6 @@ fastflip never writes outside the checkpoint file.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import time
@@ -40,7 +39,7 @@ from ..core.records import SiteArrays
 from ..core.wordrule import new_words_for
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
-from . import hashcache
+from . import hashcache, hashing
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .layout import Tensor, chunk_address_base, open_dataset, open_h5
@@ -387,10 +386,11 @@ def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[
 
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
-               block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True
-               ) -> tuple[str, str, np.ndarray, np.ndarray]:
+               block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True,
+               algorithm: str = "sha256") -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
-    (input sha256, output sha256 before any hdf5-path edit, old words, new words).
+    (input digest, output digest before any hdf5-path edit, old words, new words), hashed with
+    ``algorithm`` (:mod:`fastflip.files.hashing`).
 
     Sites that need the hdf5 path are left untouched here (their old/new stay 0).
     ``patches`` — sorted, non-overlapping ``(offset, old bytes, new bytes)`` — are written
@@ -411,14 +411,14 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     new = np.zeros(len(raw), np.uint64)
     st0, t0 = os.stat(src), time.time()
     # an input injected before, unchanged since: its hash is not redone (never for an input about to be replaced)
-    known = hashcache.lookup(src, st0) if cached_input else None
+    known = hashcache.lookup(src, st0, algorithm) if cached_input else None
     h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
                                  block=max(1, min(block, st0.st_size)),  # small files: small buffers
-                                 hash_input=known is None)
+                                 hash_input=known is None, algorithm=algorithm)
     if not hashcache.same_state(st0, os.stat(src)):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     if known is None:
-        hashcache.remember(src, st0, h_in, t0)
+        hashcache.remember(src, st0, h_in, t0, algorithm)
     else:
         h_in = known
     old_out = np.zeros(n, np.uint64)
@@ -429,8 +429,9 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
-                   new: np.ndarray, *, block: int, hash_input: bool = True) -> tuple[str, str]:
-    h_in, h_out = hashlib.sha256(), hashlib.sha256()
+                   new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256"
+                   ) -> tuple[str, str]:
+    h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
     # hashes the output bytes and another writes them (of blocks i-1, i-2): the two sha256 passes and the
     # write run side by side (hashlib and file I/O release the GIL)

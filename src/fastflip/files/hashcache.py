@@ -1,6 +1,7 @@
-"""A stat-keyed cache of files' sha256, so that a checkpoint injected many times is hashed once.
+"""A stat-keyed cache of files' hashes (sha256, or another :mod:`fastflip.files.hashing` algorithm, one entry
+each), so that a checkpoint injected many times is hashed once.
 
-Layer: ``files`` (imports nothing of fastflip; imported by :mod:`fastflip.files.fileio` and
+Layer: ``files`` (imports only :mod:`fastflip.files.hashing`; imported by :mod:`fastflip.files.fileio` and
 :mod:`fastflip.files.h5apply`).
 
 A campaign or an experiment injects into the same epoch-E checkpoint again and again; every
@@ -66,6 +67,8 @@ import tempfile
 import time
 import warnings
 
+from .hashing import check_digest
+
 __all__ = ["ENV", "RACY_S", "cache_dir", "lookup", "remember", "same_state", "mapped_for_write"]
 
 ENV = "FASTFLIP_HASH_CACHE"
@@ -94,8 +97,9 @@ def same_state(a: os.stat_result, b: os.stat_result) -> bool:
     return _key(a) == _key(b)
 
 
-def _entry(d: str, st: os.stat_result) -> str:
-    return os.path.join(d, f"{st.st_dev:x}-{st.st_ino:x}.json")
+def _entry(d: str, st: os.stat_result, algorithm: str = "sha256") -> str:
+    tag = "" if algorithm == "sha256" else "." + "".join(c for c in algorithm if c.isalnum() or c == "-")
+    return os.path.join(d, f"{st.st_dev:x}-{st.st_ino:x}{tag}.json")
 
 
 _WARNED: set[str] = set()
@@ -170,27 +174,28 @@ def _sound(path: str, st: os.stat_result) -> bool:
     return mapped_for_write(path, st) is False
 
 
-def lookup(path: str, st: os.stat_result) -> str | None:
-    """The cached sha256 of the file ``path`` whose ``stat`` is ``st``, or None."""
+def lookup(path: str, st: os.stat_result, algorithm: str = "sha256") -> str | None:
+    """The cached digest (``algorithm``, default sha256) of the file ``path`` whose ``stat`` is ``st``, or None."""
     d = cache_dir()
     if d is None or not os.path.isfile(path) or (d := _private(d, create=False)) is None:
         return None
     try:
-        fd = os.open(_entry(d, st), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(_entry(d, st, algorithm), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         with os.fdopen(fd, encoding="utf-8") as fh:
             rec = json.load(fh)
     except (OSError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("key") != _key(st):
         return None
-    digest = rec.get("sha256")
-    if not (isinstance(digest, str) and len(digest) == 64) or not _sound(path, st):
+    digest = rec.get(algorithm)
+    if not check_digest(algorithm, digest) or not _sound(path, st):
         return None
     return digest
 
 
-def remember(path: str, st: os.stat_result, digest: str, hashed_at: float | None = None) -> bool:
-    """Record ``digest`` as the sha256 of ``path`` in the state ``st`` (taken before it was read, and checked
+def remember(path: str, st: os.stat_result, digest: str, hashed_at: float | None = None,
+             algorithm: str = "sha256") -> bool:
+    """Record ``digest`` as the ``algorithm`` digest (default sha256) of ``path`` in the state ``st`` (taken before it was read, and checked
     unchanged after); return whether it was recorded (not racy, sound, cache on and private)."""
     d = cache_dir()
     hashed_at = time.time() if hashed_at is None else hashed_at
@@ -202,8 +207,8 @@ def remember(path: str, st: os.stat_result, digest: str, hashed_at: float | None
     try:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".entry-")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"key": _key(st), "sha256": digest, "path": os.path.abspath(path)}, fh)
-        os.replace(tmp, _entry(d, st))
+            json.dump({"key": _key(st), algorithm: digest, "path": os.path.abspath(path)}, fh)
+        os.replace(tmp, _entry(d, st, algorithm))
     except OSError:
         return False
     return True

@@ -24,7 +24,7 @@ Examples
 >>> with h5py.File(out) as f:
 ...     int((f["w"][()] == -1).sum())
 4
->>> revert(res.log_path, out).sha256 == res.log.manifest["input"]["sha256"]
+>>> revert(res.log_path, out).digest == res.log.manifest["input"]["hash"]
 True
 """
 
@@ -46,8 +46,10 @@ from ..errors import InputFileError, LogMismatchError, OptionError
 from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
-from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, sha256_file, staged
+from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, hash_file, sha256_file, staged
+from . import hashing
 from .inplace import write_in_place, write_unlogged
+from .fingerprint import revert_regions
 from .h5apply import (apply_plan_to_file, copy_apply, read_words, route_sites,
                        write_words_to_file)
 from .formats.hfdir import is_checkpoint_dir
@@ -89,15 +91,23 @@ class InjectionResult:
 class RevertResult:
     """What :func:`revert` restored.
 
-    ``verified`` is True when the restored file's sha256 was compared with the logged input's
+    ``verified`` is True when the restored file's hash (``algorithm``, the one the log names) was compared
+    with the logged input's
     (and the reverted file's with the logged output's); False when the log holds no hashes and
     ``verify=False`` allowed the revert anyway (only the words at the logged sites were checked).
     """
 
     output: str
-    sha256: str
+    digest: str
     sites: int
     verified: bool = True
+    algorithm: str = "sha256"
+    evidence: str = "file"  # "regions": a direct in-place log's touched ranges, size and fingerprint were checked
+
+    @property
+    def sha256(self) -> str | None:
+        """The digest when the log's algorithm is sha256 (None otherwise)."""
+        return self.digest if self.algorithm == "sha256" else None
 
 
 def default_log_path(output: str, keep_existing: bool = False) -> str:
@@ -197,8 +207,9 @@ def _lock(path: str, what: str, on: bool) -> Any:
 
 
 def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool, finish: Any, stage: Staging, evidence: bool = True,
-           cached_input: bool = True) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+           backend: str, hash_files: bool | str, finish: Any, stage: Staging, evidence: bool = True,
+           cached_input: bool = True, algorithm: str = "sha256"
+           ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
 
@@ -216,12 +227,13 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
             raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
                               "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
                               ".npz members); this plan touches other filtered/compact data or a member that "
-                              "changes size: use atomic=True")
+                              "changes size: use atomic=True (the CLI: drop --direct)")
         st_before = os.stat(src)
         if not evidence:
-            res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish)
+            res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, algorithm)
         else:
-            res = write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage)
+            res = write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage,
+                                 algorithm)
         keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return res
     patches = list(cp.patches)
@@ -232,7 +244,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=cached_input and not in_place)
+                                             cached_input=cached_input and not in_place, algorithm=algorithm)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
@@ -243,7 +255,7 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         for r in h5_rest:
             old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
         undo = byte_diff(src, tmp)
-        out_hash = sha256_file(tmp, cache=False)
+        out_hash = hash_file(tmp, algorithm, cache=False)
     elif cp.resized:  # a member changed size: every byte after it moved
         undo = byte_diff(src, tmp)
     elif cp.patches:
@@ -275,7 +287,8 @@ def inject_file(
     plan: Plan | None = None,
     layout: Layout | None = None,
     backend: str = "auto",
-    hash_files: bool = True,
+    hash_files: bool | str = True,
+    hash_algorithm: str | None = None,
     durable: bool = True,
     extra_manifest: Mapping[str, Any] | None = None,
     overwrite: bool = True,
@@ -309,6 +322,14 @@ def inject_file(
         one is ``<file>.<k>.fflog``; False: keep it in memory only).
     plan : Plan, optional
         Apply this plan instead of sampling one (selection/bits/mode are then ignored).
+    hash_files : bool or "regions"
+        Hash the input and output files for the log (default). ``"regions"`` (direct in place only:
+        ``in_place=True, atomic=False``): no whole-file pass; the log holds every byte range written (old and
+        new bytes), the file's size and a head/tail fingerprint (:mod:`fastflip.files.fingerprint`), and revert
+        checks those. ``False``: no hashes (revert then needs ``verify=False``).
+    hash_algorithm : str, optional
+        The log's integrity hash (:mod:`fastflip.files.hashing`: ``blake3``, ``xxh3-128``, ``sha256``); default
+        the fastest available (or ``FASTFLIP_HASH``). The log names it; replay and revert verify with it.
     durable : bool
         fsync the output and the log (default). ``False`` keeps the atomic rename but skips
         the fsyncs: for scratch copies (an experiment's per-run checkpoints).
@@ -334,18 +355,21 @@ def inject_file(
     """
     raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
            "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
+    if hash_files not in (True, False, "regions"):
+        raise OptionError(f"hash_files must be True, False or 'regions' (got {hash_files!r:.40})")
     _refuse_dir(src)
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
         return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
-                              layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input)
+                              layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input,
+                              hashing.algorithm(hash_algorithm or hashing.default_algorithm()).name)
 
 
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
-                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool, durable: bool,
-                   extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True
-                   ) -> InjectionResult:
+                   plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool | str, durable: bool,
+                   extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True,
+                   algo: str = "sha256") -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
@@ -380,14 +404,18 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     in_size = os.path.getsize(src)
 
-    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
+    def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any,
+               fingerprint: Mapping[str, Any] | None = None) -> InjectionLog:
+        evidence = ({"evidence": "regions", "fingerprint": {"algorithm": algo, "input": fingerprint[0],
+                                                            "output": fingerprint[1]}}
+                    if fingerprint is not None else {})
         manifest = {
             "fastflip_version": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "seed": int(seed), "stream": [int(s) for s in stream], "options": options,
-            "input": {"path": os.path.abspath(src), "sha256": in_hash, "size": in_size},
-            "output": {"path": os.path.abspath(target), "sha256": out_hash},
-            "in_place": in_place, "counts": injection_counts(plan, old, new), "plan": plan.meta,
+            "input": hashing.file_entry(os.path.abspath(src), in_hash, algo, size=in_size),
+            "output": hashing.file_entry(os.path.abspath(target), out_hash, algo),
+            "in_place": in_place, **evidence, "counts": injection_counts(plan, old, new), "plan": plan.meta,
             "_storage": {t.name: {"storage": by_name[t.name].storage} for t in plan.tensors if t.name in by_name}
             if lp is not None else {},
             **dict(extra_manifest or {}),
@@ -399,7 +427,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     with staged(durable) as stage:
         _, _, _, _, log = _write(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
-                                 evidence=lp is not None, cached_input=cached_input)
+                                 evidence=lp is not None, cached_input=cached_input, algorithm=algo)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 
@@ -442,26 +470,28 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_path: Any, overwrite: bool,
                    inputs: list[str]) -> InjectionResult:
-    want_in = lg.manifest.get("input", {}).get("sha256")
+    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
     target = _targets(src, out, in_place, overwrite, inputs)
-    want_out = lg.manifest.get("output", {}).get("sha256")
+    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
+    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line before anything is read
     new_lp = None if log_path in (None, False) else _log_target(
         default_log_path(target) if log_path is True else os.fspath(log_path), src, target, inputs)
 
     def check_input_hash(in_hash: str | None) -> None:  # hashed while copied: the input is read once
         if want_in and in_hash != want_in:
-            raise LogMismatchError(f"{src} is not the input this log was made from (sha256 differs); give the original file")
+            raise LogMismatchError(f"{src} is not the input this log was made from ({algo} differs); give the original file")
 
     def check(old: np.ndarray, new: np.ndarray, out_hash: str | None) -> None:
         if not np.array_equal(new, lg.new_words) or not np.array_equal(old, lg.old_words):
             raise LogMismatchError(f"replaying onto {src} gave other words than the log records; the file is not the logged input")
         if want_out and out_hash != want_out:
-            raise LogMismatchError("the replayed output differs from the logged output (sha256); nothing was written")
+            raise LogMismatchError(f"the replayed output differs from the logged output ({algo}); nothing was written")
 
     def finish(in_hash: str | None, out_hash: str | None, old: np.ndarray, new: np.ndarray, undo: Any) -> InjectionLog:
         check_input_hash(in_hash)
         check(old, new, out_hash)
-        manifest = dict(lg.manifest, output={"path": os.path.abspath(target), "sha256": out_hash}, replayed_from=lg.manifest.get("created"))
+        manifest = dict(lg.manifest, output=hashing.file_entry(os.path.abspath(target), out_hash, algo),
+                        replayed_from=lg.manifest.get("created"))
         new_log = InjectionLog(manifest, lg.plan, old, new, undo)
         if new_lp is not None:
             new_log.save(new_lp)
@@ -470,21 +500,22 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
     if lg.undo is not None and lg.undo.new_size >= 0:
         # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
         with atomic_output(target) as tmp:
-            in_hash = copy_with_hash(src, tmp)
+            in_hash = copy_with_hash(src, tmp, algo)
             check_input_hash(in_hash)
             lg.undo.redo(tmp)
             after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
             new = read_words(tmp, lg.plan, after)
-            new_log = finish(in_hash, sha256_file(tmp, cache=False), lg.old_words, new, lg.undo)
+            new_log = finish(in_hash, hash_file(tmp, algo, cache=False), lg.old_words, new, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     by_name = {t.path: t for t in read_layout(src).tensors}
     with staged() as stage:
-        _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish, stage)
+        _, _, _, _, new_log = _write(src, target, in_place, True, lg.plan, by_name, "auto", True, finish, stage,
+                                     algorithm=algo)
     return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
 
 
 def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
-           out: str | os.PathLike[str] | None = None, *, atomic: bool = True, verify: bool = True,
+           out: str | os.PathLike[str] | None = None, *, atomic: bool | None = None, verify: bool = True,
            overwrite: bool = True) -> RevertResult:
     """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
 
@@ -492,6 +523,11 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``). With
     ``atomic=False`` the file is rewritten directly, but only after its bytes — read now, never a cached
     hash — are checked to be the logged output.
+
+    A log of a direct in-place injection with region evidence (``hash_files="regions"``; see
+    :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
+    instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
+    ranges are rewritten. The result says ``evidence="regions"``.
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
@@ -506,25 +542,33 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     lg = _load(log)
     _refuse_dir(file, lg)
     src = check_input(file)
-    want_out = lg.manifest.get("output", {}).get("sha256")
-    want_in = lg.manifest.get("input", {}).get("sha256")
+    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
+    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
+    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line, nothing changed
+    regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
+    if regions and not _container(lg):  # a direct in-place injection: its touched ranges and fingerprint
+        with _lock(src, "revert", out is None):
+            target = (_targets(src, None, True) if out is None
+                      else _targets(src, out, False, overwrite, _log_inputs(log), _REVERT_SAME))
+            revert_regions(lg, src, target, direct=out is None and atomic is not True)
+        return RevertResult(target, "", len(lg.plan), True, algo, evidence="regions")
     if verify and not (want_in and want_out):
-        raise LogMismatchError(f"{src}: the log holds no sha256 of the original, so a revert cannot be verified; "
+        raise LogMismatchError(f"{src}: the log holds no hash of the original, so a revert cannot be verified; "
                                "give --no-verify (verify=False) to revert without that check")
     if _container(lg):
 
         res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
-                             log_inputs=_log_inputs(log), want_in=want_in, want_out=want_out)
+                             log_inputs=_log_inputs(log), want_in=want_in, want_out=want_out, algorithm=algo)
         res.verified = bool(want_in and want_out)
         return res
     with _lock(src, "revert", out is None):
-        res = _revert_locked(lg, src, out, atomic, overwrite, _log_inputs(log), want_in, want_out)
+        res = _revert_locked(lg, src, out, atomic is not False, overwrite, _log_inputs(log), want_in, want_out, algo)
     res.verified = bool(want_in and want_out)
     return res
 
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
-                   want_in: str | None, want_out: str | None) -> RevertResult:
+                   want_in: str | None, want_out: str | None, algo: str = "sha256") -> RevertResult:
     target = _targets(src, None, True) if out is None else _targets(src, out, False, overwrite, inputs, _REVERT_SAME)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
@@ -532,7 +576,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
 
     def check(path: str, digest: str) -> None:
         if want_out and digest != want_out:
-            raise LogMismatchError(f"{src} is not the output this log describes (sha256 differs); nothing was changed")
+            raise LogMismatchError(f"{src} is not the output this log describes ({algo} differs); nothing was changed")
         if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
             raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
 
@@ -543,19 +587,19 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
             if is_zip_container(path):
                 write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
-        digest = sha256_file(path, cache=False)  # the bytes produced, never a remembered hash
+        digest = hash_file(path, algo, cache=False)  # the bytes produced, never a remembered hash
         if want_in and digest != want_in:
-            raise LogMismatchError(f"reverting {src} did not give the logged input back (sha256 differs); nothing was changed")
+            raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); nothing was changed")
         return digest
 
     if not atomic and out is None:
-        check(src, sha256_file(src, cache=False))  # the file about to be rewritten: its bytes, read now
+        check(src, hash_file(src, algo, cache=False))  # the file about to be rewritten: its bytes, read now
         digest = restore(src)
     else:
         with atomic_output(target) as tmp:
-            check(tmp, copy_with_hash(src, tmp))  # the file is read once: hashed while copied
+            check(tmp, copy_with_hash(src, tmp, algo))  # the file is read once: hashed while copied
             digest = restore(tmp)
-    return RevertResult(target, digest, len(lg.plan))
+    return RevertResult(target, digest, len(lg.plan), algorithm=algo)
 
 
 # .keras archives: the inner weights file is injected, replayed or reverted, the archive rewritten.
@@ -612,13 +656,13 @@ def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = Fal
 
 
 def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
-                   want_in: str | None = None, want_out: str | None = None) -> Any:
+                   want_in: str | None = None, want_out: str | None = None, algorithm: str = "sha256") -> Any:
     """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
     gets its original bytes back (checked by sha256); other entries are kept as they are."""
     with _lock(file, "revert", out is None):
         target = (_targets(file, None, True) if out is None else
                   _targets(file, out, False, overwrite, log_inputs or [], _REVERT_SAME))
         with edit_archive(file, target) as inner:
-            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out)
+            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out, algorithm)
         res.output = target
     return res

@@ -7,7 +7,9 @@ or chunks/members re-encoded at their size. With a log file, every byte to be wr
 (the sites' old and new words, zip CRC fields, re-encoded chunks), the file's hash now and the hash it will
 have are taken from one read, the log (with the undo bytes) is committed, and only then are the words
 written — in one section with SIGINT/SIGTERM deferred. Without a log file there is no evidence to order, and
-the words are simply written. Used by :func:`fastflip.files.inject.inject_file`.
+the words are simply written. With ``hash_files="regions"`` the log holds, instead of whole-file hashes, every
+byte range written (old and new bytes) and a fingerprint (:mod:`fastflip.files.fingerprint`): the cost follows
+the flips. Used by :func:`fastflip.files.inject.inject_file`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..errors import LogMismatchError
-from .fileio import Staging, deferred_signals, hash_with_patches, sha256_file
+from .fileio import Staging, deferred_signals, hash_file, hash_with_patches
+from .fingerprint import fingerprints
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
 from .layout import Tensor
 from .patches import crc_patches, expected_new, patch_undo, word_patches, write_patches
@@ -28,10 +31,11 @@ __all__ = ["write_in_place", "write_unlogged"]
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any
+                    backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
-    in_hash = sha256_file(src, cache=False) if hash_files else None
+    hash_files = hash_files is True  # no log file: nothing for a fingerprint ("regions") to guard
+    in_hash = hash_file(src, algorithm, cache=False) if hash_files else None
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
     crcs = crc_patches(src, routes, old, new) if zipped else []
@@ -40,12 +44,12 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         old[cp.handled], new[cp.handled] = cp.old, cp.new
         write_patches(src, cp.patches)
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-    out_hash = sha256_file(src, cache=False) if hash_files else None
+    out_hash = hash_file(src, algorithm, cache=False) if hash_files else None
     return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
 
 
 def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool, finish: Any, stage: Staging
+                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
     raw = [r for r in routes if (r.offsets >= 0).any()]
@@ -54,12 +58,16 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
     crcs = crc_patches(src, routes, old, new) if zipped else []
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
+    regions = hash_files == "regions"  # evidence: the touched byte ranges and a fingerprint, no whole-file pass
     patches = cp.patches + crcs + word_patches(routes, old, new) if hash_files or cp.patches else []
-    undo = patch_undo(patches, os.path.getsize(src)) if cp.patches else None
+    undo = patch_undo(patches, os.path.getsize(src)) if cp.patches or regions else None
     in_hash = out_hash = None
-    if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-        in_hash, out_hash = hash_with_patches(src, patches)
-    result = finish(in_hash, out_hash, old, new, undo)
+    if regions:
+        result = finish(None, None, old, new, undo, fingerprint=fingerprints(src, algorithm, patches))
+    else:
+        if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
+            in_hash, out_hash = hash_with_patches(src, patches, algorithm)
+        result = finish(in_hash, out_hash, old, new, undo)
     with deferred_signals():  # one section: the log, then the words
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
         got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)

@@ -33,11 +33,14 @@ import numpy as np
 
 from ..core.dtypes import word_type
 from ..errors import FastflipError, LogMismatchError
+from . import hashing
 
 __all__ = ["validate_log", "MAX_ELEMENTS"]
 
 MAX_ELEMENTS = 2**62  # flat element indices are int64; larger tensors cannot be addressed
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX = re.compile(r"^[0-9a-f]{8,256}$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 _KINDS = {"tensor": "iu", "index": "iu", "bits": "u", "and_mask": "u", "or_mask": "u", "xor_mask": "u", "scale": "f",
           "old_word": "u", "new_word": "u", "old_value": "f", "new_value": "f"}
 
@@ -61,10 +64,32 @@ def _check_file_entry(path: str, m: Mapping[str, Any], key: str) -> None:
     h = e.get("sha256")
     if h is not None and (not isinstance(h, str) or not _HEX64.match(h)):
         raise _bad(path, f"{key}.sha256 must be 64 hex digits or null")
+    if "hash_algorithm" in e:
+        name, digest = e["hash_algorithm"], e.get("hash")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise _bad(path, f"{key}.hash_algorithm must be an algorithm's name (got {name!r:.40})")
+        if digest is not None and (not isinstance(digest, str) or not _HEX.match(digest)
+                                   or (name in hashing.known() and not hashing.check_digest(name, digest))):
+            raise _bad(path, f"{key}.hash must be a {name} hex digest or null")
     if e.get("path") is not None and not isinstance(e["path"], str):
         raise _bad(path, f"{key}.path must be a string")
     if e.get("size") is not None:
         _int(path, e["size"], f"{key}.size")
+
+
+def _check_fingerprint(path: str, fp: Any) -> None:
+    """The region evidence of a direct in-place log (:mod:`fastflip.files.fingerprint`)."""
+    if not isinstance(fp, dict) or not isinstance(fp.get("algorithm"), str) or not _NAME.match(fp["algorithm"]):
+        raise _bad(path, "fingerprint must be an object naming its algorithm")
+    for side in ("input", "output"):
+        e = fp.get(side)
+        if not isinstance(e, dict):
+            raise _bad(path, f"fingerprint.{side} must be an object")
+        for k in ("size", "head_len", "tail_len"):
+            _int(path, e.get(k), f"fingerprint.{side}.{k}")
+        for k in ("head", "tail"):
+            if not isinstance(e.get(k), str) or not _HEX.match(e[k]):
+                raise _bad(path, f"fingerprint.{side}.{k} must be a hex digest")
 
 
 def validate_tensors(path: str, m: Mapping[str, Any]) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -103,6 +128,8 @@ def validate_log(path: str, m: Any, cols: Mapping[str, np.ndarray], undo_blobs: 
     tensors = validate_tensors(path, m)
     for key in ("input", "output"):
         _check_file_entry(path, m, key)
+    if m.get("fingerprint") is not None:
+        _check_fingerprint(path, m["fingerprint"])
     if "counts" in m and not isinstance(m["counts"], dict):
         raise _bad(path, "counts must be an object")
     if not isinstance(m.get("plan", {}), dict):

@@ -249,7 +249,7 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
 
         def one(src: str, sp: ShardPlan) -> InjectionResult:
             return inject_file(src, shard_path(sp.shard), plan=sp.plan, layout=layout.shards[sp.shard],
-                               log_path=False, backend=backend, durable=durable, lock=False,
+                               log_path=False, backend=backend, durable=durable, lock=False, hash_algorithm="sha256",
                                cached_input=not in_place)  # a shard about to be replaced: hashed from its bytes
 
         old, new, shards = _apply(layout, plan, one)
@@ -336,7 +336,8 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
         else:  # no log file (checked above): nothing to commit first, the words are written where they lie
             def direct(path: str, sp: ShardPlan) -> InjectionResult:
                 return inject_file(path, in_place=True, atomic=False, plan=sp.plan, layout=layout.shards[sp.shard],
-                                   log_path=False, backend=backend, hash_files=hash_files, durable=durable, lock=False)
+                                   log_path=False, backend=backend, hash_files=hash_files, durable=durable, lock=False,
+                                   hash_algorithm="sha256")  # the directory log is defined on sha256
 
             old, new, shards = _apply(layout, plan, direct)
             log = InjectionLog.from_plan(plan, old, new, manifest(old, new, shards))

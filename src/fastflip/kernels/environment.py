@@ -17,7 +17,6 @@ True
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import platform
 from typing import Any
@@ -68,6 +67,8 @@ def missing_extra(exc: BaseException) -> str | None:
 
 
 def _version(dists: tuple[str, ...]) -> str | None:
+    import importlib.metadata  # 30 ms (email, socket, ...): only when versions are asked for
+
     for d in dists:
         try:
             return importlib.metadata.version(d)

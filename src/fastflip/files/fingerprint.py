@@ -1,0 +1,158 @@
+"""Evidence for a direct in-place injection whose cost follows the flips: the touched regions plus a fingerprint.
+
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
+A whole-file hash costs a pass over the file (4 GB: seconds); ten flips cost microseconds. A direct in-place
+injection (``inject --in-place --direct``, ``inject_file(..., in_place=True, atomic=False,
+hash_files="regions")``) therefore records, instead of whole-file hashes:
+
+- every byte range it writes, with its old and its new bytes (the log's undo/redo data: the words, the zip
+  CRC fields, re-encoded chunks);
+- the file's size;
+- a fingerprint: the hash (the log's algorithm) of the file's head and tail windows, before and after — the
+  first :data:`WINDOW` bytes (at least the whole safetensors header) and the last :data:`WINDOW` bytes, with
+  the injection's bytes applied for the "after" one.
+
+``revert`` of such a log checks, before it changes anything, that the file has the logged size and output
+fingerprint and holds the logged new bytes in every touched range; then writes the old bytes back and checks
+the ranges and the input fingerprint again. What this does not see: a change elsewhere in the file (outside the
+head/tail windows and the touched ranges) made after the injection. ``--verify-file`` at inject time logs
+whole-file hashes instead, and revert then verifies the whole file.
+
+Examples
+--------
+>>> import os, tempfile
+>>> p = os.path.join(tempfile.mkdtemp(), "f.bin")
+>>> with open(p, "wb") as fh:
+...     _ = fh.write(bytes(range(256)) * 16)
+>>> before, after = fingerprints(p, "sha256", [(10, b"\\x0a", b"\\xff")])
+>>> before == fingerprint(p, "sha256", before["head_len"], before["tail_len"]), before == after
+(True, False)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from typing import Any, Mapping, Sequence
+
+from ..errors import LogMismatchError
+from . import hashing
+from .fileio import atomic_output, deferred_signals
+
+__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions"]
+
+WINDOW = 1 << 20  # bytes hashed at each end of the file
+_MAX_HEADER = 256 << 20  # a safetensors header larger than this is not read whole into the fingerprint
+
+
+def head_length(path: str, size: int) -> int:
+    """Bytes of the head window: :data:`WINDOW`, or the whole safetensors header (8-byte length + JSON) if longer."""
+    n = min(WINDOW, size)
+    with open(path, "rb") as fh:
+        first = fh.read(8)
+    if len(first) == 8:
+        (hlen,) = struct.unpack("<Q", first)
+        if WINDOW < 8 + hlen <= min(size, _MAX_HEADER):
+            with open(path, "rb") as fh:
+                fh.seek(8)
+                if fh.read(1) == b"{":  # a safetensors header
+                    n = 8 + hlen
+    return n
+
+
+def _windows(path: str, head_len: int, tail_len: int) -> tuple[int, bytes, int, bytes]:
+    size = os.path.getsize(path)
+    tail_start = max(0, size - tail_len)
+    with open(path, "rb") as fh:
+        head = fh.read(head_len)
+        fh.seek(tail_start)
+        tail = fh.read(tail_len)
+    return 0, head, tail_start, tail
+
+
+def _digest(algorithm: str, data: bytes | bytearray) -> str:
+    h = hashing.new(algorithm)
+    h.update(data)
+    return h.hexdigest()
+
+
+def fingerprint(path: str, algorithm: str, head_len: int, tail_len: int) -> dict[str, Any]:
+    """The file's size and the hashes of its head and tail windows (lengths as logged)."""
+    _, head, _, tail = _windows(path, head_len, tail_len)
+    return {"size": os.path.getsize(path), "head_len": head_len, "tail_len": tail_len,
+            "head": _digest(algorithm, head), "tail": _digest(algorithm, tail)}
+
+
+def _patched(base: int, data: bytes, patches: Sequence[tuple[int, bytes, bytes]]) -> bytearray:
+    buf = bytearray(data)
+    end = base + len(buf)
+    for off, _, nb in patches:
+        lo, hi = max(off, base), min(off + len(nb), end)
+        if lo < hi:
+            buf[lo - base : hi - base] = nb[lo - off : hi - off]
+    return buf
+
+
+def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, bytes]]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fingerprint now, fingerprint once the same-size ``(offset, old, new)`` patches are written): two small reads."""
+    size = os.path.getsize(path)
+    head_len, tail_len = head_length(path, size), min(WINDOW, size)
+    hb, head, tb, tail = _windows(path, head_len, tail_len)
+    before = {"size": size, "head_len": head_len, "tail_len": tail_len,
+              "head": _digest(algorithm, head), "tail": _digest(algorithm, tail)}
+    after = dict(before, head=_digest(algorithm, _patched(hb, head, patches)),
+                 tail=_digest(algorithm, _patched(tb, tail, patches)))
+    return before, after
+
+
+def _ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
+    """Whether the file holds ``data`` (concatenated) in the byte ranges (``offsets``, ``lengths``)."""
+    pos = 0
+    with open(path, "rb") as fh:
+        for off, ln in zip(offsets.tolist(), lengths.tolist()):
+            fh.seek(off)
+            if fh.read(ln) != data[pos : pos + ln]:
+                return False
+            pos += ln
+    return True
+
+
+def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str) -> None:
+    """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged ``side`` ("input" or
+    "output") as far as region evidence tells: size, head/tail fingerprint, and the bytes of every touched range."""
+    want = fp[side]
+    got = fingerprint(path, fp["algorithm"], int(want["head_len"]), int(want["tail_len"]))
+    what = "output this log describes" if side == "output" else "logged input"
+    if got["size"] != want["size"]:
+        raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']})"
+                               + ("; nothing was changed" if side == "output" else ""))
+    if got != want:
+        raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs)"
+                               + ("; nothing was changed" if side == "output" else ""))
+    if not _ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
+        raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ)"
+                               + ("; nothing was changed" if side == "output" else ""))
+
+
+def revert_regions(lg: Any, src: str, target: str, direct: bool) -> None:
+    """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
+    SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before and after (:func:`check_regions`)."""
+    fp, undo = lg.manifest.get("fingerprint"), lg.undo
+    if not isinstance(fp, dict) or undo is None or undo.new_size != undo.size:
+        raise LogMismatchError(f"{src}: the log's region evidence is incomplete (no fingerprint or undo ranges); "
+                               "it cannot be reverted by regions")
+    hashing.algorithm(fp["algorithm"])
+    if direct:
+        check_regions(src, fp, undo, "output", src)
+        with deferred_signals():
+            undo.apply(src)
+        check_regions(src, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")
+        return
+    with atomic_output(target) as tmp:
+        shutil.copyfile(src, tmp)
+        check_regions(tmp, fp, undo, "output", src)
+        undo.apply(tmp)
+        check_regions(tmp, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")

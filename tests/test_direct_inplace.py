@@ -1,0 +1,192 @@
+"""Direct in-place injection with region evidence: the cost follows the flips, revert still refuses another file.
+
+What a region-evidence log verifies at revert (docs/log-format.md): the file's size, the hash of its head and tail
+windows, and the bytes of every touched range (old and new). What it does not: a change elsewhere in the file;
+``--verify-file`` (whole-file hashes) covers that, and both sides are tested here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip import Sampling
+from fastflip.cli import main
+from fastflip.errors import LogMismatchError
+from fastflip.files import hashing
+from fastflip.files.fingerprint import WINDOW
+from fastflip.files.inject import inject_file, revert
+from fastflip.files.log import InjectionLog
+
+SMP = Sampling(count=10)
+N = 1 << 20  # 4 MiB of float32: the middle lies outside both 1 MiB windows
+
+
+def _noise():
+    return (np.random.default_rng(0).standard_normal((256, 256)) * 0.05).astype("<f4")
+
+
+def _h5(path, chunked=False):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("w", data=np.linspace(-3, 3, N, dtype="f4"))
+        if chunked:
+            f.create_dataset("g", data=_noise(), chunks=(64, 64), compression="gzip")
+    return str(path)
+
+
+def _make(fmt, d):
+    if fmt == "hdf5":
+        return _h5(d / "m.h5")
+    if fmt == "hdf5-gzip":
+        p = str(d / "m.h5")
+        with h5py.File(p, "w") as f:
+            f.create_dataset("g", data=_noise(), chunks=(64, 64), compression="gzip")
+        return p
+    w = np.linspace(-3, 3, 4096, dtype="f4")
+    if fmt == "safetensors":
+        require("safetensors")
+        from safetensors.numpy import save_file
+
+        save_file({"w": w}, str(d / "m.safetensors"))
+        return str(d / "m.safetensors")
+    if fmt == "npz":
+        np.savez_compressed(d / "m.npz", w=w)
+        return str(d / "m.npz")
+    torch = require("torch")
+    torch.save({"w": torch.from_numpy(w)}, d / "m.pt")
+    return str(d / "m.pt")
+
+
+def _bytes(p):
+    with open(p, "rb") as fh:
+        return fh.read()
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "hdf5-gzip", "safetensors", "npz", "torch"])
+def test_direct_inject_and_revert_by_regions(fmt, tmp_path):
+    src = _make(fmt, tmp_path)
+    orig = _bytes(src)
+    res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3, sampling=SMP)
+    m = InjectionLog.load(res.log_path).manifest
+    assert m["evidence"] == "regions" and m["input"]["hash"] is None and m["output"]["hash"] is None
+    assert m["fingerprint"]["input"]["size"] == len(orig) and m["undo"]["ranges"] >= 1
+    assert _bytes(src) != orig
+    r = revert(res.log_path, src)
+    assert r.evidence == "regions" and r.verified and _bytes(src) == orig
+
+
+def test_direct_inject_hashes_only_the_windows(tmp_path, monkeypatch):
+    """No whole-file pass: the bytes hashed are the two windows (twice each: before and after), not the file."""
+    src = _h5(tmp_path / "m.h5")
+    seen = []
+    real = hashing.new
+
+    class Counting:
+        def __init__(self, h):
+            self.h = h
+
+        def update(self, b):
+            seen.append(len(b))
+            self.h.update(b)
+
+        def hexdigest(self):
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(hashing, "new", lambda name=None: Counting(real(name)))
+    inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=1, sampling=SMP)
+    assert 0 < sum(seen) <= 4 * WINDOW < os.path.getsize(src)
+    seen.clear()
+    inject_file(src, in_place=True, atomic=False, hash_files=True, seed=2, sampling=SMP)
+    assert sum(seen) >= 2 * os.path.getsize(src)  # --verify-file: the whole file, before and after
+
+
+def test_revert_refuses_another_file(tmp_path):
+    src = _h5(tmp_path / "m.h5")
+    res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=5, sampling=SMP)
+    lg = res.log
+    injected = _bytes(src)
+
+    def tampered(edit, why):
+        with open(src, "r+b") as fh:
+            edit(fh)
+        changed = _bytes(src)
+        with pytest.raises(LogMismatchError, match=why):
+            revert(res.log_path, src)
+        assert _bytes(src) == changed  # nothing was changed
+        with open(src, "wb") as fh:
+            fh.write(injected)
+
+    starts = np.concatenate([[0], np.cumsum(lg.undo.lengths)])  # each range's place in the old bytes
+    k = next(i for i, o in enumerate(lg.undo.offsets.tolist()) if WINDOW < o < len(injected) - WINDOW)
+    old = lg.undo.data[int(starts[k]) : int(starts[k + 1])]  # one word back to its old bytes, outside both windows
+    tampered(lambda fh: (fh.seek(int(lg.undo.offsets[k])), fh.write(old)), "bytes of a touched range differ")
+    tampered(lambda fh: (fh.seek(0, 2), fh.write(b"\0")), "size")
+    tampered(lambda fh: (fh.seek(3), fh.write(b"\x99")), "head/tail fingerprint differs")
+    size = len(injected)
+    tampered(lambda fh: (fh.seek(size - 5), fh.write(b"\x99")), "head/tail fingerprint differs")
+
+
+def test_what_region_evidence_does_not_see_and_verify_file_does(tmp_path):
+    src = _h5(tmp_path / "m.h5")
+    res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=7, sampling=SMP)
+    mid = os.path.getsize(src) // 2
+    touched = [(int(o), int(o + n)) for o, n in zip(res.log.undo.offsets, res.log.undo.lengths)]
+    mid = next(x for x in range(mid, mid + 4096) if not any(a <= x < b for a, b in touched))
+    with open(src, "r+b") as fh:  # a byte in the middle, outside both windows and every touched range
+        fh.seek(mid)
+        b = fh.read(1)
+        fh.seek(mid)
+        fh.write(bytes([b[0] ^ 1]))
+    revert(res.log_path, src)  # documented: not seen by region evidence
+    with open(src, "rb") as fh:
+        fh.seek(mid)
+        assert fh.read(1) != b
+    res2 = inject_file(src, in_place=True, atomic=False, hash_files=True, seed=7, sampling=SMP)
+    with open(src, "r+b") as fh:
+        fh.seek(mid)
+        fh.write(b)
+    with pytest.raises(LogMismatchError, match="differs"):
+        revert(res2.log_path, src)
+
+
+def test_hash_files_values(tmp_path):
+    from fastflip.errors import OptionError
+
+    with pytest.raises(OptionError, match="hash_files must be True, False or 'regions'"):
+        inject_file(_h5(tmp_path / "m.h5"), in_place=True, atomic=False, hash_files="region", seed=1, sampling=SMP)
+
+
+def test_damaged_fingerprint_is_one_line(tmp_path):
+    from fastflip.files.logcheck import validate_log
+
+    src = _h5(tmp_path / "m.h5")
+    res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=1, sampling=SMP)
+    m = dict(res.log.manifest, fingerprint={"algorithm": "sha256", "input": {"size": 1}, "output": {}})
+    with pytest.raises(LogMismatchError, match="damaged log: fingerprint.input.head_len"):
+        validate_log("x.fflog", m, res.log.columns())
+
+
+def test_cli_direct(tmp_path, capsys):
+    src = _h5(tmp_path / "m.h5", chunked=True)
+    orig = _bytes(src)
+    assert main(["inject", src, "--in-place", "--direct", "--count", "10", "--seed", "1"]) == 0
+    assert "wrote" in capsys.readouterr().out and _bytes(src) != orig
+    assert main(["revert", src + ".fflog", src]) == 0
+    assert "touched byte ranges, size and head/tail fingerprint" in capsys.readouterr().out and _bytes(src) == orig
+    assert main(["inject", src, "--in-place", "--direct", "--verify-file", "--count", "10", "--seed", "2"]) == 0
+    m = InjectionLog.load(src + ".2.fflog").manifest
+    assert m["input"]["hash"] and "fingerprint" not in m
+    assert main(["revert", src + ".2.fflog", src]) == 0 and _bytes(src) == orig
+    capsys.readouterr()
+    assert main(["inject", src, "--direct", "-o", str(tmp_path / "o.h5"), "--count", "1"]) == 2
+    assert "add --in-place" in capsys.readouterr().err
+    assert main(["inject", src, "-o", str(tmp_path / "o.h5"), "--verify-file", "--count", "1"]) == 2
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("injection_type: count\ninjection_tries: 1\n")
+    capsys.readouterr()
+    assert main(["inject", src, "--in-place", "--direct", "--config", str(cfg)]) == 2
+    assert "do not go with --config" in capsys.readouterr().err

@@ -1,0 +1,155 @@
+"""The log's integrity hash: a registry of algorithms, the fastest available by default, verified by name.
+
+blake3 runs here when the ``fasthash`` extra is installed; the registry is also exercised with sha256 and a
+test-only algorithm (hashlib's md5 under another name) so that nothing depends on blake3 alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip import Sampling
+from fastflip.errors import LogMismatchError, MissingExtraError, OptionError
+from fastflip.files import hashcache, hashing
+from fastflip.files.fileio import hash_file
+from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.log import InjectionLog
+
+SMP = Sampling(count=5, bits="sign")
+
+
+@pytest.fixture
+def h5(tmp_path):
+    p = str(tmp_path / "w.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("w", data=np.arange(4096, dtype="f4"))
+        f.create_dataset("g", data=np.ones((64, 64), "f4"), chunks=(16, 16), compression="gzip")
+    return p
+
+
+@pytest.fixture
+def test_algo():
+    """A test-only algorithm (md5 under another name): the registry, not a package, decides what runs."""
+    hashing.register(hashing.Algorithm("test-md5", 32, None, None, hashlib.md5))
+    yield "test-md5"
+    hashing.unregister("test-md5")
+
+
+def _md5(path):
+    return hashlib.md5(open(path, "rb").read()).hexdigest()
+
+
+def test_registered_algorithm_is_logged_and_verified(h5, tmp_path, test_algo):
+    out = str(tmp_path / "o.h5")
+    res = inject_file(h5, out, seed=1, sampling=SMP, hash_algorithm=test_algo)
+    m = InjectionLog.load(res.log_path).manifest
+    assert m["input"]["hash_algorithm"] == test_algo and m["input"]["hash"] == _md5(h5)
+    assert m["output"]["hash"] == _md5(out) and m["input"]["sha256"] is None
+    r = revert(res.log_path, out, str(tmp_path / "back.h5"))
+    assert r.verified and r.algorithm == test_algo and r.digest == _md5(h5) and r.sha256 is None
+    assert open(str(tmp_path / "back.h5"), "rb").read() == open(h5, "rb").read()
+    rp = replay(res.log_path, h5, str(tmp_path / "again.h5"))
+    assert rp.log.manifest["output"]["hash"] == _md5(out)
+
+
+def test_verification_uses_the_logged_algorithm(h5, tmp_path, test_algo, monkeypatch):
+    """A sha256 log is still verified by sha256 whatever the default is now, and a wrong file is refused."""
+    out = str(tmp_path / "o.h5")
+    res = inject_file(h5, out, seed=2, sampling=SMP, hash_algorithm="sha256")
+    monkeypatch.setenv(hashing.ENV, test_algo)
+    assert hashing.default_algorithm() == test_algo
+    r = revert(res.log_path, out, str(tmp_path / "back.h5"))
+    assert r.algorithm == "sha256" and r.sha256 == hashlib.sha256(open(h5, "rb").read()).hexdigest()
+    with h5py.File(out, "r+") as f:  # another file at the logged sites' words: the hash refuses it
+        f["w"][100] = 7.0
+    with pytest.raises(LogMismatchError, match="sha256 differs"):
+        revert(res.log_path, out, str(tmp_path / "back2.h5"))
+
+
+def test_log_naming_a_missing_algorithm_is_one_line(h5, tmp_path):
+    hashing.register(hashing.Algorithm("test-gone", 32, None, None, hashlib.md5))
+    try:
+        out = str(tmp_path / "o.h5")
+        res = inject_file(h5, out, seed=3, sampling=SMP, hash_algorithm="test-gone")
+        before = open(out, "rb").read()
+        hashing.register(hashing.Algorithm("test-gone", 32, "no_such_module_fastflip", "fasthash", hashlib.md5))
+        with pytest.raises(MissingExtraError, match="test-gone needs the no_such_module_fastflip package"):
+            revert(res.log_path, out)
+        assert open(out, "rb").read() == before  # nothing was changed
+    finally:
+        hashing.unregister("test-gone")
+    with pytest.raises(OptionError, match="unknown hash algorithm"):
+        inject_file(h5, str(tmp_path / "p.h5"), seed=1, sampling=SMP, hash_algorithm="md4")
+
+
+def test_damaged_hash_fields_are_refused(h5, tmp_path):
+    from fastflip.files.logcheck import validate_log
+
+    res = inject_file(h5, str(tmp_path / "o.h5"), seed=1, sampling=SMP, hash_algorithm="sha256")
+    cols = res.log.columns()
+    for bad in ({"hash_algorithm": "sha256", "hash": "ab"}, {"hash_algorithm": 5, "hash": None},
+                {"hash_algorithm": "sha256", "hash": "Z" * 64}):
+        m = dict(res.log.manifest, input=dict(res.log.manifest["input"], **bad))
+        with pytest.raises(LogMismatchError, match="damaged log: input.hash"):
+            validate_log("x.fflog", m, cols)
+
+
+def test_default_is_the_fastest_available(monkeypatch, test_algo):
+    monkeypatch.delenv(hashing.ENV, raising=False)
+    assert hashing.default_algorithm() == hashing.available()[0]
+    assert "sha256" in hashing.available() and "test-md5" in hashing.available()
+    hashing.register(hashing.Algorithm("test-md5", 32, None, None, hashlib.md5), first=True)
+    assert hashing.default_algorithm() == "test-md5"
+    monkeypatch.setenv(hashing.ENV, "sha256")
+    assert hashing.default_algorithm() == "sha256"
+
+
+def test_hash_cache_keeps_one_entry_per_algorithm(tmp_path, monkeypatch, test_algo):
+    monkeypatch.setenv(hashcache.ENV, str(tmp_path / "cache"))
+    p = str(tmp_path / "f.bin")
+    with open(p, "wb") as fh:
+        fh.write(b"x" * 1000)
+    st = os.stat(p)
+    later = st.st_ctime_ns / 1e9 + 60
+    assert hashcache.remember(p, st, _md5(p), later, test_algo)
+    assert hashcache.lookup(p, st) is None  # no sha256 entry: the md5 one is not taken for it
+    assert hashcache.lookup(p, st, test_algo) == _md5(p)
+    assert hashcache.remember(p, st, hashlib.sha256(b"x" * 1000).hexdigest(), later)
+    assert hashcache.lookup(p, st, test_algo) == _md5(p) and hashcache.lookup(p, st)[:8] == \
+        hashlib.sha256(b"x" * 1000).hexdigest()[:8]
+
+
+def test_blake3_is_the_default_when_installed(h5, tmp_path, monkeypatch):
+    blake3 = require("blake3")
+    monkeypatch.delenv(hashing.ENV, raising=False)
+    assert hashing.default_algorithm() == "blake3"
+    out = str(tmp_path / "o.h5")
+    res = inject_file(h5, out, seed=4, sampling=SMP)
+    m = res.log.manifest
+    want = blake3.blake3(open(h5, "rb").read()).hexdigest()
+    assert m["input"]["hash_algorithm"] == "blake3" and m["input"]["hash"] == want
+    assert hash_file(out, "blake3", cache=False) == m["output"]["hash"]
+    r = revert(res.log_path, out)
+    assert r.algorithm == "blake3" and r.digest == want and open(out, "rb").read() == open(h5, "rb").read()
+
+
+def test_cli_hash_option_and_revert_message(h5, tmp_path):
+    out = str(tmp_path / "o.h5")
+    env = dict(os.environ)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "fastflip", *a], capture_output=True, text=True, env=env)
+    r = run("inject", h5, "-o", out, "--count", "3", "--seed", "1", "--hash", "sha256")
+    assert r.returncode == 0, r.stderr
+    r = run("log", out + ".fflog")
+    assert f"sha256 {hashlib.sha256(open(h5, 'rb').read()).hexdigest()}" in r.stdout
+    r = run("revert", out + ".fflog", out)
+    assert r.returncode == 0 and "sha256" in r.stdout and "matches the logged input" in r.stdout
+    r = run("inject", h5, "-o", str(tmp_path / "p.h5"), "--count", "3", "--hash", "md4")
+    assert r.returncode == 2 and "unknown hash algorithm 'md4'" in r.stderr
