@@ -94,6 +94,16 @@ PRIVATE_IMPORTS = {
 }
 
 
+def _is_module(name: str) -> bool:
+    """Whether ``name`` is an importable module (a compiled extension installed elsewhere than ``src/``)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _private_imports(src: Path) -> list[str]:
     """``module:line name`` for each ``from <fastflip module> import _name`` (a private function, class or value;
     aliases of public names, private submodules and dunders are not counted)."""
@@ -118,7 +128,8 @@ def _private_imports(src: Path) -> list[str]:
             for a in node.names:
                 name = a.name
                 if not name.startswith("_") or name.startswith("__") or (where / name).is_dir() \
-                        or (where / f"{name}.py").exists() or list(where.glob(f"{name}.*.so")):
+                        or (where / f"{name}.py").exists() or list(where.glob(f"{name}.*.so")) \
+                        or _is_module(".".join([*base, name])):
                     continue
                 found.append(f"{mod}:{node.lineno} {'.'.join(base)}.{name}")
     return found
