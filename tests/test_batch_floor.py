@@ -128,3 +128,22 @@ def test_automatic_batch_falls_back_to_serial_when_serial_is_faster(monkeypatch,
     err = capsys.readouterr().err
     assert "batched trials: 4 trials per forward (prefix: golden activations cached" in err, err
     assert rows("four.db") == rows("ref.db")
+
+
+def test_probe_runs_a_few_rows():
+    """The per-cell probe runs three copies of the first PROBE_ROWS inputs, not of the whole first mini-batch (200
+    digits here), and still accepts a batchable cell."""
+    require("torch")
+    c = _campaign("batch_helpers:digits_net", "batch_helpers:digits_data", ["30"], 4, batch=2)
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    runner = TrialRunner(c, campaign_cells(c))
+    batcher = batched.make_batcher(runner)
+    seen = []
+    hook = runner.targets[None].out.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        assert batcher.usable(runner, 0)
+    finally:
+        hook.remove()
+    assert len(runner.evaluate.chunks[0]) == 200 and seen and max(seen) <= 3 * batched.PROBE_ROWS, seen

@@ -76,6 +76,9 @@ __all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "s
 
 _MAX_AUTO = 64  # CPU: beyond this many trials per pass the forward is not faster per trial, only bigger
 _MAX_AUTO_GPU = 512
+#: Rows of the first mini-batch the per-cell probe runs (three copies each): enough rows per trial that modules run
+#: as in real blocks (:data:`fastflip.campaign.pertrial.SMALL_ROWS`), few enough that the probe costs little
+PROBE_ROWS = 32
 _SAID: set[str] = set()
 
 
@@ -338,8 +341,9 @@ class BatchedTorch:
             try:
                 split = split_after_prefix(self.graph(), xt, [self.named[n] for n in names], self.first_uses())
             except Unbatchable as exc:
-                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (tensors {', '.join(names[:3])}): "
-                         f"{exc}; running the full forward")
+                at = list(self.graph().graph.nodes)[key[0]].target if key[0] >= 0 else ", ".join(names[:3])
+                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (faults from "
+                         f"{str(at).partition('.')[2] or at} on): {exc}; running the full forward")
                 split = None
             self._remember(key, split)
         return self._suffix[key]
@@ -580,14 +584,14 @@ class TrialBatcher:
             refs = runner.spaces[cell_id].tensors
             same = Plan.from_sites(refs, [0], [0])  # identity masks: the copy equals the original
             try:
+                x0 = self.bt.x[:PROBE_ROWS]  # the probe's cost: a few rows, not the whole first mini-batch
                 if self._golden is None:
-                    self._golden = self.bt.golden_outputs()
-                x0 = self.bt.x
+                    self._golden = model_forward(self.bt.model)(x0)
                 # trials 0 and 2 fault-free, trial 1 extreme (weights; activations: identity): 0 and 2 must equal
                 # the plain forward, or the forward mixes trials (control flow or statistics over the batch)
                 with self.bt.trials(PlanBlock.from_plans([same, same, same]), key, self.prefix and
                                     self.evaluate.single_forward, poison=True) as fwd:
-                    out = fwd(np.concatenate([x0, x0, x0]), 0, x0)
+                    out = fwd(np.concatenate([x0, x0, x0]), -1, x0)  # chunk -1: its own cache entry
                 out = out.reshape(3, -1, *out.shape[1:])
                 if out.shape[1:] != self._golden.shape or not all(
                         np.allclose(o, self._golden, rtol=1e-5, atol=1e-6, equal_nan=True) for o in out[::2]):
