@@ -6,7 +6,8 @@ downsample, pooling, a 10-way head; BatchNorm in eval mode with statistics set),
 Cells over bit 30, ``group_by`` ``"layer"`` or ``"none"``; every mode runs the same trials through
 ``TrialRunner.run_many`` (as a sweep's worker does) and the rows are checked equal to the serial rows first.
 
-* ``serial``: ``batch_trials = 1`` (inject, full forward, revert per trial);
+* ``serial``: ``batch_trials = 1`` (inject, full forward, revert per trial), with the allocator a batcher sets
+  (``batched.steady_allocator``: no fresh pages per forward; serial is faster with it too, so ratios are conservative);
 * ``batched``: ``batch_trials`` automatic (B chosen by measurement; the golden-activation cache at each trial's
   first faulted layer, only the rest of the network runs);
 * ``floor``: the compute floor on a CPU: for every trial, one forward of the graph after its first faulted node
@@ -90,7 +91,10 @@ _SETUPS: dict[str, tuple] = {}
 
 def _setup(group_by: str):
     if group_by not in _SETUPS:
+        from fastflip.campaign.batched import steady_allocator
+
         torch.set_num_threads(1)  # one worker on a shared machine
+        steady_allocator()  # what a batcher sets: serial gets it too, so the ratios are conservative
         runner, n = _runner(group_by)
         per = PER_CELL[group_by]
         serial = [tuple(runner.run(cid, t)[:6]) for cid in range(n) for t in range(per)]

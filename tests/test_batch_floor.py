@@ -147,3 +147,15 @@ def test_probe_runs_a_few_rows():
     finally:
         hook.remove()
     assert len(runner.evaluate.chunks[0]) == 200 and seen and max(seen) <= 3 * batched.PROBE_ROWS, seen
+
+
+def test_steady_allocator_set_on_glibc_and_opt_out(monkeypatch):
+    """A batcher keeps freed blocks for reuse (glibc mallopt); FASTFLIP_MALLOC=system leaves the allocator alone."""
+    import platform
+    import sys
+
+    monkeypatch.setenv("FASTFLIP_MALLOC", "system")
+    assert batched.steady_allocator() is False
+    monkeypatch.delenv("FASTFLIP_MALLOC")
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert batched.steady_allocator() is glibc
