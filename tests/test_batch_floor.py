@@ -159,3 +159,21 @@ def test_steady_allocator_set_on_glibc_and_opt_out(monkeypatch):
     monkeypatch.delenv("FASTFLIP_MALLOC")
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert batched.steady_allocator() is glibc
+
+
+def test_activation_faults_group_by_none_run_from_their_layer():
+    """Activation faults in one cell over four layers (group_by none): blocks hold trials of one layer output and run
+    from its cached golden output (one entry per layer), rows equal one trial at a time."""
+    require("torch")
+    from test_campaign import make
+
+    c = make(target={"factory": "batch_helpers:resnet18", "kind": "activations"},
+             select={"layers": ["conv1", "layer1.0.conv2", "layer3.1.bn1", "fc"]},
+             evaluator={"function": None, "builtin": "classification", "data": "batch_helpers:images",
+                        "critical": 0.05, "batch_trials": 3},
+             cells={"bits": ["30"], "group_by": "none"}, trials={"per_cell": 16})
+    runner, serial, got = _serial_and_batched(c, 16)
+    assert got == serial
+    bt = runner._batcher.bt
+    assert isinstance(bt, batched.BatchedActivations)
+    assert sum(split is not None for key, split in bt._suffix.items() if key[1] != -1) >= 3, bt._suffix.keys()
