@@ -40,7 +40,9 @@ def test_cnn_campaign_toml_after_make_demo(tmp_path, monkeypatch, capsys):
     out = io.StringIO()
     res = sweep(c, str(tmp_path / "cnn.db"), workers=0, stream=out)
     assert res.complete and res.stored == 3 * 5 * 4
-    assert "batched trials: " in out.getvalue() and "per forward (prefix: golden prefix reused" in out.getvalue()
+    said = out.getvalue()  # B is measured: batched on the prefix path, or serial when that measured faster
+    assert ("batched trials: " in said and "per forward (prefix: golden activations cached" in said) or \
+        "trials run one at a time (serial): measured no slower than batched; measured ms per trial: serial" in said
     monkeypatch.setenv("FASTFLIP_DEMO_OUT", str(tmp_path / "nowhere"))
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")

@@ -94,7 +94,7 @@ def torch_classes() -> dict[str, Any]:
             x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
             return self.fc(self.avgpool(x).flatten(1))
 
-    return {"Net": Net, "TinyLM": TinyLM, "ResNet18": ResNet18}
+    return {"Net": Net, "TinyLM": TinyLM, "ResNet18": ResNet18, "BasicBlock": BasicBlock}
 
 
 def keras_subclassed() -> Any:

@@ -68,7 +68,7 @@ import numpy as np
 
 from .builtins import logits_of, model_forward, to_numpy
 from .failures import is_oom
-from .fxsplit import split_after_layer, split_after_prefix, split_at
+from .fxsplit import first_uses, split_after_layer, split_after_prefix, split_at
 from .pertrial import PerTrial, Unbatchable
 
 __all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "split_after_prefix", "split_at",
@@ -76,6 +76,9 @@ __all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "s
 
 _MAX_AUTO = 64  # CPU: beyond this many trials per pass the forward is not faster per trial, only bigger
 _MAX_AUTO_GPU = 512
+#: Rows of the first mini-batch the per-cell probe runs (three copies each): enough rows per trial that modules run
+#: as in real blocks (:data:`fastflip.campaign.pertrial.SMALL_ROWS`), few enough that the probe costs little
+PROBE_ROWS = 32
 _SAID: set[str] = set()
 
 
@@ -87,6 +90,25 @@ def say_once(text: str, stream: Any = None) -> None:
     out = stream if stream is not None else sys.stderr
     out.write(f"fastflip: {text}\n")
     out.flush()
+
+
+def steady_allocator() -> bool:
+    """Keep freed memory in this process for reuse (glibc: no ``mmap`` per large block, no trim below 1 GiB).
+
+    Batched forwards allocate activations of tens of MB block after block; glibc serves every allocation above
+    32 MB with a fresh ``mmap``, so each block faults its pages in again (measured: half the CPU time in the kernel).
+    With ``M_MMAP_MAX = 0`` and a 1 GiB trim threshold they are reused from the heap: the process keeps its peak
+    memory until it ends. Off with ``FASTFLIP_MALLOC=system``; a no-op (False) where the C library is not glibc.
+    """
+    if os.environ.get("FASTFLIP_MALLOC") == "system" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-4, 0)) and bool(libc.mallopt(-1, 1 << 30))  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def free_memory(device: Any) -> int:
@@ -120,6 +142,11 @@ _WORDS = {"float32": "int32", "float64": "int64", "float16": "int16", "bfloat16"
 _UNSIGNED = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
+def faulted_names(block: Any) -> tuple[str, ...]:
+    """The names of the tensors (or layer outputs) the plans of ``block`` touch, sorted."""
+    return tuple(sorted({block.tensors[t].name for t in np.unique(block.tensor).tolist()}))
+
+
 class Untraceable(Unbatchable):
     """``torch.fx`` cannot trace the model: its faulted modules run per trial without a graph (no golden prefix)."""
 
@@ -149,6 +176,11 @@ class BatchedTorch:
         self.named = {**dict(model.named_parameters(remove_duplicate=False)),
                       **dict(model.named_buffers(remove_duplicate=False))}
         self._suffix: dict[tuple[Any, ...], Any] = {}
+        self._cached: dict[tuple[Any, ...], int] = {}  # bytes of golden values per cached boundary
+        #: bytes the golden-activation cache may hold (default: an eighth of free memory, at least 64 MiB)
+        self.cache_budget: int | None = None
+        self._bufs: dict[tuple[Any, ...], Any] = {}  # preallocated tiles of golden values, reused block after block
+        self._first: dict[int, int] | None = None
         self._out_bytes: int | None = None
         self._gm: Any = None
         self._untraceable: str | None = None
@@ -245,7 +277,7 @@ class BatchedTorch:
             modules = [(name.partition(".")[2], gm.get_submodule(name)) for name in used]
         else:
             modules = list(self.model.named_modules())
-        key = tuple(sorted(cell_tensors))
+        key = faulted_names(block) or tuple(sorted(cell_tensors))  # the boundary of the faults this block holds
 
         def forward(x: Any, chunk: int | None = None, chunk_x: Any = None, only: int | None = None) -> np.ndarray:
             pt.rows, pt.only = len(x), only
@@ -253,10 +285,9 @@ class BatchedTorch:
             with torch.no_grad():
                 if split is not None:
                     module, args = split
-                    reps = B if only is None else 1
-                    out = module(*(a.repeat(reps, *([1] * (a.dim() - 1))) for a in args))
-                else:
-                    out = (gm if gm is not None else self.model)(torch.as_tensor(np.asarray(x)).to(self.device))
+                    out = module(*self.tiled(args, B if only is None else 1))
+                    return np.array(to_numpy(logits_of(out)))  # never a view of a reused tile
+                out = (gm if gm is not None else self.model)(torch.as_tensor(np.asarray(x)).to(self.device))
             return to_numpy(logits_of(out))
 
         with PerTrial(modules, stacks, B, poison=poison and gm is None) as pt:
@@ -323,16 +354,64 @@ class BatchedTorch:
         tensors' first use or the split needs more than batch-major tensors (then the full forward runs; said once)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
-        key = (names, chunk)
+        key = (self.boundary(names), chunk)  # every set of tensors first read at the same node shares the entry
         if key not in self._suffix:
             xt = self.torch.as_tensor(np.asarray(x)).to(self.device)
             try:
-                self._suffix[key] = split_after_prefix(self.graph(), xt, [self.named[n] for n in names])
+                split = split_after_prefix(self.graph(), xt, [self.named[n] for n in names], self.first_uses())
             except Unbatchable as exc:
-                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (tensors {', '.join(names[:3])}): "
-                         f"{exc}; running the full forward")
-                self._suffix[key] = None
+                at = list(self.graph().graph.nodes)[key[0]].target if key[0] >= 0 else ", ".join(names[:3])
+                say_once(f"golden-prefix reuse off for {type(self.model).__name__} (faults from "
+                         f"{str(at).partition('.')[2] or at} on): {exc}; running the full forward")
+                split = None
+            self._remember(key, split)
         return self._suffix[key]
+
+    # -- the golden-activation cache -----------------------------------------------------
+    def first_uses(self) -> dict[int, int]:
+        """``{id(tensor): graph node that first reads it}`` (:func:`fastflip.campaign.fxsplit.first_uses`)."""
+        if self._first is None:
+            self._first = first_uses(self.graph())
+        return self._first
+
+    def boundary(self, names: Sequence[str]) -> Any:
+        """Where faults in tensors ``names`` cut the graph: the first node reading any of them (-1: none does).
+        Trials with the same boundary share one cached set of golden values per mini-batch, whatever their cell."""
+        first = self.first_uses()
+        return min((first.get(id(self.named[n]), -1) for n in names), default=-1)
+
+    def group_key(self, names: Sequence[str]) -> Any:
+        """The key trials are grouped by so that a block shares one golden prefix (None: no graph, one group)."""
+        return self.boundary(names) if self.traceable() else None
+
+    def _remember(self, key: tuple[Any, ...], split: Any) -> None:
+        """Cache a split, evicting the oldest entries while the golden values would pass :attr:`cache_budget`."""
+        torch = self.torch
+        if self.cache_budget is None:
+            self.cache_budget = max(free_memory(self.device) // 8, 64 << 20)
+        size = 0 if split is None else sum(a.numel() * a.element_size() for a in split[1]
+                                           if isinstance(a, torch.Tensor))
+        while self._suffix and sum(self._cached.values()) + size > self.cache_budget:
+            old = next(iter(self._suffix))
+            del self._suffix[old]
+            self._cached.pop(old, None)
+        self._suffix[key] = split
+        self._cached[key] = size
+
+    def tiled(self, args: Sequence[Any], reps: int) -> list[Any]:
+        """``args`` repeated ``reps`` times along the batch, in buffers allocated once per position and shape and
+        refilled block after block (no fresh, page-faulting allocation of the stacked golden values per block)."""
+        torch = self.torch
+        out = []
+        for i, a in enumerate(args):
+            shape = (reps * a.shape[0], *a.shape[1:])
+            key = (i, shape, a.dtype, a.device)
+            buf = self._bufs.get(key)
+            if buf is None:
+                buf = self._bufs[key] = torch.empty(shape, dtype=a.dtype, device=a.device)
+            buf.view(reps, *a.shape).copy_(a.unsqueeze(0).expand(reps, *a.shape))
+            out.append(buf)
+        return out
 
 
 class BatchedActivations(BatchedTorch):
@@ -352,17 +431,22 @@ class BatchedActivations(BatchedTorch):
         layer output, or None (several layer outputs, no prefix, or a model the split refuses; said once)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
-        key = (names, chunk)
+        key = (names, chunk)  # a layer output's name is its boundary, whatever the cell
         if key not in self._suffix:
-            self._suffix[key] = None
+            split = None
             if len(names) == 1:
                 xt = self.torch.as_tensor(np.asarray(x)).to(self.device)
                 try:
-                    self._suffix[key] = split_after_layer(self.graph(), xt, names[0])
+                    split = split_after_layer(self.graph(), xt, names[0])
                 except Unbatchable as exc:
                     say_once(f"golden-prefix reuse off for {type(self.model).__name__} (layer {names[0]}): {exc}; "
                              "running the full forward")
+            self._remember(key, split)
         return self._suffix[key]
+
+    def group_key(self, names: Sequence[str]) -> Any:
+        """Trials faulting the outputs of one layer share its golden output (several layers: the full forward)."""
+        return tuple(sorted(names)) if len(names) == 1 else None
 
     @contextmanager
     def trials(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True,
@@ -372,26 +456,27 @@ class BatchedActivations(BatchedTorch):
         torch = self.torch
         self.graph()  # a static graph: no control flow on (faulted) values
         B = len(block)
+        key = faulted_names(block) or tuple(cell_tensors)
 
         def forward(x: Any, chunk: int | None = None, chunk_x: Any = None, only: int | None = None) -> np.ndarray:
             if only is not None:
                 raise Unbatchable("a mini-batch of one input runs its activation trials one at a time")
             n = len(x) // B
-            split = self.suffix(cell_tensors, chunk, chunk_x) if prefix and chunk is not None else None
+            split = self.suffix(key, chunk, chunk_x) if prefix and chunk is not None else None
             if split is not None:  # the golden output of the faulted layer, faulted per trial, then the rest
                 from ..live.act_frameworks import TorchHooks
                 from ..live.activations import ActivationLog, Sites
 
                 suffix, inputs, at = split
-                args = [a.repeat(B, *([1] * (a.dim() - 1))) for a in inputs]
+                args = self.tiled(inputs, B)
                 refs = list(block.tensors)
                 sites = Sites(refs, seed=self.seed, plan=block, samples_per_plan=n)
-                li = [r.name for r in refs].index(cell_tensors[0])
+                li = [r.name for r in refs].index(key[0])
                 faulted = TorchHooks(self.model).write(args[at], li, sites, ActivationLog(seed=self.seed), alias=True)
                 if faulted is not None:
                     args[at] = faulted
                 with torch.no_grad():
-                    return to_numpy(logits_of(suffix(*args)))
+                    return np.array(to_numpy(logits_of(suffix(*args))))  # never a view of a reused tile
             xb = torch.as_tensor(np.asarray(x)).to(self.device)
             with injected_activations(self.model, self.seed, plan=block, samples_per_plan=n):
                 with torch.no_grad():
@@ -416,17 +501,75 @@ class TrialBatcher:
             self.bt = BatchedTorch(model, x0)
         self.evaluate = evaluate
         self.batch = batch
+        self.runner = runner
+        steady_allocator()  # blocks reuse the heap instead of faulting in fresh pages
+        #: ``f(B) -> seconds per trial`` with ``B`` trials per forward (1: serial); default :meth:`measure`
+        self.timer: Any = None
+        #: the measurement behind an automatic :attr:`batch` (:class:`fastflip.campaign.batchsize.BatchChoice`)
+        self.choice: Any = None
         self.prefix = True
         self._ok: dict[tuple[str, ...], bool] = {}
         self._golden: np.ndarray | None = None
         self._off: str | None = None  # why the model cannot batch at all
 
     def size(self, workers: int = 1) -> int:
-        """Trials per forward: the configured number, or what free memory allows (shared by ``workers``)."""
+        """Trials per forward: the configured number, or on a CPU the fastest measured size within what free memory
+        allows (shared by ``workers``; 1 when serial measured fastest: :attr:`choice`); on a GPU what memory allows."""
         if self.batch is None:  # a GPU keeps gaining from wider forwards long after a CPU core has stopped
-            limit = _MAX_AUTO_GPU if getattr(self.bt.device, "type", "cpu") == "cuda" else _MAX_AUTO
-            self.batch = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device) // max(workers, 1), limit)
+            gpu = getattr(self.bt.device, "type", "cpu") == "cuda"
+            cap = auto_batch(self.bt.per_trial_bytes(), free_memory(self.bt.device) // max(workers, 1),
+                             _MAX_AUTO_GPU if gpu else _MAX_AUTO)
+            if gpu:
+                self.batch = cap
+            else:
+                from .batchsize import choose_batch
+
+                try:
+                    self.choice = choose_batch(self.timer or self.measure, cap)
+                    self.batch = self.choice.size
+                except Exception as exc:  # a forward the measurement cannot run: the serial path is always right
+                    say_once(f"timing batched trials failed ({type(exc).__name__}: {str(exc)[:120]}); "
+                             "running trials one at a time")
+                    self.batch = 1
         return self.batch
+
+    def _typical(self) -> list[Any]:
+        """The campaign tensor whose faults cut the graph nearest its middle (the median trial's work), as a
+        one-site identity plan's tensors (the first cell's first tensor without a graph)."""
+        refs = {r.name: r for sp in self.runner.spaces for r in sp.tensors}
+        names = list(refs)
+        if self.path() == "prefix" and not isinstance(self.bt, BatchedActivations):
+            names.sort(key=lambda n: self.bt.boundary([n]))
+            return [refs[names[len(names) // 2]]]
+        return [self.runner.spaces[0].tensors[0]]
+
+    def measure(self, size: int, repeat: int = 2) -> float:
+        """Seconds per trial (best of ``repeat``) of a block of ``size`` fault-free trials of the typical tensor on
+        the first mini-batch, as blocks run; ``size = 1``: the serial trial's forward of the same inputs."""
+        import time
+
+        from ..core.blockplan import PlanBlock
+        from ..core.plan import Plan
+
+        x0 = self.bt.x
+        refs = self._typical()
+        if size == 1:
+            def once() -> None:
+                self.bt.golden_outputs()
+        else:
+            block = PlanBlock.from_plans([Plan.from_sites(refs, [0], [0])] * size)
+            prefix = self.prefix and self.evaluate.single_forward
+
+            def once() -> None:
+                with self.bt.trials(block, [refs[0].name], prefix) as fwd:
+                    fwd(np.concatenate([x0] * size), 0, x0)
+        once()  # warm-up: the cached prefix, the tiles, the allocator
+        best = float("inf")
+        for _ in range(repeat):
+            start = time.perf_counter()
+            once()
+            best = min(best, time.perf_counter() - start)
+        return best / size
 
     def path(self) -> str:
         """How blocks run: ``'prefix'`` (golden prefixes reused where a cell allows), ``'full'`` (full forwards,
@@ -461,14 +604,14 @@ class TrialBatcher:
             refs = runner.spaces[cell_id].tensors
             same = Plan.from_sites(refs, [0], [0])  # identity masks: the copy equals the original
             try:
+                x0 = self.bt.x[:PROBE_ROWS]  # the probe's cost: a few rows, not the whole first mini-batch
                 if self._golden is None:
-                    self._golden = self.bt.golden_outputs()
-                x0 = self.bt.x
+                    self._golden = model_forward(self.bt.model)(x0)
                 # trials 0 and 2 fault-free, trial 1 extreme (weights; activations: identity): 0 and 2 must equal
                 # the plain forward, or the forward mixes trials (control flow or statistics over the batch)
                 with self.bt.trials(PlanBlock.from_plans([same, same, same]), key, self.prefix and
                                     self.evaluate.single_forward, poison=True) as fwd:
-                    out = fwd(np.concatenate([x0, x0, x0]), 0, x0)
+                    out = fwd(np.concatenate([x0, x0, x0]), -1, x0)  # chunk -1: its own cache entry
                 out = out.reshape(3, -1, *out.shape[1:])
                 if out.shape[1:] != self._golden.shape or not all(
                         np.allclose(o, self._golden, rtol=1e-5, atol=1e-6, equal_nan=True) for o in out[::2]):
@@ -486,33 +629,50 @@ class TrialBatcher:
         """Rows of ``trials`` of cell ``cell_id``, in order."""
         import time
 
-        if not self.usable(runner, cell_id):
+        from ..core.blockplan import PlanBlock
+
+        if not self.usable(runner, cell_id) or self.size() == 1:
             return [runner.run(cell_id, t) for t in trials]
         cell = runner.cells[cell_id]
-        rows: list[Any] = []
-        pos = 0
-        while pos < len(trials):
-            size = self.size()
-            chunk = list(trials[pos : pos + size])
-            start = time.perf_counter()
-            block = runner.plan_block(cell_id, chunk)
-            try:
-                answers = self.bt.run(block, cell.tensors, self.evaluate, prefix=self.prefix)
-            except Exception as exc:
-                if is_oom(exc) and size > 1:
-                    self.batch = size // 2
-                    say_once(f"out of memory with {size} trials per forward; continuing with {self.batch}")
+        start = time.perf_counter()
+        whole = runner.plan_block(cell_id, trials)
+        plan_each = (time.perf_counter() - start) / len(trials)
+        rows: dict[int, Any] = {}
+        for group in self.groups(whole):
+            pos = 0
+            while pos < len(group):
+                size = self.size()
+                part = group[pos : pos + size]
+                start = time.perf_counter()
+                block = PlanBlock.from_plans([whole.plan(j) for j in part])
+                try:
+                    answers = self.bt.run(block, cell.tensors, self.evaluate, prefix=self.prefix)
+                except Exception as exc:
+                    if is_oom(exc) and size > 1:
+                        self.batch = size // 2
+                        say_once(f"out of memory with {size} trials per forward; continuing with {self.batch}")
+                        continue
+                    say_once(f"a batched forward failed ({type(exc).__name__}: {str(exc)[:120]}); "
+                             "running those trials one at a time")
+                    rows.update((j, runner.run(cell_id, trials[j])) for j in part)
+                    pos += len(part)
                     continue
-                say_once(f"a batched forward failed ({type(exc).__name__}: {str(exc)[:120]}); "
-                         "running those trials one at a time")
-                rows += [runner.run(cell_id, t) for t in chunk]
-                pos += len(chunk)
-                continue
-            each = (time.perf_counter() - start) / len(chunk)
-            for j, t in enumerate(chunk):
-                rows.append(runner.judged_row(cell_id, t, block.plan(j), lambda a=answers[j]: a, each))
-            pos += len(chunk)
-        return rows
+                each = (time.perf_counter() - start) / len(part) + plan_each
+                for k, j in enumerate(part):
+                    rows[j] = runner.judged_row(cell_id, trials[j], block.plan(k), lambda a=answers[k]: a, each)
+                pos += len(part)
+        return [rows[j] for j in range(len(trials))]
+
+    def groups(self, block: Any) -> list[list[int]]:
+        """The positions of ``block``'s trials grouped so that each group shares one golden prefix (its first faulted
+        graph node, or faulted layer output), in order of first appearance; without a prefix, one group."""
+        if not (self.prefix and self.evaluate.single_forward and self.path() == "prefix"):
+            return [list(range(len(block)))]
+        keys = [self.bt.group_key(faulted_names(block.plan(j))) for j in range(len(block))]
+        out: dict[Any, list[int]] = {}
+        for j, key in enumerate(keys):
+            out.setdefault(key, []).append(j)
+        return list(out.values())
 
 
 def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:

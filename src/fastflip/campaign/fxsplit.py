@@ -12,39 +12,45 @@ from typing import Any, Sequence
 
 from .pertrial import Unbatchable
 
-__all__ = ["split_after_prefix", "split_at", "split_after_layer"]
+__all__ = ["first_uses", "split_after_prefix", "split_at", "split_after_layer"]
 
 
-def split_after_prefix(gm: Any, x: Any, faulted: Sequence[Any]) -> tuple[Any, tuple[Any, ...]] | None:
+def first_uses(gm: Any) -> dict[int, int]:
+    """``{id(tensor): index of the first graph node that reads it}`` for every parameter and buffer ``gm`` reads
+    (a ``call_module`` node reads its module's own tensors, a ``get_attr`` node the tensor it names).
+
+    The index is the boundary a fault in that tensor cuts the graph at (:func:`split_at`): every trial whose
+    faults lie in tensors first read at node ``k`` or later reuses the golden values at that boundary.
+    """
+    modules = dict(gm.named_modules())
+    first: dict[int, int] = {}
+    for k, n in enumerate(gm.graph.nodes):
+        if n.op == "call_module":
+            mod = modules[n.target]
+            for t in list(mod.parameters()) + list(mod.buffers()):
+                first.setdefault(id(t), k)
+        elif n.op == "get_attr":
+            obj: Any = gm
+            for part in str(n.target).split("."):
+                obj = getattr(obj, part)
+            first.setdefault(id(obj), k)
+    return first
+
+
+def split_after_prefix(gm: Any, x: Any, faulted: Sequence[Any],
+                       first: dict[int, int] | None = None) -> tuple[Any, tuple[Any, ...]] | None:
     """Split a traced model before the first graph node that reads a tensor of ``faulted``.
 
     Returns ``(suffix, inputs)``: a ``torch.fx.GraphModule`` whose inputs are the values
     the rest of the network needs from the prefix (computed here once on the fault-free
     model with input ``x``), or None when there is no prefix to reuse. ``suffix(*inputs)``
-    equals ``gm(x)``.
+    equals ``gm(x)``. ``first`` is :func:`first_uses` of ``gm`` when the caller has it.
     """
-    import torch
-    import torch.fx as fx
-
-    ids = {id(t) for t in faulted}
-    nodes = list(gm.graph.nodes)
-    modules = dict(gm.named_modules())
-
-    def reads_fault(n: Any) -> bool:
-        if n.op == "call_module":
-            mod = modules[n.target]
-            return any(id(t) in ids for t in list(mod.parameters()) + list(mod.buffers()))
-        if n.op == "get_attr":
-            obj: Any = gm
-            for part in str(n.target).split("."):
-                obj = getattr(obj, part)
-            return id(obj) in ids
-        return False
-
-    first = next((k for k, n in enumerate(nodes) if reads_fault(n)), None)
-    if first is None:
+    first = first_uses(gm) if first is None else first
+    at = min((first[id(t)] for t in faulted if id(t) in first), default=None)
+    if at is None:
         raise Unbatchable("no graph node reads the faulted tensors")
-    split = split_at(gm, x, first)
+    split = split_at(gm, x, at)
     return None if split is None else split[:2]
 
 

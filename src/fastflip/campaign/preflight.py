@@ -56,9 +56,12 @@ def batch_line(runner: Any, workers: int) -> str | None:
     size = batcher.size(workers)
     campaign.evaluator.batch_trials = size  # the workers use the number chosen here
     runner._batcher = batcher
-    how = ("golden prefix reused where a cell allows" if path == "prefix"
+    measured = f"; {batcher.choice.line()}" if batcher.choice is not None else ""
+    if size == 1:
+        return f"trials run one at a time (serial): measured no slower than batched{measured}"
+    how = ("golden activations cached at each trial's first faulted layer, only the rest runs" if path == "prefix"
            else "full forwards, the faulted modules once per trial")
-    return f"batched trials: {size} trials per forward ({path}: {how})"
+    return f"batched trials: {size} trials per forward ({path}: {how}{measured})"
 
 
 def drop_empty(store: str) -> None:
