@@ -103,6 +103,7 @@ def _pair_plan(space: Any, lt: LeanTables, kind: str, keys: list[int], distinct:
     """The plan of sorted pair-site keys (``element * 64 + bit``) of a flip / one-bit stuck-at model."""
     tensor, index, and_m, or_m, xor_m, touched = _pair_columns(lt, kind, keys, distinct)
     masks = np.array([and_m, or_m, xor_m, touched], np.uint64)  # rows are contiguous columns
+    masks.flags.writeable = False  # the plan owns it: its rows are taken as they are, not copied read-only
     return Plan(space.tensors, np.array(tensor, np.int32), np.array(index, np.int64), masks[0], masks[1], masks[2],
                 None, masks[3])
 

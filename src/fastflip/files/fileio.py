@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from ..kernels.environment import missing_extra
 from . import hashcache, hashing
 from .paths import sweep_stale, temp_prefix
 
-__all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_file", "hash_with_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
+__all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_file", "hash_with_patches", "overlay_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
            "byte_diff", "fsync_path"]
 
 _BLOCK = 8 << 20
@@ -451,6 +451,18 @@ def hash_file(path: str | os.PathLike[str], algorithm: str | None = None, *, cac
     return digest
 
 
+def overlay_patches(base: int, data: bytes, patches: Sequence[tuple[int, bytes, bytes]]) -> bytearray:
+    """``data`` (the file's bytes from offset ``base``) with the new bytes of the ``(offset, old, new)`` patches
+    laid over the part of each that falls inside it."""
+    buf = bytearray(data)
+    end = base + len(buf)
+    for off, _, nb in patches:
+        lo, hi = max(off, base), min(off + len(nb), end)
+        if lo < hi:
+            buf[lo - base : hi - base] = nb[lo - off : hi - off]
+    return buf
+
+
 def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256"
                       ) -> tuple[str, str]:
     """(digest of the file now, digest it will have once each same-size ``(offset, old, new)`` patch is
@@ -472,12 +484,7 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algo
             end = base + len(b)
             hit = np.flatnonzero((starts < end) & (ends > base)).tolist()
             if hit:
-                buf = bytearray(b)
-                for k in hit:
-                    off, _, data = ps[k]
-                    lo, hi = max(off, base), min(off + len(data), end)
-                    buf[lo - base : hi - base] = data[lo - off : hi - off]
-                b = bytes(buf)
+                b = bytes(overlay_patches(base, b, [ps[k] for k in hit]))
             if pending is not None:
                 pending.result()
             pending = helper.submit(h_out.update, b)

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import LogMismatchError
 from . import hashing
-from .fileio import atomic_output, deferred_signals
+from .fileio import atomic_output, deferred_signals, overlay_patches
 
 __all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions"]
 
@@ -51,25 +51,23 @@ def head_length(path: str, size: int) -> int:
     """Bytes of the head window: :data:`WINDOW`, or the whole safetensors header (8-byte length + JSON) if longer."""
     n = min(WINDOW, size)
     with open(path, "rb") as fh:
-        first = fh.read(8)
-    if len(first) == 8:
-        (hlen,) = struct.unpack("<Q", first)
-        if WINDOW < 8 + hlen <= min(size, _MAX_HEADER):
-            with open(path, "rb") as fh:
-                fh.seek(8)
-                if fh.read(1) == b"{":  # a safetensors header
-                    n = 8 + hlen
+        first = fh.read(9)
+    if len(first) == 9:
+        (hlen,) = struct.unpack("<Q", first[:8])
+        if WINDOW < 8 + hlen <= min(size, _MAX_HEADER) and first[8:9] == b"{":  # a safetensors header
+            n = 8 + hlen
     return n
 
 
 def _windows(path: str, head_len: int, tail_len: int) -> tuple[int, bytes, int, bytes]:
+    """(file size, head window, tail window's offset, tail window)."""
     size = os.path.getsize(path)
     tail_start = max(0, size - tail_len)
     with open(path, "rb") as fh:
         head = fh.read(head_len)
         fh.seek(tail_start)
         tail = fh.read(tail_len)
-    return 0, head, tail_start, tail
+    return size, head, tail_start, tail
 
 
 def _digest(algorithm: str, data: bytes | bytearray) -> str:
@@ -78,21 +76,16 @@ def _digest(algorithm: str, data: bytes | bytearray) -> str:
     return h.hexdigest()
 
 
-def fingerprint(path: str, algorithm: str, head_len: int, tail_len: int) -> dict[str, Any]:
-    """The file's size and the hashes of its head and tail windows (lengths as logged)."""
-    _, head, _, tail = _windows(path, head_len, tail_len)
-    return {"size": os.path.getsize(path), "head_len": head_len, "tail_len": tail_len,
+def _record(size: int, head_len: int, tail_len: int, head: bytes | bytearray, tail: bytes | bytearray,
+            algorithm: str) -> dict[str, Any]:
+    return {"size": size, "head_len": head_len, "tail_len": tail_len,
             "head": _digest(algorithm, head), "tail": _digest(algorithm, tail)}
 
 
-def _patched(base: int, data: bytes, patches: Sequence[tuple[int, bytes, bytes]]) -> bytearray:
-    buf = bytearray(data)
-    end = base + len(buf)
-    for off, _, nb in patches:
-        lo, hi = max(off, base), min(off + len(nb), end)
-        if lo < hi:
-            buf[lo - base : hi - base] = nb[lo - off : hi - off]
-    return buf
+def fingerprint(path: str, algorithm: str, head_len: int, tail_len: int) -> dict[str, Any]:
+    """The file's size and the hashes of its head and tail windows (lengths as logged)."""
+    size, head, _, tail = _windows(path, head_len, tail_len)
+    return _record(size, head_len, tail_len, head, tail, algorithm)
 
 
 def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, bytes]]
@@ -100,12 +93,10 @@ def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, 
     """(fingerprint now, fingerprint once the same-size ``(offset, old, new)`` patches are written): two small reads."""
     size = os.path.getsize(path)
     head_len, tail_len = head_length(path, size), min(WINDOW, size)
-    hb, head, tb, tail = _windows(path, head_len, tail_len)
-    before = {"size": size, "head_len": head_len, "tail_len": tail_len,
-              "head": _digest(algorithm, head), "tail": _digest(algorithm, tail)}
-    after = dict(before, head=_digest(algorithm, _patched(hb, head, patches)),
-                 tail=_digest(algorithm, _patched(tb, tail, patches)))
-    return before, after
+    size, head, tb, tail = _windows(path, head_len, tail_len)
+    return (_record(size, head_len, tail_len, head, tail, algorithm),
+            _record(size, head_len, tail_len, overlay_patches(0, head, patches), overlay_patches(tb, tail, patches),
+                    algorithm))
 
 
 def _ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:

@@ -22,7 +22,7 @@ from ..core.spec import Sampling
 from ..core.wordrule import nonfinite
 from ..errors import CapacityError, OptionError, SelectionError, one_line
 from .h5apply import check_storage
-from .layout import Layout, Tensor
+from .layout import Layout
 from .select import Selection, select
 
 __all__ = ["site_space", "sampling_of", "injection_counts", "nonfinite_created"]
@@ -30,7 +30,7 @@ __all__ = ["site_space", "sampling_of", "injection_counts", "nonfinite_created"]
 _LOCK = threading.Lock()  # the site-space cache is shared by the threads of a host harness
 
 
-_SPACES: "dict[tuple[Any, ...], tuple[Layout, list[Tensor], SiteSpace]]" = {}
+_SPACES: "dict[tuple[Any, ...], tuple[Layout, SiteSpace]]" = {}
 
 
 def site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
@@ -53,7 +53,7 @@ def site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
     with _LOCK:
         hit = _SPACES.get(key)
     if hit is not None and hit[0] is layout:
-        return hit[2]
+        return hit[1]
     try:
         tensors = select(layout.tensors, selection)
     except SelectionError as exc:
@@ -71,7 +71,7 @@ def site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
     with _LOCK:
         while len(_SPACES) >= 16:
             _SPACES.pop(next(iter(_SPACES)))
-        _SPACES[key] = (layout, tensors, space)  # the layout is held, so its id is not reused while cached
+        _SPACES[key] = (layout, space)  # the layout is held, so its id is not reused while cached
     return space
 
 

@@ -66,10 +66,6 @@ def _cupy_key(x: Any) -> tuple[Any, ...]:
     return (x.data.ptr, x.shape, x.strides, x.dtype)
 
 
-def _no_key(x: Any) -> tuple[Any, ...]:
-    return (id(x),)
-
-
 def key_function(x: Any) -> Callable[[Any], tuple[Any, ...]]:
     """The :func:`storage_key` variant for objects of ``x``'s kind (chosen once per target)."""
     if isinstance(x, np.ndarray):
@@ -79,7 +75,7 @@ def key_function(x: Any) -> Callable[[Any], tuple[Any, ...]]:
         return _torch_key
     if mod == "cupy":
         return _cupy_key
-    return _no_key
+    return _numpy_key  # any other object: its identity
 
 
 def storage_key(x: Any) -> tuple[Any, ...] | None:

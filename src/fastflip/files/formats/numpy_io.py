@@ -47,10 +47,9 @@ def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offs
         skipped.append(Skipped(name, f"unsupported dtype {dt}"))
     elif fortran and sum(s > 1 for s in shape) > 1:
         skipped.append(Skipped(name, "Fortran-ordered array (flat order is not C order); save np.ascontiguousarray"))
-    elif checked_numel(shape, name) == 0:
+    elif (size := checked_numel(shape, name)) == 0:
         skipped.append(Skipped(name, "empty"))
     else:
-        size = checked_numel(shape, name)
         if offset is None:  # a deflated member: one "chunk", the whole array
             return Tensor(path=name, aliases=(name,), dtype=dt, shape=shape, size=size, storage="filtered",
                           chunks=shape, filters=("deflate",), nbytes=size * dt.itemsize)
