@@ -66,12 +66,13 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..errors import one_line
 from .builtins import logits_of, model_forward, to_numpy
 from .failures import is_oom
-from .fxsplit import first_uses, split_after_layer, split_after_prefix, split_at
+from .fxsplit import first_uses, split_after_layer, split_after_prefix
 from .pertrial import PerTrial, Unbatchable
 
-__all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "split_after_prefix", "split_at",
+__all__ = ["BatchedTorch", "Unbatchable", "auto_batch", "is_oom", "say_once", "split_after_prefix",
            "split_after_layer"]
 
 _MAX_AUTO = 64  # CPU: beyond this many trials per pass the forward is not faster per trial, only bigger
@@ -619,7 +620,7 @@ class TrialBatcher:
                                       "over the batch, a faulted tensor read outside its module, or written in forward?)")
                 self._ok[key] = True
             except Exception as exc:  # anything the batched forward cannot do: the serial path is always right
-                why = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+                why = one_line(exc)[:160]
                 say_once(f"batched trials off for {type(self.bt.model).__name__} (tensors {', '.join(key[:3])}"
                          f"{'...' if len(key) > 3 else ''}): {why}; running those trials one at a time")
                 self._ok[key] = False

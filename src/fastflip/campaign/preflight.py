@@ -48,6 +48,7 @@ def batch_line(runner: Any, workers: int) -> str | None:
     if campaign.evaluator.builtin is None or campaign.mode != "memory":
         return None
     batcher, why, _ = batch_decision(runner)
+    runner._batcher = batcher  # decided once: a serial sweep that adopts this runner does not decide again
     if batcher is None:
         return f"trials run one at a time (serial): {why}"
     path = batcher.path()
@@ -55,7 +56,6 @@ def batch_line(runner: Any, workers: int) -> str | None:
         return f"trials run one at a time (serial): {batcher.why}"
     size = batcher.size(workers)
     campaign.evaluator.batch_trials = size  # the workers use the number chosen here
-    runner._batcher = batcher
     measured = f"; {batcher.choice.line()}" if batcher.choice is not None else ""
     if size == 1:
         return f"trials run one at a time (serial): measured no slower than batched{measured}"
