@@ -30,6 +30,7 @@ def test_live_sites_through_the_registry_match_reference(backend: str) -> None:
     sites = tg.prepare(plan).sites
     assert isinstance(sites, SiteArrays) and isinstance(tg.table, PtrTable) and isinstance(tg.table, TensorTable)
     assert len(sites) == len(plan) and sites.xor_mask is plan.xor_mask
+    assert not hasattr(tg.prepare(plan), "tid") and not hasattr(tg.table, "ptrs")  # one name a column
     expected, exp_old, exp_new = reference(original, plan)
     old, new = get_backend(backend).apply_ptrs(tg.table, sites.tensor, sites.offsets, sites.and_mask,
                                                sites.or_mask, sites.xor_mask)
@@ -51,15 +52,18 @@ def test_file_sites_through_the_registry_match_reference(tmp_path, backend: str)
     refs = [tensors["/" + k].ref() for k in sorted(arrays)]
     plan = make_plan(refs, rng, per_tensor=5)
     raw = RawSites.from_routes(route_sites(path, plan, tensors), plan)
-    assert isinstance(raw.sites, SiteArrays) and raw.site is raw.sites.positions and len(raw) == len(plan)
-    assert bool((np.diff(raw.offs) > 0).all())  # file-offset order
+    assert isinstance(raw.sites, SiteArrays) and isinstance(raw.table, TensorTable) and len(raw) == len(plan)
+    assert not any(hasattr(raw, a) for a in ("site", "offs", "dcode", "cols", "size", "dtypes"))  # one name a column
+    assert bool((np.diff(raw.sites.offsets) > 0).all())  # file-offset order
     _, exp_old, exp_new = reference({"/" + k: v.copy() for k, v in arrays.items()}, plan)
     buf = np.fromfile(path, dtype=np.uint8)
     s = raw.sites
-    for code, (dt, fmt) in enumerate(raw.dtypes):  # the tensor column indexes the (dtype, format) table
+    t = raw.table
+    for code in range(len(t)):  # the tensor column indexes the table of word types
         at = np.flatnonzero(s.tensor == code)
-        old, new = apply_at_offsets(buf, s.offsets[at], dt.itemsize, dt.byteorder == (">" if np.little_endian else "<"),
-                                    s.and_mask[at], s.or_mask[at], s.xor_mask[at], backend=backend, dtype=dt)
+        assert t.swaps[code] == (t.dtypes[code].dtype.byteorder == (">" if np.little_endian else "<"))
+        old, new = apply_at_offsets(buf, s.offsets[at], int(t.itemsizes[code]), bool(t.swaps[code]),
+                                    s.and_mask[at], s.or_mask[at], s.xor_mask[at], backend=backend, dtype=t.dtypes[code])
         assert old.tolist() == exp_old[s.positions[at]].tolist()
         assert new.tolist() == exp_new[s.positions[at]].tolist()
 

@@ -10,7 +10,7 @@ Two families:
   or any array's bytes), one word width and byte order, byte offsets into it.
 - ``*_ptrs``: several tensors by base address (``arr.ctypes.data``,
   ``tensor.data_ptr()``), per-tensor word width and byte order; site ``i`` is at
-  ``ptrs[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
+  ``bases[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
   :mod:`fastflip.live` targets check that each tensor still has the storage they were built on);
   the sites are checked against the table's extents here, and a 1-10 flip trial over many
   tensors costs one native call.
@@ -216,8 +216,9 @@ def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, w
 class PtrTable(TensorTable):
     """Per-tensor base addresses, word widths and byte orders for the ``*_ptrs`` kernels.
 
-    The :class:`fastflip.core.records.TensorTable` of live host tensors (``ptrs`` is its ``bases``
-    column), plus ``little`` (stored little-endian) per tensor.
+    The :class:`fastflip.core.records.TensorTable` of live host tensors, its columns checked and held as
+    the contiguous arrays the kernels take (``bases`` uint64, ``itemsizes`` int32, ``swaps`` uint8,
+    ``extents`` int64).
 
     Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes from each base address to
     the end of its last word) bound every site the ``*_ptrs`` functions accept (0: no host site at all).
@@ -228,25 +229,22 @@ class PtrTable(TensorTable):
     1
     """
 
-    def __init__(self, ptrs: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
+    def __init__(self, bases: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
                  extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
         swap_col = np.ascontiguousarray(swaps, dtype=np.uint8)
         super().__init__(
             itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=swap_col,
             # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
             dtypes=[d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
-            bases=np.ascontiguousarray(ptrs, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
+            bases=np.ascontiguousarray(bases, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
         # stored little-endian <=> (this machine is little-endian) XOR swap
-        object.__setattr__(self, "ptrs", self.bases)  # the name the pointer kernels use (the same array)
         object.__setattr__(self, "little", np.ascontiguousarray(swap_col.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_))
-        n = len(self.ptrs)
+        n = len(self.bases)
         if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
             raise OptionError("pointer table columns must all have the same length")
         if n and not np.isin(self.itemsizes, [1, 2, 4, 8]).all():
             raise OptionError("itemsizes must be 1, 2, 4 or 8")
 
-    def __len__(self) -> int:
-        return len(self.bases)
 
 
 def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -277,7 +275,7 @@ def apply_ptrs(
     *,
     scale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Apply the word rule at ``table.ptrs[tensor[i]] + offsets[i]`` for every site, in one native call.
+    """Apply the word rule at ``table.bases[tensor[i]] + offsets[i]`` for every site, in one native call.
 
     The addresses must lie inside live writable tensors (the caller checks plans
     against shapes); sites must be unique. Scale sites (``scale`` not NaN) use the

@@ -62,16 +62,16 @@ class CythonBackend(Backend):
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.mod.read_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, out)
+        self.mod.read_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, out)
         return out
 
     def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.mod.write_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, words)
+        self.mod.write_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, words)
 
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.mod.apply_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, and_mask,
+        self.mod.apply_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, and_mask,
                             or_mask, xor_mask, old, new)
         return old, new
 
@@ -103,16 +103,16 @@ class NumbaBackend(Backend):
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, out)
+        self.k["read_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, out)
         return out
 
     def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.k["write_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, words)
+        self.k["write_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, words)
 
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.k["apply_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, and_mask, or_mask, xor_mask,
+        self.k["apply_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, and_mask, or_mask, xor_mask,
                              old, new)
         return old, new
 
@@ -137,7 +137,7 @@ def _view(table: Any, t: int) -> np.ndarray:
     size = int(table.extents[t])
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(table.ptrs[t])))
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(table.bases[t])))
 
 
 class NumpyBackend(Backend):

@@ -476,8 +476,8 @@ class _GpuBackend(Backend):
         import cupy
 
         device = cupy.cuda.Device().id  # a pointer table does not say its device: the caller's current one
-        span, base = device_span(table.ptrs.tolist(), table.extents.tolist(), device, table)
-        offs = (table.ptrs[tensor] - np.uint64(base)).astype(np.int64) + offsets
+        span, base = device_span(table.bases.tolist(), table.extents.tolist(), device, table)
+        offs = (table.bases[tensor] - np.uint64(base)).astype(np.int64) + offsets
         return span, SiteArrays.from_host(offs, tensor, table.itemsizes, table.little,
                                           *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy, device=device)
 

@@ -56,7 +56,7 @@ class Backend:
     - ``write_words(buf, offsets, itemsize, swap, words)``
     - ``apply_words(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask) -> (old, new)``
 
-    At addresses ``table.ptrs[tensor[i]] + offsets[i]`` (``table`` a
+    At addresses ``table.bases[tensor[i]] + offsets[i]`` (``table`` a
     :class:`fastflip.kernels.dispatch.PtrTable`, per-tensor width and byte order):
 
     - ``read_ptrs(table, tensor, offsets) -> words``

@@ -77,8 +77,8 @@ class Prepared:
 
     ``sites`` is the one site type (:class:`fastflip.core.records.SiteArrays`): target tensor id per
     site (``tensor``, int32, indexing :attr:`Targets.table`), byte offset from the tensor's base
-    address (``offsets``, int64) and the plan's masks and scale; ``tid`` and ``offsets`` name its two
-    columns. The partitions say which sites go to which engine.
+    address (``offsets``, int64) and the plan's masks and scale. The partitions say which sites go to
+    which engine.
     """
 
     sites: SiteArrays
@@ -88,16 +88,6 @@ class Prepared:
     bitwise: bool = True  # no scale site
     fresh: tuple[Callable[[], bool], ...] = ()  # storage checks of the tensors it touches (Targets.check)
     touched: tuple[int, ...] = ()  # the target ids those checks cover
-
-    @property
-    def tid(self) -> np.ndarray:
-        """Target tensor id per site (the sites' ``tensor`` column)."""
-        return self.sites.tensor
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Byte offset of each site from its tensor's base address."""
-        return self.sites.offsets
 
 
 class Targets:
