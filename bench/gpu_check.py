@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from fastflip.core.dtypes import word_type  # noqa: E402
 from fastflip.core.faults import FaultModel  # noqa: E402
 from fastflip.core.plan import TensorRef  # noqa: E402
+from fastflip.core.records import TensorTable  # noqa: E402
 from fastflip.core.reference import apply_plan  # noqa: E402
 from fastflip.core.sampling import SiteSpace  # noqa: E402
 
@@ -123,8 +124,9 @@ def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.nda
             span[s : s + v.nbytes] = np.frombuffer(v.tobytes(), dtype=np.uint8)
         sizes = np.array([v.itemsize for v in host.values()])
         offs = np.array(starts)[plan.tensor] + plan.index * sizes[plan.tensor]
-        sites = kc.SiteArrays.from_host(offs, plan.tensor, sizes, [True] * len(host), plan.and_mask, plan.or_mask,
-                                        plan.xor_mask, xp=np, scale=plan.scale, dtypes=[v.dtype for v in host.values()])
+        table = TensorTable.of_words([word_type(v.dtype) for v in host.values()])
+        sites = kc.SiteArrays.from_host(offs, plan.tensor, table, plan.and_mask, plan.or_mask, plan.xor_mask, xp=np,
+                                        scale=plan.scale)
         old, new = kc.launch_apply(span, sites)
         now = {k: span[s : s + v.nbytes].tobytes() for s, (k, v) in zip(starts, host.items())}
         kc.launch_write(span, sites, old)
@@ -186,8 +188,9 @@ def throughput(flips_list: list[int]) -> dict[str, float]:
         tid = (elem // per).astype(cupy.int32)
         offs = ptrs[tid] + (elem % per) * 4
         xor = cupy.left_shift(cupy.uint64(1), cupy.random.randint(0, 32, size=flips).astype(cupy.uint64))
-        sites = kc.SiteArrays(offsets=offs, tensor=tid, sizes=cupy.full(n_tensors, 4, dtype=cupy.int32),
-                              little=cupy.ones(n_tensors, dtype=cupy.bool_),
+        table = TensorTable(itemsizes=cupy.full(n_tensors, 4, dtype=cupy.int32), dtypes=[np.dtype("<f4")] * n_tensors,
+                            swaps=cupy.full(n_tensors, not np.little_endian, dtype=cupy.uint8), bases=None, extents=None)
+        sites = kc.SiteArrays(offsets=offs, tensor=tid, table=table,
                               and_mask=cupy.full(flips, 0xFFFFFFFFFFFFFFFF, dtype=cupy.uint64),
                               or_mask=cupy.zeros(flips, dtype=cupy.uint64), xor_mask=xor, xp=cupy)
         kc.launch_apply(span, sites)  # compile + warm up (and flip), then flip back below

@@ -69,8 +69,15 @@ def test_file_sites_through_the_registry_match_reference(tmp_path, backend: str)
 
 
 def test_gpu_site_arrays_are_the_one_site_type() -> None:
-    g = gpu.SiteArrays.from_host(offsets=[0, 4], tensor=[0, 0], sizes=[4], little=[True], and_mask=[1, 1],
+    from fastflip.core.dtypes import word_type
+
+    host = TensorTable.of_words([word_type(">f4")])
+    g = gpu.SiteArrays.from_host(offsets=[0, 4], tensor=[0, 0], table=host, and_mask=[1, 1],
                                  or_mask=[0, 0], xor_mask=[1, 2], xp=np, positions=[3, 5])
     assert isinstance(g, SiteArrays) and len(g) == 2 and g.positions.tolist() == [3, 5]
+    # the per-tensor columns are the record's TensorTable (no sizes/little of its own), one byte-order flag
+    assert isinstance(g.table, TensorTable) and g.table.itemsizes.tolist() == [4]
+    assert g.table.swaps.tolist() == [np.little_endian] and g.table.dtypes[0].name == "float32"
+    assert not any(hasattr(g, a) for a in ("sizes", "little", "scale_dtypes"))
     with pytest.raises(AttributeError):
         g.offsets = np.zeros(2)  # frozen: a plan's device columns are shared by every trial

@@ -62,7 +62,6 @@ __all__ = [
 ]
 
 BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
-_NATIVE_LITTLE = bool(np.little_endian)
 _U64 = np.dtype(np.uint64)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
@@ -231,14 +230,11 @@ class PtrTable(TensorTable):
 
     def __init__(self, bases: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
                  extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
-        swap_col = np.ascontiguousarray(swaps, dtype=np.uint8)
         super().__init__(
-            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=swap_col,
+            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=np.ascontiguousarray(swaps, dtype=np.uint8),
             # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
             dtypes=[d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
             bases=np.ascontiguousarray(bases, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
-        # stored little-endian <=> (this machine is little-endian) XOR swap
-        object.__setattr__(self, "little", np.ascontiguousarray(swap_col.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_))
         n = len(self.bases)
         if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
             raise OptionError("pointer table columns must all have the same length")

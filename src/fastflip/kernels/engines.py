@@ -28,9 +28,6 @@ from .registry import Backend
 
 __all__ = ["CythonBackend", "NumbaBackend", "NumpyBackend"]
 
-_NATIVE_LITTLE = bool(np.little_endian)
-
-
 def _empty(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
 
@@ -77,7 +74,7 @@ class CythonBackend(Backend):
 
 
 class NumbaBackend(Backend):
-    """The Numba CPU kernels of :mod:`fastflip.kernels.numba_cpu` (they take ``little``, not ``swap``)."""
+    """The Numba CPU kernels of :mod:`fastflip.kernels.numba_cpu`."""
 
     name = "numba"
     k: Any = None
@@ -89,30 +86,30 @@ class NumbaBackend(Backend):
 
     def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, out)
+        self.k["read_words"](buf, offsets, itemsize, swap, out)
         return out
 
     def write_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool, words: Any) -> None:
-        self.k["write_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, words)
+        self.k["write_words"](buf, offsets, itemsize, swap, words)
 
     def apply_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.k["apply_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, and_mask, or_mask, xor_mask, old, new)
+        self.k["apply_words"](buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, old, new)
         return old, new
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, out)
+        self.k["read_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, out)
         return out
 
     def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.k["write_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, words)
+        self.k["write_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, words)
 
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.k["apply_ptrs"](table.bases, table.itemsizes, table.little, tensor, offsets, and_mask, or_mask, xor_mask,
+        self.k["apply_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, and_mask, or_mask, xor_mask,
                              old, new)
         return old, new
 

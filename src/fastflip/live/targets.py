@@ -433,9 +433,9 @@ class Targets:
         offs = ptr[tids] - base + offsets[pos]
         on = {type(t.obj).__module__.split(".")[0] for t in self.tensors if t.kind == "cuda" and t.device == device}
         sites = SiteArrays.from_host(
-            offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
-            plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
-            dtypes=self.table.dtypes, positions=pos, device=device, streams=tuple(sorted(on & {"torch", "cupy"})),
+            offs, tids, self.table, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], xp=cupy,
+            scale=None if plan.scale is None else plan.scale[pos], positions=pos, device=device,
+            streams=tuple(sorted(on & {"torch", "cupy"})),
         )
         _gpu(sites).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
         return sites
