@@ -1,4 +1,4 @@
-"""The CUDA C source of the 'raw' GPU engine, compiled for the host, against the NumPy oracle.
+"""The CUDA C source of the 'cuda-raw' GPU engine, compiled for the host, against the NumPy oracle.
 
 fastflip.kernels.gpu.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
 its grid-stride loop becomes a plain loop and the host C compiler builds it, so its
@@ -84,6 +84,7 @@ def test_cuda_source_matches_reference(lib, scale: bool) -> None:
 
 
 def test_engine_names() -> None:
-    assert kc._engine(np, "auto") == "numba"
-    with pytest.raises(ValueError):
-        kc._engine(np, "opencl")
+    assert kc._engine(np, "auto") == "numba-cuda" and kc.ENGINES == ("cuda-raw", "numba-cuda")
+    for name in ("opencl", "raw", "numba"):  # one naming scheme: the registry's
+        with pytest.raises(ValueError, match="use 'auto', 'cuda-raw', 'numba-cuda'"):
+            kc._engine(np, name)

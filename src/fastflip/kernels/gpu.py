@@ -2,19 +2,21 @@
 
 Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
 
-Two interchangeable engines, both checked without a GPU:
+Two interchangeable engines (the backend registry's ``cuda-raw`` and ``numba-cuda``), both checked
+without a GPU:
 
-- ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
+- ``'cuda-raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
   same source, with a grid-stride loop that degenerates to a plain loop, is compiled
   by the host C compiler in the tests (:func:`build_host_library`) and checked
   against :mod:`fastflip.core.reference` — one word-rule source, two instantiations.
-- ``'numba'``: a Numba CUDA kernel compiling the per-site functions of
+- ``'numba-cuda'``: a Numba CUDA kernel compiling the per-site functions of
   :mod:`fastflip.kernels.numba_cpu` (``load_word``, ``store_word``, ``rule``) with
   ``numba.cuda.jit(device=True)``; under ``NUMBA_ENABLE_CUDASIM=1`` it runs in
   Numba's CUDA simulator on NumPy arrays.
 
-``'auto'`` takes ``'raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba'``
-for NumPy arrays (the simulator).
+``'auto'`` takes ``'cuda-raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba-cuda'``
+for NumPy arrays (the simulator); there is no global default to change: pass ``engine=`` (or, on the
+live path, ``backend=`` naming a GPU backend).
 
 Several tensors on one device are addressed through one ``uint8`` *span*: a view
 from the lowest tensor address to the end of the highest (device memory is one flat
@@ -66,15 +68,15 @@ __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels",
            "launch_read", "launch_write", "device_span", "device_scope", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
 
 THREADS = 256
-_KERNELS: dict[Any, Any] = {}  # "numba" -> Numba dispatchers; ("raw", device id) -> that device's functions
+_KERNELS: dict[Any, Any] = {}  # "numba-cuda" -> Numba dispatchers; ("cuda-raw", device id) -> that device's functions
 cuda: Any = None  # numba.cuda, bound on first use (a module global so the simulator can swap it)
 
 
 def get_gpu_kernels() -> dict[str, Any]:
     """Compile (once per process) the CUDA kernels ``apply``, ``read`` and ``write``."""
     global cuda
-    if "numba" in _KERNELS:
-        return _KERNELS["numba"]
+    if "numba-cuda" in _KERNELS:
+        return _KERNELS["numba-cuda"]
     from numba import cuda as numba_cuda
 
     cuda = numba_cuda
@@ -108,8 +110,8 @@ def get_gpu_kernels() -> dict[str, Any]:
             t = tensor[i]
             d_store(buf, offsets[i], sizes[t], swaps[t], words[i])
 
-    _KERNELS["numba"] = {"apply": apply, "read": read, "write": write}
-    return _KERNELS["numba"]
+    _KERNELS["numba-cuda"] = {"apply": apply, "read": read, "write": write}
+    return _KERNELS["numba-cuda"]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -243,7 +245,7 @@ def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
     import cupy
 
     dev = cupy.cuda.Device().id if device is None else int(device)
-    key = ("raw", dev)
+    key = ("cuda-raw", dev)
     if key not in _KERNELS:
         try:
             with cupy.cuda.Device(dev):
@@ -256,39 +258,35 @@ def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
     return _KERNELS[key]
 
 
-DEFAULT_ENGINE = "auto"  # what engine="auto" means: 'auto' (raw for CuPy, numba for NumPy), 'raw' or 'numba'
+#: The GPU engines, by the names the backend registry gives them.
+ENGINES = ("cuda-raw", "numba-cuda")
 
 
 def _engine(xp: Any, engine: str) -> str:
+    """The engine ``engine`` names for arrays of ``xp``: 'auto' is ``cuda-raw`` for CuPy arrays and
+    ``numba-cuda`` for NumPy arrays (Numba's simulator)."""
     if engine == "auto":
-        engine = DEFAULT_ENGINE
-    if engine == "auto":
-        return "numba" if xp is np else "raw"
-    if engine not in ("raw", "numba"):
-        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+        return "numba-cuda" if xp is np else "cuda-raw"
+    if engine not in ENGINES:
+        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', {', '.join(repr(e) for e in ENGINES)}")
     return engine
-
-
-#: The registry backend of each GPU engine name.
-ENGINE_BACKENDS = {"raw": "cuda-raw", "numba": "numba-cuda"}
 
 
 def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
     """The registry's GPU backend for arrays of module ``xp`` (CuPy, or NumPy under Numba's simulator).
 
-    ``engine`` 'auto' follows :data:`DEFAULT_ENGINE` ('auto': ``cuda-raw`` for CuPy, ``numba-cuda`` for
-    NumPy); 'raw' and 'numba' name one.
+    ``engine``: 'auto' (``cuda-raw`` for CuPy, ``numba-cuda`` for NumPy), or one of :data:`ENGINES`.
 
-    >>> ENGINE_BACKENDS[_engine(np, "auto")]    # what gpu_backend(numpy) fetches from the registry
+    >>> _engine(np, "auto")    # what gpu_backend(numpy) fetches from the registry
     'numba-cuda'
     """
-    return get_backend(ENGINE_BACKENDS[_engine(xp, engine)])
+    return get_backend(_engine(xp, engine))
 
 
 def _launch(sites: SiteArrays, kind: str, engine: str, n: int, *args: Any) -> None:
     """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n),
     on the current device and stream (callers are inside :func:`device_scope`)."""
-    if engine == "raw":
+    if engine == "cuda-raw":
         get_raw_kernels(sites.device)[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
     elif sites.xp is np:  # Numba's simulator
         get_gpu_kernels()[kind][_grid(n), THREADS](*args)
@@ -439,7 +437,6 @@ class _GpuBackend(Backend):
     :func:`device_span`, CuPy only). Sites go to the device as one :class:`SiteArrays`, one launch."""
 
     device = "gpu"
-    engine = ""
 
     def _sites(self, buf: Any, offsets: Any, tensor: Any, table: records.TensorTable,
                masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
@@ -456,24 +453,24 @@ class _GpuBackend(Backend):
         return self._sites(buf, offsets, np.zeros(len(offsets), np.int32), one, masks)
 
     def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> Any:
-        return launch_read(buf, self._one(buf, offsets, itemsize, swap), engine=self.engine)
+        return launch_read(buf, self._one(buf, offsets, itemsize, swap), engine=self.name)
 
     def write_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool, words: Any) -> None:
-        launch_write(buf, self._one(buf, offsets, itemsize, swap), words, engine=self.engine)
+        launch_write(buf, self._one(buf, offsets, itemsize, swap), words, engine=self.name)
 
     def apply_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
         return launch_apply(buf, self._one(buf, offsets, itemsize, swap, (and_mask, or_mask, xor_mask)),
-                            engine=self.engine)
+                            engine=self.name)
 
     def read_sites(self, buf: Any, sites: SiteArrays) -> Any:
-        return launch_read(buf, sites, engine=self.engine)
+        return launch_read(buf, sites, engine=self.name)
 
     def write_sites(self, buf: Any, sites: SiteArrays, words: Any) -> None:
-        launch_write(buf, sites, words, engine=self.engine)
+        launch_write(buf, sites, words, engine=self.name)
 
     def apply_sites(self, buf: Any, sites: SiteArrays) -> tuple[Any, Any]:
-        return launch_apply(buf, sites, engine=self.engine)
+        return launch_apply(buf, sites, engine=self.name)
 
     def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
               masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
@@ -487,16 +484,16 @@ class _GpuBackend(Backend):
 
     def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         span, sites = self._span(table, tensor, offsets)
-        return _host(sites.xp, launch_read(span, sites, engine=self.engine))
+        return _host(sites.xp, launch_read(span, sites, engine=self.name))
 
     def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
         span, sites = self._span(table, tensor, offsets)
-        launch_write(span, sites, sites.xp.asarray(words), engine=self.engine)
+        launch_write(span, sites, sites.xp.asarray(words), engine=self.name)
 
     def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
                    and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         span, sites = self._span(table, tensor, offsets, (and_mask, or_mask, xor_mask))
-        old, new = launch_apply(span, sites, engine=self.engine)
+        old, new = launch_apply(span, sites, engine=self.name)
         return _host(sites.xp, old), _host(sites.xp, new)
 
 
@@ -513,7 +510,6 @@ class RawCudaBackend(_GpuBackend):
     """``'cuda-raw'``: :data:`CUDA_SOURCE` (``ff_word.h`` + kernels) compiled by NVRTC through CuPy."""
 
     name = "cuda-raw"
-    engine = "raw"
 
     def prepare_sites(self, sites: SiteArrays) -> None:
         """Compile (NVRTC) and load the kernels on the device of ``sites``; :class:`DeviceError` when NVRTC
@@ -532,7 +528,6 @@ class NumbaCudaBackend(_GpuBackend):
     they run in Numba's simulator on NumPy arrays."""
 
     name = "numba-cuda"
-    engine = "numba"
 
     def prepare_sites(self, sites: SiteArrays) -> None:
         """Build the Numba dispatchers (Numba compiles each for its argument types at the first launch)."""

@@ -63,9 +63,18 @@ def _fast(prep: "Prepared", backend: str) -> Backend | None:
     return be if be.device == "cpu" else None
 
 
-def _gpu(sites: Any) -> Backend:
-    """The registry's GPU backend for device-resident ``sites`` (``cuda-raw`` for CuPy arrays unless
-    :data:`fastflip.kernels.gpu.DEFAULT_ENGINE` says otherwise)."""
+def _cpu(backend: str) -> str:
+    """The CPU backend ``backend`` stands for: itself, or 'auto' when it names a GPU backend (which then
+    serves the CUDA tensors only)."""
+    return backend if get_backend(backend).device == "cpu" else "auto"
+
+
+def _gpu(sites: Any, backend: str) -> Backend:
+    """The registry's GPU backend for device-resident ``sites``: ``backend`` when it names a GPU backend,
+    else the one for their arrays (``cuda-raw`` for CuPy, ``numba-cuda`` for the simulator's NumPy)."""
+    be = get_backend(backend)
+    if be.device == "gpu":
+        return be
     from ..kernels.gpu import gpu_backend
 
     return gpu_backend(sites.xp)
@@ -425,7 +434,7 @@ class Targets:
             import cupy
         except ImportError as exc:
             raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
-        from ..kernels.gpu import SiteArrays
+        from ..kernels.gpu import SiteArrays, gpu_backend
 
         _, base = self._span(device)
         ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
@@ -437,7 +446,7 @@ class Targets:
             scale=None if plan.scale is None else plan.scale[pos], positions=pos, device=device,
             streams=tuple(sorted(on & {"torch", "cupy"})),
         )
-        _gpu(sites).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
+        gpu_backend(cupy).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
         return sites
 
     # ------------------------------------------------------------------ word access per group
@@ -451,12 +460,13 @@ class Targets:
         if be is not None:
             return be.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets)
         if prep.cpu is None:
-            return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, backend)
+            return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, _cpu(backend))
         out = np.empty(n, dtype=np.uint64)
         if len(prep.cpu):
-            out[prep.cpu] = native.read_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], backend)
+            out[prep.cpu] = native.read_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu],
+                                             _cpu(backend))
         for dev, (pos, sites) in prep.cuda.items():
-            out[pos] = sites.xp.asnumpy(_gpu(sites).read_sites(self._span(dev)[0], sites))
+            out[pos] = sites.xp.asnumpy(_gpu(sites, backend).read_sites(self._span(dev)[0], sites))
         for i, pos in prep.tf:
             out[pos] = _tf_read(self.tensors[i], self._tf_index(prep, pos, i))
         return out
@@ -474,12 +484,13 @@ class Targets:
             be.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words)
             return
         if prep.cpu is None:
-            native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, backend)
+            native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, _cpu(backend))
             return
         if len(prep.cpu):
-            native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu], backend)
+            native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu],
+                              _cpu(backend))
         for dev, (pos, sites) in prep.cuda.items():
-            _gpu(sites).write_sites(self._span(dev)[0], sites, words[pos])  # uploaded on the device and stream
+            _gpu(sites, backend).write_sites(self._span(dev)[0], sites, words[pos])  # uploaded on the device and stream
         for i, pos in prep.tf:
             _tf_write(self.tensors[i], self._tf_index(prep, pos, i), words[pos])
 
@@ -491,22 +502,25 @@ class Targets:
         if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
             return be.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
         if prep.cpu is None:
-            return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
-                                     backend, scale=None if prep.bitwise else plan.scale)
+            return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask,
+                                     plan.xor_mask, _cpu(backend), scale=None if prep.bitwise else plan.scale)
         n = len(plan)
         old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
         done = Prepared(prep.sites, cpu=prep.cpu[:0], bitwise=prep.bitwise)  # what is flipped, undone on a failure
         where = "the CPU tensors"
+        if prep.cuda and get_backend(backend).device == "gpu":  # an engine chosen by name: compiled before any flip
+            for _, sites in prep.cuda.values():
+                _gpu(sites, backend).prepare_sites(sites)
         try:
             if len(prep.cpu):
                 c = prep.cpu
                 old[c], new[c] = native.apply_ptrs(self.table, prep.sites.tensor[c], prep.sites.offsets[c],
-                                                   plan.and_mask[c], plan.or_mask[c], plan.xor_mask[c], backend,
+                                                   plan.and_mask[c], plan.or_mask[c], plan.xor_mask[c], _cpu(backend),
                                                    scale=None if plan.scale is None else plan.scale[c])
                 done.cpu = c
             for dev, (pos, sites) in prep.cuda.items():
                 where = f"CUDA device {dev}"
-                d_old, d_new = _gpu(sites).apply_sites(self._span(dev)[0], sites)
+                d_old, d_new = _gpu(sites, backend).apply_sites(self._span(dev)[0], sites)
                 old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
                 done.cuda[dev] = (pos, sites)
             for i, pos in prep.tf:
