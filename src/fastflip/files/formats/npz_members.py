@@ -7,9 +7,9 @@ reads such members safely — the archive must not need zip64 (members and direc
 4 GiB; NumPy's zip64 *local* extra fields are fine), members must not be encrypted, must be
 deflated or stored, must inflate to their recorded size and CRC-32. A patched member is
 re-deflated by :func:`fastflip.files.formats.deflatefit.deflate_exact` (the one deflate-to-size
-routine, which the HDF5 chunk patcher calls too) makes a stream of exactly the member's old compressed size when one fits: the data
-deflated once with a sync flush, then valid empty deflate blocks worth exactly the bytes left.
-Then the member keeps its place and size and the change is a byte patch of the member and
+routine, which the HDF5 chunk patcher calls too) to exactly the member's old compressed size when
+a stream of that size exists: the data deflated once, then valid empty deflate blocks worth exactly
+the bytes left. Then the member keeps its place and size and the change is a byte patch of the member and
 its CRC fields, like the raw path's. Otherwise the member is rewritten at its new size
 (see :mod:`fastflip.files.zipmembers`).
 
