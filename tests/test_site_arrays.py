@@ -32,8 +32,7 @@ def test_live_sites_through_the_registry_match_reference(backend: str) -> None:
     assert len(sites) == len(plan) and sites.xor_mask is plan.xor_mask
     assert not hasattr(tg.prepare(plan), "tid") and not hasattr(tg.table, "ptrs")  # one name a column
     expected, exp_old, exp_new = reference(original, plan)
-    old, new = get_backend(backend).apply_ptrs(tg.table, sites.tensor, sites.offsets, sites.and_mask,
-                                               sites.or_mask, sites.xor_mask)
+    old, new = get_backend(backend).apply_ptrs(tg.table, sites)  # the record itself: table + sites
     assert old.tolist() == exp_old.tolist() and new.tolist() == exp_new.tolist()
     for k in arrays:
         assert arrays[k].tobytes() == expected[k].tobytes(), k

@@ -41,17 +41,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.dtypes import WordType, word_type
-from ..core.records import TensorTable
+from ..core.records import SiteArrays, TensorTable
 from ..errors import OptionError, ReadOnlyTargetError
 from ..core.wordrule import rule_words, scale_words
 from .registry import AUTO_ORDER, get_backend, resolve_backend
-from .registry import available_backends as _available
 
 __all__ = [
     "BACKENDS",
     "PtrTable",
     "get_backend",
-    "available_backends",
     "resolve_backend",
     "apply_at_offsets",
     "read_at_offsets",
@@ -64,11 +62,6 @@ __all__ = [
 BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
 _U64 = np.dtype(np.uint64)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def available_backends() -> list[str]:
-    """CPU backends that load on this machine, in the order ``'auto'`` tries them."""
-    return _available("cpu")
 
 
 # --------------------------------------------------------------------------- validation
@@ -243,8 +236,9 @@ class PtrTable(TensorTable):
 
 
 
-def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The site columns, checked: tensor ids in the table, every word inside its tensor's extent."""
+def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any, masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
+    """The sites as the record the backends take, checked: tensor ids in the table, every word inside its
+    tensor's extent, masks (when given; reads and writes need none) one per site."""
     tid = _column(tensor, np.int32, None, "tensor")
     offs = _column(offsets, np.int64, len(tid), "offsets")
     if len(tid):
@@ -257,7 +251,8 @@ def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, 
             raise OptionError(f"site {i}: byte offset {int(offs[i])} of tensor {t} lies outside its "
                               f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); "
                               "nothing was changed")
-    return tid, offs
+    a, o, x = _masks(*masks, len(offs)) if masks is not None else (None, None, None)
+    return SiteArrays(tensor=tid, offsets=offs, and_mask=a, or_mask=o, xor_mask=x)
 
 
 def apply_ptrs(
@@ -275,7 +270,8 @@ def apply_ptrs(
 
     The addresses must lie inside live writable tensors (the caller checks plans
     against shapes); sites must be unique. Scale sites (``scale`` not NaN) use the
-    tensor's dtype from ``table.dtypes``.
+    tensor's dtype from ``table.dtypes``. The checked columns reach the backend as one
+    :class:`fastflip.core.records.SiteArrays`.
 
     Returns
     -------
@@ -288,28 +284,26 @@ def apply_ptrs(
     [1.0, -1.0]
     """
     be = get_backend(backend)
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    n = len(offs)
-    masks = _masks(and_mask, or_mask, xor_mask, n)
-    where, factors = _scale_positions(scale, n)
+    sites = _ptr_sites(table, tensor, offsets, (and_mask, or_mask, xor_mask))
+    where, factors = _scale_positions(scale, len(sites))
     if where is None:
-        return be.apply_ptrs(table, tid, offs, *masks)
-    old = be.read_ptrs(table, tid, offs)
-    new = rule_words(old, *masks, 8 * table.itemsizes[tid].astype(np.uint64))
+        return be.apply_ptrs(table, sites)
+    tid = sites.tensor
+    old = be.read_ptrs(table, sites)
+    new = rule_words(old, sites.and_mask, sites.or_mask, sites.xor_mask, 8 * table.itemsizes[tid].astype(np.uint64))
     for t in np.unique(tid[where]):
         pos = where[tid[where] == t]
         new[pos] = scale_words(old[pos], factors[pos], table.dtypes[int(t)])
-    be.write_ptrs(table, tid, offs, new)
+    be.write_ptrs(table, sites, new)
     return old, new
 
 
 def read_ptrs(table: PtrTable, tensor: Any, offsets: Any, backend: str = "auto") -> np.ndarray:
     """Words (native order) of every site; see :func:`apply_ptrs`."""
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    return get_backend(backend).read_ptrs(table, tid, offs)
+    return get_backend(backend).read_ptrs(table, _ptr_sites(table, tensor, offsets))
 
 
 def write_ptrs(table: PtrTable, tensor: Any, offsets: Any, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at every site; see :func:`apply_ptrs`."""
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    get_backend(backend).write_ptrs(table, tid, offs, _column(words, _U64, len(offs), "words"))
+    sites = _ptr_sites(table, tensor, offsets)
+    get_backend(backend).write_ptrs(table, sites, _column(words, _U64, len(sites), "words"))

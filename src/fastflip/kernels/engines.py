@@ -57,19 +57,19 @@ class CythonBackend(Backend):
         self.mod.apply_words(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, old, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        self.mod.read_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, out)
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        self.mod.read_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets, out)
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.mod.write_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, words)
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        self.mod.write_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets,
+                            words)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old, new = _empty(len(offsets))
-        self.mod.apply_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, tensor, offsets, and_mask,
-                            or_mask, xor_mask, old, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old, new = _empty(len(sites))
+        self.mod.apply_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets,
+                            sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
         return old, new
 
 
@@ -98,19 +98,18 @@ class NumbaBackend(Backend):
         self.k["apply_words"](buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, old, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, out)
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        self.k["read_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, out)
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.k["write_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, words)
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        self.k["write_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, words)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old, new = _empty(len(offsets))
-        self.k["apply_ptrs"](table.bases, table.itemsizes, table.swaps, tensor, offsets, and_mask, or_mask, xor_mask,
-                             old, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old, new = _empty(len(sites))
+        self.k["apply_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, sites.and_mask,
+                             sites.or_mask, sites.xor_mask, old, new)
         return old, new
 
 
@@ -157,19 +156,21 @@ class NumpyBackend(Backend):
         self.write_words(buf, offsets, itemsize, swap, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        for t, pos in _ptr_groups(tensor):
-            out[pos] = self.read_words(_view(table, t), offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]))
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        for t, pos in _ptr_groups(sites.tensor):
+            out[pos] = self.read_words(_view(table, t), sites.offsets[pos], int(table.itemsizes[t]),
+                                       bool(table.swaps[t]))
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        for t, pos in _ptr_groups(tensor):
-            self.write_words(_view(table, t), offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]), words[pos])
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        for t, pos in _ptr_groups(sites.tensor):
+            self.write_words(_view(table, t), sites.offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]),
+                             words[pos])
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old = self.read_ptrs(table, tensor, offsets)
-        new = rule_words(old, and_mask, or_mask, xor_mask, 8 * table.itemsizes[tensor].astype(np.uint64))
-        self.write_ptrs(table, tensor, offsets, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old = self.read_ptrs(table, sites)
+        new = rule_words(old, sites.and_mask, sites.or_mask, sites.xor_mask,
+                         8 * table.itemsizes[sites.tensor].astype(np.uint64))
+        self.write_ptrs(table, sites, new)
         return old, new

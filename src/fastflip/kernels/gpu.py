@@ -472,29 +472,29 @@ class _GpuBackend(Backend):
     def apply_sites(self, buf: Any, sites: SiteArrays) -> tuple[Any, Any]:
         return launch_apply(buf, sites, engine=self.name)
 
-    def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-              masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
+    def _span(self, table: Any, host: records.SiteArrays, masks: bool = False) -> tuple[Any, SiteArrays]:
+        """The device span of ``table``'s tensors and ``host``'s sites on it (masks uploaded when ``masks``)."""
         import cupy
 
         device = cupy.cuda.Device().id  # a pointer table does not say its device: the caller's current one
         span, base = device_span(table.bases.tolist(), table.extents.tolist(), device, table)
-        offs = (table.bases[tensor] - np.uint64(base)).astype(np.int64) + offsets
-        return span, SiteArrays.from_host(offs, tensor, table,
-                                          *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy, device=device)
+        offs = (table.bases[host.tensor] - np.uint64(base)).astype(np.int64) + host.offsets
+        zero = np.zeros(len(offs), np.uint64)
+        a, o, x = (host.and_mask, host.or_mask, host.xor_mask) if masks else (zero, zero, zero)
+        return span, SiteArrays.from_host(offs, host.tensor, table, a, o, x, xp=cupy, device=device)
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        span, sites = self._span(table, tensor, offsets)
-        return _host(sites.xp, launch_read(span, sites, engine=self.name))
+    def read_ptrs(self, table: Any, sites: records.SiteArrays) -> np.ndarray:
+        span, dev = self._span(table, sites)
+        return _host(dev.xp, launch_read(span, dev, engine=self.name))
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        span, sites = self._span(table, tensor, offsets)
-        launch_write(span, sites, sites.xp.asarray(words), engine=self.name)
+    def write_ptrs(self, table: Any, sites: records.SiteArrays, words: np.ndarray) -> None:
+        span, dev = self._span(table, sites)
+        launch_write(span, dev, dev.xp.asarray(words), engine=self.name)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        span, sites = self._span(table, tensor, offsets, (and_mask, or_mask, xor_mask))
-        old, new = launch_apply(span, sites, engine=self.name)
-        return _host(sites.xp, old), _host(sites.xp, new)
+    def apply_ptrs(self, table: Any, sites: records.SiteArrays) -> tuple[np.ndarray, np.ndarray]:
+        span, dev = self._span(table, sites, masks=True)
+        old, new = launch_apply(span, dev, engine=self.name)
+        return _host(dev.xp, old), _host(dev.xp, new)
 
 
 def _xp(buf: Any) -> Any:

@@ -458,7 +458,7 @@ class Targets:
         n = len(prep.sites.tensor)
         be = _fast(prep, backend)
         if be is not None:
-            return be.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets)
+            return be.read_ptrs(self.table, prep.sites)
         if prep.cpu is None:
             return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, _cpu(backend))
         out = np.empty(n, dtype=np.uint64)
@@ -481,7 +481,7 @@ class Targets:
             raise OptionError(f"{len(words)} words for {len(prep.sites.tensor)} sites")
         be = _fast(prep, backend)
         if be is not None:
-            be.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words)
+            be.write_ptrs(self.table, prep.sites, words)
             return
         if prep.cpu is None:
             native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, _cpu(backend))
@@ -500,7 +500,7 @@ class Targets:
             self.check(prep)
         be = _fast(prep, backend) if prep.bitwise else None
         if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
-            return be.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
+            return be.apply_ptrs(self.table, prep.sites)
         if prep.cpu is None:
             return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask,
                                      plan.xor_mask, _cpu(backend), scale=None if prep.bitwise else plan.scale)
