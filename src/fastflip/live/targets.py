@@ -45,7 +45,7 @@ from ..files.layout import Tensor
 from ..core.records import SiteArrays
 from ..errors import DeviceError, FastflipError, one_line
 from ..core.plan import Plan, TensorRef
-from ..core.wordrule import rule_words, scale_words
+from ..core.wordrule import new_words_for
 from .adapters import LiveTensor, collect
 from .storage import MappingSource, key_function, same_objects
 
@@ -528,11 +528,7 @@ class Targets:
                 t = self.tensors[i]
                 idx = self._tf_index(prep, pos, i)
                 o = _tf_read(t, idx)
-                w = rule_words(o, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], 8 * t.dtype.itemsize)
-                if plan.scale is not None:
-                    s = ~np.isnan(plan.scale[pos])
-                    if s.any():
-                        w[s] = scale_words(o[s], plan.scale[pos][s], word_type(t.dtype, t.format))
+                w = new_words_for(o, plan, pos, word_type(t.dtype, t.format))
                 _tf_write(t, idx, w)
                 old[pos], new[pos] = o, w
                 done.tf.append((i, pos))
