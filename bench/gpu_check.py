@@ -111,7 +111,8 @@ def check_correctness(n_elem: int, n_sites: int, engine: str = "auto") -> list[s
     return failures
 
 
-def run_on_device(host: dict[str, np.ndarray], plan, engine: str = "auto") -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
+def run_on_device(host: dict[str, np.ndarray], plan, engine: str = "auto"
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
     if SIM:  # the simulator has no device pointers: lay the tensors out in one span, as on a device
         from fastflip.kernels import gpu as kc
 
@@ -189,7 +190,8 @@ def throughput(flips_list: list[int], engine: str = "auto") -> dict[str, float]:
         offs = ptrs[tid] + (elem % per) * 4
         xor = cupy.left_shift(cupy.uint64(1), cupy.random.randint(0, 32, size=flips).astype(cupy.uint64))
         table = TensorTable(itemsizes=cupy.full(n_tensors, 4, dtype=cupy.int32), dtypes=[np.dtype("<f4")] * n_tensors,
-                            swaps=cupy.full(n_tensors, not np.little_endian, dtype=cupy.uint8), bases=None, extents=None)
+                            swaps=cupy.full(n_tensors, not np.little_endian, dtype=cupy.uint8), bases=None,
+                            extents=None)
         sites = kc.SiteArrays(offsets=offs, tensor=tid, table=table,
                               and_mask=cupy.full(flips, 0xFFFFFFFFFFFFFFFF, dtype=cupy.uint64),
                               or_mask=cupy.zeros(flips, dtype=cupy.uint64), xor_mask=xor, xp=cupy)

@@ -61,8 +61,8 @@ def test_file_sites_through_the_registry_match_reference(tmp_path, backend: str)
     for code in range(len(t)):  # the tensor column indexes the table of word types
         at = np.flatnonzero(s.tensor == code)
         assert t.swaps[code] == (t.dtypes[code].dtype.byteorder == (">" if np.little_endian else "<"))
-        old, new = apply_at_offsets(buf, s.offsets[at], int(t.itemsizes[code]), bool(t.swaps[code]),
-                                    s.and_mask[at], s.or_mask[at], s.xor_mask[at], backend=backend, dtype=t.dtypes[code])
+        old, new = apply_at_offsets(buf, s.offsets[at], int(t.itemsizes[code]), bool(t.swaps[code]), s.and_mask[at],
+                                    s.or_mask[at], s.xor_mask[at], backend=backend, dtype=t.dtypes[code])
         assert old.tolist() == exp_old[s.positions[at]].tolist()
         assert new.tolist() == exp_new[s.positions[at]].tolist()
 

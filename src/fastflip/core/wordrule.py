@@ -29,7 +29,8 @@ from .floatformats import FORMATS, decode, encode, nonfinite_words
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["rule_words", "new_words", "new_words_for", "scale_words", "words_to_values", "nonfinite", "became_nonfinite", "WordCounts"]
+__all__ = ["rule_words", "new_words", "new_words_for", "scale_words", "words_to_values", "nonfinite", "became_nonfinite",
+           "WordCounts"]
 
 
 def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray, bits: int | np.ndarray) -> np.ndarray:

@@ -224,7 +224,8 @@ class PtrTable(TensorTable):
     def __init__(self, bases: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
                  extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
         super().__init__(
-            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=np.ascontiguousarray(swaps, dtype=np.uint8),
+            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32),
+            swaps=np.ascontiguousarray(swaps, dtype=np.uint8),
             # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
             dtypes=[d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
             bases=np.ascontiguousarray(bases, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))

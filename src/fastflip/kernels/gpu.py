@@ -86,29 +86,29 @@ def get_gpu_kernels() -> dict[str, Any]:
     d_rule = cuda.jit(device=True)(rule)
 
     @cuda.jit
-    def apply(buf, offsets, tensor, sizes, swaps, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def apply(buf, offsets, tensor, itemsizes, swaps, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            old = d_load(buf, offsets[i], sizes[t], swaps[t])
-            new = d_rule(old, a[i], o[i], x[i], sizes[t])
-            d_store(buf, offsets[i], sizes[t], swaps[t], new)
+            old = d_load(buf, offsets[i], itemsizes[t], swaps[t])
+            new = d_rule(old, a[i], o[i], x[i], itemsizes[t])
+            d_store(buf, offsets[i], itemsizes[t], swaps[t], new)
             old_out[i] = old
             new_out[i] = new
 
     @cuda.jit
-    def read(buf, offsets, tensor, sizes, swaps, out):  # type: ignore[no-untyped-def]
+    def read(buf, offsets, tensor, itemsizes, swaps, out):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            out[i] = d_load(buf, offsets[i], sizes[t], swaps[t])
+            out[i] = d_load(buf, offsets[i], itemsizes[t], swaps[t])
 
     @cuda.jit
-    def write(buf, offsets, tensor, sizes, swaps, words):  # type: ignore[no-untyped-def]
+    def write(buf, offsets, tensor, itemsizes, swaps, words):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            d_store(buf, offsets[i], sizes[t], swaps[t], words[i])
+            d_store(buf, offsets[i], itemsizes[t], swaps[t], words[i])
 
     _KERNELS["numba-cuda"] = {"apply": apply, "read": read, "write": write}
     return _KERNELS["numba-cuda"]
@@ -179,33 +179,33 @@ def _word_header() -> str:
 #: The CUDA C kernels: ``ff_word.h`` (word rule, loads and stores, written once for every C dialect)
 #: followed by the three kernels. NVRTC compiles it for the device; ``-DFF_HOST`` for the host.
 CUDA_SOURCE = _word_header() + r"""
-FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
                         const unsigned char* swaps, const ff_u64* a, const ff_u64* o, const ff_u64* x,
                         ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
         unsigned char* p = buf + offsets[i];
-        ff_u64 old = ff_load(p, sizes[t], swaps[t]);
-        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], sizes[t]);
-        ff_store(p, sizes[t], swaps[t], nw);
+        ff_u64 old = ff_load(p, itemsizes[t], swaps[t]);
+        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], itemsizes[t]);
+        ff_store(p, itemsizes[t], swaps[t], nw);
         old_out[i] = old;
         new_out[i] = nw;
     }
 }
 
-FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
                        const unsigned char* swaps, ff_u64* out, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
-        out[i] = ff_load(buf + offsets[i], sizes[t], swaps[t]);
+        out[i] = ff_load(buf + offsets[i], itemsizes[t], swaps[t]);
     }
 }
 
-FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
+FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
                         const unsigned char* swaps, const ff_u64* words, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
-        ff_store(buf + offsets[i], sizes[t], swaps[t], words[i]);
+        ff_store(buf + offsets[i], itemsizes[t], swaps[t], words[i]);
     }
 }
 """

@@ -83,9 +83,9 @@ def make_pointer_intrinsic() -> Callable[..., Any]:
 def get_kernels() -> dict[str, Any]:
     """Compile (once per process, cached on disk) and return the CPU kernels.
 
-    Keys: ``apply_words``, ``read_words``, ``write_words`` (one buffer, one word
-    width, the signatures of :mod:`fastflip.kernels._cython`) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs`` (several tensors by
-    base address).
+    Keys: ``apply_words``, ``read_words``, ``write_words`` (one buffer, one word width, the
+    signatures of :mod:`fastflip.kernels._cython`) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs``
+    (several tensors by base address: a TensorTable's ``bases``, ``itemsizes``, ``swaps`` columns).
     """
     if not _CACHE:
         with _LOCK:
@@ -159,31 +159,31 @@ def _compile() -> dict[str, Any]:
             _write_loop(buf, offsets, 1, swap, words)
 
     @jit
-    def _site_view(bases, sizes, t, off):  # type: ignore[no-untyped-def]
-        return numba.carray(as_ptr(bases[t] + np.uint64(off)), (sizes[t],))
+    def _site_view(bases, itemsizes, t, off):  # type: ignore[no-untyped-def]
+        return numba.carray(as_ptr(bases[t] + np.uint64(off)), (itemsizes[t],))
 
     @jit
-    def apply_ptrs(bases, sizes, swaps, tensor, offsets, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def apply_ptrs(bases, itemsizes, swaps, tensor, offsets, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            view = _site_view(bases, sizes, t, offsets[i])
-            old = _load(view, 0, sizes[t], swaps[t])
-            new = _rule(old, a[i], o[i], x[i], sizes[t])
-            _store(view, 0, sizes[t], swaps[t], new)
+            view = _site_view(bases, itemsizes, t, offsets[i])
+            old = _load(view, 0, itemsizes[t], swaps[t])
+            new = _rule(old, a[i], o[i], x[i], itemsizes[t])
+            _store(view, 0, itemsizes[t], swaps[t], new)
             old_out[i] = old
             new_out[i] = new
 
     @jit
-    def read_ptrs(bases, sizes, swaps, tensor, offsets, out):  # type: ignore[no-untyped-def]
+    def read_ptrs(bases, itemsizes, swaps, tensor, offsets, out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            out[i] = _load(_site_view(bases, sizes, t, offsets[i]), 0, sizes[t], swaps[t])
+            out[i] = _load(_site_view(bases, itemsizes, t, offsets[i]), 0, itemsizes[t], swaps[t])
 
     @jit
-    def write_ptrs(bases, sizes, swaps, tensor, offsets, words):  # type: ignore[no-untyped-def]
+    def write_ptrs(bases, itemsizes, swaps, tensor, offsets, words):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            _store(_site_view(bases, sizes, t, offsets[i]), 0, sizes[t], swaps[t], words[i])
+            _store(_site_view(bases, itemsizes, t, offsets[i]), 0, itemsizes[t], swaps[t], words[i])
 
     return dict(
         apply_words=apply_words, read_words=read_words, write_words=write_words,
