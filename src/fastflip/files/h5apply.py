@@ -45,8 +45,8 @@ from .h5index import tensor_element_offsets
 from .layout import Tensor, chunk_address_base, open_dataset, open_h5
 from .zipmembers import member_words
 
-__all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
-           "copy_apply", "new_words_for"]
+__all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
+           "check_storage", "copy_apply"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
