@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from fastflip.core.dtypes import word_type  # noqa: E402
 from fastflip.core.faults import FaultModel  # noqa: E402
 from fastflip.core.plan import TensorRef  # noqa: E402
+from fastflip.core.records import TensorTable  # noqa: E402
 from fastflip.core.reference import apply_plan  # noqa: E402
 from fastflip.core.sampling import SiteSpace  # noqa: E402
 
@@ -82,7 +83,7 @@ def exact_expected(host: dict[str, np.ndarray], plan, new: np.ndarray) -> dict[s
     return {k: bytes(v) for k, v in out.items()}
 
 
-def check_correctness(n_elem: int, n_sites: int) -> list[str]:
+def check_correctness(n_elem: int, n_sites: int, engine: str = "auto") -> list[str]:
     """Every model x dtype through the GPU path vs the oracle; returns failure messages."""
     failures: list[str] = []
     rng = np.random.default_rng(2026)
@@ -95,7 +96,7 @@ def check_correctness(n_elem: int, n_sites: int) -> list[str]:
         oracle = {k: v.copy() for k, v in host.items()}
         exp_old, exp_new = apply_plan(oracle, plan)
         expected = exact_expected(host, plan, exp_new)
-        old, new, now, restored = run_on_device(host, plan)
+        old, new, now, restored = run_on_device(host, plan, engine)
         label = model.describe()
         before = len(failures)
         if old.tolist() != exp_old.tolist() or new.tolist() != exp_new.tolist():
@@ -110,7 +111,8 @@ def check_correctness(n_elem: int, n_sites: int) -> list[str]:
     return failures
 
 
-def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
+def run_on_device(host: dict[str, np.ndarray], plan, engine: str = "auto"
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, bytes], dict[str, bytes]]:
     if SIM:  # the simulator has no device pointers: lay the tensors out in one span, as on a device
         from fastflip.kernels import gpu as kc
 
@@ -123,11 +125,12 @@ def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.nda
             span[s : s + v.nbytes] = np.frombuffer(v.tobytes(), dtype=np.uint8)
         sizes = np.array([v.itemsize for v in host.values()])
         offs = np.array(starts)[plan.tensor] + plan.index * sizes[plan.tensor]
-        sites = kc.SiteArrays.from_host(offs, plan.tensor, sizes, [True] * len(host), plan.and_mask, plan.or_mask,
-                                        plan.xor_mask, xp=np, scale=plan.scale, dtypes=[v.dtype for v in host.values()])
-        old, new = kc.launch_apply(span, sites)
+        table = TensorTable.of_words([word_type(v.dtype) for v in host.values()])
+        sites = kc.SiteArrays.from_host(offs, plan.tensor, table, plan.and_mask, plan.or_mask, plan.xor_mask, xp=np,
+                                        scale=plan.scale)
+        old, new = kc.launch_apply(span, sites, engine=engine)
         now = {k: span[s : s + v.nbytes].tobytes() for s, (k, v) in zip(starts, host.items())}
-        kc.launch_write(span, sites, old)
+        kc.launch_write(span, sites, old, engine=engine)
         restored = {k: span[s : s + v.nbytes].tobytes() for s, (k, v) in zip(starts, host.items())}
         return np.asarray(old), np.asarray(new), now, restored
     import cupy
@@ -136,14 +139,14 @@ def run_on_device(host: dict[str, np.ndarray], plan) -> tuple[np.ndarray, np.nda
 
     dev = {k: cupy.asarray(v) for k, v in host.items()}
     tg = live.targets(dev)
-    log = live.inject(tg, plan)
+    log = live.inject(tg, plan, backend=engine)
     now = {k: cupy.asnumpy(v).tobytes() for k, v in dev.items()}
-    live.revert(tg, log)
+    live.revert(tg, log, backend=engine)
     restored = {k: cupy.asnumpy(v).tobytes() for k, v in dev.items()}
     return log.old_words, log.new_words, now, restored
 
 
-def check_torch_cuda() -> list[str]:
+def check_torch_cuda(engine: str = "auto") -> list[str]:
     try:
         import torch
     except ImportError:
@@ -160,15 +163,15 @@ def check_torch_cuda() -> list[str]:
     plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(seed=3, count=5000, model=FaultModel("random-bits", n=2))
     oracle = {"w": a.copy()}
     _, exp_new = apply_plan(oracle, plan)
-    log = live.inject(t, plan)
+    log = live.inject(t, plan, backend=engine)
     ok = log.new_words.tolist() == exp_new.tolist() and t["w"].cpu().numpy().tobytes() == oracle["w"].tobytes()
-    live.revert(t, log)
+    live.revert(t, log, backend=engine)
     ok = ok and t["w"].cpu().numpy().tobytes() == a.tobytes()
     print(f"  torch CUDA tensor, 5000 random-bits sites: {'ok' if ok else 'FAIL'}")
     return [] if ok else ["torch CUDA tensor differs from the oracle"]
 
 
-def throughput(flips_list: list[int]) -> dict[str, float]:
+def throughput(flips_list: list[int], engine: str = "auto") -> dict[str, float]:
     import cupy
 
     from fastflip.kernels import gpu as kc
@@ -186,8 +189,10 @@ def throughput(flips_list: list[int]) -> dict[str, float]:
         tid = (elem // per).astype(cupy.int32)
         offs = ptrs[tid] + (elem % per) * 4
         xor = cupy.left_shift(cupy.uint64(1), cupy.random.randint(0, 32, size=flips).astype(cupy.uint64))
-        sites = kc.SiteArrays(offsets=offs, tensor=tid, sizes=cupy.full(n_tensors, 4, dtype=cupy.int32),
-                              little=cupy.ones(n_tensors, dtype=cupy.bool_),
+        table = TensorTable(itemsizes=cupy.full(n_tensors, 4, dtype=cupy.int32), dtypes=[np.dtype("<f4")] * n_tensors,
+                            swaps=cupy.full(n_tensors, not np.little_endian, dtype=cupy.uint8), bases=None,
+                            extents=None)
+        sites = kc.SiteArrays(offsets=offs, tensor=tid, table=table,
                               and_mask=cupy.full(flips, 0xFFFFFFFFFFFFFFFF, dtype=cupy.uint64),
                               or_mask=cupy.zeros(flips, dtype=cupy.uint64), xor_mask=xor, xp=cupy)
         kc.launch_apply(span, sites)  # compile + warm up (and flip), then flip back below
@@ -206,10 +211,10 @@ def throughput(flips_list: list[int]) -> dict[str, float]:
         cupy.get_default_memory_pool().free_all_blocks()
     space = SiteSpace(tg.refs())
     plan = space.plan(seed=1, count=1_000_000)
-    live.revert(tg, live.inject(tg, plan))  # prepare (device columns cached), compile
+    live.revert(tg, live.inject(tg, plan, backend=engine), backend=engine)  # prepare (device columns cached), compile
     t0 = time.perf_counter()
     for _ in range(5):
-        live.revert(tg, live.inject(tg, plan))
+        live.revert(tg, live.inject(tg, plan, backend=engine), backend=engine)
     dt = (time.perf_counter() - t0) / 5
     results["live_inject_revert_1e6_s"] = dt
     print(f"  live.inject + revert, 1e6 flips (host log included): {dt * 1e3:.2f} ms", flush=True)
@@ -222,7 +227,7 @@ def _devices(n_max: int = 2) -> list[int]:
     return list(range(min(n_max, cupy.cuda.runtime.getDeviceCount())))
 
 
-def check_devices() -> list[str]:
+def check_devices(engine: str = "auto") -> list[str]:
     """One plan over a CPU tensor and CuPy arrays (+ torch tensors) on each device, against the oracle."""
     import cupy
 
@@ -247,10 +252,10 @@ def check_devices() -> list[str]:
     oracle = {k: v.copy() for k, v in host.items()}
     exp_old, exp_new = apply_plan(oracle, plan)
     tg = live.targets(tensors)
-    log = live.inject(tg, plan)
+    log = live.inject(tg, plan, backend=engine)
     ok = log.old_words.tolist() == exp_old.tolist() and log.new_words.tolist() == exp_new.tolist()
     ok = ok and all(_bytes(tensors[k]) == oracle[k].tobytes() for k in host)
-    live.revert(tg, log)
+    live.revert(tg, log, backend=engine)
     ok = ok and all(_bytes(tensors[k]) == host[k].tobytes() for k in host)
     print(f"  one plan over CPU + {len(_devices())} device(s) {sorted(k for k in host if k != 'cpu')}: "
           f"{'ok' if ok else 'FAIL'}", flush=True)
@@ -267,7 +272,7 @@ def _bytes(t: object) -> bytes:
     return t.cpu().numpy().tobytes()  # type: ignore[attr-defined]
 
 
-def check_streams() -> list[str]:
+def check_streams(engine: str = "auto") -> list[str]:
     """The flip is ordered after work queued on the current non-default stream (torch's, CuPy's)."""
     import cupy
 
@@ -293,9 +298,9 @@ def check_streams() -> list[str]:
                 with torch.cuda.device(d), torch.cuda.stream(s):
                     torch.cuda._sleep(50_000_000)  # ~25 ms of queued work, then the copy the flip must follow
                     x.copy_(y)
-                    log = live.inject({"x": x}, plan)
+                    log = live.inject({"x": x}, plan, backend=engine)
                     good = log.new_words.tolist() == exp_new.tolist() and _bytes(x) == oracle["x"].tobytes()
-                    live.revert({"x": x}, log)
+                    live.revert({"x": x}, log, backend=engine)
                     return good and _bytes(x) == src.tobytes()
 
             cases.append(("torch stream", torch_case))
@@ -310,9 +315,9 @@ def check_streams() -> list[str]:
                     for _ in range(40):  # queued work on this stream only, then the copy the flip must follow
                         busy = cupy.sqrt(busy * busy)
                     x[...] = y
-                    log = live.inject({"x": x}, plan)
+                    log = live.inject({"x": x}, plan, backend=engine)
                     good = log.new_words.tolist() == exp_new.tolist() and _bytes(x) == oracle["x"].tobytes()
-                    live.revert({"x": x}, log)
+                    live.revert({"x": x}, log, backend=engine)
                     return good and _bytes(x) == src.tobytes()
 
         cases.append(("CuPy stream", cupy_case))
@@ -446,35 +451,33 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, float] = {}
     if SIM:
         print("Numba CUDA simulator: correctness on small sizes, no timing")
-        engines = ["numba"]
+        engines = ["numba-cuda"]
     else:
         import cupy
 
         names = [cupy.cuda.runtime.getDeviceProperties(d)["name"].decode() for d in _devices(8)]
         print(f"GPU: {names[0]} ({len(names)} device(s); checking {len(_devices())})")
-        engines = ["raw"]
+        engines = ["cuda-raw"]
         try:
             from numba import cuda
 
             if cuda.is_available():
-                engines.append("numba")
+                engines.append("numba-cuda")
             else:
                 print("Numba's CUDA target is unavailable (it needs the CUDA toolkit's NVVM): numba engine not checked")
         except ImportError:
             print("numba is not installed: numba engine not checked")
-    for engine in engines:
-        kc.DEFAULT_ENGINE = engine
+    for engine in engines:  # passed to every live call (backend=) and launch (engine=) of the checks
         print(f"[engine {engine}] correctness vs the NumPy oracle:")
         try:
-            failures += [f"{engine}: {f}" for f in check_correctness(n_elem=40 if SIM else 100_000,
+            failures += [f"{engine}: {f}" for f in check_correctness(n_elem=40 if SIM else 100_000, engine=engine,
                                                                      n_sites=120 if SIM else 3000)]
             if not SIM:
-                failures += [f"{engine}: {f}" for f in check_torch_cuda()]
-                failures += [f"{engine}: {f}" for f in check_devices()]
-                failures += [f"{engine}: {f}" for f in check_streams()]
+                failures += [f"{engine}: {f}" for f in check_torch_cuda(engine)]
+                failures += [f"{engine}: {f}" for f in check_devices(engine)]
+                failures += [f"{engine}: {f}" for f in check_streams(engine)]
         except Exception as exc:  # a compile or launch failure is a failed check, reported in one line
             failures.append(f"{engine}: {type(exc).__name__}: {exc}")
-    kc.DEFAULT_ENGINE = "auto"
     print(f"CHECK exact vs fastflip.core.reference on every device and stream: {'FAIL' if failures else 'PASS'}")
     bulk = trials = None
     if not SIM:

@@ -16,7 +16,7 @@ from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
 from fastflip.files.fileio import sha256_file
-from fastflip.files.formats.npz_members import deflate_exact
+from fastflip.files.formats.deflatefit import deflate_exact
 from fastflip.files.inject import inject_file, replay, revert
 from fastflip.files.layout import read_layout
 from format_contract import check_format
@@ -277,6 +277,14 @@ def test_refusals(tmp_path, capsys, monkeypatch):
     with zipfile.ZipFile(p) as z:
         assert z.testzip() is None
     _refused(tmp_path, capsys, p, "zip64")
+
+
+def test_one_deflate_to_size_routine_for_npz_members_and_hdf5_chunks():
+    from fastflip.files import h5chunks, zipmembers
+    from fastflip.files.formats import deflatefit, npz_members
+
+    assert zipmembers.deflate_exact is h5chunks.deflate_exact is deflatefit.deflate_exact
+    assert not hasattr(npz_members, "deflate_exact")  # no second name for it
 
 
 def test_deflate_exact_sizes():

@@ -198,3 +198,25 @@ def test_a_failed_launch_on_the_first_part_says_nothing_was_flipped(fake) -> Non
     with pytest.raises(DeviceError, match="CUDA device 0 failed .*; no other part was flipped$"):
         live.inject(tensors, plan)
     assert as_bytes(fake, tensors) == {k: v.tobytes() for k, v in host.items()}
+
+
+def test_a_gpu_backend_named_by_backend_serves_the_cuda_tensors_and_the_cpu_ones_take_auto(fake) -> None:
+    host, tensors, plan = mixed(fake, 23, {"c": "cpu", "a0": 0, "a1": 1})
+    expected, exp_old, exp_new = reference(host, plan)
+    tg = live.targets(tensors)
+    log = live.inject(tg, plan, backend="cuda-raw")  # the engine is a parameter, not a module-wide setting
+    assert log.old_words.tolist() == exp_old.tolist() and log.new_words.tolist() == exp_new.tolist()
+    assert as_bytes(fake, tensors) == {k: v.tobytes() for k, v in expected.items()}
+    assert sorted(dev for _, _, dev, _ in fake.launches()) == [0, 1]  # one launch per device, none for the CPU tensor
+    live.revert(tg, log, backend="cuda-raw")
+    assert as_bytes(fake, tensors) == {k: v.tobytes() for k, v in host.items()}
+
+
+@pytest.mark.parametrize("old", ["raw", "numba"])
+def test_the_old_gpu_engine_names_are_refused_naming_the_new_ones(fake, old: str) -> None:
+    from fastflip.errors import OptionError
+    from fastflip.kernels import gpu
+
+    with pytest.raises(OptionError, match=f"unknown GPU engine '{old}': use 'auto', 'cuda-raw', 'numba-cuda'"):
+        gpu.gpu_backend(fake, old)
+    assert not hasattr(gpu, "DEFAULT_ENGINE") and gpu.gpu_backend(fake).name == "cuda-raw"

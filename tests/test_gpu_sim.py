@@ -27,6 +27,7 @@ assert config.ENABLE_CUDASIM, "simulator not enabled"
 from test_kernels import DTYPES, random_array, make_plan, reference
 from fastflip.core.dtypes import word_type
 from fastflip.core.plan import TensorRef
+from fastflip.core.records import TensorTable
 from fastflip.kernels import gpu as kc
 
 rng = np.random.default_rng(11)
@@ -45,10 +46,12 @@ for scale in (False, True):
     for s, v in zip(starts, arrays.values()):
         span[s : s + v.nbytes] = np.frombuffer(v.tobytes(), dtype=np.uint8)
     sizes = [v.itemsize for v in arrays.values()]
-    little = [np.little_endian != word_type(v.dtype).swapped for v in arrays.values()]
+    swaps = [word_type(v.dtype).swapped for v in arrays.values()]
     offs = np.array(starts)[plan.tensor] + plan.index * np.array(sizes)[plan.tensor]
-    sites = kc.SiteArrays.from_host(offs, plan.tensor, sizes, little, plan.and_mask, plan.or_mask, plan.xor_mask,
-                                    xp=np, scale=plan.scale, dtypes=[v.dtype for v in arrays.values()])
+    table = TensorTable.of_words([word_type(v.dtype) for v in arrays.values()])
+    assert table.itemsizes.tolist() == sizes and table.swaps.tolist() == swaps
+    sites = kc.SiteArrays.from_host(offs, plan.tensor, table, plan.and_mask, plan.or_mask, plan.xor_mask,
+                                    xp=np, scale=plan.scale)
     # the launch functions, then the same sites through the registry, as the live CUDA path calls them
     be = kc.gpu_backend(np)
     assert be.name == "numba-cuda" and be.device == "gpu"

@@ -1,4 +1,4 @@
-"""The CUDA C source of the 'raw' GPU engine, compiled for the host, against the NumPy oracle.
+"""The CUDA C source of the 'cuda-raw' GPU engine, compiled for the host, against the NumPy oracle.
 
 fastflip.kernels.gpu.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
 its grid-stride loop becomes a plain loop and the host C compiler builds it, so its
@@ -55,12 +55,12 @@ def test_cuda_source_matches_reference(lib, scale: bool) -> None:
     for k in names:
         span[starts[k] : starts[k] + arrays[k].nbytes] = np.frombuffer(arrays[k].tobytes(), dtype=np.uint8)
     sizes = np.array([arrays[k].itemsize for k in names], dtype=np.int32)
-    little = np.array([np.little_endian != word_type(arrays[k].dtype).swapped for k in names], dtype=np.uint8)
+    swaps = np.array([word_type(arrays[k].dtype).swapped for k in names], dtype=np.uint8)
     offs = np.ascontiguousarray(np.array([starts[k] for k in names])[plan.tensor] + plan.index * sizes[plan.tensor])
     tid = np.ascontiguousarray(plan.tensor, dtype=np.int32)
     old = np.empty(len(plan), np.uint64)
     new = np.empty(len(plan), np.uint64)
-    lib.ff_apply(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(little), ptr(plan.and_mask), ptr(plan.or_mask),
+    lib.ff_apply(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(swaps), ptr(plan.and_mask), ptr(plan.or_mask),
                  ptr(plan.xor_mask), ptr(old), ptr(new), len(plan))
     if scale:  # the engine's scale step: host scale_words, then the write kernel (as launch_apply does)
         from fastflip.core.wordrule import scale_words
@@ -70,20 +70,21 @@ def test_cuda_source_matches_reference(lib, scale: bool) -> None:
             sel = s[tid[s] == t]
             new[sel] = scale_words(old[sel], plan.scale[sel], arrays[names[t]].dtype)
         so, st, sw = (np.ascontiguousarray(a[s]) for a in (offs, tid, new))
-        lib.ff_write(ptr(span), ptr(so), ptr(st), ptr(sizes), ptr(little), ptr(sw), len(s))
+        lib.ff_write(ptr(span), ptr(so), ptr(st), ptr(sizes), ptr(swaps), ptr(sw), len(s))
     assert old.tolist() == exp_old.tolist()
     assert new.tolist() == exp_new.tolist()
     for k in names:
         assert span[starts[k] : starts[k] + arrays[k].nbytes].tobytes() == expected[k].tobytes(), k
     out = np.empty(len(plan), np.uint64)
-    lib.ff_read(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(little), ptr(out), len(plan))
+    lib.ff_read(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(swaps), ptr(out), len(plan))
     assert out.tolist() == exp_new.tolist()
-    lib.ff_write(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(little), ptr(old), len(plan))
+    lib.ff_write(ptr(span), ptr(offs), ptr(tid), ptr(sizes), ptr(swaps), ptr(old), len(plan))
     for k in names:
         assert span[starts[k] : starts[k] + arrays[k].nbytes].tobytes() == arrays[k].tobytes(), k
 
 
 def test_engine_names() -> None:
-    assert kc._engine(np, "auto") == "numba"
-    with pytest.raises(ValueError):
-        kc._engine(np, "opencl")
+    assert kc._engine(np, "auto") == "numba-cuda" and kc.ENGINES == ("cuda-raw", "numba-cuda")
+    for name in ("opencl", "raw", "numba"):  # one naming scheme: the registry's
+        with pytest.raises(ValueError, match="use 'auto', 'cuda-raw', 'numba-cuda'"):
+            kc._engine(np, name)

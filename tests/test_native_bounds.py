@@ -88,7 +88,7 @@ def test_cython_word_kernels_refuse_bad_calls(cy, itemsize, offsets, n_cols, say
 def test_cython_pointer_kernels_check_ids_extents_and_columns(cy):
     big, table = _guarded()
     before = big.tobytes()
-    ptrs, sizes, swaps, ext = table.ptrs, table.itemsizes, table.swaps, table.extents
+    ptrs, sizes, swaps, ext = table.bases, table.itemsizes, table.swaps, table.extents
     one = np.ones(1, np.uint64)
     for tid, off in [(0, 160), (0, 13), (0, -4), (1, 0), (-1, 0)]:
         t, o = np.array([tid], np.int32), np.array([off], np.int64)

@@ -30,9 +30,9 @@ def test_live_sites_through_the_registry_match_reference(backend: str) -> None:
     sites = tg.prepare(plan).sites
     assert isinstance(sites, SiteArrays) and isinstance(tg.table, PtrTable) and isinstance(tg.table, TensorTable)
     assert len(sites) == len(plan) and sites.xor_mask is plan.xor_mask
+    assert not hasattr(tg.prepare(plan), "tid") and not hasattr(tg.table, "ptrs")  # one name a column
     expected, exp_old, exp_new = reference(original, plan)
-    old, new = get_backend(backend).apply_ptrs(tg.table, sites.tensor, sites.offsets, sites.and_mask,
-                                               sites.or_mask, sites.xor_mask)
+    old, new = get_backend(backend).apply_ptrs(tg.table, sites)  # the record itself: table + sites
     assert old.tolist() == exp_old.tolist() and new.tolist() == exp_new.tolist()
     for k in arrays:
         assert arrays[k].tobytes() == expected[k].tobytes(), k
@@ -51,22 +51,32 @@ def test_file_sites_through_the_registry_match_reference(tmp_path, backend: str)
     refs = [tensors["/" + k].ref() for k in sorted(arrays)]
     plan = make_plan(refs, rng, per_tensor=5)
     raw = RawSites.from_routes(route_sites(path, plan, tensors), plan)
-    assert isinstance(raw.sites, SiteArrays) and raw.site is raw.sites.positions and len(raw) == len(plan)
-    assert bool((np.diff(raw.offs) > 0).all())  # file-offset order
+    assert isinstance(raw.sites, SiteArrays) and isinstance(raw.table, TensorTable) and len(raw) == len(plan)
+    assert not any(hasattr(raw, a) for a in ("site", "offs", "dcode", "cols", "size", "dtypes"))  # one name a column
+    assert bool((np.diff(raw.sites.offsets) > 0).all())  # file-offset order
     _, exp_old, exp_new = reference({"/" + k: v.copy() for k, v in arrays.items()}, plan)
     buf = np.fromfile(path, dtype=np.uint8)
     s = raw.sites
-    for code, (dt, fmt) in enumerate(raw.dtypes):  # the tensor column indexes the (dtype, format) table
+    t = raw.table
+    for code in range(len(t)):  # the tensor column indexes the table of word types
         at = np.flatnonzero(s.tensor == code)
-        old, new = apply_at_offsets(buf, s.offsets[at], dt.itemsize, dt.byteorder == (">" if np.little_endian else "<"),
-                                    s.and_mask[at], s.or_mask[at], s.xor_mask[at], backend=backend, dtype=dt)
+        assert t.swaps[code] == (t.dtypes[code].dtype.byteorder == (">" if np.little_endian else "<"))
+        old, new = apply_at_offsets(buf, s.offsets[at], int(t.itemsizes[code]), bool(t.swaps[code]), s.and_mask[at],
+                                    s.or_mask[at], s.xor_mask[at], backend=backend, dtype=t.dtypes[code])
         assert old.tolist() == exp_old[s.positions[at]].tolist()
         assert new.tolist() == exp_new[s.positions[at]].tolist()
 
 
 def test_gpu_site_arrays_are_the_one_site_type() -> None:
-    g = gpu.SiteArrays.from_host(offsets=[0, 4], tensor=[0, 0], sizes=[4], little=[True], and_mask=[1, 1],
+    from fastflip.core.dtypes import word_type
+
+    host = TensorTable.of_words([word_type(">f4")])
+    g = gpu.SiteArrays.from_host(offsets=[0, 4], tensor=[0, 0], table=host, and_mask=[1, 1],
                                  or_mask=[0, 0], xor_mask=[1, 2], xp=np, positions=[3, 5])
     assert isinstance(g, SiteArrays) and len(g) == 2 and g.positions.tolist() == [3, 5]
+    # the per-tensor columns are the record's TensorTable (no sizes/little of its own), one byte-order flag
+    assert isinstance(g.table, TensorTable) and g.table.itemsizes.tolist() == [4]
+    assert g.table.swaps.tolist() == [np.little_endian] and g.table.dtypes[0].name == "float32"
+    assert not any(hasattr(g, a) for a in ("sizes", "little", "scale_dtypes"))
     with pytest.raises(AttributeError):
         g.offsets = np.zeros(2)  # frozen: a plan's device columns are shared by every trial

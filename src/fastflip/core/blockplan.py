@@ -7,7 +7,7 @@ trials can be planned one at a time anywhere. Planning them one at a time costs 
 round per trial (a generator keyed by ``SeedSequence``, a :class:`~fastflip.core.plan.Plan`
 object, its validation); once the evaluation is batched that dominates. A
 :class:`PlanBlock` holds the plans of ``B`` trials as one set of columns with per-trial
-offsets; :meth:`PlanBlock.plan` gives trial ``j``'s :class:`~fastflip.core.plan.Plan`, equal
+row starts; :meth:`PlanBlock.plan` gives trial ``j``'s :class:`~fastflip.core.plan.Plan`, equal
 column for column (and in its ``meta``) to the one drawn alone.
 
 :func:`plan_sites_block` is the block form of :meth:`fastflip.core.sampling.SiteSpace.plan_sites`
@@ -56,8 +56,9 @@ class PlanBlock:
     Attributes
     ----------
     tensors : tuple of TensorRef
-    offsets : int64 array of length B + 1
-        Trial ``j``'s sites are rows ``offsets[j]:offsets[j + 1]`` of every column.
+    starts : int64 array of length B + 1
+        Trial ``j``'s sites are rows ``starts[j]:starts[j + 1]`` of every column (row numbers; ``offsets``
+        in fastflip always means byte offsets, :class:`fastflip.core.records.SiteArrays`).
     tensor, index, and_mask, or_mask, xor_mask, bits, scale
         The columns of :class:`~fastflip.core.plan.Plan`, trial after trial.
     metas : list of dict, optional
@@ -65,7 +66,7 @@ class PlanBlock:
     """
 
     tensors: tuple[TensorRef, ...]
-    offsets: np.ndarray
+    starts: np.ndarray
     tensor: np.ndarray
     index: np.ndarray
     and_mask: np.ndarray
@@ -86,16 +87,16 @@ class PlanBlock:
                 setattr(self, name, readonly(col, np.asarray(col).dtype))
 
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.starts) - 1
 
     @property
     def trial_of_row(self) -> np.ndarray:
         """The trial (0 … B-1) of every row."""
-        return np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.offsets))
+        return np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.starts))
 
     def plan(self, j: int) -> Plan:
         """Trial ``j``'s plan."""
-        s, e = int(self.offsets[j]), int(self.offsets[j + 1])
+        s, e = int(self.starts[j]), int(self.starts[j + 1])
         return Plan(self.tensors, self.tensor[s:e], self.index[s:e], self.and_mask[s:e], self.or_mask[s:e],
                     self.xor_mask[s:e], None if self.scale is None else self.scale[s:e], self.bits[s:e],
                     self.meta(j))
@@ -120,7 +121,7 @@ class PlanBlock:
         if not plans:
             raise ValueError("a plan block needs at least one plan")
         lens = np.array([len(p) for p in plans], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
 
         def cat(name: str) -> np.ndarray:
             return np.concatenate([getattr(p, name) for p in plans])
@@ -128,7 +129,7 @@ class PlanBlock:
         scale = None
         if any(p.scale is not None for p in plans):
             scale = np.concatenate([p.scale if p.scale is not None else np.full(len(p), np.nan) for p in plans])
-        return cls(plans[0].tensors, offsets, cat("tensor"), cat("index"), cat("and_mask"), cat("or_mask"),
+        return cls(plans[0].tensors, starts, cat("tensor"), cat("index"), cat("and_mask"), cat("or_mask"),
                    cat("xor_mask"), cat("bits"), scale, [dict(p.meta) for p in plans])
 
 
@@ -195,13 +196,13 @@ def plan_sites_block(space: Any, sites: np.ndarray, *, seed: int, streams: Seque
         a, o, x, b = site_masks(model, group, m, rng, None, None if bmask is None else bmask[at])
         and_m[at], or_m[at], xor_m[at], touched[at] = a, o, x, b
     scale = np.full(n, model.factor, np.float64) if model.kind == "scale" else None
-    offsets = np.searchsorted(trial, np.arange(B + 1), side="left").astype(np.int64)
-    flips = np.add.reduceat(np.bitwise_count(touched).astype(np.int64), offsets[:-1]) if n else np.zeros(B, np.int64)
-    flips[np.diff(offsets) == 0] = 0
+    starts = np.searchsorted(trial, np.arange(B + 1), side="left").astype(np.int64)
+    flips = np.add.reduceat(np.bitwise_count(touched).astype(np.int64), starts[:-1]) if n else np.zeros(B, np.int64)
+    flips[np.diff(starts) == 0] = 0
     common = {"seed": int(seed), "model": model.as_dict(), "bits": list(space.bits.items),
               "sign_first": space.bits.sign_first, "requested_sites": int(k), "generator": "philox/seedsequence",
               "sites": "given"}
-    return PlanBlock(space.tensors, offsets, t.astype(np.int32), elem - space.starts[t], and_m, or_m, xor_m,
+    return PlanBlock(space.tensors, starts, t.astype(np.int32), elem - space.starts[t], and_m, or_m, xor_m,
                      touched, scale, None, common, list(streams), flips)
 
 

@@ -301,6 +301,24 @@ class TensorTable:
     def __len__(self) -> int:
         return len(self.itemsizes)
 
+    @classmethod
+    def of_words(cls, types: Any, bases: Any = None, extents: Any = None) -> "TensorTable":
+        """The table of word types ``types`` (:class:`fastflip.core.dtypes.WordType`: ``itemsize``,
+        ``swapped``): ``bases`` default 0 (absolute offsets, as in a file), ``extents`` 0 (unbounded here:
+        the buffer bounds the sites).
+
+        >>> from fastflip.core.dtypes import word_type
+        >>> t = TensorTable.of_words([word_type(">f4"), word_type("<u2", "bfloat16")])
+        >>> t.itemsizes.tolist(), t.swaps.tolist() == [np.little_endian, not np.little_endian], t.dtypes[1].name
+        ([4, 2], True, 'bfloat16')
+        """
+        types = list(types)
+        n = len(types)
+        return cls(itemsizes=np.array([t.itemsize for t in types], np.int32),
+                   swaps=np.array([t.swapped for t in types], np.uint8), dtypes=types,
+                   bases=np.zeros(n, np.uint64) if bases is None else np.asarray(bases, np.uint64),
+                   extents=np.zeros(n, np.int64) if extents is None else np.asarray(extents, np.int64))
+
 
 def natural_key(path: str) -> tuple[Any, ...]:
     """Sort key that orders '/vars/2' before '/vars/10' (the order of tensors in a :class:`Layout`)."""

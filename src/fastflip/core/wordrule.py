@@ -29,7 +29,8 @@ from .floatformats import FORMATS, decode, encode, nonfinite_words
 if TYPE_CHECKING:
     from .plan import Plan
 
-__all__ = ["rule_words", "new_words_for", "scale_words", "words_to_values", "nonfinite", "became_nonfinite", "WordCounts"]
+__all__ = ["rule_words", "new_words", "new_words_for", "scale_words", "words_to_values", "nonfinite", "became_nonfinite",
+           "WordCounts"]
 
 
 def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray, bits: int | np.ndarray) -> np.ndarray:
@@ -39,17 +40,22 @@ def rule_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_m
     return (((old & and_mask) | or_mask) ^ xor_mask) & width
 
 
-def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: Any) -> np.ndarray:
-    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one dtype; a WordType for
-    bfloat16/float8 words)."""
-    wt = word_type(dtype)
-    new = rule_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], wt.bits)
-    if plan.scale is not None:
-        sc = plan.scale[pos]
-        at = ~np.isnan(sc)
+def new_words(old: np.ndarray, and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray,
+              scale: np.ndarray | None, dtype: Any) -> np.ndarray:
+    """The words a rule makes from ``old`` words of one word type (a WordType for bfloat16/float8 words):
+    the masks' bit rule, and the value-level rule where ``scale`` is given and not NaN."""
+    new = rule_words(old, and_mask, or_mask, xor_mask, word_type(dtype).bits)
+    if scale is not None:
+        at = ~np.isnan(scale)
         if at.any():
-            new[at] = scale_words(old[at], sc[at], dtype)
+            new[at] = scale_words(old[at], scale[at], dtype)
     return new
+
+
+def new_words_for(old: np.ndarray, plan: Plan, pos: np.ndarray, dtype: Any) -> np.ndarray:
+    """The words the plan's rule makes from ``old`` at plan positions ``pos`` (one word type; see :func:`new_words`)."""
+    return new_words(old, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos],
+                     None if plan.scale is None else plan.scale[pos], dtype)
 
 
 def words_to_values(words: np.ndarray, dtype: "np.dtype | str | WordType") -> np.ndarray:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.dtypes import from_words, to_words, word_type
 from ..core.plan import Plan
-from ..core.records import SiteArrays
+from ..core.records import SiteArrays, TensorTable
 from ..core.wordrule import new_words_for
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
@@ -45,8 +45,8 @@ from .h5index import tensor_element_offsets
 from .layout import Tensor, chunk_address_base, open_dataset, open_h5
 from .zipmembers import member_words
 
-__all__ = ["SiteRoute", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file", "check_storage",
-           "copy_apply", "new_words_for"]
+__all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
+           "check_storage", "copy_apply"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
@@ -178,36 +178,16 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
 class RawSites:
     """The raw-path sites of a plan in file-offset order (the order every block walk uses).
 
-    The plan's columns are gathered into that order once, so each block works on
-    slices; results are collected in that order and scattered back once. ``sites`` is the one
-    site type (:class:`fastflip.core.records.SiteArrays`), its ``tensor`` column indexing
-    ``dtypes``; ``size`` is each site's word size.
+    The plan's columns are gathered into that order once, so each block works on slices; results
+    are collected in that order and scattered back once. ``sites`` is the one site type
+    (:class:`fastflip.core.records.SiteArrays`: ``positions`` in the plan, absolute and increasing
+    ``offsets``); its ``tensor`` column indexes ``table``, a :class:`fastflip.core.records.TensorTable`
+    with one row per stored word type (dtype and float format: every tensor of one type shares a row,
+    so a block's sites take one kernel call per type; ``bases`` are 0, offsets being absolute).
     """
 
-    sites: SiteArrays  # tensor = index into dtypes; offsets absolute, increasing; masks/scale/words gathered
-    size: np.ndarray  # word size of each site
-    dtypes: list[tuple[np.dtype, str | None]]  # (stored dtype, float format)
-
-    @property
-    def site(self) -> np.ndarray:
-        """Positions in the plan."""
-        return self.sites.positions
-
-    @property
-    def offs(self) -> np.ndarray:
-        """Absolute byte offsets, increasing."""
-        return self.sites.offsets
-
-    @property
-    def dcode(self) -> np.ndarray:
-        """Index into ``dtypes`` per site (the sites' ``tensor`` column: sites are grouped by dtype)."""
-        return self.sites.tensor
-
-    @property
-    def cols(self) -> dict[str, np.ndarray | None]:
-        """The and/or/xor/scale/words columns by name."""
-        s = self.sites
-        return {"and": s.and_mask, "or": s.or_mask, "xor": s.xor_mask, "scale": s.scale, "words": s.words}
+    sites: SiteArrays
+    table: TensorTable
 
     @classmethod
     def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
@@ -220,59 +200,61 @@ class RawSites:
         z = np.zeros(0, np.int64)
         site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
         offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
-        size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in zip(raw, keep)]) if raw else z
-        # sites are grouped by dtype (and float format: bfloat16 is not uint16), not by tensor
-        dtypes = list(dict.fromkeys((r.tensor.dtype, r.tensor.format) for r in raw))
-        dcode = np.concatenate([np.full(int(k.sum()), dtypes.index((r.tensor.dtype, r.tensor.format)), np.int64)
-                                for r, k in zip(raw, keep)]) if raw else z
+        # sites are grouped by word type (bfloat16 is not uint16), not by tensor
+        keys = list(dict.fromkeys((r.tensor.dtype, r.tensor.format) for r in raw))
+        code = np.concatenate([np.full(int(k.sum()), keys.index((r.tensor.dtype, r.tensor.format)), np.int64)
+                               for r, k in zip(raw, keep)]) if raw else z
         if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
-            site, offs, size, dcode = site[order], offs[order], size[order], dcode[order]
-        sites = SiteArrays(positions=site, tensor=dcode, offsets=offs, and_mask=plan.and_mask[site],
+            site, offs, code = site[order], offs[order], code[order]
+        sites = SiteArrays(positions=site, tensor=code, offsets=offs, and_mask=plan.and_mask[site],
                            or_mask=plan.or_mask[site], xor_mask=plan.xor_mask[site],
                            scale=None if plan.scale is None else plan.scale[site],
                            words=None if words is None else np.asarray(words, np.uint64)[site])
-        return cls(sites, size, dtypes)
+        return cls(sites, TensorTable.of_words([word_type(*k) for k in keys]))
 
     def __len__(self) -> int:
-        return len(self.site)
+        return len(self.sites)
 
     def stop(self, lo: int, end: int) -> int:
         """Index one past the last site (from ``lo``) that starts before byte ``end``."""
-        return lo + int(np.searchsorted(self.offs[lo:], end, side="left"))
+        return lo + int(np.searchsorted(self.sites.offsets[lo:], end, side="left"))
 
     def spill(self, hi: int, end: int) -> int:
         """Bytes the last site before ``hi`` reaches past ``end`` (0 when none does)."""
-        return max(0, int(self.offs[hi - 1] + self.size[hi - 1] - end)) if hi else 0
+        if not hi:
+            return 0
+        s = self.sites
+        return max(0, int(s.offsets[hi - 1]) + int(self.table.itemsizes[int(s.tensor[hi - 1])]) - end)
 
     def run_block(self, arr: np.ndarray, base: int, lo: int, hi: int, mode: str, old: np.ndarray,
                   new: np.ndarray, backend: str) -> None:
         """Read / apply / write the sites ``lo:hi`` that lie in ``arr`` (the file's bytes from ``base``);
         old and new words go to ``old[lo:hi]``, ``new[lo:hi]`` (this object's order)."""
-        codes = self.dcode[lo:hi]
+        s = self.sites
+        codes = s.tensor[lo:hi]
         if codes[0] == codes[-1] and bool((codes == codes[0]).all()):
             groups = [(int(codes[0]), slice(lo, hi))]
         else:
             groups = [(c, np.flatnonzero(codes == c) + lo) for c in np.unique(codes).tolist()]
-        c = self.cols
         for code, at in groups:
-            wt = dt = word_type(*self.dtypes[code])
-            offs = self.offs[at] - base
+            wt = self.table.dtypes[code]
+            offs = s.offsets[at] - base
             if mode == "apply":
                 old[at], new[at] = native.apply_at_offsets(
-                    arr, offs, wt.itemsize, wt.swapped, c["and"][at], c["or"][at], c["xor"][at], backend=backend,
-                    scale=None if c["scale"] is None else c["scale"][at], dtype=dt)
+                    arr, offs, wt.itemsize, wt.swapped, s.and_mask[at], s.or_mask[at], s.xor_mask[at],
+                    backend=backend, scale=None if s.scale is None else s.scale[at], dtype=wt)
                 continue
             old[at] = native.read_at_offsets(arr, offs, wt.itemsize, wt.swapped, backend=backend)
             if mode == "write":
-                assert c["words"] is not None
-                native.write_at_offsets(arr, offs, wt.itemsize, wt.swapped, c["words"][at], backend=backend)
-                new[at] = c["words"][at]
+                assert s.words is not None
+                native.write_at_offsets(arr, offs, wt.itemsize, wt.swapped, s.words[at], backend=backend)
+                new[at] = s.words[at]
 
     def scatter(self, old: np.ndarray, new: np.ndarray, old_out: np.ndarray, new_out: np.ndarray) -> None:
         """Move results from this object's order to plan order."""
-        old_out[self.site] = old
-        new_out[self.site] = new
+        old_out[self.sites.positions] = old
+        new_out[self.sites.positions] = new
 
 
 _WINDOW = 32 << 20  # bytes of the file mapped at a time: memory stays bounded whatever the file size
@@ -295,7 +277,7 @@ def _run_raw_mapped(path: str, raw: RawSites, mode: str, old_out: np.ndarray, ne
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if write else 0)
         lo = 0
         while lo < len(raw):
-            base = int(raw.offs[lo]) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+            base = int(raw.sites.offsets[lo]) // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
             end = min(base + _WINDOW, fsize)
             hi = raw.stop(lo, end)
             end = min(end + raw.spill(hi, end), fsize)

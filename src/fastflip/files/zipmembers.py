@@ -5,7 +5,7 @@ Layer: ``files`` (may import core, kernels and files; imported by live and above
 Only the members that hold plan sites are touched. Each is read raw, checked (not
 encrypted, no zip64 directory, inflates to its recorded size and CRC-32), inflated,
 patched with the plan's word rule and re-deflated. When a stream of the member's old
-compressed size can be made (:func:`fastflip.files.formats.npz_members.deflate_exact`), the
+compressed size can be made (:func:`fastflip.files.formats.deflatefit.deflate_exact`), the
 member keeps its place: the change is a same-size byte patch of the member's bytes and
 of its CRC-32 fields, the copy path writes it while streaming the file, and the log keeps
 the old member bytes, so revert is exact and the cost follows the members touched.
@@ -32,7 +32,8 @@ import numpy as np
 from ..core.dtypes import from_words, to_words, word_type
 from ..errors import LogMismatchError
 from .formats import FormatError
-from .formats.npz_members import deflate_exact, deflate_smallest, read_member, zip64_fields
+from .formats.deflatefit import deflate_exact, deflate_smallest
+from .formats.npz_members import read_member, zip64_fields
 from .formats.numpy_io import npy_header
 from .formats.zipcrc import check_patch_bytes, crc_spots, descriptor_at
 from .formats.zipraw import ZipEntry, central_records, stored_entries

@@ -10,7 +10,7 @@ Two families:
   or any array's bytes), one word width and byte order, byte offsets into it.
 - ``*_ptrs``: several tensors by base address (``arr.ctypes.data``,
   ``tensor.data_ptr()``), per-tensor word width and byte order; site ``i`` is at
-  ``ptrs[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
+  ``bases[tensor[i]] + offsets[i]``. The caller owns the addresses' validity (the
   :mod:`fastflip.live` targets check that each tensor still has the storage they were built on);
   the sites are checked against the table's extents here, and a 1-10 flip trial over many
   tensors costs one native call.
@@ -41,17 +41,15 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.dtypes import WordType, word_type
-from ..core.records import TensorTable
+from ..core.records import SiteArrays, TensorTable
 from ..errors import OptionError, ReadOnlyTargetError
 from ..core.wordrule import rule_words, scale_words
 from .registry import AUTO_ORDER, get_backend, resolve_backend
-from .registry import available_backends as _available
 
 __all__ = [
     "BACKENDS",
     "PtrTable",
     "get_backend",
-    "available_backends",
     "resolve_backend",
     "apply_at_offsets",
     "read_at_offsets",
@@ -62,14 +60,8 @@ __all__ = [
 ]
 
 BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
-_NATIVE_LITTLE = bool(np.little_endian)
 _U64 = np.dtype(np.uint64)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-
-def available_backends() -> list[str]:
-    """CPU backends that load on this machine, in the order ``'auto'`` tries them."""
-    return _available("cpu")
 
 
 # --------------------------------------------------------------------------- validation
@@ -216,8 +208,9 @@ def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, w
 class PtrTable(TensorTable):
     """Per-tensor base addresses, word widths and byte orders for the ``*_ptrs`` kernels.
 
-    The :class:`fastflip.core.records.TensorTable` of live host tensors (``ptrs`` is its ``bases``
-    column), plus ``little`` (stored little-endian) per tensor.
+    The :class:`fastflip.core.records.TensorTable` of live host tensors, its columns checked and held as
+    the contiguous arrays the kernels take (``bases`` uint64, ``itemsizes`` int32, ``swaps`` uint8,
+    ``extents`` int64).
 
     Built once per set of tensors (by :mod:`fastflip.live`); ``extents`` (bytes from each base address to
     the end of its last word) bound every site the ``*_ptrs`` functions accept (0: no host site at all).
@@ -228,29 +221,25 @@ class PtrTable(TensorTable):
     1
     """
 
-    def __init__(self, ptrs: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
+    def __init__(self, bases: Sequence[int], itemsizes: Sequence[int], swaps: Sequence[bool],
                  extents: Sequence[int], dtypes: Sequence[np.dtype | str]) -> None:
-        swap_col = np.ascontiguousarray(swaps, dtype=np.uint8)
         super().__init__(
-            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32), swaps=swap_col,
+            itemsizes=np.ascontiguousarray(itemsizes, dtype=np.int32),
+            swaps=np.ascontiguousarray(swaps, dtype=np.uint8),
             # a WordType (bfloat16 / float8 held in unsigned words) is kept: scale sites need its format
             dtypes=[d if isinstance(d, WordType) else np.dtype(d) for d in dtypes],
-            bases=np.ascontiguousarray(ptrs, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
-        # stored little-endian <=> (this machine is little-endian) XOR swap
-        object.__setattr__(self, "ptrs", self.bases)  # the name the pointer kernels use (the same array)
-        object.__setattr__(self, "little", np.ascontiguousarray(swap_col.astype(bool) != _NATIVE_LITTLE, dtype=np.bool_))
-        n = len(self.ptrs)
+            bases=np.ascontiguousarray(bases, dtype=np.uint64), extents=np.ascontiguousarray(extents, dtype=np.int64))
+        n = len(self.bases)
         if not (len(self.itemsizes) == len(self.swaps) == len(self.extents) == len(self.dtypes) == n):
             raise OptionError("pointer table columns must all have the same length")
         if n and not np.isin(self.itemsizes, [1, 2, 4, 8]).all():
             raise OptionError("itemsizes must be 1, 2, 4 or 8")
 
-    def __len__(self) -> int:
-        return len(self.bases)
 
 
-def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The site columns, checked: tensor ids in the table, every word inside its tensor's extent."""
+def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any, masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
+    """The sites as the record the backends take, checked: tensor ids in the table, every word inside its
+    tensor's extent, masks (when given; reads and writes need none) one per site."""
     tid = _column(tensor, np.int32, None, "tensor")
     offs = _column(offsets, np.int64, len(tid), "offsets")
     if len(tid):
@@ -263,7 +252,8 @@ def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any) -> tuple[np.ndarray, 
             raise OptionError(f"site {i}: byte offset {int(offs[i])} of tensor {t} lies outside its "
                               f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); "
                               "nothing was changed")
-    return tid, offs
+    a, o, x = _masks(*masks, len(offs)) if masks is not None else (None, None, None)
+    return SiteArrays(tensor=tid, offsets=offs, and_mask=a, or_mask=o, xor_mask=x)
 
 
 def apply_ptrs(
@@ -277,11 +267,12 @@ def apply_ptrs(
     *,
     scale: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Apply the word rule at ``table.ptrs[tensor[i]] + offsets[i]`` for every site, in one native call.
+    """Apply the word rule at ``table.bases[tensor[i]] + offsets[i]`` for every site, in one native call.
 
     The addresses must lie inside live writable tensors (the caller checks plans
     against shapes); sites must be unique. Scale sites (``scale`` not NaN) use the
-    tensor's dtype from ``table.dtypes``.
+    tensor's dtype from ``table.dtypes``. The checked columns reach the backend as one
+    :class:`fastflip.core.records.SiteArrays`.
 
     Returns
     -------
@@ -294,28 +285,26 @@ def apply_ptrs(
     [1.0, -1.0]
     """
     be = get_backend(backend)
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    n = len(offs)
-    masks = _masks(and_mask, or_mask, xor_mask, n)
-    where, factors = _scale_positions(scale, n)
+    sites = _ptr_sites(table, tensor, offsets, (and_mask, or_mask, xor_mask))
+    where, factors = _scale_positions(scale, len(sites))
     if where is None:
-        return be.apply_ptrs(table, tid, offs, *masks)
-    old = be.read_ptrs(table, tid, offs)
-    new = rule_words(old, *masks, 8 * table.itemsizes[tid].astype(np.uint64))
+        return be.apply_ptrs(table, sites)
+    tid = sites.tensor
+    old = be.read_ptrs(table, sites)
+    new = rule_words(old, sites.and_mask, sites.or_mask, sites.xor_mask, 8 * table.itemsizes[tid].astype(np.uint64))
     for t in np.unique(tid[where]):
         pos = where[tid[where] == t]
         new[pos] = scale_words(old[pos], factors[pos], table.dtypes[int(t)])
-    be.write_ptrs(table, tid, offs, new)
+    be.write_ptrs(table, sites, new)
     return old, new
 
 
 def read_ptrs(table: PtrTable, tensor: Any, offsets: Any, backend: str = "auto") -> np.ndarray:
     """Words (native order) of every site; see :func:`apply_ptrs`."""
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    return get_backend(backend).read_ptrs(table, tid, offs)
+    return get_backend(backend).read_ptrs(table, _ptr_sites(table, tensor, offsets))
 
 
 def write_ptrs(table: PtrTable, tensor: Any, offsets: Any, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at every site; see :func:`apply_ptrs`."""
-    tid, offs = _ptr_sites(table, tensor, offsets)
-    get_backend(backend).write_ptrs(table, tid, offs, _column(words, _U64, len(offs), "words"))
+    sites = _ptr_sites(table, tensor, offsets)
+    get_backend(backend).write_ptrs(table, sites, _column(words, _U64, len(sites), "words"))

@@ -28,9 +28,6 @@ from .registry import Backend
 
 __all__ = ["CythonBackend", "NumbaBackend", "NumpyBackend"]
 
-_NATIVE_LITTLE = bool(np.little_endian)
-
-
 def _empty(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
 
@@ -60,24 +57,24 @@ class CythonBackend(Backend):
         self.mod.apply_words(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, old, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        self.mod.read_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, out)
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        self.mod.read_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets, out)
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.mod.write_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, words)
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        self.mod.write_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets,
+                            words)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old, new = _empty(len(offsets))
-        self.mod.apply_ptrs(table.ptrs, table.itemsizes, table.swaps, table.extents, tensor, offsets, and_mask,
-                            or_mask, xor_mask, old, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old, new = _empty(len(sites))
+        self.mod.apply_ptrs(table.bases, table.itemsizes, table.swaps, table.extents, sites.tensor, sites.offsets,
+                            sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
         return old, new
 
 
 class NumbaBackend(Backend):
-    """The Numba CPU kernels of :mod:`fastflip.kernels.numba_cpu` (they take ``little``, not ``swap``)."""
+    """The Numba CPU kernels of :mod:`fastflip.kernels.numba_cpu`."""
 
     name = "numba"
     k: Any = None
@@ -89,31 +86,30 @@ class NumbaBackend(Backend):
 
     def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:
         out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, out)
+        self.k["read_words"](buf, offsets, itemsize, swap, out)
         return out
 
     def write_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool, words: Any) -> None:
-        self.k["write_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, words)
+        self.k["write_words"](buf, offsets, itemsize, swap, words)
 
     def apply_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[np.ndarray, np.ndarray]:
         old, new = _empty(len(offsets))
-        self.k["apply_words"](buf, offsets, itemsize, _NATIVE_LITTLE != swap, and_mask, or_mask, xor_mask, old, new)
+        self.k["apply_words"](buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, old, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        self.k["read_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, out)
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        self.k["read_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, out)
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        self.k["write_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, words)
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        self.k["write_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, words)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old, new = _empty(len(offsets))
-        self.k["apply_ptrs"](table.ptrs, table.itemsizes, table.little, tensor, offsets, and_mask, or_mask, xor_mask,
-                             old, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old, new = _empty(len(sites))
+        self.k["apply_ptrs"](table.bases, table.itemsizes, table.swaps, sites.tensor, sites.offsets, sites.and_mask,
+                             sites.or_mask, sites.xor_mask, old, new)
         return old, new
 
 
@@ -137,7 +133,7 @@ def _view(table: Any, t: int) -> np.ndarray:
     size = int(table.extents[t])
     if size == 0:
         return np.zeros(0, dtype=np.uint8)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(table.ptrs[t])))
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(table.bases[t])))
 
 
 class NumpyBackend(Backend):
@@ -160,19 +156,21 @@ class NumpyBackend(Backend):
         self.write_words(buf, offsets, itemsize, swap, new)
         return old, new
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        out = np.empty(len(offsets), dtype=np.uint64)
-        for t, pos in _ptr_groups(tensor):
-            out[pos] = self.read_words(_view(table, t), offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]))
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
+        out = np.empty(len(sites), dtype=np.uint64)
+        for t, pos in _ptr_groups(sites.tensor):
+            out[pos] = self.read_words(_view(table, t), sites.offsets[pos], int(table.itemsizes[t]),
+                                       bool(table.swaps[t]))
         return out
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        for t, pos in _ptr_groups(tensor):
-            self.write_words(_view(table, t), offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]), words[pos])
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
+        for t, pos in _ptr_groups(sites.tensor):
+            self.write_words(_view(table, t), sites.offsets[pos], int(table.itemsizes[t]), bool(table.swaps[t]),
+                             words[pos])
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        old = self.read_ptrs(table, tensor, offsets)
-        new = rule_words(old, and_mask, or_mask, xor_mask, 8 * table.itemsizes[tensor].astype(np.uint64))
-        self.write_ptrs(table, tensor, offsets, new)
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
+        old = self.read_ptrs(table, sites)
+        new = rule_words(old, sites.and_mask, sites.or_mask, sites.xor_mask,
+                         8 * table.itemsizes[sites.tensor].astype(np.uint64))
+        self.write_ptrs(table, sites, new)
         return old, new

@@ -2,7 +2,7 @@
 
 Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
 
-Imports :mod:`fastflip.kernels.dispatch` (the registry); the CLI's ``fastflip info`` prints it. Optional extras are
+Imports :mod:`fastflip.kernels.registry`; the CLI's ``fastflip info`` prints it. Optional extras are
 found with :func:`importlib.util.find_spec` and their versions read from package metadata, so nothing heavy
 is imported to answer, except Numba when the CPU backends are probed (``backends=True``).
 
@@ -22,7 +22,7 @@ import platform
 from typing import Any
 
 from .. import __version__
-from . import dispatch as native
+from .registry import available_backends, resolve_backend
 
 __all__ = ["EXTRAS", "EXTRA_FOR_MODULE", "describe", "format_description", "missing_extra"]
 
@@ -111,8 +111,8 @@ def describe(backends: bool = True) -> dict[str, Any]:
                    for name, d in EXTRAS.items()},
     }
     if backends:
-        out["cpu_backends"] = native.available_backends()
-        out["default_backend"] = native.resolve_backend("auto")
+        out["cpu_backends"] = available_backends("cpu")
+        out["default_backend"] = resolve_backend("auto")
         out["gpu"] = _gpu()
     return out
 

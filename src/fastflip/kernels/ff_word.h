@@ -7,8 +7,9 @@
  *
  *   new = ((old & and) | or) ^ xor, truncated to the word's width (size bytes)
  *
- * Words are read and written byte by byte in the stored byte order (`little`: stored little-endian),
- * so unaligned sites and either byte order need no special case.
+ * Words are read and written byte by byte in the stored byte order, so unaligned sites and either byte
+ * order need no special case. `swap` is fastflip's one byte-order flag: true when the stored order differs
+ * from the host's (the host that reads the words back; CUDA devices and their hosts are little-endian).
  */
 #ifndef FF_WORD_H
 #define FF_WORD_H
@@ -18,11 +19,17 @@ typedef long long ff_i64;
 
 #if !defined(FF_HOST) && (defined(__CUDACC__) || defined(__CUDACC_RTC__))
 #define FF_DEVICE __device__ __forceinline__
+#define FF_NATIVE_LITTLE 1
 #define FF_GLOBAL extern "C" __global__
 #define FF_SITES(i, n) \
     for (ff_i64 i = (ff_i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (ff_i64)blockDim.x * gridDim.x)
 #else
 #define FF_DEVICE static inline
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define FF_NATIVE_LITTLE 0
+#else
+#define FF_NATIVE_LITTLE 1
+#endif
 #define FF_GLOBAL
 #define FF_SITES(i, n) for (ff_i64 i = 0; i < (n); ++i)
 #endif
@@ -37,14 +44,16 @@ FF_DEVICE ff_u64 ff_rule(ff_u64 old, ff_u64 a, ff_u64 o, ff_u64 x, int size) {
     return (((old & a) | o) ^ x) & ff_width(size);
 }
 
-/* word of `size` bytes at p; `little`: stored little-endian */
-FF_DEVICE ff_u64 ff_load(const unsigned char* p, int size, int little) {
+/* word of `size` bytes at p; `swap`: stored in the other byte order than the host's */
+FF_DEVICE ff_u64 ff_load(const unsigned char* p, int size, int swap) {
+    int little = FF_NATIVE_LITTLE ^ (swap != 0);
     ff_u64 w = 0;
     for (int j = 0; j < size; ++j) w |= ((ff_u64)p[j]) << (8 * (little ? j : size - 1 - j));
     return w;
 }
 
-FF_DEVICE void ff_store(unsigned char* p, int size, int little, ff_u64 w) {
+FF_DEVICE void ff_store(unsigned char* p, int size, int swap, ff_u64 w) {
+    int little = FF_NATIVE_LITTLE ^ (swap != 0);
     for (int j = 0; j < size; ++j) p[j] = (unsigned char)(w >> (8 * (little ? j : size - 1 - j)));
 }
 

@@ -2,19 +2,21 @@
 
 Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
 
-Two interchangeable engines, both checked without a GPU:
+Two interchangeable engines (the backend registry's ``cuda-raw`` and ``numba-cuda``), both checked
+without a GPU:
 
-- ``'raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
+- ``'cuda-raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
   same source, with a grid-stride loop that degenerates to a plain loop, is compiled
   by the host C compiler in the tests (:func:`build_host_library`) and checked
   against :mod:`fastflip.core.reference` — one word-rule source, two instantiations.
-- ``'numba'``: a Numba CUDA kernel compiling the per-site functions of
+- ``'numba-cuda'``: a Numba CUDA kernel compiling the per-site functions of
   :mod:`fastflip.kernels.numba_cpu` (``load_word``, ``store_word``, ``rule``) with
   ``numba.cuda.jit(device=True)``; under ``NUMBA_ENABLE_CUDASIM=1`` it runs in
   Numba's CUDA simulator on NumPy arrays.
 
-``'auto'`` takes ``'raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba'``
-for NumPy arrays (the simulator).
+``'auto'`` takes ``'cuda-raw'`` for CuPy arrays (CuPy alone suffices) and ``'numba-cuda'``
+for NumPy arrays (the simulator); there is no global default to change: pass ``engine=`` (or, on the
+live path, ``backend=`` naming a GPU backend).
 
 Several tensors on one device are addressed through one ``uint8`` *span*: a view
 from the lowest tensor address to the end of the highest (device memory is one flat
@@ -39,10 +41,11 @@ sites' words cross the bus, never a tensor) and written back by a second launch.
 Examples
 --------
 >>> import numpy as np
->>> k = SiteArrays.from_host(offsets=[0], tensor=[0], sizes=[4], little=[True],
+>>> from fastflip.core.dtypes import word_type
+>>> k = SiteArrays.from_host(offsets=[0], tensor=[0], table=records.TensorTable.of_words([word_type("<f4")]),
 ...                          and_mask=[2**64 - 1], or_mask=[0], xor_mask=[1], xp=np)
->>> len(k)
-1
+>>> len(k), k.table.itemsizes.tolist()
+(1, [4])
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..core import records
-from ..core.dtypes import WordType
 from .numba_cpu import load_word, rule, store_word
 from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
@@ -66,15 +68,15 @@ __all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels",
            "launch_read", "launch_write", "device_span", "device_scope", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
 
 THREADS = 256
-_KERNELS: dict[Any, Any] = {}  # "numba" -> Numba dispatchers; ("raw", device id) -> that device's functions
+_KERNELS: dict[Any, Any] = {}  # "numba-cuda" -> Numba dispatchers; ("cuda-raw", device id) -> that device's functions
 cuda: Any = None  # numba.cuda, bound on first use (a module global so the simulator can swap it)
 
 
 def get_gpu_kernels() -> dict[str, Any]:
     """Compile (once per process) the CUDA kernels ``apply``, ``read`` and ``write``."""
     global cuda
-    if "numba" in _KERNELS:
-        return _KERNELS["numba"]
+    if "numba-cuda" in _KERNELS:
+        return _KERNELS["numba-cuda"]
     from numba import cuda as numba_cuda
 
     cuda = numba_cuda
@@ -84,32 +86,32 @@ def get_gpu_kernels() -> dict[str, Any]:
     d_rule = cuda.jit(device=True)(rule)
 
     @cuda.jit
-    def apply(buf, offsets, tensor, sizes, little, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def apply(buf, offsets, tensor, itemsizes, swaps, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            old = d_load(buf, offsets[i], sizes[t], little[t])
-            new = d_rule(old, a[i], o[i], x[i], sizes[t])
-            d_store(buf, offsets[i], sizes[t], little[t], new)
+            old = d_load(buf, offsets[i], itemsizes[t], swaps[t])
+            new = d_rule(old, a[i], o[i], x[i], itemsizes[t])
+            d_store(buf, offsets[i], itemsizes[t], swaps[t], new)
             old_out[i] = old
             new_out[i] = new
 
     @cuda.jit
-    def read(buf, offsets, tensor, sizes, little, out):  # type: ignore[no-untyped-def]
+    def read(buf, offsets, tensor, itemsizes, swaps, out):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            out[i] = d_load(buf, offsets[i], sizes[t], little[t])
+            out[i] = d_load(buf, offsets[i], itemsizes[t], swaps[t])
 
     @cuda.jit
-    def write(buf, offsets, tensor, sizes, little, words):  # type: ignore[no-untyped-def]
+    def write(buf, offsets, tensor, itemsizes, swaps, words):  # type: ignore[no-untyped-def]
         i = cuda.grid(1)
         if i < offsets.shape[0]:
             t = tensor[i]
-            d_store(buf, offsets[i], sizes[t], little[t], words[i])
+            d_store(buf, offsets[i], itemsizes[t], swaps[t], words[i])
 
-    _KERNELS["numba"] = {"apply": apply, "read": read, "write": write}
-    return _KERNELS["numba"]
+    _KERNELS["numba-cuda"] = {"apply": apply, "read": read, "write": write}
+    return _KERNELS["numba-cuda"]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -117,28 +119,28 @@ class SiteArrays(records.SiteArrays):
     """A plan's columns on the device (built once per plan and device, applied many times).
 
     The one site type (:class:`fastflip.core.records.SiteArrays`) with its columns on the device of
-    ``xp``: ``offsets`` are byte offsets into the device span, ``tensor`` indexes ``sizes``
-    (word bytes) and ``little`` (stored little-endian) per tensor; ``scale_pos`` and
-    ``scale_factors`` (host arrays) list the value-level sites and ``scale_dtypes``
-    their dtypes. ``device`` is the CUDA device the columns and the tensors live on (None: the current
-    one, and the simulator) and ``streams`` the frameworks whose current stream launches must follow
-    (``'torch'``, ``'cupy'``; empty means CuPy's), see :func:`device_scope`.
+    ``xp``: ``offsets`` are byte offsets into the device span and ``tensor`` indexes ``table``, the
+    :class:`fastflip.core.records.TensorTable` of the tensors, whose ``itemsizes`` and ``swaps`` columns
+    the kernels read on the device (``dtypes``, ``bases`` and ``extents`` stay on the host). ``scale_pos``
+    and ``scale_factors`` (host arrays) list the value-level sites. ``device`` is the CUDA device the
+    columns and the tensors live on (None: the current one, and the simulator) and ``streams`` the
+    frameworks whose current stream launches must follow (``'torch'``, ``'cupy'``; empty means CuPy's),
+    see :func:`device_scope`.
     """
 
-    sizes: Any
-    little: Any
+    table: records.TensorTable
     xp: Any
     scale_pos: np.ndarray | None = None
     scale_factors: np.ndarray | None = None
-    scale_dtypes: Sequence[np.dtype] | None = None
     device: int | None = None
     streams: tuple[str, ...] = ()
 
     @classmethod
-    def from_host(cls, offsets: Any, tensor: Any, sizes: Any, little: Any, and_mask: Any, or_mask: Any,
-                  xor_mask: Any, xp: Any, scale: Any = None, dtypes: Sequence[Any] | None = None,
-                  positions: Any = None, device: int | None = None, streams: Sequence[str] = ()) -> "SiteArrays":
-        """Copy host columns to ``device`` of ``xp`` (``cupy``, or ``numpy`` under the simulator).
+    def from_host(cls, offsets: Any, tensor: Any, table: records.TensorTable, and_mask: Any, or_mask: Any,
+                  xor_mask: Any, xp: Any, scale: Any = None, positions: Any = None, device: int | None = None,
+                  streams: Sequence[str] = ()) -> "SiteArrays":
+        """Copy host columns, and ``table``'s word sizes and byte orders, to ``device`` of ``xp`` (``cupy``,
+        or ``numpy`` under the simulator).
 
         The copies are made inside ``cupy.cuda.Device(device)`` on CuPy's current stream, which is then
         synchronised, so that a launch on any other stream (torch's) finds them in place.
@@ -155,13 +157,13 @@ class SiteArrays(records.SiteArrays):
                 pos, factors = where, f[where]
         on = contextlib.nullcontext() if xp is np or device is None else xp.cuda.Device(device)
         with on:
+            on_device = records.TensorTable(itemsizes=put(table.itemsizes, np.int32), swaps=put(table.swaps, np.uint8),
+                                            dtypes=list(table.dtypes), bases=table.bases, extents=table.extents)
             out = cls(
-                offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), sizes=put(sizes, np.int32),
-                little=put(little, np.bool_), and_mask=put(u64(and_mask), np.uint64),
-                or_mask=put(u64(or_mask), np.uint64), xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
+                offsets=put(offsets, np.int64), tensor=put(tensor, np.int32), table=on_device,
+                and_mask=put(u64(and_mask), np.uint64), or_mask=put(u64(or_mask), np.uint64),
+                xor_mask=put(u64(xor_mask), np.uint64), xp=xp, scale_pos=pos,
                 positions=None if positions is None else np.asarray(positions, np.int64), scale_factors=factors,
-                scale_dtypes=None if dtypes is None else [d if isinstance(d, WordType) else np.dtype(d)
-                                                           for d in dtypes],
                 device=None if device is None else int(device), streams=tuple(streams),
             )
             if xp is not np:
@@ -177,33 +179,33 @@ def _word_header() -> str:
 #: The CUDA C kernels: ``ff_word.h`` (word rule, loads and stores, written once for every C dialect)
 #: followed by the three kernels. NVRTC compiles it for the device; ``-DFF_HOST`` for the host.
 CUDA_SOURCE = _word_header() + r"""
-FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
-                        const unsigned char* little, const ff_u64* a, const ff_u64* o, const ff_u64* x,
+FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
+                        const unsigned char* swaps, const ff_u64* a, const ff_u64* o, const ff_u64* x,
                         ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
         unsigned char* p = buf + offsets[i];
-        ff_u64 old = ff_load(p, sizes[t], little[t]);
-        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], sizes[t]);
-        ff_store(p, sizes[t], little[t], nw);
+        ff_u64 old = ff_load(p, itemsizes[t], swaps[t]);
+        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], itemsizes[t]);
+        ff_store(p, itemsizes[t], swaps[t], nw);
         old_out[i] = old;
         new_out[i] = nw;
     }
 }
 
-FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
-                       const unsigned char* little, ff_u64* out, ff_i64 n) {
+FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
+                       const unsigned char* swaps, ff_u64* out, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
-        out[i] = ff_load(buf + offsets[i], sizes[t], little[t]);
+        out[i] = ff_load(buf + offsets[i], itemsizes[t], swaps[t]);
     }
 }
 
-FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* sizes,
-                        const unsigned char* little, const ff_u64* words, ff_i64 n) {
+FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
+                        const unsigned char* swaps, const ff_u64* words, ff_i64 n) {
     FF_SITES(i, n) {
         int t = tensor[i];
-        ff_store(buf + offsets[i], sizes[t], little[t], words[i]);
+        ff_store(buf + offsets[i], itemsizes[t], swaps[t], words[i]);
     }
 }
 """
@@ -243,7 +245,7 @@ def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
     import cupy
 
     dev = cupy.cuda.Device().id if device is None else int(device)
-    key = ("raw", dev)
+    key = ("cuda-raw", dev)
     if key not in _KERNELS:
         try:
             with cupy.cuda.Device(dev):
@@ -256,39 +258,35 @@ def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
     return _KERNELS[key]
 
 
-DEFAULT_ENGINE = "auto"  # what engine="auto" means: 'auto' (raw for CuPy, numba for NumPy), 'raw' or 'numba'
+#: The GPU engines, by the names the backend registry gives them.
+ENGINES = ("cuda-raw", "numba-cuda")
 
 
 def _engine(xp: Any, engine: str) -> str:
+    """The engine ``engine`` names for arrays of ``xp``: 'auto' is ``cuda-raw`` for CuPy arrays and
+    ``numba-cuda`` for NumPy arrays (Numba's simulator)."""
     if engine == "auto":
-        engine = DEFAULT_ENGINE
-    if engine == "auto":
-        return "numba" if xp is np else "raw"
-    if engine not in ("raw", "numba"):
-        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', 'raw' or 'numba'")
+        return "numba-cuda" if xp is np else "cuda-raw"
+    if engine not in ENGINES:
+        raise OptionError(f"unknown GPU engine {engine!r}: use 'auto', {', '.join(repr(e) for e in ENGINES)}")
     return engine
-
-
-#: The registry backend of each GPU engine name.
-ENGINE_BACKENDS = {"raw": "cuda-raw", "numba": "numba-cuda"}
 
 
 def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
     """The registry's GPU backend for arrays of module ``xp`` (CuPy, or NumPy under Numba's simulator).
 
-    ``engine`` 'auto' follows :data:`DEFAULT_ENGINE` ('auto': ``cuda-raw`` for CuPy, ``numba-cuda`` for
-    NumPy); 'raw' and 'numba' name one.
+    ``engine``: 'auto' (``cuda-raw`` for CuPy, ``numba-cuda`` for NumPy), or one of :data:`ENGINES`.
 
-    >>> ENGINE_BACKENDS[_engine(np, "auto")]    # what gpu_backend(numpy) fetches from the registry
+    >>> _engine(np, "auto")    # what gpu_backend(numpy) fetches from the registry
     'numba-cuda'
     """
-    return get_backend(ENGINE_BACKENDS[_engine(xp, engine)])
+    return get_backend(_engine(xp, engine))
 
 
 def _launch(sites: SiteArrays, kind: str, engine: str, n: int, *args: Any) -> None:
     """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n),
     on the current device and stream (callers are inside :func:`device_scope`)."""
-    if engine == "raw":
+    if engine == "cuda-raw":
         get_raw_kernels(sites.device)[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
     elif sites.xp is np:  # Numba's simulator
         get_gpu_kernels()[kind][_grid(n), THREADS](*args)
@@ -350,6 +348,11 @@ def device_scope(sites: SiteArrays) -> Iterator[None]:
         stream.synchronize()  # not on an error: a failed launch leaves the stream to the caller's handling
 
 
+def _words_of(sites: SiteArrays) -> tuple[Any, Any]:
+    """The per-tensor kernel arguments: word sizes and byte orders (``swaps``), on the device."""
+    return sites.table.itemsizes, sites.table.swaps
+
+
 def _grid(n: int) -> int:
     return max(1, (n + THREADS - 1) // THREADS)
 
@@ -375,21 +378,21 @@ def _apply(buf: Any, sites: SiteArrays, eng: str) -> tuple[Any, Any]:
     new = xp.empty(n, dtype=xp.uint64)
     if n == 0:
         return old, new
-    _launch(sites, "apply", eng, n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
-            sites.and_mask, sites.or_mask, sites.xor_mask, old, new)
+    _launch(sites, "apply", eng, n, buf, sites.offsets, sites.tensor, *_words_of(sites), sites.and_mask,
+            sites.or_mask, sites.xor_mask, old, new)
     if sites.scale_pos is not None:
         pos = sites.scale_pos
         old_h = _host(xp, old)[pos]
         tid_h = _host(xp, sites.tensor)[pos]
         new_h = np.empty(len(pos), dtype=np.uint64)
-        assert sites.scale_dtypes is not None and sites.scale_factors is not None
+        assert sites.scale_factors is not None
         for t in np.unique(tid_h):
             sel = tid_h == t
-            new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.scale_dtypes[int(t)])
+            new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.table.dtypes[int(t)])
         d_pos = xp.asarray(pos)
         new[d_pos] = xp.asarray(new_h)
         _launch(sites, "write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
-                xp.ascontiguousarray(sites.tensor[d_pos]), sites.sizes, sites.little, xp.ascontiguousarray(new[d_pos]))
+                xp.ascontiguousarray(sites.tensor[d_pos]), *_words_of(sites), xp.ascontiguousarray(new[d_pos]))
     return old, new
 
 
@@ -399,8 +402,7 @@ def launch_read(buf: Any, sites: SiteArrays, engine: str = "auto") -> Any:
     with device_scope(sites):
         out = xp.empty(n, dtype=xp.uint64)
         if n:
-            _launch(sites, "read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
-                    out)
+            _launch(sites, "read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites), out)
     return out
 
 
@@ -409,7 +411,7 @@ def launch_write(buf: Any, sites: SiteArrays, words: Any, engine: str = "auto") 
     xp, n = sites.xp, len(sites)
     if n:
         with device_scope(sites):
-            _launch(sites, "write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, sites.sizes, sites.little,
+            _launch(sites, "write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites),
                     xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
 
 
@@ -435,65 +437,64 @@ class _GpuBackend(Backend):
     :func:`device_span`, CuPy only). Sites go to the device as one :class:`SiteArrays`, one launch."""
 
     device = "gpu"
-    engine = ""
 
-    def _sites(self, buf: Any, offsets: Any, tensor: Any, sizes: Any, little: Any,
+    def _sites(self, buf: Any, offsets: Any, tensor: Any, table: records.TensorTable,
                masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
         xp = _xp(buf)
         zero = np.zeros(len(offsets), np.uint64)
         a, o, x = masks if masks is not None else (zero, zero, zero)
         device = None if xp is np else int(buf.device.id)
-        return SiteArrays.from_host(offsets=offsets, tensor=tensor, sizes=sizes, little=little,
-                                    and_mask=a, or_mask=o, xor_mask=x, xp=xp, device=device)
+        return SiteArrays.from_host(offsets=offsets, tensor=tensor, table=table, and_mask=a, or_mask=o, xor_mask=x,
+                                    xp=xp, device=device)
 
     def _one(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
              masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
-        return self._sites(buf, offsets, np.zeros(len(offsets), np.int32), [itemsize],
-                           [bool(np.little_endian) != bool(swap)], masks)
+        one = records.TensorTable(itemsizes=[itemsize], swaps=[bool(swap)], dtypes=[None], bases=[0], extents=[0])
+        return self._sites(buf, offsets, np.zeros(len(offsets), np.int32), one, masks)
 
     def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> Any:
-        return launch_read(buf, self._one(buf, offsets, itemsize, swap), engine=self.engine)
+        return launch_read(buf, self._one(buf, offsets, itemsize, swap), engine=self.name)
 
     def write_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool, words: Any) -> None:
-        launch_write(buf, self._one(buf, offsets, itemsize, swap), words, engine=self.engine)
+        launch_write(buf, self._one(buf, offsets, itemsize, swap), words, engine=self.name)
 
     def apply_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool,
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
         return launch_apply(buf, self._one(buf, offsets, itemsize, swap, (and_mask, or_mask, xor_mask)),
-                            engine=self.engine)
+                            engine=self.name)
 
     def read_sites(self, buf: Any, sites: SiteArrays) -> Any:
-        return launch_read(buf, sites, engine=self.engine)
+        return launch_read(buf, sites, engine=self.name)
 
     def write_sites(self, buf: Any, sites: SiteArrays, words: Any) -> None:
-        launch_write(buf, sites, words, engine=self.engine)
+        launch_write(buf, sites, words, engine=self.name)
 
     def apply_sites(self, buf: Any, sites: SiteArrays) -> tuple[Any, Any]:
-        return launch_apply(buf, sites, engine=self.engine)
+        return launch_apply(buf, sites, engine=self.name)
 
-    def _span(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-              masks: tuple[Any, Any, Any] | None = None) -> tuple[Any, SiteArrays]:
+    def _span(self, table: Any, host: records.SiteArrays, masks: bool = False) -> tuple[Any, SiteArrays]:
+        """The device span of ``table``'s tensors and ``host``'s sites on it (masks uploaded when ``masks``)."""
         import cupy
 
         device = cupy.cuda.Device().id  # a pointer table does not say its device: the caller's current one
-        span, base = device_span(table.ptrs.tolist(), table.extents.tolist(), device, table)
-        offs = (table.ptrs[tensor] - np.uint64(base)).astype(np.int64) + offsets
-        return span, SiteArrays.from_host(offs, tensor, table.itemsizes, table.little,
-                                          *(masks or (np.zeros(len(offs), np.uint64),) * 3), xp=cupy, device=device)
+        span, base = device_span(table.bases.tolist(), table.extents.tolist(), device, table)
+        offs = (table.bases[host.tensor] - np.uint64(base)).astype(np.int64) + host.offsets
+        zero = np.zeros(len(offs), np.uint64)
+        a, o, x = (host.and_mask, host.or_mask, host.xor_mask) if masks else (zero, zero, zero)
+        return span, SiteArrays.from_host(offs, host.tensor, table, a, o, x, xp=cupy, device=device)
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-        span, sites = self._span(table, tensor, offsets)
-        return _host(sites.xp, launch_read(span, sites, engine=self.engine))
+    def read_ptrs(self, table: Any, sites: records.SiteArrays) -> np.ndarray:
+        span, dev = self._span(table, sites)
+        return _host(dev.xp, launch_read(span, dev, engine=self.name))
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
-        span, sites = self._span(table, tensor, offsets)
-        launch_write(span, sites, sites.xp.asarray(words), engine=self.engine)
+    def write_ptrs(self, table: Any, sites: records.SiteArrays, words: np.ndarray) -> None:
+        span, dev = self._span(table, sites)
+        launch_write(span, dev, dev.xp.asarray(words), engine=self.name)
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        span, sites = self._span(table, tensor, offsets, (and_mask, or_mask, xor_mask))
-        old, new = launch_apply(span, sites, engine=self.engine)
-        return _host(sites.xp, old), _host(sites.xp, new)
+    def apply_ptrs(self, table: Any, sites: records.SiteArrays) -> tuple[np.ndarray, np.ndarray]:
+        span, dev = self._span(table, sites, masks=True)
+        old, new = launch_apply(span, dev, engine=self.name)
+        return _host(dev.xp, old), _host(dev.xp, new)
 
 
 def _xp(buf: Any) -> Any:
@@ -509,7 +510,6 @@ class RawCudaBackend(_GpuBackend):
     """``'cuda-raw'``: :data:`CUDA_SOURCE` (``ff_word.h`` + kernels) compiled by NVRTC through CuPy."""
 
     name = "cuda-raw"
-    engine = "raw"
 
     def prepare_sites(self, sites: SiteArrays) -> None:
         """Compile (NVRTC) and load the kernels on the device of ``sites``; :class:`DeviceError` when NVRTC
@@ -528,7 +528,6 @@ class NumbaCudaBackend(_GpuBackend):
     they run in Numba's simulator on NumPy arrays."""
 
     name = "numba-cuda"
-    engine = "numba"
 
     def prepare_sites(self, sites: SiteArrays) -> None:
         """Build the Numba dispatchers (Numba compiles each for its argument types at the first launch)."""

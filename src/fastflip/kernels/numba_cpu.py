@@ -8,8 +8,8 @@ for the CPU, and :mod:`fastflip.kernels.gpu` compiles the *same* functions with
 ``numba.cuda.jit(device=True)`` for the GPU. Testing the CPU instantiation against
 :mod:`fastflip.core.reference` therefore tests the GPU kernel's word logic as well.
 
-Words are assembled byte by byte, so unaligned offsets work everywhere. ``little``
-says whether the *stored* word is little-endian (``native little-endian != swap``).
+Words are assembled byte by byte, so unaligned offsets work everywhere. ``swap`` is
+fastflip's one byte-order flag: True when the stored order differs from this machine's.
 Nothing here validates: :mod:`fastflip.kernels.dispatch` checks every argument once.
 Kernels compile lazily on first use and are cached on disk (``cache=True``).
 
@@ -17,7 +17,7 @@ Examples
 --------
 >>> import numpy as np
 >>> buf = np.frombuffer(np.array([1.0], dtype="<f4").tobytes(), dtype=np.uint8).copy()
->>> hex(int(load_word(buf, 0, 4, True)))
+>>> hex(int(load_word(buf, 0, 4, not np.little_endian)))
 '0x3f800000'
 """
 
@@ -30,9 +30,12 @@ import numpy as np
 
 __all__ = ["load_word", "store_word", "rule", "get_kernels", "make_pointer_intrinsic"]
 
+_NATIVE_LITTLE = bool(np.little_endian)  # a compile-time constant of the Numba kernels
 
-def load_word(buf: np.ndarray, off: int, size: int, little: bool) -> np.uint64:
+
+def load_word(buf: np.ndarray, off: int, size: int, swap: bool) -> np.uint64:
     """The ``size``-byte word stored at ``buf[off:off+size]`` as a native integer."""
+    little = _NATIVE_LITTLE if not swap else not _NATIVE_LITTLE
     w = np.uint64(0)
     for j in range(size):
         shift = j if little else size - 1 - j
@@ -40,8 +43,9 @@ def load_word(buf: np.ndarray, off: int, size: int, little: bool) -> np.uint64:
     return w
 
 
-def store_word(buf: np.ndarray, off: int, size: int, little: bool, w: np.uint64) -> None:
+def store_word(buf: np.ndarray, off: int, size: int, swap: bool, w: np.uint64) -> None:
     """Store the native integer ``w`` as a ``size``-byte word at ``buf[off:off+size]``."""
+    little = _NATIVE_LITTLE if not swap else not _NATIVE_LITTLE
     for j in range(size):
         shift = j if little else size - 1 - j
         buf[off + j] = np.uint8((w >> np.uint64(8 * shift)) & np.uint64(0xFF))
@@ -79,10 +83,9 @@ def make_pointer_intrinsic() -> Callable[..., Any]:
 def get_kernels() -> dict[str, Any]:
     """Compile (once per process, cached on disk) and return the CPU kernels.
 
-    Keys: ``apply_words``, ``read_words``, ``write_words`` (one buffer, one word
-    width, the signatures of :mod:`fastflip.kernels._cython` with ``little`` instead of
-    ``swap``) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs`` (several tensors by
-    base address).
+    Keys: ``apply_words``, ``read_words``, ``write_words`` (one buffer, one word width, the
+    signatures of :mod:`fastflip.kernels._cython`) and ``apply_ptrs``, ``read_ptrs``, ``write_ptrs``
+    (several tensors by base address: a TensorTable's ``bases``, ``itemsizes``, ``swaps`` columns).
     """
     if not _CACHE:
         with _LOCK:
@@ -104,83 +107,83 @@ def _compile() -> dict[str, Any]:
     # the loops take the word width as a literal (one specialization per width), so the
     # byte loops of load_word/store_word unroll: 2-3x faster than a run-time width
     @jit
-    def _apply_loop(buf, offsets, size, little, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def _apply_loop(buf, offsets, size, swap, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
-            old = _load(buf, offsets[i], size, little)
+            old = _load(buf, offsets[i], size, swap)
             new = _rule(old, a[i], o[i], x[i], size)
-            _store(buf, offsets[i], size, little, new)
+            _store(buf, offsets[i], size, swap, new)
             old_out[i] = old
             new_out[i] = new
 
     @jit
-    def _read_loop(buf, offsets, size, little, out):  # type: ignore[no-untyped-def]
+    def _read_loop(buf, offsets, size, swap, out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
-            out[i] = _load(buf, offsets[i], size, little)
+            out[i] = _load(buf, offsets[i], size, swap)
 
     @jit
-    def _write_loop(buf, offsets, size, little, words):  # type: ignore[no-untyped-def]
+    def _write_loop(buf, offsets, size, swap, words):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
-            _store(buf, offsets[i], size, little, words[i])
+            _store(buf, offsets[i], size, swap, words[i])
 
     @jit
-    def apply_words(buf, offsets, size, little, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def apply_words(buf, offsets, size, swap, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         if size == 4:
-            _apply_loop(buf, offsets, 4, little, a, o, x, old_out, new_out)
+            _apply_loop(buf, offsets, 4, swap, a, o, x, old_out, new_out)
         elif size == 8:
-            _apply_loop(buf, offsets, 8, little, a, o, x, old_out, new_out)
+            _apply_loop(buf, offsets, 8, swap, a, o, x, old_out, new_out)
         elif size == 2:
-            _apply_loop(buf, offsets, 2, little, a, o, x, old_out, new_out)
+            _apply_loop(buf, offsets, 2, swap, a, o, x, old_out, new_out)
         else:
-            _apply_loop(buf, offsets, 1, little, a, o, x, old_out, new_out)
+            _apply_loop(buf, offsets, 1, swap, a, o, x, old_out, new_out)
 
     @jit
-    def read_words(buf, offsets, size, little, out):  # type: ignore[no-untyped-def]
+    def read_words(buf, offsets, size, swap, out):  # type: ignore[no-untyped-def]
         if size == 4:
-            _read_loop(buf, offsets, 4, little, out)
+            _read_loop(buf, offsets, 4, swap, out)
         elif size == 8:
-            _read_loop(buf, offsets, 8, little, out)
+            _read_loop(buf, offsets, 8, swap, out)
         elif size == 2:
-            _read_loop(buf, offsets, 2, little, out)
+            _read_loop(buf, offsets, 2, swap, out)
         else:
-            _read_loop(buf, offsets, 1, little, out)
+            _read_loop(buf, offsets, 1, swap, out)
 
     @jit
-    def write_words(buf, offsets, size, little, words):  # type: ignore[no-untyped-def]
+    def write_words(buf, offsets, size, swap, words):  # type: ignore[no-untyped-def]
         if size == 4:
-            _write_loop(buf, offsets, 4, little, words)
+            _write_loop(buf, offsets, 4, swap, words)
         elif size == 8:
-            _write_loop(buf, offsets, 8, little, words)
+            _write_loop(buf, offsets, 8, swap, words)
         elif size == 2:
-            _write_loop(buf, offsets, 2, little, words)
+            _write_loop(buf, offsets, 2, swap, words)
         else:
-            _write_loop(buf, offsets, 1, little, words)
+            _write_loop(buf, offsets, 1, swap, words)
 
     @jit
-    def _site_view(ptrs, sizes, t, off):  # type: ignore[no-untyped-def]
-        return numba.carray(as_ptr(ptrs[t] + np.uint64(off)), (sizes[t],))
+    def _site_view(bases, itemsizes, t, off):  # type: ignore[no-untyped-def]
+        return numba.carray(as_ptr(bases[t] + np.uint64(off)), (itemsizes[t],))
 
     @jit
-    def apply_ptrs(ptrs, sizes, little, tensor, offsets, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
+    def apply_ptrs(bases, itemsizes, swaps, tensor, offsets, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            view = _site_view(ptrs, sizes, t, offsets[i])
-            old = _load(view, 0, sizes[t], little[t])
-            new = _rule(old, a[i], o[i], x[i], sizes[t])
-            _store(view, 0, sizes[t], little[t], new)
+            view = _site_view(bases, itemsizes, t, offsets[i])
+            old = _load(view, 0, itemsizes[t], swaps[t])
+            new = _rule(old, a[i], o[i], x[i], itemsizes[t])
+            _store(view, 0, itemsizes[t], swaps[t], new)
             old_out[i] = old
             new_out[i] = new
 
     @jit
-    def read_ptrs(ptrs, sizes, little, tensor, offsets, out):  # type: ignore[no-untyped-def]
+    def read_ptrs(bases, itemsizes, swaps, tensor, offsets, out):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            out[i] = _load(_site_view(ptrs, sizes, t, offsets[i]), 0, sizes[t], little[t])
+            out[i] = _load(_site_view(bases, itemsizes, t, offsets[i]), 0, itemsizes[t], swaps[t])
 
     @jit
-    def write_ptrs(ptrs, sizes, little, tensor, offsets, words):  # type: ignore[no-untyped-def]
+    def write_ptrs(bases, itemsizes, swaps, tensor, offsets, words):  # type: ignore[no-untyped-def]
         for i in range(offsets.shape[0]):
             t = tensor[i]
-            _store(_site_view(ptrs, sizes, t, offsets[i]), 0, sizes[t], little[t], words[i])
+            _store(_site_view(bases, itemsizes, t, offsets[i]), 0, itemsizes[t], swaps[t], words[i])
 
     return dict(
         apply_words=apply_words, read_words=read_words, write_words=write_words,

@@ -56,12 +56,13 @@ class Backend:
     - ``write_words(buf, offsets, itemsize, swap, words)``
     - ``apply_words(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask) -> (old, new)``
 
-    At addresses ``table.ptrs[tensor[i]] + offsets[i]`` (``table`` a
-    :class:`fastflip.kernels.dispatch.PtrTable`, per-tensor width and byte order):
+    At the sites of a :class:`fastflip.core.records.SiteArrays` by address, ``table.bases[sites.tensor[i]] +
+    sites.offsets[i]`` (``table`` its :class:`fastflip.core.records.TensorTable`, a
+    :class:`fastflip.kernels.dispatch.PtrTable` of host tensors: per-tensor width and byte order):
 
-    - ``read_ptrs(table, tensor, offsets) -> words``
-    - ``write_ptrs(table, tensor, offsets, words)``
-    - ``apply_ptrs(table, tensor, offsets, and_mask, or_mask, xor_mask) -> (old, new)``
+    - ``read_ptrs(table, sites) -> words``
+    - ``write_ptrs(table, sites, words)``
+    - ``apply_ptrs(table, sites) -> (old, new)`` (the sites' and/or/xor masks)
 
     At the device-resident sites of a :class:`fastflip.kernels.gpu.SiteArrays` (GPU backends only: the sites
     are uploaded once, when a plan is prepared, and reused by every trial; ``buf`` the device span they
@@ -96,14 +97,13 @@ class Backend:
                     and_mask: Any, or_mask: Any, xor_mask: Any) -> tuple[Any, Any]:
         raise NotImplementedError(f"backend {self.name!r} cannot apply words at offsets")
 
-    def read_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    def read_ptrs(self, table: Any, sites: Any) -> np.ndarray:
         raise NotImplementedError(f"backend {self.name!r} cannot read words at addresses")
 
-    def write_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray, words: np.ndarray) -> None:
+    def write_ptrs(self, table: Any, sites: Any, words: np.ndarray) -> None:
         raise NotImplementedError(f"backend {self.name!r} cannot write words at addresses")
 
-    def apply_ptrs(self, table: Any, tensor: np.ndarray, offsets: np.ndarray,
-                   and_mask: np.ndarray, or_mask: np.ndarray, xor_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def apply_ptrs(self, table: Any, sites: Any) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError(f"backend {self.name!r} cannot apply words at addresses")
 
     def read_sites(self, buf: Any, sites: Any) -> Any:

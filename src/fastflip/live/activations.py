@@ -65,12 +65,13 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from ..core.bits import BitSpec
+from ..core.blockplan import PlanBlock
 from ..core.dtypes import word_type
 from ..errors import BitRangeError, OptionError
 from ..core.faults import FaultModel
 from ..core.plan import Plan, TensorRef
 from ..core.sampling import SiteSpace
-from ..core.wordrule import WordCounts, became_nonfinite, nonfinite, rule_words, scale_words
+from ..core.wordrule import WordCounts, became_nonfinite, new_words, nonfinite
 
 __all__ = ["ActivationLog", "Sites", "injected_activations", "layer_outputs", "draw_seed"]
 
@@ -173,7 +174,7 @@ class Sites:
         self.bits = bits
         self._mode = {"count": count} if rate is None else {"rate": rate}
         self._block: Any = None
-        if plan is not None and hasattr(plan, "offsets"):  # a PlanBlock: trial j's plan in samples j*n ... j*n+n-1
+        if isinstance(plan, PlanBlock):  # trial j's plan in samples j*n ... j*n+n-1
             if nan_policy != "allow" or not samples_per_plan:
                 raise OptionError("a block of plans needs samples_per_plan= and nan_policy='allow'")
             self._check_plan(plan)
@@ -277,7 +278,7 @@ class Sites:
         n = ref.size
         sample, index, a, o, x, scale, bits = self.layer_sites(layer, batch)
         old = read(sample * n + index)
-        new = _new_words(old, a, o, x, scale, _word(ref))
+        new = new_words(old, a, o, x, scale, _word(ref))
         if self.nan_policy == "avoid" and len(new):
             bad = _nonfinite_new(new, old, _word(ref))
             if bad.any():
@@ -297,7 +298,7 @@ class Sites:
             p = space.plan(seed=self.seed, stream=(*self.stream, 1 << 30, layer, int(b)), count=k, model=self.model,
                            nan_policy="avoid", read_words=lambda q, base=base: read(base + q.index))
             o = read(base + p.index)
-            w = _new_words(o, p.and_mask, p.or_mask, p.xor_mask, p.scale, _word(ref))
+            w = new_words(o, p.and_mask, p.or_mask, p.xor_mask, p.scale, _word(ref))
             for c, v in zip(cols, (np.full(len(p), b, np.int64), p.index, p.bits, o, w)):
                 c.append(v)
         return tuple(np.concatenate(c) for c in cols)
@@ -321,16 +322,6 @@ def _space(refs: Sequence[TensorRef], bits: Any) -> SiteSpace:
 def _word(ref: TensorRef) -> Any:
     """What the word functions take for a ref: its WordType where refs carry float formats, else its dtype."""
     return getattr(ref, "word", None) or ref.dtype
-
-
-def _new_words(old: np.ndarray, a: np.ndarray, o: np.ndarray, x: np.ndarray, scale: np.ndarray | None,
-               dtype: str) -> np.ndarray:
-    new = rule_words(old, a, o, x, word_type(dtype).bits)
-    if scale is not None:
-        s = ~np.isnan(scale)
-        if s.any():
-            new[s] = scale_words(old[s], scale[s], dtype)
-    return new
 
 
 def _nonfinite_new(new: np.ndarray, old: np.ndarray, dtype: str) -> np.ndarray:

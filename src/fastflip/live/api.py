@@ -133,8 +133,8 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     tensors : Targets, mapping name -> tensor, torch.nn.Module or Keras model
     plan : fastflip.core.plan.Plan
         Its tensor names, dtypes (byte order aside) and shapes must match.
-    backend : {'auto', 'cython', 'numba', 'numpy'}
-        CPU kernel.
+    backend : {'auto', 'cython', 'numba', 'numpy', 'cuda-raw', 'numba-cuda'}
+        CPU kernel, or the GPU engine of CUDA tensors (CPU tensors then take 'auto').
 
     Raises
     ------

@@ -45,7 +45,7 @@ from ..files.layout import Tensor
 from ..core.records import SiteArrays
 from ..errors import DeviceError, FastflipError, one_line
 from ..core.plan import Plan, TensorRef
-from ..core.wordrule import rule_words, scale_words
+from ..core.wordrule import new_words_for
 from .adapters import LiveTensor, collect
 from .storage import MappingSource, key_function, same_objects
 
@@ -63,9 +63,18 @@ def _fast(prep: "Prepared", backend: str) -> Backend | None:
     return be if be.device == "cpu" else None
 
 
-def _gpu(sites: Any) -> Backend:
-    """The registry's GPU backend for device-resident ``sites`` (``cuda-raw`` for CuPy arrays unless
-    :data:`fastflip.kernels.gpu.DEFAULT_ENGINE` says otherwise)."""
+def _cpu(backend: str) -> str:
+    """The CPU backend ``backend`` stands for: itself, or 'auto' when it names a GPU backend (which then
+    serves the CUDA tensors only)."""
+    return backend if get_backend(backend).device == "cpu" else "auto"
+
+
+def _gpu(sites: Any, backend: str) -> Backend:
+    """The registry's GPU backend for device-resident ``sites``: ``backend`` when it names a GPU backend,
+    else the one for their arrays (``cuda-raw`` for CuPy, ``numba-cuda`` for the simulator's NumPy)."""
+    be = get_backend(backend)
+    if be.device == "gpu":
+        return be
     from ..kernels.gpu import gpu_backend
 
     return gpu_backend(sites.xp)
@@ -77,8 +86,8 @@ class Prepared:
 
     ``sites`` is the one site type (:class:`fastflip.core.records.SiteArrays`): target tensor id per
     site (``tensor``, int32, indexing :attr:`Targets.table`), byte offset from the tensor's base
-    address (``offsets``, int64) and the plan's masks and scale; ``tid`` and ``offsets`` name its two
-    columns. The partitions say which sites go to which engine.
+    address (``offsets``, int64) and the plan's masks and scale. The partitions say which sites go to
+    which engine.
     """
 
     sites: SiteArrays
@@ -88,16 +97,6 @@ class Prepared:
     bitwise: bool = True  # no scale site
     fresh: tuple[Callable[[], bool], ...] = ()  # storage checks of the tensors it touches (Targets.check)
     touched: tuple[int, ...] = ()  # the target ids those checks cover
-
-    @property
-    def tid(self) -> np.ndarray:
-        """Target tensor id per site (the sites' ``tensor`` column)."""
-        return self.sites.tensor
-
-    @property
-    def offsets(self) -> np.ndarray:
-        """Byte offset of each site from its tensor's base address."""
-        return self.sites.offsets
 
 
 class Targets:
@@ -435,7 +434,7 @@ class Targets:
             import cupy
         except ImportError as exc:
             raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
-        from ..kernels.gpu import SiteArrays
+        from ..kernels.gpu import SiteArrays, gpu_backend
 
         _, base = self._span(device)
         ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
@@ -443,11 +442,11 @@ class Targets:
         offs = ptr[tids] - base + offsets[pos]
         on = {type(t.obj).__module__.split(".")[0] for t in self.tensors if t.kind == "cuda" and t.device == device}
         sites = SiteArrays.from_host(
-            offs, tids, self.table.itemsizes, self.table.little, plan.and_mask[pos], plan.or_mask[pos],
-            plan.xor_mask[pos], xp=cupy, scale=None if plan.scale is None else plan.scale[pos],
-            dtypes=self.table.dtypes, positions=pos, device=device, streams=tuple(sorted(on & {"torch", "cupy"})),
+            offs, tids, self.table, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], xp=cupy,
+            scale=None if plan.scale is None else plan.scale[pos], positions=pos, device=device,
+            streams=tuple(sorted(on & {"torch", "cupy"})),
         )
-        _gpu(sites).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
+        gpu_backend(cupy).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
         return sites
 
     # ------------------------------------------------------------------ word access per group
@@ -459,14 +458,15 @@ class Targets:
         n = len(prep.sites.tensor)
         be = _fast(prep, backend)
         if be is not None:
-            return be.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets)
+            return be.read_ptrs(self.table, prep.sites)
         if prep.cpu is None:
-            return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, backend)
+            return native.read_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, _cpu(backend))
         out = np.empty(n, dtype=np.uint64)
         if len(prep.cpu):
-            out[prep.cpu] = native.read_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], backend)
+            out[prep.cpu] = native.read_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu],
+                                             _cpu(backend))
         for dev, (pos, sites) in prep.cuda.items():
-            out[pos] = sites.xp.asnumpy(_gpu(sites).read_sites(self._span(dev)[0], sites))
+            out[pos] = sites.xp.asnumpy(_gpu(sites, backend).read_sites(self._span(dev)[0], sites))
         for i, pos in prep.tf:
             out[pos] = _tf_read(self.tensors[i], self._tf_index(prep, pos, i))
         return out
@@ -481,15 +481,16 @@ class Targets:
             raise OptionError(f"{len(words)} words for {len(prep.sites.tensor)} sites")
         be = _fast(prep, backend)
         if be is not None:
-            be.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words)
+            be.write_ptrs(self.table, prep.sites, words)
             return
         if prep.cpu is None:
-            native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, backend)
+            native.write_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, words, _cpu(backend))
             return
         if len(prep.cpu):
-            native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu], backend)
+            native.write_ptrs(self.table, prep.sites.tensor[prep.cpu], prep.sites.offsets[prep.cpu], words[prep.cpu],
+                              _cpu(backend))
         for dev, (pos, sites) in prep.cuda.items():
-            _gpu(sites).write_sites(self._span(dev)[0], sites, words[pos])  # uploaded on the device and stream
+            _gpu(sites, backend).write_sites(self._span(dev)[0], sites, words[pos])  # uploaded on the device and stream
         for i, pos in prep.tf:
             _tf_write(self.tensors[i], self._tf_index(prep, pos, i), words[pos])
 
@@ -499,24 +500,27 @@ class Targets:
             self.check(prep)
         be = _fast(prep, backend) if prep.bitwise else None
         if be is not None:  # the per-trial fast path: one kernel call, nothing re-validated
-            return be.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask)
+            return be.apply_ptrs(self.table, prep.sites)
         if prep.cpu is None:
-            return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask, plan.xor_mask,
-                                     backend, scale=None if prep.bitwise else plan.scale)
+            return native.apply_ptrs(self.table, prep.sites.tensor, prep.sites.offsets, plan.and_mask, plan.or_mask,
+                                     plan.xor_mask, _cpu(backend), scale=None if prep.bitwise else plan.scale)
         n = len(plan)
         old, new = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64)
         done = Prepared(prep.sites, cpu=prep.cpu[:0], bitwise=prep.bitwise)  # what is flipped, undone on a failure
         where = "the CPU tensors"
+        if prep.cuda and get_backend(backend).device == "gpu":  # an engine chosen by name: compiled before any flip
+            for _, sites in prep.cuda.values():
+                _gpu(sites, backend).prepare_sites(sites)
         try:
             if len(prep.cpu):
                 c = prep.cpu
                 old[c], new[c] = native.apply_ptrs(self.table, prep.sites.tensor[c], prep.sites.offsets[c],
-                                                   plan.and_mask[c], plan.or_mask[c], plan.xor_mask[c], backend,
+                                                   plan.and_mask[c], plan.or_mask[c], plan.xor_mask[c], _cpu(backend),
                                                    scale=None if plan.scale is None else plan.scale[c])
                 done.cpu = c
             for dev, (pos, sites) in prep.cuda.items():
                 where = f"CUDA device {dev}"
-                d_old, d_new = _gpu(sites).apply_sites(self._span(dev)[0], sites)
+                d_old, d_new = _gpu(sites, backend).apply_sites(self._span(dev)[0], sites)
                 old[pos], new[pos] = sites.xp.asnumpy(d_old), sites.xp.asnumpy(d_new)
                 done.cuda[dev] = (pos, sites)
             for i, pos in prep.tf:
@@ -524,11 +528,7 @@ class Targets:
                 t = self.tensors[i]
                 idx = self._tf_index(prep, pos, i)
                 o = _tf_read(t, idx)
-                w = rule_words(o, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], 8 * t.dtype.itemsize)
-                if plan.scale is not None:
-                    s = ~np.isnan(plan.scale[pos])
-                    if s.any():
-                        w[s] = scale_words(o[s], plan.scale[pos][s], word_type(t.dtype, t.format))
+                w = new_words_for(o, plan, pos, word_type(t.dtype, t.format))
                 _tf_write(t, idx, w)
                 old[pos], new[pos] = o, w
                 done.tf.append((i, pos))

@@ -1,19 +1,19 @@
-"""Deflated ``.npz`` members (``np.savez_compressed``): checked reading and exact-size re-deflating.
+"""Deflated ``.npz`` members (``np.savez_compressed``): checked reading.
 
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
 A member of a compressed ``.npz`` is a raw deflate stream of a ``.npy`` file. This module
 reads such members safely — the archive must not need zip64 (members and directory below
 4 GiB; NumPy's zip64 *local* extra fields are fine), members must not be encrypted, must be
-deflated or stored, must inflate to their recorded size and CRC-32 — and re-deflates a
-patched member. :func:`deflate_exact` (from :mod:`.deflatefit`, shared with the HDF5 chunk
-patcher) makes a stream of exactly the member's old compressed size when one fits: the data
-deflated once with a sync flush, then valid empty deflate blocks worth exactly the bytes left.
-Then the member keeps its place and size and the change is a byte patch of the member and
+deflated or stored, must inflate to their recorded size and CRC-32. A patched member is
+re-deflated by :func:`fastflip.files.formats.deflatefit.deflate_exact` (the one deflate-to-size
+routine, which the HDF5 chunk patcher calls too) to exactly the member's old compressed size when
+a stream of that size exists: the data deflated once, then valid empty deflate blocks worth exactly
+the bytes left. Then the member keeps its place and size and the change is a byte patch of the member and
 its CRC fields, like the raw path's. Otherwise the member is rewritten at its new size
 (see :mod:`fastflip.files.zipmembers`).
 
-Imports :mod:`.zipraw`, :mod:`.npyheader`, :mod:`.deflatefit` helpers and :mod:`fastflip.errors`.
+Imports :mod:`.zipraw`, :mod:`.npyheader` helpers and :mod:`fastflip.errors`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,10 @@ from typing import Any
 
 from ...errors import UnsupportedStorageError
 from . import FormatError
-from .deflatefit import deflate_exact, deflate_smallest
 from .npyheader import npy_header
 from .zipraw import ZipEntry, stored_entries
 
-__all__ = ["check_rewritable", "read_member", "member_npy_header", "member_array", "deflate_exact", "deflate_smallest",
-           "zip64_fields"]
+__all__ = ["check_rewritable", "read_member", "member_npy_header", "member_array", "zip64_fields"]
 
 def zip64_fields(extra: bytes) -> tuple[int, int] | None:
     """(start, length) of the zip64 extended-information field's data inside ``extra``, or None."""
