@@ -61,6 +61,9 @@ Examples
 (3, 'model.safetensors.index.json')
 >>> revert_dir(res.log_path, res.output).sites
 3
+>>> again = inject_dir(src, os.path.join(d, "again"), seed=1, count=3, bits="sign")  # the shorthand: the same draw
+>>> again.log.plan.index.tolist() == res.log.plan.index.tolist()
+True
 """
 
 from __future__ import annotations
