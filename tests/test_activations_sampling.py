@@ -117,3 +117,17 @@ def test_sampling_and_a_plan_or_both_forms_are_refused() -> None:
         run(x, seed=1, sampling=Sampling(count=1), count=2)
     with pytest.raises(OptionError, match="ber flips single bits"):
         run(x, seed=1, ber=0.1, model="zero")
+
+
+@pytest.mark.parametrize("sampling", [Sampling(ber=0.02, bits="0-7"), Sampling(count=3, distribution="tensor"),
+                                      Sampling(count=40, bits="3", replace=True), Sampling(rate=0.1, model="zero")])
+def test_each_sample_draws_what_the_sampling_draws_over_weights_of_those_shapes(sampling: Sampling) -> None:
+    from fastflip.core.plan import TensorRef
+
+    _, _, log = run(inputs(3), seed=8, per_sample=True, sampling=sampling)
+    refs = [TensorRef("big", "<f4", (BIG,)), TensorRef("small", "<f4", (SMALL,))]
+    for b in range(3):
+        p = sampling.plan(refs, seed=8, stream=(b,))
+        at = log.sample == b
+        got = sorted(zip(log.layer[at].tolist(), log.index[at].tolist(), log.bits[at].tolist()))
+        assert got == sorted(zip(p.tensor.tolist(), p.index.tolist(), p.bits.tolist()))
