@@ -36,6 +36,24 @@ def test_one_spec_from_keywords_flags_and_tables() -> None:
     assert _cli("--distribution", "a=1,b=3").distribution_arg == {"/a": 1.0, "/b": 3.0}
 
 
+def test_sampling_of_is_the_one_place_for_sampling_or_its_shorthand() -> None:
+    spec = Sampling(bits="exponent", count=2, nan_policy="avoid")
+    assert Sampling.of(spec) is spec
+    assert Sampling.of({"bits": "exponent", "count": 2, "nan": "avoid"}) == spec
+    assert Sampling.of(bits="exponent", count=2, nan_policy="avoid", rate=None) == spec  # None: not given
+    assert Sampling.of() is None
+    with pytest.raises(OptionError, match="live: say what to flip"):
+        Sampling.of(where="live", required=True)
+    with pytest.raises(OptionError, match=r"live: give either sampling= or its fields \(replace\), not both"):
+        Sampling.of(spec, where="live", replace=False)
+    with pytest.raises(OptionError, match=r"live: unknown key 'nan' \(known: ber, bits, count"):
+        Sampling.of(where="live", count=1, nan="avoid")
+    with pytest.raises(OptionError, match="live.count must be a non-negative integer"):
+        Sampling.of(where="live", count=-1)
+    with pytest.raises(OptionError, match=r"cfg\.rate must be a number"):
+        Sampling.of({"rate": 2.0}, where="cfg")
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"count": 1, "ber": 0.1}, "exactly one of count, rate or ber (got count, ber)"),
     ({}, "exactly one of count, rate or ber (got none)"),
