@@ -33,8 +33,9 @@ then K distinct (element, bit) pairs, uniform over all pairs.
 Draws happen in this order: the Binomial (rate/ber), the sites (from 4096 sites on,
 uniform draws generated in sorted order from exponential spacings; below that, rounds
 of draws with a margin for collisions; either way repeats are dropped and a surplus is
-removed at uniformly drawn positions), then each dtype group's random masks in group
-order; resampling for ``nan_policy='avoid'`` continues the same stream.
+removed at uniformly drawn positions; under 'tensor' or weights, the first distinct draws
+in draw order are kept, as in successive draws without replacement), then each dtype
+group's random masks in group order; resampling for ``nan_policy='avoid'`` continues the same stream.
 
 Examples
 --------
