@@ -180,8 +180,8 @@ class Sites:
         self._draw = sampling.with_changes(nan_policy="allow") if sampling is not None else None
         self._block: Any = None
         if plan is not None and hasattr(plan, "offsets"):  # a PlanBlock: trial j's plan in samples j*n ... j*n+n-1
-            if nan_policy != "allow" or not samples_per_plan:
-                raise OptionError("a block of plans needs samples_per_plan= and nan_policy='allow'")
+            if not samples_per_plan:
+                raise OptionError("a block of plans needs samples_per_plan=")
             self._check_plan(plan)
             self._block, self._per = plan, int(samples_per_plan)
             self.space = None
@@ -302,7 +302,8 @@ class Sites:
             k = int((sample == b).sum())
             base = int(b) * ref.size
             p = space.plan(seed=self.seed, stream=(*self.stream, 1 << 30, layer, int(b)), count=k, model=self.model,
-                           replace=self._draw.replace, nan_policy="avoid", read_words=lambda q, base=base: read(base + q.index))
+                           replace=self._draw.replace, nan_policy="avoid",
+                           read_words=lambda q, base=base: read(base + q.index))
             o = read(base + p.index)
             w = _new_words(o, p.and_mask, p.or_mask, p.xor_mask, p.scale, _word(ref))
             for c, v in zip(cols, (np.full(len(p), b, np.int64), p.index, p.bits, o, w)):
@@ -321,7 +322,8 @@ def _space(refs: Sequence[TensorRef], bits: Any, distribution: Any = "element") 
                 BitSpec.parse(bits).resolve(_word(r))
             except BitRangeError:
                 bad.append(f"{r.name} ({getattr(r, 'format', None) or np.dtype(r.dtype)})")
-        raise BitRangeError(f"bits {','.join(BitSpec.parse(bits).items)!r} do not exist in the output of layer(s) {', '.join(bad[:6])} ({exc}); "
+        shown = ",".join(BitSpec.parse(bits).items)
+        raise BitRangeError(f"bits {shown!r} do not exist in the output of layer(s) {', '.join(bad[:6])} ({exc}); "
                             "select float layers (Selection(dtypes=['float'])) or give bit positions") from None
 
 
