@@ -19,7 +19,7 @@ from ..core.plan import Plan
 from ..core.sampling import SiteSpace
 from ..core.spec import Sampling
 from ..core.wordrule import nonfinite
-from ..errors import CapacityError, OptionError, SelectionError, one_line
+from ..errors import CapacityError, SelectionError, one_line
 from .h5apply import check_storage
 from .layout import Layout
 from .select import Selection, select
