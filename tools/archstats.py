@@ -212,7 +212,8 @@ def sampling_forms(root: Path | None = None) -> list[str]:
                 a = node.args
                 names = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
             elif isinstance(node, ast.ClassDef):
-                names = {b.target.id for b in node.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
+                names = {b.target.id for b in node.body
+                         if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
             else:
                 continue
             if "count" in names and names & {"rate", "ber"}:

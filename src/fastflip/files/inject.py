@@ -372,7 +372,8 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         model_obj, spec = smp.fault_model, smp.bit_spec
     else:  # a given plan: the keywords that describe it are recorded as they came
         fields = {**PLAN_FIELDS, **{k: v for k, v in shorthand.items() if v is not None}}
-        model_obj, spec = FaultModel.parse(fields["model"]), BitSpec.parse(fields["bits"], sign_first=fields["sign_first"])
+        model_obj = FaultModel.parse(fields["model"])
+        spec = BitSpec.parse(fields["bits"], sign_first=fields["sign_first"])
     if seed is None:
         seed = secrets.randbits(63)
     if plan is None:

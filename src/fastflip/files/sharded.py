@@ -293,7 +293,8 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
                layout: ShardedLayout | None = None, lock: bool = True, **shorthand: Any) -> InjectionResult:
     """Flip bits in a Hugging Face checkpoint directory (or its index file) as one model.
 
-    Parameters are those of :func:`fastflip.files.inject.inject_file` (``sampling=`` or its fields as keywords); ``dst`` is a directory
+    Parameters are those of :func:`fastflip.files.inject.inject_file` (``sampling=`` or its fields as
+    keywords); ``dst`` is a directory
     (written atomically; ``overwrite`` replaces an existing one), the log defaults to
     ``<dst>.fflog`` beside it (in place: ``<dir>.fflog``, or ``<dir>.<k>.fflog`` when that exists).
     See the module docstring for what is shared, copied and logged.
