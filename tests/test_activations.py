@@ -243,8 +243,14 @@ def test_bad_input_gives_one_line_errors_and_leaves_no_hook() -> None:
     with pytest.raises(OptionError, match="never ran a forward inside"):
         with fastflip.injected_activations(model, seed=1, count=1):
             pass
-    with pytest.raises(OptionError, match="exactly one of count= or rate="):
+    with pytest.raises(OptionError, match="injected_activations: say what to flip"):
         with fastflip.injected_activations(model, seed=1):
+            pass
+    with pytest.raises(OptionError, match=r"injected_activations: give exactly one of count, rate or ber \(got count, "):
+        with fastflip.injected_activations(model, seed=1, count=1, ber=0.1):
+            pass
+    with pytest.raises(OptionError, match="injected_activations: unknown key 'bit' \\(did you mean 'bits'"):
+        with fastflip.injected_activations(model, seed=1, count=1, bit="30"):
             pass
     assert hook_counts(model) == before
 

@@ -290,12 +290,12 @@ def test_gpu_tensor_without_cupy_is_refused_clearly() -> None:
 @pytest.mark.parametrize("model", ["flip", "stuck-at-0", "stuck-at-1:2", "random-bits:3", "adjacent:2", "mask:0b1011@random",
                                    "mask:0b11", "random-value", "zero", "scale:0.75", "scale:1e39"])
 def test_every_fault_model_matches_reference(model: str) -> None:
-    from fastflip.core.sampling import make_plan as sample
+    from fastflip import Sampling
 
     rng = np.random.default_rng(61)
     arrays = {f"t{i}": random_array(d, 300 + i, rng) for i, d in enumerate(["<f2", ">f4", "<f8", "|i1", ">i4", "<u8"])}
     original = {k: v.copy() for k, v in arrays.items()}
-    plan = sample(live.tensor_refs(arrays), seed=9, count=200, model=model)
+    plan = Sampling(count=200, model=model).plan(live.tensor_refs(arrays), seed=9)
     expected, exp_old, exp_new = reference(original, plan)
     log = live.inject(arrays, plan)
     assert (log.old_words.tolist(), log.new_words.tolist()) == (exp_old.tolist(), exp_new.tolist())

@@ -266,7 +266,7 @@ def test_bad_input_gives_one_line_errors_and_changes_nothing() -> None:
     with pytest.raises(BitRangeError, match=r"num_batches_tracked \(int64\).*--dtype float"):
         with fastflip.injected(net, seed=1, count=1, bits="exponent", roles=["step-counter"]):
             pass
-    with pytest.raises(OptionError, match="unknown option 'layer'"):
+    with pytest.raises(OptionError, match="unknown key 'layer' \\(did you mean 'layers'"):
         with fastflip.injected(net, seed=1, count=1, layer=["fc"]):
             pass
     assert state_bytes(net) == before

@@ -36,6 +36,24 @@ def test_one_spec_from_keywords_flags_and_tables() -> None:
     assert _cli("--distribution", "a=1,b=3").distribution_arg == {"/a": 1.0, "/b": 3.0}
 
 
+def test_sampling_of_is_the_one_place_for_sampling_or_its_shorthand() -> None:
+    spec = Sampling(bits="exponent", count=2, nan_policy="avoid")
+    assert Sampling.of(spec) is spec
+    assert Sampling.of({"bits": "exponent", "count": 2, "nan": "avoid"}) == spec
+    assert Sampling.of(bits="exponent", count=2, nan_policy="avoid", rate=None) == spec  # None: not given
+    assert Sampling.of() is None
+    with pytest.raises(OptionError, match="live: say what to flip"):
+        Sampling.of(where="live", required=True)
+    with pytest.raises(OptionError, match=r"live: give either sampling= or its fields \(replace\), not both"):
+        Sampling.of(spec, where="live", replace=False)
+    with pytest.raises(OptionError, match=r"live: unknown key 'nan' \(known: ber, bits, count"):
+        Sampling.of(where="live", count=1, nan="avoid")
+    with pytest.raises(OptionError, match="live.count must be a non-negative integer"):
+        Sampling.of(where="live", count=-1)
+    with pytest.raises(OptionError, match=r"cfg\.rate must be a number"):
+        Sampling.of({"rate": 2.0}, where="cfg")
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"count": 1, "ber": 0.1}, "exactly one of count, rate or ber (got count, ber)"),
     ({}, "exactly one of count, rate or ber (got none)"),
@@ -72,11 +90,12 @@ def _file(tmp_path) -> str:
     return path
 
 
-def test_inject_file_takes_a_spec_and_the_old_keywords_still_work(tmp_path) -> None:
+def test_inject_file_takes_a_spec_or_its_shorthand_keywords(tmp_path) -> None:
     src = _file(tmp_path)
     spec = Sampling(bits="exponent", model="flip", count=9)
     new = inject_file(src, str(tmp_path / "new.h5"), seed=4, sampling=spec, log_path=False)
-    with pytest.warns(DeprecationWarning, match="sampling=fastflip.Sampling"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the shorthand is the documented form: no warning
         old = inject_file(src, str(tmp_path / "old.h5"), seed=4, bits="exponent", model="flip", count=9,
                           log_path=False)
     assert [t.name for t in new.log.plan.tensors] == [t.name for t in old.log.plan.tensors]
@@ -89,6 +108,12 @@ def test_inject_file_takes_a_spec_and_the_old_keywords_still_work(tmp_path) -> N
     assert as_table.log.plan.index.tolist() == new.log.plan.index.tolist()
     with pytest.raises(OptionError, match="give either sampling= or its fields \\(count\\)"):
         inject_file(src, str(tmp_path / "x.h5"), sampling=spec, count=3)
+    with pytest.raises(OptionError, match="inject_file: unknown key 'bit' \\(did you mean 'bits'"):
+        inject_file(src, str(tmp_path / "x.h5"), bit="30", count=3)
+    with pytest.raises(OptionError, match="inject_file: say what to flip"):
+        inject_file(src, str(tmp_path / "x.h5"))
+    with pytest.raises(OptionError, match=r"inject_file: give exactly one of count, rate or ber \(got none\)"):
+        inject_file(src, str(tmp_path / "x.h5"), bits="30")
 
 
 def test_the_cli_and_an_experiment_scenario_draw_what_the_spec_draws(tmp_path) -> None:

@@ -196,6 +196,31 @@ def rule_sites(root: Path | None = None) -> list[str]:
     return found
 
 
+def sampling_forms(root: Path | None = None) -> list[str]:
+    """The functions and dataclasses that take an amount of sites as their own fields: ``module:name`` of each one
+    whose parameters (or annotated class fields) include ``count`` and ``rate`` or ``ber``.
+
+    Everything else takes a :class:`fastflip.core.spec.Sampling` (``sampling=``, or its fields as shorthand
+    keywords gathered by ``**`` into ``Sampling.of``); what is listed here says "how many sites" in a form of its own.
+    """
+    root = root or ROOT
+    graph = import_graph(root / "src")
+    found = []
+    for mod, path in sorted(graph.modules.items()):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+            elif isinstance(node, ast.ClassDef):
+                names = {b.target.id for b in node.body
+                         if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
+            else:
+                continue
+            if "count" in names and names & {"rate", "ber"}:
+                found.append(f"{mod}:{node.name}")
+    return found
+
+
 def figures(root: Path | None = None) -> dict[str, int]:
     """The figures quoted in docs/internals.md."""
     root = root or ROOT
@@ -211,6 +236,7 @@ def figures(root: Path | None = None) -> dict[str, int]:
         "function-level internal imports": len({(e.src, e.line) for e in graph.edges if not e.top}),
         "word-rule definitions (files)": len({r.rsplit(":", 1)[0] for r in rules}),
         "word-rule definitions (lines)": len(rules),
+        "forms that say how many sites": len(sampling_forms(root)),
     }
 
 
@@ -230,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  cycle  " + " -> ".join(c))
         for r in rule_sites(args.root):
             print("  rule   " + r)
+        for f in sampling_forms(args.root):
+            print("  sampling " + f)
     return 0
 
 

@@ -26,7 +26,7 @@ _EXPORTS = {
     "InjectionResult": "files.inject", "InjectionLog": "files.log",
     "inject_dir": "files.sharded", "replay_dir": "files.sharded", "revert_dir": "files.sharded", "read_layout": "files.layout",
     "Layout": "files.layout", "Tensor": "files.layout", "Selection": "files.select", "select": "files.select",
-    "BitSpec": "core.bits", "FaultModel": "core.faults", "SiteSpace": "core.sampling", "make_plan": "core.sampling",
+    "BitSpec": "core.bits", "FaultModel": "core.faults", "SiteSpace": "core.sampling",
     "Sampling": "core.spec",
     "Plan": "core.plan", "TensorRef": "core.plan", "diff_files": "files.diff", "FastflipError": "errors",
     "injected": "live", "tensor_refs": "live", "site": "live",

@@ -189,7 +189,7 @@ def run_old_settings(s: OldSettings, src: str | None = None, dst: str | None = N
         sel = kw.pop("selection", None)
         if sel is not None and selection is not None and not selection.is_all:
             raise OptionError("the config names locations_to_corrupt; do not also give selection options")
-        sampling = Sampling.from_keywords("config", **{k: kw.pop(k) for k in SAMPLING_KEYS if k in kw})
+        sampling = Sampling.of(where="config", **{k: kw.pop(k) for k in SAMPLING_KEYS if k in kw})
         res = inject_file(src, dst, in_place=in_place, seed=seed, log_path=lp, layout=layout, sampling=sampling,
                           selection=sel if sel is not None else selection, extra_manifest=extra, **kw)
     seq_path = None

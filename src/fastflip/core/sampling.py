@@ -33,8 +33,9 @@ then K distinct (element, bit) pairs, uniform over all pairs.
 Draws happen in this order: the Binomial (rate/ber), the sites (from 4096 sites on,
 uniform draws generated in sorted order from exponential spacings; below that, rounds
 of draws with a margin for collisions; either way repeats are dropped and a surplus is
-removed at uniformly drawn positions), then each dtype group's random masks in group
-order; resampling for ``nan_policy='avoid'`` continues the same stream.
+removed at uniformly drawn positions; under 'tensor' or weights, the first distinct draws
+in draw order are kept, as in successive draws without replacement), then each dtype
+group's random masks in group order; resampling for ``nan_policy='avoid'`` continues the same stream.
 
 Examples
 --------
@@ -62,7 +63,7 @@ from .plan import Plan, TensorRef, merge_duplicate_elements
 from .trialplan import LeanTables, lean_plan, pair_units_plan
 from .wordrule import nonfinite, rule_words, scale_words
 
-__all__ = ["SiteSpace", "make_plan", "generator"]
+__all__ = ["SiteSpace", "generator"]
 
 _BIT_SLOTS = 64  # pair key = element * 64 + bit
 _DENSE_FRACTION = 0.25  # above this fill ratio, draw exactly with choice(replace=False)
@@ -202,7 +203,11 @@ class SiteSpace:
         rounds: the missing number of sites plus a margin for collisions is drawn,
         repeats are dropped, and a surplus is removed at positions drawn uniformly
         (a uniform subset of uniform distinct draws stays uniform); in the sparse case
-        of real checkpoints one round is the rule.
+        of real checkpoints one round is the rule. Under a non-uniform distribution
+        ('tensor', weights) the first k distinct draws in draw order are kept instead:
+        a draw repeated is drawn again, as in successive draws without replacement (a
+        uniform subset of the distinct draws would favour the sites that collide less,
+        those of large tensors).
         """
         if k == 0:
             return np.zeros(0, np.int64), (np.zeros(0, np.int64) if pairs else None)
@@ -223,6 +228,7 @@ class SiteSpace:
             if len(keys) == k:
                 return (keys // _BIT_SLOTS, keys % _BIT_SLOTS) if pairs else (keys, None)
         known = np.zeros(0, np.int64) if taken is None else np.asarray(taken, np.int64)
+        in_order = np.zeros(0, np.int64)  # non-uniform: the distinct draws so far, in draw order
         for _ in range(_MAX_ROUNDS):
             need = k - len(keys)
             if need <= 0:
@@ -240,6 +246,12 @@ class SiteSpace:
                 break
             if len(known):
                 new = new[~_sorted_contains(known, new)]
+            if not uniform:
+                in_order = np.concatenate([in_order, new])
+                first = np.unique(in_order, return_index=True)[1]
+                in_order = in_order[np.sort(first)][:k]
+                keys = np.sort(in_order)
+                continue
             if len(keys):
                 keys = _sorted_distinct(np.concatenate([keys, np.sort(new)]), merge=True)
             else:
@@ -302,6 +314,12 @@ class SiteSpace:
         max_resample_rounds: int = 100,
     ) -> Plan:
         """Draw the sites of one injection and build its plan (see the module docstring).
+
+        The one low-level draw: :meth:`fastflip.core.spec.Sampling.plan` calls it, and every public
+        entry point (files, live, activations, campaigns, the CLI) takes a
+        :class:`~fastflip.core.spec.Sampling`. The space holds the bits and the distribution; the
+        keywords here are the rest of a Sampling, for loops that draw many plans from one space
+        (a campaign's trials).
 
         ``read_words(plan) -> uint64 old words`` is needed for ``nan_policy='avoid'``:
         sites whose new value would be NaN/Inf are redrawn (at most
@@ -567,7 +585,3 @@ def _concat(a: Plan, b: Plan) -> Plan:
                np.concatenate([a.xor_mask, b.xor_mask]), scale, np.concatenate([a.bits, b.bits]), dict(a.meta))
     return merge_duplicate_elements(out)
 
-
-def make_plan(tensors: Sequence[TensorRef], *, bits: Any = None, distribution: Any = "element", **kwargs: Any) -> Plan:
-    """One-shot form: ``SiteSpace(tensors, bits, distribution).plan(**kwargs)``."""
-    return SiteSpace(tensors, bits=bits, distribution=distribution).plan(**kwargs)

@@ -1,18 +1,19 @@
 """The sampling spec: what to flip and how many, one frozen record for every front end.
 
-:class:`Sampling` holds the keywords that used to be repeated across the CLI, experiment scenarios,
-campaign cells and the live API: allowed bits (``bits``, ``sign_first``), the fault model (``model``),
+:class:`Sampling` says, for every front end (the CLI, experiment scenarios, campaign cells, the file and
+live APIs, activation faults), what to flip: allowed bits (``bits``, ``sign_first``), the fault model (``model``),
 the amount (exactly one of ``count``, ``rate``, ``ber``), the distribution over tensors, the NaN policy
 and whether sites may repeat (``replace``). It is checked once, when it is made, by keywords,
-:meth:`Sampling.from_cli` (argparse flags) or :meth:`Sampling.from_mapping` (a YAML/TOML table), and
+:meth:`Sampling.from_cli` (argparse flags) or :meth:`Sampling.from_mapping` (a YAML/TOML table);
+:meth:`Sampling.of` is the one place where an entry point's ``sampling=`` or shorthand keywords become one. It is
 turned into a :class:`~fastflip.core.sampling.SiteSpace` and a :class:`~fastflip.core.plan.Plan` by
 :meth:`Sampling.space` and :meth:`Sampling.plan`. Seeds are not part of it: a spec says what to
 draw, the seed which draw.
 
 Imports: :mod:`fastflip.errors` and ``core`` (bits, faults, sampling, configcheck). Every front end
-imports it: :func:`fastflip.files.inject.inject_file` (``sampling=``), ``fastflip inject``,
-:mod:`fastflip.experiment.config` scenarios, :mod:`fastflip.campaign.cells` and
-:func:`fastflip.live.injected` / :func:`fastflip.live.api.plan_for` (``sampling=``).
+imports it: :func:`fastflip.files.inject.inject_file`, ``fastflip inject``, :mod:`fastflip.experiment.config`
+scenarios, :mod:`fastflip.campaign.cells`, :func:`fastflip.live.injected` / :func:`fastflip.live.api.plan_for`
+and :func:`fastflip.live.activations.injected_activations`.
 
 Examples
 --------
@@ -192,12 +193,49 @@ class Sampling:
                    nan_policy=getattr(args, "nan", "allow"), replace=getattr(args, "replace", False))
 
     @classmethod
-    def from_keywords(cls, where: str = "sampling", **kwargs: Any) -> "Sampling":
-        """From the keywords of the older signatures (``count=``, ``bits=``, ...; None values left out)."""
-        unknown = set(kwargs) - set(SAMPLING_KEYS)
-        if unknown:
-            raise OptionError(f"{where}: unknown option {sorted(unknown)[0]!r} (known: {', '.join(SAMPLING_KEYS)})")
-        return cls(**{k: v for k, v in kwargs.items() if v is not None})
+    def of(cls, sampling: "Sampling | Mapping[str, Any] | None" = None, *, where: str = "sampling",
+           required: bool = False, **shorthand: Any) -> "Sampling | None":
+        """The Sampling of a call: ``sampling=`` (a Sampling or its table) or the shorthand keywords.
+
+        Every entry point that says what to flip (:func:`fastflip.files.inject.inject_file`,
+        :func:`fastflip.files.sharded.inject_dir`, :func:`fastflip.live.injected`,
+        :func:`fastflip.live.api.plan_for`, :func:`fastflip.live.activations.injected_activations`)
+        takes ``sampling=`` or, as a shorthand, the fields of :class:`Sampling` as keywords
+        (``count=``, ``rate=``, ``ber=``, ``bits=``, ``sign_first=``, ``model=``, ``distribution=``,
+        ``nan_policy=``, ``replace=``) and turns them into one here. A keyword given as None is not given.
+        When neither is given: None (the caller fixes the sites with a plan), or, ``required``, an OptionError.
+
+        >>> Sampling.of(count=2, bits="sign") == Sampling(count=2, bits="sign")
+        True
+        >>> Sampling.of({"rate": 0.5}).rate, Sampling.of() is None
+        (0.5, True)
+        >>> Sampling.of(Sampling(count=1), count=2)
+        Traceback (most recent call last):
+        ...
+        fastflip.errors.OptionError: sampling: give either sampling= or its fields (count), not both
+
+        Raises
+        ------
+        OptionError
+            An unknown keyword (with the nearest field), both forms given, or a field out of its domain.
+        """
+        given = {k: v for k, v in shorthand.items() if v is not None}
+        cc.check_keys(shorthand, SAMPLING_KEYS, where)
+        if sampling is not None:
+            if given:
+                raise OptionError(f"{where}: give either sampling= or its fields ({', '.join(given)}), not both")
+            if isinstance(sampling, Sampling):
+                return sampling
+            return cls.from_mapping(sampling, where=where)
+        if not given:
+            if required:
+                raise OptionError(f"{where}: say what to flip: sampling=fastflip.Sampling(...) or its fields as "
+                                  "keywords, with one of count=, rate= or ber= (how many sites to hit)")
+            return None
+        try:
+            return cls(**given)
+        except OptionError as exc:
+            raise type(exc)(str(exc).replace("sampling", where, 1)) from None
 
     def with_changes(self, **changes: Any) -> "Sampling":
         """A copy with fields changed (checked again)."""

@@ -63,7 +63,7 @@ from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, w
 from ..core.plan import Plan
 from ..core.spec import Sampling
 from .select import Selection
-from .sites import injection_counts, nonfinite_created, site_space, sampling_of
+from .sites import PLAN_FIELDS, injection_counts, nonfinite_created, site_space, sampling_of
 
 __all__ = ["InjectionResult", "RevertResult", "inject_file", "replay", "revert", "default_log_path", "nonfinite_created",
            "inject_checkpoint_file"]
@@ -272,17 +272,8 @@ def inject_file(
     atomic: bool = True,
     selection: Selection | Mapping[str, Any] | None = None,
     sampling: Sampling | Mapping[str, Any] | None = None,
-    bits: str | Sequence[int | str] | BitSpec | None = None,
-    sign_first: bool = False,
-    model: FaultModel | str | None = None,
-    count: int | None = None,
-    rate: float | None = None,
-    ber: float | None = None,
     seed: int | None = None,
     stream: Sequence[int] = (),
-    distribution: str | Mapping[str, float] = "element",
-    replace: bool = False,
-    nan_policy: str = "allow",
     log_path: str | os.PathLike[str] | bool | None = None,
     plan: Plan | None = None,
     layout: Layout | None = None,
@@ -294,6 +285,7 @@ def inject_file(
     overwrite: bool = True,
     lock: bool = True,
     cached_input: bool = True,
+    **shorthand: Any,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
 
@@ -312,9 +304,10 @@ def inject_file(
     sampling : Sampling or mapping
         What to flip and how many sites: bits, fault model, count/rate/ber, distribution, NaN policy,
         replacement (:class:`fastflip.core.spec.Sampling`, or its table as a mapping).
-    bits, sign_first, model, count, rate, ber, distribution, replace, nan_policy
-        Deprecated: the fields of ``sampling`` as separate keywords (they still work, with a
-        DeprecationWarning; give either ``sampling`` or these).
+    **shorthand
+        The fields of ``sampling`` as keywords (``count=``, ``rate=``, ``ber=``, ``bits=``, ``sign_first=``,
+        ``model=``, ``distribution=``, ``nan_policy=``, ``replace=``), made into one Sampling by
+        :meth:`fastflip.core.spec.Sampling.of`; give either ``sampling`` or these.
     seed : int, optional
         Seed (a random one is drawn and recorded when omitted). ``stream`` adds counters.
     log_path : path, False or None
@@ -353,20 +346,18 @@ def inject_file(
     word is written. A kill at any moment leaves the old file, or the new one with the log that reverts
     it; a run that fails leaves an existing output and its log as they were.
     """
-    raw = {"bits": bits, "sign_first": sign_first, "model": model, "count": count, "rate": rate, "ber": ber,
-           "distribution": distribution, "replace": replace, "nan_policy": nan_policy}
     if hash_files not in (True, False, "regions"):
         raise OptionError(f"hash_files must be True, False or 'regions' (got {hash_files!r:.40})")
     _refuse_dir(src)
     src = check_input(src)
     with _lock(src, "inject --in-place", in_place and lock):
-        return _inject_locked(src, dst, in_place, atomic, selection, sampling, raw, seed, stream, log_path, plan,
+        return _inject_locked(src, dst, in_place, atomic, selection, sampling, shorthand, seed, stream, log_path, plan,
                               layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input,
                               hashing.algorithm(hash_algorithm or hashing.default_algorithm()).name)
 
 
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
-                   raw: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
+                   shorthand: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool | str, durable: bool,
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True,
                    algo: str = "sha256") -> InjectionResult:
@@ -375,13 +366,14 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         selection = Selection.from_dict(selection)
     layout = layout or cached_layout(src)  # the file is read (and refused) before the options are judged
     by_name = {t.path: t for t in layout.tensors}
-    smp = sampling_of(sampling, plan, raw)
+    smp = sampling_of(sampling, plan, shorthand)
     if smp is not None:
         fields = smp.as_dict()
         model_obj, spec = smp.fault_model, smp.bit_spec
-    else:  # a given plan: the keywords are recorded as they came
-        fields = dict(raw)
-        model_obj, spec = FaultModel.parse(raw["model"]), BitSpec.parse(raw["bits"], sign_first=raw["sign_first"])
+    else:  # a given plan: the keywords that describe it are recorded as they came
+        fields = {**PLAN_FIELDS, **{k: v for k, v in shorthand.items() if v is not None}}
+        model_obj = FaultModel.parse(fields["model"])
+        spec = BitSpec.parse(fields["bits"], sign_first=fields["sign_first"])
     if seed is None:
         seed = secrets.randbits(63)
     if plan is None:

@@ -61,6 +61,9 @@ Examples
 (3, 'model.safetensors.index.json')
 >>> revert_dir(res.log_path, res.output).sites
 3
+>>> again = inject_dir(src, os.path.join(d, "again"), seed=1, count=3, bits="sign")  # the shorthand: the same draw
+>>> again.log.plan.index.tolist() == res.log.plan.index.tolist()
+True
 """
 
 from __future__ import annotations
@@ -287,10 +290,11 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
                stream: Sequence[int] = (), log_path: str | os.PathLike[str] | bool | None = None,
                plan: Plan | None = None, backend: str = "auto", durable: bool = True, overwrite: bool = True,
                extra_manifest: Mapping[str, Any] | None = None, atomic: bool = True, hash_files: bool = True,
-               layout: ShardedLayout | None = None, lock: bool = True) -> InjectionResult:
+               layout: ShardedLayout | None = None, lock: bool = True, **shorthand: Any) -> InjectionResult:
     """Flip bits in a Hugging Face checkpoint directory (or its index file) as one model.
 
-    Parameters are those of :func:`fastflip.files.inject.inject_file`; ``dst`` is a directory
+    Parameters are those of :func:`fastflip.files.inject.inject_file` (``sampling=`` or its fields as
+    keywords); ``dst`` is a directory
     (written atomically; ``overwrite`` replaces an existing one), the log defaults to
     ``<dst>.fflog`` beside it (in place: ``<dir>.fflog``, or ``<dir>.<k>.fflog`` when that exists).
     See the module docstring for what is shared, copied and logged.
@@ -317,7 +321,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     with _writer_lock(layout, "inject --in-place", in_place and lock):  # the layout is read before; the words after
         if isinstance(selection, Mapping):
             selection = Selection.from_dict(selection)
-        smp = sampling_of(sampling, plan)
+        smp = sampling_of(sampling, plan, shorthand, where="inject_dir")
         if seed is None:
             seed = secrets.randbits(63)
         if plan is None:

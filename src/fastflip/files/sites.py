@@ -10,7 +10,6 @@ one site space spans every shard), so both draw and count sites alike.
 from __future__ import annotations
 
 import threading
-import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -20,12 +19,12 @@ from ..core.plan import Plan
 from ..core.sampling import SiteSpace
 from ..core.spec import Sampling
 from ..core.wordrule import nonfinite
-from ..errors import CapacityError, OptionError, SelectionError, one_line
+from ..errors import CapacityError, SelectionError, one_line
 from .h5apply import check_storage
 from .layout import Layout
 from .select import Selection, select
 
-__all__ = ["site_space", "sampling_of", "injection_counts", "nonfinite_created"]
+__all__ = ["site_space", "sampling_of", "PLAN_FIELDS", "injection_counts", "nonfinite_created"]
 
 _LOCK = threading.Lock()  # the site-space cache is shared by the threads of a host harness
 
@@ -75,31 +74,30 @@ def site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
     return space
 
 
-_SAMPLING_DEFAULTS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
-                                      "ber": None, "distribution": "element", "replace": False, "nan_policy": "allow"}
+#: What a log records for a given plan when no sampling field is given (the fields of :class:`Sampling`).
+PLAN_FIELDS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
+                               "ber": None, "distribution": "element", "replace": False, "nan_policy": "allow"}
 
 
 def sampling_of(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | None,
-                  raw: Mapping[str, Any] | None = None) -> Sampling | None:
-    """The Sampling of an inject call: ``sampling=`` (a Sampling or its table), or (deprecated, with a
-    DeprecationWarning naming the caller's caller) the separate keywords in ``raw``; None with a given plan.
+                shorthand: Mapping[str, Any] | None = None, where: str = "inject_file") -> Sampling | None:
+    """The Sampling of an inject call: ``sampling=`` or the shorthand keywords, through :meth:`Sampling.of`.
+
+    With a given plan and no ``sampling=``, None: the plan fixes the sites, and the shorthand keywords
+    (checked by name) only describe it in the log.
 
     >>> sampling_of({"count": 3, "bits": "sign"}, None).count
     3
-    >>> sampling_of(None, object()) is None  # a plan given: nothing to sample
+    >>> sampling_of(None, None, {"count": 2}).count
+    2
+    >>> sampling_of(None, object(), {"bits": "31"}) is None  # a plan given: nothing to sample
     True
     """
-    given = {k: v for k, v in (raw or {}).items() if not (v is _SAMPLING_DEFAULTS[k] or v == _SAMPLING_DEFAULTS[k])}
-    if sampling is not None:
-        if given:
-            raise OptionError(f"give either sampling= or its fields ({', '.join(given)}), not both")
-        return sampling if isinstance(sampling, Sampling) else Sampling.from_mapping(sampling)
-    if plan is not None:
+    shorthand = dict(shorthand or {})
+    if plan is not None and sampling is None:
+        Sampling.of(where=where, **{k: None for k in shorthand})  # names checked, nothing built
         return None
-    if given:
-        warnings.warn("inject_file(bits=, model=, count=/rate=/ber=, ...) is deprecated: pass "
-                      "sampling=fastflip.Sampling(...)", DeprecationWarning, stacklevel=4)
-    return Sampling.from_keywords("inject_file", **given)
+    return Sampling.of(sampling, where=where, required=True, **shorthand)
 
 
 def injection_counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, int]:

@@ -2,7 +2,8 @@
 
 Layer: ``live`` (may import files and below; imported by frameworks and above).
 
-``injected_activations(model, seed=..., count=..., selection=Selection(layers=[...]))``
+``injected_activations(model, seed=..., sampling=Sampling(count=...), selection=Selection(layers=[...]))``
+(or the shorthand ``count=...``)
 is a context manager: inside the block, every forward pass of ``model`` has the
 selected layers' outputs altered by the fault model (PyTorch forward hooks; Keras
 layer calls wrapped on the instance, see :mod:`fastflip.live.act_frameworks`); on
@@ -14,8 +15,9 @@ layer's output shape (a probe of the same call: on PyTorch's ``meta`` device whe
 the model allows it, else a real forward with the model's buffers and RNG state
 left untouched) and builds a :class:`~fastflip.core.sampling.SiteSpace` over those
 spaces, so sites are uniform over the selected layers' output elements (a layer is
-hit in proportion to its output size) with the same bit specs, fault models and
-count / rate modes as weights. A layer called several times in one forward (a
+hit in proportion to its output size, unless ``distribution`` says otherwise) with the
+same :class:`~fastflip.core.spec.Sampling` fields as weights: bits, fault model,
+count / rate / ber, distribution, replace and NaN policy. A layer called several times in one forward (a
 reused ``ReLU``) has one output space per call: ``name``, ``name#1``, ...
 
 Targets beyond plain layer outputs (:mod:`fastflip.live.act_targets`): the first
@@ -49,7 +51,8 @@ Examples
 --------
 >>> import numpy as np
 >>> from fastflip.core.plan import TensorRef
->>> s = Sites([TensorRef("fc", "<f4", (4,))], seed=3, count=1, bits="31", model=None, per_sample=True)
+>>> from fastflip.core.spec import Sampling
+>>> s = Sites([TensorRef("fc", "<f4", (4,))], seed=3, sampling=Sampling(count=1, bits="31"), per_sample=True)
 >>> sample, index, *_ = s.layer_sites(0, batch=3)
 >>> sample.tolist(), bool(((0 <= index) & (index < 4)).all())
 ([0, 1, 2], True)
@@ -60,7 +63,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -71,6 +74,7 @@ from ..errors import BitRangeError, OptionError
 from ..core.faults import FaultModel
 from ..core.plan import Plan, TensorRef
 from ..core.sampling import SiteSpace
+from ..core.spec import Sampling
 from ..core.wordrule import WordCounts, became_nonfinite, new_words, nonfinite
 
 __all__ = ["ActivationLog", "Sites", "injected_activations", "layer_outputs", "draw_seed"]
@@ -158,25 +162,27 @@ class ActivationLog(WordCounts):
 class Sites:
     """The fault sites of every sample slot over the layers' per-sample output spaces.
 
-    ``plan`` (a :class:`~fastflip.core.plan.Plan` over ``refs``) fixes the sites instead
-    of drawing them (campaigns); it needs ``per_sample=False``.
+    ``sampling`` (a :class:`~fastflip.core.spec.Sampling`) says what each sample slot's plan draws, as
+    for weights; ``plan`` (a :class:`~fastflip.core.plan.Plan` over ``refs``) fixes the sites instead
+    of drawing them (campaigns); it needs ``per_sample=False``. Give one of them.
     """
 
-    def __init__(self, refs: Sequence[TensorRef], *, seed: int, stream: Sequence[int] = (), count: int | None = None,
-                 rate: float | None = None, bits: Any = None, model: Any = None, nan_policy: str = "allow",
-                 per_sample: bool = False, plan: Any = None, samples_per_plan: int | None = None) -> None:
+    def __init__(self, refs: Sequence[TensorRef], *, seed: int, stream: Sequence[int] = (),
+                 sampling: Sampling | None = None, per_sample: bool = False, plan: Any = None,
+                 samples_per_plan: int | None = None) -> None:
         self.refs = list(refs)
         self.seed, self.stream, self.per_sample = int(seed), tuple(int(s) for s in stream), bool(per_sample)
-        self.model = FaultModel.parse(model)
-        self.nan_policy = nan_policy
-        if nan_policy not in ("allow", "avoid"):
-            raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
-        self.bits = bits
-        self._mode = {"count": count} if rate is None else {"rate": rate}
+        if (sampling is None) == (plan is None):
+            raise OptionError("activation sites: give either sampling= (sites to draw) or plan= (fixed sites)")
+        self.model = sampling.fault_model if sampling is not None else FaultModel.parse(None)
+        self.nan_policy = sampling.nan_policy if sampling is not None else "allow"
+        self.bits = sampling.bit_spec if sampling is not None else None
+        # each slot's plan is drawn with NaN/Inf allowed: the words are known only in the forward (see fault)
+        self._draw = sampling.with_changes(nan_policy="allow") if sampling is not None else None
         self._block: Any = None
         if isinstance(plan, PlanBlock):  # trial j's plan in samples j*n ... j*n+n-1
-            if nan_policy != "allow" or not samples_per_plan:
-                raise OptionError("a block of plans needs samples_per_plan= and nan_policy='allow'")
+            if not samples_per_plan:
+                raise OptionError("a block of plans needs samples_per_plan=")
             self._check_plan(plan)
             self._block, self._per = plan, int(samples_per_plan)
             self.space = None
@@ -188,7 +194,8 @@ class Sites:
             self.space = None
             self._plans: dict[int, Plan] = {0: plan}
         else:
-            self.space = _space(self.refs, bits)
+            assert sampling is not None
+            self.space = _space(self.refs, self.bits, sampling.distribution_arg)
             self._plans = {}
         self._cache: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
 
@@ -207,7 +214,7 @@ class Sites:
         if p is None:
             assert self.space is not None
             stream = (*self.stream, slot) if self.per_sample else self.stream
-            p = self._plans[slot] = self.space.plan(seed=self.seed, stream=stream, model=self.model, **self._mode)
+            p = self._plans[slot] = self._draw.plan(self.space, seed=self.seed, stream=stream)
         return p
 
     def _layer_of(self, p: Plan) -> np.ndarray:
@@ -296,7 +303,8 @@ class Sites:
             k = int((sample == b).sum())
             base = int(b) * ref.size
             p = space.plan(seed=self.seed, stream=(*self.stream, 1 << 30, layer, int(b)), count=k, model=self.model,
-                           nan_policy="avoid", read_words=lambda q, base=base: read(base + q.index))
+                           replace=self._draw.replace, nan_policy="avoid",
+                           read_words=lambda q, base=base: read(base + q.index))
             o = read(base + p.index)
             w = new_words(o, p.and_mask, p.or_mask, p.xor_mask, p.scale, _word(ref))
             for c, v in zip(cols, (np.full(len(p), b, np.int64), p.index, p.bits, o, w)):
@@ -304,10 +312,10 @@ class Sites:
         return tuple(np.concatenate(c) for c in cols)
 
 
-def _space(refs: Sequence[TensorRef], bits: Any) -> SiteSpace:
+def _space(refs: Sequence[TensorRef], bits: Any, distribution: Any = "element") -> SiteSpace:
     """The site space, or one line naming the layer outputs that lack a named bit field."""
     try:
-        return SiteSpace(refs, bits=bits)
+        return SiteSpace(refs, bits=bits, distribution=distribution)
     except BitRangeError as exc:
         bad = []
         for r in refs:
@@ -315,7 +323,8 @@ def _space(refs: Sequence[TensorRef], bits: Any) -> SiteSpace:
                 BitSpec.parse(bits).resolve(_word(r))
             except BitRangeError:
                 bad.append(f"{r.name} ({getattr(r, 'format', None) or np.dtype(r.dtype)})")
-        raise BitRangeError(f"bits {bits!r} do not exist in the output of layer(s) {', '.join(bad[:6])} ({exc}); "
+        shown = ",".join(BitSpec.parse(bits).items)
+        raise BitRangeError(f"bits {shown!r} do not exist in the output of layer(s) {', '.join(bad[:6])} ({exc}); "
                             "select float layers (Selection(dtypes=['float'])) or give bit positions") from None
 
 
@@ -352,11 +361,11 @@ def layer_outputs(model: Any, run: Callable[[], Any], selection: Any = None) -> 
 
 
 @contextlib.contextmanager
-def injected_activations(network: Any, /, seed: int | None = None, *, count: int | None = None, rate: float | None = None,
-                         bits: Any = None, model_fault: Any = None, selection: Any = None, per_sample: bool = False,
-                         nan_policy: str = "allow", stream: Sequence[int] = (), plan: Any = None,
+def injected_activations(network: Any, /, seed: int | None = None, *,
+                         sampling: "Sampling | Mapping[str, Any] | None" = None, selection: Any = None,
+                         per_sample: bool = False, stream: Sequence[int] = (), plan: Any = None,
                          samples_per_plan: int | None = None, forward: int | None = None,
-                         **kwargs: Any) -> Iterator[ActivationLog]:
+                         **shorthand: Any) -> Iterator[ActivationLog]:
     """Fault the outputs of the selected layers of a model in every forward inside the block.
 
     Parameters
@@ -365,14 +374,18 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
         The model (positional; ``model=`` names the fault model, as for weights).
     seed : int, optional
         Drawn from the operating system when left out (``log.seed`` records it).
-    count, rate :
-        Sites per sample (exactly one of them): ``count`` elements / (element, bit)
-        pairs, or each output element with probability ``rate``.
-    bits : str, optional
-        Bit spec (``"31"``, ``"exponent"``, ``"0-22"``...; default all bits).
-    model : str or FaultModel, optional
-        Fault model (``flip``, ``random-bits:2``, ``adjacent:2``, ``stuck-at-1``,
-        ``mask:0b11``, ``random-value``, ``zero``, ``scale:2.0``); ``model_fault=`` is the same.
+    sampling : Sampling or mapping, optional
+        What to flip in each sample slot's plan, with the meaning it has for weights
+        (:class:`~fastflip.core.spec.Sampling`): ``count`` sites, each output element with
+        probability ``rate``, or each allowed bit with probability ``ber``; ``bits``;
+        ``model`` (``flip``, ``random-bits:2``, ``adjacent:2``, ``stuck-at-1``, ``mask:0b11``,
+        ``random-value``, ``zero``, ``scale:2.0``); ``distribution`` over the layer outputs
+        (``element``: in proportion to their sizes; ``tensor``; or weights by output name);
+        ``replace``; ``nan_policy`` (``avoid``: sites whose new value would be NaN/Inf are
+        redrawn in the same layer for that sample and input).
+    **shorthand
+        The fields of ``sampling`` as keywords (``count=1, bits="30"``, ...), made into one
+        Sampling by :meth:`~fastflip.core.spec.Sampling.of`; give either these or ``sampling``.
     selection : fastflip.Selection, optional
         ``layers`` / ``include`` / ``exclude`` / ``regex`` match layer names (PyTorch
         module paths like ``layer1.0.conv2``, Keras layer names); ``dtypes`` filters
@@ -382,11 +395,11 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
         no tensor, or that never run, are left out with one warning.
     per_sample : bool
         Independent faults per batch sample (see the module docstring).
-    nan_policy : {'allow', 'avoid'}
     plan : Plan or fastflip.core.blockplan.PlanBlock, optional
-        Fixed sites over the layer outputs (``layer_outputs`` gives their refs). A block of ``B``
-        plans with ``samples_per_plan = n`` runs ``B`` trials in forwards of ``B * n`` samples:
-        trial ``j``'s plan in samples ``j*n … j*n+n-1`` (batched campaign trials).
+        Fixed sites over the layer outputs (``layer_outputs`` gives their refs), instead of a
+        sampling. A block of ``B`` plans with ``samples_per_plan = n`` runs ``B`` trials in
+        forwards of ``B * n`` samples: trial ``j``'s plan in samples ``j*n … j*n+n-1``
+        (batched campaign trials).
     forward : int, optional
         Fault only this forward of the block (0-based; in ``generate``, the step that
         generates token ``forward``); sites are drawn from its shapes. PyTorch only.
@@ -396,26 +409,24 @@ def injected_activations(network: Any, /, seed: int | None = None, *, count: int
     ActivationLog
         Filled while the block runs; complete after it.
     """
-    fault = kwargs.pop("model", model_fault)
-    if kwargs:
-        raise OptionError(f"injected_activations() got unknown option(s): {', '.join(sorted(kwargs))}")
-    if plan is None and (count is None) == (rate is None):
-        raise OptionError("injected_activations: give exactly one of count= or rate=")
+    smp = Sampling.of(sampling, where="injected_activations", required=plan is None, **shorthand)
+    if plan is not None and smp is not None:
+        raise OptionError("injected_activations: a plan fixes the sites; give either plan= or a sampling, not both")
     if seed is None:
         seed = draw_seed()
     if int(seed) != seed or seed < 0:
         raise OptionError(f"seed must be a non-negative integer (got {seed!r})")
-    FaultModel.parse(fault)  # a bad fault model fails before any hook is installed
     hooks = _frameworks(network)
     names = hooks.select(selection)
-    log = ActivationLog(seed=int(seed), meta={"count": count, "rate": rate, "bits": bits, "per_sample": per_sample,
-                                             "model": FaultModel.parse(fault).as_dict(), "nan_policy": nan_policy,
-                                             "stream": list(stream), "forward": forward})
+    fields = smp.as_dict() if smp is not None else {}
+    fields["model"] = (smp.fault_model if smp is not None else FaultModel.parse(None)).as_dict()
+    log = ActivationLog(seed=int(seed), meta={**fields, "per_sample": per_sample, "stream": list(stream),
+                                             "forward": forward})
     state: dict[str, Any] = {"sites": None}
 
     def make_sites(refs: list[TensorRef]) -> Sites:
-        s = Sites(refs, seed=int(seed), stream=stream, count=count, rate=rate, bits=bits, model=fault,
-                  nan_policy=nan_policy, per_sample=per_sample, plan=plan, samples_per_plan=samples_per_plan)
+        s = Sites(refs, seed=int(seed), stream=stream, sampling=smp, per_sample=per_sample, plan=plan,
+                  samples_per_plan=samples_per_plan)
         log.layers, log.shapes = [r.name for r in refs], [r.shape for r in refs]
         log.dtypes = [getattr(r, "format", None) or r.dtype for r in refs]
         state["sites"] = s

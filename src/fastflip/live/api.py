@@ -37,7 +37,8 @@ import numpy as np
 from ..errors import LogMismatchError, OptionError
 from ..files.layout import Tensor
 from ..core.plan import Plan, TensorRef
-from ..core.spec import Sampling
+from ..core.configcheck import check_keys
+from ..core.spec import SAMPLING_KEYS, Sampling
 from ..files.select import Selection, select
 from ..core.wordrule import WordCounts, became_nonfinite
 from .targets import Targets
@@ -182,39 +183,26 @@ _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")
 
 
 def plan_for(tg: Targets, *, seed: int | None = None, sampling: "Sampling | Mapping[str, Any] | None" = None,
-             count: int | None = None, rate: float | None = None,
-             ber: float | None = None, bits: Any = None, model: Any = None,
-             selection: "Selection | Mapping[str, Any] | None" = None, distribution: Any = "element",
-             replace: bool = False, nan_policy: str = "allow", sign_first: bool = False,
-             stream: Sequence[int] = (), **selection_fields: Any) -> Plan:
+             selection: "Selection | Mapping[str, Any] | None" = None, stream: Sequence[int] = (),
+             **options: Any) -> Plan:
     """Draw one plan over the selected live tensors (what :func:`injected` does without a plan).
 
     ``selection`` (a :class:`~fastflip.files.select.Selection` or its mapping) or its fields
     as keywords (``include=``, ``layers=``, ``roles=``...) choose tensors with the
     CLI's ``--include/--exclude/--regex/--dtype/--role/--layer`` meaning. A seed left
     out is drawn from the OS and recorded in ``plan.meta['seed']``. What to flip is a
-    :class:`~fastflip.core.spec.Sampling` (``sampling=``), or its fields as keywords (``count=``, ``bits=``, ...).
+    :class:`~fastflip.core.spec.Sampling` (``sampling=``), or its fields as keywords (``count=``, ``bits=``, ...;
+    :meth:`~fastflip.core.spec.Sampling.of`).
     """
-    unknown = set(selection_fields) - set(_SELECTION_KEYS)
-    if unknown:
-        raise OptionError(f"unknown option {sorted(unknown)[0]!r}: sampling takes seed, count/rate/ber, bits, model, "
-                          f"selection (or its fields {', '.join(_SELECTION_KEYS)}), distribution, replace, nan_policy")
+    check_keys(options, (*SAMPLING_KEYS, *_SELECTION_KEYS), "live")
+    selection_fields = {k: options.pop(k) for k in _SELECTION_KEYS if k in options}
+    smp = Sampling.of(sampling, where="live", required=True, **options)
+    assert smp is not None
     if selection_fields:
         if selection is not None:
             raise OptionError(f"give either selection= or its fields ({', '.join(selection_fields)}), not both")
         selection = Selection(**selection_fields)
     chosen = select_live(tg, selection)
-    fields = {"count": count, "rate": rate, "ber": ber, "bits": bits, "model": model, "distribution": distribution,
-              "replace": replace, "nan_policy": nan_policy, "sign_first": sign_first}
-    if sampling is not None:
-        given = [k for k, v in fields.items() if v is not None and v != _PLAN_DEFAULTS.get(k)]
-        if given:
-            raise OptionError(f"give either sampling= or its fields ({', '.join(given)}), not both")
-        smp = sampling if isinstance(sampling, Sampling) else Sampling.from_mapping(sampling)
-    else:
-        if count is None and rate is None and ber is None:
-            raise OptionError("give one of count=, rate= or ber= (how many sites to hit)")
-        smp = Sampling.from_keywords("live", **fields)
     if seed is None:
         seed = secrets.randbits(63)
     plan = smp.plan([t.ref() for t in chosen], seed=seed, stream=stream,
@@ -225,12 +213,9 @@ def plan_for(tg: Targets, *, seed: int | None = None, sampling: "Sampling | Mapp
     return plan
 
 
-_PLAN_DEFAULTS = {"distribution": "element", "replace": False, "nan_policy": "allow", "sign_first": False}
-
-
 @contextlib.contextmanager
 def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = "auto", optimizer: Any = None,
-             include_optimizer: bool = False, **sampling: Any) -> Iterator[LiveLog]:
+             include_optimizer: bool = False, **options: Any) -> Iterator[LiveLog]:
     """Inject on entry, revert on exit (also when the body raises).
 
     Parameters
@@ -238,12 +223,12 @@ def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = 
     model_or_tensors : torch.nn.Module, Keras model, mapping name -> tensor, or Targets
     plan : Plan, optional
         Apply this plan (e.g. from :func:`fastflip.live.site`); otherwise one is drawn.
-    **sampling
-        ``seed=None`` (drawn from the OS and recorded in ``log.seed``), ``count=`` /
-        ``rate=`` / ``ber=``, ``bits=``, ``model=`` (fault model), ``selection=`` (or
-        ``include=``, ``exclude=``, ``regex=``, ``dtypes=``, ``roles=``, ``layers=``),
-        ``distribution=``, ``replace=``, ``nan_policy=``, ``sign_first=``, ``stream=``, or all of
-        them as one ``sampling=`` (:class:`~fastflip.core.spec.Sampling`): see :func:`plan_for`.
+    **options
+        ``seed=None`` (drawn from the OS and recorded in ``log.seed``), ``stream=``, ``selection=`` (or
+        ``include=``, ``exclude=``, ``regex=``, ``dtypes=``, ``roles=``, ``layers=``), and what to flip:
+        ``sampling=`` (a :class:`~fastflip.core.spec.Sampling` or its table) or its fields as keywords
+        (``count=`` / ``rate=`` / ``ber=``, ``bits=``, ``model=`` (fault model), ``distribution=``,
+        ``replace=``, ``nan_policy=``, ``sign_first=``): see :func:`plan_for`.
     optimizer, include_optimizer
         Add a ``torch.optim`` optimizer's state / a Keras model's optimizer variables.
 
@@ -258,9 +243,9 @@ def injected(model_or_tensors: Any, plan: Plan | None = None, *, backend: str = 
     """
     tg = targets(model_or_tensors, include_optimizer=include_optimizer, optimizer=optimizer)
     if plan is None:
-        plan = plan_for(tg, **sampling)
-    elif sampling:
-        raise OptionError(f"pass either a plan or sampling options, not both ({', '.join(sampling)})")
+        plan = plan_for(tg, **options)
+    elif options:
+        raise OptionError(f"pass either a plan or sampling options, not both ({', '.join(options)})")
     log = inject(tg, plan, backend=backend)
     try:
         yield log
