@@ -58,14 +58,15 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every runtime import statement with whether it runs at module level (not under ``TYPE_CHECKING``)."""
+def _imports(tree: ast.Module, type_only: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every runtime import statement with whether it runs at module level; ``type_only``: also those under
+    ``if TYPE_CHECKING:`` (which never run), as module level."""
     out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
     def walk(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
+                for sub in (child.body + child.orelse if type_only else child.orelse):
                     walk_one(sub, top)
                 continue
             walk_one(child, top)
@@ -110,15 +111,16 @@ def _resolve(mod: str, is_pkg: bool, node: ast.Import | ast.ImportFrom, modules:
         node, ast.Import) else uniq
 
 
-def import_graph(src: Path | None = None) -> Graph:
-    """Parse every module of the package under ``src`` (default: ``ROOT/src``) and return its import graph."""
+def import_graph(src: Path | None = None, type_only: bool = False) -> Graph:
+    """Parse every module of the package under ``src`` (default: ``ROOT/src``) and return its import graph
+    (``type_only``: with the ``if TYPE_CHECKING:`` imports as well, to find circles of names)."""
     src = src or ROOT / "src"
     graph = Graph()
     for path in sorted((src / PACKAGE).rglob("*.py")):
         graph.modules[module_name(path, src)] = path
     for mod, path in graph.modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node, top in _imports(tree):
+        for node, top in _imports(tree, type_only):
             for dst in _resolve(mod, path.name == "__init__.py", node, graph.modules):
                 if dst != mod:
                     graph.edges.append(Edge(mod, dst, node.lineno, top))
@@ -126,13 +128,13 @@ def import_graph(src: Path | None = None) -> Graph:
 
 
 def cycles(graph: Graph, top_only: bool = False) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), ignoring a package's imports of
-    its own submodules (``pkg/__init__`` re-exporting ``pkg.x`` is not a cycle with ``pkg.x``)."""
+    """Strongly connected components of more than one module (Tarjan) over every runtime import: module-level
+    and function-level (``top_only``: module-level only). Only ``if TYPE_CHECKING:`` imports, which never run,
+    are left out of the graph; a package's ``__init__`` counts like any module (``pkg/__init__`` importing
+    ``pkg.x`` while ``pkg.x`` imports from ``pkg`` is a cycle)."""
     adj: dict[str, set[str]] = {m: set() for m in graph.modules}
     for e in graph.edges:
         if top_only and not e.top:
-            continue
-        if e.dst.startswith(e.src + "."):
             continue
         adj[e.src].add(e.dst)
     index: dict[str, int] = {}
@@ -208,6 +210,7 @@ def figures(root: Path | None = None) -> dict[str, int]:
         "import cycles (all imports)": len(cycles(graph)),
         "modules in a cycle": sum(len(c) for c in cycles(graph)),
         "import cycles (module-level imports)": len(cycles(graph, top_only=True)),
+        "import cycles (with TYPE_CHECKING imports)": len(cycles(import_graph(root / "src", type_only=True))),
         "function-level internal imports": len({(e.src, e.line) for e in graph.edges if not e.top}),
         "word-rule definitions (files)": len({r.rsplit(":", 1)[0] for r in rules}),
         "word-rule definitions (lines)": len(rules),
@@ -228,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  inner  {e.src}:{e.line} -> {e.dst}")
         for c in cycles(graph):
             print("  cycle  " + " -> ".join(c))
+        for c in cycles(import_graph(args.root / "src", type_only=True)):
+            print("  cycle (with TYPE_CHECKING imports)  " + " -> ".join(c))
         for r in rule_sites(args.root):
             print("  rule   " + r)
     return 0

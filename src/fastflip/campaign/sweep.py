@@ -50,12 +50,14 @@ from ..errors import OptionError, StoreError
 from .outcomes import failure_sql
 from .store import TRIAL_OUTCOMES, ResultStore, TrialRow, config_hash
 from .store_guard import sqlite_error
-from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
+from .cells import (Cell, call_factory, cell_notes, expand_cells, import_object, input_hashes, planned_counts,
+                    target_tensors)
 from .config import Campaign
 from .executors import WorkerCrash, check_main_guard, make_executor, sweep_gpus
 from .lifeline import remove_workdirs, sweep_leftovers
 from .preflight import batch_line, drop_empty, preflight
 from .progress import Progress
+from .stats import should_stop
 from .failures import TrialAborted
 from .trials import DUE, adopt_runner, close_runners, get_runner, worker_error
 
@@ -212,8 +214,6 @@ def setting_changes(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str
 def check_imports(campaign: Campaign) -> None:
     """Import the campaign's factory, evaluator function and data loader in this process, before any store
     or worker exists, so that a typo is one clear line and leaves nothing behind."""
-    from .cells import import_object
-
     paths = [campaign.resolve(p) for p in campaign.paths]
     ev = campaign.evaluator
     for what, spec in (("[target] factory", campaign.target.factory), ("[evaluator] function", getattr(ev, "function", None)),
@@ -237,8 +237,6 @@ def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int
 
     Cells found stopped are added to ``stopped`` and skipped on later rounds.
     """
-    from .stats import should_stop
-
     tr = campaign.trials
     assert tr.half_width is not None
     failure = failure_sql(campaign.evaluator.failure)

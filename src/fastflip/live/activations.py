@@ -71,6 +71,7 @@ from ..core.faults import FaultModel
 from ..core.plan import Plan, TensorRef
 from ..core.sampling import SiteSpace
 from ..core.wordrule import WordCounts, became_nonfinite, nonfinite, rule_words, scale_words
+from . import act_frameworks
 
 __all__ = ["ActivationLog", "Sites", "injected_activations", "layer_outputs", "draw_seed"]
 
@@ -341,8 +342,6 @@ def _nonfinite_new(new: np.ndarray, old: np.ndarray, dtype: str) -> np.ndarray:
 # ------------------------------------------------------------------------------ the context manager
 
 def _frameworks(model: Any) -> Any:
-    from . import act_frameworks
-
     return act_frameworks.hooks_for(model)
 
 
