@@ -23,12 +23,15 @@ from .trials import TrialRunner
 __all__ = ["preflight", "batch_line", "drop_empty"]
 
 
-def preflight(campaign: Campaign, cells: Sequence[Cell]) -> Any:
+def preflight(campaign: Campaign, cells: Sequence[Cell], target: Any = None) -> Any:
     """Load the target and evaluate the fault-free (golden) run in this process, as every worker will: a
     model/evaluator mismatch is one line here, before any store or worker exists. Returns the
-    :class:`~fastflip.campaign.trials.TrialRunner` (an in-process sweep runs its trials with it)."""
+    :class:`~fastflip.campaign.trials.TrialRunner` (an in-process sweep runs its trials with it).
+
+    ``target``: the factory's object already built in this process (the runner uses it instead of calling
+    the factory again)."""
     try:
-        return TrialRunner(campaign, cells)
+        return TrialRunner(campaign, cells, target=target)
     except FastflipError:
         raise
     except Exception as exc:

@@ -111,9 +111,13 @@ def sites_summary(plan: Any) -> str:
 
 # ------------------------------------------------------------------------------ the runner
 class TrialRunner:
-    """Everything a worker needs to run trials of one campaign (built once per process)."""
+    """Everything a worker needs to run trials of one campaign (built once per process).
 
-    def __init__(self, campaign: Campaign, cells: Sequence[Cell]) -> None:
+    ``target``: the factory's object, already built in this process (used for the first epoch instead of
+    calling the factory again; None: the runner calls the factory itself).
+    """
+
+    def __init__(self, campaign: Campaign, cells: Sequence[Cell], target: Any = None) -> None:
         self.campaign = campaign
         self.cells = list(cells)
         self.seed = campaign.seed
@@ -134,14 +138,15 @@ class TrialRunner:
         self.live: dict[int | None, Any] = {}
         refs_by_epoch = {}
         for e in epochs:
+            built, target = target, None
             if campaign.target.kind == "activations":  # faults go into layer outputs during the evaluation
-                obj = call_factory(campaign)
+                obj = built if built is not None else call_factory(campaign)
                 tensors = target_tensors(campaign, e, obj)
                 self.targets[e] = obj
                 self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             elif campaign.mode == "memory":
                 if campaign.target.factory is not None:
-                    obj = call_factory(campaign)
+                    obj = built if built is not None else call_factory(campaign)
                     tensors = target_tensors(campaign, e, obj)
                 else:
                     tensors = target_tensors(campaign, e)
