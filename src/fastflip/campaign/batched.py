@@ -20,7 +20,7 @@ trials at once:
   values the rest of the network needs from before the first node touching a faulted tensor are
   computed once per cell and mini-batch on the fault-free model, and each block runs only the rest
   (:mod:`fastflip.campaign.fxsplit`; a split that would need more than batch-major tensors runs the
-  full forward, said once); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
+  full forward, with a one-time notice); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
   its whole forward per block with the faulted modules swapped for the block, no graph needed.
 
 :class:`BatchedActivations` does the same for activation faults: ``B × N`` samples per
@@ -359,7 +359,7 @@ class BatchedTorch:
                x: Any = None) -> tuple[Any, tuple[Any, ...]] | None:
         """``(graph module running the rest of the network, its cached inputs)`` for faults in ``cell_tensors`` on
         the inputs ``x`` of mini-batch ``chunk`` (default: :attr:`x`), or None when nothing comes before the faulted
-        tensors' first use or the split needs more than batch-major tensors (then the full forward runs; said once)."""
+        tensors' first use or the split needs more than batch-major tensors (then the full forward runs, with a one-time notice)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
         key = (self.boundary(names), chunk)  # every set of tensors first read at the same node shares the entry
@@ -436,7 +436,7 @@ class BatchedActivations(BatchedTorch):
 
     def suffix(self, cell_tensors: Sequence[str], chunk: int | None = None, x: Any = None) -> Any:
         """``(rest of the network, its golden inputs, position of the faulted layer's output)`` for a cell of one
-        layer output, or None (several layer outputs, no prefix, or a model the split refuses; said once)."""
+        layer output, or None (several layer outputs, no prefix, or a model the split refuses; a one-time notice says why)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
         key = (names, chunk)  # a layer output's name is its boundary, whatever the cell
@@ -585,7 +585,7 @@ class TrialBatcher:
         (without a traced graph, with NaN in the faulted tensors' slots outside their modules)."""
         key = tuple(sorted(runner.cells[cell_id].tensors))
         if key not in self._ok and self._off is None:
-            if self.path() == "serial":  # the whole model: said once
+            if self.path() == "serial":  # the whole model: a one-time notice
                 say_once(f"batched trials off for {type(self.bt.model).__name__}: {self._off}; "
                          "running trials one at a time")
             elif not self.bt.traceable() and not isinstance(self.bt, BatchedActivations):
@@ -690,7 +690,7 @@ def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
 
 
 def make_batcher(runner: Any) -> TrialBatcher | None:
-    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (said once when asked for)."""
+    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (a one-time notice says why when batching was asked for)."""
     batcher, why, failed = batch_decision(runner)
     want = runner.campaign.evaluator.batch_trials
     if failed:

@@ -21,7 +21,7 @@ chunks touched, not the file.
 
 A dataset whose pipeline holds another filter (szip, nbit, scaleoffset, a plugin;
 lzf when the native module is not built), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
-cannot fit, goes the h5py read-modify-write path instead (said once per reason). A
+cannot fit, goes the h5py read-modify-write path instead (with one warning per reason). A
 filter HDF5 cannot decode here is refused before anything is written; so is a chunk
 whose fletcher32 checksum fails before patching.
 
