@@ -291,6 +291,15 @@ def _sweep(
         status lines.
     status_every : float, optional
         Seconds between status lines when no bar is drawn (default ``FASTFLIP_STATUS_SECONDS`` or 60).
+
+    Notes
+    -----
+    The steps, in order: **load** (:func:`_load`: the campaign's imports; for a new store the target, built
+    once, the cells and the pre-flight, before the store exists), open or create the store
+    (:func:`open_or_create`), **pre-flight** (:func:`_preflight`, when resuming with trials left), **plan**
+    (:func:`_plan`: trials in all and stored), **pool** (:func:`_pool`: the executor and the batching
+    decision), **resume** (:meth:`fastflip.campaign.rounds.Rounds.run`: rounds of the trials the store is
+    missing, a new store being one with every trial missing), **summarise** (:func:`_summarise`).
     """
     shard_t = _check_options(shard, chunk, batch_trials)
     say = _sayer(progress, stream)
@@ -335,9 +344,11 @@ def _sweep(
             try:
                 ex.close(cancel=True)
             finally:
-                _summarise(st, rounds, result, t0)
-                prog.close(summary=progress is not False)
-                terminated = release_sigterm(old_term)
+                try:
+                    _summarise(st, rounds, result, t0)
+                finally:
+                    prog.close(summary=progress is not False)
+                    terminated = release_sigterm(old_term)
     if terminated:  # cleaned up and saved: now let SIGTERM take its usual course
         os.kill(os.getpid(), signal.SIGTERM)
     if not rounds.sequential and not result.interrupted:
