@@ -112,6 +112,15 @@ if __name__ == "__main__":  # the evaluator command of checkpoint campaigns: pri
     print(evaluate_file(sys.argv[1])[1])
 
 
+FACTORY_CALLS: list[int] = []  # the process ids of counted_weights' calls made in this process
+
+
+def counted_weights():
+    """weights(), recording each call made in this process in FACTORY_CALLS."""
+    FACTORY_CALLS.append(os.getpid())
+    return weights()
+
+
 def unseeded_weights():
     """Weights that differ on every call (a factory mistake the sweep must catch)."""
     w = weights()

@@ -434,6 +434,24 @@ def test_factory_that_changes_between_calls_is_refused(tmp_path):
         h._W0["out/kernel"][0, 0] = original
 
 
+def test_the_sweep_builds_the_target_once_in_its_own_process(tmp_path):
+    """Expansion, input hash and pre-flight share one call of the factory; the workers build their own."""
+    import campaign_helpers as h
+
+    c = make(target={"factory": "campaign_helpers:counted_weights"}, trials={"per_cell": 4})
+    h.FACTORY_CALLS.clear()
+    res = sweep(c, str(tmp_path / "pool.db"), workers=1, progress=False)
+    assert res.complete and h.FACTORY_CALLS == [os.getpid()]
+    h.FACTORY_CALLS.clear()
+    sweep(c, str(tmp_path / "pool.db"), workers=1, progress=False)  # resume: nothing to run, no pre-flight
+    assert h.FACTORY_CALLS == [os.getpid()]
+    # in process, the trials' runner calls the factory a second time: a factory that gives other tensors is refused
+    h.FACTORY_CALLS.clear()
+    sweep(c, str(tmp_path / "serial.db"), workers=0, progress=False)
+    assert h.FACTORY_CALLS == [os.getpid()] * 2
+    assert results(str(tmp_path / "serial.db")) == results(str(tmp_path / "pool.db"))
+
+
 def test_workers_dying_at_start_stop_the_sweep_and_store_nothing(tmp_path):
     c = make(target={"factory": "campaign_helpers:dies_in_workers"}, trials={"per_cell": 3})
     with pytest.raises(StoreError, match="die before finishing any trial"):

@@ -1,6 +1,7 @@
 """Architecture figures of the fastflip source tree, read from the code with ``ast``.
 
-Counts modules, lines, import cycles, function-level internal imports and the places that define
+Counts modules, lines, import cycles (over every runtime import, and again with the ``if TYPE_CHECKING:``
+imports), function-level internal imports and the places that define
 the word rule ``((old & and) | or) ^ xor``; ``tests/test_layers.py`` uses :func:`import_graph` to
 enforce the layering. Run from the repository root::
 
@@ -58,14 +59,15 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every runtime import statement with whether it runs at module level (not under ``TYPE_CHECKING``)."""
+def _imports(tree: ast.Module, type_only: bool = False) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every runtime import statement with whether it runs at module level; ``type_only``: also those under
+    ``if TYPE_CHECKING:`` (which never run), as module level."""
     out: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
     def walk(node: ast.AST, top: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and _is_type_checking(child):
-                for sub in child.orelse:
+                for sub in (child.body + child.orelse if type_only else child.orelse):
                     walk_one(sub, top)
                 continue
             walk_one(child, top)
@@ -110,15 +112,16 @@ def _resolve(mod: str, is_pkg: bool, node: ast.Import | ast.ImportFrom, modules:
         node, ast.Import) else uniq
 
 
-def import_graph(src: Path | None = None) -> Graph:
-    """Parse every module of the package under ``src`` (default: ``ROOT/src``) and return its import graph."""
+def import_graph(src: Path | None = None, type_only: bool = False) -> Graph:
+    """Parse every module of the package under ``src`` (default: ``ROOT/src``) and return its import graph
+    (``type_only``: with the ``if TYPE_CHECKING:`` imports as well, to find circles of names)."""
     src = src or ROOT / "src"
     graph = Graph()
     for path in sorted((src / PACKAGE).rglob("*.py")):
         graph.modules[module_name(path, src)] = path
     for mod, path in graph.modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node, top in _imports(tree):
+        for node, top in _imports(tree, type_only):
             for dst in _resolve(mod, path.name == "__init__.py", node, graph.modules):
                 if dst != mod:
                     graph.edges.append(Edge(mod, dst, node.lineno, top))
@@ -126,13 +129,13 @@ def import_graph(src: Path | None = None) -> Graph:
 
 
 def cycles(graph: Graph, top_only: bool = False) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan), ignoring a package's imports of
-    its own submodules (``pkg/__init__`` re-exporting ``pkg.x`` is not a cycle with ``pkg.x``)."""
+    """Strongly connected components of more than one module (Tarjan) over every runtime import: module-level
+    and function-level (``top_only``: module-level only). Only ``if TYPE_CHECKING:`` imports, which never run,
+    are left out of the graph; a package's ``__init__`` counts like any module (``pkg/__init__`` importing
+    ``pkg.x`` while ``pkg.x`` imports from ``pkg`` is a cycle)."""
     adj: dict[str, set[str]] = {m: set() for m in graph.modules}
     for e in graph.edges:
         if top_only and not e.top:
-            continue
-        if e.dst.startswith(e.src + "."):
             continue
         adj[e.src].add(e.dst)
     index: dict[str, int] = {}
@@ -233,7 +236,10 @@ def figures(root: Path | None = None) -> dict[str, int]:
         "import cycles (all imports)": len(cycles(graph)),
         "modules in a cycle": sum(len(c) for c in cycles(graph)),
         "import cycles (module-level imports)": len(cycles(graph, top_only=True)),
+        "import cycles (with TYPE_CHECKING imports)": len(cycles(import_graph(root / "src", type_only=True))),
         "function-level internal imports": len({(e.src, e.line) for e in graph.edges if not e.top}),
+        "  of them outside cli/": len({(e.src, e.line) for e in graph.edges
+                                       if not e.top and not (e.src + ".").startswith(f"{PACKAGE}.cli.")}),
         "word-rule definitions (files)": len({r.rsplit(":", 1)[0] for r in rules}),
         "word-rule definitions (lines)": len(rules),
         "forms that say how many sites": len(sampling_forms(root)),
@@ -246,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--edges", action="store_true", help="list function-level internal imports and cycles")
     args = ap.parse_args(argv)
     for key, value in figures(args.root).items():
-        print(f"{key:40s} {value}")
+        print(f"{key:44s} {value}")
     if args.edges:
         graph = import_graph(args.root / "src")
         for e in graph.edges:
@@ -254,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  inner  {e.src}:{e.line} -> {e.dst}")
         for c in cycles(graph):
             print("  cycle  " + " -> ".join(c))
+        for c in cycles(import_graph(args.root / "src", type_only=True)):
+            print("  cycle (with TYPE_CHECKING imports)  " + " -> ".join(c))
         for r in rule_sites(args.root):
             print("  rule   " + r)
         for f in sampling_forms(args.root):

@@ -21,6 +21,8 @@ __all__ = [
     "OptionError",
     "InputFileError",
     "NotHDF5Error",
+    "FormatError",
+    "UnsafeInputError",
     "SelectionError",
     "TensorNotFoundError",
     "CapacityError",
@@ -130,6 +132,17 @@ class MissingExtraError(FastflipError, ImportError):
 
 class DeviceError(FastflipError, RuntimeError):
     """A GPU kernel could not be compiled or launched (no NVRTC, a CUDA error); nothing stays flipped."""
+
+
+class FormatError(NotHDF5Error):
+    """A file whose format fastflip does not know, or whose structure is damaged or inconsistent.
+
+    (A :class:`NotHDF5Error`, so callers that expect HDF5 catch it as well.)
+    """
+
+
+class UnsafeInputError(InputFileError):
+    """A file that asks for something fastflip refuses to do (run pickled code, write outside the file)."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -20,7 +20,7 @@ trials at once:
   values the rest of the network needs from before the first node touching a faulted tensor are
   computed once per cell and mini-batch on the fault-free model, and each block runs only the rest
   (:mod:`fastflip.campaign.fxsplit`; a split that would need more than batch-major tensors runs the
-  full forward, said once); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
+  full forward, with a one-time notice); **full** — a model ``torch.fx`` cannot trace (every Hugging Face model) runs
   its whole forward per block with the faulted modules swapped for the block, no graph needed.
 
 :class:`BatchedActivations` does the same for activation faults: ``B × N`` samples per
@@ -61,12 +61,20 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from ..core.blockplan import PlanBlock
+from ..core.plan import Plan
+from ..core.wordrule import rule_words, scale_words
 from ..errors import one_line
+from ..live.act_frameworks import TorchHooks
+from ..live.activations import ActivationLog, Sites, injected_activations
+from ..live.adapters import framework_of
+from .batchsize import choose_batch
 from .builtins import logits_of, model_forward, to_numpy
 from .failures import is_oom
 from .fxsplit import first_uses, split_after_layer, split_after_prefix
@@ -190,7 +198,6 @@ class BatchedTorch:
     def stacks(self, block: Any, names: Sequence[str]) -> dict[int, Any]:
         """``{id(tensor): stack of B faulty copies}`` for every tensor the block's plans touch."""
         torch = self.torch
-        from ..core.wordrule import rule_words, scale_words
 
         B = len(block)
         trial = block.trial_of_row
@@ -352,7 +359,7 @@ class BatchedTorch:
                x: Any = None) -> tuple[Any, tuple[Any, ...]] | None:
         """``(graph module running the rest of the network, its cached inputs)`` for faults in ``cell_tensors`` on
         the inputs ``x`` of mini-batch ``chunk`` (default: :attr:`x`), or None when nothing comes before the faulted
-        tensors' first use or the split needs more than batch-major tensors (then the full forward runs; said once)."""
+        tensors' first use or the split needs more than batch-major tensors (then the full forward runs, with a one-time notice)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
         key = (self.boundary(names), chunk)  # every set of tensors first read at the same node shares the entry
@@ -429,7 +436,7 @@ class BatchedActivations(BatchedTorch):
 
     def suffix(self, cell_tensors: Sequence[str], chunk: int | None = None, x: Any = None) -> Any:
         """``(rest of the network, its golden inputs, position of the faulted layer's output)`` for a cell of one
-        layer output, or None (several layer outputs, no prefix, or a model the split refuses; said once)."""
+        layer output, or None (several layer outputs, no prefix, or a model the split refuses; a one-time notice says why)."""
         names = tuple(sorted(cell_tensors))
         chunk, x = self._chunk(chunk, x)
         key = (names, chunk)  # a layer output's name is its boundary, whatever the cell
@@ -452,8 +459,6 @@ class BatchedActivations(BatchedTorch):
     @contextmanager
     def trials(self, block: Any, cell_tensors: Sequence[str], prefix: bool = True,
                poison: bool = False) -> Iterator[Any]:
-        from ..live.activations import injected_activations
-
         torch = self.torch
         self.graph()  # a static graph: no control flow on (faulted) values
         B = len(block)
@@ -465,9 +470,6 @@ class BatchedActivations(BatchedTorch):
             n = len(x) // B
             split = self.suffix(key, chunk, chunk_x) if prefix and chunk is not None else None
             if split is not None:  # the golden output of the faulted layer, faulted per trial, then the rest
-                from ..live.act_frameworks import TorchHooks
-                from ..live.activations import ActivationLog, Sites
-
                 suffix, inputs, at = split
                 args = self.tiled(inputs, B)
                 refs = list(block.tensors)
@@ -523,8 +525,6 @@ class TrialBatcher:
             if gpu:
                 self.batch = cap
             else:
-                from .batchsize import choose_batch
-
                 try:
                     self.choice = choose_batch(self.timer or self.measure, cap)
                     self.batch = self.choice.size
@@ -547,11 +547,6 @@ class TrialBatcher:
     def measure(self, size: int, repeat: int = 2) -> float:
         """Seconds per trial (best of ``repeat``) of a block of ``size`` fault-free trials of the typical tensor on
         the first mini-batch, as blocks run; ``size = 1``: the serial trial's forward of the same inputs."""
-        import time
-
-        from ..core.blockplan import PlanBlock
-        from ..core.plan import Plan
-
         x0 = self.bt.x
         refs = self._typical()
         if size == 1:
@@ -588,12 +583,9 @@ class TrialBatcher:
     def usable(self, runner: Any, cell_id: int) -> bool:
         """Whether the cell's trials can be batched: a probe of two fault-free copies against the golden forward
         (without a traced graph, with NaN in the faulted tensors' slots outside their modules)."""
-        from ..core.blockplan import PlanBlock
-        from ..core.plan import Plan
-
         key = tuple(sorted(runner.cells[cell_id].tensors))
         if key not in self._ok and self._off is None:
-            if self.path() == "serial":  # the whole model: said once
+            if self.path() == "serial":  # the whole model: a one-time notice
                 say_once(f"batched trials off for {type(self.bt.model).__name__}: {self._off}; "
                          "running trials one at a time")
             elif not self.bt.traceable() and not isinstance(self.bt, BatchedActivations):
@@ -628,10 +620,6 @@ class TrialBatcher:
 
     def run(self, runner: Any, cell_id: int, trials: Sequence[int]) -> list[Any]:
         """Rows of ``trials`` of cell ``cell_id``, in order."""
-        import time
-
-        from ..core.blockplan import PlanBlock
-
         if not self.usable(runner, cell_id) or self.size() == 1:
             return [runner.run(cell_id, t) for t in trials]
         cell = runner.cells[cell_id]
@@ -689,8 +677,6 @@ def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
     elif not hasattr(runner.evaluate, "single_forward"):
         why = "a function or command evaluator runs the model itself (only built-in evaluators batch)"
     else:
-        from ..live.adapters import framework_of
-
         if framework_of(model) != "torch":
             why = "the target is not a PyTorch module"
         elif model.training:
@@ -704,7 +690,7 @@ def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
 
 
 def make_batcher(runner: Any) -> TrialBatcher | None:
-    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (said once when asked for)."""
+    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (a one-time notice says why when batching was asked for)."""
     batcher, why, failed = batch_decision(runner)
     want = runner.campaign.evaluator.batch_trials
     if failed:

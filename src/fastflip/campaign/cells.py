@@ -306,9 +306,6 @@ def trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell
 def block_trial_sites(perms: dict[tuple[int, int], Any], seed: int, cell_id: int, cell: Cell, trials: np.ndarray,
                       n_sites: int) -> np.ndarray:
     """:func:`trial_sites` of many trials at once: a ``(len(trials), flips)`` array, row ``j`` that of ``trials[j]``."""
-    from ..errors import CapacityError
-    from ..core.permutation import Permutation
-
     k = cell.flips
     if k > n_sites:
         raise CapacityError(f"cell {cell.key}: {k} sites per trial but only {n_sites} sites in the cell")

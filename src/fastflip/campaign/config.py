@@ -69,7 +69,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..core import configcheck as cc
+from ..core.bits import BitSpec
+from ..core.faults import FaultModel
 from ..errors import OptionError
+from ..files.fileio import atomic_output
+from ..files.select import Selection
 from .builtins import BUILTIN_KINDS
 from .outcomes import DEFAULT_FAILURE, RETURN_KINDS, parse_failure
 
@@ -133,9 +137,6 @@ class CellsSpec:
     distribution: str = "element"
 
     def __post_init__(self) -> None:
-        from ..core.bits import BitSpec
-        from ..core.faults import FaultModel
-
         self.bits = cc.strings(self.bits, "[cells] bits", ints_ok=True)
         if not self.bits:
             raise OptionError("[cells] bits: give at least one bit spec (e.g. ['31', 'exponent'])")
@@ -288,8 +289,6 @@ class Campaign:
         if self.mode == "checkpoint" and self.target.checkpoint is None:
             raise OptionError("mode = 'checkpoint' needs [target] checkpoint")
         self.paths = cc.strings(self.paths, "paths")
-        from ..files.select import Selection
-
         select = cc.table(self.select, "[select]")
         cc.check_keys(select, _SELECT_KEYS, "[select]")
         select = {k: cc.strings(v, f"[select] {k}") for k, v in select.items()}
@@ -366,8 +365,6 @@ class Campaign:
             text = yaml.safe_dump(self._file_dict(), sort_keys=False)
         else:
             raise OptionError(f"campaign file {path}: use a .toml or .yaml file")
-        from ..files.fileio import atomic_output
-
         with atomic_output(path) as tmp:
             with open(tmp, "w") as fh:
                 fh.write(text)

@@ -14,22 +14,24 @@ import os
 import sqlite3
 from typing import Any, Sequence
 
-from ..errors import OptionError
+from ..errors import FastflipError, OptionError
+from .batched import batch_decision
 from .cells import Cell
 from .config import Campaign
+from .trials import TrialRunner
 
 __all__ = ["preflight", "batch_line", "drop_empty"]
 
 
-def preflight(campaign: Campaign, cells: Sequence[Cell]) -> Any:
+def preflight(campaign: Campaign, cells: Sequence[Cell], target: Any = None) -> Any:
     """Load the target and evaluate the fault-free (golden) run in this process, as every worker will: a
     model/evaluator mismatch is one line here, before any store or worker exists. Returns the
-    :class:`~fastflip.campaign.trials.TrialRunner` (an in-process sweep runs its trials with it)."""
-    from ..errors import FastflipError
-    from .trials import TrialRunner
+    :class:`~fastflip.campaign.trials.TrialRunner` (an in-process sweep runs its trials with it).
 
+    ``target``: the factory's object already built in this process (the runner uses it instead of calling
+    the factory again)."""
     try:
-        return TrialRunner(campaign, cells)
+        return TrialRunner(campaign, cells, target=target)
     except FastflipError:
         raise
     except Exception as exc:
@@ -42,8 +44,6 @@ def preflight(campaign: Campaign, cells: Sequence[Cell]) -> Any:
 def batch_line(runner: Any, workers: int) -> str | None:
     """Decide, in the sweep's process, how the workers batch trials: sets ``[evaluator] batch_trials`` of the
     runner's campaign to the chosen number and returns the line that says it (None: nothing to say)."""
-    from .batched import batch_decision
-
     campaign = runner.campaign
     if campaign.evaluator.builtin is None or campaign.mode != "memory":
         return None

@@ -32,34 +32,31 @@ equal to an uninterrupted run.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import signal
 import sqlite3
 import sys
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import OptionError, StoreError
-from .outcomes import failure_sql
-from .store import TRIAL_OUTCOMES, ResultStore, TrialRow, config_hash
-from .store_guard import sqlite_error
-from .cells import Cell, call_factory, cell_notes, expand_cells, input_hashes, planned_counts, target_tensors
+from .cells import (Cell, call_factory, cell_notes, expand_cells, import_object, input_hashes, planned_counts,
+                    target_tensors)
 from .config import Campaign
-from .executors import WorkerCrash, check_main_guard, make_executor, sweep_gpus
+from .executors import check_main_guard, make_executor, sweep_gpus
 from .lifeline import remove_workdirs, sweep_leftovers
 from .preflight import batch_line, drop_empty, preflight
 from .progress import Progress
-from .failures import TrialAborted
-from .trials import DUE, adopt_runner, close_runners, get_runner, worker_error
+from .rounds import Rounds, RowWriter, catch_sigterm, cleaning_up, release_sigterm, shard_trials
+from .store import TRIAL_OUTCOMES, ResultStore, config_hash
+from .store_guard import sqlite_error
+from .trials import adopt_runner, close_runners
 
-__all__ = ["SweepResult", "sweep", "parse_shard", "campaign_cells", "open_or_create"]
+__all__ = ["SweepResult", "Expansion", "sweep", "parse_shard", "expand", "campaign_cells", "open_or_create"]
 
 
 @dataclass
@@ -100,13 +97,22 @@ def parse_shard(shard: str | None) -> tuple[int, int] | None:
     return i, n
 
 
-def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
-                   dtypes: dict[str, list[str]] | None = None) -> Any:
-    """Expand the campaign's grid against its target (reads layouts or calls the factory once).
+@dataclass
+class Expansion:
+    """The campaign's cells as expanded against its target in this process, and what that read: the input
+    hashes stored with the campaign, each cell's dtype names (for the report) and the factory's object
+    (None for checkpoints), which the pre-flight reuses instead of building the target again."""
 
-    With ``with_hashes=True`` returns ``(cells, input_hashes)`` from that same call.
-    ``dtypes``, when given, is filled with each cell's key → the dtype names of its
-    tensors (what the report needs to draw sign / exponent / mantissa boundaries).
+    cells: list[Cell]
+    hashes: dict[str, str]
+    dtypes: dict[str, list[str]]
+    target: Any = None
+
+
+def expand(campaign: Campaign, *, hashes: bool = True) -> Expansion:
+    """Expand the campaign's grid against its target: reads the checkpoints' layouts, or calls the factory once.
+
+    ``hashes=False`` skips hashing the input (reading every checkpoint through).
     """
     epochs: list[int | None] = list(campaign.cells.epochs) if campaign.cells.epochs else [None]
     obj = None
@@ -116,23 +122,35 @@ def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
     else:
         by_epoch = {e: target_tensors(campaign, e) for e in epochs}
     cells = expand_cells(campaign, by_epoch)
+    dtype_of = {t.path: str(t.dtype) for ts in by_epoch.values() for t in ts}
+    dtypes = {c.key: sorted({dtype_of[n] for n in c.tensors if n in dtype_of}) for c in cells}
+    return Expansion(cells, input_hashes(campaign, obj) if hashes else {}, dtypes, obj)
+
+
+def campaign_cells(campaign: Campaign, *, with_hashes: bool = False,
+                   dtypes: dict[str, list[str]] | None = None) -> Any:
+    """Expand the campaign's grid against its target (reads layouts or calls the factory once).
+
+    With ``with_hashes=True`` returns ``(cells, input_hashes)`` from that same call.
+    ``dtypes``, when given, is filled with each cell's key → the dtype names of its
+    tensors (what the report needs to draw sign / exponent / mantissa boundaries).
+    """
+    exp = expand(campaign, hashes=with_hashes)
     if dtypes is not None:
-        dtype_of = {t.path: str(t.dtype) for ts in by_epoch.values() for t in ts}
-        dtypes.update({c.key: sorted({dtype_of[n] for n in c.tensors if n in dtype_of}) for c in cells})
-    if with_hashes:
-        return cells, input_hashes(campaign, obj)
-    return cells
+        dtypes.update(exp.dtypes)
+    return (exp.cells, exp.hashes) if with_hashes else exp.cells
 
 
 def open_or_create(
     store_path: str, campaign: Campaign | None, shard: str | None = None, say: Any = None,
-    expanded: tuple[list[Cell], dict[str, str], dict[str, list[str]]] | None = None,
-    created: list[str] | None = None,
-) -> tuple[ResultStore, Campaign, list[Cell], list[int]]:
-    """Open the store for writing (creating it from ``campaign`` when absent) and check it matches.
+    expanded: Expansion | None = None, created: list[str] | None = None,
+) -> tuple[ResultStore, Campaign, Expansion, list[int]]:
+    """Open the store for writing (creating it from ``campaign`` when absent) and check it matches; returns the
+    store, the campaign (``campaign`` or the store's own), its :class:`Expansion` and its trials per cell.
 
-    ``say(text)``, when given, is told when the (possibly slow) target loading starts. ``expanded``:
-    ``(cells, input hashes, cell dtypes)`` of ``campaign`` already computed (by the pre-flight).
+    ``say(text)``, when given, is told when the (possibly slow) target loading starts. ``expanded``: the
+    expansion of ``campaign`` already computed in this process (for a new store, by :func:`sweep`'s load step).
+    ``created``, when given, gets the path of a store created here.
     """
 
     def loading(c: Campaign) -> None:
@@ -155,10 +173,9 @@ def open_or_create(
                 raise StoreError(f"store {store_path} is shard {st.shard or 'none'}, not {shard}")
             if expanded is None:
                 loading(campaign)
-                cells, hashes = campaign_cells(campaign, with_hashes=True)
-            else:
-                cells, hashes, _ = expanded
-            if hashes != st.input_hashes:
+                expanded = expand(campaign)
+            cells = expanded.cells
+            if expanded.hashes != st.input_hashes:
                 what = "checkpoint" if campaign.target.checkpoint else "target factory's tensors"
                 raise StoreError(f"the campaign's {what} changed since store {store_path} was started; refusing to mix results")
             planned = planned_counts(campaign, cells)
@@ -169,24 +186,21 @@ def open_or_create(
         except BaseException:
             st.close()
             raise
-        return st, campaign, cells, planned
+        return st, campaign, expanded, planned
     if campaign is None:
         raise StoreError(f"store {store_path} does not exist; give a campaign file to start it")
     if expanded is None:
-        dtypes: dict[str, list[str]] = {}
         loading(campaign)
-        cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
-    else:
-        cells, hashes, dtypes = expanded
-    planned = planned_counts(campaign, cells)
+        expanded = expand(campaign)
+    planned = planned_counts(campaign, expanded.cells)
     st = ResultStore.create(
-        store_path, campaign.to_dict(), [c.row(n) for c, n in zip(cells, planned)],
-        input_hashes=hashes, shard=shard, chash=config_hash(campaign.definition()),
+        store_path, campaign.to_dict(), [c.row(n) for c, n in zip(expanded.cells, planned)],
+        input_hashes=expanded.hashes, shard=shard, chash=config_hash(campaign.definition()),
     )
     if created is not None:
         created.append(store_path)
-    st.set_meta("cell_dtypes", json.dumps(dtypes, sort_keys=True))
-    return st, campaign, cells, planned
+    st.set_meta("cell_dtypes", json.dumps(expanded.dtypes, sort_keys=True))
+    return st, campaign, expanded, planned
 
 
 def setting_changes(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str:
@@ -212,8 +226,6 @@ def setting_changes(old: Any, new: Any, prefix: str = "", limit: int = 6) -> str
 def check_imports(campaign: Campaign) -> None:
     """Import the campaign's factory, evaluator function and data loader in this process, before any store
     or worker exists, so that a typo is one clear line and leaves nothing behind."""
-    from .cells import import_object
-
     paths = [campaign.resolve(p) for p in campaign.paths]
     ev = campaign.evaluator
     for what, spec in (("[target] factory", campaign.target.factory), ("[evaluator] function", getattr(ev, "function", None)),
@@ -222,112 +234,6 @@ def check_imports(campaign: Campaign) -> None:
             obj = import_object(spec, paths)
             if not callable(obj):
                 raise OptionError(f"{what} {spec} is not callable")
-
-
-def _shard_filter(cell_id: int, trials: np.ndarray, shard: tuple[int, int] | None) -> np.ndarray:
-    if shard is None:
-        return trials
-    i, n = shard
-    return trials[(trials + cell_id) % n == i]
-
-
-def _sequential_needs(st: ResultStore, campaign: Campaign, planned: Sequence[int],
-                      stopped: set[int] | None = None) -> dict[int, np.ndarray]:
-    """Per open cell, the missing trials of its next block (empty dict: every cell has stopped).
-
-    Cells found stopped are added to ``stopped`` and skipped on later rounds.
-    """
-    from .stats import should_stop
-
-    tr = campaign.trials
-    assert tr.half_width is not None
-    failure = failure_sql(campaign.evaluator.failure)
-    need: dict[int, np.ndarray] = {}
-    stopped = stopped if stopped is not None else set()
-    for cid, cap in enumerate(planned):
-        if cid in stopped:
-            continue
-        rows = st.conn.execute(f"SELECT trial, {failure} FROM trials WHERE cell_id = ? AND trial < ?",
-                               (cid, cap)).fetchall()
-        have = np.zeros(cap, dtype=bool)
-        fail = np.zeros(cap, dtype=bool)
-        if rows:
-            arr = np.array(rows, dtype=np.int64)
-            have[arr[:, 0]] = True
-            fail[arr[:, 0]] = arr[:, 1] == 1
-        for lo in range(0, cap, tr.block):
-            hi = min(lo + tr.block, cap)
-            if not have[lo:hi].all():
-                need[cid] = lo + np.flatnonzero(~have[lo:hi])
-                break
-            if should_stop(int(fail[:hi].sum()), hi, half_width=tr.half_width, confidence=tr.confidence,
-                           min_trials=tr.min_trials, max_trials=cap):
-                stopped.add(cid)
-                break
-    return need
-
-
-def _chunks(work: dict[int, np.ndarray], size: int) -> deque:
-    q: deque = deque()
-    for cid, trials in work.items():
-        for s in range(0, len(trials), size):
-            q.append((cid, trials[s : s + size]))
-    return q
-
-
-def _crash_row(runner_seed: int, cell_id: int, trial: int, message: str) -> TrialRow:
-    return TrialRow(cell_id, trial, runner_seed, None, DUE, None, None, message[:400],
-                    None, None)
-
-
-def _plain(row: TrialRow) -> tuple:
-    """The row as the store's writer takes it: every field but ``worker``."""
-    return tuple(row[:9]) + tuple(row[10:])
-
-
-def _run_payload(token: str, payload: Any, cell_id: int, trials: Any) -> tuple[str, list[tuple]]:
-    """Worker side: unpickle the campaign once per process, then run the chunk.
-
-    Returns the worker's label and plain 11-column rows (a :class:`TrialRow` without its worker).
-    """
-    if isinstance(payload, (bytes, bytearray)):
-        payload = pickle.loads(payload)
-    campaign_dict, cells, digest = payload
-    runner = get_runner(token, campaign_dict, cells, digest)
-    return runner.worker, [_plain(row) for row in runner.run_many(cell_id, trials.tolist())]
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the sweep's thread so that it saves, cleans up, then exits."""
-
-
-_TERMINATED = {"flag": False, "raise": True}
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    _TERMINATED["flag"] = True
-    if _TERMINATED["raise"]:  # once the sweep is cleaning up, a SIGTERM only waits for the end
-        _TERMINATED["raise"] = False
-        raise _Terminated()
-
-
-def _catch_sigterm() -> Any:
-    """Turn SIGTERM into :class:`_Terminated` while the sweep runs (main thread, default handler only)."""
-    _TERMINATED.update(flag=False, **{"raise": True})
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return None  # the caller handles SIGTERM itself
-    return signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _release_sigterm(old: Any) -> bool:
-    """Restore the SIGTERM handler; True if a SIGTERM arrived meanwhile."""
-    if old is not None:
-        signal.signal(signal.SIGTERM, old)
-    hit = _TERMINATED["flag"]
-    _TERMINATED["flag"] = False
-    return hit and old is not None
 
 
 def sweep(campaign: Campaign | None, store: str, **options: Any) -> SweepResult:
@@ -385,13 +291,86 @@ def _sweep(
         status lines.
     status_every : float, optional
         Seconds between status lines when no bar is drawn (default ``FASTFLIP_STATUS_SECONDS`` or 60).
+
+    Notes
+    -----
+    The steps, in order: **load** (:func:`_load`: the campaign's imports; for a new store the target, built
+    once, the cells and the pre-flight, before the store exists), open or create the store
+    (:func:`open_or_create`), **pre-flight** (:func:`_preflight`, when resuming with trials left), **plan**
+    (:func:`_plan`: trials in all and stored), **pool** (:func:`_pool`: the executor and the batching
+    decision), **resume** (:meth:`fastflip.campaign.rounds.Rounds.run`: rounds of the trials the store is
+    missing, a new store being one with every trial missing), **summarise** (:func:`_summarise`).
     """
+    shard_t = _check_options(shard, chunk, batch_trials)
+    say = _sayer(progress, stream)
+    in_process = dask is None and (executor == "serial" or workers == 0)
+    sweep_leftovers()
+    if dask == "local" or (dask is None and executor == "local" and workers != 0):
+        check_main_guard()  # before the store exists: a script without a main guard leaves nothing behind
+    expanded, runner = _load(campaign, store, batch_trials, in_process, say)
+    try:
+        st, campaign, expanded, planned = open_or_create(store, campaign, shard, say=say, expanded=expanded,
+                                                         created=created)
+    except sqlite3.Error as exc:
+        raise sqlite_error(store, exc, "opening it") from exc
+    try:
+        if batch_trials is not None:
+            campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
+        if runner is None and st.n_trials() < sum(planned):
+            runner = _preflight(campaign, expanded, in_process)
+        planned_total, stored_before = _plan(st, campaign, planned, shard_t, len(expanded.cells), say)
+    except BaseException:
+        st.close()
+        raise
+    t0 = time.monotonic()
+    ex = _pool(st, runner, executor, workers, dask, stored_before < planned_total, say)
+    prog = Progress(planned_total, stored_before, enabled=progress, stream=stream,
+                    status_every=0 if progress is False else status_every)
+    result = SweepResult(store, planned_total, stored_before, 0, notes=cell_notes(campaign, expanded.cells, planned))
+    rounds = Rounds(st, ex, campaign, planned, shard_t, st.config_hash, _payload(st, ex, campaign, expanded), prog,
+                    RowWriter(st, flush_rows, flush_seconds), chunk=chunk)
+    old_term = catch_sigterm()
+    try:
+        rounds.run()  # resume: the rounds of the trials the store is missing
+    except KeyboardInterrupt:
+        result.interrupted = True
+    except sqlite3.Error as exc:
+        raise sqlite_error(store, exc, "sweeping") from exc
+    finally:
+        cleaning_up()
+        try:
+            rounds.writer.flush()
+        finally:
+            try:
+                ex.close(cancel=True)
+            finally:
+                try:
+                    _summarise(st, rounds, result, t0)
+                finally:
+                    prog.close(summary=progress is not False)
+                    terminated = release_sigterm(old_term)
+    if terminated:  # cleaned up and saved: now let SIGTERM take its usual course
+        os.kill(os.getpid(), signal.SIGTERM)
+    if not rounds.sequential and not result.interrupted:
+        result.complete = result.stored >= planned_total or result.complete
+    return result
+
+
+# ------------------------------------------------------------------------------ the steps of a sweep
+
+def _check_options(shard: str | None, chunk: int | None, batch_trials: int | None) -> tuple[int, int] | None:
+    """Check the options that need no campaign (one line each); returns the shard as ``(i, N)``."""
     shard_t = parse_shard(shard)
     if chunk is not None and (isinstance(chunk, bool) or int(chunk) != chunk or chunk < 1):
         raise OptionError(f"--chunk must be a positive integer (trials per task), got {chunk!r}")
     if batch_trials is not None and (isinstance(batch_trials, bool) or int(batch_trials) != batch_trials
                                      or batch_trials < 1):
         raise OptionError(f"--batch-trials must be a positive integer (trials per forward pass), got {batch_trials!r}")
+    return shard_t
+
+
+def _sayer(progress: bool | None, stream: Any) -> Any:
+    """``say(text)``: one phase line on ``stream`` (default stderr), unless ``progress`` is False."""
     out = stream if stream is not None else sys.stderr
 
     def say(text: str) -> None:
@@ -399,55 +378,65 @@ def _sweep(
             out.write(text + "\n")
             out.flush()
 
-    sweep_leftovers()
-    if dask == "local" or (dask is None and executor == "local" and workers != 0):
-        check_main_guard()  # before the store exists: a script without a main guard leaves nothing behind
-    runner = expanded = None
-    if campaign is not None:
-        check_imports(campaign)
-        if batch_trials is not None:
-            campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
-        if not os.path.exists(store):  # a new store: the golden run first, so that a mismatch leaves nothing
-            dtypes: dict[str, list[str]] = {}
-            say(f"loading the target ({campaign.target.factory or campaign.target.checkpoint}) and evaluating the "
-                f"fault-free (golden) run of campaign {campaign.name!r}")
-            cells, hashes = campaign_cells(campaign, with_hashes=True, dtypes=dtypes)
-            runner = preflight(campaign, cells)
-            expanded = (cells, hashes, dtypes)
-    try:
-        st, campaign, cells, planned = open_or_create(store, campaign, shard, say=say, expanded=expanded,
-                                                      created=created)
-    except sqlite3.Error as exc:
-        raise sqlite_error(store, exc, "opening it") from exc
+    return say
+
+
+def _load(campaign: Campaign | None, store: str, batch_trials: int | None, in_process: bool,
+          say: Any) -> tuple[Expansion | None, Any]:
+    """Load: import the campaign's functions; for a new store, also build the target once, expand the cells and
+    run the pre-flight (:func:`_preflight`), all before the store exists, so that a mistake leaves nothing behind.
+
+    Returns the expansion and the pre-flight's runner (both None when resuming: they come after the store is
+    opened and checked, see :func:`open_or_create`).
+    """
+    if campaign is None:
+        return None, None
+    check_imports(campaign)
     if batch_trials is not None:
         campaign.evaluator.batch_trials = int(batch_trials)  # not part of the campaign's identity
-    if runner is None and st.n_trials() < sum(planned):
-        try:
-            runner = preflight(campaign, cells)
-        except BaseException:
-            st.close()
-            raise
-    sequential = campaign.trials.sequential
-    if sequential and (shard_t is not None and shard_t[1] > 1):
-        st.close()
+    if os.path.exists(store):
+        return None, None
+    say(f"loading the target ({campaign.target.factory or campaign.target.checkpoint}) and evaluating the "
+        f"fault-free (golden) run of campaign {campaign.name!r}")
+    expanded = expand(campaign)
+    return expanded, _preflight(campaign, expanded, in_process)
+
+
+def _preflight(campaign: Campaign, expanded: Expansion, in_process: bool) -> Any:
+    """Pre-flight: the golden run in this process (:func:`fastflip.campaign.preflight.preflight`) on the target
+    the load step built. An in-process sweep runs its trials with this runner, so there the factory is called
+    again: a factory that gives other tensors on a second call is refused, as every worker of a pool checks."""
+    return preflight(campaign, expanded.cells, target=None if in_process else expanded.target)
+
+
+def _plan(st: ResultStore, campaign: Campaign, planned: Sequence[int], shard: tuple[int, int] | None,
+          n_cells: int, say: Any) -> tuple[int, int]:
+    """Plan: the trials this store holds when complete and those it holds now (says which, starting or
+    resuming); refuses to shard a sequential campaign (its cells stop on counts over all shards)."""
+    if campaign.trials.sequential and (shard is not None and shard[1] > 1):
         raise OptionError("--shard cannot split a sequential ([trials] half_width) campaign: its cells stop on shared counts")
-    t0 = time.monotonic()
-    token = st.config_hash
-    planned_total = sum(planned) if shard_t is None else sum(
-        len(_shard_filter(c, np.arange(n), shard_t)) for c, n in enumerate(planned))
+    planned_total = sum(planned) if shard is None else sum(
+        len(shard_trials(c, np.arange(n), shard)) for c, n in enumerate(planned))
     stored_before = st.n_trials()
     if stored_before:
-        say(f"resuming {store}: {stored_before:,} of {planned_total:,} trials stored, "
-            f"{max(planned_total - stored_before, 0):,} to run ({len(cells)} cells)")
+        say(f"resuming {st.path}: {stored_before:,} of {planned_total:,} trials stored, "
+            f"{max(planned_total - stored_before, 0):,} to run ({n_cells} cells)")
     else:
-        say(f"starting {store}: {planned_total:,} trials in {len(cells)} cells")
+        say(f"starting {st.path}: {planned_total:,} trials in {n_cells} cells")
+    return planned_total, stored_before
+
+
+def _pool(st: ResultStore, runner: Any, executor: str, workers: int | None, dask: str | None, to_run: bool,
+          say: Any) -> Any:
+    """Pool: start the executor, decide how its workers batch trials (with the pre-flight's runner), and hand
+    that runner to the trials when they run in this process (else close it). Closes the store on failure."""
     try:
         ex = make_executor(executor, workers=workers, dask=dask, gpus=sweep_gpus())
     except BaseException:
         st.close()
         raise
     try:
-        line = batch_line(runner, ex.workers) if runner is not None and stored_before < planned_total else None
+        line = batch_line(runner, ex.workers) if runner is not None and to_run else None
     except BaseException:
         ex.close(cancel=True)
         st.close()
@@ -456,159 +445,40 @@ def _sweep(
         say(line)
     if runner is not None:
         if getattr(ex, "name", "") == "serial":  # the trials run in this process: with the runner built here
-            adopt_runner(token, runner)
+            adopt_runner(st.config_hash, runner)
         else:
             runner.close()
-        runner = None
-    if stored_before < planned_total:
+    if to_run:
         say(f"running on {ex.workers} {getattr(ex, 'name', executor)} worker(s); each loads the target and "
             "evaluates the fault-free (golden) run before its first trial")
-    prog = Progress(planned_total, stored_before, enabled=progress, stream=stream,
-                    status_every=0 if progress is False else status_every)
-    result = SweepResult(store, planned_total, stored_before, 0, notes=cell_notes(campaign, cells, planned))
-    shipped = (campaign.to_dict(), cells, st.input_hashes.get("factory"))
-    payload: Any = pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
+    return ex
+
+
+def _payload(st: ResultStore, ex: Any, campaign: Campaign, expanded: Expansion) -> Any:
+    """What each worker builds its runner from: the campaign, its cells and the factory target's digest
+    (pickled once; broadcast once to a Dask cluster)."""
+    shipped = (campaign.to_dict(), expanded.cells, st.input_hashes.get("factory"))
     if hasattr(ex, "_client"):
-        payload = ex._client.scatter(shipped, broadcast=True)
-    pending: list[tuple[str | None, list[tuple]]] = []
-    n_pending = 0
-    last_flush = time.monotonic()
-    stopping = False
-    successes = crash_streak = 0
-    held: list[tuple[str | None, list[tuple]]] = []  # crash rows seen before any success
-    stopped_cells: set[int] = set()
-    old_term = _catch_sigterm()
+        return ex._client.scatter(shipped, broadcast=True)
+    return pickle.dumps(shipped, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def flush() -> None:
-        nonlocal last_flush, n_pending
-        if pending:
-            # Ctrl-C and SIGTERM wait until the rows are both committed and forgotten (never stored twice)
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            try:
-                result.ran += st.add_batches(pending)
-                pending.clear()
-                n_pending = 0
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        last_flush = time.monotonic()
 
+def _summarise(st: ResultStore, rounds: Rounds, result: SweepResult, t0: float) -> None:
+    """Summarise: remove the working copies, fill ``result`` from the store (outcome counts, trials stored) and
+    close the store. A store error here is dropped: the error that matters is already on its way."""
+    result.ran = rounds.writer.ran
+    result.interrupted = result.interrupted or rounds.interrupted
+    result.complete = rounds.complete
     try:
-        while not stopping:
-            if sequential:
-                work = _sequential_needs(st, campaign, planned, stopped_cells)
-            else:
-                work = {c: _shard_filter(c, m, shard_t) for c, m in st.missing(dict(enumerate(planned))).items()}
-                work = {c: m for c, m in work.items() if len(m)}
-            if not work:
-                result.complete = True
-                break
-            total = sum(len(v) for v in work.values())
-            size = chunk or max(1, min(500, math.ceil(total / (ex.workers * 8))))
-            tasks = _chunks(work, size)
-            suspects: deque = deque()  # single trials of chunks that were in flight when a worker died
-            in_flight: dict[Any, tuple[int, np.ndarray, bool]] = {}
-            while (tasks or suspects or in_flight) and not (stopping and not in_flight):
-                try:
-                    if not stopping:
-                        if suspects:
-                            if not in_flight:
-                                cid, trials = suspects.popleft()
-                                in_flight[ex.submit(_run_payload, token, payload, cid, trials)] = (cid, trials, True)
-                        else:
-                            while tasks and len(in_flight) < 2 * ex.workers + 2:
-                                cid, trials = tasks.popleft()
-                                in_flight[ex.submit(_run_payload, token, payload, cid, trials)] = (cid, trials, False)
-                    done, _ = ex.wait(list(in_flight), 0.25)
-                    crashed = False
-                    for fut in done:
-                        cid, trials, single = in_flight.pop(fut)
-                        try:
-                            rows = ex.result(fut)
-                        except WorkerCrash as exc:
-                            crashed = True
-                            crash_streak += int(single)
-                            if successes == 0 and crash_streak >= 3:
-                                raise StoreError(
-                                    f"worker processes die before finishing any trial ({exc}); "
-                                    "check the target factory and evaluator (run with --workers 0 to see the error)"
-                                ) from exc
-                            if single:
-                                row = _plain(_crash_row(campaign.seed, cid, int(trials[0]), f"WorkerCrash: {exc}"))
-                                # until some trial has succeeded, a crash may be the workers' fault, not the trial's
-                                (held if successes == 0 else pending).append((None, [row]))
-                                n_pending += 1
-                                prog.update([DUE])
-                            else:
-                                suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
-                            continue
-                        except TrialAborted as exc:  # out of memory, the environment: not a fault's outcome
-                            raise TrialAborted(str(exc)) from None
-                        except Exception as exc:
-                            raise StoreError(f"a worker could not run trials: {worker_error(exc)}") from exc
-                        successes += 1
-                        if held:
-                            pending.extend(held)
-                            held.clear()
-                        worker, rows = rows
-                        pending.append((worker, rows))
-                        n_pending += len(rows)
-                        prog.update(r[4] for r in rows)
-                    if crashed:
-                        for fut, (cid, trials, single) in list(in_flight.items()):
-                            fut.cancel()
-                            suspects.extend((cid, trials[i : i + 1]) for i in range(len(trials)))
-                        in_flight.clear()
-                        ex.restart()
-                    if n_pending >= flush_rows or time.monotonic() - last_flush >= flush_seconds:
-                        flush()
-                except KeyboardInterrupt as exc:
-                    if stopping or isinstance(exc, _Terminated):  # second Ctrl-C, SIGTERM: abandon what is in flight
-                        stopping = True
-                        result.interrupted = True
-                        for fut in in_flight:
-                            fut.cancel()
-                        in_flight.clear()
-                        break
-                    stopping = True
-                    result.interrupted = True
-                    prog.message("interrupted: saving finished trials (Ctrl-C again to abandon the ones in flight)")
-            if not stopping:  # the round ran to its end: isolated crashes are the trials' own
-                pending.extend(held)
-                held.clear()
-            flush()
-            if not sequential:
-                result.complete = not stopping and not tasks and not suspects
-                if result.complete:
-                    break
-    except KeyboardInterrupt:
-        result.interrupted = True
-    except sqlite3.Error as exc:
-        raise sqlite_error(store, exc, "sweeping") from exc
+        close_runners()  # working copies of an in-process (serial) sweep
+        remove_workdirs(os.getpid())  # and of workers that could not remove their own
+        counts = st.outcome_counts().sum(axis=0)
+        result.counts = {name: int(n) for name, n in zip(TRIAL_OUTCOMES, counts)}
+        result.masked_numeric = int(st.conn.execute(
+            "SELECT COUNT(*) FROM trials WHERE outcome = 0 AND numeric = 1").fetchone()[0])
+        result.stored = st.n_trials()
+    except sqlite3.Error:
+        pass
     finally:
-        _TERMINATED["raise"] = False
-        try:
-            flush()
-        finally:
-            try:
-                ex.close(cancel=True)
-            finally:
-                try:
-                    close_runners()  # working copies of an in-process (serial) sweep
-                    remove_workdirs(os.getpid())  # and of workers that could not remove their own
-                    counts = st.outcome_counts().sum(axis=0)
-                    result.counts = {name: int(n) for name, n in zip(TRIAL_OUTCOMES, counts)}
-                    result.masked_numeric = int(st.conn.execute(
-                        "SELECT COUNT(*) FROM trials WHERE outcome = 0 AND numeric = 1").fetchone()[0])
-                    result.stored = st.n_trials()
-                except sqlite3.Error:
-                    pass  # the error that matters is already on its way
-                finally:
-                    result.elapsed = time.monotonic() - t0
-                    st.close()
-                    prog.close(summary=progress is not False)
-                    terminated = _release_sigterm(old_term)
-    if terminated:  # cleaned up and saved: now let SIGTERM take its usual course
-        os.kill(os.getpid(), signal.SIGTERM)
-    if not sequential and not result.interrupted:
-        result.complete = result.stored >= planned_total or result.complete
-    return result
+        result.elapsed = time.monotonic() - t0
+        st.close()

@@ -52,12 +52,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import live
+from ..core.blockplan import plan_block, plan_sites_block
 from ..errors import FastflipError, OptionError
 from ..files.formats.hfdir import ShardedLayout
+from ..files.h5apply import write_words_to_file
+from ..files.inject import inject_file
+from ..files.layout import open_h5, read_layout
 from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
+from ..live.activations import injected_activations
+from .batched import make_batcher
 from .outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
 from .store import TrialRow
-from .cells import Cell, call_factory, target_tensors, trial_sites
+from .cells import Cell, block_trial_sites, call_factory, target_digest, target_tensors, trial_sites
 from .evaluate import classification_answer, make_evaluator
 from .config import Campaign
 from .failures import TrialAborted, environment_failure
@@ -104,9 +111,13 @@ def sites_summary(plan: Any) -> str:
 
 # ------------------------------------------------------------------------------ the runner
 class TrialRunner:
-    """Everything a worker needs to run trials of one campaign (built once per process)."""
+    """Everything a worker needs to run trials of one campaign (built once per process).
 
-    def __init__(self, campaign: Campaign, cells: Sequence[Cell]) -> None:
+    ``target``: the factory's object, already built in this process (used for the first epoch instead of
+    calling the factory again; None: the runner calls the factory itself).
+    """
+
+    def __init__(self, campaign: Campaign, cells: Sequence[Cell], target: Any = None) -> None:
         self.campaign = campaign
         self.cells = list(cells)
         self.seed = campaign.seed
@@ -127,26 +138,23 @@ class TrialRunner:
         self.live: dict[int | None, Any] = {}
         refs_by_epoch = {}
         for e in epochs:
+            built, target = target, None
             if campaign.target.kind == "activations":  # faults go into layer outputs during the evaluation
-                obj = call_factory(campaign)
+                obj = built if built is not None else call_factory(campaign)
                 tensors = target_tensors(campaign, e, obj)
                 self.targets[e] = obj
                 self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             elif campaign.mode == "memory":
-                from ..live import targets as live_targets
-
                 if campaign.target.factory is not None:
-                    obj = call_factory(campaign)
+                    obj = built if built is not None else call_factory(campaign)
                     tensors = target_tensors(campaign, e, obj)
                 else:
                     tensors = target_tensors(campaign, e)
                     obj = self._read_checkpoint(campaign.checkpoint_path(e), [t.path for t in tensors])
                 self.targets[e] = obj
-                self.live[e] = live_targets(obj)
+                self.live[e] = live.targets(obj)
                 self.golden[e] = answer_from(self.evaluate(obj), self.returns)
             else:
-                from ..files.layout import read_layout
-
                 tensors = target_tensors(campaign, e)
                 self.targets[e] = self._working_copy(campaign.checkpoint_path(e))
                 self.layouts[e] = read_layout(self.targets[e])
@@ -162,14 +170,9 @@ class TrialRunner:
         self._n_sites = [sp.n_sites(m) for sp, m in zip(self.spaces, self.models)]
         self._perms: dict[tuple[int, int], Any] = {}
         self._batcher: Any = False  # built on the first run_many (None: trials run one by one)
-        from .. import live
-
-        self._live = live
 
     @staticmethod
     def _read_checkpoint(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
-        from ..files.layout import open_h5
-
         with open_h5(path) as f:
             return {n: np.array(f[n][()]) for n in names}
 
@@ -181,8 +184,6 @@ class TrialRunner:
         elif log.undo is not None:  # re-encoded chunks: restore their bytes
             log.undo.apply(path)
         else:
-            from ..files.h5apply import write_words_to_file
-
             by_name = self._by_name.get(epoch)
             if by_name is None:
                 by_name = self._by_name[epoch] = {t.path: t for t in self.layouts[epoch].tensors}
@@ -215,9 +216,6 @@ class TrialRunner:
     def plan_block(self, cell_id: int, trials: "Sequence[int] | np.ndarray") -> Any:
         """The plans of many trials of one cell as a :class:`~fastflip.core.blockplan.PlanBlock` (trial ``trials[j]``
         is ``block.plan(j)``, equal to :meth:`plan`; vectorised for the permutation design)."""
-        from ..core.blockplan import plan_block, plan_sites_block
-        from .cells import block_trial_sites
-
         space, model = self.spaces[cell_id], self.models[cell_id]
         trials = np.asarray(trials, dtype=np.int64).reshape(-1)
         streams = [(cell_id, t) for t in trials.tolist()]
@@ -267,8 +265,6 @@ class TrialRunner:
         (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
         trials = [int(t) for t in trials]
         if self._batcher is False:
-            from .batched import make_batcher
-
             self._batcher = make_batcher(self)
         if self._batcher is None or len(trials) < 2:
             return [self.run(cell_id, t) for t in trials]
@@ -282,8 +278,6 @@ class TrialRunner:
         target = self.targets[epoch]
         message = None
         if self.campaign.target.kind == "activations":
-            from ..live.activations import injected_activations
-
             try:
                 with injected_activations(target, self.seed, plan=plan):
                     result = self.evaluate(target)
@@ -293,7 +287,6 @@ class TrialRunner:
             except Exception as exc:  # a crashing trial is a DUE, never the end of the campaign
                 j, message = self._due(exc, cell_id, trial)
         elif self.campaign.mode == "memory":
-            live = self._live
             tg = self.live[epoch]
             log = live.inject(tg, plan)
             try:
@@ -303,8 +296,6 @@ class TrialRunner:
             finally:
                 live.revert(tg, log)
         else:
-            from ..files.inject import inject_file
-
             raw = self._raw_cells.get(cell_id)
             if raw is None:
                 by_path = {t.path: t for t in self.layouts[epoch].tensors}
@@ -343,8 +334,6 @@ def get_runner(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell],
         runner = TrialRunner(Campaign.from_dict(campaign_dict), cells)
         _RUNNERS[token] = runner
     if digest is not None and not getattr(runner, "_digest_checked", False):  # built here, or by the pre-flight
-        from .cells import target_digest
-
         if target_digest(runner.targets[None]) != digest:
             _RUNNERS.pop(token, None)
             raise OptionError(

@@ -43,6 +43,7 @@ from . import hashcache, hashing
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .layout import Tensor, chunk_address_base, open_dataset, open_h5
+from .routes import SiteRoute
 from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
@@ -59,15 +60,6 @@ def check_storage(tensors: Sequence[Tensor]) -> None:
         if t.storage == "virtual":
             raise UnsupportedStorageError(
                 f"{t.path}: virtual dataset (its data lives in other datasets); exclude it (--exclude '{t.path}')")
-
-
-@dataclass
-class SiteRoute:
-    """For one tensor of a plan: positions of its sites, and byte offsets (-1 = hdf5 path)."""
-
-    tensor: Tensor
-    positions: np.ndarray  # positions in the plan
-    offsets: np.ndarray  # int64, -1 where the hdf5 path is needed
 
 
 def _open_read_only(path: str) -> Any:

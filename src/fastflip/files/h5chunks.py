@@ -21,7 +21,7 @@ chunks touched, not the file.
 
 A dataset whose pipeline holds another filter (szip, nbit, scaleoffset, a plugin;
 lzf when the native module is not built), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
-cannot fit, goes the h5py read-modify-write path instead (said once per reason). A
+cannot fit, goes the h5py read-modify-write path instead (with one warning per reason). A
 filter HDF5 cannot decode here is refused before anything is written; so is a chunk
 whose fletcher32 checksum fails before patching.
 
@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import warnings
 import zlib
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -50,10 +50,8 @@ from ..core.wordrule import new_words_for
 from .formats.deflatefit import deflate_exact
 from .h5index import lookup_chunks
 from .layout import chunk_address_base, open_h5
+from .routes import ChunkPatches, SiteRoute
 from ..core.plan import Plan
-
-if TYPE_CHECKING:
-    from .h5apply import SiteRoute
 
 try:
     from ..kernels import _lzf  # native LZF (ext/_lzf.pyx); without it lzf chunks go through h5py
@@ -126,18 +124,6 @@ def check_filters_available(dsid: Any, name: str) -> None:
             raise UnsupportedStorageError(
                 f"{name}: HDF5 filter {code} is not available here (a plugin?); fastflip cannot read or rewrite it: "
                 f"install the plugin (e.g. hdf5plugin) or exclude the tensor (--exclude '{name}')")
-
-
-@dataclass
-class ChunkPatches:
-    """Result of :func:`chunk_patches`: byte patches, and the words of the sites they cover."""
-
-    patches: list[tuple[int, bytes, bytes]] = field(default_factory=list)
-    handled: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # plan positions covered
-    old: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))  # their words (same order)
-    new: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
-    chunks: int = 0
-    resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ..core.wordrule import new_words_for
 from .fileio import ByteUndo
 from .formats import FormatError, detect_format
 from .formats.zipcrc import zip_crc_patches
-from .h5apply import SiteRoute
+from .routes import SiteRoute
 from .layout import Tensor
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",

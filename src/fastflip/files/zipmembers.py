@@ -16,7 +16,7 @@ byte ranges (from the first resized member to the end) for the exact revert.
 Untouched members' bytes are copied as they are.
 
 Imports :mod:`fastflip.files.formats`, :mod:`fastflip.core.wordrule` (the word rule)
-and :mod:`fastflip.files.h5chunks` (the result type shared with chunk patching).
+and :mod:`fastflip.files.routes` (the site routes and the result type shared with chunk patching).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import io
 import struct
 import zipfile
 import zlib
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -37,12 +37,9 @@ from .formats.npz_members import read_member, zip64_fields
 from .formats.numpy_io import npy_header
 from .formats.zipcrc import check_patch_bytes, crc_spots, descriptor_at
 from .formats.zipraw import ZipEntry, central_records, stored_entries
-from .h5chunks import ChunkPatches
+from .routes import ChunkPatches, SiteRoute
 from ..core.wordrule import new_words_for
 from ..core.plan import Plan
-
-if TYPE_CHECKING:
-    from .h5apply import SiteRoute
 
 __all__ = ["member_patches", "member_words"]
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..core.dtypes import word_type
 from ..core.wordrule import rule_words
+from .numba_cpu import get_kernels
 from .registry import Backend
 
 __all__ = ["CythonBackend", "NumbaBackend", "NumpyBackend"]
@@ -80,8 +81,6 @@ class NumbaBackend(Backend):
     k: Any = None
 
     def load(self) -> None:
-        from .numba_cpu import get_kernels
-
         self.k = get_kernels()
 
     def read_words(self, buf: Any, offsets: np.ndarray, itemsize: int, swap: bool) -> np.ndarray:

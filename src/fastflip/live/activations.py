@@ -76,6 +76,7 @@ from ..core.plan import Plan, TensorRef
 from ..core.sampling import SiteSpace
 from ..core.spec import Sampling
 from ..core.wordrule import WordCounts, became_nonfinite, new_words, nonfinite
+from . import act_frameworks
 
 __all__ = ["ActivationLog", "Sites", "injected_activations", "layer_outputs", "draw_seed"]
 
@@ -341,8 +342,6 @@ def _nonfinite_new(new: np.ndarray, old: np.ndarray, dtype: str) -> np.ndarray:
 # ------------------------------------------------------------------------------ the context manager
 
 def _frameworks(model: Any) -> Any:
-    from . import act_frameworks
-
     return act_frameworks.hooks_for(model)
 
 

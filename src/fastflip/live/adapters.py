@@ -41,6 +41,7 @@ Examples
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -52,9 +53,11 @@ from ..core.floatformats import FORMATS, format_name
 from ..core.plan import TensorRef
 from ..core.records import Tensor
 from ..errors import OptionError
+from ..files.roles import label_names
+from . import frameworks
 from .storage import mapping_source
 
-__all__ = ["LiveTensor", "collect", "TORCH_DTYPES"]
+__all__ = ["LiveTensor", "collect", "label_mapping", "merge_shared", "TORCH_DTYPES"]
 
 # torch dtype name -> numpy dtype string (native order); bfloat16 and float8 are held as unsigned
 # words with a format (see fastflip.files.formats); complex has no word type
@@ -213,8 +216,6 @@ def framework_of(obj: Any) -> str | None:
     (``class Net(nn.Module)`` in ``__main__``). Frameworks are not imported here: an
     object can only be a torch module when torch is already loaded.
     """
-    import sys
-
     mods = {c.__module__.split(".")[0] for c in type(obj).__mro__}
     if "torch" in mods and "torch" in sys.modules:
         torch = sys.modules["torch"]
@@ -235,15 +236,13 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     second list. ``optimizer`` (a ``torch.optim`` optimizer, or ``True`` for a Keras
     model's own) / ``include_optimizer`` add optimizer state.
     """
-    from . import frameworks
-
     fw = framework_of(obj)
     if isinstance(obj, Mapping):
         out = [tensor(str(name), t) for name, t in obj.items()]
         for t, name in zip(out, obj):
             t.source = mapping_source(obj, name)
-        frameworks.label_mapping(out)
-        return frameworks.merge_shared(out), []
+        label_mapping(out)
+        return merge_shared(out), []
     if fw == "torch":
         pairs = frameworks.torch_tensors(obj, optimizer)
     elif fw == "torch-optim":
@@ -269,4 +268,56 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     if refused and out:  # part of the model cannot be injected: say so (nothing is left out silently)
         warnings.warn(f"fastflip: {len(refused)} tensor(s) left out: {refused[0]}"
                       + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""), stacklevel=3)
-    return frameworks.merge_shared(out), skipped
+    return merge_shared(out), skipped
+
+
+# ---------------------------------------------------------------------------------- mappings and sharing
+
+
+def label_mapping(tensors: list[LiveTensor]) -> None:
+    """Fill layer and role of a mapping's tensors from their names (checkpoint-style or module paths).
+
+    >>> ts = [tensor("conv1.weight", np.zeros((2, 2), np.float32))]
+    >>> label_mapping(ts); (ts[0].layer, ts[0].role)
+    ('conv1', 'weight')
+    """
+    labels = label_names([t.name for t in tensors], [len(t.shape) for t in tensors],
+                         [t.dtype.kind if t.format is None else "f" for t in tensors])
+    for t, (layer, role) in zip(tensors, labels):
+        t.layer, t.role = layer, role
+
+
+def merge_shared(tensors: list[LiveTensor]) -> list[LiveTensor]:
+    """One tensor per physical storage: names reaching the same memory become aliases; views are marked.
+
+    Tensors with the same address, dtype, shape and strides are one tensor (the
+    first name stays, the others join its aliases). A tensor whose bytes lie inside
+    a contiguous tensor of the same word width is a view of it: kept for plans that
+    name it, marked ``view_of``, left out of sampling.
+    """
+    out: list[LiveTensor] = []
+    by_key: dict[tuple[Any, ...], LiveTensor] = {}
+    for t in tensors:
+        if t.kind == "tf":
+            key: tuple[Any, ...] = ("tf", id(t.obj))
+        else:
+            key = (t.kind, t.device, t.ptr, t.dtype.str, t.format, t.shape, t.strides)
+        first = by_key.get(key)
+        if first is None:
+            by_key[key] = t
+            out.append(t)
+            continue
+        extra = tuple(a for a in (t.name, *t.aliases) if a != first.name and a not in first.aliases)
+        first.aliases = first.aliases + extra
+    mem = sorted((t for t in out if t.kind != "tf" and t.size), key=lambda t: (t.kind, t.device, t.ptr, -t.extent))
+    base: LiveTensor | None = None
+    for t in mem:
+        if (base is not None and base.kind == t.kind and base.device == t.device
+                and t.ptr + t.extent <= base.ptr + base.extent and base.contiguous
+                and t.dtype.itemsize == base.dtype.itemsize and (t.ptr - base.ptr) % t.dtype.itemsize == 0
+                and min(t.strides, default=t.dtype.itemsize) >= 0):
+            t.view_of = base.name
+            continue
+        if base is None or t.ptr + t.extent > base.ptr + base.extent or base.kind != t.kind or base.device != t.device:
+            base = t
+    return out

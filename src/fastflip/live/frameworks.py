@@ -25,30 +25,23 @@ Keras 3 (Sequential, functional, subclassed)
     ``optimizer/hidden_kernel_momentum``), layer = the layer of the variable they
     belong to.
 
-Examples
---------
->>> import numpy as np
->>> from fastflip.live.adapters import tensor
->>> ts = [tensor("conv1.weight", np.zeros((2, 2), np.float32))]
->>> label_mapping(ts); (ts[0].layer, ts[0].role)
-('conv1', 'weight')
+It returns :class:`Found` records (name, value, aliases, layer, role); :mod:`fastflip.live.adapters` turns
+them into :class:`~fastflip.live.adapters.LiveTensor` records, so nothing here refers back to the adapters.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..files.roles import label_names, label_path
+from ..errors import OptionError
+from ..files.roles import label_path
 from . import quantized
 from .storage import attribute_source, inner_source, module_source, optimizer_source
 
-if TYPE_CHECKING:
-    from .adapters import LiveTensor
-
-__all__ = ["Found", "torch_tensors", "torch_optimizer_tensors", "keras_tensors", "label_mapping", "merge_shared"]
+__all__ = ["Found", "torch_tensors", "torch_optimizer_tensors", "keras_tensors"]
 
 
 @dataclass
@@ -98,8 +91,6 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         out.append(Found(n, v, aliases, layer, r, aliases[0]))
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
-            from ..errors import OptionError
-
             raise OptionError(f"optimizer= takes a torch.optim optimizer, not a {type(optimizer).__name__}")
         out += torch_optimizer_tensors(optimizer, names)
     return out
@@ -246,55 +237,3 @@ def _optimizer_h5_paths(model: Any) -> dict[int, str]:
         if tuple(a.shape) != tuple(v.shape) or np.dtype(a.dtype) != np.dtype(str(v.dtype)):
             return {}
     return {id(v): f"optimizer/vars/{i}" for i, v in enumerate(variables)}
-
-
-# ---------------------------------------------------------------------------------- mappings and sharing
-
-
-def label_mapping(tensors: "list[LiveTensor]") -> None:
-    """Fill layer and role of a mapping's tensors from their names (checkpoint-style or module paths)."""
-    labels = label_names([t.name for t in tensors], [len(t.shape) for t in tensors],
-                         [t.dtype.kind if t.format is None else "f" for t in tensors])
-    for t, (layer, role) in zip(tensors, labels):
-        t.layer, t.role = layer, role
-
-
-def merge_shared(tensors: "list[LiveTensor]") -> "list[LiveTensor]":
-    """One tensor per physical storage: names reaching the same memory become aliases; views are marked.
-
-    Tensors with the same address, dtype, shape and strides are one tensor (the
-    first name stays, the others join its aliases). A tensor whose bytes lie inside
-    a contiguous tensor of the same word width is a view of it: kept for plans that
-    name it, marked ``view_of``, left out of sampling.
-    """
-    out: list["LiveTensor"] = []
-    by_key: dict[tuple[Any, ...], "LiveTensor"] = {}
-    for t in tensors:
-        if t.kind == "tf":
-            key: tuple[Any, ...] = ("tf", id(t.obj))
-        else:
-            key = (t.kind, t.device, t.ptr, t.dtype.str, t.format, t.shape, t.strides)
-        first = by_key.get(key)
-        if first is None:
-            by_key[key] = t
-            out.append(t)
-            continue
-        extra = tuple(a for a in (t.name, *t.aliases) if a != first.name and a not in first.aliases)
-        first.aliases = first.aliases + extra
-    mem = sorted((t for t in out if t.kind != "tf" and t.size), key=lambda t: (t.kind, t.device, t.ptr, -t.extent))
-    base: "LiveTensor | None" = None
-    for t in mem:
-        if (base is not None and base.kind == t.kind and base.device == t.device
-                and t.ptr + t.extent <= base.ptr + base.extent and base.contiguous
-                and t.dtype.itemsize == base.dtype.itemsize and (t.ptr - base.ptr) % t.dtype.itemsize == 0
-                and min(t.strides, default=t.dtype.itemsize) >= 0):
-            t.view_of = base.name
-            continue
-        if base is None or t.ptr + t.extent > base.ptr + base.extent or base.kind != t.kind or base.device != t.device:
-            base = t
-    return out
-
-
-def view_index(view: "LiveTensor", base: "LiveTensor", index: np.ndarray) -> np.ndarray:
-    """Flat indices in ``base`` of the flat indices ``index`` of ``view`` (a view made by :func:`merge_shared`)."""
-    return (view.byte_offsets(index) + (view.ptr - base.ptr)) // base.dtype.itemsize

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..kernels import dispatch as native
+from ..kernels import gpu
 from ..kernels.registry import Backend, get_backend
 from ..core.dtypes import word_type
 from ..errors import (OptionError, PlanMismatchError, ReadOnlyTargetError, SelectionError, StaleTargetError,
@@ -75,9 +76,7 @@ def _gpu(sites: Any, backend: str) -> Backend:
     be = get_backend(backend)
     if be.device == "gpu":
         return be
-    from ..kernels.gpu import gpu_backend
-
-    return gpu_backend(sites.xp)
+    return gpu.gpu_backend(sites.xp)
 
 
 @dataclass
@@ -418,13 +417,9 @@ class Targets:
 
     def _span(self, device: int) -> tuple[Any, int]:
         if device not in self._spans:
-            try:
-                from ..kernels.gpu import device_span
-            except ImportError as exc:  # pragma: no cover - needs numba
-                raise OptionError(f"GPU tensors need numba and cupy: {exc}") from None
             on = [t for t in self.tensors if t.kind == "cuda" and t.device == device]
             try:
-                self._spans[device] = device_span([t.ptr for t in on], [t.extent for t in on], device, [t.obj for t in on])
+                self._spans[device] = gpu.device_span([t.ptr for t in on], [t.extent for t in on], device, [t.obj for t in on])
             except ImportError as exc:
                 raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
         return self._spans[device]
@@ -434,19 +429,17 @@ class Targets:
             import cupy
         except ImportError as exc:
             raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
-        from ..kernels.gpu import SiteArrays, gpu_backend
-
         _, base = self._span(device)
         ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
         tids = tid[pos]
         offs = ptr[tids] - base + offsets[pos]
         on = {type(t.obj).__module__.split(".")[0] for t in self.tensors if t.kind == "cuda" and t.device == device}
-        sites = SiteArrays.from_host(
+        sites = gpu.SiteArrays.from_host(
             offs, tids, self.table, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], xp=cupy,
             scale=None if plan.scale is None else plan.scale[pos], positions=pos, device=device,
             streams=tuple(sorted(on & {"torch", "cupy"})),
         )
-        gpu_backend(cupy).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
+        gpu.gpu_backend(cupy).prepare_sites(sites)  # kernels compiled for this device now, before anything is flipped
         return sites
 
     # ------------------------------------------------------------------ word access per group

@@ -25,7 +25,9 @@ Formats (detected by content, never by the file name):
     A Keras 3 ``.keras`` zip: handled by :mod:`fastflip.files.keras_archive` (its inner HDF5 file).
 
 This package sits in the file layer: it imports :mod:`fastflip.core.records` and
-:mod:`fastflip.errors` only (no framework; torch is never imported to read a file).
+:mod:`fastflip.errors` only (no framework; torch is never imported to read a file). Its readers import
+nothing from this registry (:class:`~fastflip.errors.FormatError` lives in :mod:`fastflip.errors`), so the
+registry can import each reader when a file of its format is read.
 
 Examples
 --------
@@ -45,7 +47,7 @@ import os
 import struct
 import zipfile
 
-from ...errors import InputFileError, NotHDF5Error
+from ...errors import FormatError, InputFileError, NotHDF5Error, UnsafeInputError
 from ...core.records import Layout
 
 __all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line"]
@@ -55,17 +57,6 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 NPY_MAGIC = b"\x93NUMPY"
 # pickle protocol 2, then the LONG1 magic number 0x1950a86a20f9469cfc6c of the legacy torch.save format
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"
-
-
-class FormatError(NotHDF5Error):
-    """A file whose format fastflip does not know, or whose structure is damaged or inconsistent.
-
-    (A :class:`~fastflip.errors.NotHDF5Error`, so callers that expect HDF5 catch it as before.)
-    """
-
-
-class UnsafeInputError(InputFileError):
-    """A file that asks for something fastflip refuses to do (run pickled code, write outside the file)."""
 
 
 def supported_formats_line() -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from . import FormatError
+from ...errors import FormatError
 
 __all__ = ["MAX_DIM", "MAX_ELEMENTS", "MAX_NDIM", "checked_ints", "checked_numel"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import FormatError
+from ...errors import FormatError
 from .bounds import checked_numel
 
 __all__ = ["npy_header"]

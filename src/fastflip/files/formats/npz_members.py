@@ -25,7 +25,7 @@ import zlib
 from typing import Any
 
 from ...errors import UnsupportedStorageError
-from . import FormatError
+from ...errors import FormatError
 from .npyheader import npy_header
 from .zipraw import ZipEntry, stored_entries
 

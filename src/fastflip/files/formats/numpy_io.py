@@ -29,7 +29,7 @@ import numpy as np
 from ...core.dtypes import is_supported_dtype
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
-from . import FormatError
+from ...errors import FormatError
 from .bounds import checked_numel
 from .naming import label_tensors
 from .npyheader import npy_header

@@ -29,7 +29,7 @@ import pickletools
 import warnings
 from typing import Any, Callable, Sequence
 
-from . import FormatError
+from ...errors import FormatError
 
 __all__ = ["MAX_OPS", "MAX_NODES", "MAX_DEPTH", "scan_pickle", "walk_tensors"]
 

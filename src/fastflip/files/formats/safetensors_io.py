@@ -30,7 +30,7 @@ import numpy as np
 
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
-from . import FormatError
+from ...errors import FormatError
 from .bounds import checked_ints, checked_numel
 from .naming import label_tensors
 

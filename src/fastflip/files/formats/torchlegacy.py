@@ -19,7 +19,7 @@ import os
 import struct
 from typing import Any
 
-from . import FormatError
+from ...errors import FormatError
 from .torchsave import TORCH_DTYPES, layout_from_records, records_of, restricted_loads
 
 __all__ = ["read_legacy_layout", "LEGACY_MAGIC"]

@@ -41,7 +41,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import FormatError
+from ...errors import FormatError
 
 __all__ = ["QUANT_DTYPES", "QUANT_STORAGES", "QScheme", "quantized_globals", "packed_label"]
 

@@ -56,7 +56,7 @@ import numpy as np
 from ...core.floatformats import format_name
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
-from . import FormatError, UnsafeInputError
+from ...errors import FormatError, UnsafeInputError
 from .bounds import checked_ints, checked_numel
 from .naming import label_tensors, optimizer_layers
 from .picklescan import scan_pickle, walk_tensors

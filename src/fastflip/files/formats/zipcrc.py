@@ -29,14 +29,11 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...errors import UnsupportedStorageError
-
-if TYPE_CHECKING:
-    from .zipraw import ZipEntry
+from ...errors import FormatError, UnsupportedStorageError
+from .zipraw import ZipEntry, central_records, stored_entries
 
 __all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes"]
 
@@ -127,8 +124,6 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
                     new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
     """(file offset, old 4 bytes, new 4 bytes) of every CRC field that changes when the words at
     absolute ``offsets`` change from ``old`` to ``new`` (native-order word values)."""
-    from .zipraw import central_records, stored_entries
-
     entries = sorted(stored_entries(path).values(), key=lambda e: e.offset)
     starts = np.array([e.offset for e in entries], np.int64)
     offsets = np.asarray(offsets, np.int64)
@@ -156,8 +151,6 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
 def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]]) -> None:  # type: ignore[no-untyped-def]
     """Refuse patches whose "old bytes" are not the file's bytes there, or that overlap one another: the log keeps
     the old bytes for the revert, so they must be exactly what the patch replaces."""
-    from . import FormatError
-
     last_end, last_at = -1, -1
     for at, old, _new in sorted(patches, key=lambda p: p[0]):
         fh.seek(at)
@@ -189,8 +182,6 @@ def crc_spots(fh, e: "ZipEntry", cd_record: int) -> list[int]:  # type: ignore[n
         A data descriptor (flag bit 3) whose CRC field does not hold the entry's CRC-32: patching it would
         write over bytes that are not a CRC, and the log could not restore them.
     """
-    from . import FormatError
-
     spots = [cd_record + 16]
     fh.seek(e.info.header_offset + 14)
     if fh.read(4) == struct.pack("<I", e.info.CRC):

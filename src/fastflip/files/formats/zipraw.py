@@ -25,6 +25,8 @@ import struct
 import zipfile
 from dataclasses import dataclass
 
+from ...errors import FormatError
+
 __all__ = ["ZipEntry", "stored_entries", "central_records"]
 
 
@@ -48,8 +50,6 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
         A damaged or truncated archive, a local header that disagrees with the central
         directory, or data that would lie outside the file.
     """
-    from . import FormatError
-
     fsize = os.path.getsize(path)
     out: dict[str, ZipEntry] = {}
     try:
@@ -100,8 +100,6 @@ def _descriptor_len(fh, info: zipfile.ZipInfo, end: int) -> int:  # type: ignore
 def _check_disjoint(path: str, fh, entries: list[ZipEntry], start_dir: int) -> None:  # type: ignore[no-untyped-def]
     """Refuse entries whose local header, data or data descriptor overlap another entry or the central directory
     (a change to one would change the other, and a revert of one would undo the other)."""
-    from . import FormatError
-
     spans = []
     for e in entries:
         end = e.offset + e.info.compress_size
@@ -125,8 +123,6 @@ def central_records(path: str) -> dict[str, int]:
         A record whose lengths run it past the directory, or that names another entry than ``zipfile`` reads
         there (the two readings of the directory must agree before any field of it is patched).
     """
-    from . import FormatError
-
     with zipfile.ZipFile(path) as zf:
         pos = int(zf.start_dir)  # type: ignore[attr-defined]
         infos = zf.infolist()
