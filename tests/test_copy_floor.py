@@ -278,3 +278,29 @@ def test_revert_dir_without_hashes_needs_no_verify(tmp_path, capsys):
     assert "--no-verify" in capsys.readouterr().err
     assert main(["revert", lp, d, "--no-verify", "-q"]) == 0
     assert _tree(d) == before
+
+
+# ------------------------------------------------------------------ CLI start-up
+
+
+def test_a_command_imports_no_other_command(tmp_path):
+    """``fastflip inject ...`` builds the parser of inject alone: no other command's module is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fastflip.cli import main\ntry:\n    main(['inject', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in sys.modules if m.startswith('fastflip.cli.') and m.endswith('_cmd')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "['fastflip.cli.inject_cmd']"
+    assert "usage: fastflip inject" in r.stdout
+
+
+def test_the_full_parser_still_lists_every_command(capsys):
+    from fastflip.cli import COMMANDS, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name, _ in COMMANDS)
+    assert main([]) == 2  # no command: the help, exit 2

@@ -362,7 +362,7 @@ def write_words_to_file(path: str, plan: Plan, tensors: Mapping[str, Tensor], wo
     return old, any((r.offsets < 0).any() for r in routes)
 
 
-_BLOCK = 8 << 20
+_BLOCK = 4 << 20  # copy blocks: three buffers of this size (larger ones cost page faults, not speed)
 
 
 def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[int, bytes, bytes]],
