@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import require
 from fastflip import Sampling
 from fastflip.files import fileio, h5apply
 from fastflip.files.h5apply import copy_apply, route_sites
@@ -196,26 +197,15 @@ def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ revert_dir
 
 
-def _st(path, tensors):
-    import json
-    import struct
-
-    head, blob = {}, b""
-    for k, v in tensors.items():
-        v = np.asarray(v, "<f4")
-        head[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [len(blob), len(blob) + v.nbytes]}
-        blob += v.tobytes()
-    h = json.dumps(head).encode()
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(h)) + h + blob)
-
-
 def _checkpoint_dir(root):
     import json
 
+    require("safetensors")
+    from safetensors.numpy import save_file
+
     os.makedirs(root)
-    _st(os.path.join(root, "model-1.safetensors"), {"a": np.linspace(-1, 1, 1 << 14)})
-    _st(os.path.join(root, "model-2.safetensors"), {"b": np.linspace(-2, 2, 1 << 14)})
+    save_file({"a": np.linspace(-1, 1, 1 << 14, dtype="<f4")}, os.path.join(root, "model-1.safetensors"))
+    save_file({"b": np.linspace(-2, 2, 1 << 14, dtype="<f4")}, os.path.join(root, "model-2.safetensors"))
     with open(os.path.join(root, "model.safetensors.index.json"), "w") as fh:
         json.dump({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}, fh)
     return root
