@@ -462,10 +462,9 @@ def overlay_patches(base: int, data: bytes, patches: Sequence[tuple[int, bytes, 
     laid over the part of each that falls inside it."""
     buf = bytearray(data)
     end = base + len(buf)
-    for off, _, nb in patches:
+    for off, _, nb in [p for p in patches if p[0] < end and p[0] + len(p[2]) > base]:
         lo, hi = max(off, base), min(off + len(nb), end)
-        if lo < hi:
-            buf[lo - base : hi - base] = nb[lo - off : hi - off]
+        buf[lo - base : hi - base] = nb[lo - off : hi - off]
     return buf
 
 

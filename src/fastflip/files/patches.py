@@ -81,10 +81,10 @@ def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) 
             continue
         pos, offs = r.positions[keep], r.offsets[keep]
         u = word_type(r.tensor.dtype).uint
-        ob = from_words(old[pos].astype(u), r.tensor.dtype).tobytes()
-        nb = from_words(new[pos].astype(u), r.tensor.dtype).tobytes()
-        w = r.tensor.itemsize
-        out.extend((int(o), ob[i * w:(i + 1) * w], nb[i * w:(i + 1) * w]) for i, o in enumerate(offs.tolist()))
+        each = f"V{r.tensor.itemsize}"  # one bytes object per element, cut by numpy
+        ob = np.frombuffer(from_words(old[pos].astype(u), r.tensor.dtype).tobytes(), each).tolist()
+        nb = np.frombuffer(from_words(new[pos].astype(u), r.tensor.dtype).tobytes(), each).tolist()
+        out.extend(zip(offs.tolist(), ob, nb))
     return out
 
 
