@@ -28,6 +28,7 @@ Bytecode is compiled once, outside the source trees (``PYTHONPYCACHEPREFIX``), a
 from __future__ import annotations
 
 import itertools
+import pathlib
 import json
 import os
 import shutil
@@ -70,7 +71,9 @@ def sh(cmd: str) -> None:
 
 @pytest.fixture(scope="module")
 def d(tmp_path_factory):
-    p = tmp_path_factory.mktemp("cli_floor")
+    base = os.environ.get("FASTFLIP_BENCH_DIR")  # the big files' folder (default: pytest's temporary directory)
+    p = tmp_path_factory.mktemp("cli_floor") if not base else pathlib.Path(base) / "cli_floor"
+    p.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "fastflip", "inject", "--help"], env=ENV, capture_output=True)  # bytecode
     for cmd in ("inject", "revert"):
         subprocess.run([sys.executable, "-c", f"import fastflip.cli.{cmd}_cmd, fastflip.files.inject"], env=ENV)

@@ -47,7 +47,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``fastflip`` parser with every subcommand, or (``only``: a command's name) with that one alone: a run
+    of one command imports no other command's module."""
     parser = argparse.ArgumentParser(
         prog="fastflip",
         description="Exact, fast, reproducible bit flips in HDF5 checkpoints and live tensors.",
@@ -55,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fastflip {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS:
+        if only is not None and name != only:
+            continue
         try:
             mod = importlib.import_module(f".{modname}", __name__)
         except ModuleNotFoundError as exc:  # a command not built yet
@@ -95,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status (0 ok, 1 'differs'/failed trials, 2 error)."""
     from ..errors import FastflipError
 
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    named = argv[0] if argv and argv[0] in dict(COMMANDS) else None
+    parser = build_parser(named)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed
         from ..files.sharded import revert_dir
 
-        res = revert_dir(args.log, args.file, args.output, overwrite=args.force)
+        res = revert_dir(args.log, args.file, args.output, overwrite=args.force, verify=not args.no_verify)
     else:
         res = revert(args.log, args.file, args.output, verify=not args.no_verify, overwrite=args.force)
     algo = getattr(res, "algorithm", "sha256")

@@ -184,6 +184,12 @@ class Staging:
                 return tmp
         raise KeyError(real)
 
+    def drop(self, tmp: str) -> None:
+        """Remove the temporary ``tmp`` (from :meth:`add`) and forget it: its target is left as it is."""
+        self.items = [i for i in self.items if i[0] != tmp]
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
     def commit(self) -> None:
         """fsync the temporaries, then rename them into place (evidence first) with signals deferred."""
         order = [i for i in self.items if i[2]] + [i for i in self.items if not i[2]]
@@ -456,17 +462,19 @@ def overlay_patches(base: int, data: bytes, patches: Sequence[tuple[int, bytes, 
     laid over the part of each that falls inside it."""
     buf = bytearray(data)
     end = base + len(buf)
-    for off, _, nb in patches:
+    for off, _, nb in [p for p in patches if p[0] < end and p[0] + len(p[2]) > base]:
         lo, hi = max(off, base), min(off + len(nb), end)
-        if lo < hi:
-            buf[lo - base : hi - base] = nb[lo - off : hi - off]
+        buf[lo - base : hi - base] = nb[lo - off : hi - off]
     return buf
 
 
-def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256"
-                      ) -> tuple[str, str]:
+def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256", *,
+                      copy_to: str | None = None) -> tuple[str, str]:
     """(digest of the file now, digest it will have once each same-size ``(offset, old, new)`` patch is
-    written), from one read of its bytes (the cache is not used: the file is about to change)."""
+    written), from one read of its bytes (the cache is not used: the file is about to change).
+
+    ``copy_to``: the bytes read are also written, unpatched, to that file (a copy about to be patched).
+    """
     ps = sorted(patches)
     starts = np.array([p[0] for p in ps], np.int64)
     ends = starts + np.array([len(p[2]) for p in ps], np.int64)
@@ -474,23 +482,25 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algo
 
     h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     base = 0
-    pending = None
-    with open(path, "rb") as fh, ThreadPoolExecutor(1) as helper:  # the two hash passes side by side
+    pending: list[Any] = []
+    with open(path, "rb") as fh, (open(copy_to, "wb") if copy_to else contextlib.nullcontext()) as out, \
+            ThreadPoolExecutor(2) as helper:  # the second hash and the copy side by side with the read
         while True:
             b = fh.read(_BLOCK)
             if not b:
                 break
+            for f in pending:
+                f.result()
+            pending = [helper.submit(out.write, b)] if out is not None else []
             h_in.update(b)
             end = base + len(b)
             hit = np.flatnonzero((starts < end) & (ends > base)).tolist()
             if hit:
                 b = bytes(overlay_patches(base, b, [ps[k] for k in hit]))
-            if pending is not None:
-                pending.result()
-            pending = helper.submit(h_out.update, b)
+            pending.append(helper.submit(h_out.update, b))
             base = end
-        if pending is not None:
-            pending.result()
+        for f in pending:
+            f.result()
     return h_in.hexdigest(), h_out.hexdigest()
 
 

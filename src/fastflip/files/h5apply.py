@@ -13,7 +13,9 @@ Two paths, chosen per site, giving identical words (tested):
   file is copied (:func:`copy_apply`): each block read from the input is hashed,
   patched in memory by the kernel at the offsets that fall inside it, then hashed
   again and written by a helper thread while the next block is read — no page
-  faults on a mapped file and one read of the input.
+  faults on a mapped file and one read of the input. A block no site or patch
+  touches is copied file to file in the kernel (``os.copy_file_range``) instead of
+  written from the buffer.
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -24,6 +26,7 @@ fastflip never writes outside the checkpoint file.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import time
@@ -333,7 +336,7 @@ def write_words_to_file(path: str, plan: Plan, tensors: Mapping[str, Tensor], wo
     return old, any((r.offsets < 0).any() for r in routes)
 
 
-_BLOCK = 8 << 20
+_BLOCK = 4 << 20  # copy blocks: three buffers of this size (larger ones cost page faults, not speed)
 
 
 def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[int, bytes, bytes]],
@@ -407,8 +410,11 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                    ) -> tuple[str, str]:
     h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
-    # hashes the output bytes and another writes them (of blocks i-1, i-2): the two sha256 passes and the
-    # write run side by side (hashlib and file I/O release the GIL)
+    # hashes the output bytes and another writes them (of blocks i-1, i-2): the two hash passes and the
+    # write run side by side (the hashes and file I/O release the GIL). A block nothing touched is not written
+    # from the buffer but copied file to file in the kernel (``os.copy_file_range``, where the output keeps the
+    # input's offsets: no patch changes a length): one copy of its bytes fewer.
+    in_kernel = _kernel_copy_ok(splice)
     nbuf = 3
     bufs = [bytearray(block + 8) for _ in range(nbuf)]
     pending: list[list[Any]] = [[] for _ in range(nbuf)]
@@ -423,6 +429,9 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
         def emit(pieces: list[Any]) -> None:
             for chunk in pieces:
                 fout.write(chunk)
+
+        def copy_span(at: int, n: int) -> None:
+            _copy_range(fin.fileno(), fout.fileno(), at, n)
 
         while True:
             slot = i % nbuf
@@ -441,11 +450,19 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 end += more
             if hash_input:
                 h_in.update(view[:got])
-            if hi > lo:
+            touched = hi > lo
+            if touched:
                 raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
                 lo = hi
             pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
-            pending[slot] = [hasher.submit(digest, pieces), writer.submit(emit, pieces)]
+            if in_kernel and not touched and not ((pstart < end) & (pend > base)).any():
+                out = writer.submit(copy_span, base, got)
+            else:
+                if in_kernel:
+                    out = writer.submit(_write_at, fout, base, pieces)
+                else:
+                    out = writer.submit(emit, pieces)
+            pending[slot] = [hasher.submit(digest, pieces), out]
             base = end
             i += 1
         for fs in pending:
@@ -453,3 +470,38 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 f.result()
         fout.flush()
     return h_in.hexdigest(), h_out.hexdigest()
+
+
+def _kernel_copy_ok(splice: np.ndarray) -> bool:
+    """Whether blocks may be copied file to file in the kernel: no patch changes a length, and the OS has it."""
+    return hasattr(os, "copy_file_range") and not splice.any()
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> None:
+    """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another, in the kernel where it can
+    (``os.copy_file_range``), else (another file system, an old kernel) through a buffer."""
+    done = 0
+    while done < n:
+        try:
+            got = os.copy_file_range(fd_in, fd_out, n - done, at + done, at + done)
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY:
+                raise
+            got = os.pwrite(fd_out, os.pread(fd_in, min(n - done, _BLOCK), at + done), at + done)
+        if not got:
+            raise OSError(errno.EIO, f"the input ended {n - done} bytes early while it was copied")
+        done += got
+
+
+def _write_at(fout: Any, at: int, pieces: list[Any]) -> None:
+    """Write ``pieces`` one after the other from offset ``at`` of the (unbuffered position) output."""
+    fd = fout.fileno()
+    for chunk in pieces:
+        n = 0
+        mv = memoryview(chunk).cast("B")
+        while n < len(mv):
+            n += os.pwrite(fd, mv[n:], at + n)
+        at += len(mv)

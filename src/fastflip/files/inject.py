@@ -60,6 +60,8 @@ from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_
 from .zipmembers import member_patches
 from .patches import (crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches,
                       write_patches)
+from .fileio import deferred_signals, fsync_path, hash_with_patches
+from .patches import delta_patches, revert_patches
 from ..core.plan import Plan
 from ..core.spec import Sampling
 from .select import Selection
@@ -491,13 +493,20 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
 
     if lg.undo is not None and lg.undo.new_size >= 0:
         # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
+        forward = delta_patches(lg.undo, forward=True)
         with atomic_output(target) as tmp:
-            in_hash = copy_with_hash(src, tmp, algo)
-            check_input_hash(in_hash)
-            lg.undo.redo(tmp)
+            if forward is None:  # bytes move: the delta applied, then the result read again
+                in_hash = copy_with_hash(src, tmp, algo)
+                check_input_hash(in_hash)
+                lg.undo.redo(tmp)
+                out_hash = hash_file(tmp, algo, cache=False)
+            else:  # one read: the input's hash and the hash the copy has once the delta is written
+                in_hash, out_hash = hash_with_patches(src, forward, algo, copy_to=tmp)
+                check_input_hash(in_hash)
+                write_patches(tmp, forward)
             after = {t.path: t for t in read_layout(tmp).tensors}  # chunks may have moved
             new = read_words(tmp, lg.plan, after)
-            new_log = finish(in_hash, hash_file(tmp, algo, cache=False), lg.old_words, new, lg.undo)
+            new_log = finish(in_hash, out_hash, lg.old_words, new, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     by_name = {t.path: t for t in read_layout(src).tensors}
     with staged() as stage:
@@ -584,6 +593,27 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); nothing was changed")
         return digest
 
+    patches = revert_patches(src, lg.undo, routes, lg.new_words, lg.old_words) if want_in and want_out else None
+    if patches is not None:  # one read of the file: its hash now and the hash it will have once restored
+        def predicted(after: str) -> None:
+            if after != want_in:
+                raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); "
+                                       "nothing was changed")
+
+        if not atomic and out is None:
+            now, after = hash_with_patches(src, patches, algo)  # its bytes, read now, never a remembered hash
+            check(src, now)
+            predicted(after)
+            with deferred_signals():
+                write_patches(src, patches)
+                fsync_path(src)
+        else:
+            with atomic_output(target) as tmp:
+                now, after = hash_with_patches(src, patches, algo, copy_to=tmp)
+                check(tmp, now)
+                predicted(after)
+                write_patches(tmp, patches)
+        return RevertResult(target, after, len(lg.plan), algorithm=algo)
     if not atomic and out is None:
         check(src, hash_file(src, algo, cache=False))  # the file about to be rewritten: its bytes, read now
         digest = restore(src)

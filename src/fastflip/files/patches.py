@@ -29,7 +29,7 @@ from .routes import SiteRoute
 from .layout import Tensor
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
-           "without_positions"]
+           "without_positions", "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
 
@@ -81,10 +81,10 @@ def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) 
             continue
         pos, offs = r.positions[keep], r.offsets[keep]
         u = word_type(r.tensor.dtype).uint
-        ob = from_words(old[pos].astype(u), r.tensor.dtype).tobytes()
-        nb = from_words(new[pos].astype(u), r.tensor.dtype).tobytes()
-        w = r.tensor.itemsize
-        out.extend((int(o), ob[i * w:(i + 1) * w], nb[i * w:(i + 1) * w]) for i, o in enumerate(offs.tolist()))
+        each = f"V{r.tensor.itemsize}"  # one bytes object per element, cut by numpy
+        ob = np.frombuffer(from_words(old[pos].astype(u), r.tensor.dtype).tobytes(), each).tolist()
+        nb = np.frombuffer(from_words(new[pos].astype(u), r.tensor.dtype).tobytes(), each).tolist()
+        out.extend(zip(offs.tolist(), ob, nb))
     return out
 
 
@@ -93,6 +93,35 @@ def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
     ps = sorted(patches)
     return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
                     b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)
+
+
+def delta_patches(undo: ByteUndo, *, forward: bool) -> list[Patch] | None:
+    """A byte delta that keeps the file's size as patches: old to new bytes (``forward``, a replay) or new to old
+    (a revert); None when the sizes differ (bytes move: the delta is applied by :class:`ByteUndo` itself)."""
+    if undo.new_size != undo.size:
+        return None
+    out: list[Patch] = []
+    pos = 0
+    for off, ln in zip(undo.offsets.tolist(), undo.lengths.tolist()):
+        ob, nb = undo.data[pos : pos + ln], undo.new_data[pos : pos + ln]
+        out.append((int(off), ob, nb) if forward else (int(off), nb, ob))
+        pos += ln
+    return out
+
+
+def revert_patches(path: str, undo: ByteUndo | None, routes: Sequence[SiteRoute], new: np.ndarray,
+                   old: np.ndarray) -> list[Patch] | None:
+    """Every byte a revert of the logged output at ``path`` writes, as non-overlapping same-size patches (new to
+    old bytes: the logged delta, or the sites' words and the zip CRCs that follow them); None where a revert is
+    not that (a delta that changes the size, sites only the HDF5 library can write, one element twice)."""
+    if undo is not None:
+        return delta_patches(undo, forward=False)
+    if any((r.offsets < 0).any() for r in routes):
+        return None
+    ps = word_patches(routes, new, old)
+    if len({p[0] for p in ps}) != len(ps):
+        return None
+    return ps + (crc_patches(path, routes, new, old) if is_zip_container(path) else [])
 
 
 def without_positions(routes: Sequence[SiteRoute], done: np.ndarray, *, only_h5: bool = True) -> list[SiteRoute]:

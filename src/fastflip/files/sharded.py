@@ -434,11 +434,18 @@ def replay_dir(log: InjectionLog | str | os.PathLike[str], src: str | os.PathLik
 
 
 def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
-               out: str | os.PathLike[str] | None = None, *, overwrite: bool = True) -> RevertResult:
+               out: str | os.PathLike[str] | None = None, *, overwrite: bool = True, verify: bool = True
+               ) -> RevertResult:
     """Restore every shard the logged injection changed (in place unless ``out``), each checked by sha256.
 
     A shard already at its logged input (an in-place run killed between its renames) is left alone;
     ``sites`` of the result counts the sites restored (0 when every touched shard already was the original).
+    Each shard is read once (its hash now and the hash it will have, from the same bytes); a shard that is not
+    the logged output is hashed once more, to tell the logged input from another file.
+
+    A log without hashes (``hash_files=False``) cannot prove a restored shard is the original: it is refused
+    unless ``verify=False``; then only the words at the logged sites are checked and the result says
+    ``verified=False``.
 
     Raises
     ------
@@ -454,25 +461,35 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
     missing = sorted(set(want) - set(layout.shards))
     if missing:
         raise LogMismatchError(f"{root}: lacks {missing[0]}, which the log changed; give the directory it describes")
+    hashed = all(rec.get("input_sha256") and rec.get("output_sha256") for rec in want.values())
+    if verify and not hashed:
+        raise LogMismatchError(f"{root}: the log holds no hash of the original shards, so a revert cannot be "
+                               "verified; give --no-verify (verify=False) to revert without that check")
     with _writer_lock(layout, "revert", in_place), staged(name=target) as st:
         shard_path = _stage_shards(st, root, in_place, target)
         todo = {sp.shard: sp for sp in shard_plans(lg.plan, layout)}
         restored = 0
         for name, rec in want.items():
             sp = todo[name]
-            path = os.path.join(root, name)
-            digest = sha256_file(path, cache=False)  # about to be replaced: its bytes, never a remembered hash
-            if digest == rec["input_sha256"] and in_place:
-                continue  # already the original
-            if digest not in (rec["output_sha256"], rec["input_sha256"]):
-                raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
-                                       "nothing was changed")
-            if digest == rec["input_sha256"]:
-                share_copy(path, shard_path(name), True)
-            else:
-                revert(_sub_log(lg, sp, rec), path, shard_path(name))
+            path, tmp = os.path.join(root, name), shard_path(name)
+            try:
+                revert(_sub_log(lg, sp, rec), path, tmp, verify=hashed)
                 restored += len(sp.positions)
+                continue
+            except LogMismatchError:
+                if not hashed:
+                    raise
+                digest = sha256_file(path, cache=False)  # not the logged output: the logged input, or another file?
+                if digest == rec["output_sha256"]:
+                    raise
+                if digest != rec["input_sha256"]:
+                    raise LogMismatchError(f"{path} is not the shard this log describes (sha256 differs); "
+                                           "nothing was changed") from None
+            if in_place:
+                st.drop(tmp)  # already the original: left alone
+            else:
+                share_copy(path, tmp, True)
         if not in_place:
             copy_tree(root, st.temp(target), set(want), True)
-    return RevertResult(target, lg.manifest["input"]["sha256"], restored)
+    return RevertResult(target, lg.manifest["input"]["sha256"], restored, verified=hashed)
 

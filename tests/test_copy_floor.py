@@ -1,0 +1,296 @@
+"""The CLI's new-file and in-place paths at their floor: the copy done in the kernel where nothing changes, and
+in-place revert/replay reading the file once.
+
+The figures are in bench/test_cli_floor_bench.py; these tests check what the faster paths write and read.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip import Sampling
+from fastflip.files import fileio, h5apply
+from fastflip.files.h5apply import copy_apply, route_sites
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
+
+
+def _h5(path, n=1 << 16):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("a", data=np.linspace(-2, 2, n, dtype="f4"))
+        f.create_dataset("b", data=np.linspace(-1, 1, n // 4, dtype="f8"))
+    return str(path)
+
+
+def _copy(src, dst, count=3, block=4096):
+    """copy_apply of a plan of ``count`` flips; returns (output digest, old words, new words, plan's reference)."""
+    ref = inject_file(src, dst + ".ref", sampling=Sampling(count=count), seed=5, log_path=False)
+    by = {t.path: t for t in read_layout(src).tensors}
+    routes = route_sites(src, ref.log.plan, by)
+    _, h_out, old, new = copy_apply(src, dst, ref.log.plan, routes, block=block)
+    return h_out, old, new, ref
+
+
+def _counting(monkeypatch, fail: int | None = None) -> list[int]:
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if fail is not None:
+            raise OSError(fail, os.strerror(fail))
+        return real(fd_in, fd_out, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    return calls
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no os.copy_file_range on this system")
+def test_untouched_blocks_are_copied_in_the_kernel(tmp_path, monkeypatch):
+    """Blocks no flip touches go file to file (copy_file_range); the output is the one the buffered copy writes."""
+    src = _h5(tmp_path / "a.h5")
+    calls = _counting(monkeypatch)
+    h_out, old, new, ref = _copy(src, str(tmp_path / "b.h5"))
+    blocks = -(-os.path.getsize(src) // 4096)
+    assert 0 < len(calls) < blocks  # most blocks in the kernel, the touched ones written from the buffer
+    assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
+    assert h_out == fileio.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
+    assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
+
+
+@pytest.mark.parametrize("err", [errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP])
+def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
+    """Another file system or an old kernel (copy_file_range refused): the same bytes through a buffer."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range on this system")
+    src = _h5(tmp_path / "a.h5")
+    calls = _counting(monkeypatch, fail=err)
+    h_out, *_ = _copy(src, str(tmp_path / "b.h5"))
+    assert calls
+    assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
+    assert h_out == fileio.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
+
+
+def test_kernel_copy_other_errors_are_not_swallowed(tmp_path, monkeypatch):
+    """A real I/O failure while copying is not retried through a buffer: it surfaces."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range on this system")
+    src = _h5(tmp_path / "a.h5")
+    _counting(monkeypatch, fail=errno.EIO)
+    with pytest.raises(OSError):
+        _copy(src, str(tmp_path / "b.h5"))
+
+
+def test_length_changing_patches_keep_the_buffered_copy():
+    """A patch that changes a length (a re-deflated zip member) moves every later byte: no kernel copy then."""
+    assert h5apply._kernel_copy_ok(np.array([False, False])) == hasattr(os, "copy_file_range")
+    assert not h5apply._kernel_copy_ok(np.array([False, True]))
+
+
+# ------------------------------------------------------------------ revert and replay: the file read once
+
+
+class _Counted:
+    """A file object that adds the bytes read through it to a running total."""
+
+    def __init__(self, fh, total):
+        self._fh, self._total = fh, total
+
+    def read(self, *a):
+        b = self._fh.read(*a)
+        self._total[0] += len(b)
+        return b
+
+    def readinto(self, buf):
+        n = self._fh.readinto(buf)
+        self._total[0] += n or 0
+        return n
+
+    def __iter__(self):
+        for line in self._fh:
+            self._total[0] += len(line)
+            yield line
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return self._fh.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._fh, name)
+
+
+def _count_reads(monkeypatch) -> list[int]:
+    """The bytes read through files that :mod:`fastflip.files.fileio` opens (hashes, copies, byte diffs)."""
+    total = [0]
+    real = open
+
+    def counted(path, mode="r", *a, **k):
+        fh = real(path, mode, *a, **k)
+        return _Counted(fh, total) if "r" in mode and "+" not in mode else fh
+
+    monkeypatch.setattr(fileio, "open", counted, raising=False)
+    return total
+
+
+def _hashed_output(tmp_path, gzip=False):
+    src = str(tmp_path / "a.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("a", data=np.linspace(-2, 2, 1 << 16, dtype="f4"))
+        if gzip:
+            noise = np.random.default_rng(0).standard_normal((128, 128)).astype("f4") * 0.05
+            f.create_dataset("g", data=noise, chunks=(32, 32), compression_opts=1,
+                             compression="gzip", shuffle=True)
+    res = inject_file(src, str(tmp_path / "b.h5"), sampling=Sampling(count=20), seed=3, hash_algorithm="sha256",
+                      selection={"include": ["g"]} if gzip else None)
+    return src, res
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
+    """Direct and atomic revert: the hash now and the hash once restored come from one read of the file."""
+    from fastflip.files.inject import revert
+
+    src, res = _hashed_output(tmp_path)
+    size = os.path.getsize(res.output)
+    total = _count_reads(monkeypatch)
+    out = revert(res.log_path, res.output, atomic=atomic)
+    assert total[0] <= size + 4096  # once (before: the file before and after the restore: twice)
+    assert open(res.output, "rb").read() == open(src, "rb").read()
+    assert out.digest == fileio.hash_file(src, "sha256", cache=False) and out.verified
+
+
+def test_revert_refuses_another_file_and_changes_nothing(tmp_path):
+    """The one-read revert still refuses a file that is not the logged output, before writing anything."""
+    from fastflip.errors import LogMismatchError
+    from fastflip.files.inject import revert
+
+    _, res = _hashed_output(tmp_path)
+    with open(res.output, "r+b") as fh:
+        fh.seek(-1, 2)
+        fh.write(b"\x7f")
+    before = open(res.output, "rb").read()
+    with pytest.raises(LogMismatchError, match="not the output this log describes"):
+        revert(res.log_path, res.output, atomic=False)
+    assert open(res.output, "rb").read() == before
+
+
+def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
+    """Replay of a log holding a byte delta (re-encoded gzip chunks): one read gives both hashes."""
+    from fastflip.files.inject import replay
+
+    src, res = _hashed_output(tmp_path, gzip=True)
+    assert res.log.undo is not None and res.log.undo.new_size == res.log.undo.size
+    total = _count_reads(monkeypatch)
+    again = replay(res.log_path, src, str(tmp_path / "c.h5"))
+    assert total[0] <= os.path.getsize(src) + 4096  # once (before: the input, then the copy: twice)
+    assert open(again.output, "rb").read() == open(res.output, "rb").read()
+
+
+# ------------------------------------------------------------------ revert_dir
+
+
+def _checkpoint_dir(root):
+    import json
+
+    require("safetensors")
+    from safetensors.numpy import save_file
+
+    os.makedirs(root)
+    save_file({"a": np.linspace(-1, 1, 1 << 14, dtype="<f4")}, os.path.join(root, "model-1.safetensors"))
+    save_file({"b": np.linspace(-2, 2, 1 << 14, dtype="<f4")}, os.path.join(root, "model-2.safetensors"))
+    with open(os.path.join(root, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}, fh)
+    return root
+
+
+def _tree(root):
+    return {f: open(os.path.join(root, f), "rb").read() for f in sorted(os.listdir(root))}
+
+
+def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
+    from fastflip.files.sharded import inject_dir, revert_dir
+
+    d = _checkpoint_dir(str(tmp_path / "m"))
+    before = _tree(d)
+    res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
+    touched = res.log.manifest["checkpoint_dir"]["shards"]
+    assert len(touched) == 2
+    size = sum(os.path.getsize(os.path.join(d, n)) for n in touched)
+    total = _count_reads(monkeypatch)
+    assert revert_dir(res.log_path, d).verified
+    assert total[0] <= size + 4096  # once a shard (before: three times)
+    assert _tree(d) == before
+
+
+def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
+    """In place, a shard already at its logged input (a killed commit) is left alone; the others restored."""
+    import shutil
+
+    from fastflip.files.sharded import inject_dir, revert_dir
+
+    d = _checkpoint_dir(str(tmp_path / "m"))
+    shutil.copytree(d, str(tmp_path / "orig"))
+    res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
+    first = sorted(res.log.manifest["checkpoint_dir"]["shards"])[0]
+    shutil.copyfile(str(tmp_path / "orig" / first), os.path.join(d, first))
+    ino = os.stat(os.path.join(d, first)).st_ino
+    out = revert_dir(res.log_path, d)
+    assert out.sites == len(res.log) - res.log.manifest["checkpoint_dir"]["shards"][first]["sites"]
+    assert os.stat(os.path.join(d, first)).st_ino == ino  # not rewritten
+    assert _tree(d) == _tree(str(tmp_path / "orig"))
+    assert not [f for f in os.listdir(d) if ".fastflip-" in f]
+
+
+def test_revert_dir_without_hashes_needs_no_verify(tmp_path, capsys):
+    """A directory log without hashes: refused with a pointer to --no-verify, reverted (unverified) with it."""
+    from fastflip.cli import main
+    from fastflip.errors import LogMismatchError
+    from fastflip.files.sharded import inject_dir, revert_dir
+
+    d = _checkpoint_dir(str(tmp_path / "m"))
+    before = _tree(d)
+    res = inject_dir(d, in_place=True, atomic=False, hash_files=False, log_path=False, seed=2,
+                     sampling=Sampling(count=40))
+    with pytest.raises(LogMismatchError, match="--no-verify"):
+        revert_dir(res.log, d)
+    assert _tree(d) != before
+    lp = str(tmp_path / "m.fflog")
+    res.log.save(lp)
+    assert main(["revert", lp, d, "-q"]) == 2
+    assert "--no-verify" in capsys.readouterr().err
+    assert main(["revert", lp, d, "--no-verify", "-q"]) == 0
+    assert _tree(d) == before
+
+
+# ------------------------------------------------------------------ CLI start-up
+
+
+def test_a_command_imports_no_other_command(tmp_path):
+    """``fastflip inject ...`` builds the parser of inject alone: no other command's module is imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom fastflip.cli import main\ntry:\n    main(['inject', '--help'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in sys.modules if m.startswith('fastflip.cli.') and m.endswith('_cmd')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "['fastflip.cli.inject_cmd']"
+    assert "usage: fastflip inject" in r.stdout
+
+
+def test_the_full_parser_still_lists_every_command(capsys):
+    from fastflip.cli import COMMANDS, main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name, _ in COMMANDS)
+    assert main([]) == 2  # no command: the help, exit 2
