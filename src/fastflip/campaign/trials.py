@@ -9,7 +9,7 @@ evaluates the fault-free *golden* run once, and prepares one
 1. sites: distinct across the cell's trials, from a permutation keyed by (seed, cell)
    (:func:`fastflip.campaign.cells.trial_sites`, then ``SiteSpace.plan_sites`` with the
    generator of ``(seed, cell, trial)`` for the model's random parts), or, for
-   ``distribution = 'tensor'``, ``SiteSpace.plan(seed, stream=(cell, trial), count=flips)``;
+   ``distribution = 'tensor'``, ``SiteSpace.plan(Sampling(count=flips), seed, stream=(cell, trial))``;
 2. ``memory`` mode: :func:`fastflip.live.inject` into the loaded arrays, evaluate,
    :func:`fastflip.live.revert` (bit-exact); activation targets: evaluate inside
    :func:`fastflip.live.activations.injected_activations` with the trial's plan (its
