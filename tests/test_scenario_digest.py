@@ -29,7 +29,7 @@ def test_scenario_holds_a_sampling():
     assert exp.sampling == Sampling(bits="exponent-msb", count=10)
     assert mid.sampling == Sampling(bits="30", rate=0.001, model="stuck-at-1", nan_policy="avoid")
     assert b.sampling.sign_first and b.sampling.ber == 1e-6
-    assert ctl.control and ctl.sampling.count == 0  # a control flips nothing
+    assert ctl.control and ctl.sampling.count == 0 and ctl.inject_kwargs()["sampling"] is None  # flips nothing
     assert exp.inject_kwargs() == {"selection": {"roles": ["weight"]}, "sampling": exp.sampling}
     assert not hasattr(exp, "count") and not hasattr(exp, "bits")  # one form: the Sampling
     table = ctl.as_dict()

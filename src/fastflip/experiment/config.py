@@ -92,8 +92,9 @@ class Scenario:
         return self.epoch if self.iteration is None else self.epoch - 1
 
     def inject_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario."""
-        return {"selection": dict(self.selection) or None, "sampling": self.sampling}
+        """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario (a control
+        scenario injects nothing: its ``sampling`` is None)."""
+        return {"selection": dict(self.selection) or None, "sampling": None if self.control else self.sampling}
 
     def as_dict(self) -> dict[str, Any]:
         """The scenario as one flat table (its keys filled with their defaults): what ``experiment.json``
