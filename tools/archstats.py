@@ -1,8 +1,9 @@
 """Architecture figures of the fastflip source tree, read from the code with ``ast``.
 
 Counts modules, lines, import cycles (over every runtime import, and again with the ``if TYPE_CHECKING:``
-imports), function-level internal imports and the places that define
-the word rule ``((old & and) | or) ^ xor``; ``tests/test_layers.py`` uses :func:`import_graph` to
+imports), function-level internal imports, the places that define
+the word rule ``((old & and) | or) ^ xor`` and the public forms that say how many sites to hit
+(:func:`sampling_forms`); ``tests/test_layers.py`` uses :func:`import_graph` to
 enforce the layering. Run from the repository root::
 
     python tools/archstats.py            # figures as a small table

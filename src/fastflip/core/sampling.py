@@ -18,8 +18,8 @@ Distributions
 mapping ``{tensor name: weight}``
     A tensor is chosen with the given (relative) weights, then an element in it.
 
-Modes
------
+Modes (the amount of a :class:`~fastflip.core.spec.Sampling`)
+---------------------------------------------------------------
 ``count=K``  exactly K sites. For ``flip`` (and single-bit stuck-at) a site is an
 (element, bit) pair, otherwise an element. Without replacement (default) no site
 is drawn twice; K larger than the number of distinct sites raises
