@@ -38,6 +38,7 @@ from act_models import resnet18  # noqa: E402
 import fastflip  # noqa: E402
 from fastflip import live  # noqa: E402
 from fastflip.core.sampling import SiteSpace  # noqa: E402
+from fastflip.core.spec import Sampling  # noqa: E402
 
 BATCH = 64
 
@@ -123,8 +124,8 @@ def test_weight_trial_fastflip(benchmark, setup) -> None:
     model, _, _ = setup
     tg = live.targets({f"model/{k}": v for k, v in model.state_dict().items()})  # the module's own storage
     space = SiteSpace([r for r in tg.refs() if r.name.endswith(".weight") and len(r.shape) == 4])
-    counter = itertools.count()
-    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(seed=6, stream=(next(counter),), count=1))))
+    counter, one = itertools.count(), Sampling(count=1)
+    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(one, seed=6, stream=(next(counter),)))))
 
 
 def test_weight_trial_pytorchfi(benchmark, setup) -> None:

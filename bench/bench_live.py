@@ -13,6 +13,7 @@ import pytest
 
 from fastflip import live
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 from resnet50 import resnet50_arrays
 
 
@@ -28,7 +29,7 @@ def resnet() -> tuple[live.Targets, SiteSpace, dict[str, np.ndarray]]:
 def test_trial_same_plan(benchmark, resnet, flips: int) -> None:
     """One trial = inject + revert of a plan generated once and applied many times."""
     tg, space, arrays = resnet
-    plan = space.plan(seed=1, count=flips)
+    plan = space.plan(Sampling(count=flips), seed=1)
     benchmark(lambda: live.revert(tg, live.inject(tg, plan)))
 
 
@@ -36,7 +37,8 @@ def test_trial_same_plan(benchmark, resnet, flips: int) -> None:
 def test_trial_fresh_plan(benchmark, resnet, flips: int) -> None:
     """inject + revert of a plan never seen before (its validation included; sampling not included)."""
     tg, space, arrays = resnet
-    plans = iter([space.plan(seed=2, stream=(i,), count=flips) for i in range(3000)])
+    k = Sampling(count=flips)
+    plans = iter([space.plan(k, seed=2, stream=(i,)) for i in range(3000)])
     benchmark.pedantic(lambda p: live.revert(tg, live.inject(tg, p)), setup=lambda: ((next(plans),), {}),
                        rounds=2500, warmup_rounds=0)
 
@@ -45,14 +47,14 @@ def test_trial_fresh_plan(benchmark, resnet, flips: int) -> None:
 def test_trial_sample_inject_revert(benchmark, resnet, flips: int) -> None:
     """A whole statistical trial: draw the plan (seeded), inject, revert."""
     tg, space, arrays = resnet
-    counter = itertools.count()
-    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(seed=3, stream=(next(counter),), count=flips))))
+    counter, k = itertools.count(), Sampling(count=flips)
+    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(k, seed=3, stream=(next(counter),)))))
 
 
 def test_bulk_inject_1m(benchmark, resnet) -> None:
     """1M flips: inject alone (the plan prepared once; each round reverts outside the timing)."""
     tg, space, arrays = resnet
-    plan = space.plan(seed=4, count=1_000_000)
+    plan = space.plan(Sampling(count=1_000_000), seed=4)
     state = {}
 
     def setup():
@@ -70,7 +72,7 @@ def test_bulk_inject_1m(benchmark, resnet) -> None:
 
 def test_bulk_inject_revert_1m(benchmark, resnet) -> None:
     tg, space, arrays = resnet
-    plan = space.plan(seed=5, count=1_000_000)
+    plan = space.plan(Sampling(count=1_000_000), seed=5)
     benchmark.pedantic(lambda: live.revert(tg, live.inject(tg, plan)), rounds=20, warmup_rounds=1)
 
 
@@ -121,8 +123,8 @@ def test_torch_module_trial_fastflip(benchmark, torch_model, flips: int) -> None
     tg = live.targets(torch_model)
     convs = [r for r in tg.refs() if r.name.endswith(".weight") and len(r.shape) == 4]
     space = SiteSpace(convs)
-    counter = itertools.count()
-    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(seed=6, stream=(next(counter),), count=flips))))
+    counter, k = itertools.count(), Sampling(count=flips)
+    benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(k, seed=6, stream=(next(counter),)))))
 
 
 @pytest.mark.parametrize("flips", [1, 10])

@@ -37,10 +37,10 @@ def test_resnet18_trial_prepared(benchmark, resnet18, flips: int) -> None:
     tg = live.targets(resnet18)
     recs = live.select_live(tg, {"dtypes": ["float"]})
     space = fastflip.SiteSpace([t.ref() for t in recs])
-    counter = itertools.count()
+    counter, k = itertools.count(), fastflip.Sampling(count=flips)
 
     def trial() -> None:
-        live.revert(tg, live.inject(tg, space.plan(seed=1, stream=(next(counter),), count=flips)))
+        live.revert(tg, live.inject(tg, space.plan(k, seed=1, stream=(next(counter),))))
 
     benchmark(trial)
 

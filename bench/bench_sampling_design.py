@@ -5,7 +5,7 @@ Both sample one (element, bit) site of a cell over ResNet-50-sized float32 weigh
 
 * ``permutation``: :func:`fastflip.campaign.cells.trial_sites` (Feistel permutation keyed by (seed, cell,
   pass), cached per worker) then ``SiteSpace.plan_sites`` (Philox of (seed, cell, trial) for random parts);
-* ``independent``: fastflip 0.1's ``SiteSpace.plan(seed, stream=(cell, trial), count=1)``.
+* ``independent``: fastflip 0.1's ``SiteSpace.plan(Sampling(count=1), seed, stream=(cell, trial))``.
 
 Run: ``pytest bench/bench_sampling_design.py --benchmark-only --benchmark-columns=min,median,max,rounds``
 """
@@ -20,6 +20,7 @@ import pytest
 from fastflip.campaign.cells import Cell, trial_sites
 from fastflip.core.plan import TensorRef
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TRIALS = 2000
@@ -53,9 +54,11 @@ def test_permutation_sampler(benchmark, space):
 def test_independent_draw(benchmark, space):
     sp, _ = space
 
+    one = Sampling(count=1, model="flip")
+
     def run():
         for t in range(TRIALS):
-            sp.plan(seed=1, stream=(0, t), count=1, model="flip")
+            sp.plan(one, seed=1, stream=(0, t))
 
     benchmark.pedantic(run, rounds=5, iterations=1)
     benchmark.extra_info["per_trial_us"] = benchmark.stats.stats.min / TRIALS * 1e6

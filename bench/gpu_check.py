@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from fastflip.core.dtypes import word_type  # noqa: E402
 from fastflip.core.faults import FaultModel  # noqa: E402
+from fastflip.core.spec import Sampling  # noqa: E402
 from fastflip.core.plan import TensorRef  # noqa: E402
 from fastflip.core.records import TensorTable  # noqa: E402
 from fastflip.core.reference import apply_plan  # noqa: E402
@@ -92,7 +93,7 @@ def check_correctness(n_elem: int, n_sites: int, engine: str = "auto") -> list[s
         dtypes = [d for d in DTYPES if not (multi_bit and d == "|b1")]  # bool has one allowed bit
         host = {f"t_{np.dtype(d).name}": random_words(d, n_elem + 7 * i, rng) for i, d in enumerate(dtypes)}
         refs = [TensorRef(k, v.dtype.str, v.shape) for k, v in host.items()]
-        plan = SiteSpace(refs).plan(seed=7, count=n_sites, model=model)
+        plan = SiteSpace(refs).plan(Sampling(count=n_sites, model=model), seed=7)
         oracle = {k: v.copy() for k, v in host.items()}
         exp_old, exp_new = apply_plan(oracle, plan)
         expected = exact_expected(host, plan, exp_new)
@@ -160,7 +161,8 @@ def check_torch_cuda(engine: str = "auto") -> list[str]:
     rng = np.random.default_rng(5)
     a = random_words("<f4", 1 << 16, rng)
     t = {"w": torch.from_numpy(a.copy()).cuda()}
-    plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(seed=3, count=5000, model=FaultModel("random-bits", n=2))
+    two_bits = Sampling(count=5000, model=FaultModel("random-bits", n=2))
+    plan = SiteSpace([TensorRef("w", "<f4", a.shape)]).plan(two_bits, seed=3)
     oracle = {"w": a.copy()}
     _, exp_new = apply_plan(oracle, plan)
     log = live.inject(t, plan, backend=engine)
@@ -210,7 +212,7 @@ def throughput(flips_list: list[int], engine: str = "auto") -> dict[str, float]:
         del elem, tid, offs, xor, sites
         cupy.get_default_memory_pool().free_all_blocks()
     space = SiteSpace(tg.refs())
-    plan = space.plan(seed=1, count=1_000_000)
+    plan = space.plan(Sampling(count=1_000_000), seed=1)
     live.revert(tg, live.inject(tg, plan, backend=engine), backend=engine)  # prepare (device columns cached), compile
     t0 = time.perf_counter()
     for _ in range(5):
@@ -248,7 +250,7 @@ def check_devices(engine: str = "auto") -> list[str]:
         elif k.startswith("torch"):
             tensors[k] = torch.from_numpy(v.copy()).to(f"cuda:{k[5:]}")
     refs = [TensorRef(k, v.dtype.str, v.shape) for k, v in host.items()]
-    plan = SiteSpace(refs).plan(seed=9, count=20_000, model=FaultModel("random-bits", n=2))
+    plan = SiteSpace(refs).plan(Sampling(count=20_000, model=FaultModel("random-bits", n=2)), seed=9)
     oracle = {k: v.copy() for k, v in host.items()}
     exp_old, exp_new = apply_plan(oracle, plan)
     tg = live.targets(tensors)
@@ -282,7 +284,7 @@ def check_streams(engine: str = "auto") -> list[str]:
     rng = np.random.default_rng(23)
     n = 1 << 22
     src = random_words("<f4", n, rng)
-    plan = SiteSpace([TensorRef("x", "<f4", (n,))]).plan(seed=4, count=50_000)
+    plan = SiteSpace([TensorRef("x", "<f4", (n,))]).plan(Sampling(count=50_000), seed=4)
     oracle = {"x": src.copy()}
     _, exp_new = apply_plan(oracle, plan)
     for d in _devices():

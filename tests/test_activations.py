@@ -19,6 +19,7 @@ from fastflip.errors import BitRangeError, FastflipError, OptionError, Selection
 from fastflip.core.plan import TensorRef
 from fastflip.core.reference import apply_plan
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 
 pytestmark = pytest.mark.framework
 
@@ -58,7 +59,7 @@ def test_per_sample_faults_match_reference(dtype: str, fault: str) -> None:
     space = SiteSpace([ref])
     g, f = words(golden), words(faulted)
     for b in range(len(x)):
-        plan = space.plan(seed=11, stream=(b,), count=2, model=fault)  # trial b from its key alone
+        plan = space.plan(Sampling(count=2, model=fault), seed=11, stream=(b,))  # trial b from its key alone
         arrays = {"head": g[b].copy() if dtype == "bfloat16" else golden[b].numpy().copy()}  # bf16: its words
         old, new = apply_plan(arrays, plan)
         assert np.array_equal(arrays["head"].view(f.dtype), f[b]), (fault, dtype, b)
@@ -90,7 +91,7 @@ def test_unfaulted_samples_are_bit_identical_and_logged_faults_independent() -> 
     # each sample's sites are its own draw: regenerate them from (seed, b)
     space = SiteSpace([TensorRef("body.block.conv1", "<f4", (8, 8, 8))])
     for b in range(16):
-        plan = space.plan(seed=5, stream=(b,), rate=0.002)
+        plan = space.plan(Sampling(rate=0.002), seed=5, stream=(b,))
         assert sorted(log.index[log.sample == b].tolist()) == sorted(plan.index.tolist())
     assert len({tuple(log.index[log.sample == b]) for b in hit}) == len(hit)
 

@@ -13,6 +13,7 @@ from fastflip.errors import OptionError, SelectionError
 from fastflip.core.plan import TensorRef
 from fastflip.core.reference import apply_plan
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 
 pytestmark = pytest.mark.framework
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -65,7 +66,7 @@ def test_keras_per_sample_faults_match_reference(fault: str) -> None:
     space = SiteSpace([TensorRef("head", "<f4", (3,))])
     for b in range(5):
         arrays = {"head": golden[b].copy()}
-        apply_plan(arrays, space.plan(seed=2, stream=(b,), count=1, model=fault))
+        apply_plan(arrays, space.plan(Sampling(count=1, model=fault), seed=2, stream=(b,)))
         assert np.array_equal(arrays["head"].view(np.uint32), faulted[b].view(np.uint32))
     assert not any(instance_calls(model))  # every wrapped call restored
     assert np.array_equal(np.array(model(x)), golden)

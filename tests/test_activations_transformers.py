@@ -19,6 +19,7 @@ import pytest
 from conftest import require
 import fastflip
 from fastflip.errors import OptionError
+from fastflip.core.spec import Sampling
 
 pytestmark = pytest.mark.framework
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -313,7 +314,7 @@ def test_one_call_selected_by_number_and_a_fixed_plan_of_it_match_a_patched_matm
         clean = model(x).logits
         refs = layer_outputs(model, lambda: model(x), sel)
         assert [(r.name, r.shape) for r in refs] == [("transformer.h.0.attn:matmul#1", (2, 7, 16))]
-        plan = SiteSpace(refs, bits="30").plan(seed=9, count=2)  # a campaign trial's plan: every sample
+        plan = SiteSpace(refs, bits="30").plan(Sampling(count=2), seed=9)  # a campaign trial's plan: every sample
         with fastflip.injected_activations(model, 9, plan=plan) as log:
             faulted = model(x).logits
         with pytest.raises(OptionError, match=r"transformer\.h\.0\.attn:matmul#2 never ran: .* ran 2 time"):

@@ -13,6 +13,7 @@ from fastflip.campaign.cells import Cell, block_trial_sites, trial_sites
 from fastflip.errors import OptionError
 from fastflip.core.plan import TensorRef
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 
 MIXED = [TensorRef("conv.w", "<f4", (8, 3, 3, 3)), TensorRef("bn.mean", ">f4", (8,)), TensorRef("h", "<f2", (5, 7)),
          TensorRef("b16", "bfloat16", (33,)), TensorRef("fc.w", "<f8", (10, 4)), TensorRef("steps", "<i8", (3,))]
@@ -77,14 +78,15 @@ def test_draw_block_equals_each_trial(distribution, mode, model):
     space = _space("all", distribution=distribution)
     for seed, B in [(0, 1), (11, 7), (2**33, 20)]:
         streams = [(1, j) for j in range(B)]
-        block = plan_block(space, seed=seed, streams=streams, model=model, **mode)
+        spec = Sampling(model=model, **mode)
+        block = plan_block(space, spec, seed=seed, streams=streams)
         for j in range(B):
-            assert same_plan(block.plan(j), space.plan(seed=seed, stream=streams[j], model=model, **mode))
+            assert same_plan(block.plan(j), space.plan(spec, seed=seed, stream=streams[j]))
 
 
 def test_from_plans_round_trip_and_offsets():
     space = _space("all")
-    plans = [space.plan(seed=3, stream=(j,), count=1 + j % 3) for j in range(6)]
+    plans = [space.plan(Sampling(count=1 + j % 3), seed=3, stream=(j,)) for j in range(6)]
     block = PlanBlock.from_plans(plans)
     assert block.starts.tolist() == [0, 1, 3, 6, 7, 9, 12] and not hasattr(block, "offsets")
     assert block.trial_of_row.tolist() == [0, 1, 1, 2, 2, 2, 3, 4, 4, 5, 5, 5]

@@ -17,6 +17,7 @@ from fastflip.core.dtypes import word_type
 from fastflip.core.floatformats import FORMATS, decode, encode, nonfinite_words
 from fastflip.core.plan import TensorRef
 from fastflip.core.reference import apply_plan, format_scale_word, format_value
+from fastflip.core.spec import Sampling
 from fastflip.files.select import Selection, select
 from fastflip.core.wordrule import nonfinite, scale_words, words_to_values
 from user_models import torch_classes
@@ -103,7 +104,7 @@ def test_plans_on_formats_match_the_reference_oracle(fmt: str) -> None:
     assert ref.format == fmt and np.dtype(ref.dtype).newbyteorder("=") == f.storage.newbyteorder("=")
     space = fastflip.SiteSpace([ref], bits="exponent")
     for model in ("flip", "adjacent:2", "stuck-at-1", "scale:-2.5"):
-        plan = space.plan(seed=1, count=10, model=model)
+        plan = space.plan(Sampling(count=10, model=model), seed=1)
         a = {"w": arr.copy()}
         old, new = apply_plan(a, plan)
         words = arr.copy()

@@ -20,6 +20,7 @@ from conftest import require
 from fastflip import live
 from fastflip.errors import BitRangeError, LogMismatchError, OptionError, PlanMismatchError, SelectionError
 from fastflip.files.select import Selection
+from fastflip.core.spec import Sampling
 from user_models import keras_subclassed, torch_classes
 
 pytestmark = pytest.mark.framework
@@ -364,7 +365,7 @@ def test_sitespace_and_inject_file_leave_out_fieldless_tensors(tmp_path) -> None
     space = SiteSpace([TensorRef("w", "<f4", (10,)), TensorRef("n", "<i8", ()), TensorRef("h", "<f2", (4,))],
                       bits="exponent-msb")
     assert [t.name for t in space.tensors] == ["w", "h"] and space.left_out["tensors"] == ["n"]
-    plan = space.plan(seed=0, count=14)
+    plan = space.plan(Sampling(count=14), seed=0)
     assert {hex(int(b)) for b, t in zip(plan.bits, plan.tensor)} == {"0x40000000", "0x4000"}
     assert SiteSpace([TensorRef("n", "<i8", ())], bits="sign").tensors[0].name == "n"  # signed ints have a sign
     with pytest.raises(BitRangeError, match=r"u \(uint8\)"):

@@ -12,6 +12,7 @@ import pytest
 from conftest import require
 from fastflip import live
 from fastflip.core.plan import Plan, TensorRef
+from fastflip.core.spec import Sampling
 from fastflip.errors import LogMismatchError, StaleTargetError
 
 SIGN = 1 << 31
@@ -187,7 +188,7 @@ def test_the_per_trial_path_checks_storage_too(count):
 
     net = torch.nn.Linear(16, 16)
     tg = live.targets(net)
-    plan = SiteSpace(tg.refs(), bits=30).plan(seed=1, stream=(0,), count=count)
+    plan = SiteSpace(tg.refs(), bits=30).plan(Sampling(count=count), seed=1, stream=(0,))
     live.revert(tg, live.inject(tg, plan))  # prepared and cached while fresh
     before = net.weight.detach().clone()
     net.weight.data = before.clone()

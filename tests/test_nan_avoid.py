@@ -15,6 +15,7 @@ from fastflip.cli import main
 from fastflip.errors import FastflipError
 from fastflip.core.plan import TensorRef
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 from fastflip.core.wordrule import nonfinite
 
 MODELS = ["flip", "random-bits:2", "random-bits:5", "adjacent:3", "stuck-at-1", "stuck-at-1:3", "stuck-at-0:2",
@@ -63,8 +64,8 @@ def test_avoid_never_crashes_and_never_leaves_nonfinite(model, dtype, n, frac, s
     cap = space.n_pairs if pairs else space.n_elements
     k = max(1, int(frac * cap))
     try:
-        plan = space.plan(seed=seed, count=k, model=model, replace=replace, nan_policy="avoid",
-                          read_words=_words_reader(arrays))
+        avoid = Sampling(count=k, model=model, replace=replace, nan_policy="avoid")
+        plan = space.plan(avoid, seed=seed, read_words=_words_reader(arrays))
     except FastflipError:
         return  # a clear one-line error (NaN/Inf unavoidable, too few bits): never an IndexError
     if pairs and not replace:

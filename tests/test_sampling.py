@@ -11,6 +11,7 @@ from fastflip.core.faults import FaultModel
 from fastflip.core.plan import Plan, TensorRef, compose_masks, merge_duplicate_elements
 from fastflip.core.reference import apply_plan, word_rule
 from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
 
 REFS = [TensorRef("a", "<f4", (10,)), TensorRef("b", "<f4", (100,)), TensorRef("c", "<f4", (30, 30)),
         TensorRef("d", "<f4", (5000,))]
@@ -27,17 +28,18 @@ def site_keys(plan: Plan) -> set[tuple[int, int, int]]:
 
 def test_same_seed_same_sites_other_seed_other_sites():
     sp = SiteSpace(REFS)
-    p1, p2, p3 = sp.plan(seed=5, count=200), sp.plan(seed=5, count=200), sp.plan(seed=6, count=200)
+    k = Sampling(count=200)
+    p1, p2, p3 = sp.plan(k, seed=5), sp.plan(k, seed=5), sp.plan(k, seed=6)
     assert site_keys(p1) == site_keys(p2)
     assert site_keys(p1) != site_keys(p3)
     # the stream is part of the key; a fresh SiteSpace gives the same sites
-    assert site_keys(SiteSpace(REFS).plan(seed=5, count=200)) == site_keys(p1)
-    assert site_keys(sp.plan(seed=5, stream=(1, 2), count=200)) != site_keys(p1)
+    assert site_keys(SiteSpace(REFS).plan(Sampling(count=200), seed=5)) == site_keys(p1)
+    assert site_keys(sp.plan(Sampling(count=200), seed=5, stream=(1, 2))) != site_keys(p1)
 
 
 @pytest.mark.parametrize("k", [1, 7, 500, 5000, 20000])
 def test_exact_count_distinct_sites(k):
-    p = SiteSpace(REFS, bits="0-7").plan(seed=1, count=k)
+    p = SiteSpace(REFS, bits="0-7").plan(Sampling(count=k), seed=1)
     assert p.meta["flips"] == k
     assert len(site_keys(p)) == k  # no (element, bit) twice
     assert len(set(zip(p.tensor.tolist(), p.index.tolist()))) == len(p)  # unique elements in the plan
@@ -45,15 +47,15 @@ def test_exact_count_distinct_sites(k):
 
 def test_dense_and_full_capacity():
     refs = [TensorRef("x", "<u1", (4,)), TensorRef("y", "<u1", (3,))]
-    p = SiteSpace(refs).plan(seed=0, count=7 * 8)  # every bit of every element
+    p = SiteSpace(refs).plan(Sampling(count=7 * 8), seed=0)  # every bit of every element
     assert len(site_keys(p)) == 56 and len(p) == 7
     with pytest.raises(CapacityError, match="only 56"):
-        SiteSpace(refs).plan(seed=0, count=57)
+        SiteSpace(refs).plan(Sampling(count=57), seed=0)
 
 
 def test_replace_allows_repeats():
     refs = [TensorRef("x", "<u1", (1,))]
-    p = SiteSpace(refs, bits="0").plan(seed=0, count=3, replace=True)
+    p = SiteSpace(refs, bits="0").plan(Sampling(count=3, replace=True), seed=0)
     assert len(p) == 1 and int(p.xor_mask[0]) == 1  # three flips of one bit == one flip
 
 
@@ -63,7 +65,7 @@ def test_element_distribution_is_proportional_to_size():
     sp = SiteSpace(REFS)
     hits = np.zeros(len(REFS))
     for s in range(20):
-        p = sp.plan(seed=s, count=300)
+        p = sp.plan(Sampling(count=300), seed=s)
         hits += np.bincount(p.tensor, weights=np.bitwise_count(p.bits), minlength=len(REFS))
     sizes = np.array([r.size for r in REFS], float)
     expected = hits.sum() * sizes / sizes.sum()
@@ -72,7 +74,7 @@ def test_element_distribution_is_proportional_to_size():
     pt = SiteSpace(REFS, distribution="tensor")
     th = np.zeros(len(REFS))
     for s in range(20):
-        q = pt.plan(seed=s, count=40)
+        q = pt.plan(Sampling(count=40), seed=s)
         th += np.bincount(q.tensor, weights=np.bitwise_count(q.bits), minlength=len(REFS))
     assert chi2(th, np.full(len(REFS), th.sum() / len(REFS))).pvalue > 1e-3
 
@@ -84,18 +86,18 @@ def test_tensor_distribution_draws_distinct_sites_in_succession():
     refs = [TensorRef("big", "<f4", (64,)), TensorRef("small", "<f4", (2,))]
     sp = SiteSpace(refs, bits="30", distribution="tensor")
     n = 3000
-    first = sum(int(sp.plan(seed=9, stream=(i,), count=1).tensor[0]) for i in range(n)) / n
-    both = sum(int((sp.plan(seed=9, stream=(i,), count=2).tensor == 1).sum() == 2) for i in range(n)) / n
+    first = sum(int(sp.plan(Sampling(count=1), seed=9, stream=(i,)).tensor[0]) for i in range(n)) / n
+    both = sum(int((sp.plan(Sampling(count=2), seed=9, stream=(i,)).tensor == 1).sum() == 2) for i in range(n)) / n
     assert abs(first - 1 / 2) < 4 * (1 / 4 / n) ** 0.5  # 4 standard deviations
     assert abs(both - 1 / 6) < 4 * (5 / 36 / n) ** 0.5
     weighted = SiteSpace(refs, bits="30", distribution={"big": 1.0, "small": 3.0})
-    share = sum(int(weighted.plan(seed=9, stream=(i,), count=1).tensor[0]) for i in range(n)) / n
+    share = sum(int(weighted.plan(Sampling(count=1), seed=9, stream=(i,)).tensor[0]) for i in range(n)) / n
     assert abs(share - 3 / 4) < 4 * (3 / 16 / n) ** 0.5
 
 
 def test_weights():
     sp = SiteSpace(REFS, distribution={"a": 0.0, "b": 1.0, "d": 3.0})
-    p = sp.plan(seed=3, count=400)
+    p = sp.plan(Sampling(count=400), seed=3)
     hits = np.bincount(p.tensor, minlength=4)
     assert hits[0] == 0 and hits[2] == 0 and hits[3] > hits[1] > 0
     with pytest.raises(OptionError, match="not selected"):
@@ -104,9 +106,9 @@ def test_weights():
 
 def test_rate_and_ber_binomial_counts():
     refs = [TensorRef("w", "<f4", (100_000,))]
-    p = SiteSpace(refs).plan(seed=1, rate=0.01)
+    p = SiteSpace(refs).plan(Sampling(rate=0.01), seed=1)
     assert abs(len(p) - 1000) < 150 and p.meta["drawn"] == len(p)
-    q = SiteSpace(refs, bits="0-15").plan(seed=1, ber=1e-3)
+    q = SiteSpace(refs, bits="0-15").plan(Sampling(ber=1e-3), seed=1)
     assert abs(q.meta["flips"] - 1600) < 200
 
 
@@ -114,39 +116,39 @@ def test_rate_and_ber_binomial_counts():
 def test_bits_stay_in_range_and_width(dtype):
     refs = [TensorRef("w", dtype, (64,))]
     width = np.dtype(dtype).itemsize * 8
-    p = SiteSpace(refs, bits=f"0-{width - 1}").plan(seed=2, count=64)
+    p = SiteSpace(refs, bits=f"0-{width - 1}").plan(Sampling(count=64), seed=2)
     assert all(int(b) >> width == 0 for b in p.bits)
     with pytest.raises(BitRangeError):
-        SiteSpace(refs, bits=str(width)).plan(seed=2, count=1)
+        SiteSpace(refs, bits=str(width)).plan(Sampling(count=1), seed=2)
 
 
 def test_fault_models_masks():
     refs = [TensorRef("w", "<f4", (1000,))]
     allowed = 0x00FF_FF00
     sp = SiteSpace(refs, bits="8-23")
-    burst = sp.plan(seed=1, count=50, model="burst:3")
+    burst = sp.plan(Sampling(count=50, model="burst:3"), seed=1)
     assert all(bin(int(x)).count("1") == 3 and int(x) & ~allowed == 0 for x in burst.xor_mask)
-    adj = sp.plan(seed=1, count=50, model="adjacent:4")
+    adj = sp.plan(Sampling(count=50, model="adjacent:4"), seed=1)
     for x in adj.xor_mask:
         x = int(x)
         low = (x & -x).bit_length() - 1
         assert x == 0b1111 << low and x & ~allowed == 0
-    mask_r = sp.plan(seed=1, count=50, model="mask:0b101@random")
+    mask_r = sp.plan(Sampling(count=50, model="mask:0b101@random"), seed=1)
     assert all(int(x) & ~allowed == 0 and bin(int(x)).count("1") == 2 for x in mask_r.xor_mask)
-    mask_f = sp.plan(seed=1, count=5, model="mask:0x3")
+    mask_f = sp.plan(Sampling(count=5, model="mask:0x3"), seed=1)
     assert {int(x) for x in mask_f.xor_mask} == {3}
-    s0 = sp.plan(seed=1, count=20, model="stuck-at-0")
+    s0 = sp.plan(Sampling(count=20, model="stuck-at-0"), seed=1)
     assert all(int(~a) & 0xFFFFFFFF & ~allowed == 0 for a in s0.and_mask)
-    s1 = sp.plan(seed=1, count=20, model="stuck-at-1:2")
+    s1 = sp.plan(Sampling(count=20, model="stuck-at-1:2"), seed=1)
     assert all(bin(int(o)).count("1") == 2 for o in s1.or_mask)
-    rv = sp.plan(seed=1, count=20, model="random-value")
+    rv = sp.plan(Sampling(count=20, model="random-value"), seed=1)
     assert all(int(o) & ~allowed == 0 for o in rv.or_mask)
-    z = sp.plan(seed=1, count=5, model="zero")
+    z = sp.plan(Sampling(count=5, model="zero"), seed=1)
     assert all(int(a) == 0 for a in z.and_mask)
-    sc = sp.plan(seed=1, count=5, model="scale:-2")
+    sc = sp.plan(Sampling(count=5, model="scale:-2"), seed=1)
     assert np.all(sc.scale == -2.0)
     with pytest.raises(OptionError):
-        SiteSpace(refs, bits="0-1").plan(seed=1, count=1, model="adjacent:3")
+        SiteSpace(refs, bits="0-1").plan(Sampling(count=1, model="adjacent:3"), seed=1)
 
 
 def test_merge_composes_like_sequential_application():
@@ -184,21 +186,21 @@ def test_nan_avoid_resamples_and_fails_cleanly():
         return words[p.index]
 
     sp = SiteSpace(refs, bits="exponent-msb")
-    p = sp.plan(seed=4, count=50, nan_policy="avoid", read_words=read)
+    p = sp.plan(Sampling(count=50, nan_policy="avoid"), seed=4, read_words=read)
     assert len(p) == 50 and (p.index >= 100).all()
     assert p.meta["nan_resampled"] > 0
     with pytest.raises(NaNPolicyError, match="NaN/Inf"):
-        sp.plan(seed=4, count=150, nan_policy="avoid", read_words=read)
+        sp.plan(Sampling(count=150, nan_policy="avoid"), seed=4, read_words=read)
     with pytest.raises(OptionError):
-        sp.plan(seed=4, count=1, nan_policy="avoid")
+        sp.plan(Sampling(count=1, nan_policy="avoid"), seed=4)
 
 
 def test_mode_and_option_errors():
     sp = SiteSpace(REFS)
     with pytest.raises(OptionError, match="exactly one"):
-        sp.plan(seed=1, count=1, rate=0.1)
+        sp.plan(Sampling(count=1, rate=0.1), seed=1)
     with pytest.raises(OptionError):
-        sp.plan(seed=-1, count=1)
+        sp.plan(Sampling(count=1), seed=-1)
     with pytest.raises(OptionError):
         FaultModel("nonsense")
     with pytest.raises(OptionError):
@@ -239,12 +241,26 @@ def test_bulk_path_exact_distinct_and_proportional():
     refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]
     sp = SiteSpace(refs, bits="0-7")
     k = sampling._BULK + 1000
-    p = sp.plan(seed=3, count=k)
+    p = sp.plan(Sampling(count=k), seed=3)
     keys = p.tensor.astype(np.int64) * 2**40 + p.index
     assert p.meta["flips"] == k and len(np.unique(keys)) == len(p) and int(np.bitwise_count(p.bits).sum()) == k
-    assert np.array_equal(p.index, sp.plan(seed=3, count=k).index)
+    assert np.array_equal(p.index, sp.plan(Sampling(count=k), seed=3).index)
     hits = np.bincount(p.tensor, weights=np.bitwise_count(p.bits), minlength=3)
     sizes = np.array([r.size for r in refs], float)
     assert chi2(hits, hits.sum() * sizes / sizes.sum()).pvalue > 1e-3
-    q = SiteSpace(refs, bits="0-7").plan(seed=3, ber=k / (sizes.sum() * 8))
+    q = SiteSpace(refs, bits="0-7").plan(Sampling(ber=k / (sizes.sum() * 8)), seed=3)
     assert abs(q.meta["flips"] - k) < 5 * np.sqrt(k)
+
+
+def test_plan_takes_a_sampling_that_agrees_with_the_space():
+    """SiteSpace.plan takes a Sampling: the space's bits and distribution, the Sampling's amount and model."""
+    space = SiteSpace(REFS, bits="exponent")
+    named = space.plan(Sampling(bits="exponent", count=30, model="stuck-at-1"), seed=4, stream=(2,))
+    unnamed = space.plan(Sampling(count=30, model="stuck-at-1"), seed=4, stream=(2,))
+    assert site_keys(named) == site_keys(unnamed) and named.or_mask.tolist() == unnamed.or_mask.tolist()
+    with pytest.raises(OptionError, match=r"bits \(sign\) are not the site space's \(exponent\)"):
+        space.plan(Sampling(bits="sign", count=1), seed=1)
+    with pytest.raises(OptionError, match="distribution"):
+        space.plan(Sampling(count=1, distribution="tensor"), seed=1)
+    with pytest.raises(TypeError):  # the amount is said by a Sampling only
+        space.plan(seed=1, count=1)

@@ -122,7 +122,7 @@ def test_the_cli_and_an_experiment_scenario_draw_what_the_spec_draws(tmp_path) -
         {"name": "c", "epoch": 1, "control": True}]})
     s, c = cfg.scenarios
     assert s.sampling == Sampling(bits="exponent-msb", count=4, nan_policy="avoid")
-    assert c.sampling is None and c.inject_kwargs()["sampling"] is None
+    assert c.sampling == Sampling(bits="exponent-msb", count=0) and c.inject_kwargs()["sampling"] is None
     with pytest.raises(OptionError, match=r"scenarios\[0\]\.nan_policy"):
         ExperimentConfig.from_dict({"epochs": 1, "scenarios": [{"name": "s", "epoch": 1, "count": 1,
                                                                 "nan_policy": "never"}]})

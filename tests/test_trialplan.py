@@ -19,18 +19,19 @@ from fastflip.core.plan import Plan, TensorRef
 from fastflip.core.rawdraws import FLOYD_MAX, RawDraws
 from fastflip.core.sampling import SiteSpace, generator
 from fastflip.core.seedkey import keyed_generator, seed_state
+from fastflip.core.spec import Sampling
 from fastflip.errors import CapacityError, OptionError
 
 MODELS = [None, "flip", "stuck-at-0", "stuck-at-1", "stuck-at-1:2", "random-bits:3", "adjacent:2", "mask:0b101@random",
           "mask:0b11", "random-value", "zero", "scale:2.0"]
 
 
-def _general(space: SiteSpace, **kw) -> Plan:
+def _general(space: SiteSpace, spec: Sampling, **where) -> Plan:
     """The plan of the general path (the lean path switched off)."""
     lean = sampling.lean_plan
     sampling.lean_plan = lambda *a, **k: None
     try:
-        return space.plan(**kw)
+        return space.plan(spec, **where)
     finally:
         sampling.lean_plan = lean
 
@@ -47,8 +48,10 @@ def _outcome(draw):
         return None, (type(exc), str(exc))
 
 
-def _same(space: SiteSpace, **kw) -> Plan | None:
-    (fast, fast_err), (slow, slow_err) = _outcome(lambda: space.plan(**kw)), _outcome(lambda: _general(space, **kw))
+def _same(space: SiteSpace, seed: int, stream: tuple = (), **kw) -> Plan | None:
+    spec = Sampling(**{k: v for k, v in kw.items() if v is not None})  # model None: the default, flip
+    (fast, fast_err), (slow, slow_err) = (_outcome(lambda: space.plan(spec, seed=seed, stream=stream)),
+                                          _outcome(lambda: _general(space, spec, seed=seed, stream=stream)))
     assert fast_err == slow_err, kw
     if fast is None:
         return None
@@ -70,7 +73,7 @@ def test_lean_path_is_taken(mixed: SiteSpace, monkeypatch) -> None:
     calls = []
     real = sampling.lean_plan
     monkeypatch.setattr(sampling, "lean_plan", lambda *a, **k: calls.append(a) or real(*a, **k))
-    mixed.plan(seed=1, count=2)
+    mixed.plan(Sampling(count=2), seed=1)
     assert len(calls) == 1
 
 
@@ -79,7 +82,7 @@ def test_lean_path_is_taken(mixed: SiteSpace, monkeypatch) -> None:
 def test_lean_path_serves_trials_alone(mixed: SiteSpace, kw, monkeypatch) -> None:
     """A trial's plan never builds the general path's generator (SeedSequence + Philox + Generator)."""
     monkeypatch.setattr(sampling, "generator", lambda *a: pytest.fail("the general path ran"))
-    assert mixed.plan(seed=4, stream=(2,), **kw).meta["requested_sites"] >= 1
+    assert mixed.plan(Sampling(**kw), seed=4, stream=(2,)).meta["requested_sites"] >= 1
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -129,11 +132,11 @@ def test_rejection_and_fallbacks_give_the_general_plan() -> None:
     for kw in ({"count": 0}, {"count": 600}, {"count": 64, "model": "zero"}, {"count": 5000, "replace": True}):
         _same(space, seed=3, **kw)
     with pytest.raises(CapacityError):
-        space.plan(seed=1, count=65, model="zero")
+        space.plan(Sampling(count=65, model="zero"), seed=1)
     with pytest.raises(OptionError, match="seed"):
-        space.plan(seed=-1, count=1)
+        space.plan(Sampling(count=1), seed=-1)
     with pytest.raises(ValueError):  # NumPy's SeedSequence refuses negative entropy on both paths
-        space.plan(seed=1, stream=(-1,), count=1)
+        space.plan(Sampling(count=1), seed=1, stream=(-1,))
 
 
 def test_lean_plan_applies_like_a_general_plan() -> None:
@@ -145,7 +148,7 @@ def test_lean_plan_applies_like_a_general_plan() -> None:
     space = SiteSpace(tg.refs())
     before = {k: v.copy() for k, v in arrays.items()}
     for i in range(20):
-        plan = space.plan(seed=5, stream=(i,), count=3)
+        plan = space.plan(Sampling(count=3), seed=5, stream=(i,))
         for col in (plan.tensor, plan.index, plan.and_mask, plan.or_mask, plan.xor_mask, plan.bits):
             col.flags.writeable = False
         log = live.inject(tg, plan)
@@ -263,7 +266,7 @@ def test_small_plans_prepare_like_the_general_check(monkeypatch) -> None:
               "d": np.zeros(2, np.int64)}
     tg = live.targets(arrays)
     space = SiteSpace(tg.refs())
-    plans = [space.plan(seed=i, count=1 + i % 16) for i in range(40)]
+    plans = [space.plan(Sampling(count=1 + i % 16), seed=i) for i in range(40)]
     small = [tg._prepare_small(p, tg._mapping(p.tensors)) for p in plans]
     monkeypatch.setattr(targets_mod, "_SMALL", 0)
     for p, s in zip(plans, small):

@@ -1,8 +1,9 @@
 """Architecture figures of the fastflip source tree, read from the code with ``ast``.
 
 Counts modules, lines, import cycles (over every runtime import, and again with the ``if TYPE_CHECKING:``
-imports), function-level internal imports and the places that define
-the word rule ``((old & and) | or) ^ xor``; ``tests/test_layers.py`` uses :func:`import_graph` to
+imports), function-level internal imports, the places that define
+the word rule ``((old & and) | or) ^ xor`` and the public forms that say how many sites to hit
+(:func:`sampling_forms`); ``tests/test_layers.py`` uses :func:`import_graph` to
 enforce the layering. Run from the repository root::
 
     python tools/archstats.py            # figures as a small table
@@ -199,28 +200,50 @@ def rule_sites(root: Path | None = None) -> list[str]:
     return found
 
 
-def sampling_forms(root: Path | None = None) -> list[str]:
-    """The functions and dataclasses that take an amount of sites as their own fields: ``module:name`` of each one
-    whose parameters (or annotated class fields) include ``count`` and ``rate`` or ``ber``.
+def _private(name: str) -> bool:
+    """A name a user is not meant to call: one leading underscore (a dunder such as ``__init__`` is public)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
-    Everything else takes a :class:`fastflip.core.spec.Sampling` (``sampling=``, or its fields as shorthand
-    keywords gathered by ``**`` into ``Sampling.of``); what is listed here says "how many sites" in a form of its own.
+
+def _amount_names(node: ast.AST) -> set[str]:
+    """A function's parameter names, or a class's annotated field names (a dataclass's fields)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = node.args
+        return {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+    if isinstance(node, ast.ClassDef):
+        return {b.target.id for b in node.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
+    return set()
+
+
+def sampling_forms(root: Path | None = None) -> list[str]:
+    """The public forms that say "how many sites" on their own: ``module:name`` (``module:Class.method`` for a
+    method) of every function, class or method whose parameters (for a class: annotated fields) include
+    ``count`` and ``rate`` or ``ber``.
+
+    Public means what a user can call by name: a module-level function or class, or a method of such a class,
+    where no part of the dotted name (module, class, function) starts with one underscore: private helpers
+    are not forms a user can say, and functions nested in functions are not reachable (neither is read).
+    Everything else takes a :class:`fastflip.core.spec.Sampling` (``sampling=``, or
+    its fields as shorthand keywords gathered by ``**`` into ``Sampling.of``), which is itself listed: the
+    target figure is 1.
     """
     root = root or ROOT
     graph = import_graph(root / "src")
     found = []
     for mod, path in sorted(graph.modules.items()):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                a = node.args
-                names = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
-            elif isinstance(node, ast.ClassDef):
-                names = {b.target.id for b in node.body
-                         if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
-            else:
+        if any(_private(part) for part in mod.split(".")):
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or _private(node.name):
                 continue
-            if "count" in names and names & {"rate", "ber"}:
-                found.append(f"{mod}:{node.name}")
+            named = [(node.name, node)]
+            if isinstance(node, ast.ClassDef):
+                named += [(f"{node.name}.{m.name}", m) for m in node.body
+                          if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _private(m.name)]
+            for name, n in named:
+                names = _amount_names(n)
+                if "count" in names and names & {"rate", "ber"}:
+                    found.append(f"{mod}:{name}")
     return found
 
 

@@ -9,7 +9,7 @@ evaluates the fault-free *golden* run once, and prepares one
 1. sites: distinct across the cell's trials, from a permutation keyed by (seed, cell)
    (:func:`fastflip.campaign.cells.trial_sites`, then ``SiteSpace.plan_sites`` with the
    generator of ``(seed, cell, trial)`` for the model's random parts), or, for
-   ``distribution = 'tensor'``, ``SiteSpace.plan(seed, stream=(cell, trial), count=flips)``;
+   ``distribution = 'tensor'``, ``SiteSpace.plan(Sampling(count=flips), seed, stream=(cell, trial))``;
 2. ``memory`` mode: :func:`fastflip.live.inject` into the loaded arrays, evaluate,
    :func:`fastflip.live.revert` (bit-exact); activation targets: evaluate inside
    :func:`fastflip.live.activations.injected_activations` with the trial's plan (its
@@ -163,7 +163,7 @@ class TrialRunner:
         for e, g in self.golden.items():
             if judge(g, g, **self._judge_opts).outcome == DUE:
                 raise OptionError(f"the fault-free (golden) evaluation gives NaN/Inf outputs (epoch {e}); fix the evaluator")
-        specs = [c.sampling_spec(campaign.cells.distribution) for c in self.cells]
+        self.specs = specs = [c.sampling_spec(campaign.cells.distribution) for c in self.cells]  # one per cell
         self.spaces = [sp.space([refs_by_epoch[c.epoch][name] for name in c.tensors]) for sp, c in zip(specs, self.cells)]
         self.models = [sp.fault_model for sp in specs]
         self.flips = [c.flips for c in self.cells]
@@ -209,7 +209,7 @@ class TrialRunner:
         """The plan of one trial (regenerated from (seed, cell, trial) alone; see :mod:`fastflip.campaign.cells`)."""
         space, model = self.spaces[cell_id], self.models[cell_id]
         if self.cells[cell_id].sampling == "independent":
-            return space.plan(seed=self.seed, stream=(cell_id, trial), count=self.flips[cell_id], model=model)
+            return space.plan(self.specs[cell_id], seed=self.seed, stream=(cell_id, trial))
         sites = trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trial, self._n_sites[cell_id])
         return space.plan_sites(sites, seed=self.seed, stream=(cell_id, trial), model=model)
 
@@ -220,7 +220,7 @@ class TrialRunner:
         trials = np.asarray(trials, dtype=np.int64).reshape(-1)
         streams = [(cell_id, t) for t in trials.tolist()]
         if self.cells[cell_id].sampling == "independent":
-            return plan_block(space, seed=self.seed, streams=streams, count=self.flips[cell_id], model=model)
+            return plan_block(space, self.specs[cell_id], seed=self.seed, streams=streams)
         sites = block_trial_sites(self._perms, self.seed, cell_id, self.cells[cell_id], trials, self._n_sites[cell_id])
         return plan_sites_block(space, sites, seed=self.seed, streams=streams, model=model)
 

@@ -206,9 +206,10 @@ def plan_sites_block(space: Any, sites: np.ndarray, *, seed: int, streams: Seque
                      touched, scale, None, common, list(streams), flips)
 
 
-def plan_block(space: Any, *, seed: int, streams: Sequence[Sequence[int]], **kwargs: Any) -> PlanBlock:
-    """The block form of ``space.plan(seed=seed, stream=streams[j], **kwargs)`` (planned trial by trial)."""
-    return PlanBlock.from_plans([space.plan(seed=seed, stream=st, **kwargs) for st in streams])
+def plan_block(space: Any, sampling: Any, *, seed: int, streams: Sequence[Sequence[int]]) -> PlanBlock:
+    """The block form of ``space.plan(sampling, seed=seed, stream=streams[j])`` (planned trial by trial;
+    ``sampling`` a :class:`~fastflip.core.spec.Sampling`)."""
+    return PlanBlock.from_plans([space.plan(sampling, seed=seed, stream=st) for st in streams])
 
 
 _FIXED = np.random.default_rng(0)

@@ -18,8 +18,8 @@ Distributions
 mapping ``{tensor name: weight}``
     A tensor is chosen with the given (relative) weights, then an element in it.
 
-Modes
------
+Modes (the amount of a :class:`~fastflip.core.spec.Sampling`)
+---------------------------------------------------------------
 ``count=K``  exactly K sites. For ``flip`` (and single-bit stuck-at) a site is an
 (element, bit) pair, otherwise an element. Without replacement (default) no site
 is drawn twice; K larger than the number of distinct sites raises
@@ -41,8 +41,10 @@ Examples
 --------
 >>> from fastflip.core.plan import TensorRef
 >>> space = SiteSpace([TensorRef("a", "<f4", (100,)), TensorRef("b", "<f4", (10, 10))], bits="exponent-msb")
->>> p1 = space.plan(seed=7, count=5)
->>> p2 = space.plan(seed=7, count=5)
+>>> from fastflip.core.spec import Sampling
+>>> five = Sampling(count=5)
+>>> p1 = space.plan(five, seed=7)
+>>> p2 = space.plan(five, seed=7)
 >>> bool((p1.index == p2.index).all()) and len(p1)
 5
 >>> {hex(int(x)) for x in p1.xor_mask}
@@ -157,6 +159,7 @@ class SiteSpace:
             self.distribution = dict(distribution)
             self._weights = w / w.sum()
         self._lean: LeanTables | None = None
+        self._agreed: Any = None  # the last Sampling checked against this space (a loop passes the same one)
 
     # -- drawing -------------------------------------------------------------------------
     def _tensor_of(self, element: np.ndarray) -> np.ndarray:
@@ -301,58 +304,50 @@ class SiteSpace:
     # -- plans ---------------------------------------------------------------------------
     def plan(
         self,
+        sampling: Any,
         *,
         seed: int,
         stream: Sequence[int] = (),
-        count: int | None = None,
-        rate: float | None = None,
-        ber: float | None = None,
-        model: "FaultModel | str | None" = None,
-        replace: bool = False,
-        nan_policy: str = "allow",
         read_words: Callable[[Plan], np.ndarray] | None = None,
         max_resample_rounds: int = 100,
     ) -> Plan:
-        """Draw the sites of one injection and build its plan (see the module docstring).
+        """Draw the sites of one injection under ``sampling`` and build its plan (see the module docstring).
 
-        The one low-level draw: :meth:`fastflip.core.spec.Sampling.plan` calls it, and every public
-        entry point (files, live, activations, campaigns, the CLI) takes a
-        :class:`~fastflip.core.spec.Sampling`. The space holds the bits and the distribution; the
-        keywords here are the rest of a Sampling, for loops that draw many plans from one space
-        (a campaign's trials).
+        ``sampling`` is a :class:`fastflip.core.spec.Sampling`: it gives the amount (``count``, ``rate`` or
+        ``ber``), the fault model, ``replace`` and the NaN policy. The space holds the bits and the
+        distribution (:meth:`~fastflip.core.spec.Sampling.space` builds it from a Sampling); a Sampling that
+        names bits or a distribution must name the space's. Loops that draw many plans (a campaign's trials)
+        build the space and the Sampling once and call this with a new ``stream`` each time.
 
         ``read_words(plan) -> uint64 old words`` is needed for ``nan_policy='avoid'``:
         sites whose new value would be NaN/Inf are redrawn (at most
         ``max_resample_rounds`` rounds) and :class:`~fastflip.errors.NaNPolicyError`
         is raised when that is impossible.
+
+        Raises
+        ------
+        OptionError
+            A Sampling whose bits or distribution are not the space's, ``rate``/``ber`` on a non-uniform
+            distribution, ``ber`` with a fault model that does not flip single bits, or
+            ``nan_policy='avoid'`` without ``read_words``.
         """
-        model = FaultModel.parse(model)
-        modes = [m for m in (count, rate, ber) if m is not None]
-        if len(modes) != 1:
-            raise OptionError("give exactly one of count, rate or ber")
-        if nan_policy not in ("allow", "avoid"):
-            raise OptionError(f"nan_policy must be 'allow' or 'avoid' (got {nan_policy!r})")
+        if sampling is not self._agreed:
+            self._agree(sampling)
+        model = sampling.fault_model
+        count, rate, ber, replace, nan_policy = (sampling.count, sampling.rate, sampling.ber, sampling.replace,
+                                                 sampling.nan_policy)
         if nan_policy == "avoid" and read_words is None:
             raise OptionError("nan_policy='avoid' needs read_words to know the old values")
         uniform = self._weights is None and self.distribution == "element"
-        if count is not None:
-            if int(count) != count or count < 0:
-                raise OptionError(f"count must be a non-negative integer (got {count})")
-        elif rate is not None:
-            if not 0 <= rate <= 1:
-                raise OptionError(f"rate must lie in [0, 1] (got {rate})")
-            if not uniform:
-                raise OptionError("rate draws every element with the same probability: use distribution='element'")
-        else:
-            assert ber is not None
-            if not 0 <= ber <= 1:
-                raise OptionError(f"ber must lie in [0, 1] (got {ber})")
+        if rate is not None and not uniform:
+            raise OptionError("rate draws every element with the same probability: use distribution='element'")
+        if ber is not None:
             if not model.pair_sites:
                 raise OptionError(f"ber flips single bits: use the flip or single-bit stuck-at model, not {model.describe()}")
             if not uniform:
                 raise OptionError("ber draws every bit with the same probability: use distribution='element'")
         if uniform and nan_policy == "allow":  # a trial's few sites: the lean path, the same plan
-            lean = lean_plan(self, seed, stream, model, replace, count, rate, ber, (_BULK, _DENSE_FRACTION))
+            lean = lean_plan(self, sampling, seed, stream, (_BULK, _DENSE_FRACTION))
             if lean is not None:
                 return lean
         rng = generator(seed, stream)
@@ -377,6 +372,16 @@ class SiteSpace:
         plan.meta = self._plan_meta(int(_popcount(plan.bits).sum()), seed, stream, model, replace, nan_policy, k, mode,
                                     plan.meta)
         return plan
+
+    def _agree(self, sampling: Any) -> None:
+        """Refuse a Sampling that names other bits or another distribution than this space's."""
+        if sampling.bits is not None and sampling.bit_spec != self.bits:
+            raise OptionError(f"the sampling's bits ({','.join(sampling.bit_spec.items)}) are not the site space's "
+                              f"({','.join(self.bits.items)}); build the space with Sampling.space(tensors)")
+        if sampling.distribution != "element" and sampling.distribution_arg != self.distribution:
+            raise OptionError(f"the sampling's distribution ({sampling.distribution_arg}) is not the site space's "
+                              f"({self.distribution}); build the space with Sampling.space(tensors)")
+        self._agreed = sampling
 
     def _lean_tables(self) -> LeanTables:
         if self._lean is None:

@@ -136,6 +136,7 @@ class Sampling:
                  self.bits if not isinstance(self.bits, tuple) else list(self.bits))
         if not isinstance(self.model, FaultModel):  # a FaultModel object is kept as it is (frozen, hashable)
             cc.named("sampling.model", FaultModel.parse, cc.string(self.model, "sampling.model"))
+        set_(self, "_fault", FaultModel.parse(self.model))  # parsed once: a loop of draws reads it per trial
         given = [k for k in _AMOUNTS if getattr(self, k) is not None]
         if len(given) != 1:
             raise OptionError(f"sampling: give exactly one of count, rate or ber (got {', '.join(given) or 'none'})")
@@ -256,7 +257,8 @@ class Sampling:
 
     @property
     def fault_model(self) -> FaultModel:
-        return FaultModel.parse(self.model)
+        """The parsed fault model."""
+        return self._fault
 
     @property
     def distribution_arg(self) -> str | dict[str, float]:
@@ -269,11 +271,16 @@ class Sampling:
 
     def plan(self, space: SiteSpace | Sequence[TensorRef], *, seed: int, stream: Sequence[int] = (),
              read_words: Callable[[Plan], Any] | None = None) -> Plan:
-        """Draw one plan (``space`` a :class:`SiteSpace` of this spec, or tensor refs to build one)."""
+        """Draw one plan: :meth:`SiteSpace.plan` of ``space`` (a space of this spec, or tensor refs to build one).
+
+        >>> from fastflip.core.plan import TensorRef
+        >>> s = Sampling(bits="sign", count=2)
+        >>> s.plan([TensorRef("w", "<f4", (8,))], seed=3).xor_mask.tolist()
+        [2147483648, 2147483648]
+        """
         if not isinstance(space, SiteSpace):
             space = self.space(space)
-        return space.plan(seed=seed, stream=stream, **self.amount, model=self.fault_model, replace=self.replace,
-                          nan_policy=self.nan_policy, read_words=read_words)
+        return space.plan(self, seed=seed, stream=stream, read_words=read_words)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields (what a log's options record)."""

@@ -4,7 +4,7 @@ Layer: ``core`` (may import fastflip.errors and core; imported by every layer).
 
 :meth:`fastflip.core.sampling.SiteSpace.plan` draws with NumPy calls whose argument
 handling costs far more than a trial's handful of numbers. For fewer than 4096 sites drawn
-uniformly (``count=K``, or the K a ``rate``/``ber`` Binomial gives: the per-trial loop of a
+uniformly (``Sampling(count=K)``, or the K a ``rate``/``ber`` Binomial gives: the per-trial loop of a
 harness), the space hands the draw to :func:`lean_plan`, which makes the same draws with the same algorithms on the
 generator's raw words (:class:`~fastflip.core.rawdraws.RawDraws`, keyed without a
 SeedSequence by :func:`~fastflip.core.seedkey.keyed_generator`) and builds the plan from
@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .faults import FaultModel
 from .plan import Plan, merge_duplicate_elements
 from .rawdraws import FLOYD_MAX, RawDraws
 from .seedkey import keyed_generator
@@ -126,17 +125,18 @@ def pair_units_plan(space: Any, units: list[int], kind: str) -> Plan:
     return _pair_plan(space, lt, kind, _unit_keys(lt, units), True)
 
 
-def lean_plan(space: Any, seed: int, stream: Sequence[int], model: FaultModel, replace: bool, count: int | None,
-              rate: float | None, ber: float | None, limits: tuple[int, float]) -> Plan | None:
-    """The plan ``space.plan(seed=, stream=, count=|rate=|ber=, model=, replace=)`` draws, or None to leave it
-    to the general path (stream values it does not take, no site, at least ``limits[0]`` sites or more than
-    the fraction ``limits[1]`` of the space without replacement, or a first round short of the sites).
+def lean_plan(space: Any, sampling: Any, seed: int, stream: Sequence[int], limits: tuple[int, float]) -> Plan | None:
+    """The plan ``space.plan(sampling, seed=, stream=)`` draws, or None to leave it to the general path (stream
+    values it does not take, no site, at least ``limits[0]`` sites or more than the fraction ``limits[1]`` of
+    the space without replacement, or a first round short of the sites).
 
-    The caller has checked the options: one of count/rate/ber, valid; a uniform element distribution;
-    ``nan_policy='allow'``.
+    ``sampling`` is a :class:`~fastflip.core.spec.Sampling`. The caller has checked it against the space:
+    a uniform element distribution, ``nan_policy='allow'``, ``ber`` only with a single-bit model.
     """
     if any(int(s) < 0 for s in stream):
         return None  # the general path raises NumPy's error
+    model, replace = sampling.fault_model, sampling.replace
+    count, rate, ber = sampling.count, sampling.rate, sampling.ber
     rng = keyed_generator(seed, stream)
     pairs, pair_uniform = model.pair_sites, False
     if count is not None:

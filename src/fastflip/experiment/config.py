@@ -31,12 +31,13 @@ Examples
 --------
 >>> cfg = ExperimentConfig.from_dict({"epochs": 3, "scenarios": [{"name": "a", "epoch": 1, "count": 2}]})
 >>> sc = cfg.scenarios[0]
->>> sc.repetitions, sc.bits, sc.model, cfg.run_seed(sc, 0) == cfg.run_seed(sc, 0) != cfg.run_seed(sc, 1)
-(5, 'exponent-msb', 'flip', True)
+>>> sc.repetitions, sc.sampling.bits, sc.sampling.count, cfg.run_seed(sc, 0) == cfg.run_seed(sc, 0) != cfg.run_seed(sc, 1)
+(5, 'exponent-msb', 2, True)
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -69,19 +70,18 @@ def _digest(obj: Any) -> str:
 
 @dataclass(frozen=True)
 class Scenario:
-    """One fault scenario: where, what and how much to inject, and how often."""
+    """One fault scenario: where (``epoch``, ``iteration``, ``selection``), what and how much to inject
+    (``sampling``), and how often (``repetitions``).
+
+    ``sampling`` is the scenario's :class:`~fastflip.core.spec.Sampling`, built from its table's sampling keys
+    (``bits`` defaults to ``exponent-msb``). A ``control`` scenario injects nothing; when its table gives no
+    amount, its sampling is ``count=0`` (flip nothing).
+    """
 
     name: str
     epoch: int
+    sampling: Sampling
     selection: Mapping[str, Any] = field(default_factory=dict)
-    bits: str = "exponent-msb"
-    model: str = "flip"
-    count: int | None = None
-    rate: float | None = None
-    ber: float | None = None
-    distribution: str = "element"
-    nan_policy: str = "allow"
-    sign_first: bool = False
     repetitions: int = 5
     control: bool = False
     iteration: int | None = None
@@ -91,21 +91,24 @@ class Scenario:
         """The golden checkpoint a run starts from: ``epoch``, or ``epoch - 1`` for a mid-epoch injection."""
         return self.epoch if self.iteration is None else self.epoch - 1
 
-    @property
-    def sampling(self) -> Sampling | None:
-        """What this scenario flips (None for a control scenario, which flips nothing)."""
-        if self.count is None and self.rate is None and self.ber is None:
-            return None
-        return Sampling(bits=self.bits, model=self.model, count=self.count, rate=self.rate, ber=self.ber,
-                        distribution=self.distribution, nan_policy=self.nan_policy, sign_first=self.sign_first)
-
     def inject_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario."""
-        return {"selection": dict(self.selection) or None, "sampling": self.sampling}
+        """Keyword arguments of :func:`fastflip.files.inject.inject_file` for this scenario (a control
+        scenario injects nothing: its ``sampling`` is None)."""
+        return {"selection": dict(self.selection) or None, "sampling": None if self.control else self.sampling}
+
+    def as_dict(self) -> dict[str, Any]:
+        """The scenario as one flat table (its keys filled with their defaults): what ``experiment.json``
+        records and :meth:`digest` fingerprints. An amount the table did not give is None."""
+        smp = self.sampling
+        return {"name": self.name, "epoch": self.epoch, "selection": copy.deepcopy(dict(self.selection)),
+                "bits": smp.bits, "model": smp.model, "count": smp.count or None, "rate": smp.rate, "ber": smp.ber,
+                "distribution": smp.distribution, "nan_policy": smp.nan_policy, "sign_first": smp.sign_first,
+                "repetitions": self.repetitions, "control": self.control, "iteration": self.iteration}
 
     def digest(self) -> str:
-        """A fingerprint of everything that determines this scenario's runs."""
-        d = asdict(self)
+        """A fingerprint of everything that determines this scenario's runs (an experiment resumes the runs
+        whose scenario digest is unchanged)."""
+        d = self.as_dict()
         if d["iteration"] is None:  # scenarios injecting between epochs keep their earlier fingerprint
             del d["iteration"]
         return _digest(d)
@@ -174,7 +177,7 @@ class ExperimentConfig:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["scenarios"] = [asdict(s) for s in self.scenarios]
+        d["scenarios"] = [s.as_dict() for s in self.scenarios]
         d.pop("base_dir")
         return d
 
@@ -247,7 +250,7 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     bits = str(bits) if isinstance(bits, int) and not isinstance(bits, bool) else cc.string(bits, f"{key}.bits")
     rate, ber = (None if s.get(k) is None else cc.number(s[k], f"{key}.{k}", 0, 1, lo_open=True) for k in ("rate", "ber"))
     count = None if s.get("count") is None else _int(s["count"], f"scenarios[{i}].count", 1)
-    # the sampling fields are checked in one place, the Sampling spec (a control scenario: with a stand-in amount)
+    # the sampling fields are checked in one place, the Sampling spec (a control scenario without an amount: count 0)
     fields = {k: s[k] for k in ("model", "distribution", "nan_policy", "sign_first") if k in s}
     amount = {"count": count, "rate": rate, "ber": ber} if given else {"count": 0}
     spec = Sampling.from_mapping({**fields, "bits": bits, **{k: v for k, v in amount.items() if v is not None}},
@@ -255,9 +258,7 @@ def _scenario(s: Any, i: int, epochs: int, default_reps: int) -> Scenario:
     if not isinstance(spec.distribution, str):
         raise OptionError(f"{key}.distribution must be one of element, tensor (got a table)")
     return Scenario(
-        name=name, epoch=epoch, selection=selection, bits=bits, model=str(spec.model),
-        count=count, rate=rate, ber=ber, distribution=spec.distribution, nan_policy=spec.nan_policy,
-        sign_first=spec.sign_first,
+        name=name, epoch=epoch, sampling=spec, selection=selection,
         repetitions=_int(s.get("repetitions", default_reps), f"scenarios[{i}].repetitions", 1), control=control,
         iteration=iteration,
     )

@@ -110,7 +110,7 @@ def injection_counts(plan: Plan, old: np.ndarray, new: np.ndarray) -> dict[str, 
 
     >>> from fastflip.core.plan import TensorRef
     >>> from fastflip.core.sampling import SiteSpace
-    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(seed=1, count=2, model="stuck-at-1")
+    >>> p = SiteSpace([TensorRef("w", "<u1", (2,))], bits="0").plan(Sampling(count=2, model="stuck-at-1"), seed=1)
     >>> c = injection_counts(p, np.array([0, 1], np.uint64), np.array([1, 1], np.uint64))  # bit 0 of w[1] was set
     >>> c["sites"], c["flips"], c["elements_changed"], c["bits_changed"]
     (2, 2, 1, 1)

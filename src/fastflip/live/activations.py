@@ -303,8 +303,8 @@ class Sites:
         for b in np.unique(sample[bad]).tolist():
             k = int((sample == b).sum())
             base = int(b) * ref.size
-            p = space.plan(seed=self.seed, stream=(*self.stream, 1 << 30, layer, int(b)), count=k, model=self.model,
-                           replace=self._draw.replace, nan_policy="avoid",
+            redraw = Sampling(count=k, model=self.model, replace=self._draw.replace, nan_policy="avoid")
+            p = space.plan(redraw, seed=self.seed, stream=(*self.stream, 1 << 30, layer, int(b)),
                            read_words=lambda q, base=base: read(base + q.index))
             o = read(base + p.index)
             w = new_words(o, p.and_mask, p.or_mask, p.xor_mask, p.scale, _word(ref))
