@@ -129,7 +129,7 @@ def check_main_guard(main_file: str | None = None) -> None:
     """Refuse to start worker processes from a script that calls ``sweep()`` at its top level.
 
     Workers start with ``spawn``: each imports the main script again, which would call ``sweep()`` again in
-    every worker (and fail there, looking like a broken factory). Said once, with what to add.
+    every worker (and fail there, looking like a broken factory). One message, naming what to add.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp(); script = os.path.join(d, "run.py")

@@ -16,7 +16,7 @@ The log (``fastflip-log/1``) records, besides the usual columns, each tensor's `
 and per touched shard its ``input_sha256``/``output_sha256``/``size``/``sites``. Its
 ``input``/``output`` ``sha256`` are digests of the touched shards' hashes.
 
-Evidence before change (issue 20): every write goes through :func:`fastflip.files.fileio.staged`. The touched
+Evidence before change: every write goes through :func:`fastflip.files.fileio.staged`. The touched
 shards' new bytes are written to temporaries and made durable, the log is staged as evidence, and one commit,
 with SIGINT/SIGTERM deferred (:func:`fastflip.files.fileio.deferred_signals`), renames the log into place
 (fsynced) before anything it describes. After a kill at any moment the user has the old state, or the new one
