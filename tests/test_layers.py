@@ -1,5 +1,5 @@
 """The package's layering, read from the source with ``ast`` (tools/archstats.py): imports point downward
-only, there is no import cycle, and modules of the old flat layout still import, with a DeprecationWarning.
+only and there is no import cycle.
 
 Layers, lowest first (docs/internals.md): errors → core → kernels → files → live → frameworks → campaign →
 experiment → report, compat → cli (and the demo). A module may import its own subpackage and any lower layer.
@@ -7,9 +7,7 @@ experiment → report, compat → cli (and the demo). A module may import its ow
 
 from __future__ import annotations
 
-import importlib
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import archstats  # noqa: E402
-from fastflip._moved import MOVED  # noqa: E402
 
 RANKS = {
-    "fastflip.errors": 0, "fastflip._moved": 0,
+    "fastflip.errors": 0,
     "fastflip.core": 1, "fastflip.kernels": 2, "fastflip.files": 3, "fastflip.live": 4, "fastflip.frameworks": 5,
     "fastflip.campaign": 6, "fastflip.experiment": 7, "fastflip.report": 8, "fastflip.compat": 8,
     "fastflip.cli": 9, "fastflip.demo": 9, "fastflip.__main__": 10,
@@ -159,47 +156,3 @@ def test_the_checker_sees_what_it_checks(tmp_path: Path) -> None:
     g = archstats.import_graph(tmp_path / "src")
     assert archstats.cycles(g) == [["fastflip.core.a", "fastflip.core.b"]]
     assert [(e.src, e.top) for e in g.edges] == [("fastflip.core.a", True), ("fastflip.core.b", False)]
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_paths_import_with_a_deprecation_warning(old: str) -> None:
-    name = f"fastflip.{old}"
-    new = f"fastflip.{MOVED[old]}"
-    if old == "_kernels":
-        pytest.importorskip(new)
-    sys.modules.pop(name, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(name)
-    assert module is importlib.import_module(new)
-    assert module.__spec__.name == new  # its own spec kept: relative imports inside it still work
-    assert any(w.category is DeprecationWarning and new in str(w.message) for w in caught)
-    assert caught[0].filename == __file__  # the warning names the importer, not the import machinery
-
-
-def _forget(*old: str) -> None:
-    """Undo earlier imports of old names (an old path warns on its first import in a process)."""
-    import fastflip
-
-    for name in old:
-        sys.modules.pop(f"fastflip.{name}", None)
-        fastflip.__dict__.pop(name.split(".")[0], None)
-
-
-def test_old_names_as_attributes_and_from_imports() -> None:
-    import fastflip
-
-    _forget("layout", "oldconfig", "formats", "formats.torchsave")
-    with pytest.deprecated_call():
-        from fastflip.layout import read_layout  # noqa: F401
-    with pytest.deprecated_call():
-        assert fastflip.oldconfig is importlib.import_module("fastflip.compat.oldconfig")
-    with pytest.deprecated_call():
-        from fastflip.formats.torchsave import RestrictedUnpickler
-    assert RestrictedUnpickler.__module__ == "fastflip.files.formats.torchsave"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the public paths themselves warn about nothing
-        from fastflip.experiment import run_experiment  # noqa: F401
-        assert fastflip.inject_file.__module__ == "fastflip.files.inject"
-    with pytest.raises(AttributeError):
-        fastflip.no_such_module  # noqa: B018
