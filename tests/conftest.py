@@ -24,6 +24,8 @@ from types import ModuleType
 
 import pytest
 
+from fastflip.files.hashing import logged_hash
+
 #: Top-level modules of the package's optional extras (pyproject.toml) and of the test-only peers: the names
 #: ``pytest.mark.extra`` and :func:`require` accept.
 OPTIONAL_EXTRAS = frozenset({
@@ -31,13 +33,16 @@ OPTIONAL_EXTRAS = frozenset({
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
     "blake3", "xxhash",
 })
-# Logs hashed with sha256 unless a test chooses (the suite compares manifest["input"]["sha256"]); the tests of the
-# default rule (fastest available) unset it: tests/test_hashing.py.
-os.environ.setdefault("FASTFLIP_HASH", "sha256")
-# The sha256 cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
+# The hash cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
 _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
 os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
 atexit.register(shutil.rmtree, _HASH_CACHE, True)
+
+
+def log_hash(entry: dict) -> str | None:
+    """The digest a log's ``input``/``output`` entry holds, whatever its algorithm (``hash_algorithm``; the
+    default one unless a test chooses): compare it with ``fastflip.files.fileio.hash_file(path)``."""
+    return logged_hash(entry)[1]
 
 
 #: The CPU kernel backends, for ``@pytest.mark.parametrize("backend", CPU_BACKENDS)``: Numba is an extra.

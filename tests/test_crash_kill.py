@@ -24,7 +24,8 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import log_hash, require
+from fastflip.files.fileio import hash_file
 from fastflip.files.inject import revert
 from fastflip.files.sharded import revert_dir
 
@@ -206,8 +207,7 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, tmp_path, monkey
     res = inject_checkpoint_file(src, count=10, seed=1, **kw)
     assert seen == [True]
     assert os.path.exists(res.log_path) and _read(res.output) != original
-    import hashlib
-
     m = res.log.manifest
-    logged = m["container"]["output_sha256"] if fmt == "keras" else m["output"]["sha256"]
-    assert logged == hashlib.sha256(_read(res.output)).hexdigest()  # non-atomic: the predicted hash is the file's
+    logged = m["container"]["output_sha256"] if fmt == "keras" else log_hash(m["output"])
+    algorithm = "sha256" if fmt == "keras" else m["output"]["hash_algorithm"]
+    assert logged == hash_file(res.output, algorithm, cache=False)  # non-atomic: the predicted hash is the file's

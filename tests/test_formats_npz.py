@@ -15,7 +15,7 @@ import pytest
 from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
-from fastflip.files.fileio import sha256_file
+from fastflip.files.fileio import hash_file, sha256_file
 from fastflip.files.formats.deflatefit import deflate_exact
 from fastflip.files.inject import inject_file, replay, revert
 from fastflip.files.layout import read_layout
@@ -68,12 +68,12 @@ def test_compressed_npz_contract(tmp_path):
 
 
 def _inject_member(tmp_path, data_seed, member, **kw):
-    """A compressed .npz of _arrays(data_seed), and an injection into one member: (input, arrays, sha256, output, result)."""
+    """A compressed .npz of _arrays(data_seed), and an injection into one member: (input, arrays, its digest, output, result)."""
     p = str(tmp_path / "w.npz")
     arrays = _arrays(data_seed)
     np.savez_compressed(p, **arrays)
     out = str(tmp_path / "o.npz")
-    return p, arrays, sha256_file(p), out, inject_file(p, out, selection={"include": [member]}, **kw)
+    return p, arrays, hash_file(p), out, inject_file(p, out, selection={"include": [member]}, **kw)
 
 
 def test_member_keeps_its_size_and_others_their_bytes(tmp_path):
@@ -90,7 +90,7 @@ def test_member_keeps_its_size_and_others_their_bytes(tmp_path):
     open(work, "wb").write(open(p, "rb").read())
     inject_file(work, in_place=True, atomic=False, plan=res.log.plan, log_path=str(tmp_path / "w.fflog"))
     assert sha256_file(work) == sha256_file(out)
-    assert revert(str(tmp_path / "w.fflog"), work).sha256 == before
+    assert revert(str(tmp_path / "w.fflog"), work).digest == before
 
 
 def test_member_that_grows_moves_the_rest(tmp_path):
@@ -110,9 +110,9 @@ def test_member_that_grows_moves_the_rest(tmp_path):
     open(work, "wb").write(open(p, "rb").read())
     with pytest.raises(OptionError, match="atomic=True"):  # no in-place rewrite of a member that moves the rest
         inject_file(work, in_place=True, atomic=False, plan=res.log.plan, log_path=False)
-    assert sha256_file(work) == before  # refused before anything was written
-    assert revert(res.log_path, out).sha256 == before
-    assert sha256_file(out) == before
+    assert hash_file(work) == before  # refused before anything was written
+    assert revert(res.log_path, out).digest == before
+    assert hash_file(out) == before
 
 
 class Unseekable(io.RawIOBase):
@@ -151,7 +151,7 @@ def test_mixed_stored_and_deflated_members(tmp_path, stream):
     lay = read_layout(p)
     kinds = {t.path: t.storage for t in lay.tensors}
     assert kinds["/fc.weight"] == "contiguous" and kinds["/conv1.weight"] == "filtered"
-    before = sha256_file(p)
+    before = hash_file(p)
     # a member that grows and stored members hit in one injection
     out = str(tmp_path / "o.npz")
     res = inject_file(p, out, seed=4, count=12, bits="exponent",
@@ -162,7 +162,7 @@ def test_mixed_stored_and_deflated_members(tmp_path, stream):
     reference.apply_plan(want, res.log.plan)
     for k, v in want.items():
         assert got[k].tobytes() == v.tobytes(), k
-    assert revert(res.log_path, out).sha256 == before
+    assert revert(res.log_path, out).digest == before
     check_format(p, np_load, str(tmp_path), fmt="npz", count=20, non_atomic=False)
 
 
@@ -174,7 +174,7 @@ def test_savez_compressed_to_a_stream_grows(tmp_path):
         np.savez_compressed(Unseekable(raw), a=np.ones(300, "<f4"), b=np.arange(50.0))
     with zipfile.ZipFile(p) as z:
         assert all(i.flag_bits & 8 for i in z.infolist())
-    before = sha256_file(p)
+    before = hash_file(p)
     out = str(tmp_path / "o.npz")
     res = inject_file(p, out, seed=1, count=3, bits="exponent", selection={"include": ["/a"]})
     assert os.path.getsize(out) > os.path.getsize(p)
@@ -191,7 +191,7 @@ def test_savez_compressed_to_a_stream_grows(tmp_path):
     reference.apply_plan(want, res.log.plan)
     got = np_load(out)
     assert all(got[k].tobytes() == v.tobytes() for k, v in want.items())
-    assert revert(res.log_path, out).sha256 == before
+    assert revert(res.log_path, out).digest == before
 
 
 def test_object_member_copied_never_unpickled(tmp_path, capsys):
@@ -206,7 +206,7 @@ def test_object_member_copied_never_unpickled(tmp_path, capsys):
     res = inject_file(p, str(out), seed=1, count=3)
     _same_members_except(p, str(out), {"w.npy"})
     assert np.load(str(out), allow_pickle=True)["meta"][0] == {"epoch": 3}
-    assert revert(res.log_path, str(out)).sha256 == sha256_file(p)
+    assert revert(res.log_path, str(out)).digest == hash_file(p)
 
 
 def _member_spots(path, name):

@@ -13,7 +13,7 @@ import pytest
 from conftest import require
 from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.files.fileio import sha256_file
+from fastflip.files.fileio import hash_file, sha256_file
 from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
 from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file, replay, revert
@@ -68,7 +68,7 @@ def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
     rng = np.random.default_rng(abs(hash((filt, model))) % 2**32)
     src = str(tmp_path / "in.h5")
     arrays = _write(src, FILTERS[filt], rng)
-    before = sha256_file(src)
+    before = hash_file(src)
     out = str(tmp_path / "out.h5")
     kw = dict(seed=5, count=40, model=model)
     if model == "random-bits:2":
@@ -83,7 +83,7 @@ def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
     got = _read(out)  # h5py decodes every chunk (checksums verified by HDF5 itself)
     for k in want:
         assert got[k].dtype == want[k].dtype and got[k].tobytes() == want[k].tobytes(), k
-    assert sha256_file(src) == before
+    assert hash_file(src) == before
     undo = res.log.undo
     assert undo is not None
     if filt in ENCODABLE and not fell_back:
@@ -96,7 +96,7 @@ def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
         assert fell_back or not any(t.storage == "filtered" for t in read_layout(src).tensors)
     rep = replay(res.log_path, src, str(tmp_path / "rep.h5"))
     assert sha256_file(rep.output) == sha256_file(out)
-    assert revert(res.log_path, out).sha256 == before
+    assert revert(res.log_path, out).digest == before
 
 
 @pytest.mark.parametrize("filt", ["shuffle-gzip-fletcher32", "gzip"])
@@ -107,13 +107,13 @@ def test_in_place_non_atomic_chunks(tmp_path, filt):
     with h5py.File(src, "w") as f:
         for k, v in arrays.items():
             f.create_dataset(k, data=v, chunks=(64, 64) if v.ndim == 2 else (100,), **FILTERS[filt])
-    before = sha256_file(src)
+    before = hash_file(src)
     res = inject_file(src, in_place=True, atomic=False, seed=2, count=30)
     want = {k: v.copy() for k, v in arrays.items()}
     reference.apply_plan(want, res.log.plan)
     got = _read(src)
     assert all(got[k].tobytes() == want[k].tobytes() for k in want)
-    assert revert(res.log_path, src, atomic=False).sha256 == before
+    assert revert(res.log_path, src, atomic=False).digest == before
 
 
 def test_checksum_failure_refused(tmp_path):
@@ -190,7 +190,7 @@ def test_lzf_chunks_patched_natively(tmp_path, filt, monkeypatch):
             f.create_dataset(k, data=v, chunks=(20, 30) if v.ndim == 2 else (100,), **FILTERS[filt])
         masks = [f[k].id.get_chunk_info(i).filter_mask for k in f for i in range(f[k].id.get_num_chunks())]
     assert not any(masks)  # every chunk really is lzf-encoded
-    before = sha256_file(src)
+    before = hash_file(src)
     by_name = {t.path: t for t in read_layout(src).tensors}
     for i, model in enumerate(["flip", "random-value", "adjacent:3"]):
         out = str(tmp_path / f"out{i}.h5")
@@ -214,12 +214,12 @@ def test_lzf_chunks_patched_natively(tmp_path, filt, monkeypatch):
             assert os.path.getsize(out) == os.path.getsize(src) and res.log.undo.new_size == res.log.undo.size
         rep = replay(res.log_path, src, str(tmp_path / "rep.h5"))
         assert sha256_file(rep.output) == sha256_file(out)
-        assert revert(res.log_path, out).sha256 == before
+        assert revert(res.log_path, out).digest == before
         assert open(out, "rb").read() == open(src, "rb").read()
     # in place without a temporary copy, then back
     res = inject_file(src, in_place=True, atomic=False, seed=3, count=20, selection={"include": ["/w"]})
-    assert sha256_file(src) != before
-    assert revert(res.log_path, src, atomic=False).sha256 == before
+    assert hash_file(src) != before
+    assert revert(res.log_path, src, atomic=False).digest == before
 
 
 def test_damaged_lzf_chunk_refused(tmp_path):

@@ -1,9 +1,8 @@
-"""The stat-keyed sha256 cache (fastflip.files.hashcache): an input injected again is not hashed again, and the
+"""The stat-keyed hash cache (fastflip.files.hashcache): an input injected again is not hashed again, and the
 cache can only make fastflip refuse, never accept a file it should not."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
@@ -13,16 +12,29 @@ import pytest
 
 from fastflip import Sampling
 from fastflip.errors import LogMismatchError
-from fastflip.files import h5apply, hashcache
-from fastflip.files.fileio import sha256_file
+from conftest import log_hash
+from fastflip.files import h5apply, hashcache, hashing
+from fastflip.files.fileio import hash_file
 from fastflip.files.inject import inject_file, revert
 
 OLD = 10**18  # an mtime (ns) long before now: the file is not "racy"
 
 
-def _sha(path: str) -> str:
+def _digest(path: str) -> str:
+    """The file's digest with the logs' algorithm (the default), read here: never taken from the cache."""
+    h = hashing.new()
     with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
+        h.update(fh.read())
+    return h.hexdigest()
+
+
+def _algorithm() -> str:
+    return hashing.default_algorithm()
+
+
+def _lie() -> str:
+    """A well-formed digest of the logs' algorithm that no test file has."""
+    return "0" * hashing.algorithm(_algorithm()).hex_len
 
 
 @pytest.fixture
@@ -53,9 +65,9 @@ def _inject(src: str, dst: str, seed: int):
 
 
 def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypatch, not_racy):
-    truth = _sha(ckpt)
+    truth = _digest(ckpt)
     r1 = _inject(ckpt, str(tmp_path / "a.h5"), 1)
-    assert r1.log.manifest["input"]["sha256"] == truth
+    assert log_hash(r1.log.manifest["input"]) == truth
     assert len(list(cache.iterdir())) == 1  # remembered
     # the second copy must not hash the input: make the streaming hash of the input impossible to use
     calls = []
@@ -67,10 +79,10 @@ def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypat
 
     monkeypatch.setattr(h5apply, "_copy_buffered", spy)
     r2 = _inject(ckpt, str(tmp_path / "b.h5"), 2)
-    assert calls == [False] and r2.log.manifest["input"]["sha256"] == truth
-    assert r2.log.manifest["output"]["sha256"] == _sha(str(tmp_path / "b.h5"))  # outputs are always hashed
+    assert calls == [False] and log_hash(r2.log.manifest["input"]) == truth
+    assert log_hash(r2.log.manifest["output"]) == _digest(str(tmp_path / "b.h5"))  # outputs are always hashed
     back = revert(r2.log, str(tmp_path / "b.h5"), str(tmp_path / "back.h5"))
-    assert _sha(str(tmp_path / "back.h5")) == truth
+    assert _digest(str(tmp_path / "back.h5")) == truth
 
 
 def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cache, not_racy):
@@ -79,15 +91,15 @@ def test_a_changed_file_misses_even_with_its_mtime_put_back(ckpt, tmp_path, cach
         f["dense/bias"][0] = 1.0
     os.utime(ckpt, ns=(OLD, OLD))
     r = _inject(ckpt, str(tmp_path / "b.h5"), 2)
-    assert r.log.manifest["input"]["sha256"] == _sha(ckpt)
-    assert sha256_file(ckpt) == _sha(ckpt)
+    assert log_hash(r.log.manifest["input"]) == _digest(ckpt)
+    assert hash_file(ckpt) == _digest(ckpt)
 
 
 def test_a_file_just_written_is_not_cached(tmp_path, cache):
     p = tmp_path / "fresh.bin"
     p.write_bytes(b"x" * 100)
     os.utime(p, ns=(OLD, OLD))  # an old mtime does not make it settled: its ctime is now
-    assert sha256_file(str(p)) == _sha(str(p))
+    assert hash_file(str(p)) == _digest(str(p))
     assert not cache.exists() or not list(cache.iterdir())  # racy: mtime within RACY_S of the hash
 
 
@@ -95,9 +107,9 @@ def test_a_wrong_entry_makes_revert_refuse(ckpt, tmp_path, cache, not_racy):
     """The cache's worst case: an entry that lies. The log then names a wrong input hash, and revert refuses
     (the reverted bytes do not hash to it); nothing is accepted that should not be."""
     st = os.stat(ckpt)
-    assert hashcache.remember(ckpt, st, "0" * 64)
+    assert hashcache.remember(ckpt, st, _lie(), algorithm=_algorithm())
     r = _inject(ckpt, str(tmp_path / "a.h5"), 1)
-    assert r.log.manifest["input"]["sha256"] == "0" * 64
+    assert log_hash(r.log.manifest["input"]) == _lie()
     with pytest.raises(LogMismatchError, match="did not give the logged input back"):
         revert(r.log, str(tmp_path / "a.h5"), str(tmp_path / "back.h5"))
     assert not (tmp_path / "back.h5").exists()
@@ -107,9 +119,9 @@ def test_a_damaged_entry_is_ignored(ckpt, tmp_path, cache, not_racy):
     _inject(ckpt, str(tmp_path / "a.h5"), 1)
     (entry,) = cache.iterdir()
     entry.write_text("{not json")
-    assert sha256_file(ckpt) == _sha(ckpt)
-    entry.write_text(json.dumps({"key": {}, "sha256": "1" * 64}))
-    assert sha256_file(ckpt) == _sha(ckpt)
+    assert hash_file(ckpt) == _digest(ckpt)
+    entry.write_text(json.dumps({"key": {}, _algorithm(): "1" * 64}))
+    assert hash_file(ckpt) == _digest(ckpt)
 
 
 def test_input_changed_while_copied_writes_nothing(ckpt, tmp_path, cache, monkeypatch):
@@ -123,7 +135,7 @@ def test_off_turns_it_off(ckpt, tmp_path, monkeypatch):
     monkeypatch.setenv(hashcache.ENV, "off")
     assert hashcache.cache_dir() is None
     _inject(ckpt, str(tmp_path / "a.h5"), 1)
-    assert not hashcache.remember(ckpt, os.stat(ckpt), "0" * 64)
+    assert not hashcache.remember(ckpt, os.stat(ckpt), _lie(), algorithm=_algorithm())
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "a.h5.fflog", "ckpt.h5"]
 
 
@@ -136,8 +148,8 @@ def _stale_entry(path: str, claimed: str) -> os.stat_result:
     from user space, so the entry is made under the key the file has now."""
     os.utime(path, ns=(OLD, OLD))
     st = os.stat(path)
-    assert hashcache.remember(path, st, claimed)
-    assert hashcache.lookup(path, st) == claimed  # the lie is in place
+    assert hashcache.remember(path, st, claimed, algorithm=_algorithm())
+    assert hashcache.lookup(path, st, _algorithm()) == claimed  # the lie is in place
     return st
 
 
@@ -149,28 +161,28 @@ def _change_bias(path: str, index: int = 31) -> None:
 def test_a_file_mapped_for_write_is_not_taken_from_the_cache(ckpt, tmp_path, cache, not_racy):
     import mmap
 
-    before = _sha(ckpt)
+    before = _digest(ckpt)
     _change_bias(ckpt)
     st = _stale_entry(ckpt, before)
     with open(ckpt, "r+b") as fh, mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_SHARED,
                                             prot=mmap.PROT_READ | mmap.PROT_WRITE) as mm:
         r = _inject(ckpt, str(tmp_path / "a.h5"), 1)
-        assert r.log.manifest["input"]["sha256"] == _sha(ckpt) != before
-        assert hashcache.lookup(ckpt, st) is None  # a writer that may not move the times: not trusted
+        assert log_hash(r.log.manifest["input"]) == _digest(ckpt) != before
+        assert hashcache.lookup(ckpt, st, _algorithm()) is None  # a writer that may not move the times: not trusted
         assert hashcache.mapped_for_write(ckpt, st) is True
-        assert not hashcache.remember(ckpt, st, _sha(ckpt))  # nor recorded while it is mapped
+        assert not hashcache.remember(ckpt, st, _digest(ckpt), algorithm=_algorithm())  # nor recorded: mapped
         del mm
     assert hashcache.mapped_for_write(ckpt, os.stat(ckpt)) is False
 
 
 def test_in_place_inject_hashes_the_bytes_it_replaces(ckpt, tmp_path, cache, not_racy):
     _change_bias(ckpt)
-    original = _sha(ckpt)
-    _stale_entry(ckpt, "0" * 64)
+    original = _digest(ckpt)
+    _stale_entry(ckpt, _lie())
     r = inject_file(ckpt, in_place=True, sampling=Sampling(count=20), seed=3)
-    assert r.log.manifest["input"]["sha256"] == original  # not the cached lie
+    assert log_hash(r.log.manifest["input"]) == original  # not the cached lie
     revert(r.log_path, ckpt)
-    assert _sha(ckpt) == original
+    assert _digest(ckpt) == original
 
 
 def test_revert_not_atomic_checks_the_file_before_rewriting_it(ckpt, tmp_path, cache, not_racy):
@@ -178,16 +190,16 @@ def test_revert_not_atomic_checks_the_file_before_rewriting_it(ckpt, tmp_path, c
     r = _inject(ckpt, out, 1)
     hit = {int(i) for t, i in zip(r.log.plan.tensor, r.log.plan.index) if r.log.plan.tensors[t].name == "dense/bias"}
     _change_bias(out, next(i for i in range(32) if i not in hit))  # not one of the logged sites
-    changed = _sha(out)
-    _stale_entry(out, r.log.manifest["output"]["sha256"])  # the cache says: the logged output
+    changed = _digest(out)
+    _stale_entry(out, log_hash(r.log.manifest["output"]))  # the cache says: the logged output
     with pytest.raises(LogMismatchError, match="not the output this log describes"):
         revert(r.log_path, out, atomic=False)
-    assert _sha(out) == changed  # nothing was rewritten
+    assert _digest(out) == changed  # nothing was rewritten
 
 
 def _cache_refused(cache_env: str, ckpt: str, tmp_path) -> None:
     with pytest.warns(UserWarning, match="hash cache folder .* not used"):
-        assert not hashcache.remember(ckpt, os.stat(ckpt), _sha(ckpt))
+        assert not hashcache.remember(ckpt, os.stat(ckpt), _digest(ckpt), algorithm=_algorithm())
         _inject(ckpt, str(tmp_path / "o.h5"), 1)
 
 
@@ -221,5 +233,5 @@ def test_the_default_folder_is_made_private(ckpt, tmp_path, monkeypatch, not_rac
     d = tmp_path / "xdg" / "fastflip" / "sha256"
     d.mkdir(parents=True)
     os.chmod(d, 0o775)  # made by an earlier fastflip under umask 002
-    assert hashcache.remember(ckpt, os.stat(ckpt), _sha(ckpt))
+    assert hashcache.remember(ckpt, os.stat(ckpt), _digest(ckpt), algorithm=_algorithm())
     assert os.stat(d).st_mode & 0o777 == 0o700 and len(list(d.iterdir())) == 1

@@ -141,6 +141,20 @@ def test_blake3_is_the_default_when_installed(h5, tmp_path, monkeypatch):
     assert r.algorithm == "blake3" and r.digest == want and open(out, "rb").read() == open(h5, "rb").read()
 
 
+def test_blake3_hashes_in_a_forked_child_after_the_parent_did():
+    """A child made by os.fork() after the parent hashed with BLAKE3's threads hashes too (the parent's thread
+    pool is not copied by fork: a threaded update in the child would wait forever)."""
+    require("blake3")
+    code = ("import os; from fastflip.files import hashing\n"
+            "data = b'x' * (8 << 20)\n"
+            "def digest():\n    h = hashing.new('blake3'); h.update(data); return h.hexdigest()\n"
+            "want = digest(); pid = os.fork()\n"
+            "if pid == 0:\n    os._exit(0 if digest() == want else 1)\n"
+            "print(os.waitpid(pid, 0)[1])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+
+
 def test_cli_hash_option_and_revert_message(h5, tmp_path):
     out = str(tmp_path / "o.h5")
     env = dict(os.environ)

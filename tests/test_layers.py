@@ -1,5 +1,5 @@
 """The package's layering, read from the source with ``ast`` (tools/archstats.py): imports point downward
-only, there is no import cycle, and modules of the old flat layout still import, with a DeprecationWarning.
+only and there is no import cycle.
 
 Layers, lowest first (docs/internals.md): errors → core → kernels → files → live → frameworks → campaign →
 experiment → report, compat → cli (and the demo). A module may import its own subpackage and any lower layer.
@@ -7,9 +7,7 @@ experiment → report, compat → cli (and the demo). A module may import its ow
 
 from __future__ import annotations
 
-import importlib
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -17,10 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import archstats  # noqa: E402
-from fastflip._moved import MOVED  # noqa: E402
 
 RANKS = {
-    "fastflip.errors": 0, "fastflip._moved": 0,
+    "fastflip.errors": 0,
     "fastflip.core": 1, "fastflip.kernels": 2, "fastflip.files": 3, "fastflip.live": 4, "fastflip.frameworks": 5,
     "fastflip.campaign": 6, "fastflip.experiment": 7, "fastflip.report": 8, "fastflip.compat": 8,
     "fastflip.cli": 9, "fastflip.demo": 9, "fastflip.__main__": 10,
@@ -65,9 +62,6 @@ LAZY = {
     "fastflip.cli.*": "a subcommand's code is imported when it runs, so `fastflip --help` stays light",
     "fastflip.files.formats": "the per-format reader registry imports one reader when a file of that format is read",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",
-    # the deprecated-name shims import the alias layer only when an old name is used; they go with that layer
-    "fastflip.campaign.store": "the deprecated-name shim imports fastflip._moved when an old name is used",
-    "fastflip.experiment.outcomes": "the deprecated-name shim imports fastflip._moved when an old name is used",
 }
 
 
@@ -214,47 +208,3 @@ def test_type_checking_imports_are_the_only_ones_left_out(tmp_path: Path) -> Non
 def test_no_cycles_even_through_type_checking_imports() -> None:
     """Names are shared downward too: no circle closes through an ``if TYPE_CHECKING:`` import either."""
     assert archstats.cycles(archstats.import_graph(ROOT / "src", type_only=True)) == []
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_paths_import_with_a_deprecation_warning(old: str) -> None:
-    name = f"fastflip.{old}"
-    new = f"fastflip.{MOVED[old]}"
-    if old == "_kernels":
-        pytest.importorskip(new)
-    sys.modules.pop(name, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(name)
-    assert module is importlib.import_module(new)
-    assert module.__spec__.name == new  # its own spec kept: relative imports inside it still work
-    assert any(w.category is DeprecationWarning and new in str(w.message) for w in caught)
-    assert caught[0].filename == __file__  # the warning names the importer, not the import machinery
-
-
-def _forget(*old: str) -> None:
-    """Undo earlier imports of old names (an old path warns on its first import in a process)."""
-    import fastflip
-
-    for name in old:
-        sys.modules.pop(f"fastflip.{name}", None)
-        fastflip.__dict__.pop(name.split(".")[0], None)
-
-
-def test_old_names_as_attributes_and_from_imports() -> None:
-    import fastflip
-
-    _forget("layout", "oldconfig", "formats", "formats.torchsave")
-    with pytest.deprecated_call():
-        from fastflip.layout import read_layout  # noqa: F401
-    with pytest.deprecated_call():
-        assert fastflip.oldconfig is importlib.import_module("fastflip.compat.oldconfig")
-    with pytest.deprecated_call():
-        from fastflip.formats.torchsave import RestrictedUnpickler
-    assert RestrictedUnpickler.__module__ == "fastflip.files.formats.torchsave"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the public paths themselves warn about nothing
-        from fastflip.experiment import run_experiment  # noqa: F401
-        assert fastflip.inject_file.__module__ == "fastflip.files.inject"
-    with pytest.raises(AttributeError):
-        fastflip.no_such_module  # noqa: B018

@@ -1,7 +1,13 @@
-"""Old public names keep working with a DeprecationWarning; errors raised on purpose are FastflipErrors that are
-also the built-in exception they replaced."""
+"""The module paths and names CHANGELOG.md lists as renamed are gone (no import hook, no attribute shims); errors
+raised on purpose are FastflipErrors that are also the built-in exception they replaced."""
 
 from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -9,27 +15,53 @@ import pytest
 from fastflip.errors import FastflipError, IndexRangeError, LogMismatchError, OptionError
 
 
-def test_store_outcomes_is_renamed_trial_outcomes():
-    import fastflip.campaign.store as store
-    from fastflip.campaign.outcomes import TRIAL_OUTCOMES
+CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"
 
-    with pytest.warns(DeprecationWarning, match="OUTCOMES is renamed TRIAL_OUTCOMES"):
-        old = store.OUTCOMES
-    assert old is TRIAL_OUTCOMES == ("masked", "sdc", "critical", "due")
+
+def renames(section: str) -> list[tuple[str, str]]:
+    """The (old, new) rows of one table of CHANGELOG.md's renames (``#### Module paths`` or ``#### Names``):
+    the first dotted name in each cell."""
+    text = CHANGELOG.read_text(encoding="utf-8").split(f"#### {section}\n", 1)[1].split("\n#", 1)[0]
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| `")]
+    return [tuple(re.search(r"`([\w.]+)`", cell).group(1) for cell in row) for row in rows]
+
+
+def test_the_changelog_lists_the_renames() -> None:
+    assert len(renames("Module paths")) >= 40 and len(renames("Names")) == 3
+
+
+@pytest.mark.parametrize("old, new", renames("Module paths"))
+def test_old_module_paths_are_gone(old: str, new: str) -> None:
+    import fastflip
+
+    sys.modules.pop(old, None)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+    assert not isinstance(getattr(fastflip, old.split(".")[1], None), ModuleType)  # fastflip.select: a function
+    assert not any(type(f).__module__.startswith("fastflip") for f in sys.meta_path)  # no import hook
+    if new == "fastflip.kernels._cython":  # the compiled kernels: present once built
+        pytest.importorskip(new)
+    assert importlib.import_module(new).__name__ == new
+
+
+@pytest.mark.parametrize("old, new", renames("Names"))
+def test_old_names_are_gone(old: str, new: str) -> None:
+    module, name = old.rsplit(".", 1)
+    new_module, new_name = new.rsplit(".", 1)
+    assert module == new_module
+    module = importlib.import_module(module)
     with pytest.raises(AttributeError):
-        store.NO_SUCH_NAME  # noqa: B018
+        getattr(module, name)
+    assert getattr(module, new_name) is not None
 
 
-def test_experiment_names_are_renamed_run_names():
-    import fastflip.experiment.outcomes as eo
+def test_run_and_trial_outcomes_differ() -> None:
     from fastflip.campaign.outcomes import RUN_OUTCOMES, TRIAL_OUTCOMES
+    from fastflip.campaign.store import TRIAL_OUTCOMES as STORED
+    from fastflip.experiment.outcomes import RUN_OUTCOMES as RUN
 
-    with pytest.warns(DeprecationWarning, match="classify is renamed classify_run"):
-        old = eo.classify
-    assert old is eo.classify_run
-    with pytest.warns(DeprecationWarning, match="OUTCOMES is renamed RUN_OUTCOMES"):
-        assert eo.OUTCOMES is RUN_OUTCOMES
-    assert set(RUN_OUTCOMES) != set(TRIAL_OUTCOMES)  # why the two names must differ
+    assert STORED is TRIAL_OUTCOMES == ("masked", "sdc", "critical", "due") and RUN is RUN_OUTCOMES
+    assert set(RUN_OUTCOMES) != set(TRIAL_OUTCOMES)  # why the two have their own names
 
 
 def test_classify_run_mismatch_is_an_option_error():

@@ -14,8 +14,6 @@ import importlib
 import logging
 from typing import Any
 
-from . import _moved
-
 __version__ = "0.1.0"
 
 # Library messages go to the "fastflip" logger; a host application decides where they go (the CLI maps -v/-q).
@@ -33,9 +31,6 @@ _EXPORTS = {
     "injected_activations": "live.activations", "ActivationLog": "live.activations",
 }
 
-# Modules of the old flat layout keep working from their old paths, with a DeprecationWarning (see _moved).
-_moved.install()
-
 __all__ = ["__version__", *_EXPORTS]
 
 # The layers (docs/internals.md), imported on first attribute access: ``fastflip.core.plan`` after ``import fastflip``.
@@ -44,7 +39,7 @@ _SUBPACKAGES = ("core", "kernels", "files", "live", "frameworks", "campaign", "e
 
 def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
-    if mod is None and (name in _moved.MOVED or name in _SUBPACKAGES):  # fastflip.core, fastflip.native, ...
+    if mod is None and name in _SUBPACKAGES:  # fastflip.core, fastflip.files, ...
         return importlib.import_module(f"{__name__}.{name}")
     if mod is None:
         raise AttributeError(f"module 'fastflip' has no attribute {name!r}")

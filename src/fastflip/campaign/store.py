@@ -621,12 +621,3 @@ def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
     dst.close()
     return {"trials": total, "duplicates": duplicates}
 
-
-def __getattr__(name: str) -> Any:
-    """``OUTCOMES`` is the old name of :data:`TRIAL_OUTCOMES` (an experiment run has other classes)."""
-    if name == "OUTCOMES":
-        from .._moved import warn_renamed
-
-        warn_renamed(f"{__name__}.OUTCOMES", "TRIAL_OUTCOMES")
-        return TRIAL_OUTCOMES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
 :mod:`~fastflip.experiment.config` reads the experiment file, :mod:`~fastflip.experiment.runner` runs the
 scenarios and :mod:`~fastflip.experiment.outcomes` labels and summarises their outcomes. The runner's
-public names are re-exported here, so ``from fastflip.experiment import run_experiment`` keeps working.
+public names are re-exported here: ``from fastflip.experiment import run_experiment``.
 
 Imports: every layer below (``core`` up to ``frameworks``) and the statistics of :mod:`fastflip.campaign`
 (:mod:`~fastflip.campaign.stats`, :mod:`~fastflip.campaign.significance`, :mod:`~fastflip.campaign.store`).

@@ -331,16 +331,3 @@ def plot_accuracy(
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
 
-
-_RENAMED = {"OUTCOMES": "RUN_OUTCOMES", "classify": "classify_run"}
-
-
-def __getattr__(name: str) -> Any:
-    """Old names: ``OUTCOMES`` (a campaign trial has other classes, :data:`fastflip.campaign.outcomes.TRIAL_OUTCOMES`)
-    and ``classify`` (the campaign's trial judge is :func:`fastflip.campaign.outcomes.judge`)."""
-    if name in _RENAMED:
-        from .._moved import warn_renamed
-
-        warn_renamed(f"{__name__}.{name}", _RENAMED[name])
-        return globals()[_RENAMED[name]]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -64,10 +64,16 @@ class Algorithm:
     factory: Callable[[], Hasher]
 
 
+_FORKED = [False]  # set in a child made by os.fork(): blake3's thread pool does not survive a fork
+os.register_at_fork(after_in_child=lambda: _FORKED.__setitem__(0, True))
+
+
 def _blake3() -> Hasher:
+    """A BLAKE3 hasher on all cores; on one thread in a forked child, where the parent's thread pool (its
+    threads are not copied by fork) would leave a multi-threaded update waiting forever."""
     import blake3  # the documented API: blake3.blake3(max_threads=blake3.blake3.AUTO), update, hexdigest
 
-    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    return blake3.blake3(max_threads=1 if _FORKED[0] else blake3.blake3.AUTO)
 
 
 def _xxh3_128() -> Hasher:
