@@ -1,4 +1,4 @@
-"""Batched trials at the compute floor (issue 22 item 1): serial vs batched vs the floor, side by side in one run.
+"""Batched trials at the compute floor: serial vs batched vs the floor, side by side in one run.
 
 Campaign: a compute-bound ResNet-style CNN (stem conv 16, two basic blocks of 16, two of 32 with a stride-2
 downsample, pooling, a 10-way head; BatchNorm in eval mode with statistics set), 256 CIFAR-sized images

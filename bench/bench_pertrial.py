@@ -1,4 +1,4 @@
-"""One statistical trial through the public per-trial API next to a hand-written NumPy trial (issue 22 item 2).
+"""One statistical trial through the public per-trial API next to a hand-written NumPy trial.
 
 Run: ``pytest bench/bench_pertrial.py --benchmark-only --benchmark-columns=min,median,max,rounds``.
 Figures go to bench/README.md (section "Per-trial API next to hand-written NumPy").

@@ -1,4 +1,4 @@
-"""Issue 11 (file side) figures: peak RSS of the archive path on a 2 GiB-inflating member, and leftovers
+"""File-safety figures: peak RSS of the archive path on a 2 GiB-inflating member, and leftovers
 in $TMPDIR / beside the output after random kills of inject (and after the next start).
 
 Run: ``python bench/file_safety_figures.py [--quick]`` (single process; writes ~2 GiB of scratch in $TMPDIR).

@@ -1,4 +1,4 @@
-"""Benchmark of issue 22 item 3: the CLI at its floor, side by side with the floors the targets name.
+"""Benchmark: the CLI at its floor, side by side with the floors the targets name.
 
 Run the same file against two source trees (the ``direct`` figures skip where ``--direct`` does not exist)::
 

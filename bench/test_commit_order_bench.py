@@ -1,4 +1,4 @@
-"""Benchmark of issue 20 item 1: the cost of committing the log before the file it describes.
+"""Benchmark: the cost of committing the log before the file it describes.
 
 Run the same file against two source trees, side by side::
 

@@ -1,4 +1,4 @@
-"""Benchmarks of issue 15: chunk-level HDF5 patching and the torch.save / safetensors raw path.
+"""Benchmarks: chunk-level HDF5 patching and the torch.save / safetensors raw path.
 
 Run: ``pytest bench/test_formats_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds -s``
 

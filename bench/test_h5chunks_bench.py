@@ -1,4 +1,4 @@
-"""Benchmarks of issue 22 item 4: 10 flips in place into a chunked HDF5 dataset against a contiguous one.
+"""Benchmarks: 10 flips in place into a chunked HDF5 dataset against a contiguous one.
 
 Run: ``pytest bench/test_h5chunks_bench.py --benchmark-only --benchmark-columns=min,median,max,rounds -s``
 

@@ -1,6 +1,6 @@
 """20,000 flips into the ResNet-50-sized legacy Keras checkpoint: fastflip's CLI next to the older tool's loop.
 
-Issue 22's target: fastflip ≥ 50× the older tool (hdf5_corrupter) end to end. The older tool is not installed;
+The target: fastflip ≥ 50× the older tool (hdf5_corrupter) end to end. The older tool is not installed;
 ``bench/oldtool_baseline.py`` reproduces its loop (h5py ``r+``, per flip: pick a dataset, pick an element, read
 it through h5py, pack as float64 with ``struct``, flip a bit through the bit string, unpack, write it back).
 Every figure is one subprocess run end to end (interpreter start and imports included):

@@ -46,7 +46,7 @@ def hook_counts(model) -> list[int]:  # noqa: ANN001
 def test_per_sample_faults_match_reference(dtype: str, fault: str) -> None:
     torch = require("torch")
     if dtype == "bfloat16" and "format" not in {f.name for f in dataclasses.fields(TensorRef)}:
-        pytest.skip("bfloat16 outputs need fastflip's float formats (issue 9 item 3), not in this build")
+        pytest.skip("bfloat16 outputs need fastflip's float formats, not in this build")
     model = small_net().to(getattr(torch, dtype))
     x = torch.randn(6, 3, 8, 8, generator=torch.Generator().manual_seed(1)).to(getattr(torch, dtype))
     with torch.no_grad():

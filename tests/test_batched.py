@@ -174,7 +174,7 @@ def _serial_and_batched(c, per_cell):
 
 def test_untraceable_model_batches_without_a_graph(capsys):
     """torch.fx cannot trace it (control flow on the input): its faulted modules run once per trial on their share of
-    the batch, no graph needed; said once; rows equal one trial at a time."""
+    the batch, no graph needed; reported once; rows equal one trial at a time."""
     require("torch")
     c = _campaign("batch_helpers:traced_off", "batch_helpers:digits_data", ["30", "0"], 6, batch=3)
     runner, serial, got = _serial_and_batched(c, 6)
@@ -200,7 +200,7 @@ def test_control_flow_on_faulted_values_runs_serially(capsys):
 
 
 def test_no_prefix_when_the_rest_needs_sizes(capsys):
-    """A model reading its batch size before the faulted layer batches with full forwards (said once per cell)."""
+    """A model reading its batch size before the faulted layer batches with full forwards (reported once per cell)."""
     require("torch")
     c = _campaign("batch_helpers:sizes", "batch_helpers:digits_data", ["30", "0"], 6, batch=3)
     runner, serial, got = _serial_and_batched(c, 6)
@@ -328,7 +328,7 @@ def test_activation_block_needs_its_batch():
 
 
 def test_inputs_torch_cannot_take_run_serially(capsys):
-    """Evaluation inputs that are not one tensor (a list of ragged arrays): the batcher steps aside, said once."""
+    """Evaluation inputs that are not one tensor (a list of ragged arrays): the batcher steps aside, reported once."""
     require("torch")
     c = _campaign("batch_helpers:digits_net", "batch_helpers:digits_data", ["30"], 3, batch=2)
     cells = campaign_cells(c)

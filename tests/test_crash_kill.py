@@ -1,11 +1,11 @@
 """Kill an injection at any moment: the user keeps the old state, or the new state with a log that reverts it.
 
-Issue 20, item 1 (evidence before change). A subprocess (tests/crash_worker.py) forks one child per trial and
+Evidence before change. A subprocess (tests/crash_worker.py) forks one child per trial and
 kills it with SIGKILL, SIGTERM or SIGINT, either at seeded random moments (scaled by the duration of one
 uninterrupted injection) or exactly before/after one of its renames (os.replace). Copy-mode injections must
 leave the input untouched and never an output without its log; in-place ones must leave the original bytes,
 or changed bytes with a ``.fflog`` whose revert gives the original bytes back. Checked for HDF5, .keras,
-torch.save, safetensors, .npz and a sharded safetensors checkpoint directory (issue 21: index + three shards,
+torch.save, safetensors, .npz and a sharded safetensors checkpoint directory (index + three shards,
 killed also between the renames of its shards); the default tier runs a few kills per format and mode,
 ``slow`` many more.
 """

@@ -1,4 +1,4 @@
-"""Disk full (ENOSPC): one line that says so, nothing half-written (issue 11, item 5).
+"""Disk full (ENOSPC): one line that says so, nothing half-written.
 
 Each case runs twice: on a real 1 MiB tmpfs (mounted as root; skipped where mounting is not
 allowed) and with ENOSPC simulated at Python's file writes (always runs).

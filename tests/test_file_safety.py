@@ -1,4 +1,4 @@
-"""Nothing lost, nothing let in: path safety, writer locks, logs as evidence, temporaries (issue 11, file side)."""
+"""Nothing lost, nothing let in: path safety, writer locks, logs as evidence, temporaries."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Only a test that declares its extra may skip for lack of it (issue 20, item 9): tests/conftest.py, run on a
+"""Only a test that declares its extra may skip for lack of it: tests/conftest.py, run on a
 small suite in which torch is made impossible to import."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Differential fuzzing of every checkpoint reader (issue 20, item 3): fastflip against the framework's own loader.
+"""Differential fuzzing of every checkpoint reader: fastflip against the framework's own loader.
 
 Real small files of every format are mutated (seeded; 1-3 byte changes, mostly in the structure:
 zip headers and central directory, pickles, .npy and safetensors headers, HDF5 metadata — not

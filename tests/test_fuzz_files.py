@@ -1,4 +1,4 @@
-"""Seeded byte-level fuzzing of HDF5 checkpoints, .keras archives and logs through the CLI (issue 11, item 5).
+"""Seeded byte-level fuzzing of HDF5 checkpoints, .keras archives and logs through the CLI.
 
 Every case mutates a real file (1-8 byte-level changes), runs a command on it in a worker process
 and asserts the one error path: exit code 0, 1 or 2 (never an escaped exception or an "internal

@@ -1,4 +1,4 @@
-"""Filtered chunks of an HDF5 file with a user block (issue 20, item 7): the user-block base is added to every
+"""Filtered chunks of an HDF5 file with a user block: the user-block base is added to every
 chunk address, so gzip, lzf and shuffle-only chunks are patched where h5py reads them.
 
 HDF5 before 1.14.4 (h5py 3.11, the declared floor) reports chunk addresses without the user block; newer

@@ -64,7 +64,7 @@ def _read(path: str) -> dict[str, np.ndarray]:
 def test_filters_match_reference_and_h5py(tmp_path, filt, model, monkeypatch):
     from fastflip.files import h5chunks
 
-    monkeypatch.setattr(h5chunks, "_SAID", set())  # fallbacks are said once per process: listen afresh
+    monkeypatch.setattr(h5chunks, "_SAID", set())  # fallbacks are reported once per process: listen afresh
     rng = np.random.default_rng(abs(hash((filt, model))) % 2**32)
     src = str(tmp_path / "in.h5")
     arrays = _write(src, FILTERS[filt], rng)

@@ -139,7 +139,7 @@ def test_off_turns_it_off(ckpt, tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "a.h5.fflog", "ckpt.h5"]
 
 
-# ---------------------------------------------------------------- issue 20 item 5: hashes that cannot lie
+# ---------------------------------------------------------------- hashes that cannot lie
 
 
 def _stale_entry(path: str, claimed: str) -> os.stat_result:

@@ -1,4 +1,4 @@
-"""Hostile checkpoints (issue 20, items 3, 4, 7, 8): each reader agrees with the framework or refuses in one line.
+"""Hostile checkpoints: each reader agrees with the framework or refuses in one line.
 
 The files are built here byte by byte (tests/hostile_files.py: raw zips, torch pickles, legacy
 torch files), so no framework is needed to make them; where a case is about what the framework

@@ -1,5 +1,5 @@
 """Live targets never write into a storage the model no longer holds; a plan that was applied stays the plan
-its log describes (issue 20, item 6)."""
+its log describes."""
 
 from __future__ import annotations
 

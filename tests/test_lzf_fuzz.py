@@ -1,4 +1,4 @@
-"""The native LZF codec (ext/_lzf.pyx) against a pure-Python decoder written from the format (issue 20, item 6).
+"""The native LZF codec (ext/_lzf.pyx) against a pure-Python decoder written from the format.
 
 Every stream the codec writes (compress, reencode, grow) decodes, with the decoder below, to exactly the data it
 was given; on arbitrary bytes the native decoder and the one below agree (same output, or both refuse).

@@ -1,5 +1,5 @@
-"""``nan_policy='avoid'`` for every fault model, including several bits of one element (the IndexError of
-issue 13: 16 values of 1.5, ``--count 20 --nan avoid``, seeds 1, 2, 5), checked by a property test over
+"""``nan_policy='avoid'`` for every fault model, including several bits of one element (and the case that once
+raised IndexError: 16 values of 1.5, ``--count 20 --nan avoid``, seeds 1, 2, 5), checked by a property test over
 random multi-bit plans against the pure-NumPy reference."""
 
 from __future__ import annotations

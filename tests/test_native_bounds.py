@@ -1,4 +1,4 @@
-"""The native entry points refuse what would write out of bounds (issue 20, item 6): offsets against the
+"""The native entry points refuse what would write out of bounds: offsets against the
 table's extents in kernels.dispatch, column lengths, item sizes and offsets in the Cython kernels themselves,
 a negative ``extra`` in ``_lzf.grow``."""
 

@@ -1,4 +1,4 @@
-"""A malformed ``--loadInjectionSequence`` is one line and exit 2, never an internal error (issue 20, item 8)."""
+"""A malformed ``--loadInjectionSequence`` is one line and exit 2, never an internal error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evidence before change for checkpoint directories (issue 20 item 1, issue 21 item 1): the log is durable before
+"""Evidence before change for checkpoint directories: the log is durable before
 the output directory or the first shard changes, in one section with SIGINT/SIGTERM deferred; hashes of shards
 about to change come from their bytes; an in-place writer locks the whole checkpoint. Tiny synthetic safetensors
 shards (numpy + safetensors), in process; tests/test_crash_kill.py kills real runs."""

@@ -1,4 +1,4 @@
-"""The one site type (issue 12): files, live tensors and GPU arrays hold ``core.records.SiteArrays``, and
+"""The one site type: files, live tensors and GPU arrays hold ``core.records.SiteArrays``, and
 every CPU backend of the registry applied to those columns gives the reference's words."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The lean per-trial path draws exactly what the general path draws (issue 22 item 2).
+"""The lean per-trial path draws exactly what the general path draws.
 
 ``SiteSpace.plan(count=K)`` for small K goes through :mod:`fastflip.core.trialplan` (raw Philox
 words, NumPy's algorithms replayed in Python, a SeedSequence-free key). The seed contract says a

@@ -1,4 +1,4 @@
-"""One path check for every file fastflip writes (issue 20, item 2): sequence JSON, report files, convert, revert.
+"""One path check for every file fastflip writes: sequence JSON, report files, convert, revert.
 
 Every writer goes through fastflip.files.paths.resolve_output: never an input (a store counts as an input of
 report), never another output of the run, never a device, FIFO or socket; existing outputs need --force;
