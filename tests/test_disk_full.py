@@ -77,6 +77,30 @@ def _simulate_enospc(monkeypatch, directory):
 
     monkeypatch.setattr(builtins, "open", fake_open)
     monkeypatch.setattr(io, "open", fake_open)  # zipfile opens through io.open
+    # writes at an offset (os.pwrite) and blocks copied file to file in the kernel (os.copy_file_range) count too
+    written: dict[int, int] = {}
+
+    def count(fd, n):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(directory)):
+            written[fd] = written.get(fd, 0) + n
+            if written[fd] > 64 << 10:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_pwrite = os.pwrite
+
+    def fake_pwrite(fd, data, offset):
+        count(fd, len(data))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", fake_pwrite)
+    if hasattr(os, "copy_file_range"):
+        real_copy = os.copy_file_range
+
+        def fake_copy(src, dst, n, *a, **k):
+            count(dst, n)
+            return real_copy(src, dst, n, *a, **k)
+
+        monkeypatch.setattr(os, "copy_file_range", fake_copy)
 
 
 def _big_h5(path):
