@@ -195,12 +195,14 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
 
 
 def _refuse_other_kind(path: Path, names: list[str] | None) -> None:
+    """Refuse a file that is not a ``.keras`` archive (``names``: its entry names when already listed)."""
     if not _is_keras(path, names):
         raise InputFileError(f"{path}: not a .keras archive (not a zip file)")
 
 
 def _check_entries(path: Path, infos: list[zipfile.ZipInfo]) -> None:
-    """Refuse unsafe names, compression methods fastflip cannot rewrite, duplicates, and anything but one weights entry."""
+    """Refuse unsafe names, compression methods fastflip cannot rewrite, duplicate names, and anything but one
+    weights entry."""
     for info in infos:
         if _unsafe(info.filename):
             raise UnsafeArchiveError(f"{path}: refusing archive with unsafe entry name {info.filename!r}")
