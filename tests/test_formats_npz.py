@@ -313,3 +313,32 @@ def test_cli_on_compressed_npz(tmp_path, capsys):
     assert sha256_file(out) == sha256_file(p)
     assert main(["inspect", p]) == 0
     assert "deflate" in capsys.readouterr().out
+
+
+def test_touched_member_bytes_read_once(tmp_path, monkeypatch):
+    """The stored bytes of a member that holds sites are read from the file once (patched, then checked
+    against the file from that one read), not a second time by the zip-field check."""
+    from fastflip.files import zipmembers
+    from fastflip.files.formats.zipraw import stored_entries
+
+    p = str(tmp_path / "w.npz")
+    rng = np.random.default_rng(3)
+    # "tail" keeps the archive's end-record search (its last 64 KiB) away from "big"
+    np.savez_compressed(p, big=rng.standard_normal(40_000).astype("<f8"), tail=rng.standard_normal(10_000))
+    e = stored_entries(p)["big.npy"]
+    lo, hi = e.offset, e.offset + e.info.compress_size
+    spans = []  # (first byte, end) of every read through the files member_patches opens
+
+    class Counting(io.FileIO):
+        def read(self, n=-1):
+            at = self.tell()
+            b = super().read(n)
+            spans.append((at, at + len(b)))
+            return b
+
+    monkeypatch.setattr(zipmembers, "open", lambda path, mode="rb": Counting(path, "r"), raising=False)
+    inject_file(p, str(tmp_path / "o.npz"), selection={"include": ["/big"]}, seed=1, count=3)
+    changed = np_load(p)["/big"].view("<u8") != np_load(str(tmp_path / "o.npz"))["/big"].view("<u8")
+    assert 1 <= changed.sum() <= 3
+    member_bytes_read = sum(max(0, min(b, hi) - max(a, lo)) for a, b in spans)
+    assert member_bytes_read == hi - lo

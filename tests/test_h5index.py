@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import zlib
 
 import h5py
@@ -299,3 +300,39 @@ def test_gzip_chunk_patch_ends_in_empty_blocks(tmp_path):
                 assert len(d.decompress(new)) == 16 * 64 * 4 and d.eof and d.unused_data == b""
         assert int((f["w"][...].view("<u4") != a.view("<u4")).sum()) >= 1
     assert changed >= 1
+
+
+@pytest.mark.parametrize("route", ["native", "native-read-fails", "hdf5"])
+def test_chunk_grid_computed_once_per_lookup(h5file, route, monkeypatch):
+    """One lookup of a dataset's elements works out its chunk grid once, whichever way the index is read
+    (the index location, remembered per tensor, holds the grid of its maximum shape, worked out when it is found)."""
+    if route == "hdf5":
+        monkeypatch.setenv("FASTFLIP_H5_NATIVE", "0")
+    elif not h5index.native_available()[2]:
+        pytest.skip("no native HDF5 index reader here")
+    if route == "native-read-fails":
+        def broken(*a):
+            raise ValueError("malformed")
+
+        monkeypatch.setattr(h5index, "_read_index", broken)
+    t = next(t for t in read_layout(h5file).tensors if t.path == "/g/full")
+    flat = np.random.default_rng(4).integers(0, t.size, 200)
+    with h5py.File(h5file, "r") as f:
+        want = chunk_index(f[t.path]).byte_offsets(flat)
+        h5index.tensor_element_offsets(h5file, t, flat, lambda: f[t.path], chunk_address_base)  # finds the index
+        grids = []
+        real = h5index.chunk_grid
+
+        def counting(*a):  # the grids of elements' chunks (not the index location's grid of the maximum shape)
+            if sys._getframe(1).f_code.co_name != "_locate":
+                grids.append(a)
+            return real(*a)
+
+        monkeypatch.setattr(h5index, "chunk_grid", counting)
+        got = h5index.tensor_element_offsets(h5file, t, flat, lambda: f[t.path], chunk_address_base)
+        np.testing.assert_array_equal(got, want)
+        assert grids == [(t.shape, t.chunks)]
+        grids.clear()
+        got = element_offsets(f[t.path].id, t.shape, t.chunks, t.itemsize, flat, chunk_address_base(f[t.path]))
+        np.testing.assert_array_equal(got, want)
+        assert grids == [(t.shape, t.chunks)]

@@ -52,6 +52,30 @@ def test_not_an_archive_and_missing_weights(tmp_path):
         check_archive(p)
 
 
+def test_check_archive_reads_the_central_directory_once(tmp_path, monkeypatch):
+    """The kind, the entry checks and the local-header checks share one reading of the zip directory;
+    other zips and damaged ones are refused as before."""
+    p = _archive(tmp_path / "m.keras", [("config.json", "{}"), ("model.weights.h5", _h5_bytes(tmp_path))])
+    npz = tmp_path / "a.npz"
+    np.savez(npz, x=np.ones(3))
+    damaged = tmp_path / "d.keras"
+    damaged.write_bytes(p.read_bytes().replace(b"PK\x01\x02", b"XX\x01\x02"))  # no central directory record
+    reads = []
+    real = zipfile.ZipFile._RealGetContents
+
+    def counting(self):
+        reads.append(self.filename)
+        return real(self)
+
+    monkeypatch.setattr(zipfile.ZipFile, "_RealGetContents", counting)
+    assert [i.filename for i in check_archive(p)] == ["config.json", "model.weights.h5"]
+    assert reads == [str(p)]
+    with pytest.raises(InputFileError, match="not a .keras archive"):
+        check_archive(npz)
+    with pytest.raises(InputFileError, match="damaged .keras archive"):
+        check_archive(damaged)
+
+
 def test_edit_keeps_other_entries_and_is_atomic(tmp_path):
     src = _archive(tmp_path / "m.keras", [("metadata.json", '{"a": 1}'), ("model.weights.h5", _h5_bytes(tmp_path)),
                                           ("config.json", '{"b": 2}')])

@@ -126,3 +126,31 @@ def test_lzf_grow_with_a_negative_extra_raises_instead_of_aborting():
             "print('refused')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "refused", (r.returncode, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_extents_checked_once_per_call(backend, monkeypatch):
+    """A call checks its sites against the extents once: in dispatch, or, for a backend whose kernels refuse
+    such sites themselves (Cython), in those kernels alone; a refusal still names the site, nothing changed."""
+    from fastflip.kernels.registry import get_backend
+
+    big, table = _guarded()
+    buf = np.zeros(16, np.uint8)
+    calls = []
+    for name in ("_check_extents", "_check_span"):
+        real = getattr(dispatch, name)
+        monkeypatch.setattr(dispatch, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    dispatch.apply_ptrs(table, [0], [12], [ONES], [0], [1 << 31], backend)
+    dispatch.read_ptrs(table, [0], [12], backend)
+    dispatch.write_ptrs(table, [0], [12], [0], backend)
+    dispatch.apply_at_offsets(buf, [4], 4, False, [ONES], [0], [1], backend)
+    dispatch.read_at_offsets(buf, [4], 4, False, backend)
+    dispatch.write_at_offsets(buf, [4], 4, False, [0], backend)
+    native = get_backend(backend).checks_bounds
+    assert calls == ([] if native else ["_check_extents"] * 3 + ["_check_span"] * 3)
+    before = big.copy()
+    with pytest.raises(OptionError, match="site 1: byte offset 16 of tensor 0 lies outside its 16 bytes"):
+        dispatch.apply_ptrs(table, [0, 0], [0, 16], [ONES] * 2, [0, 0], [1 << 31] * 2, backend)
+    with pytest.raises(OptionError, match=r"span \[4, 20\) outside the buffer of 16 bytes"):
+        dispatch.apply_at_offsets(buf, [4, 16], 4, False, [ONES] * 2, [0, 0], [1, 1], backend)
+    assert big.tobytes() == before.tobytes() and not buf.any()

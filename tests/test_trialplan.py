@@ -292,3 +292,27 @@ def test_small_plans_prepare_like_the_general_check(monkeypatch) -> None:
     for p in bad:
         with pytest.raises(PlanMismatchError):
             live.inject(tg, p)
+
+
+@pytest.mark.parametrize("kw", [{"count": 3}, {"rate": 1e-3}, {"ber": 1e-4}, {"count": 2, "model": "random-value"}])
+def test_both_paths_take_the_amount_from_one_function(mixed: SiteSpace, kw, monkeypatch) -> None:
+    """The lean and the general path work out how many sites to draw (count, or rate/ber's Binomial) with the
+    one draw_amount, once per plan; the plan's meta records what it gave."""
+    from fastflip.core import trialplan
+
+    got = []
+    real = trialplan.draw_amount
+
+    def counting(*a):
+        got.append(real(*a))
+        return got[-1]
+
+    for module in (sampling, trialplan):
+        monkeypatch.setattr(module, "draw_amount", counting)
+    spec = Sampling(**kw)
+    for draw in (lambda: mixed.plan(spec, seed=5, stream=(1,)), lambda: _general(mixed, spec, seed=5, stream=(1,))):
+        got.clear()
+        plan = draw()
+        assert len(got) == 1
+        k, _pairs, _uniform, mode = got[0]
+        assert plan.meta["requested_sites"] == k and {m: plan.meta[m] for m in mode} == mode

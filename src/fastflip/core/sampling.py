@@ -62,7 +62,7 @@ from .dtypes import word_type
 from ..errors import BitRangeError, CapacityError, NaNPolicyError, OptionError
 from .faults import FaultModel, GroupBits, site_masks
 from .plan import Plan, TensorRef, merge_duplicate_elements
-from .trialplan import LeanTables, lean_plan, pair_units_plan
+from .trialplan import LeanTables, draw_amount, lean_plan, pair_units_plan
 from .wordrule import nonfinite, rule_words, scale_words
 
 __all__ = ["SiteSpace", "generator"]
@@ -351,19 +351,7 @@ class SiteSpace:
             if lean is not None:
                 return lean
         rng = generator(seed, stream)
-        pairs = model.pair_sites
-        pair_uniform = False
-        if count is not None:
-            k = int(count)
-            mode: dict[str, Any] = {"count": k}
-        elif rate is not None:
-            k = int(rng.binomial(self.n_elements, rate))
-            pairs = False
-            mode = {"rate": float(rate), "drawn": k}
-        else:
-            k = int(rng.binomial(self.n_pairs, ber))
-            pair_uniform = True
-            mode = {"ber": float(ber), "drawn": k}
+        k, pairs, pair_uniform, mode = draw_amount(self, sampling, rng)
         elem, bit = self._sample(rng, k, pairs, replace, pair_uniform)
         plan = self._build(rng, model, elem, bit, distinct=not replace)
         if nan_policy == "avoid" and len(plan):

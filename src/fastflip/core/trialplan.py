@@ -26,7 +26,7 @@ from .plan import Plan, merge_duplicate_elements
 from .rawdraws import FLOYD_MAX, RawDraws
 from .seedkey import keyed_generator
 
-__all__ = ["lean_plan", "pair_units_plan", "LeanTables"]
+__all__ = ["lean_plan", "pair_units_plan", "LeanTables", "draw_amount"]
 
 _ALL = (1 << 64) - 1
 
@@ -125,6 +125,25 @@ def pair_units_plan(space: Any, units: list[int], kind: str) -> Plan:
     return _pair_plan(space, lt, kind, _unit_keys(lt, units), True)
 
 
+def draw_amount(space: Any, sampling: Any, rng: np.random.Generator) -> tuple[int, bool, bool, dict[str, Any]]:
+    """How many sites a plan of ``sampling`` draws from ``space``, and how: (sites ``k``, drawn as (element, bit)
+    pairs, every pair equally likely, the ``mode`` its meta records).
+
+    ``count`` is ``k``; ``rate`` draws ``k`` elements from Binomial(elements, rate) and ``ber`` ``k`` pairs from
+    Binomial(pairs, ber), each the first draw of ``rng``. Shared by :meth:`~fastflip.core.sampling.SiteSpace.plan`
+    and :func:`lean_plan`, whose plans must agree bit for bit.
+    """
+    count = sampling.count
+    if count is not None:
+        k = int(count)
+        return k, sampling.fault_model.pair_sites, False, {"count": k}
+    if sampling.rate is not None:
+        k = int(rng.binomial(space.n_elements, sampling.rate))
+        return k, False, False, {"rate": float(sampling.rate), "drawn": k}
+    k = int(rng.binomial(space.n_pairs, sampling.ber))
+    return k, sampling.fault_model.pair_sites, True, {"ber": float(sampling.ber), "drawn": k}
+
+
 def lean_plan(space: Any, sampling: Any, seed: int, stream: Sequence[int], limits: tuple[int, float]) -> Plan | None:
     """The plan ``space.plan(sampling, seed=, stream=)`` draws, or None to leave it to the general path (stream
     values it does not take, no site, at least ``limits[0]`` sites or more than the fraction ``limits[1]`` of
@@ -135,19 +154,9 @@ def lean_plan(space: Any, sampling: Any, seed: int, stream: Sequence[int], limit
     """
     if any(int(s) < 0 for s in stream):
         return None  # the general path raises NumPy's error
-    model, replace = sampling.fault_model, sampling.replace
-    count, rate, ber = sampling.count, sampling.rate, sampling.ber
+    model, replace, count = sampling.fault_model, sampling.replace, sampling.count
     rng = keyed_generator(seed, stream)
-    pairs, pair_uniform = model.pair_sites, False
-    if count is not None:
-        k = int(count)
-        mode: dict[str, Any] = {"count": k}
-    elif rate is not None:
-        k, pairs = int(rng.binomial(space.n_elements, rate)), False
-        mode = {"rate": float(rate), "drawn": k}
-    else:
-        k, pair_uniform = int(rng.binomial(space.n_pairs, ber)), True
-        mode = {"ber": float(ber), "drawn": k}
+    k, pairs, pair_uniform, mode = draw_amount(space, sampling, rng)
     cap = space._capacity(pairs)
     if not (1 <= k < limits[0] and (replace or k <= limits[1] * cap)):
         return None

@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import NotHDF5Error
 
 __all__ = ["native_available", "lookup_chunks", "walk_chunks", "object_info", "element_offsets",
-           "tensor_element_offsets", "IndexLocation"]
+           "tensor_element_offsets", "chunk_grid", "IndexLocation"]
 
 try:
     from ..kernels import _h5chunks  # ext/_h5chunks.pyx; without it, h5py per chunk
@@ -217,7 +217,7 @@ def _locate(dsid: Any) -> IndexLocation | None:
         return None
     maxshape = dsid.get_space().get_simple_extent_dims(True)
     return IndexLocation(kind, addr, sa, sl, base, tuple(int(c) for c in chunk),
-                         tuple(-(-int(m) // int(c)) for m, c in zip(maxshape, chunk)), dcpl.get_nfilters() > 0,
+                         chunk_grid(maxshape, chunk), dcpl.get_nfilters() > 0,
                          int(np.prod(chunk)) * dsid.get_type().get_size(), extra)
 
 
@@ -367,32 +367,41 @@ def tensor_element_offsets(path: str, tensor: Any, flat: np.ndarray, open_datase
         with phil:
             loc = _locate(ds.id) or False
         object.__setattr__(tensor, "_h5index_location", loc)  # (not a field: equality and hashing ignore it)
+    touched = None
     if loc:
-        key, within, inv = _chunk_keys(tensor.shape, tensor.chunks, flat)
-        corners = np.stack(np.unravel_index(key, _grid(tensor)), axis=1)
-        corners = corners.astype(np.int64) * np.asarray(tensor.chunks, np.int64)
+        touched = _touched_chunks(tensor.shape, tensor.chunks, flat)
         fd = os.open(path, os.O_RDONLY)
         try:
-            addr = _read_index(fd, loc, np.ascontiguousarray(corners))[0]
+            addr = _read_index(fd, loc, touched[0])[0]
         except (ValueError, OSError, IndexError):
             addr = None
         finally:
             os.close(fd)
         if addr is not None:
-            start = addr[inv]
-            return np.where(start >= 0, start + loc.base + within * tensor.itemsize, -1)
+            return _element_addresses(addr, touched, tensor.itemsize, loc.base)
     ds = ds if ds is not None else open_dataset()
-    return element_offsets(ds.id, tensor.shape, tensor.chunks, tensor.itemsize, flat, base_of(ds))
+    if touched is None:
+        return element_offsets(ds.id, tensor.shape, tensor.chunks, tensor.itemsize, flat, base_of(ds))
+    return _element_addresses(lookup_chunks(ds.id, touched[0])[0], touched, tensor.itemsize, base_of(ds))
 
 
-def _grid(tensor: Any) -> tuple[int, ...]:
-    return tuple(-(-int(s) // int(c)) for s, c in zip(tensor.shape, tensor.chunks))
+def chunk_grid(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ...]:
+    """Chunks along each axis of a dataset of ``shape`` cut into ``chunks`` (the last ones may be partial).
+
+    >>> chunk_grid((10, 7), (4, 7))
+    (3, 1)
+    """
+    return tuple(-(-int(s) // int(c)) for s, c in zip(shape, chunks))
 
 
-def _chunk_keys(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(touched chunks as C-order grid positions, each element's position in its chunk, element → chunk)."""
-    grid = [-(-int(s) // int(c)) for s, c in zip(shape, chunks)]
+Touched = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _touched_chunks(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarray) -> Touched:
+    """(corners (int64, (chunks touched, rank), C-contiguous) of the touched chunks in C grid order, each
+    element's position in its chunk, element → touched chunk), from one computation of the chunk grid."""
+    flat = np.asarray(flat, np.int64)
+    grid = chunk_grid(shape, chunks)
     key = np.zeros(flat.shape, np.int64)
     within = np.zeros(flat.shape, np.int64)
     for x, c, g in zip(np.unravel_index(flat, shape) if len(shape) > 1 else (flat,), chunks, grid):
@@ -400,7 +409,15 @@ def _chunk_keys(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarra
         key = key * g + q
         within = within * int(c) + (x - q * c)
     keys, inv = np.unique(key, return_inverse=True)
-    return keys, within, inv.reshape(-1)
+    corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * np.asarray(chunks, np.int64)
+    return np.ascontiguousarray(corners), within, inv.reshape(-1)
+
+
+def _element_addresses(addr: np.ndarray, touched: Touched, itemsize: int, base: int) -> np.ndarray:
+    """File offsets of the elements of ``touched`` from their chunks' addresses (-1: chunk never written)."""
+    _corners, within, inv = touched
+    start = addr[inv]
+    return np.where(start >= 0, start + base + within * itemsize, -1)
 
 
 def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], itemsize: int, flat: np.ndarray,
@@ -413,9 +430,5 @@ def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], 
     flat = np.asarray(flat, np.int64)
     if flat.size == 0:
         return np.empty(flat.shape, np.int64)
-    keys, within, inv = _chunk_keys(shape, chunks, flat)
-    grid = tuple(-(-int(s) // int(c)) for s, c in zip(shape, chunks))
-    corners = np.stack(np.unravel_index(keys, grid), axis=1).astype(np.int64) * np.asarray(chunks, np.int64)
-    addr, _size, _mask = lookup_chunks(dsid, corners)
-    start = addr[inv]
-    return np.where(start >= 0, start + base + within * itemsize, -1)
+    touched = _touched_chunks(shape, chunks, flat)
+    return _element_addresses(lookup_chunks(dsid, touched[0])[0], touched, itemsize, base)

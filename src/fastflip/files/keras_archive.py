@@ -145,6 +145,11 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
     >>> is_keras_archive(__file__)
     False
     """
+    return _is_keras(path, None)
+
+
+def _is_keras(path: str | os.PathLike, names: list[str] | None) -> bool:
+    """:func:`is_keras_archive`, given the entry names when the caller has listed them already."""
     try:
         if not zipfile.is_zipfile(path):
             return False
@@ -152,7 +157,7 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
         return False
 
     try:
-        return detect_format(path) == "keras"
+        return detect_format(path, zip_names=names) == "keras"
     except FormatError:
         return True  # a damaged or foreign zip: check_archive names the problem
 
@@ -176,13 +181,28 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
     path = Path(path)
     if not path.exists():
         raise InputFileError(f"{path}: no such file")
-    if not is_keras_archive(path):
-        raise InputFileError(f"{path}: not a .keras archive (not a zip file)")
-    try:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
+    try:  # the one reading of the central directory: kind, entry checks and local headers all use it
+        zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
+        _refuse_other_kind(path, None)
         raise _zip_error(path, exc) from None
+    with zf:
+        _refuse_other_kind(path, zf.namelist())
+        infos = zf.infolist()
+        _check_entries(path, infos)
+        stored_entries(str(path), zf)  # local headers inside the file, agreeing with the directory, not overlapping
+    return infos
+
+
+def _refuse_other_kind(path: Path, names: list[str] | None) -> None:
+    """Refuse a file that is not a ``.keras`` archive (``names``: its entry names when already listed)."""
+    if not _is_keras(path, names):
+        raise InputFileError(f"{path}: not a .keras archive (not a zip file)")
+
+
+def _check_entries(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse unsafe names, compression methods fastflip cannot rewrite, duplicate names, and anything but one
+    weights entry."""
     for info in infos:
         if _unsafe(info.filename):
             raise UnsafeArchiveError(f"{path}: refusing archive with unsafe entry name {info.filename!r}")
@@ -199,8 +219,6 @@ def check_archive(path: str | os.PathLike) -> list[zipfile.ZipInfo]:
         raise InputFileError(
             f"{path}: a .keras archive needs exactly one {WEIGHTS_ENTRY} entry (found {names.count(WEIGHTS_ENTRY)})"
         )
-    stored_entries(str(path))  # local headers inside the file, agreeing with the directory, not overlapping
-    return infos
 
 
 def _unpack_weights(path: Path, tmpdir: str, limits: ArchiveLimits) -> Path:

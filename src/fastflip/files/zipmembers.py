@@ -124,6 +124,7 @@ def member_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkP
         return out
     cd = central_records(path)
     handled, olds, news = [], [], []
+    read: set[int] = set()  # offsets of member bytes read by read_member: the check does not read them again
     shifts: list[tuple[int, int]] = []  # (old data offset, size change)
     with open(path, "rb") as fh:
         for r, e in members:
@@ -151,6 +152,7 @@ def member_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkP
                 if enc is None:
                     enc = deflate_smallest(bytes(buf), level)
             out.patches.append((e.offset, raw, enc))
+            read.add(e.offset)
             ob, nb = struct.pack("<I", e.info.CRC), struct.pack("<I", crc)
             out.patches.extend((s, ob, nb) for s in crc_spots(fh, e, cd[e.name]))
             if len(enc) != len(raw):
@@ -161,7 +163,7 @@ def member_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkP
                 shifts.append((e.offset, len(enc) - len(raw)))
         if shifts:
             out.patches.extend(_offset_patches(path, fh, cd, shifts))
-        check_patch_bytes(path, fh, out.patches)
+        check_patch_bytes(path, fh, out.patches, read)
     out.handled = np.concatenate(handled)
     out.old = np.concatenate(olds)
     out.new = np.concatenate(news)

@@ -1,8 +1,11 @@
 """Validated entry points to the word kernels, and the choice of backend.
 
 The kernels (the backends of :mod:`fastflip.kernels.registry`: Cython, Numba, NumPy, and the GPU
-engines) do no checking; the functions of this module check every argument once (vectorized),
-take the backend from the registry and make one kernel call.
+engines) trust their arguments; the functions of this module check every argument once (vectorized),
+take the backend from the registry and make one kernel call. Offsets are checked against the buffer
+or the tensors' extents once per call: here, or, for a backend whose kernels refuse such offsets
+before touching a word (``checks_bounds``: the Cython kernels), by those kernels, a refusal then named
+here as the same :class:`~fastflip.errors.OptionError`.
 
 Two families:
 
@@ -36,7 +39,7 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -44,7 +47,7 @@ from ..core.dtypes import WordType, word_type
 from ..core.records import SiteArrays, TensorTable
 from ..errors import OptionError, ReadOnlyTargetError
 from ..core.wordrule import rule_words, scale_words
-from .registry import AUTO_ORDER, get_backend, resolve_backend
+from .registry import AUTO_ORDER, Backend, get_backend, resolve_backend
 
 __all__ = [
     "BACKENDS",
@@ -62,6 +65,7 @@ __all__ = [
 BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
 _U64 = np.dtype(np.uint64)
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_T = TypeVar("_T")
 
 
 # --------------------------------------------------------------------------- validation
@@ -88,15 +92,32 @@ def _check_buffer(buf: np.ndarray, write: bool) -> None:
         raise ReadOnlyTargetError("buf is read-only: open the memmap with mode 'r+' or pass a writable array")
 
 
-def _check_offsets(buf: np.ndarray, offsets: Any, itemsize: int) -> np.ndarray:
+def _check_offsets(offsets: Any, itemsize: int) -> np.ndarray:
     if itemsize not in (1, 2, 4, 8):
         raise OptionError(f"itemsize must be 1, 2, 4 or 8, got {itemsize}")
-    offs = _column(offsets, np.int64, None, "offsets")
+    return _column(offsets, np.int64, None, "offsets")
+
+
+def _check_span(buf: np.ndarray, offs: np.ndarray, itemsize: int) -> None:
+    """Refuse offsets whose words do not lie inside ``buf``."""
     if len(offs):
         lo, hi = int(offs.min()), int(offs.max())
         if lo < 0 or hi + itemsize > len(buf):
             raise OptionError(f"byte offsets span [{lo}, {hi + itemsize}) outside the buffer of {len(buf)} bytes")
-    return offs
+
+
+def _bounded(be: Backend, refuse: Callable[[], None], call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)``, a kernel of ``be``, with the offsets' bounds checked once: by ``refuse()`` (raises the
+    OptionError that names the offending site) before the call, or, when the backend's kernels check them
+    (``be.checks_bounds``), by the kernels, ``refuse()`` then naming what they refused."""
+    if not be.checks_bounds:
+        refuse()
+        return call(*args)
+    try:
+        return call(*args)
+    except ValueError:
+        refuse()
+        raise
 
 
 def _masks(and_mask: Any, or_mask: Any, xor_mask: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -167,14 +188,15 @@ def apply_at_offsets(
     """
     be = get_backend(backend)
     _check_buffer(buf, write=True)
-    offs = _check_offsets(buf, offsets, itemsize)
+    offs = _check_offsets(offsets, itemsize)
     masks = _masks(and_mask, or_mask, xor_mask, len(offs))
     where, factors = _scale_positions(scale, len(offs))
+    refuse = lambda: _check_span(buf, offs, itemsize)  # noqa: E731
     if where is None:
-        return be.apply_words(buf, offs, itemsize, bool(swap), *masks)
+        return _bounded(be, refuse, be.apply_words, buf, offs, itemsize, bool(swap), *masks)
     if dtype is None or word_type(dtype).itemsize != itemsize:
         raise OptionError("scale sites need the stored dtype (dtype=) with the given itemsize")
-    old = be.read_words(buf, offs, itemsize, bool(swap))
+    old = _bounded(be, refuse, be.read_words, buf, offs, itemsize, bool(swap))
     new = rule_words(old, *masks, 8 * itemsize)
     new[where] = scale_words(old[where], factors[where], dtype)
     be.write_words(buf, offs, itemsize, bool(swap), new)
@@ -190,16 +212,17 @@ def read_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, ba
     """
     be = get_backend(backend)
     _check_buffer(buf, write=False)
-    offs = _check_offsets(buf, offsets, itemsize)
-    return be.read_words(buf, offs, itemsize, bool(swap))
+    offs = _check_offsets(offsets, itemsize)
+    return _bounded(be, lambda: _check_span(buf, offs, itemsize), be.read_words, buf, offs, itemsize, bool(swap))
 
 
 def write_at_offsets(buf: np.ndarray, offsets: Any, itemsize: int, swap: bool, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at ``offsets`` of ``buf``; see :func:`apply_at_offsets`."""
     be = get_backend(backend)
     _check_buffer(buf, write=True)
-    offs = _check_offsets(buf, offsets, itemsize)
-    be.write_words(buf, offs, itemsize, bool(swap), _column(words, _U64, len(offs), "words"))
+    offs = _check_offsets(offsets, itemsize)
+    _bounded(be, lambda: _check_span(buf, offs, itemsize), be.write_words, buf, offs, itemsize, bool(swap),
+             _column(words, _U64, len(offs), "words"))
 
 
 # --------------------------------------------------------------------------- several tensors by address
@@ -238,10 +261,17 @@ class PtrTable(TensorTable):
 
 
 def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any, masks: tuple[Any, Any, Any] | None = None) -> SiteArrays:
-    """The sites as the record the backends take, checked: tensor ids in the table, every word inside its
-    tensor's extent, masks (when given; reads and writes need none) one per site."""
+    """The sites as the record the backends take: integer columns of one length, masks (when given; reads and
+    writes need none) one per site. Their tensor ids and extents are checked by :func:`_check_extents`."""
     tid = _column(tensor, np.int32, None, "tensor")
     offs = _column(offsets, np.int64, len(tid), "offsets")
+    a, o, x = _masks(*masks, len(offs)) if masks is not None else (None, None, None)
+    return SiteArrays(tensor=tid, offsets=offs, and_mask=a, or_mask=o, xor_mask=x)
+
+
+def _check_extents(table: PtrTable, sites: SiteArrays) -> None:
+    """Refuse sites whose tensor id is not in the table or whose word does not lie inside its tensor's extent."""
+    tid, offs = sites.tensor, sites.offsets
     if len(tid):
         if int(tid.min()) < 0 or int(tid.max()) >= len(table):
             raise OptionError(f"tensor ids must lie in [0, {len(table)})")
@@ -252,8 +282,6 @@ def _ptr_sites(table: PtrTable, tensor: Any, offsets: Any, masks: tuple[Any, Any
             raise OptionError(f"site {i}: byte offset {int(offs[i])} of tensor {t} lies outside its "
                               f"{int(table.extents[t])} bytes (words of {int(table.itemsizes[t])}); "
                               "nothing was changed")
-    a, o, x = _masks(*masks, len(offs)) if masks is not None else (None, None, None)
-    return SiteArrays(tensor=tid, offsets=offs, and_mask=a, or_mask=o, xor_mask=x)
 
 
 def apply_ptrs(
@@ -287,10 +315,11 @@ def apply_ptrs(
     be = get_backend(backend)
     sites = _ptr_sites(table, tensor, offsets, (and_mask, or_mask, xor_mask))
     where, factors = _scale_positions(scale, len(sites))
+    refuse = lambda: _check_extents(table, sites)  # noqa: E731
     if where is None:
-        return be.apply_ptrs(table, sites)
+        return _bounded(be, refuse, be.apply_ptrs, table, sites)
     tid = sites.tensor
-    old = be.read_ptrs(table, sites)
+    old = _bounded(be, refuse, be.read_ptrs, table, sites)
     new = rule_words(old, sites.and_mask, sites.or_mask, sites.xor_mask, 8 * table.itemsizes[tid].astype(np.uint64))
     for t in np.unique(tid[where]):
         pos = where[tid[where] == t]
@@ -301,10 +330,12 @@ def apply_ptrs(
 
 def read_ptrs(table: PtrTable, tensor: Any, offsets: Any, backend: str = "auto") -> np.ndarray:
     """Words (native order) of every site; see :func:`apply_ptrs`."""
-    return get_backend(backend).read_ptrs(table, _ptr_sites(table, tensor, offsets))
+    be, sites = get_backend(backend), _ptr_sites(table, tensor, offsets)
+    return _bounded(be, lambda: _check_extents(table, sites), be.read_ptrs, table, sites)
 
 
 def write_ptrs(table: PtrTable, tensor: Any, offsets: Any, words: Any, backend: str = "auto") -> None:
     """Store ``words`` (native order) at every site; see :func:`apply_ptrs`."""
-    sites = _ptr_sites(table, tensor, offsets)
-    get_backend(backend).write_ptrs(table, sites, _column(words, _U64, len(sites), "words"))
+    be, sites = get_backend(backend), _ptr_sites(table, tensor, offsets)
+    _bounded(be, lambda: _check_extents(table, sites), be.write_ptrs, table, sites,
+             _column(words, _U64, len(sites), "words"))

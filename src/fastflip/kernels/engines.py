@@ -37,6 +37,7 @@ class CythonBackend(Backend):
     """``fastflip.kernels._cython``, built from ``ext/_kernels.pyx`` (the word rule from ``ff_word.h``)."""
 
     name = "cython"
+    checks_bounds = True  # ext/_kernels.pyx checks every offset against the buffer / extent first
     mod: Any = None
 
     def load(self) -> None:

@@ -83,6 +83,10 @@ class Backend:
 
     name: str = ""
     device: str = "cpu"
+    #: True when the engine's own kernels refuse (ValueError, before any word is touched) an offset outside
+    #: its buffer or extent: :mod:`fastflip.kernels.dispatch` then leaves the bounds to them instead of checking
+    #: every site first, and names the offending site only when they refuse.
+    checks_bounds: bool = False
 
     def load(self) -> None:
         """Import what the engine needs (raise ImportError when it cannot run here)."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 import os
 import struct
 import zipfile
+from typing import Sequence
 
 from ...errors import FormatError, InputFileError, NotHDF5Error, UnsafeInputError
 from ...core.records import Layout
@@ -74,12 +75,13 @@ def _has_hdf5_signature(fh, size: int) -> bool:  # type: ignore[no-untyped-def]
     return False
 
 
-def _zip_kind(path: str) -> str:
-    try:
-        with zipfile.ZipFile(path) as zf:
-            names = zf.namelist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
-        raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
+def _zip_kind(path: str, names: Sequence[str] | None = None) -> str:
+    if names is None:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                names = zf.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
+            raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     if any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names) or "data.pkl" in names:
         return "torch"
     if "model.weights.h5" in names:
@@ -90,8 +92,12 @@ def _zip_kind(path: str) -> str:
                       f"supported formats: {supported_formats_line()}")
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
+def detect_format(path: str | os.PathLike[str], *, zip_names: Sequence[str] | None = None) -> str:
     """The format of the file at ``path`` from its first bytes (one of :data:`FORMATS`).
+
+    A zip archive's kind follows from its entry names; a caller that has already listed them
+    (its own :class:`zipfile.ZipFile` open) passes them as ``zip_names`` and the central
+    directory is not read again.
 
     Raises
     ------
@@ -114,7 +120,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
     if head.startswith(NPY_MAGIC):
         return "npy"
     if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
-        return _zip_kind(p)
+        return _zip_kind(p, zip_names)
     if head.startswith(TORCH_LEGACY_MAGIC):
         return "torch-legacy"
     if len(head) >= 9:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
+from typing import Collection
 
 import numpy as np
 
@@ -148,15 +149,21 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return patches
 
 
-def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]]) -> None:  # type: ignore[no-untyped-def]
+def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]],  # type: ignore[no-untyped-def]
+                      read: Collection[int] = ()) -> None:
     """Refuse patches whose "old bytes" are not the file's bytes there, or that overlap one another: the log keeps
-    the old bytes for the revert, so they must be exactly what the patch replaces."""
+    the old bytes for the revert, so they must be exactly what the patch replaces.
+
+    ``read`` holds the offsets of patches whose old bytes the caller has just read from ``fh`` at that offset
+    (a deflated member's stored bytes): they are not read again, only checked for overlap.
+    """
     last_end, last_at = -1, -1
     for at, old, _new in sorted(patches, key=lambda p: p[0]):
-        fh.seek(at)
-        if fh.read(len(old)) != old:
-            raise FormatError(f"{path}: the zip fields at byte {at} do not hold what the directory says (the file is "
-                              "damaged or crafted); nothing was written")
+        if at not in read:
+            fh.seek(at)
+            if fh.read(len(old)) != old:
+                raise FormatError(f"{path}: the zip fields at byte {at} do not hold what the directory says (the file "
+                                  "is damaged or crafted); nothing was written")
         if at < last_end and at != last_at:
             raise FormatError(f"{path}: zip fields overlap at byte {at} (the file is damaged or crafted); nothing "
                               "was written")

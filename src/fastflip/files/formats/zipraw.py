@@ -20,6 +20,7 @@ b'abcd'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import zipfile
@@ -41,8 +42,11 @@ class ZipEntry:
     info: zipfile.ZipInfo
 
 
-def stored_entries(path: str) -> dict[str, ZipEntry]:
+def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, ZipEntry]:
     """Every member of the zip at ``path`` with the absolute offset of its data.
+
+    ``zf``, the caller's :class:`zipfile.ZipFile` open on ``path``, saves reading the central
+    directory again.
 
     Raises
     ------
@@ -53,7 +57,9 @@ def stored_entries(path: str) -> dict[str, ZipEntry]:
     fsize = os.path.getsize(path)
     out: dict[str, ZipEntry] = {}
     try:
-        with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
+        with contextlib.ExitStack() as own, open(path, "rb") as fh:
+            if zf is None:
+                zf = own.enter_context(zipfile.ZipFile(path))
             for info in zf.infolist():
                 if not 0 <= info.header_offset <= fsize - 30:
                     raise FormatError(f"{path}: zip entry {info.filename!r} has its local header at "
