@@ -93,6 +93,40 @@ def test_length_changing_patches_keep_the_buffered_copy():
     assert not h5apply._kernel_copy_ok(np.array([False, True]))
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, durable):
+    """A durable new file asks the kernel to write each block back as soon as it is copied (the fsync at the
+    commit then waits for little); every output byte is asked for exactly once. Not durable: never."""
+    src = _h5(tmp_path / "a.h5", n=1 << 20)  # 6 MiB: two copy blocks
+    spans: list[tuple[int, int]] = []
+    monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
+    out = str(tmp_path / "b.h5")
+    res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
+    if not durable:
+        assert spans == []
+        return
+    if not h5apply._kernel_copy_ok(np.array([], bool)):
+        pytest.skip("no os.copy_file_range on this system: the buffered copy writes in order")
+    spans.sort()
+    assert len(spans) > 1
+    assert [a for a, _ in spans] == [0, *np.cumsum([n for _, n in spans[:-1]]).tolist()]  # no gap, no overlap
+    assert sum(n for _, n in spans) == os.path.getsize(out) == os.path.getsize(src)
+    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+                                                                  cache=False)
+
+
+def test_start_writeback_is_harmless(tmp_path):
+    """The writeback request changes no byte and accepts an empty range."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 10000)
+    with open(p, "r+b") as fh:
+        fh.write(b"y" * 100)
+        fh.flush()
+        fileio.start_writeback(fh.fileno(), 0, 10000)
+        fileio.start_writeback(fh.fileno(), 0, 0)
+    assert p.read_bytes() == b"y" * 100 + b"x" * 9900
+
+
 # ------------------------------------------------------------------ revert and replay: the file read once
 
 

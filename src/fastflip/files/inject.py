@@ -246,7 +246,8 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=cached_input and not in_place, algorithm=algorithm)
+                                             cached_input=cached_input and not in_place, algorithm=algorithm,
+                                             writeback=stage.durable)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
