@@ -328,3 +328,42 @@ def test_the_full_parser_still_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name, _ in COMMANDS)
     assert main([]) == 2  # no command: the help, exit 2
+
+
+# ------------------------------------------------------------------ commit: the replaced file freed beside the run
+
+
+@pytest.mark.skipif(os.name != "posix", reason="an open file cannot be replaced on Windows")
+def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
+    """Replacing an existing output: its old inode is handed, still open, to a background close after the
+    rename (freeing its blocks costs as much as truncating it); the log is never held; a new output holds
+    nothing."""
+    src = _h5(tmp_path / "a.h5")
+    out = str(tmp_path / "b.h5")
+    handed: list[list[int]] = []
+    monkeypatch.setattr(fileio, "release_later", lambda fds: handed.append(list(fds)))
+    inject_file(src, out, sampling=Sampling(count=1), seed=1)
+    assert handed == [[]]  # nothing replaced
+    old = os.stat(out)
+    res = inject_file(src, out, sampling=Sampling(count=1), seed=2)
+    (fd,), = handed[1:]
+    try:
+        st = os.fstat(fd)
+        assert (st.st_ino, st.st_nlink) == (old.st_ino, 0)  # the replaced file, no longer named
+        assert os.stat(out).st_ino != old.st_ino
+    finally:
+        os.close(fd)
+    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+                                                                  cache=False)
+
+
+def test_release_later_closes_in_the_background(tmp_path):
+    fds = [os.open(tmp_path, os.O_RDONLY) for _ in range(3)]
+    fileio.release_later(fds)
+    import threading
+
+    for t in [t for t in threading.enumerate() if t.name == "fastflip-release"]:
+        t.join(5)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)

@@ -24,6 +24,7 @@ import errno
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -47,7 +48,7 @@ from . import hashcache, hashing
 from .paths import sweep_stale, temp_prefix
 
 __all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_file", "hash_with_patches", "overlay_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
-           "byte_diff", "fsync_path", "start_writeback"]
+           "byte_diff", "fsync_path", "start_writeback", "release_later"]
 
 _BLOCK = 8 << 20
 
@@ -229,6 +230,18 @@ class Staging:
             _copy_mode(tmp, target)
         backups = {tmp: _backup(tmp, target) for tmp, target, ev in order if ev and len(order) > 1}
         aside: list[str] = []  # replaced target folders, removed once the commit is done
+        held = [fd for tmp, target, ev in order if not ev and (fd := _hold(target)) is not None]
+        try:
+            self._rename_all(order, backups, aside)
+        finally:
+            release_later(held)
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
+        self.items = []
+
+    def _rename_all(self, order: list[tuple[str, str, bool]], backups: dict[str, str | None],
+                    aside: list[str]) -> None:
+        """The renames of :meth:`commit` (evidence first), in one :func:`deferred_signals` section."""
         with deferred_signals():
             done: list[str] = []
             try:
@@ -261,9 +274,6 @@ class Staging:
                     if bak:
                         with contextlib.suppress(OSError):
                             os.unlink(bak)
-        for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
-        self.items = []
 
     def abort(self) -> None:
         for tmp, _, _ in self.items:
@@ -284,6 +294,47 @@ def _fsync_tree(path: str) -> None:
             fsync_path(d)
     else:
         fsync_path(path)
+
+
+def _hold(target: str) -> int | None:
+    """A read-only descriptor of the regular file ``target`` that a commit is about to replace (None: no such
+    file, or it cannot be opened; not on Windows, where an open file cannot be replaced): while it is open, the
+    rename does not free the old file's blocks."""
+    if os.name != "posix":
+        return None
+    try:
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def release_later(fds: Sequence[int]) -> None:
+    """Close ``fds`` (replaced files, from :func:`_hold`) in a background thread.
+
+    The last close of a replaced file frees its blocks, which costs about as much as truncating it (0.02 s
+    for 100 MB, 0.15-0.2 s for 800 MB on ext4): done beside the rest of the run (the directory fsync, the
+    summary, the interpreter's exit) rather than inside the rename. The new file is committed and durable
+    before this starts; nothing depends on the old blocks being free.
+    """
+    if not fds:
+        return
+
+    def close_all() -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    try:
+        threading.Thread(target=close_all, name="fastflip-release", daemon=True).start()
+    except RuntimeError:  # no thread now (interpreter shutting down): close here
+        close_all()
 
 
 def _backup(tmp: str, target: str) -> str | None:
