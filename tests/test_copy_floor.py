@@ -367,3 +367,37 @@ def test_release_later_closes_in_the_background(tmp_path):
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_the_program_sets_its_objects_aside_for_the_exit(tmp_path):
+    """``python -m fastflip`` freezes the garbage collector after the command (the exit's collection then walks
+    none of the imported objects); atexit handlers still run, and the command's files are complete."""
+    import subprocess
+    import sys
+
+    src = _h5(tmp_path / "a.h5")
+    out = str(tmp_path / "b.h5")
+    code = ("import atexit, gc, runpy, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            f"sys.argv = ['fastflip', 'inject', {src!r}, '-o', {out!r}, '--count', '2', '--seed', '1', '-q']\n"
+            "runpy.run_module('fastflip', run_name='__main__', alter_sys=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "frozen True"
+    from fastflip.files.log import InjectionLog
+
+    log = InjectionLog.load(out + ".fflog")
+    assert log.manifest["output"]["hash"] == fileio.hash_file(out, log.manifest["output"]["hash_algorithm"],
+                                                              cache=False)
+
+
+def test_main_itself_leaves_the_collector_alone(tmp_path, capsys):
+    """A host process that calls ``main`` (again and again) keeps collecting its garbage."""
+    import gc
+
+    from fastflip.cli import main
+
+    before = gc.get_freeze_count()
+    src = _h5(tmp_path / "a.h5")
+    assert main(["inject", src, "-o", str(tmp_path / "b.h5"), "--count", "1", "--seed", "1", "-q"]) == 0
+    assert gc.get_freeze_count() == before
