@@ -401,3 +401,30 @@ def test_main_itself_leaves_the_collector_alone(tmp_path, capsys):
     src = _h5(tmp_path / "a.h5")
     assert main(["inject", src, "-o", str(tmp_path / "b.h5"), "--count", "1", "--seed", "1", "-q"]) == 0
     assert gc.get_freeze_count() == before
+
+
+# ------------------------------------------------------------------ layout: the overlap check's chunk budget
+
+
+def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkeypatch):
+    """A dataset whose chunk grid exceeds what is left of the check's budget, with few chunks allocated, is
+    still walked (its index counted only then), and an allocated chunk on another dataset's bytes is refused."""
+    import struct
+
+    from fastflip.errors import FastflipError
+    from fastflip.files import layout
+
+    p = str(tmp_path / "sparse.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("a", data=np.arange(64, dtype="f4"))
+        s = f.create_dataset("s", shape=(800,), dtype="f4", chunks=(8,))  # a grid of 100 chunks
+        s[:8] = 1.0  # one allocated
+        oa, first = f["a"].id.get_offset(), s.id.get_chunk_info(0).byte_offset
+    monkeypatch.setattr(layout, "MAX_CHUNKS_CHECKED", 5)
+    assert [t.path for t in read_layout(p).tensors] == ["/a", "/s"]  # sound: read
+    raw = bytearray(open(p, "rb").read())
+    at = raw.find(struct.pack("<Q", first))
+    raw[at:at + 8] = struct.pack("<Q", oa)
+    open(p, "wb").write(bytes(raw))
+    with pytest.raises(FastflipError, match="share bytes"):
+        read_layout(p)
