@@ -93,6 +93,40 @@ def test_length_changing_patches_keep_the_buffered_copy():
     assert not h5apply._kernel_copy_ok(np.array([False, True]))
 
 
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, durable):
+    """A durable new file asks the kernel to write each block back as soon as it is copied (the fsync at the
+    commit then waits for little); every output byte is asked for exactly once. Not durable: never."""
+    src = _h5(tmp_path / "a.h5", n=1 << 20)  # 6 MiB: two copy blocks
+    spans: list[tuple[int, int]] = []
+    monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
+    out = str(tmp_path / "b.h5")
+    res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
+    if not durable:
+        assert spans == []
+        return
+    if not h5apply._kernel_copy_ok(np.array([], bool)):
+        pytest.skip("no os.copy_file_range on this system: the buffered copy writes in order")
+    spans.sort()
+    assert len(spans) > 1
+    assert [a for a, _ in spans] == [0, *np.cumsum([n for _, n in spans[:-1]]).tolist()]  # no gap, no overlap
+    assert sum(n for _, n in spans) == os.path.getsize(out) == os.path.getsize(src)
+    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+                                                                  cache=False)
+
+
+def test_start_writeback_is_harmless(tmp_path):
+    """The writeback request changes no byte and accepts an empty range."""
+    p = tmp_path / "f.bin"
+    p.write_bytes(b"x" * 10000)
+    with open(p, "r+b") as fh:
+        fh.write(b"y" * 100)
+        fh.flush()
+        fileio.start_writeback(fh.fileno(), 0, 10000)
+        fileio.start_writeback(fh.fileno(), 0, 0)
+    assert p.read_bytes() == b"y" * 100 + b"x" * 9900
+
+
 # ------------------------------------------------------------------ revert and replay: the file read once
 
 
@@ -294,3 +328,103 @@ def test_the_full_parser_still_lists_every_command(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name, _ in COMMANDS)
     assert main([]) == 2  # no command: the help, exit 2
+
+
+# ------------------------------------------------------------------ commit: the replaced file freed beside the run
+
+
+@pytest.mark.skipif(os.name != "posix", reason="an open file cannot be replaced on Windows")
+def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
+    """Replacing an existing output: its old inode is handed, still open, to a background close after the
+    rename (freeing its blocks costs as much as truncating it); the log is never held; a new output holds
+    nothing."""
+    src = _h5(tmp_path / "a.h5")
+    out = str(tmp_path / "b.h5")
+    handed: list[list[int]] = []
+    monkeypatch.setattr(fileio, "release_later", lambda fds: handed.append(list(fds)))
+    inject_file(src, out, sampling=Sampling(count=1), seed=1)
+    assert handed == [[]]  # nothing replaced
+    old = os.stat(out)
+    res = inject_file(src, out, sampling=Sampling(count=1), seed=2)
+    (fd,), = handed[1:]
+    try:
+        st = os.fstat(fd)
+        assert (st.st_ino, st.st_nlink) == (old.st_ino, 0)  # the replaced file, no longer named
+        assert os.stat(out).st_ino != old.st_ino
+    finally:
+        os.close(fd)
+    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+                                                                  cache=False)
+
+
+def test_release_later_closes_in_the_background(tmp_path):
+    fds = [os.open(tmp_path, os.O_RDONLY) for _ in range(3)]
+    fileio.release_later(fds)
+    import threading
+
+    for t in [t for t in threading.enumerate() if t.name == "fastflip-release"]:
+        t.join(5)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_the_program_sets_its_objects_aside_for_the_exit(tmp_path):
+    """``python -m fastflip`` freezes the garbage collector after the command (the exit's collection then walks
+    none of the imported objects); atexit handlers still run, and the command's files are complete."""
+    import subprocess
+    import sys
+
+    src = _h5(tmp_path / "a.h5")
+    out = str(tmp_path / "b.h5")
+    code = ("import atexit, gc, runpy, sys\n"
+            "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0))\n"
+            f"sys.argv = ['fastflip', 'inject', {src!r}, '-o', {out!r}, '--count', '2', '--seed', '1', '-q']\n"
+            "runpy.run_module('fastflip', run_name='__main__', alter_sys=True)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "frozen True"
+    from fastflip.files.log import InjectionLog
+
+    log = InjectionLog.load(out + ".fflog")
+    assert log.manifest["output"]["hash"] == fileio.hash_file(out, log.manifest["output"]["hash_algorithm"],
+                                                              cache=False)
+
+
+def test_main_itself_leaves_the_collector_alone(tmp_path, capsys):
+    """A host process that calls ``main`` (again and again) keeps collecting its garbage."""
+    import gc
+
+    from fastflip.cli import main
+
+    before = gc.get_freeze_count()
+    src = _h5(tmp_path / "a.h5")
+    assert main(["inject", src, "-o", str(tmp_path / "b.h5"), "--count", "1", "--seed", "1", "-q"]) == 0
+    assert gc.get_freeze_count() == before
+
+
+# ------------------------------------------------------------------ layout: the overlap check's chunk budget
+
+
+def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkeypatch):
+    """A dataset whose chunk grid exceeds what is left of the check's budget, with few chunks allocated, is
+    still walked (its index counted only then), and an allocated chunk on another dataset's bytes is refused."""
+    import struct
+
+    from fastflip.errors import FastflipError
+    from fastflip.files import layout
+
+    p = str(tmp_path / "sparse.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("a", data=np.arange(64, dtype="f4"))
+        s = f.create_dataset("s", shape=(800,), dtype="f4", chunks=(8,))  # a grid of 100 chunks
+        s[:8] = 1.0  # one allocated
+        oa, first = f["a"].id.get_offset(), s.id.get_chunk_info(0).byte_offset
+    monkeypatch.setattr(layout, "MAX_CHUNKS_CHECKED", 5)
+    assert [t.path for t in read_layout(p).tensors] == ["/a", "/s"]  # sound: read
+    raw = bytearray(open(p, "rb").read())
+    at = raw.find(struct.pack("<Q", first))
+    raw[at:at + 8] = struct.pack("<Q", oa)
+    open(p, "wb").write(bytes(raw))
+    with pytest.raises(FastflipError, match="share bytes"):
+        read_layout(p)

@@ -235,3 +235,34 @@ def test_the_default_folder_is_made_private(ckpt, tmp_path, monkeypatch, not_rac
     os.chmod(d, 0o775)  # made by an earlier fastflip under umask 002
     assert hashcache.remember(ckpt, os.stat(ckpt), _digest(ckpt), algorithm=_algorithm())
     assert os.stat(d).st_mode & 0o777 == 0o700 and len(list(d.iterdir())) == 1
+
+
+def test_a_copy_takes_the_lookup_started_before_its_layout(ckpt, tmp_path, cache, monkeypatch, not_racy):
+    """A copy-mode inject starts the input's cache lookup (and its /proc scan) in a background thread before it
+    reads the layout; the copy then takes that answer. In place nothing is looked up ahead."""
+    import threading
+
+    truth = _digest(ckpt)
+    _inject(ckpt, str(tmp_path / "a.h5"), 1)  # remembered
+    scans = []
+    real = hashcache.mapped_for_write
+    monkeypatch.setattr(hashcache, "mapped_for_write",
+                        lambda p, st: scans.append(threading.current_thread().name) or real(p, st))
+    r = _inject(ckpt, str(tmp_path / "b.h5"), 2)
+    assert scans == ["fastflip-hashcache"] and log_hash(r.log.manifest["input"]) == truth
+    scans.clear()
+    inject_file(ckpt, in_place=True, sampling=Sampling(count=1), seed=3)
+    assert "fastflip-hashcache" not in scans  # in place the input's bytes are hashed: nothing to look up
+
+
+def test_a_prefetched_answer_is_only_taken_for_the_same_file_state(ckpt, cache, not_racy):
+    """A lookup of the file in another state (changed since the prefetch) ignores the prefetched answer."""
+    hashcache.remember(ckpt, os.stat(ckpt), _digest(ckpt), algorithm=_algorithm())
+    hashcache.prefetch(ckpt, _algorithm())
+    _change_bias(ckpt)
+    assert hashcache.lookup(ckpt, os.stat(ckpt), _algorithm()) is None
+    st = os.stat(ckpt)
+    hashcache.remember(ckpt, st, _digest(ckpt), algorithm=_algorithm())
+    hashcache.prefetch(ckpt, _algorithm())
+    assert hashcache.lookup(ckpt, st, _algorithm()) == _digest(ckpt)
+    assert hashcache.lookup(ckpt, st, _algorithm()) == _digest(ckpt)  # taken once; then looked up again

@@ -95,6 +95,21 @@ def _configure_logging(args: argparse.Namespace) -> None:
         logger.addHandler(handler)
 
 
+def entry() -> int:
+    """The ``fastflip`` program (``python -m fastflip`` and the installed script): :func:`main`, then the
+    objects it leaves are set aside for the exit.
+
+    The process ends next: ``gc.freeze()`` keeps the interpreter's last garbage collection from walking every
+    object NumPy, h5py and fastflip made (10-50 ms of a 0.3 s command). Files are closed and committed by then;
+    atexit handlers still run. Not in :func:`main` itself, which a host process may call again and again.
+    """
+    import gc
+
+    rc = main()
+    gc.freeze()
+    return rc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit status (0 ok, 1 'differs'/failed trials, 2 error)."""
     from ..errors import FastflipError

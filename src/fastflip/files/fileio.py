@@ -24,6 +24,8 @@ import errno
 import os
 import shutil
 import signal
+import stat
+import sys
 import tempfile
 import threading
 import time
@@ -46,7 +48,7 @@ from . import hashcache, hashing
 from .paths import sweep_stale, temp_prefix
 
 __all__ = ["atomic_output", "staged", "Staging", "deferred_signals", "write_error", "as_fastflip_error", "sha256_file", "hash_file", "hash_with_patches", "overlay_patches", "copy_with_hash", "check_input", "check_output_dir", "ByteUndo",
-           "byte_diff", "fsync_path"]
+           "byte_diff", "fsync_path", "start_writeback", "release_later"]
 
 _BLOCK = 8 << 20
 
@@ -74,6 +76,35 @@ def check_output_dir(path: str | os.PathLike[str]) -> str:
     if os.path.isdir(p):
         raise OutputError(f"{p}: is a directory; give a file name")
     return p
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+_WRITEBACK: list[Any] = []  # [libc's sync_file_range or None], looked up once
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` of the file ``fd`` to disk now, without
+    waiting for them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; elsewhere nothing).
+
+    For a large output that will be fsynced: its blocks go to disk while the rest is still being copied, so
+    the fsync at the commit (which still makes the file durable) waits for little. Best effort: a failure is
+    ignored (the fsync reports what matters).
+    """
+    if not _WRITEBACK:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes  # already loaded with NumPy
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _WRITEBACK.append(fn)
+    fn = _WRITEBACK[0]
+    if fn is not None and length > 0:
+        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def fsync_path(path: str) -> None:
@@ -199,6 +230,18 @@ class Staging:
             _copy_mode(tmp, target)
         backups = {tmp: _backup(tmp, target) for tmp, target, ev in order if ev and len(order) > 1}
         aside: list[str] = []  # replaced target folders, removed once the commit is done
+        held = [fd for tmp, target, ev in order if not ev and (fd := _hold(target)) is not None]
+        try:
+            self._rename_all(order, backups, aside)
+        finally:
+            release_later(held)
+        for old in aside:
+            shutil.rmtree(old, ignore_errors=True)
+        self.items = []
+
+    def _rename_all(self, order: list[tuple[str, str, bool]], backups: dict[str, str | None],
+                    aside: list[str]) -> None:
+        """The renames of :meth:`commit` (evidence first), in one :func:`deferred_signals` section."""
         with deferred_signals():
             done: list[str] = []
             try:
@@ -231,9 +274,6 @@ class Staging:
                     if bak:
                         with contextlib.suppress(OSError):
                             os.unlink(bak)
-        for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
-        self.items = []
 
     def abort(self) -> None:
         for tmp, _, _ in self.items:
@@ -254,6 +294,47 @@ def _fsync_tree(path: str) -> None:
             fsync_path(d)
     else:
         fsync_path(path)
+
+
+def _hold(target: str) -> int | None:
+    """A read-only descriptor of the regular file ``target`` that a commit is about to replace (None: no such
+    file, or it cannot be opened; not on Windows, where an open file cannot be replaced): while it is open, the
+    rename does not free the old file's blocks."""
+    if os.name != "posix":
+        return None
+    try:
+        fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def release_later(fds: Sequence[int]) -> None:
+    """Close ``fds`` (replaced files, from :func:`_hold`) in a background thread.
+
+    The last close of a replaced file frees its blocks, which costs about as much as truncating it (0.02 s
+    for 100 MB, 0.15-0.2 s for 800 MB on ext4): done beside the rest of the run (the directory fsync, the
+    summary, the interpreter's exit) rather than inside the rename. The new file is committed and durable
+    before this starts; nothing depends on the old blocks being free.
+    """
+    if not fds:
+        return
+
+    def close_all() -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    try:
+        threading.Thread(target=close_all, name="fastflip-release", daemon=True).start()
+    except RuntimeError:  # no thread now (interpreter shutting down): close here
+        close_all()
 
 
 def _backup(tmp: str, target: str) -> str | None:

@@ -43,6 +43,7 @@ from ..core.wordrule import new_words_for
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache, hashing
+from .fileio import start_writeback
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .layout import Tensor, chunk_address_base, open_dataset, open_h5
@@ -364,7 +365,7 @@ def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
                block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True,
-               algorithm: str = "sha256") -> tuple[str, str, np.ndarray, np.ndarray]:
+               algorithm: str = "sha256", writeback: bool = False) -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
     (input digest, output digest before any hdf5-path edit, old words, new words), hashed with
     ``algorithm`` (:mod:`fastflip.files.hashing`).
@@ -377,7 +378,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
     One pass over the file, block by block, in two threads (see :func:`_copy_buffered`). ``cached_input=False``
     hashes the input's bytes even when :mod:`fastflip.files.hashcache` knows them (in place: the log is the
-    only way back to them).
+    only way back to them). ``writeback=True`` (an output that will be fsynced) starts each written block's
+    writeback to disk at once (:func:`fastflip.files.fileio.start_writeback`), so the fsync waits for little.
     """
     pstart = np.array([p[0] for p in patches], np.int64)
     pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
@@ -391,7 +393,7 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     known = hashcache.lookup(src, st0, algorithm) if cached_input else None
     h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
                                  block=max(1, min(block, st0.st_size)),  # small files: small buffers
-                                 hash_input=known is None, algorithm=algorithm)
+                                 hash_input=known is None, algorithm=algorithm, writeback=writeback)
     if not hashcache.same_state(st0, os.stat(src)):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     if known is None:
@@ -406,8 +408,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
 
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
-                   new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256"
-                   ) -> tuple[str, str]:
+                   new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256",
+                   writeback: bool = False) -> tuple[str, str]:
     h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
     # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
     # hashes the output bytes and another writes them (of blocks i-1, i-2): the two hash passes and the
@@ -432,6 +434,13 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
 
         def copy_span(at: int, n: int) -> None:
             _copy_range(fin.fileno(), fout.fileno(), at, n)
+            if writeback:
+                start_writeback(fout.fileno(), at, n)
+
+        def write_span(at: int, pieces: list[Any]) -> None:
+            _write_at(fout, at, pieces)
+            if writeback:
+                start_writeback(fout.fileno(), at, sum(len(memoryview(p).cast("B")) for p in pieces))
 
         while True:
             slot = i % nbuf
@@ -459,7 +468,7 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 out = writer.submit(copy_span, base, got)
             else:
                 if in_kernel:
-                    out = writer.submit(_write_at, fout, base, pieces)
+                    out = writer.submit(write_span, base, pieces)
                 else:
                     out = writer.submit(emit, pieces)
             pending[slot] = [hasher.submit(digest, pieces), out]

@@ -64,12 +64,15 @@ import json
 import os
 import stat
 import tempfile
+import threading
 import time
 import warnings
+from concurrent.futures import Future
+from typing import Any
 
 from .hashing import check_digest
 
-__all__ = ["ENV", "RACY_S", "cache_dir", "lookup", "remember", "same_state", "mapped_for_write"]
+__all__ = ["ENV", "RACY_S", "cache_dir", "lookup", "prefetch", "remember", "same_state", "mapped_for_write"]
 
 ENV = "FASTFLIP_HASH_CACHE"
 RACY_S = 2.0  # a file modified this close to the moment it was hashed is not cached
@@ -174,8 +177,49 @@ def _sound(path: str, st: os.stat_result) -> bool:
     return mapped_for_write(path, st) is False
 
 
+_PREFETCHED: dict[tuple[str, str], tuple[dict[str, int], Any]] = {}  # (real path, algorithm) -> (key, future)
+_PREFETCH_LOCK = threading.Lock()
+
+
+def prefetch(path: str, algorithm: str = "sha256") -> None:
+    """Start :func:`lookup` of ``path`` in a background thread; the next :func:`lookup` of the file in the same
+    state takes its answer.
+
+    The lookup's soundness check reads every process's ``/proc/<pid>/maps`` (10-30 ms on a busy machine,
+    mostly in the kernel): started before a run reads the file's layout and plans its flips, it costs the run
+    next to nothing. Best effort: a file that cannot be statted is left to the lookup itself.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    fut: Future[str | None] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(_lookup(path, st, algorithm))
+        except BaseException as exc:  # handed to the lookup that takes it
+            fut.set_exception(exc)
+
+    with _PREFETCH_LOCK:
+        _PREFETCHED[(os.path.realpath(path), algorithm)] = (_key(st), fut)
+    try:
+        threading.Thread(target=run, name="fastflip-hashcache", daemon=True).start()
+    except RuntimeError:
+        run()
+
+
 def lookup(path: str, st: os.stat_result, algorithm: str = "sha256") -> str | None:
-    """The cached digest (``algorithm``, default sha256) of the file ``path`` whose ``stat`` is ``st``, or None."""
+    """The cached digest (``algorithm``, default sha256) of the file ``path`` whose ``stat`` is ``st``, or None
+    (the answer of a :func:`prefetch` of the file in this same state, where one was started)."""
+    with _PREFETCH_LOCK:
+        key_fut = _PREFETCHED.pop((os.path.realpath(path), algorithm), None)
+    if key_fut is not None and key_fut[0] == _key(st):
+        return key_fut[1].result()
+    return _lookup(path, st, algorithm)
+
+
+def _lookup(path: str, st: os.stat_result, algorithm: str) -> str | None:
     d = cache_dir()
     if d is None or not os.path.isfile(path) or (d := _private(d, create=False)) is None:
         return None

@@ -47,7 +47,7 @@ from .locks import WriterLock
 from .paths import resolve_output
 from ..core.faults import FaultModel
 from .fileio import Staging, atomic_output, byte_diff, check_input, copy_with_hash, hash_file, sha256_file, staged
-from . import hashing
+from . import hashcache, hashing
 from .inplace import write_in_place, write_unlogged
 from .fingerprint import revert_regions
 from .h5apply import (apply_plan_to_file, copy_apply, read_words, route_sites,
@@ -246,7 +246,8 @@ def _write(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_n
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
-                                             cached_input=cached_input and not in_place, algorithm=algorithm)
+                                             cached_input=cached_input and not in_place, algorithm=algorithm,
+                                             writeback=stage.durable)
     if zipped and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None
@@ -364,6 +365,8 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True,
                    algo: str = "sha256") -> InjectionResult:
     target = _targets(src, dst, in_place, overwrite)
+    if cached_input and not in_place:  # the copy's input-hash lookup, answered while the layout and plan are made
+        hashcache.prefetch(src, algo)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
     layout = layout or cached_layout(src)  # the file is read (and refused) before the options are judged

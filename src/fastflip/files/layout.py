@@ -367,15 +367,30 @@ def _stored_spans(f: Any, tensors: list[Tensor]) -> tuple[np.ndarray, np.ndarray
         if t.storage not in ("chunked", "filtered"):
             continue
         ds = f[t.path]
-        n = ds.id.get_num_chunks()
+        # the chunk grid bounds the count: only a dataset that could exceed the budget has its index counted
+        # (H5Dget_num_chunks walks the whole index, as the walk below does again)
+        most = _grid_chunks(t.shape, t.chunks)
+        n = most if most <= budget else ds.id.get_num_chunks()
         if n > budget or not (native_available()[1] or hasattr(ds.id, "chunk_iter")):
             break
-        budget -= n
         _coords, addr, size, _mask = walk_chunks(ds.id)
+        budget -= len(addr)
         add(t.path, addr + chunk_address_base(ds), size)
     if not paths:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), paths
     return np.concatenate(starts), np.concatenate(ends), np.concatenate(owners), paths
+
+
+def _grid_chunks(shape: tuple[int, ...], chunks: tuple[int, ...] | None) -> int:
+    """How many chunks a dataset of ``shape`` in ``chunks`` can hold (its allocated chunks are at most this).
+
+    >>> _grid_chunks((100, 64), (16, 64)), _grid_chunks((0, 8), (4, 8))
+    (7, 0)
+    """
+    n = 1
+    for extent, c in zip(shape, chunks or shape):
+        n *= -(-int(extent) // max(1, int(c)))
+    return n
 
 
 def _refuse_shared_bytes(path: str, f: Any, tensors: list[Tensor]) -> None:
