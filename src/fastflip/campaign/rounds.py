@@ -209,6 +209,8 @@ class Rounds:
     chunk
         Trials per task (None: sized so that each worker gets many tasks).
 
+    Notes
+    -----
     After :meth:`run`: ``complete`` (no trial missing), ``interrupted`` (stopped by Ctrl-C or SIGTERM).
     """
 
