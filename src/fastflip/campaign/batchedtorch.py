@@ -59,7 +59,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..core.wordrule import rule_words, scale_words
-from ..live.act_frameworks import TorchHooks
+from ..live.act_torch import TorchHooks
 from ..live.activations import ActivationLog, Sites, injected_activations
 from .batchsize import free_memory
 from .builtins import logits_of, model_forward, to_numpy
