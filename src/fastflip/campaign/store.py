@@ -66,7 +66,7 @@ from .. import __version__
 from ..errors import OutputError, StoreError
 from ..files.fileio import new_file_mode
 from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
-from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
+from .store_guard import SCHEMA_SQL, StoreLock, check_header, check_schema, rollback_quietly, sqlite_error
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -79,24 +79,6 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 APPLICATION_ID = 0x46466C70  # "FFlp"
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-_SCHEMA = """
-CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE campaign(
-    id INTEGER PRIMARY KEY CHECK (id = 1), name TEXT, config TEXT NOT NULL, config_hash TEXT NOT NULL,
-    seed INTEGER, fastflip_version TEXT NOT NULL, schema_version INTEGER NOT NULL,
-    input_hashes TEXT, shard TEXT, created REAL);
-CREATE TABLE cells(
-    cell_id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, bits TEXT, grp TEXT, group_by TEXT,
-    flips INTEGER, fault TEXT, epoch INTEGER, planned INTEGER NOT NULL, population INTEGER,
-    sampling TEXT, fpc_population INTEGER);
-CREATE TABLE workers(worker_id INTEGER PRIMARY KEY, label TEXT UNIQUE NOT NULL);
-CREATE TABLE trials(
-    cell_id INTEGER NOT NULL, trial INTEGER NOT NULL, seed INTEGER, sites TEXT,
-    outcome INTEGER NOT NULL, metric REAL, delta REAL, message TEXT, duration REAL, worker INTEGER,
-    numeric INTEGER, changed REAL, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID;
-"""
 
 _CELL_COLUMNS = ("key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population", "sampling",
                  "fpc_population")
@@ -141,16 +123,6 @@ def _version_tuple(v: str) -> tuple[int, ...]:
             break
         out.append(int(digits))
     return tuple(out)
-
-
-def _check_header(path: str) -> None:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-    except OSError as exc:
-        raise StoreError(f"cannot read store {path}: {exc.strerror or exc}") from exc
-    if head != _SQLITE_MAGIC:
-        raise StoreError(f"{path} is not a fastflip results store (not an SQLite file); it was left untouched")
 
 
 class ResultStore:
@@ -217,7 +189,7 @@ class ResultStore:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("BEGIN")
-                for stmt in _SCHEMA.strip().split(";"):
+                for stmt in SCHEMA_SQL.strip().split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
                 conn.execute(
@@ -264,7 +236,7 @@ class ResultStore:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise StoreError(f"store {path} does not exist")
-        _check_header(path)
+        check_header(path)
         lock = StoreLock.acquire(path) if writable else None
         try:
             try:
