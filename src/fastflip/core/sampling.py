@@ -53,7 +53,7 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -102,15 +102,8 @@ class SiteSpace(SiteDraws):
     distribution : 'element', 'tensor' or mapping of tensor name to weight
     """
 
-    def __init__(
-        self,
-        tensors: Sequence[TensorRef],
-        bits: "BitSpec | str | Sequence[int | str] | None" = None,
-        distribution: "str | Mapping[str, float]" = "element",
-    ) -> None:
-        super().__init__(tensors, bits, distribution)
-        self._lean: LeanTables | None = None
-        self._agreed: Any = None  # the last Sampling checked against this space (a loop passes the same one)
+    _lean: LeanTables | None = None  # the per-trial path's tables, built on first use
+    _agreed: Any = None  # the last Sampling checked against this space (a loop passes the same one)
 
     # -- plans ---------------------------------------------------------------------------
     def plan(
