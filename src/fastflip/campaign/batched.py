@@ -42,6 +42,7 @@ __all__ = ["PROBE_ROWS", "TrialBatcher", "batch_decision", "make_batcher"]
 #: as in real blocks (:data:`fastflip.campaign.pertrial.SMALL_ROWS`), few enough that the probe costs little
 PROBE_ROWS = 32
 
+
 class TrialBatcher:
     """A worker's batched path: blocks of one cell's trials through :class:`BatchedTorch` (module docstring).
 
