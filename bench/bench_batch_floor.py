@@ -7,7 +7,7 @@ Cells over bit 30, ``group_by`` ``"layer"`` or ``"none"``; every mode runs the s
 ``TrialRunner.run_many`` (as a sweep's worker does) and the rows are checked equal to the serial rows first.
 
 * ``serial``: ``batch_trials = 1`` (inject, full forward, revert per trial), with the allocator a batcher sets
-  (``batched.steady_allocator``: no fresh pages per forward; serial is faster with it too, so ratios are conservative);
+  (``batchsize.steady_allocator``: no fresh pages per forward; serial is faster with it too, so ratios are conservative);
 * ``batched``: ``batch_trials`` automatic (B chosen by measurement; the golden-activation cache at each trial's
   first faulted layer, only the rest of the network runs);
 * ``floor``: the compute floor on a CPU: for every trial, one forward of the graph after its first faulted node
@@ -91,7 +91,7 @@ _SETUPS: dict[str, tuple] = {}
 
 def _setup(group_by: str):
     if group_by not in _SETUPS:
-        from fastflip.campaign.batched import steady_allocator
+        from fastflip.campaign.batchsize import steady_allocator
 
         torch.set_num_threads(1)  # one worker on a shared machine
         steady_allocator()  # what a batcher sets: serial gets it too, so the ratios are conservative
@@ -104,7 +104,7 @@ def _setup(group_by: str):
 
 def _floor(runner, n: int, per: int):
     """A function running, for every trial, the graph after its first faulted node on the cached golden values."""
-    from fastflip.campaign.batched import BatchedTorch, faulted_names
+    from fastflip.campaign.batchedtorch import BatchedTorch, faulted_names
 
     bt = BatchedTorch(runner.targets[None], runner.evaluate.chunks[0])
     chunks = runner.evaluate.chunks

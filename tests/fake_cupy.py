@@ -2,7 +2,7 @@
 
 Installed with ``monkeypatch.setitem(sys.modules, "cupy", FakeCupy(lib))`` (see :func:`install`). "Device
 memory" is host memory, so the kernels that run are the real CUDA C source
-(:data:`fastflip.kernels.gpu.CUDA_SOURCE`, compiled for the host with ``-DFF_HOST`` as in
+(:data:`fastflip.kernels.gpu_kernels.CUDA_SOURCE`, compiled for the host with ``-DFF_HOST`` as in
 tests/test_gpu_source.py) and the results can be checked against the NumPy oracle. What a simulator cannot
 check is recorded instead, as a real GPU would see it:
 
@@ -25,13 +25,14 @@ from typing import Any, Callable
 import numpy as np
 
 from fastflip.kernels import gpu as kc
+from fastflip.kernels import gpu_kernels
 
 ARGS = {"apply": 10, "read": 6, "write": 6}  # pointer arguments of each kernel (then n)
 
 
 def host_library(directory: str, compiler: str) -> Any:
     """The host build of the CUDA source with ctypes signatures (one per test session)."""
-    lib = kc.build_host_library(directory, compiler)
+    lib = gpu_kernels.build_host_library(directory, compiler)
     for name, nargs in ARGS.items():
         fn = getattr(lib, f"ff_{name}")
         fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_longlong]
@@ -156,7 +157,7 @@ class FakeCupy(types.ModuleType):
 
         class RawModule:
             def __init__(self, code: str) -> None:
-                assert code == kc.CUDA_SOURCE
+                assert code == gpu_kernels.CUDA_SOURCE
                 self.code = code
 
             def get_function(self, name: str) -> Function:
@@ -209,7 +210,7 @@ def install(monkeypatch: Any, lib: Any, n_devices: int = 2) -> FakeCupy:
 
     fake = FakeCupy(lib, n_devices)
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.setattr(kc, "_KERNELS", {})
+    monkeypatch.setattr(gpu_kernels, "_KERNELS", {})
     monkeypatch.setattr(kc, "_EXTERNAL", {}, raising=False)
     monkeypatch.setattr(registry, "_LOADED", {})
     monkeypatch.setattr(registry, "_FAILED", {})

@@ -10,7 +10,7 @@ from conftest import require
 from test_batched import _campaign, _serial_and_batched
 from test_campaign import results
 
-from fastflip.campaign import batched
+from fastflip.campaign import batched, batchedtorch, batchsize
 from fastflip.campaign.batchsize import choose_batch
 from fastflip.campaign.sweep import sweep
 
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.framework
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batched._SAID.clear()
+    batchedtorch._SAID.clear()
     yield
-    batched._SAID.clear()
+    batchedtorch._SAID.clear()
 
 
 def test_group_by_none_runs_each_trial_from_its_first_faulted_layer():
@@ -43,7 +43,7 @@ def test_cache_is_shared_across_cells_and_group_by():
     import batch_helpers
 
     x = batch_helpers.images(8)[0]
-    bt = batched.BatchedTorch(batch_helpers.resnet18(), x)
+    bt = batchedtorch.BatchedTorch(batch_helpers.resnet18(), x)
     one = bt.suffix(["layer2.0.conv1.weight"])
     assert one is not None
     assert bt.suffix(["layer2.0.conv1.weight", "layer3.1.conv2.weight"]) is one
@@ -74,7 +74,7 @@ def test_tiles_are_reused_buffers():
     require("torch")
     import torch
 
-    bt = batched.BatchedTorch(torch.nn.Linear(2, 2).eval(), np.zeros((1, 2), np.float32))
+    bt = batchedtorch.BatchedTorch(torch.nn.Linear(2, 2).eval(), np.zeros((1, 2), np.float32))
     a, b = torch.arange(6.0).reshape(3, 2), torch.ones(3, 1)
     first = bt.tiled([a, b], 4)
     assert torch.equal(first[0], a.repeat(4, 1)) and torch.equal(first[1], b.repeat(4, 1))
@@ -114,7 +114,7 @@ def test_automatic_batch_falls_back_to_serial_when_serial_is_faster(monkeypatch,
         return results(tmp_path / name)
 
     monkeypatch.setattr(batched.TrialBatcher, "measure", lambda self, b, repeat=2: 1.0 if b == 1 else 2.0)
-    monkeypatch.setattr(batched.BatchedTorch, "run", lambda *a, **k: pytest.fail("a batched forward ran"))
+    monkeypatch.setattr(batchedtorch.BatchedTorch, "run", lambda *a, **k: pytest.fail("a batched forward ran"))
     capsys.readouterr()
     sweep(c(), str(tmp_path / "serial.db"), workers=0, progress=True)
     err = capsys.readouterr().err
@@ -155,10 +155,10 @@ def test_steady_allocator_set_on_glibc_and_opt_out(monkeypatch):
     import sys
 
     monkeypatch.setenv("FASTFLIP_MALLOC", "system")
-    assert batched.steady_allocator() is False
+    assert batchsize.steady_allocator() is False
     monkeypatch.delenv("FASTFLIP_MALLOC")
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-    assert batched.steady_allocator() is glibc
+    assert batchsize.steady_allocator() is glibc
 
 
 def test_activation_faults_group_by_none_run_from_their_layer():
@@ -175,5 +175,5 @@ def test_activation_faults_group_by_none_run_from_their_layer():
     runner, serial, got = _serial_and_batched(c, 16)
     assert got == serial
     bt = runner._batcher.bt
-    assert isinstance(bt, batched.BatchedActivations)
+    assert isinstance(bt, batchedtorch.BatchedActivations)
     assert sum(split is not None for key, split in bt._suffix.items() if key[1] != -1) >= 3, bt._suffix.keys()

@@ -10,7 +10,7 @@ import pytest
 from conftest import require
 from test_campaign import make, results
 
-from fastflip.campaign import batched
+from fastflip.campaign import batched, batchedtorch, batchsize
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import MASKED, TrialRunner
 
@@ -54,9 +54,9 @@ def _serial_vs_batched_modes(c, per_cell):
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batched._SAID.clear()
+    batchedtorch._SAID.clear()
     yield
-    batched._SAID.clear()
+    batchedtorch._SAID.clear()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -85,7 +85,7 @@ def test_prefix_outputs_equal_full_forward():
 
     for model, x, least in ((batch_helpers.resnet18(), batch_helpers.images(16)[0], 50),
                             (batch_helpers.tied_lm(), batch_helpers.tokens()[0], 4)):
-        bt = batched.BatchedTorch(model, x)
+        bt = batchedtorch.BatchedTorch(model, x)
         split = 0
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if not p.is_floating_point():
@@ -229,7 +229,7 @@ def test_out_of_memory_halves_the_batch(capsys, monkeypatch):
     cells = campaign_cells(c)
     runner = TrialRunner(c, cells)
     serial = [tuple(runner.run(cid, t)[:8]) for cid in range(len(cells)) for t in range(12)]
-    real = batched.BatchedTorch.run
+    real = batchedtorch.BatchedTorch.run
     sizes = []
 
     def tight(self, block, names, evaluate, prefix=True):
@@ -238,7 +238,7 @@ def test_out_of_memory_halves_the_batch(capsys, monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, block, names, evaluate, prefix)
 
-    monkeypatch.setattr(batched.BatchedTorch, "run", tight)
+    monkeypatch.setattr(batchedtorch.BatchedTorch, "run", tight)
     got = [tuple(r[:8]) for cid in range(len(cells)) for r in runner.run_many(cid, range(12))]
     assert got == serial
     assert runner._batcher.batch == 2 and 8 in sizes and 4 in sizes
@@ -251,11 +251,11 @@ def test_auto_batch_from_free_memory():
     require("torch")
     import batch_helpers
 
-    bt = batched.BatchedTorch(batch_helpers.resnet18(), batch_helpers.images(16)[0])
+    bt = batchedtorch.BatchedTorch(batch_helpers.resnet18(), batch_helpers.images(16)[0])
     per = bt.per_trial_bytes()
     assert per > 16 * 3 * 32 * 32 * 4  # at least the inputs and the first layer's outputs
-    assert batched.auto_batch(per, 10 * per) == 2 and batched.auto_batch(per, per) == 1
-    assert batched.free_memory(bt.device) > 0
+    assert batchsize.auto_batch(per, 10 * per) == 2 and batchsize.auto_batch(per, per) == 1
+    assert batchsize.free_memory(bt.device) > 0
 
 
 def test_gpu_workers_one_per_gpu(monkeypatch):
@@ -300,7 +300,7 @@ def test_activation_trials_batched_equal_serial(factory, data, layers, bits, per
              cells={"bits": bits, "group_by": "layer"}, trials={"per_cell": per_cell})
     cells, serial, modes = _serial_vs_batched_modes(c, per_cell)
     for prefix, bt in modes:
-        assert isinstance(bt.bt, batched.BatchedActivations) and all(bt._ok.values())
+        assert isinstance(bt.bt, batchedtorch.BatchedActivations) and all(bt._ok.values())
         if prefix:  # every layer but a first one ran from its cached golden output
             assert sum(v is not None for v in bt.bt._suffix.values()) >= len(layers) - 1
     assert len({r.outcome for r in serial}) > 1
@@ -337,3 +337,30 @@ def test_inputs_torch_cannot_take_run_serially(capsys):
     rows = runner.run_many(0, range(3))
     assert runner._batcher is None and len(rows) == 3
     assert capsys.readouterr().err.count("batched trials off: ValueError") == 1
+
+
+def test_graph_walked_once_per_model_not_per_block(monkeypatch):
+    """The traced graph's nodes are read while the first block sets up (trace, first uses, the cached split); later
+    blocks of the same boundary reuse what was read and walk no node, whatever their number."""
+    require("torch")
+    import torch
+    import torch.fx
+
+    from fastflip.core.blockplan import PlanBlock
+    from fastflip.core.plan import Plan, TensorRef
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).eval()
+    bt = batchedtorch.BatchedTorch(model, np.ones((2, 4), np.float32))
+    ref = TensorRef("2.weight", "<f4", (2, 3))
+
+    def block(bit):
+        return PlanBlock.from_plans([Plan.from_sites([ref], [0], [i], xor_mask=[1 << bit]) for i in range(3)])
+
+    first = bt.outputs(block(1), ["2.weight"])
+    walks = []
+    real = torch.fx.Graph.nodes
+    monkeypatch.setattr(torch.fx.Graph, "nodes", property(lambda g: walks.append(1) or real.fget(g)))
+    later = [bt.outputs(block(b), ["2.weight"]) for b in (1, 2, 3)]
+    assert len(walks) == 0, f"{len(walks)} walks of the graph for 3 blocks"
+    np.testing.assert_array_equal(later[0], first)
+    assert not np.array_equal(later[2], first)

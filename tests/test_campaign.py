@@ -20,7 +20,8 @@ from fastflip.core.permutation import Permutation
 from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner, trial_seed
 from fastflip.errors import OptionError, StoreError
 from fastflip.campaign.stats import sample_size, should_stop
-from fastflip.campaign.store import ResultStore, merge_stores
+from fastflip.campaign.store import ResultStore
+from fastflip.campaign.store_export import merge_stores
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

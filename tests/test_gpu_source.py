@@ -1,6 +1,6 @@
 """The CUDA C source of the 'cuda-raw' GPU engine, compiled for the host, against the NumPy oracle.
 
-fastflip.kernels.gpu.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
+fastflip.kernels.gpu_kernels.CUDA_SOURCE is what CuPy compiles for the GPU; with -DFF_HOST
 its grid-stride loop becomes a plain loop and the host C compiler builds it, so its
 word logic (byte order, widths, masks) is checked here on any machine with a C compiler.
 """
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fastflip.kernels import gpu as kc
+from fastflip.kernels import gpu_kernels
 from fastflip import live
 from fastflip.core.dtypes import word_type
 from test_kernels import DTYPES, make_plan, random_array, reference
@@ -24,7 +25,7 @@ def lib(tmp_path_factory):
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         pytest.skip("no C compiler on this machine: the CUDA source's host build is not checked")
-    lib = kc.build_host_library(str(tmp_path_factory.mktemp("ffsrc")), compiler)
+    lib = gpu_kernels.build_host_library(str(tmp_path_factory.mktemp("ffsrc")), compiler)
     for name, nargs in (("ff_apply", 10), ("ff_read", 6), ("ff_write", 6)):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_void_p] * nargs + [ctypes.c_longlong]

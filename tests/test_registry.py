@@ -18,7 +18,7 @@ from fastflip.core.records import SiteArrays, TensorTable
 from fastflip.errors import OptionError
 from fastflip.kernels import dispatch, registry
 from fastflip.kernels.engines import NumpyBackend
-from fastflip.kernels.gpu import CUDA_SOURCE
+from fastflip.kernels.gpu_kernels import CUDA_SOURCE
 from test_kernels import DTYPES, make_plan, random_array, reference
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -251,7 +251,7 @@ def test_store_records_cell_dtypes_and_merge_keeps_them(store, tmp_path):
     keys = [k for (k,) in con.execute("SELECT key FROM cells")]
     con.close()
     assert set(got) == set(keys) and all(v == ["float32"] for v in got.values())
-    from fastflip.campaign.store import merge_stores
+    from fastflip.campaign.store_export import merge_stores
 
     merge_stores(str(tmp_path / "m.db"), [store])
     con = sqlite3.connect(tmp_path / "m.db")

@@ -234,13 +234,13 @@ def test_merge_of_sorted_plans_with_triples_matches_sequential():
 
 
 def test_bulk_path_exact_distinct_and_proportional():
-    """From _BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
-    from fastflip.core import sampling
+    """From sitedraws.BULK sites on, sites are drawn already sorted: still exact, distinct, deterministic, size-proportional."""
+    from fastflip.core import sitedraws
 
     chi2 = require("scipy.stats").chisquare
     refs = [TensorRef("a", "<f4", (50_000,)), TensorRef("b", "<f4", (200_000,)), TensorRef("c", "<i8", (120_000,))]
     sp = SiteSpace(refs, bits="0-7")
-    k = sampling._BULK + 1000
+    k = sitedraws.BULK + 1000
     p = sp.plan(Sampling(count=k), seed=3)
     keys = p.tensor.astype(np.int64) * 2**40 + p.index
     assert p.meta["flips"] == k and len(np.unique(keys)) == len(p) and int(np.bitwise_count(p.bits).sum()) == k

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import require
 from fastflip.errors import OutputError, StoreError
-from fastflip.campaign.store import TRIAL_OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow, merge_stores
+from fastflip.campaign.store import TRIAL_OUTCOMES, SCHEMA_VERSION, ResultStore, TrialRow
+from fastflip.campaign.store_export import export_csv, export_parquet, merge_stores
 
 CONFIG = {"name": "t", "seed": 7, "cells": {"bits": [0, 31]}}
 CELLS = [
@@ -169,16 +170,16 @@ def test_lock_released_when_writer_is_killed(tmp_path):
 def test_export_csv_and_parquet(store, tmp_path):
     rows = [row(0, t, t % 4) for t in range(5)] + [row(1, 1, 2, "w9")]
     store.add_trials(rows)
-    n = store.export_csv(str(tmp_path / "t.csv"))
+    n = export_csv(store, str(tmp_path / "t.csv"))
     assert n == 6
     with open(tmp_path / "t.csv") as fh:
         recs = list(csv.DictReader(fh))
     assert [r["outcome"] for r in recs] == [TRIAL_OUTCOMES[t % 4] for t in range(5)] + ["critical"]
     assert recs[-1]["cell"] == "bit=31" and recs[-1]["worker"] == "w9" and recs[3]["message"] == "boom"
     with pytest.raises(OutputError, match="exists"):
-        store.export_csv(str(tmp_path / "t.csv"))
+        export_csv(store, str(tmp_path / "t.csv"))
     pq = require("pyarrow.parquet")
-    assert store.export_parquet(str(tmp_path / "t.parquet")) == 6
+    assert export_parquet(store, str(tmp_path / "t.parquet")) == 6
     tab = pq.read_table(tmp_path / "t.parquet")
     assert tab.num_rows == 6
     assert tab.column("trial").to_pylist() == [0, 1, 2, 3, 4, 1]

@@ -237,7 +237,7 @@ def test_plan_sites_lean_equals_general(mixed: SiteSpace, model, monkeypatch) ->
     cases += [[0], [mixed.n_sites(model) - 1], list(range(30))]  # first and last unit, many bits of one element
     fast = [mixed.plan_sites(u, seed=3, stream=(1, i), model=model) for i, u in enumerate(cases)]
     monkeypatch.setattr(sampling, "pair_units_plan", lambda *a, **k: None)
-    monkeypatch.setattr(sampling, "_BULK", 0)  # the general builder for every count
+    monkeypatch.setattr(sampling, "BULK", 0)  # the general builder for every count (the name plan_sites reads)
     slow = [mixed.plan_sites(u, seed=3, stream=(1, i), model=model) for i, u in enumerate(cases)]
     for a, b in zip(fast, slow):
         assert _columns(a) == _columns(b) and a.meta == b.meta and list(a.meta) == list(b.meta)

@@ -1,4 +1,4 @@
-"""Trials per forward by measurement: the fastest per-trial rate among a few block sizes, or serial.
+"""Trials per forward: the most that free memory allows, and the fastest per-trial rate among a few block sizes.
 
 Layer: ``campaign`` (may import frameworks and below; imported by experiment, report, compat and cli).
 
@@ -7,7 +7,9 @@ the caches and every block faults in fresh pages. :func:`choose_batch` therefore
 of each candidate size (the first of them warms up untimed), stops widening once a size is clearly
 slower than the best so far, and compares the best with one serial trial: when serial is at least
 as fast, trials run one at a time. The timing function is a parameter, so that the choice can be
-tested without clocks.
+tested without clocks. The memory bound is :func:`auto_batch` of one trial's bytes and the free memory
+where the model's tensors live (:func:`free_memory`); :func:`steady_allocator` keeps the heap of a
+process that runs block after block.
 
 Examples
 --------
@@ -21,10 +23,18 @@ Examples
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["BatchChoice", "choose_batch", "SIZES"]
+__all__ = ["BatchChoice", "choose_batch", "SIZES", "auto_batch", "free_memory", "steady_allocator", "MAX_AUTO",
+           "MAX_AUTO_GPU"]
+
+#: Most trials per forward on a CPU: beyond this many the forward is not faster per trial, only bigger
+MAX_AUTO = 64
+#: Most trials per forward on a GPU (it keeps gaining from wider forwards long after a CPU core has stopped)
+MAX_AUTO_GPU = 512
 
 #: Block sizes tried (1 is the serial trial; a batched block of one trial is what ``--batch-trials 1`` never runs)
 SIZES = (2, 4, 8, 16)
@@ -58,7 +68,7 @@ def choose_batch(seconds_per_trial: Callable[[int], float], cap: int,
     seconds_per_trial : callable
         ``f(B) -> seconds per trial`` with ``B`` trials per forward (``f(1)``: one serial trial).
     cap : int
-        The largest size memory allows (:func:`fastflip.campaign.batched.auto_batch`); sizes above it are not tried.
+        The largest size memory allows (:func:`auto_batch`); sizes above it are not tried.
     sizes : sequence of int
         Candidate sizes, increasing.
     """
@@ -76,3 +86,47 @@ def choose_batch(seconds_per_trial: Callable[[int], float], cap: int,
     if best is not None and choice.seconds[best] < choice.seconds[1]:
         choice.size = best
     return choice
+
+
+def steady_allocator() -> bool:
+    """Keep freed memory in this process for reuse (glibc: no ``mmap`` per large block, no trim below 1 GiB).
+
+    Batched forwards allocate activations of tens of MB block after block; glibc serves every allocation above
+    32 MB with a fresh ``mmap``, so each block faults its pages in again (measured: half the CPU time in the kernel).
+    With ``M_MMAP_MAX = 0`` and a 1 GiB trim threshold they are reused from the heap: the process keeps its peak
+    memory until it ends. Off with ``FASTFLIP_MALLOC=system``; a no-op (False) where the C library is not glibc.
+    """
+    if os.environ.get("FASTFLIP_MALLOC") == "system" or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-4, 0)) and bool(libc.mallopt(-1, 1 << 30))  # M_MMAP_MAX, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+def free_memory(device: Any) -> int:
+    """Free bytes where ``device``'s tensors live (CUDA: the device's free memory; else available RAM)."""
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def auto_batch(per_trial_bytes: int, free: int, limit: int = MAX_AUTO) -> int:
+    """Trials per forward that fit a quarter of ``free`` bytes (at least 1, at most ``limit``).
+
+    >>> auto_batch(100 << 20, 8 << 30), auto_batch(100 << 20, 100 << 20), auto_batch(1, 1 << 40)
+    (20, 1, 64)
+    """
+    return int(max(1, min(limit, (free // 4) // max(int(per_trial_bytes), 1))))

@@ -34,7 +34,8 @@ sweep may write a store at a time: the writer holds an exclusive ``flock`` on th
 store file itself (its inode, so symlinks and hard links share it) for as long as it
 is open, and records who it is (pid, host, start time) in ``meta`` under ``writer``;
 the kernel drops the lock if the process dies, so a killed sweep never leaves a
-stale lock.
+stale lock. Exports to CSV or Parquet and merging shard stores are in
+:mod:`fastflip.campaign.store_export`.
 
 Examples
 --------
@@ -51,7 +52,6 @@ Examples
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
 import os
@@ -64,10 +64,9 @@ import numpy as np
 
 from .. import __version__
 from ..errors import OutputError, StoreError
-from ..files.fileio import atomic_output, new_file_mode
-from ..files.paths import resolve_output
+from ..files.fileio import new_file_mode
 from .outcomes import DEFAULT_FAILURE, MASKED_NUMERIC, TRIAL_OUTCOMES, failure_sql
-from .store_guard import StoreLock, check_schema, rollback_quietly, sqlite_error
+from .store_guard import SCHEMA_SQL, StoreLock, check_header, check_schema, rollback_quietly, sqlite_error
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -76,29 +75,10 @@ __all__ = [
     "TrialRow",
     "ResultStore",
     "config_hash",
-    "merge_stores",
 ]
 
 SCHEMA_VERSION = 2
 APPLICATION_ID = 0x46466C70  # "FFlp"
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-_SCHEMA = """
-CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE campaign(
-    id INTEGER PRIMARY KEY CHECK (id = 1), name TEXT, config TEXT NOT NULL, config_hash TEXT NOT NULL,
-    seed INTEGER, fastflip_version TEXT NOT NULL, schema_version INTEGER NOT NULL,
-    input_hashes TEXT, shard TEXT, created REAL);
-CREATE TABLE cells(
-    cell_id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, bits TEXT, grp TEXT, group_by TEXT,
-    flips INTEGER, fault TEXT, epoch INTEGER, planned INTEGER NOT NULL, population INTEGER,
-    sampling TEXT, fpc_population INTEGER);
-CREATE TABLE workers(worker_id INTEGER PRIMARY KEY, label TEXT UNIQUE NOT NULL);
-CREATE TABLE trials(
-    cell_id INTEGER NOT NULL, trial INTEGER NOT NULL, seed INTEGER, sites TEXT,
-    outcome INTEGER NOT NULL, metric REAL, delta REAL, message TEXT, duration REAL, worker INTEGER,
-    numeric INTEGER, changed REAL, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID;
-"""
 
 _CELL_COLUMNS = ("key", "bits", "grp", "group_by", "flips", "fault", "epoch", "planned", "population", "sampling",
                  "fpc_population")
@@ -143,16 +123,6 @@ def _version_tuple(v: str) -> tuple[int, ...]:
             break
         out.append(int(digits))
     return tuple(out)
-
-
-def _check_header(path: str) -> None:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-    except OSError as exc:
-        raise StoreError(f"cannot read store {path}: {exc.strerror or exc}") from exc
-    if head != _SQLITE_MAGIC:
-        raise StoreError(f"{path} is not a fastflip results store (not an SQLite file); it was left untouched")
 
 
 class ResultStore:
@@ -219,7 +189,7 @@ class ResultStore:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("BEGIN")
-                for stmt in _SCHEMA.strip().split(";"):
+                for stmt in SCHEMA_SQL.strip().split(";"):
                     if stmt.strip():
                         conn.execute(stmt)
                 conn.execute(
@@ -266,7 +236,7 @@ class ResultStore:
         path = os.fspath(path)
         if not os.path.exists(path):
             raise StoreError(f"store {path} does not exist")
-        _check_header(path)
+        check_header(path)
         lock = StoreLock.acquire(path) if writable else None
         try:
             try:
@@ -473,7 +443,7 @@ class ResultStore:
     def iter_trials(self, batch: int = 50_000) -> Iterator[list[tuple]]:
         """Trials joined with their cell columns, in (cell, trial) order, in batches of tuples.
 
-        Columns: :data:`EXPORT_COLUMNS`.
+        Columns: :data:`fastflip.campaign.store_export.EXPORT_COLUMNS`.
         """
         q = (
             "SELECT t.cell_id, c.key, c.bits, c.grp, c.flips, c.fault, c.epoch, t.trial, t.seed, t.sites, "
@@ -487,137 +457,3 @@ class ResultStore:
             if not rows:
                 return
             yield [r[:10] + (TRIAL_OUTCOMES[r[10]],) + r[11:] for r in rows]
-
-    # ------------------------------------------------------------------ export
-    def export_csv(self, out: str, *, overwrite: bool = False) -> int:
-        """Write every trial (joined with its cell) to a CSV file, atomically; return the row count."""
-        n = 0
-        with _output(out, overwrite, self.path) as tmp:
-            with open(tmp, "w", newline="") as fh:
-                w = csv.writer(fh)
-                w.writerow(EXPORT_COLUMNS)
-                for rows in self.iter_trials():
-                    w.writerows(rows)
-                    n += len(rows)
-        return n
-
-    def export_parquet(self, out: str, *, overwrite: bool = False) -> int:
-        """Write every trial to a Parquet file (needs pyarrow), atomically; return the row count."""
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError as exc:  # pragma: no cover - depends on the extras
-            raise OutputError("Parquet export needs pyarrow: pip install 'fastflip[parquet]'") from exc
-        schema = pa.schema(
-            [
-                ("cell_id", pa.int32()), ("cell", pa.string()), ("bits", pa.string()), ("group", pa.string()),
-                ("flips", pa.int32()), ("fault", pa.string()), ("epoch", pa.int32()), ("trial", pa.int64()),
-                ("seed", pa.int64()), ("sites", pa.string()), ("outcome", pa.string()), ("numeric", pa.int8()),
-                ("changed", pa.float64()), ("metric", pa.float64()),
-                ("delta", pa.float64()), ("message", pa.string()), ("duration", pa.float64()), ("worker", pa.string()),
-            ]
-        )
-        n = 0
-        with _output(out, overwrite, self.path) as tmp:
-            with pq.ParquetWriter(tmp, schema) as writer:
-                for rows in self.iter_trials():
-                    cols = list(zip(*rows))
-                    writer.write_table(pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, schema)], schema=schema))
-                    n += len(rows)
-                if n == 0:
-                    writer.write_table(schema.empty_table())
-        return n
-
-
-EXPORT_COLUMNS = (
-    "cell_id", "cell", "bits", "group", "flips", "fault", "epoch", "trial", "seed", "sites",
-    "outcome", "numeric", "changed", "metric", "delta", "message", "duration", "worker",
-)
-
-
-def _output(out: str, overwrite: bool, source: str) -> Any:
-    """:func:`fastflip.files.fileio.atomic_output` for an export of store ``source``: never the store itself (nor a
-    device, FIFO or directory), and an existing file only when asked (see :func:`fastflip.files.paths.resolve_output`)."""
-    out = os.fspath(out)
-    if os.path.exists(out) and not overwrite:
-        raise OutputError(f"{out} exists; pass --force (overwrite=True) to replace it")
-    return atomic_output(resolve_output(out, inputs=[source], overwrite=overwrite, what="export"))
-
-
-def merge_stores(out: str, sources: Sequence[str]) -> dict[str, int]:
-    """Combine shard stores of one campaign into a new store ``out``.
-
-    All sources must hold the same campaign (same configuration hash and cells) and
-    distinct shards of the same count. A trial present in two sources must agree on
-    every stored result, else the merge is refused; agreeing duplicates are kept once.
-    Returns ``{'trials': ..., 'duplicates': ...}``.
-    """
-    if not sources:
-        raise StoreError("merge: give at least one source store")
-    opened = [ResultStore.open(s) for s in sources]
-    try:
-        first = opened[0]
-        cells = first.cells()
-        shards = []
-        for st in opened:
-            if st.config_hash != first.config_hash:
-                raise StoreError(f"merge: {st.path} holds another campaign than {first.path} (configuration differs)")
-            if st.cells() != cells:
-                raise StoreError(f"merge: {st.path} has other cells than {first.path}")
-            shards.append(st.shard)
-        named = [s for s in shards if s]
-        if len(set(named)) != len(named):
-            raise StoreError(f"merge: the same shard appears twice among the sources ({', '.join(sorted(named))})")
-        counts = {s.split("/")[1] for s in named}
-        if len(counts) > 1:
-            raise StoreError(f"merge: shards of different counts ({', '.join(sorted(named))})")
-        config = first.config
-        hashes = first.input_hashes
-        chash = first.config_hash
-        dtypes = first.meta_value("cell_dtypes")
-    finally:
-        for st in opened:
-            st.close()
-    dst = ResultStore.create(out, config, cells, input_hashes=hashes, chash=chash)
-    if dtypes is not None:
-        dst.set_meta("cell_dtypes", dtypes)
-    duplicates = 0
-    try:
-        conn = dst.conn
-        for src in sources:
-            conn.execute("ATTACH DATABASE ? AS src", (os.path.abspath(src),))
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                conflict = conn.execute(
-                    "SELECT s.cell_id, s.trial FROM src.trials s JOIN main.trials m USING (cell_id, trial) "
-                    "WHERE s.outcome IS NOT m.outcome OR s.sites IS NOT m.sites OR s.metric IS NOT m.metric "
-                    "OR s.numeric IS NOT m.numeric OR s.changed IS NOT m.changed "
-                    "OR s.seed IS NOT m.seed LIMIT 1"
-                ).fetchone()
-                if conflict:
-                    conn.execute("ROLLBACK")
-                    raise StoreError(
-                        f"merge: {src} disagrees with an earlier source on cell {conflict[0]} trial {conflict[1]}"
-                    )
-                duplicates += conn.execute(
-                    "SELECT COUNT(*) FROM src.trials s JOIN main.trials m USING (cell_id, trial)"
-                ).fetchone()[0]
-                conn.execute("INSERT OR IGNORE INTO main.workers (label) SELECT label FROM src.workers")
-                conn.execute(
-                    "INSERT OR IGNORE INTO main.trials SELECT s.cell_id, s.trial, s.seed, s.sites, s.outcome, s.metric, "
-                    "s.delta, s.message, s.duration, mw.worker_id, s.numeric, s.changed FROM src.trials s "
-                    "LEFT JOIN src.workers sw ON sw.worker_id = s.worker LEFT JOIN main.workers mw ON mw.label = sw.label"
-                )
-                conn.execute("COMMIT")
-            finally:
-                conn.execute("DETACH DATABASE src")
-        total = dst.n_trials()
-    except BaseException:
-        dst.close()
-        for p in (out, out + "-wal", out + "-shm"):
-            if os.path.exists(p):
-                os.unlink(p)
-        raise
-    dst.close()
-    return {"trials": total, "duplicates": duplicates}
-

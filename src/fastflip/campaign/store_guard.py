@@ -8,6 +8,8 @@ nothing of campaigns.
 * :class:`StoreLock` — one writer per store *file*: an exclusive ``flock`` on the
   store's inode, so a second sweep is refused whether it names the store by the same
   path, a symlink or a hard link, and told who holds it (pid, host, start time).
+* :func:`check_header` — refuses a file that is not an SQLite database; :data:`SCHEMA_SQL` creates
+  the tables :func:`check_schema` expects.
 * :func:`check_schema` — refuses, in one line, a store whose tables, columns or
   values are not what fastflip wrote (a file edited or damaged by hand).
 * :func:`sqlite_error` — any :class:`sqlite3.Error` as a :class:`StoreError` of one
@@ -33,7 +35,9 @@ from typing import Any
 from ..errors import StoreError
 from ..files.paths import pid_alive
 
-__all__ = ["StoreLock", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
+__all__ = ["SCHEMA_SQL", "StoreLock", "check_header", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 # table -> columns, in order (the schema of fastflip.campaign.store, version 1)
 TABLES = {
@@ -46,6 +50,24 @@ TABLES = {
     "trials": ("cell_id", "trial", "seed", "sites", "outcome", "metric", "delta", "message", "duration", "worker",
                "numeric", "changed"),
 }
+
+#: The statements that create a store's tables (the same tables and columns as :data:`TABLES`)
+SCHEMA_SQL = """
+CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE campaign(
+    id INTEGER PRIMARY KEY CHECK (id = 1), name TEXT, config TEXT NOT NULL, config_hash TEXT NOT NULL,
+    seed INTEGER, fastflip_version TEXT NOT NULL, schema_version INTEGER NOT NULL,
+    input_hashes TEXT, shard TEXT, created REAL);
+CREATE TABLE cells(
+    cell_id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, bits TEXT, grp TEXT, group_by TEXT,
+    flips INTEGER, fault TEXT, epoch INTEGER, planned INTEGER NOT NULL, population INTEGER,
+    sampling TEXT, fpc_population INTEGER);
+CREATE TABLE workers(worker_id INTEGER PRIMARY KEY, label TEXT UNIQUE NOT NULL);
+CREATE TABLE trials(
+    cell_id INTEGER NOT NULL, trial INTEGER NOT NULL, seed INTEGER, sites TEXT,
+    outcome INTEGER NOT NULL, metric REAL, delta REAL, message TEXT, duration REAL, worker INTEGER,
+    numeric INTEGER, changed REAL, PRIMARY KEY (cell_id, trial)) WITHOUT ROWID;
+"""
 
 
 def _holder_text(info: dict[str, Any] | None) -> str:
@@ -194,3 +216,14 @@ def check_schema(conn: sqlite3.Connection, path: str) -> None:
         "LIMIT 1", (max(n_cells - 1, 0),)).fetchone()
     if bad is not None:
         raise StoreError(f"store {path}: trial {bad[1]!r} of cell {bad[0]!r} has an invalid outcome or index: it is damaged")
+
+
+def check_header(path: str) -> None:
+    """Refuse, in one line, a file that is not an SQLite database (before SQLite opens it)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise StoreError(f"cannot read store {path}: {exc.strerror or exc}") from exc
+    if head != SQLITE_MAGIC:
+        raise StoreError(f"{path} is not a fastflip results store (not an SQLite file); it was left untouched")

@@ -10,7 +10,7 @@ crash or SIGKILL resumes with no trial lost, none run twice, and every outcome
 equal to an uninterrupted run.
 
 * ``shard='i/N'`` runs only the trials with ``(cell + trial) % N == i`` into a shard
-  store; :func:`fastflip.campaign.store.merge_stores` combines the shards.
+  store; :func:`fastflip.campaign.store_export.merge_stores` combines the shards.
 * With ``[trials] half_width`` the sweep runs in rounds: each open cell gets its next
   block of trials, and a cell stops once the Wilson half-width of its failure rate
   (the classes ``[evaluator] failure`` names) over its complete blocks reaches the target

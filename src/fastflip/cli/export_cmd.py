@@ -32,6 +32,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..campaign.store import ResultStore
+    from ..campaign.store_export import export_csv, export_parquet
 
     if args.summary:
 
@@ -43,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with ResultStore.open(args.store) as st:
         if args.csv:
-            n, out = st.export_csv(args.csv, overwrite=args.force), args.csv
+            n, out = export_csv(st, args.csv, overwrite=args.force), args.csv
         else:
-            n, out = st.export_parquet(args.parquet, overwrite=args.force), args.parquet
+            n, out = export_parquet(st, args.parquet, overwrite=args.force), args.parquet
     if not args.quiet:
         print(f"{out}: {n} trials")
     return 0

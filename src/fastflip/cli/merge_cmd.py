@@ -19,7 +19,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..campaign.store import ResultStore, merge_stores
+    from ..campaign.store import ResultStore
+    from ..campaign.store_export import merge_stores
 
     res = merge_stores(args.output, args.sources)
     with ResultStore.open(args.output) as st:

@@ -12,7 +12,7 @@ of plan position, tensor index, byte offset (into a file, or from a tensor's bas
 AND/OR/XOR masks, with optional scale factors and replacement words. :class:`TensorTable` is the
 per-tensor table its ``tensor`` column indexes (word size, byte order, dtype/float format, base address
 or file base, extent). :class:`fastflip.files.h5apply.RawSites`, :class:`fastflip.kernels.gpu.SiteArrays`
-and :class:`fastflip.live.targets.Prepared` are (or hold) this type.
+and :class:`fastflip.live.siteaccess.Prepared` are (or hold) this type.
 
 Imports: :mod:`fastflip.errors` and :mod:`fastflip.core.plan` only; every layer may import it.
 

@@ -1,8 +1,8 @@
 /* fastflip's word rule and word access, written once for every C dialect.
  *
  * Included by the Cython kernels (ext/_kernels.pyx, `cdef extern from "ff_word.h"`), by the CUDA C
- * kernels (fastflip.kernels.gpu.CUDA_SOURCE is this file followed by the kernels, compiled by NVRTC)
- * and by the host C build of those same kernels (fastflip.kernels.gpu.build_host_library, -DFF_HOST),
+ * kernels (fastflip.kernels.gpu_kernels.CUDA_SOURCE is this file followed by the kernels, compiled by NVRTC)
+ * and by the host C build of those same kernels (fastflip.kernels.gpu_kernels.build_host_library, -DFF_HOST),
  * which the tests check against the NumPy oracle fastflip.core.reference.
  *
  *   new = ((old & and) | or) ^ xor, truncated to the word's width (size bytes)

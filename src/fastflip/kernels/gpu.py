@@ -3,11 +3,11 @@
 Layer: ``kernels`` (may import core and kernels; imported by files, live and above).
 
 Two interchangeable engines (the backend registry's ``cuda-raw`` and ``numba-cuda``), both checked
-without a GPU:
+without a GPU; their kernels are in :mod:`fastflip.kernels.gpu_kernels`:
 
-- ``'cuda-raw'``: a CUDA C kernel (:data:`CUDA_SOURCE`) compiled by CuPy (NVRTC). The
-  same source, with a grid-stride loop that degenerates to a plain loop, is compiled
-  by the host C compiler in the tests (:func:`build_host_library`) and checked
+- ``'cuda-raw'``: a CUDA C kernel (:data:`~fastflip.kernels.gpu_kernels.CUDA_SOURCE`) compiled by CuPy
+  (NVRTC). The same source, with a grid-stride loop that degenerates to a plain loop, is compiled by the
+  host C compiler in the tests (:func:`~fastflip.kernels.gpu_kernels.build_host_library`) and checked
   against :mod:`fastflip.core.reference` — one word-rule source, two instantiations.
 - ``'numba-cuda'``: a Numba CUDA kernel compiling the per-site functions of
   :mod:`fastflip.kernels.numba_cpu` (``load_word``, ``store_word``, ``rule``) with
@@ -30,7 +30,7 @@ and read-back of :func:`launch_apply`, :func:`launch_read` and :func:`launch_wri
 :func:`device_scope` — ``cupy.cuda.Device(device)`` and, for PyTorch tensors, torch's current stream of
 that device (wrapped as ``cupy.cuda.ExternalStream``; CuPy's current stream otherwise, made to wait for the
 other when a device holds both) — and ends with a synchronisation of that stream. Compiled kernels are
-cached per device (:func:`get_raw_kernels`); :meth:`RawCudaBackend.prepare_sites` compiles them when a
+cached per device (:func:`~fastflip.kernels.gpu_kernels.get_raw_kernels`); :meth:`RawCudaBackend.prepare_sites` compiles them when a
 plan is prepared, so a missing NVRTC is one :class:`~fastflip.errors.DeviceError` before anything is
 flipped.
 
@@ -51,7 +51,6 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import importlib.resources
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -59,59 +58,13 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from ..core import records
-from .numba_cpu import load_word, rule, store_word
+from .gpu_kernels import get_gpu_kernels, get_raw_kernels, launch
 from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
-from ..errors import DeviceError, OptionError, one_line
+from ..errors import OptionError
 
-__all__ = ["SiteArrays", "CUDA_SOURCE", "build_host_library", "get_gpu_kernels", "get_raw_kernels", "launch_apply",
-           "launch_read", "launch_write", "device_span", "device_scope", "THREADS", "RawCudaBackend", "NumbaCudaBackend"]
-
-THREADS = 256
-_KERNELS: dict[Any, Any] = {}  # "numba-cuda" -> Numba dispatchers; ("cuda-raw", device id) -> that device's functions
-cuda: Any = None  # numba.cuda, bound on first use (a module global so the simulator can swap it)
-
-
-def get_gpu_kernels() -> dict[str, Any]:
-    """Compile (once per process) the CUDA kernels ``apply``, ``read`` and ``write``."""
-    global cuda
-    if "numba-cuda" in _KERNELS:
-        return _KERNELS["numba-cuda"]
-    from numba import cuda as numba_cuda
-
-    cuda = numba_cuda
-
-    d_load = cuda.jit(device=True)(load_word)
-    d_store = cuda.jit(device=True)(store_word)
-    d_rule = cuda.jit(device=True)(rule)
-
-    @cuda.jit
-    def apply(buf, offsets, tensor, itemsizes, swaps, a, o, x, old_out, new_out):  # type: ignore[no-untyped-def]
-        i = cuda.grid(1)
-        if i < offsets.shape[0]:
-            t = tensor[i]
-            old = d_load(buf, offsets[i], itemsizes[t], swaps[t])
-            new = d_rule(old, a[i], o[i], x[i], itemsizes[t])
-            d_store(buf, offsets[i], itemsizes[t], swaps[t], new)
-            old_out[i] = old
-            new_out[i] = new
-
-    @cuda.jit
-    def read(buf, offsets, tensor, itemsizes, swaps, out):  # type: ignore[no-untyped-def]
-        i = cuda.grid(1)
-        if i < offsets.shape[0]:
-            t = tensor[i]
-            out[i] = d_load(buf, offsets[i], itemsizes[t], swaps[t])
-
-    @cuda.jit
-    def write(buf, offsets, tensor, itemsizes, swaps, words):  # type: ignore[no-untyped-def]
-        i = cuda.grid(1)
-        if i < offsets.shape[0]:
-            t = tensor[i]
-            d_store(buf, offsets[i], itemsizes[t], swaps[t], words[i])
-
-    _KERNELS["numba-cuda"] = {"apply": apply, "read": read, "write": write}
-    return _KERNELS["numba-cuda"]
+__all__ = ["SiteArrays", "launch_apply", "launch_read", "launch_write", "device_span", "device_scope", "gpu_backend",
+           "ENGINES", "RawCudaBackend", "NumbaCudaBackend"]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -171,93 +124,6 @@ class SiteArrays(records.SiteArrays):
         return out
 
 
-def _word_header() -> str:
-    """``ff_word.h`` (package data): the word rule and word access shared with the Cython kernels."""
-    return importlib.resources.files(__package__).joinpath("ff_word.h").read_text(encoding="utf-8")
-
-
-#: The CUDA C kernels: ``ff_word.h`` (word rule, loads and stores, written once for every C dialect)
-#: followed by the three kernels. NVRTC compiles it for the device; ``-DFF_HOST`` for the host.
-CUDA_SOURCE = _word_header() + r"""
-FF_GLOBAL void ff_apply(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
-                        const unsigned char* swaps, const ff_u64* a, const ff_u64* o, const ff_u64* x,
-                        ff_u64* old_out, ff_u64* new_out, ff_i64 n) {
-    FF_SITES(i, n) {
-        int t = tensor[i];
-        unsigned char* p = buf + offsets[i];
-        ff_u64 old = ff_load(p, itemsizes[t], swaps[t]);
-        ff_u64 nw = ff_rule(old, a[i], o[i], x[i], itemsizes[t]);
-        ff_store(p, itemsizes[t], swaps[t], nw);
-        old_out[i] = old;
-        new_out[i] = nw;
-    }
-}
-
-FF_GLOBAL void ff_read(const unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
-                       const unsigned char* swaps, ff_u64* out, ff_i64 n) {
-    FF_SITES(i, n) {
-        int t = tensor[i];
-        out[i] = ff_load(buf + offsets[i], itemsizes[t], swaps[t]);
-    }
-}
-
-FF_GLOBAL void ff_write(unsigned char* buf, const ff_i64* offsets, const int* tensor, const int* itemsizes,
-                        const unsigned char* swaps, const ff_u64* words, ff_i64 n) {
-    FF_SITES(i, n) {
-        int t = tensor[i];
-        ff_store(buf + offsets[i], itemsizes[t], swaps[t], words[i]);
-    }
-}
-"""
-
-
-def build_host_library(directory: str, compiler: str = "cc") -> Any:
-    """Compile :data:`CUDA_SOURCE` for the host (``-DFF_HOST``) and load it with ctypes.
-
-    The returned library has ``ff_apply``, ``ff_read`` and ``ff_write`` taking the
-    kernel's arguments as raw pointers; tests use it to check the GPU source.
-    """
-    import ctypes
-    import os
-    import subprocess
-
-    src = os.path.join(directory, "ff_kernels.c")
-    lib = os.path.join(directory, "ff_kernels.so")
-    with open(src, "w") as f:
-        f.write(CUDA_SOURCE)
-    subprocess.run([compiler, "-DFF_HOST", "-O2", "-shared", "-fPIC", "-o", lib, src], check=True,
-                   capture_output=True, text=True)
-    return ctypes.CDLL(lib)
-
-
-def get_raw_kernels(device: int | None = None) -> dict[str, Any]:
-    """The CUDA C kernels (``apply``, ``read``, ``write``) compiled with NVRTC and loaded on ``device``
-    (None: CuPy's current device), once per device and process.
-
-    A CuPy function is bound to the device that was current when it was fetched, so the cache is keyed
-    by device: a kernel loaded on device 0 is never launched on device 1.
-
-    Raises
-    ------
-    DeviceError
-        NVRTC is missing or fails (one line; nothing has been launched).
-    """
-    import cupy
-
-    dev = cupy.cuda.Device().id if device is None else int(device)
-    key = ("cuda-raw", dev)
-    if key not in _KERNELS:
-        try:
-            with cupy.cuda.Device(dev):
-                module = cupy.RawModule(code=CUDA_SOURCE)
-                _KERNELS[key] = {k: module.get_function(f"ff_{k}") for k in ("apply", "read", "write")}
-        except Exception as exc:  # CompileException, NVRTCError, RuntimeError/ImportError/OSError (no libnvrtc)
-            raise DeviceError(f"cannot compile fastflip's CUDA kernels for device {dev} with NVRTC "
-                              f"({type(exc).__name__}: {one_line(exc)}): install NVRTC for your CUDA version "
-                              "(pip install 'fastflip[cupy-cuda12]' brings it); nothing was flipped") from None
-    return _KERNELS[key]
-
-
 #: The GPU engines, by the names the backend registry gives them.
 ENGINES = ("cuda-raw", "numba-cuda")
 
@@ -281,20 +147,6 @@ def gpu_backend(xp: Any, engine: str = "auto") -> Backend:
     'numba-cuda'
     """
     return get_backend(_engine(xp, engine))
-
-
-def _launch(sites: SiteArrays, kind: str, engine: str, n: int, *args: Any) -> None:
-    """Launch kernel ``kind`` (apply/read/write) over ``n`` sites with ``args`` (the kernel's, without n),
-    on the current device and stream (callers are inside :func:`device_scope`)."""
-    if engine == "cuda-raw":
-        get_raw_kernels(sites.device)[kind]((min(_grid(n), 1 << 22),), (THREADS,), (*args, np.int64(n)))
-    elif sites.xp is np:  # Numba's simulator
-        get_gpu_kernels()[kind][_grid(n), THREADS](*args)
-    else:  # Numba on CuPy arrays: Numba's context of the device, CuPy's current stream
-        kernels = get_gpu_kernels()
-        with cuda.gpus[sites.xp.cuda.Device().id]:
-            stream = cuda.external_stream(sites.xp.cuda.get_current_stream().ptr)
-            kernels[kind][_grid(n), THREADS, stream](*args)
 
 
 _EXTERNAL: dict[tuple[int, int], Any] = {}  # (device, stream pointer) -> cupy.cuda.ExternalStream
@@ -353,10 +205,6 @@ def _words_of(sites: SiteArrays) -> tuple[Any, Any]:
     return sites.table.itemsizes, sites.table.swaps
 
 
-def _grid(n: int) -> int:
-    return max(1, (n + THREADS - 1) // THREADS)
-
-
 def _host(xp: Any, arr: Any) -> np.ndarray:
     return np.asarray(arr) if xp is np else xp.asnumpy(arr)
 
@@ -378,7 +226,7 @@ def _apply(buf: Any, sites: SiteArrays, eng: str) -> tuple[Any, Any]:
     new = xp.empty(n, dtype=xp.uint64)
     if n == 0:
         return old, new
-    _launch(sites, "apply", eng, n, buf, sites.offsets, sites.tensor, *_words_of(sites), sites.and_mask,
+    launch(sites, "apply", eng, n, buf, sites.offsets, sites.tensor, *_words_of(sites), sites.and_mask,
             sites.or_mask, sites.xor_mask, old, new)
     if sites.scale_pos is not None:
         pos = sites.scale_pos
@@ -391,7 +239,7 @@ def _apply(buf: Any, sites: SiteArrays, eng: str) -> tuple[Any, Any]:
             new_h[sel] = scale_words(old_h[sel], sites.scale_factors[sel], sites.table.dtypes[int(t)])
         d_pos = xp.asarray(pos)
         new[d_pos] = xp.asarray(new_h)
-        _launch(sites, "write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
+        launch(sites, "write", eng, len(pos), buf, xp.ascontiguousarray(sites.offsets[d_pos]),
                 xp.ascontiguousarray(sites.tensor[d_pos]), *_words_of(sites), xp.ascontiguousarray(new[d_pos]))
     return old, new
 
@@ -402,7 +250,7 @@ def launch_read(buf: Any, sites: SiteArrays, engine: str = "auto") -> Any:
     with device_scope(sites):
         out = xp.empty(n, dtype=xp.uint64)
         if n:
-            _launch(sites, "read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites), out)
+            launch(sites, "read", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites), out)
     return out
 
 
@@ -411,7 +259,7 @@ def launch_write(buf: Any, sites: SiteArrays, words: Any, engine: str = "auto") 
     xp, n = sites.xp, len(sites)
     if n:
         with device_scope(sites):
-            _launch(sites, "write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites),
+            launch(sites, "write", _engine(xp, engine), n, buf, sites.offsets, sites.tensor, *_words_of(sites),
                     xp.ascontiguousarray(xp.asarray(words, dtype=xp.uint64)))
 
 

@@ -1,6 +1,6 @@
 """Functional activation targets in PyTorch: torch function calls and KV-cache updates inside a module's forward.
 
-Layer: ``live`` (imported by :mod:`fastflip.live.act_frameworks` only; torch is imported by the caller).
+Layer: ``live`` (imported by :mod:`fastflip.live.act_torch` only; torch is imported by the caller).
 
 :class:`OpWatch` sees the outputs of ``MODULE:OP`` and ``MODULE:cache.key|value``
 targets (names in :mod:`fastflip.live.act_targets`). Forward pre-hooks and

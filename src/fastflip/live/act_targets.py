@@ -1,6 +1,7 @@
 """Names of activation targets: layer outputs, elements of tuple/dict outputs, functional operations, KV caches.
 
-Layer: ``live`` (imported by :mod:`fastflip.live.act_frameworks` and :mod:`fastflip.live.act_ops`).
+Layer: ``live`` (imported by the activation hooks, :mod:`fastflip.live.act_hooks`, :mod:`fastflip.live.act_torch`,
+:mod:`fastflip.live.act_keras`, and by :mod:`fastflip.live.act_ops`).
 
 A target is written ``MODULE[:WHAT][#CALL]``:
 

@@ -1,0 +1,194 @@
+"""What activation-fault hooks share across frameworks: layer naming and selection, the recording and
+faulting flows, and the dtype words of layer outputs.
+
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
+:class:`Hooks` is the base of :class:`fastflip.live.act_torch.TorchHooks` and
+:class:`fastflip.live.act_keras.KerasHooks`; each framework supplies how it hooks a layer, describes and
+writes an output, and probes output shapes (:mod:`fastflip.live.act_frameworks` picks one for a model).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from ..core.plan import TensorRef
+from ..errors import OptionError, SelectionError
+from ..files.select import dtype_matcher
+from .act_targets import Recorded, base_of, choose, output_name, pick, replace, split_target
+
+__all__ = ["FORMATS", "Hooks", "UINT", "call_name", "format_dtype", "label", "listing"]
+
+#: Unsigned word type of each item size
+UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+#: Float formats held in unsigned words (NumPy lacks them)
+FORMATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def format_dtype(name: str, key: str) -> str:
+    """The ref dtype of a layer output in a float format NumPy lacks (its format name), if refs carry formats."""
+    import dataclasses
+
+    if "format" not in {f.name for f in dataclasses.fields(TensorRef)}:
+        raise OptionError(f"layer {name} outputs {key}: this fastflip has no {key} word format; deselect it")
+    return key
+
+
+def label(dtype: str) -> str:
+    """A ref dtype for messages: ``float32``, ``bfloat16``."""
+    return dtype if dtype in FORMATS else str(np.dtype(dtype))
+
+
+def _ref_dtype(ref: TensorRef) -> str:
+    return getattr(ref, "format", None) or ref.dtype
+
+
+def call_name(name: str, k: int) -> str:
+    """Name of the ``k``-th call (0-based) of layer ``name`` in one forward: ``name``, ``name#1``, ..."""
+    return name if k == 0 else f"{name}#{k}"
+
+
+def listing(names: list[str]) -> str:
+    """Up to 12 names for a message, ``a, b (+N more)`` (``none`` when empty)."""
+    shown = ", ".join(names[:12])
+    return shown + (f" (+{len(names) - 12} more)" if len(names) > 12 else "") if names else "none"
+
+
+class Hooks:
+    """What both frameworks share: layer naming, selection, the recording and faulting flows."""
+
+    layers: dict[str, Any]
+    leaves: list[str]
+
+    def select(self, selection: Any) -> list[str]:
+        """The selected layer names (default: every leaf layer)."""
+        if selection is not None and selection.roles:
+            raise OptionError("roles select tensors, not layer outputs: use layers=, include= or dtypes= for activations")
+        self.chosen = choose(self.layers, self.leaves, selection, ops=self._OPS)
+        names = self.chosen.names
+        if not names:
+            raise SelectionError(f"selection {selection.describe() if selection is not None else ''} matches no layer "
+                                 f"of this {type(self.model).__name__}; its layers: {listing(list(self.layers))}")
+        return names
+
+    _OPS = False  # functional targets (MODULE:OP, MODULE:cache.*) need PyTorch
+
+    def refs(self, names: list[str], rec: dict[str, tuple[tuple[int, ...], str]], selection: Any) -> list[TensorRef]:
+        """Per-sample output refs in forward order, filtered by the selection's dtypes.
+
+        Targets that never ran or whose output is not a tensor stop the block when they were named exactly,
+        and are left out (one warning lists them) when a glob or the default selection matched them."""
+        chosen = self.chosen
+        exact = chosen.exact
+        ran = getattr(rec, "ran", set(rec))
+        errors = {c: m for c, m in getattr(rec, "errors", {}).items() if chosen.wanted(c)[2]}
+        have = {chosen.wanted(c)[:2] for c in [*rec, *errors]}
+        for base, ks in chosen.calls.items():
+            lost = sorted(k for k in ks or () if (base, k) not in have)
+            if lost and base in exact and base in ran:
+                raise OptionError(f"{base}#{lost[0]} never ran: {base} ran "
+                                  f"{max([k + 1 for b, k in have if b == base], default=0)} time(s) in the forward")
+        missing = [n for n in names if n not in ran]
+        hard = [n for n in missing if n in exact]
+        if hard:
+            raise OptionError(f"layer(s) {listing(hard)} never ran in the forward of this {type(self.model).__name__} "
+                              "(defined but not called?): select layers that model.forward calls")
+        for c, msg in errors.items():
+            if base_of(c) in exact:
+                raise OptionError(msg)
+        left = ([f"{n} (never ran)" for n in missing] if chosen.explicit else []) + list(errors.values())
+        refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if chosen.wanted(n)[2]]
+        if not refs:
+            raise OptionError(f"no layer of this {type(self.model).__name__} ran in its forward"
+                              + (f" with a tensor output ({'; '.join(left[:4])})" if left else ""))
+        if left:
+            warnings.warn(f"fastflip: {len(left)} activation target(s) left out: {'; '.join(left[:8])}"
+                          + (f" (+{len(left) - 8} more)" if len(left) > 8 else ""), stacklevel=5)
+        if selection is not None and selection.dtypes:
+            def keep(r: TensorRef) -> bool:
+                fmt = getattr(r, "format", None)
+                return any(dtype_matcher(d)(np.dtype(r.dtype), fmt) if fmt else dtype_matcher(d)(np.dtype(r.dtype))
+                           for d in selection.dtypes)
+
+            refs = [r for r in refs if keep(r)]
+            if not refs:
+                raise SelectionError(f"no selected layer outputs dtype {', '.join(selection.dtypes)}; outputs: "
+                                     + listing([f"{n} {label(dt)}" for n, (_, dt) in rec.items()]))
+        empty = [r.name for r in refs if r.size == 0]
+        if empty:
+            raise OptionError(f"layer output(s) {listing(empty)} have no elements; deselect them")
+        return refs
+
+    def _learn(self, st: dict[str, Any], names: list[str], selection: Any, make_sites: Callable,
+               probe: Callable[[], dict]) -> None:
+        """At the first forward: probe the output shapes (the faulting hooks stand aside) and draw the sites."""
+        st["probing"] = True
+        try:
+            rec = probe()
+        finally:
+            st["probing"] = False
+        refs = self.refs(names, rec, selection)
+        make_sites(refs)
+        st["index"] = {r.name: i for i, r in enumerate(refs)}
+        st["probed"] = set(rec) | set(getattr(rec, "errors", ()))
+
+    def _record_output(self, rec: Recorded, name: str, counts: dict[str, int], out: Any) -> None:
+        """Record the output of target ``name`` (``MODULE[:WHAT]``): its picked tensor's shape, or why it has none."""
+        k = counts.get(name, 0)
+        counts[name] = k + 1
+        rec.ran.add(name)
+        what = split_target(name)[1]
+        try:
+            key, t = pick(out, what)
+        except OptionError as exc:
+            rec.errors[call_name(name, k)] = f"layer {call_name(name, k)} {exc}"
+            return
+        cname = call_name(output_name(name, what, key), k)
+        try:
+            rec[cname] = self.describe(cname, t)
+        except OptionError as exc:
+            rec.errors[call_name(name, k)] = str(exc)
+
+    def _aliases(self, t: Any, args: tuple) -> bool:
+        """Whether output ``t`` shares memory with one of the call's inputs (then it is faulted in a copy)."""
+        return False
+
+    def _fault_output(self, st: dict[str, Any], name: str, out: Any, args: tuple = ()) -> Any:
+        """The faulted output of one call of target ``name``, or None when ``out`` was faulted in place / untouched."""
+        k = st["counts"].get(name, 0)
+        st["counts"][name] = k + 1
+        sites = st["state"]["sites"]
+        if sites is None:
+            raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its layers")
+        what = split_target(name)[1]
+        try:
+            key, t = pick(out, what)
+        except OptionError as exc:
+            if call_name(name, k) in st["probed"]:  # left out when the sites were drawn
+                return None
+            raise OptionError(f"layer {call_name(name, k)} {exc} in forward {st['log'].forwards}") from None
+        cname = call_name(output_name(name, what, key), k)
+        if ("faulted", cname) in st["counts"]:  # `attn` and `attn:out.0` name one output: fault it once
+            return None
+        st["counts"][("faulted", cname)] = 1
+        li = st["index"].get(cname)
+        if li is None:  # a fixed plan names only the calls it faults (a cell of `relu#1`)
+            if not st.get("fixed") and cname not in st["probed"] and call_name(name, k) not in st["probed"]:
+                raise OptionError(f"layer {name} ran {k + 1} times in forward {st['log'].forwards}, more than in the first "
+                                  "forward: its extra outputs have no sites")
+            return None
+        shape, dt = self.describe(cname, t)
+        ref = sites.refs[li]
+        if TensorRef(ref.name, dt, shape) != ref:
+            raise OptionError(f"layer {cname} outputs {shape} {label(dt)} per sample in forward {st['log'].forwards}, "
+                              f"but {ref.shape} {label(_ref_dtype(ref))} when its sites were drawn: activation sites need "
+                              "fixed output shapes and dtypes (use one input shape per block, or forward= to fault "
+                              "one forward)")
+        new = self.write(t, li, sites, st["log"], self._aliases(t, args))
+        return None if new is None else replace(out, key, new)

@@ -1,0 +1,218 @@
+"""PyTorch side of activation faults: forward hooks on the selected modules and output-shape probes.
+
+Layer: ``live`` (may import files and below; imported by frameworks and above).
+
+Forward hooks on the selected modules (named by module path, ``layer1.0.conv2``, for any ``nn.Module``
+subclass, nested; tuple/dict outputs give their first tensor or the element a ``MODULE:out.K`` target
+names, :mod:`fastflip.live.act_targets`), an :class:`~fastflip.live.act_ops.OpWatch` for functional
+targets (``MODULE:softmax``, ``MODULE:cache.key``) and a forward pre-hook on the model itself that counts
+forwards and, at the first one, probes the selected layers' output shapes. The probe runs the same call
+on the ``meta`` device (no computation, no side effects); when the model cannot run there
+(data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
+stay as they are), the RNG state restored and gradients off. torch is imported by :class:`TorchHooks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import weakref
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import OptionError, SelectionError
+from .act_hooks import FORMATS, UINT, Hooks, format_dtype, listing
+from .act_ops import OpWatch
+from .act_targets import Recorded, base_of, is_cache, module_targets, split_target
+from .adapters import TORCH_DTYPES
+
+__all__ = ["TorchHooks"]
+
+_PROBES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {call signature: shapes}
+
+
+class TorchHooks(Hooks):
+    _OPS = True
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.layers = {n: m for n, m in model.named_modules() if n}
+        self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
+
+    _WORD = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+    def describe(self, name: str, out: Any) -> tuple[tuple[int, ...], str]:
+        torch = self.torch
+        if not isinstance(out, torch.Tensor):
+            raise OptionError(f"layer {name} returns a {type(out).__name__}, not a tensor: select a layer whose "
+                              "output is one tensor")
+        if out.dim() == 0:
+            raise OptionError(f"layer {name} returns a scalar: activation sites need a batch dimension")
+        key = str(out.dtype).replace("torch.", "")
+        if key in FORMATS:
+            return tuple(int(s) for s in out.shape[1:]), format_dtype(name, key)
+        dt = TORCH_DTYPES.get(key)
+        if dt is None or dt == "?":
+            raise OptionError(f"layer {name} outputs {out.dtype}: activation faults support float16/32/64, bfloat16, "
+                              "float8 and integer outputs; deselect it")
+        return tuple(int(s) for s in out.shape[1:]), np.dtype(dt).str
+
+    def write(self, out: Any, li: int, sites: Any, log: Any, alias: bool = False) -> Any:
+        """Fault ``out`` in place when that is safe, else return a faulted copy (the hook's new output)."""
+        torch = self.torch
+        batch = int(out.shape[0])
+        wdt = getattr(torch, self._WORD[out.element_size()])
+        udt = UINT[out.element_size()]
+        flat = out.detach().reshape(-1)
+        words = flat.view(wdt)
+
+        def read(pos: np.ndarray) -> np.ndarray:
+            got = words[torch.from_numpy(pos).to(out.device)]
+            return got.cpu().numpy().view(udt).astype(np.uint64)
+
+        sample, index, bits, old, new = sites.fault(li, batch, read)
+        log.add(log.forwards, li, sample, index, bits, old, new)
+        if not len(index):
+            return None
+        n = sites.refs[li].size
+        pos = torch.from_numpy(sample * n + index).to(out.device)
+        vals = torch.from_numpy(new.astype(udt).view(self._WORD[out.element_size()])).to(out.device).view(out.dtype)
+        if out.is_contiguous() and not alias and not (torch.is_grad_enabled() and out.requires_grad):
+            out.view(-1)[pos] = vals
+            return None
+        # out of place: keeps autograd whole (no gradient through a faulted element) and never writes into an input
+        return out.reshape(-1).index_put((pos,), vals).view(out.shape)
+
+    def _aliases(self, t: Any, args: tuple) -> bool:
+        ptr = t.untyped_storage().data_ptr()
+        return any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
+
+    @contextlib.contextmanager
+    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable) -> Iterator[None]:
+        """Model pre/post hooks, forward hooks on the module targets and an :class:`OpWatch` for the functional
+        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output)."""
+        watch = OpWatch(self.torch, self.layers, names, on_output)
+
+        def start(m: Any, args: tuple, kwargs: dict) -> None:
+            watch.reset()
+            pre(m, args, kwargs)
+
+        def make(name: str) -> Callable:
+            return lambda _m, args, out: on_output(name, out, args)
+
+        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True), self.model.register_forward_hook(post)]
+        try:
+            handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
+            with watch.active():
+                yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    @contextlib.contextmanager
+    def recording(self, names: list[str]) -> Iterator[dict]:
+        rec = Recorded()
+        st = {"counts": {}, "done": False}
+
+        def pre(_m: Any, _a: Any, _k: Any) -> None:
+            st["counts"] = {}
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            st["done"] = True
+
+        def record(name: str, out: Any, _args: tuple) -> None:
+            if not st["done"]:
+                self._record_output(rec, name, st["counts"], out)
+
+        with self._hooked(names, pre, post, record):
+            yield rec
+
+    def _probe(self, names: list[str], args: tuple, kwargs: dict) -> dict:
+        """Output shapes of the selected layers for this call (cached per model and input signature)."""
+        torch = self.torch
+        from torch.utils._pytree import tree_leaves
+
+        autocast = any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda") if hasattr(torch, d))
+        first = next(iter(self.model.parameters()), None)
+        key = (tuple(names), autocast, None if first is None else (first.dtype, first.device),
+               tuple((tuple(t.shape[1:]), t.dtype, t.device) if isinstance(t, torch.Tensor)
+                     else (type(t).__name__, t.get_seq_length()) if is_cache(t) else type(t).__name__
+                     for t in tree_leaves((args, kwargs))))
+        cache = _PROBES.setdefault(self.model, {})
+        if key not in cache:
+            if len(cache) > 16:
+                cache.clear()
+            cache[key] = self._run_probe(names, args, kwargs, autocast)
+        return cache[key].copy()
+
+    def _run_probe(self, names: list[str], args: tuple, kwargs: dict, autocast: bool) -> dict:
+        torch = self.torch
+        from torch.func import functional_call
+        from torch.utils._pytree import tree_map
+
+        if any(is_cache(v) for v in (*args, *kwargs.values())):  # a KV cache: probe on a copy, never on meta
+            args = tuple(copy.deepcopy(a) if is_cache(a) else a for a in args)
+            kwargs = {k: copy.deepcopy(v) if is_cache(v) else v for k, v in kwargs.items()}
+        elif not autocast:
+            try:
+                meta = lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t  # noqa: E731
+                state = {k: v.to("meta") for k, v in [*self.model.named_parameters(), *self.model.named_buffers()]}
+                with self.recording(names) as rec, torch.no_grad():
+                    functional_call(self.model, state, tree_map(meta, args), tree_map(meta, kwargs), strict=False)
+                return rec
+            except Exception:  # not runnable on meta: probe with the real call below
+                pass
+        buffers = {k: v.clone() for k, v in self.model.named_buffers()}
+        devices = sorted({t.device.index or 0 for t in self.model.parameters() if t.is_cuda})
+        with self.recording(names) as rec, torch.no_grad(), torch.random.fork_rng(devices=devices):
+            functional_call(self.model, buffers, args, kwargs, strict=False)
+        return rec
+
+    @contextlib.contextmanager
+    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
+                 at: int | None = None) -> Iterator[None]:
+        if state["sites"] is not None:  # a fixed plan: hook the targets it names
+            names = list(dict.fromkeys(base_of(r.name) for r in state["sites"].refs))
+            self._check_names([split_target(n)[0] for n in names])
+        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
+                              "on": False}
+        if state["sites"] is not None:
+            st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
+            st["probed"], st["fixed"] = set(st["index"]), True
+
+        def pre(_m: Any, args: tuple, kwargs: dict) -> None:
+            if st["probing"]:
+                return
+            st["counts"] = {}
+            st["on"] = at is None or log.forwards == at
+            if st["on"] and state["sites"] is None:
+                self._learn(st, names, selection, make_sites, lambda: self._probe(names, args, kwargs))
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            if not st["probing"]:
+                log.forwards += 1
+
+        def fault(name: str, out: Any, args: tuple) -> Any:
+            # an output that aliases an input (ReLU(inplace), views) is faulted in a copy
+            return self._fault_output(st, name, out, args) if st["on"] and not st["probing"] else None
+
+        ok = False
+        with self._hooked(names, pre, post, fault):
+            yield
+            ok = True
+        if ok and log.forwards == 0:
+            raise OptionError(f"the {type(self.model).__name__} never ran a forward inside injected_activations(...): "
+                              "nothing was injected (call the model inside the block)")
+        if ok and at is not None and log.forwards <= at:
+            raise OptionError(f"forward={at} but the {type(self.model).__name__} ran {log.forwards} forward(s) inside "
+                              "injected_activations(...): nothing was injected")
+
+    def _check_names(self, names: list[str]) -> None:
+        bad = [n for n in names if n not in self.layers]
+        if bad:
+            raise SelectionError(f"layer {bad[0]!r} is not in this {type(self.model).__name__}; its layers: "
+                                 f"{listing(list(self.layers))}")
