@@ -190,7 +190,7 @@ def _hashed_output(tmp_path, gzip=False):
 @pytest.mark.parametrize("atomic", [False, True])
 def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
     """Direct and atomic revert: the hash now and the hash once restored come from one read of the file."""
-    from fastflip.files.inject import revert
+    from fastflip.files.revert import revert
 
     src, res = _hashed_output(tmp_path)
     size = os.path.getsize(res.output)
@@ -204,7 +204,7 @@ def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
 def test_revert_refuses_another_file_and_changes_nothing(tmp_path):
     """The one-read revert still refuses a file that is not the logged output, before writing anything."""
     from fastflip.errors import LogMismatchError
-    from fastflip.files.inject import revert
+    from fastflip.files.revert import revert
 
     _, res = _hashed_output(tmp_path)
     with open(res.output, "r+b") as fh:
@@ -218,7 +218,7 @@ def test_revert_refuses_another_file_and_changes_nothing(tmp_path):
 
 def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
     """Replay of a log holding a byte delta (re-encoded gzip chunks): one read gives both hashes."""
-    from fastflip.files.inject import replay
+    from fastflip.files.replay import replay
 
     src, res = _hashed_output(tmp_path, gzip=True)
     assert res.log.undo is not None and res.log.undo.new_size == res.log.undo.size

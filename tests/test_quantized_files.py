@@ -12,7 +12,8 @@ import pytest
 
 from conftest import require
 from fastflip.files.fileio import sha256_file
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 from fastflip.live.api import inject as live_inject, targets
 from format_contract import check_format
