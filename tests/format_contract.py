@@ -9,7 +9,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from fastflip.core import reference
-from fastflip.files.fileio import hash_file, sha256_file
+from fastflip.files.filebytes import hash_file, sha256_file
 from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert

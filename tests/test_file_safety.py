@@ -16,7 +16,7 @@ import pytest
 
 from conftest import log_hash, require
 from fastflip.errors import FileLockedError, InputFileError, LogMismatchError, OutputError
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 from fastflip.files.inject import inject_file
 from fastflip.files.revert import revert
 from fastflip.files.keras_archive import ArchiveLimits, edit_archive, read_archive

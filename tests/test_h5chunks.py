@@ -13,7 +13,7 @@ import pytest
 from conftest import require
 from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.files.fileio import hash_file, sha256_file
+from fastflip.files.filebytes import hash_file, sha256_file
 from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
 from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 from fastflip.files.inject import inject_file
 from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout

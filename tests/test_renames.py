@@ -95,7 +95,7 @@ def test_element_index_out_of_range_is_an_index_error(tmp_path):
 
 
 def test_redo_without_altered_bytes_is_a_log_mismatch(tmp_path):
-    from fastflip.files.fileio import ByteUndo
+    from fastflip.files.filebytes import ByteUndo
 
     u = ByteUndo(np.zeros(0, np.int64), np.zeros(0, np.int64), b"", 0, b"", -1)
     with pytest.raises(LogMismatchError) as e:

@@ -48,7 +48,8 @@ from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
-from .fileio import Staging, byte_diff, check_input, hash_file, sha256_file, staged
+from .filebytes import byte_diff, hash_file, sha256_file
+from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
 from .h5chunks import chunk_patches
 from .inplace import write_in_place, write_unlogged

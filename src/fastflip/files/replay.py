@@ -25,7 +25,8 @@ import numpy as np
 
 from ..errors import LogMismatchError
 from . import hashing
-from .fileio import atomic_output, check_input, copy_with_hash, hash_file, hash_with_patches, staged
+from .filebytes import copy_with_hash, hash_file, hash_with_patches
+from .fileio import atomic_output, check_input, staged
 from .h5apply import read_words
 from .inject import InjectionResult, write_plan
 from .keras_archive import edit_archive

@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import LogMismatchError
 from . import hashing
-from .fileio import atomic_output, check_input, copy_with_hash, deferred_signals, fsync_path, hash_file, hash_with_patches
+from .filebytes import copy_with_hash, hash_file, hash_with_patches
+from .fileio import atomic_output, check_input, deferred_signals, fsync_path
 from .fingerprint import revert_regions
 from .h5apply import read_words, route_sites, write_words_to_file
 from .keras_archive import edit_archive

@@ -83,7 +83,8 @@ from .. import __version__
 from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
-from .fileio import Staging, sha256_file, staged
+from .filebytes import sha256_file
+from .fileio import Staging, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
 from .inject import InjectionResult, inject_file
