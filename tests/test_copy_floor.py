@@ -412,7 +412,7 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
     import struct
 
     from fastflip.errors import FastflipError
-    from fastflip.files import layout
+    from fastflip.files import h5overlap
 
     p = str(tmp_path / "sparse.h5")
     with h5py.File(p, "w") as f:
@@ -420,7 +420,7 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
         s = f.create_dataset("s", shape=(800,), dtype="f4", chunks=(8,))  # a grid of 100 chunks
         s[:8] = 1.0  # one allocated
         oa, first = f["a"].id.get_offset(), s.id.get_chunk_info(0).byte_offset
-    monkeypatch.setattr(layout, "MAX_CHUNKS_CHECKED", 5)
+    monkeypatch.setattr(h5overlap, "MAX_CHUNKS_CHECKED", 5)
     assert [t.path for t in read_layout(p).tensors] == ["/a", "/s"]  # sound: read
     raw = bytearray(open(p, "rb").read())
     at = raw.find(struct.pack("<Q", first))

@@ -82,7 +82,8 @@ def test_unknown_gpu_engine_is_an_option_error():
 
 def test_element_index_out_of_range_is_an_index_error(tmp_path):
     import h5py
-    from fastflip.files.layout import element_byte_offsets, read_layout
+    from fastflip.files.h5offsets import element_byte_offsets
+    from fastflip.files.layout import read_layout
 
     p = tmp_path / "m.h5"
     with h5py.File(p, "w") as f:

@@ -31,7 +31,8 @@ import numpy as np
 from ..errors import LogMismatchError
 from . import hashcache, hashing
 
-__all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo", "byte_diff"]
+__all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo",
+           "byte_diff"]
 
 _BLOCK = 8 << 20
 

@@ -1,11 +1,11 @@
-"""Inject faults into HDF5 checkpoints, and replay or revert an injection from its log.
+"""Inject faults into checkpoint files (HDF5, the other formats of :mod:`fastflip.files.formats`, ``.keras``).
 
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
 This is the Python API behind ``fastflip inject``; :mod:`fastflip.files.replay` and :mod:`fastflip.files.revert`
 replay or revert an injection from its log::
 
-    from fastflip import Sampling, Selection, inject_file
+    from fastflip import Sampling, Selection, inject_file, revert
     res = inject_file("model.h5", "model.faulty.h5", seed=1, sampling=Sampling(bits="exponent-msb", count=10),
                       selection=Selection(include=["model_weights/**"]))
     res.log.manifest["counts"]        # sites, flips, nan_created, inf_created, ...
@@ -67,7 +67,7 @@ __all__ = ["InjectionResult", "inject_file", "inject_checkpoint_file", "write_pl
 
 @dataclass
 class InjectionResult:
-    """What :func:`inject_file` and :func:`replay` did."""
+    """What :func:`inject_file` and :func:`fastflip.files.replay.replay` did."""
 
     output: str
     log: InjectionLog
@@ -81,7 +81,6 @@ class InjectionResult:
     @property
     def inf_count(self) -> int:
         return int(self.counts.get("inf_created", 0))
-
 
 
 _LAYOUTS: "dict[tuple[str, int, int, int], Layout]" = {}
@@ -107,7 +106,6 @@ def cached_layout(path: str) -> Layout:
     return lay
 
 
-
 def keep_layout(path: str, before: os.stat_result) -> None:
     """After tensor bytes (never metadata) of ``path`` were patched in place, file it under its new mtime too.
 
@@ -125,10 +123,9 @@ def keep_layout(path: str, before: os.stat_result) -> None:
             _LAYOUTS[(real, st.st_ino, st.st_size, st.st_mtime_ns)] = lay
 
 
-
 def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
-           backend: str, hash_files: bool | str, finish: Any, stage: Staging, evidence: bool = True,
-           cached_input: bool = True, algorithm: str = "sha256"
+               backend: str, hash_files: bool | str, finish: Any, stage: Staging, evidence: bool = True,
+               cached_input: bool = True, algorithm: str = "sha256"
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
@@ -183,7 +180,6 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
     result = finish(in_hash, out_hash, old, new, undo)  # stages the log: committed before the output
     return in_hash, out_hash, old, new, result
-
 
 
 def inject_file(
@@ -342,10 +338,9 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         return log
 
     with staged(durable) as stage:
-        _, _, _, _, log = write_plan(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish, stage,
-                                 evidence=lp is not None, cached_input=cached_input, algorithm=algo)
+        _, _, _, _, log = write_plan(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish,
+                                     stage, evidence=lp is not None, cached_input=cached_input, algorithm=algo)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
-
 
 
 # .keras archives: the inner weights file is injected, the archive rewritten.
@@ -372,7 +367,7 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
         lp = None
         if log_path is not False:
             lp = log_target(os.fspath(log_path) if log_path not in (None, True) else  # type: ignore[arg-type]
-                             default_log_path(target, keep_existing=in_place), src, target)
+                            default_log_path(target, keep_existing=in_place), src, target)
         in_sha = sha256_file(src, cache=not in_place)
         with staged(durable) as stage:
             with edit_archive(src, target, limits=limits, stage=stage) as inner:

@@ -1,4 +1,4 @@
-"""OS, h5py, zip and decoding errors as one-line :class:`~fastflip.errors.FastflipError` s naming the file.
+"""OS, h5py, zip and decoding errors as one-line errors (:class:`~fastflip.errors.FastflipError`) naming the file.
 
 Layer: ``files``. :func:`write_error` for a failed write (disk full, too large, permissions), used by the commits
 of :mod:`fastflip.files.fileio`; :func:`as_fastflip_error` for any exception met while working on a file (the CLI's
@@ -18,6 +18,7 @@ from ..kernels.environment import missing_extra
 
 __all__ = ["WRITE_ERRNOS", "write_error", "as_fastflip_error"]
 
+# The errnos of a failed write (reported by write_error rather than as a bug).
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO}
 
 

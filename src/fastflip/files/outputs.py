@@ -38,13 +38,11 @@ def default_log_path(output: str, keep_existing: bool = False) -> str:
     return path
 
 
-
 def refuse_dir(path: Any, lg: InjectionLog | None = None) -> None:
     """A checkpoint directory (or a log of one) is the business of :mod:`fastflip.files.sharded`: say so."""
     if is_checkpoint_dir(path) or (lg is not None and lg.manifest.get("checkpoint_dir")):
         raise InputFileError(f"{os.fspath(path)}: a checkpoint directory (or its log); use fastflip.inject_dir, "
                              "replay_dir and revert_dir for it (the fastflip command does)")
-
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -55,7 +53,7 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def output_target(src: str, dst: str | os.PathLike[str] | None, in_place: bool, overwrite: bool = True,
-             inputs: Sequence[str] = (), same: str = "use --in-place to change the input") -> str:
+                  inputs: Sequence[str] = (), same: str = "use --in-place to change the input") -> str:
     """The real path to write: ``src`` itself (symlinks resolved) in place, else the checked output
     (``same``: the fix named when the output is the input)."""
     if in_place:
@@ -70,6 +68,7 @@ def output_target(src: str, dst: str | os.PathLike[str] | None, in_place: bool, 
     return resolve_output(dst, inputs=[src, *inputs], overwrite=overwrite, hint=same)
 
 
+# The fix named when a revert's output is the file itself.
 REVERT_SAME = "leave out -o to restore the file itself"
 
 
@@ -83,8 +82,8 @@ def writer_lock(path: str, what: str, on: bool) -> Any:
     return WriterLock(path, what) if on and os.path.exists(path) else contextlib.nullcontext()
 
 
-
 def load_log(log: InjectionLog | str | os.PathLike[str]) -> InjectionLog:
+    """The log itself, or the one saved at the path ``log``."""
     return log if isinstance(log, InjectionLog) else InjectionLog.load(log)
 
 
@@ -94,5 +93,6 @@ def in_container(lg: InjectionLog) -> bool:
 
 
 def log_files(log: InjectionLog | str | os.PathLike[str]) -> list[str]:
+    """The log's file (``[]`` for a log in memory): an input no output may overwrite."""
     return [] if isinstance(log, InjectionLog) else [os.fspath(log)]
 

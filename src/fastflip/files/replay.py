@@ -7,12 +7,12 @@ Examples
 --------
 >>> import os, tempfile, numpy as np, h5py
 >>> from fastflip.files.inject import inject_file
->>> d = tempfile.mkdtemp(); src = os.path.join(d, "in.h5")
+>>> d = tempfile.mkdtemp()
+>>> src, out, again = (os.path.join(d, n) for n in ("in.h5", "out.h5", "again.h5"))
 >>> with h5py.File(src, "w") as f:
 ...     _ = f.create_dataset("w", data=np.ones((8, 8), "f4"))
->>> res = inject_file(src, os.path.join(d, "out.h5"), seed=3, count=4, bits="sign")
->>> again = replay(res.log_path, src, os.path.join(d, "again.h5"))
->>> open(again.output, "rb").read() == open(res.output, "rb").read()
+>>> res = inject_file(src, out, seed=3, count=4, bits="sign")
+>>> open(replay(res.log_path, src, again).output, "rb").read() == open(out, "rb").read()
 True
 """
 
@@ -111,10 +111,9 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     by_name = {t.path: t for t in read_layout(src).tensors}
     with staged() as stage:
-        _, _, _, _, new_log = write_plan(src, target, in_place, True, lg.plan, by_name, "auto", True, finish, stage,
-                                     algorithm=algo)
+        _, _, _, _, new_log = write_plan(src, target, in_place, True, lg.plan, by_name, "auto", True, finish,
+                                         stage, algorithm=algo)
     return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
-
 
 
 def replay_archive(log: Any, file: str, out: str | None, *, in_place: bool = False, overwrite: bool = True,

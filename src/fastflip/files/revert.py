@@ -62,7 +62,6 @@ class RevertResult:
         return self.digest if self.algorithm == "sha256" else None
 
 
-
 def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
            out: str | os.PathLike[str] | None = None, *, atomic: bool | None = None, verify: bool = True,
            overwrite: bool = True) -> RevertResult:
@@ -118,7 +117,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
                    want_in: str | None, want_out: str | None, algo: str = "sha256") -> RevertResult:
-    target = output_target(src, None, True) if out is None else output_target(src, out, False, overwrite, inputs, REVERT_SAME)
+    target = (output_target(src, None, True) if out is None
+              else output_target(src, out, False, overwrite, inputs, REVERT_SAME))
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
@@ -170,7 +170,6 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             check(tmp, copy_with_hash(src, tmp, algo))  # the file is read once: hashed while copied
             digest = restore(tmp)
     return RevertResult(target, digest, len(lg.plan), algorithm=algo)
-
 
 
 def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
