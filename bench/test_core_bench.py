@@ -25,7 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from resnet50 import write_keras_legacy_checkpoint, write_large_checkpoint  # noqa: E402
 
-from fastflip.files.fileio import copy_with_hash  # noqa: E402
+from fastflip.files.filebytes import copy_with_hash  # noqa: E402
 from fastflip.files.inject import inject_file  # noqa: E402
 from fastflip.files.layout import read_layout  # noqa: E402
 

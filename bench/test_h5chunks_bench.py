@@ -30,7 +30,7 @@ import pytest
 
 from fastflip.files import h5apply, inject
 from fastflip.files.inject import inject_file
-from fastflip.files.layout import chunk_index
+from fastflip.files.h5offsets import chunk_index
 
 ROUNDS = 15
 SIZES = {"1m": (64_000_000, 64), "97k": (25_000_000, 256)}  # (float32 values, values per chunk)

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import h5fixtures as hf  # noqa: E402
 
 from fastflip.files.diff import diff_files  # noqa: E402
-from fastflip.files.layout import chunk_index, element_byte_offsets, read_layout  # noqa: E402
+from fastflip.files.h5offsets import chunk_index, element_byte_offsets  # noqa: E402
+from fastflip.files.layout import read_layout  # noqa: E402
 
 
 @pytest.fixture(scope="module")

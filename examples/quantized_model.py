@@ -30,7 +30,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import fastflip
 from fastflip.live import targets
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 from fastflip.files.layout import read_layout
 from fastflip.files.packing import detect_packing, packed_element
 

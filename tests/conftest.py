@@ -41,7 +41,7 @@ atexit.register(shutil.rmtree, _HASH_CACHE, True)
 
 def log_hash(entry: dict) -> str | None:
     """The digest a log's ``input``/``output`` entry holds, whatever its algorithm (``hash_algorithm``; the
-    default one unless a test chooses): compare it with ``fastflip.files.fileio.hash_file(path)``."""
+    default one unless a test chooses): compare it with ``fastflip.files.filebytes.hash_file(path)``."""
     return logged_hash(entry)[1]
 
 

@@ -9,8 +9,10 @@ from typing import Callable, Mapping
 import numpy as np
 
 from fastflip.core import reference
-from fastflip.files.fileio import hash_file, sha256_file
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.filebytes import hash_file, sha256_file
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]

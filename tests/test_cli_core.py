@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fastflip.cli import main
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 from fastflip.files.log import InjectionLog
 from h5fixtures import keras_legacy_like
 

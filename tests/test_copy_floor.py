@@ -15,7 +15,7 @@ import pytest
 
 from conftest import require
 from fastflip import Sampling
-from fastflip.files import fileio, h5apply
+from fastflip.files import filebytes, fileio, h5apply
 from fastflip.files.h5apply import copy_apply, route_sites
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
@@ -60,7 +60,7 @@ def test_untouched_blocks_are_copied_in_the_kernel(tmp_path, monkeypatch):
     blocks = -(-os.path.getsize(src) // 4096)
     assert 0 < len(calls) < blocks  # most blocks in the kernel, the touched ones written from the buffer
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
-    assert h_out == fileio.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
+    assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
 
 
@@ -74,7 +74,7 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     h_out, *_ = _copy(src, str(tmp_path / "b.h5"))
     assert calls
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
-    assert h_out == fileio.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
+    assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
 
 
 def test_kernel_copy_other_errors_are_not_swallowed(tmp_path, monkeypatch):
@@ -111,7 +111,7 @@ def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, d
     assert len(spans) > 1
     assert [a for a, _ in spans] == [0, *np.cumsum([n for _, n in spans[:-1]]).tolist()]  # no gap, no overlap
     assert sum(n for _, n in spans) == os.path.getsize(out) == os.path.getsize(src)
-    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+    assert res.log.manifest["output"]["hash"] == filebytes.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
                                                                   cache=False)
 
 
@@ -162,7 +162,7 @@ class _Counted:
 
 
 def _count_reads(monkeypatch) -> list[int]:
-    """The bytes read through files that :mod:`fastflip.files.fileio` opens (hashes, copies, byte diffs)."""
+    """The bytes read through files that :mod:`fastflip.files.filebytes` opens (hashes, copies, byte diffs)."""
     total = [0]
     real = open
 
@@ -170,7 +170,7 @@ def _count_reads(monkeypatch) -> list[int]:
         fh = real(path, mode, *a, **k)
         return _Counted(fh, total) if "r" in mode and "+" not in mode else fh
 
-    monkeypatch.setattr(fileio, "open", counted, raising=False)
+    monkeypatch.setattr(filebytes, "open", counted, raising=False)
     return total
 
 
@@ -190,7 +190,7 @@ def _hashed_output(tmp_path, gzip=False):
 @pytest.mark.parametrize("atomic", [False, True])
 def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
     """Direct and atomic revert: the hash now and the hash once restored come from one read of the file."""
-    from fastflip.files.inject import revert
+    from fastflip.files.revert import revert
 
     src, res = _hashed_output(tmp_path)
     size = os.path.getsize(res.output)
@@ -198,13 +198,13 @@ def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
     out = revert(res.log_path, res.output, atomic=atomic)
     assert total[0] <= size + 4096  # once (before: the file before and after the restore: twice)
     assert open(res.output, "rb").read() == open(src, "rb").read()
-    assert out.digest == fileio.hash_file(src, "sha256", cache=False) and out.verified
+    assert out.digest == filebytes.hash_file(src, "sha256", cache=False) and out.verified
 
 
 def test_revert_refuses_another_file_and_changes_nothing(tmp_path):
     """The one-read revert still refuses a file that is not the logged output, before writing anything."""
     from fastflip.errors import LogMismatchError
-    from fastflip.files.inject import revert
+    from fastflip.files.revert import revert
 
     _, res = _hashed_output(tmp_path)
     with open(res.output, "r+b") as fh:
@@ -218,7 +218,7 @@ def test_revert_refuses_another_file_and_changes_nothing(tmp_path):
 
 def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
     """Replay of a log holding a byte delta (re-encoded gzip chunks): one read gives both hashes."""
-    from fastflip.files.inject import replay
+    from fastflip.files.replay import replay
 
     src, res = _hashed_output(tmp_path, gzip=True)
     assert res.log.undo is not None and res.log.undo.new_size == res.log.undo.size
@@ -353,7 +353,7 @@ def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
         assert os.stat(out).st_ino != old.st_ino
     finally:
         os.close(fd)
-    assert res.log.manifest["output"]["hash"] == fileio.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
+    assert res.log.manifest["output"]["hash"] == filebytes.hash_file(out, res.log.manifest["output"]["hash_algorithm"],
                                                                   cache=False)
 
 
@@ -387,7 +387,7 @@ def test_the_program_sets_its_objects_aside_for_the_exit(tmp_path):
     from fastflip.files.log import InjectionLog
 
     log = InjectionLog.load(out + ".fflog")
-    assert log.manifest["output"]["hash"] == fileio.hash_file(out, log.manifest["output"]["hash_algorithm"],
+    assert log.manifest["output"]["hash"] == filebytes.hash_file(out, log.manifest["output"]["hash_algorithm"],
                                                               cache=False)
 
 
@@ -412,7 +412,7 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
     import struct
 
     from fastflip.errors import FastflipError
-    from fastflip.files import layout
+    from fastflip.files import h5overlap
 
     p = str(tmp_path / "sparse.h5")
     with h5py.File(p, "w") as f:
@@ -420,7 +420,7 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
         s = f.create_dataset("s", shape=(800,), dtype="f4", chunks=(8,))  # a grid of 100 chunks
         s[:8] = 1.0  # one allocated
         oa, first = f["a"].id.get_offset(), s.id.get_chunk_info(0).byte_offset
-    monkeypatch.setattr(layout, "MAX_CHUNKS_CHECKED", 5)
+    monkeypatch.setattr(h5overlap, "MAX_CHUNKS_CHECKED", 5)
     assert [t.path for t in read_layout(p).tensors] == ["/a", "/s"]  # sound: read
     raw = bytearray(open(p, "rb").read())
     at = raw.find(struct.pack("<Q", first))

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from conftest import log_hash, require
-from fastflip.files.fileio import hash_file
-from fastflip.files.inject import revert
+from fastflip.files.filebytes import hash_file
+from fastflip.files.revert import revert
 from fastflip.files.sharded import revert_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -17,7 +17,8 @@ from fastflip.cli import main
 from fastflip.files.diff import diff_arrays, diff_files, iter_blocks
 from fastflip.core.dtypes import from_words, to_words, word_type
 from fastflip.errors import SelectionError
-from fastflip.files.layout import element_byte_offsets, read_layout
+from fastflip.files.h5offsets import element_byte_offsets
+from fastflip.files.layout import read_layout
 from fastflip.files.select import Selection
 
 

@@ -19,7 +19,8 @@ from fastflip.cli import main
 from fastflip.errors import LogMismatchError
 from fastflip.files import hashing
 from fastflip.files.fingerprint import WINDOW
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 from fastflip.files.log import InjectionLog
 
 SMP = Sampling(count=10)

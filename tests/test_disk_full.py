@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fastflip.cli import main
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 
 
 @pytest.fixture(params=["tmpfs", "simulated"])

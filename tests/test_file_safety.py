@@ -16,8 +16,9 @@ import pytest
 
 from conftest import log_hash, require
 from fastflip.errors import FileLockedError, InputFileError, LogMismatchError, OutputError
-from fastflip.files.fileio import sha256_file
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.filebytes import sha256_file
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 from fastflip.files.keras_archive import ArchiveLimits, edit_archive, read_archive
 from fastflip.files.log import InjectionLog
 from fastflip.files.paths import sweep_stale

@@ -15,9 +15,11 @@ import pytest
 from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
-from fastflip.files.fileio import hash_file, sha256_file
+from fastflip.files.filebytes import hash_file, sha256_file
 from fastflip.files.formats.deflatefit import deflate_exact
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 from format_contract import check_format
 

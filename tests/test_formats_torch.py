@@ -13,7 +13,7 @@ import pytest
 from conftest import require
 from fastflip.cli import main
 from fastflip.errors import InputFileError
-from fastflip.files.fileio import sha256_file
+from fastflip.files.filebytes import sha256_file
 from fastflip.files.formats import FormatError, UnsafeInputError, detect_format
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout

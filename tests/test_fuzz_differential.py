@@ -28,7 +28,8 @@ import pytest
 from conftest import require
 from differential import check_logged_flips
 from fastflip.errors import FastflipError
-from fastflip.files.inject import inject_checkpoint_file, revert
+from fastflip.files.inject import inject_checkpoint_file
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 
 # cases per format in the default tier: more where a case is cheap (about 15 ms), fewer for HDF5 and torch

@@ -18,8 +18,9 @@ import pytest
 
 from differential import check_logged_flips
 from fastflip.files import h5chunks, h5index
-from fastflip.files.fileio import sha256_file
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.filebytes import sha256_file
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 
 NEW_HDF5 = h5py.version.hdf5_version_tuple >= (1, 14, 4)

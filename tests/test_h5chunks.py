@@ -13,10 +13,12 @@ import pytest
 from conftest import require
 from fastflip.core import reference
 from fastflip.errors import UnsupportedStorageError
-from fastflip.files.fileio import hash_file, sha256_file
+from fastflip.files.filebytes import hash_file, sha256_file
 from fastflip.files.h5chunks import fletcher32, shuffle, unshuffle
 from fastflip.files.h5apply import route_sites
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 
 DTYPES = ["<f4", ">f8", "<f2", "<i8", "|u1", "|b1"]

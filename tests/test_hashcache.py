@@ -14,8 +14,9 @@ from fastflip import Sampling
 from fastflip.errors import LogMismatchError
 from conftest import log_hash
 from fastflip.files import h5apply, hashcache, hashing
-from fastflip.files.fileio import hash_file
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.filebytes import hash_file
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 
 OLD = 10**18  # an mtime (ns) long before now: the file is not "racy"
 

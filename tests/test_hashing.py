@@ -19,8 +19,10 @@ from conftest import require
 from fastflip import Sampling
 from fastflip.errors import LogMismatchError, MissingExtraError, OptionError
 from fastflip.files import hashcache, hashing
-from fastflip.files.fileio import hash_file
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.filebytes import hash_file
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.log import InjectionLog
 
 SMP = Sampling(count=5, bits="sign")

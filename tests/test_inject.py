@@ -11,8 +11,10 @@ import pytest
 from fastflip.core import reference
 from fastflip.errors import (BitRangeError, CapacityError, InputFileError, LogMismatchError, NaNPolicyError,
                              NotHDF5Error, OptionError, OutputError, SelectionError, UnsupportedStorageError)
-from fastflip.files.fileio import hash_file, sha256_file
-from fastflip.files.inject import inject_file, replay, revert
+from fastflip.files.filebytes import hash_file, sha256_file
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.log import InjectionLog
 from fastflip.files.select import Selection
 from conftest import log_hash

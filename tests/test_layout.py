@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import h5fixtures as hf
 from fastflip.errors import InputFileError, NotHDF5Error, TensorNotFoundError, UnsupportedStorageError
-from fastflip.files.layout import ChunkIndex, Tensor, chunk_index, element_byte_offsets, read_layout
+from fastflip.files.h5offsets import ChunkIndex, chunk_index, element_byte_offsets
+from fastflip.files.layout import Tensor, read_layout
 
 
 def raw_read(path: str, offsets: np.ndarray, itemsize: int) -> list[bytes]:

@@ -16,7 +16,8 @@ from conftest import require
 from fastflip.cli import main
 from fastflip.compat.oldtool import draw_slots
 from fastflip.compat.run import run_old_settings
-from fastflip.files.inject import replay, revert
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 from fastflip.files.log import InjectionLog
 from fastflip.compat.oldconfig import OldSettings, load_old_config, settings_from_config
 from fastflip.core.sampling import generator

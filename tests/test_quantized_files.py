@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from conftest import require
-from fastflip.files.fileio import sha256_file
-from fastflip.files.inject import inject_file, revert
+from fastflip.files.filebytes import sha256_file
+from fastflip.files.inject import inject_file
+from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
 from fastflip.live.api import inject as live_inject, targets
 from format_contract import check_format

@@ -82,7 +82,8 @@ def test_unknown_gpu_engine_is_an_option_error():
 
 def test_element_index_out_of_range_is_an_index_error(tmp_path):
     import h5py
-    from fastflip.files.layout import element_byte_offsets, read_layout
+    from fastflip.files.h5offsets import element_byte_offsets
+    from fastflip.files.layout import read_layout
 
     p = tmp_path / "m.h5"
     with h5py.File(p, "w") as f:
@@ -95,7 +96,7 @@ def test_element_index_out_of_range_is_an_index_error(tmp_path):
 
 
 def test_redo_without_altered_bytes_is_a_log_mismatch(tmp_path):
-    from fastflip.files.fileio import ByteUndo
+    from fastflip.files.filebytes import ByteUndo
 
     u = ByteUndo(np.zeros(0, np.int64), np.zeros(0, np.int64), b"", 0, b"", -1)
     with pytest.raises(LogMismatchError) as e:

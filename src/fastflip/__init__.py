@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
-    "inject_file": "files.inject", "replay": "files.inject", "revert": "files.inject",
+    "inject_file": "files.inject", "replay": "files.replay", "revert": "files.revert",
     "InjectionResult": "files.inject", "InjectionLog": "files.log",
     "inject_dir": "files.sharded", "replay_dir": "files.sharded", "revert_dir": "files.sharded", "read_layout": "files.layout",
     "Layout": "files.layout", "Tensor": "files.layout", "Selection": "files.select", "select": "files.select",

@@ -177,7 +177,7 @@ class TrialRunner:
             return {n: np.array(f[n][()]) for n in names}
 
     def _restore(self, path: str, log: Any, epoch: int | None) -> None:
-        """Undo one injection in the worker's own copy: the revert of :func:`fastflip.files.inject.revert`
+        """Undo one injection in the worker's own copy: the revert of :func:`fastflip.files.revert.revert`
         without its whole-file hashes and layout walk (the copy is ours; its layout is known)."""
         if isinstance(self.layouts[epoch], ShardedLayout):  # a checkpoint directory: each shard's words
             restore_dir(path, log, self.layouts[epoch])

@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # the one error path: whatever a damaged input provokes is one line, not a traceback
-        from ..files.fileio import as_fastflip_error
+        from ..files.oserrors import as_fastflip_error
 
         if os.environ.get("FASTFLIP_DEBUG"):
             raise

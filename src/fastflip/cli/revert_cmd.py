@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..files.inject import revert
+    from ..files.revert import revert
     from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
     if is_checkpoint_dir(args.file):  # a Hugging Face directory: every shard the log changed

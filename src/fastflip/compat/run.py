@@ -33,8 +33,9 @@ from ..core.spec import SAMPLING_KEYS, Sampling
 from ..errors import InputFileError, OptionError
 from ..files.fileio import atomic_output, check_output_dir
 from ..files.h5apply import read_words
-from ..files.inject import InjectionResult, cached_layout, default_log_path, inject_file
+from ..files.inject import InjectionResult, cached_layout, inject_file
 from ..files.layout import Tensor
+from ..files.outputs import default_log_path
 from ..files.paths import resolve_output
 from ..files.select import Selection, select
 from .sequence_check import check_sequence

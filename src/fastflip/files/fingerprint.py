@@ -39,7 +39,8 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import LogMismatchError
 from . import hashing
-from .fileio import atomic_output, deferred_signals, overlay_patches
+from .filebytes import overlay_patches
+from .fileio import atomic_output, deferred_signals
 
 __all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions"]
 

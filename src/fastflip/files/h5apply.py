@@ -5,7 +5,7 @@ Layer: ``files`` (may import core, kernels and files; imported by live and above
 Two paths, chosen per site, giving identical words (tested):
 
 * **raw** — contiguous data and allocated chunks of unfiltered chunked data have a
-  fixed byte offset per element (:func:`fastflip.files.layout.element_byte_offsets`). The
+  fixed byte offset per element (:func:`fastflip.files.h5offsets.element_byte_offsets`). The
   file is memory-mapped and the native kernel (:mod:`fastflip.kernels.dispatch`) rewrites the
   words at the computed offsets in one call per tensor: no HDF5 call and no Python
   loop per flip.
@@ -46,7 +46,8 @@ from . import hashcache, hashing
 from .fileio import start_writeback
 from .formats import detect_format
 from .h5index import tensor_element_offsets
-from .layout import Tensor, chunk_address_base, open_dataset, open_h5
+from .h5offsets import chunk_address_base
+from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
 from .zipmembers import member_words
 

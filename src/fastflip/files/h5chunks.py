@@ -49,7 +49,8 @@ from ..errors import UnsupportedStorageError
 from ..core.wordrule import new_words_for
 from .formats.deflatefit import deflate_exact
 from .h5index import lookup_chunks
-from .layout import chunk_address_base, open_h5
+from .h5offsets import chunk_address_base
+from .layout import open_h5
 from .routes import ChunkPatches, SiteRoute
 from ..core.plan import Plan
 

@@ -17,7 +17,7 @@ before 1.14; ``H5Oget_info_by_name3`` before 1.12), the same results come from h
 chunk; ``FASTFLIP_H5_NATIVE=0`` forces that path (the tests compare both).
 
 Addresses are HDF5's, as h5py's ``get_chunk_info`` gives them: before HDF5 1.14.4 they exclude the
-user block (see :func:`fastflip.files.layout.chunk_address_base`); callers add the base.
+user block (see :func:`fastflip.files.h5offsets.chunk_address_base`); callers add the base.
 
 Examples
 --------
@@ -425,7 +425,7 @@ def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], 
     """File offsets of flat C-order elements of an unfiltered chunked dataset, -1 where the chunk is unallocated.
 
     Only the chunks the elements fall in are looked up (:func:`lookup_chunks`); ``base`` is added to the
-    addresses HDF5 reports (the user block before HDF5 1.14.4, see ``layout.chunk_address_base``).
+    addresses HDF5 reports (the user block before HDF5 1.14.4, see ``h5offsets.chunk_address_base``).
     """
     flat = np.asarray(flat, np.int64)
     if flat.size == 0:

@@ -26,7 +26,7 @@ seen: a root process writing through a shared map of the user's file. And the ca
 where a file is about to change: an ``--in-place`` inject hashes the bytes it reads (its log is the
 only way back to them; so does an in-place inject, replay or revert of a checkpoint directory for each shard
 it replaces), and ``revert``/``replay`` hash the bytes they check and the bytes they produce
-(:func:`fastflip.files.fileio.sha256_file` with ``cache=False``). A copy-mode inject may take the
+(:func:`fastflip.files.filebytes.sha256_file` with ``cache=False``). A copy-mode inject may take the
 input's hash from the cache (the input stays, so a wrong entry could at worst make a later
 revert/replay refuse, never accept).
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..errors import LogMismatchError
-from .fileio import Staging, deferred_signals, hash_file, hash_with_patches
+from .filebytes import hash_file, hash_with_patches
+from .fileio import Staging, deferred_signals
 from .fingerprint import fingerprints
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
 from .layout import Tensor

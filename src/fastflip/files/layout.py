@@ -7,14 +7,16 @@ chunked datasets), never dataset data, so its cost grows with the number of
 datasets and chunks, not with the file size. Each dataset is listed once:
 hard links and soft links that reach the same object are merged, and the
 canonical path is the first of its paths in sorted order (all of them are kept
-in ``aliases``). External links are never followed.
+in ``aliases``). External links are never followed. Datasets whose stored bytes overlap are refused
+(:mod:`fastflip.files.h5overlap`); element byte offsets are in :mod:`fastflip.files.h5offsets`.
 
 Storage kinds (``Tensor.storage``):
 
 ``contiguous``
     raw bytes at ``Tensor.offset``; element ``i`` lies at ``offset + i * itemsize``.
 ``chunked``
-    unfiltered chunks; see :class:`ChunkIndex` and :func:`element_byte_offsets`.
+    unfiltered chunks; see :class:`~fastflip.files.h5offsets.ChunkIndex` and
+    :func:`~fastflip.files.h5offsets.element_byte_offsets`.
 ``filtered``
     chunks pass through filters (``Tensor.filters``): only read-modify-write works.
 ``compact``
@@ -37,6 +39,7 @@ Examples
 >>> t = lay.tensors[0]
 >>> t.path, t.aliases, t.dtype.str, t.shape, t.storage
 ('/alias', ('/alias', '/w'), '>f4', (2, 3), 'contiguous')
+>>> from fastflip.files.h5offsets import element_byte_offsets
 >>> offs = element_byte_offsets(path, t, np.array([0, 5]))
 >>> with open(path, "rb") as fh:
 ...     _ = fh.seek(int(offs[1])); np.frombuffer(fh.read(4), ">f4").tolist()
@@ -47,7 +50,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,21 +60,18 @@ from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped,
 from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
 from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
-from .h5index import native_available, object_info, walk_chunks
+from .h5index import object_info
 from .h5open import open_h5
+from .h5overlap import refuse_shared_bytes
 from .roles import annotate as _annotate
-from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
+from ..errors import NotHDF5Error
 
 __all__ = [
     "Tensor",
     "Skipped",
     "Layout",
-    "ChunkIndex",
     "read_layout",
     "open_h5",
-    "chunk_index",
-    "chunk_address_base",
-    "element_byte_offsets",
     "STORAGE_KINDS",
     "EXTERNAL_LINK_REASON",
     "replace",
@@ -332,84 +331,13 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
-        _refuse_shared_bytes(p, f, tensors)
+        refuse_shared_bytes(p, f, tensors)
         tensors.sort(key=lambda t: _natural_key(t.path))
         skipped.sort(key=lambda s: s.path)
         layout = Layout(file=p, tensors=tensors, skipped=skipped)
         if annotate:
             _annotate(layout, f)
     return layout
-
-
-MAX_CHUNKS_CHECKED = 1_000_000  # chunks whose byte ranges are checked for overlaps when a file is read
-
-
-def _stored_spans(f: Any, tensors: list[Tensor]) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    """(start, end, owner) arrays of every contiguous dataset's data and every allocated chunk, and the owners'
-    paths (up to :data:`MAX_CHUNKS_CHECKED` chunks in all: a file with more is checked for its first datasets
-    only). Chunk indexes are walked by :func:`fastflip.files.h5index.walk_chunks` (in C where built)."""
-    paths: list[str] = []
-    starts: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
-    owners: list[np.ndarray] = []
-
-    def add(path: str, start: np.ndarray, size: np.ndarray) -> None:
-        starts.append(start.astype(np.int64))
-        ends.append(start.astype(np.int64) + size.astype(np.int64))
-        owners.append(np.full(len(start), len(paths), np.int64))
-        paths.append(path)
-
-    for t in tensors:
-        if t.storage == "contiguous" and t.offset is not None:
-            add(t.path, np.array([t.offset]), np.array([t.nbytes]))
-    budget = MAX_CHUNKS_CHECKED
-    for t in tensors:
-        if t.storage not in ("chunked", "filtered"):
-            continue
-        ds = f[t.path]
-        # the chunk grid bounds the count: only a dataset that could exceed the budget has its index counted
-        # (H5Dget_num_chunks walks the whole index, as the walk below does again)
-        most = _grid_chunks(t.shape, t.chunks)
-        n = most if most <= budget else ds.id.get_num_chunks()
-        if n > budget or not (native_available()[1] or hasattr(ds.id, "chunk_iter")):
-            break
-        _coords, addr, size, _mask = walk_chunks(ds.id)
-        budget -= len(addr)
-        add(t.path, addr + chunk_address_base(ds), size)
-    if not paths:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), paths
-    return np.concatenate(starts), np.concatenate(ends), np.concatenate(owners), paths
-
-
-def _grid_chunks(shape: tuple[int, ...], chunks: tuple[int, ...] | None) -> int:
-    """How many chunks a dataset of ``shape`` in ``chunks`` can hold (its allocated chunks are at most this).
-
-    >>> _grid_chunks((100, 64), (16, 64)), _grid_chunks((0, 8), (4, 8))
-    (7, 0)
-    """
-    n = 1
-    for extent, c in zip(shape, chunks or shape):
-        n *= -(-int(extent) // max(1, int(c)))
-    return n
-
-
-def _refuse_shared_bytes(path: str, f: Any, tensors: list[Tensor]) -> None:
-    """Refuse datasets (or chunks) whose stored bytes overlap: a flip in one would change the other (h5py reads
-    both from the same bytes) and the log, which names one, could not describe it."""
-    try:
-        start, end, owner, paths = _stored_spans(f, tensors)
-    except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise NotHDF5Error(f"{path}: damaged HDF5 file ({first})") from None
-    order = np.lexsort((end, start))  # sorted by start: disjoint iff each span ends before the next begins
-    start, end, owner = start[order], end[order], owner[order]
-    bad = np.flatnonzero(start[1:] < end[:-1])
-    if len(bad):
-        i = int(bad[0])
-        n0, n1 = paths[int(owner[i])], paths[int(owner[i + 1])]
-        what = f"datasets {n0} and {n1}" if n0 != n1 else f"two chunks of dataset {n0}"
-        raise NotHDF5Error(f"{path}: {what} share bytes {int(start[i + 1])}..{int(min(end[i], end[i + 1]))} of the "
-                           "file (damaged or crafted HDF5 file); nothing was written")
 
 
 _FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")
@@ -429,172 +357,3 @@ def _format_attr(dsid: Any) -> str | None:
         if fmt is not None and FORMATS[fmt].bits == 8 * dsid.dtype.itemsize:
             return fmt
     return None
-
-
-# --------------------------------------------------------------------------------------------
-# chunk index and element offsets
-
-
-_DENSE_MAX = 1 << 24  # chunk-grid cells held as a dense offset table (128 MiB); larger grids use a lookup
-
-
-@dataclass(frozen=True)
-class ChunkIndex:
-    """Where the allocated chunks of an unfiltered chunked dataset lie in the file.
-
-    Attributes
-    ----------
-    shape, chunks : tuple of int
-        Dataset shape and chunk shape.
-    coords : int64 array, shape (n, ndim)
-        Element coordinates of each allocated chunk's first element.
-    offsets : int64 array, shape (n,)
-        Absolute file byte offset of each allocated chunk.
-    itemsize : int
-    """
-
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    coords: np.ndarray
-    offsets: np.ndarray
-    itemsize: int
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        """Number of chunks along each axis (edge chunks included)."""
-        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
-
-    @property
-    def dense(self) -> np.ndarray:
-        """int64 array of shape :attr:`grid`: chunk byte offset, -1 where unallocated."""
-        cached = self.__dict__.get("_dense")
-        if cached is None:
-            cached = np.full(self.grid, -1, dtype=np.int64)
-            if len(self.offsets):
-                idx = tuple((self.coords // np.asarray(self.chunks, dtype=np.int64)).T)
-                cached[idx] = self.offsets
-            object.__setattr__(self, "_dense", cached)
-        return cached
-
-    def byte_offsets(self, flat_index: np.ndarray) -> np.ndarray:
-        """Absolute byte offsets of flat C-order elements (-1 where the chunk is unallocated)."""
-        flat = np.asarray(flat_index, dtype=np.int64)
-        if flat.size == 0:
-            return np.empty(flat.shape, dtype=np.int64)
-        coords = np.unravel_index(flat, self.shape)
-        ch = [np.int64(c) for c in self.chunks]
-        chunk_pos = tuple(c // k for c, k in zip(coords, ch))
-        within = np.ravel_multi_index(tuple(c % k for c, k in zip(coords, ch)), self.chunks)
-        if math.prod(self.grid) > _DENSE_MAX:  # a huge, sparse chunk grid: look allocated chunks up by coordinates
-            have = {tuple(r): int(o) for r, o in zip((self.coords // np.asarray(ch)).tolist(), self.offsets.tolist())}
-            base = np.array([have.get(k, -1) for k in zip(*(c.tolist() for c in chunk_pos))], np.int64)
-        else:
-            base = self.dense[chunk_pos]
-        out = base + within.astype(np.int64) * self.itemsize
-        out[base < 0] = -1
-        return out
-
-
-def _dataset(file_or_dset: Any, tensor: Tensor) -> tuple[Any, Any]:
-    """(dataset, file-to-close-or-None) from a path, an open file/group or a dataset."""
-    import h5py
-
-    if isinstance(file_or_dset, h5py.Dataset):
-        return file_or_dset, None
-    if isinstance(file_or_dset, (h5py.File, h5py.Group)):
-        return file_or_dset[tensor.path], None
-    f = open_h5(file_or_dset)
-    return f[tensor.path], f
-
-
-def chunk_address_base(dset: Any) -> int:
-    """What to add to the chunk addresses HDF5 reports to make them file offsets (every user of
-    ``H5Dchunk_iter``, ``H5Dget_chunk_info`` or ``H5Dget_chunk_info_by_coord`` adds it).
-
-    Before HDF5 1.14.4, those calls gave addresses relative to the base address, i.e. without the
-    user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
-    """
-    import h5py
-
-    if h5py.version.hdf5_version_tuple >= (1, 14, 4):
-        return 0
-    return int(dset.file.id.get_create_plist().get_userblock())
-
-
-def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:
-    """Build the :class:`ChunkIndex` of an unfiltered chunked dataset (one pass over its chunk index).
-
-    Parameters
-    ----------
-    file_or_dset : str, h5py.File or h5py.Dataset
-        Where the dataset is (``tensor`` names it unless a dataset is given).
-    tensor : Tensor, optional
-    """
-    if tensor is None:
-        dset, owned = file_or_dset, None
-    else:
-        dset, owned = _dataset(file_or_dset, tensor)
-    try:
-        if dset.chunks is None:
-            raise UnsupportedStorageError(f"{dset.name}: not chunked")
-        nd = len(dset.shape)
-        try:  # in C where built (files/h5index.py), else h5py's chunk_iter
-            coords, offsets, _size, _mask = walk_chunks(dset.id)
-        except RuntimeError as exc:
-            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name}: {exc})") from None
-        n = len(offsets)
-        coords = coords.reshape(n, nd)
-        if n:
-            offsets = offsets + chunk_address_base(dset)
-        if n and (bool((coords < 0).any()) or bool((coords >= np.asarray(dset.shape, np.int64)).any())
-                  or bool((coords % np.asarray(dset.chunks, np.int64)).any()) or bool((offsets < 0).any())):
-            raise NotHDF5Error(f"{dset.file.filename}: damaged HDF5 file (the chunk index of {dset.name} names "
-                               "a chunk outside the dataset)")
-        return ChunkIndex(
-            shape=tuple(int(s) for s in dset.shape),
-            chunks=tuple(int(c) for c in dset.chunks),
-            coords=coords,
-            offsets=offsets,
-            itemsize=int(dset.dtype.itemsize),
-        )
-    finally:
-        if owned is not None:
-            owned.close()
-
-
-def element_byte_offsets(file_or_dset: Any, tensor: Tensor, flat_index: np.ndarray) -> np.ndarray:
-    """Absolute file byte offsets of elements given by flat C-order indices.
-
-    Parameters
-    ----------
-    file_or_dset : str, h5py.File or h5py.Dataset
-        Only needed for chunked storage (to read the chunk index).
-    tensor : Tensor
-        A tensor with storage ``'contiguous'`` or ``'chunked'``.
-    flat_index : array of int
-        Flat indices in ``[0, tensor.size)``.
-
-    Returns
-    -------
-    int64 array
-        Byte offsets, ``-1`` for elements whose chunk is not allocated.
-
-    Raises
-    ------
-    UnsupportedStorageError
-        For filtered, compact, external, virtual or unallocated storage.
-    IndexRangeError
-        (an :class:`IndexError`) For indices outside the tensor.
-    """
-    flat = np.asarray(flat_index, dtype=np.int64)
-    if flat.size and (flat.min() < 0 or flat.max() >= tensor.size):
-        raise IndexRangeError(f"{tensor.path}: element index out of range [0, {tensor.size})")
-    if tensor.storage == "contiguous":
-        assert tensor.offset is not None
-        return tensor.offset + flat * tensor.itemsize
-    if tensor.storage == "chunked":
-        return chunk_index(file_or_dset, tensor).byte_offsets(flat)
-    raise UnsupportedStorageError(
-        f"{tensor.path}: storage {tensor.storage!r} has no fixed byte offsets "
-        "(only contiguous and unfiltered chunked data do)"
-    )

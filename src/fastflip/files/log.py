@@ -53,7 +53,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import InputFileError, LogMismatchError
-from .fileio import ByteUndo, atomic_output, check_input
+from .filebytes import ByteUndo
+from .fileio import atomic_output, check_input
 from .logcheck import validate_log
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import words_to_values

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.dtypes import from_words, word_type
 from ..core.plan import Plan
 from ..core.wordrule import new_words_for
-from .fileio import ByteUndo
+from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
 from .formats.zipcrc import zip_crc_patches
 from .routes import SiteRoute
@@ -89,7 +89,7 @@ def word_patches(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) 
 
 
 def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
-    """A :class:`~fastflip.files.fileio.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
+    """A :class:`~fastflip.files.filebytes.ByteUndo` of non-overlapping same-size patches (file size unchanged)."""
     ps = sorted(patches)
     return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
                     b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)

@@ -83,16 +83,19 @@ from .. import __version__
 from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
-from .fileio import Staging, sha256_file, staged
+from .filebytes import sha256_file
+from .fileio import Staging, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
-from .inject import InjectionResult, RevertResult, default_log_path, inject_file, revert
+from .inject import InjectionResult, inject_file
 from .sites import injection_counts, sampling_of, site_space
 from .locks import WriterLock
 from .log import InjectionLog
+from .outputs import default_log_path
 from .patches import crc_patches, is_zip_container, write_patches
 from .sharecopy import copy_tree, share_copy
 from .paths import resolve_output
+from .revert import RevertResult, revert
 from .select import Selection
 
 __all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",

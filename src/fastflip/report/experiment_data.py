@@ -27,7 +27,7 @@ from ..campaign.significance import pairwise_tests
 from ..campaign.store import _version_tuple
 from ..errors import InputFileError, StoreError
 from ..experiment.outcomes import RUN_OUTCOMES, check_failure, read_csv, summarize
-from ..files.fileio import sha256_file
+from ..files.filebytes import sha256_file
 
 __all__ = ["ExperimentData", "is_experiment_dir", "load_experiment_data", "summary_table", "curve_table", "tests_table",
            "failure_classes"]

@@ -1,0 +1,207 @@
+"""A file's bytes read in blocks: hashes, hashed copies, hashes predicted for patches, byte diffs and undo.
+
+Layer: ``files``. Every pass reads the file once, in blocks of 8 MiB (memory stays flat): :func:`hash_file` (with
+:mod:`fastflip.files.hashcache`), :func:`copy_with_hash`, :func:`hash_with_patches` (the hash now and the hash once
+patched, from one read), and :func:`byte_diff` (the :class:`ByteUndo` that turns an altered copy back into its
+original, or the original into the copy).
+
+Examples
+--------
+>>> import os, tempfile
+>>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.bin")
+>>> _ = open(p, "wb").write(b"hello")
+>>> sha256_file(p)[:12]
+'2cf24dba5fb0'
+>>> import hashlib
+>>> now, after = hash_with_patches(p, [(0, b"h", b"j")])
+>>> now == sha256_file(p), after == hashlib.sha256(b"jello").hexdigest()
+(True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import LogMismatchError
+from . import hashcache, hashing
+
+__all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo",
+           "byte_diff"]
+
+_BLOCK = 8 << 20
+
+
+def sha256_file(path: str | os.PathLike[str], *, cache: bool = True) -> str:
+    """Hex sha256 of a file: :func:`hash_file` with sha256."""
+    return hash_file(path, "sha256", cache=cache)
+
+
+def hash_file(path: str | os.PathLike[str], algorithm: str | None = None, *, cache: bool = True) -> str:
+    """Hex digest of a file with ``algorithm`` (default :func:`fastflip.files.hashing.default_algorithm`), read in
+    blocks (memory stays flat).
+
+    With ``cache`` (default), a file hashed before and unchanged since (same device, inode, size,
+    mtime and ctime, and no shared writable mapping: see :mod:`fastflip.files.hashcache`) is not read
+    again. ``cache=False`` reads the bytes: for a file that is about to be changed, or was just written.
+    """
+    p = os.fspath(path)
+    name = algorithm or hashing.default_algorithm()
+    st0, t0 = os.stat(p), time.time()
+    known = hashcache.lookup(p, st0, name) if cache else None
+    if known is not None:
+        return known
+    h = hashing.new(name)
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    with open(p, "rb") as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
+    digest = h.hexdigest()
+    if cache and hashcache.same_state(st0, os.stat(p)):
+        hashcache.remember(p, st0, digest, t0, name)
+    return digest
+
+
+def overlay_patches(base: int, data: bytes, patches: Sequence[tuple[int, bytes, bytes]]) -> bytearray:
+    """``data`` (the file's bytes from offset ``base``) with the new bytes of the ``(offset, old, new)`` patches
+    laid over the part of each that falls inside it."""
+    buf = bytearray(data)
+    end = base + len(buf)
+    for off, _, nb in [p for p in patches if p[0] < end and p[0] + len(p[2]) > base]:
+        lo, hi = max(off, base), min(off + len(nb), end)
+        buf[lo - base : hi - base] = nb[lo - off : hi - off]
+    return buf
+
+
+def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256", *,
+                      copy_to: str | None = None) -> tuple[str, str]:
+    """(digest of the file now, digest it will have once each same-size ``(offset, old, new)`` patch is
+    written), from one read of its bytes (the cache is not used: the file is about to change).
+
+    ``copy_to``: the bytes read are also written, unpatched, to that file (a copy about to be patched).
+    """
+    ps = sorted(patches)
+    starts = np.array([p[0] for p in ps], np.int64)
+    ends = starts + np.array([len(p[2]) for p in ps], np.int64)
+    from concurrent.futures import ThreadPoolExecutor
+
+    h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
+    base = 0
+    pending: list[Any] = []
+    with open(path, "rb") as fh, (open(copy_to, "wb") if copy_to else contextlib.nullcontext()) as out, \
+            ThreadPoolExecutor(2) as helper:  # the second hash and the copy side by side with the read
+        while True:
+            b = fh.read(_BLOCK)
+            if not b:
+                break
+            for f in pending:
+                f.result()
+            pending = [helper.submit(out.write, b)] if out is not None else []
+            h_in.update(b)
+            end = base + len(b)
+            hit = np.flatnonzero((starts < end) & (ends > base)).tolist()
+            if hit:
+                b = bytes(overlay_patches(base, b, [ps[k] for k in hit]))
+            pending.append(helper.submit(h_out.update, b))
+            base = end
+        for f in pending:
+            f.result()
+    return h_in.hexdigest(), h_out.hexdigest()
+
+
+def copy_with_hash(src: str, dst: str, algorithm: str = "sha256") -> str:
+    """Copy ``src`` to ``dst`` in blocks and return the digest of the bytes copied (one read pass)."""
+    h = hashing.new(algorithm)
+    buf = bytearray(_BLOCK)
+    view = memoryview(buf)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        while True:
+            n = fin.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            fout.write(view[:n])
+    return h.hexdigest()
+
+
+@dataclass
+class ByteUndo:
+    """The byte ranges in which an altered copy differs from its original, with both versions.
+
+    ``apply`` (undo) writes the original bytes back and truncates to ``size``;
+    ``redo`` writes the altered bytes and sets the length to ``new_size``. Either
+    turns one file into the other exactly, whatever HDF5 wrote (re-encoded chunks,
+    moved blocks, or bytes it leaves uninitialised).
+    """
+
+    offsets: np.ndarray  # int64 start of each range
+    lengths: np.ndarray  # int64 length of each range (old and new versions alike; past a file's end, the other's)
+    data: bytes  # original bytes of all ranges that lie inside the original, concatenated
+    size: int  # original file size
+    new_data: bytes = b""  # altered bytes of all ranges that lie inside the altered file
+    new_size: int = -1  # altered file size (-1: unknown, redo impossible)
+
+    def _write(self, path: str, data: bytes, limit: int, size: int) -> None:
+        with open(path, "r+b") as fh:
+            pos = 0
+            for off, ln in zip(self.offsets.tolist(), self.lengths.tolist()):
+                n = max(0, min(ln, limit - off))
+                if n:
+                    fh.seek(off)
+                    fh.write(data[pos : pos + n])
+                pos += n
+            fh.truncate(size)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def apply(self, path: str) -> None:
+        """Undo: the original bytes again."""
+        self._write(path, self.data, self.size, self.size)
+
+    def redo(self, path: str) -> None:
+        """Redo: the altered bytes again (on a copy of the original)."""
+        if self.new_size < 0:
+            raise LogMismatchError("this delta holds no altered bytes (a log written before redo data was kept)")
+        with open(path, "r+b") as fh:
+            fh.truncate(max(self.new_size, os.fstat(fh.fileno()).st_size))
+        self._write(path, self.new_data, self.new_size, self.new_size)
+
+
+def byte_diff(original: str, altered: str) -> ByteUndo:
+    """Compare two files block by block and record every differing byte range, both versions."""
+    offsets: list[int] = []
+    lengths: list[int] = []
+    old_chunks: list[bytes] = []
+    new_chunks: list[bytes] = []
+    size = os.path.getsize(original)
+    new_size = os.path.getsize(altered)
+    common = min(size, new_size)
+    with open(original, "rb") as fa, open(altered, "rb") as fb:
+        base = 0
+        while base < common:
+            a = fa.read(min(_BLOCK, common - base))
+            b = fb.read(len(a))
+            if a != b:
+                diff = np.flatnonzero(np.frombuffer(a, np.uint8) != np.frombuffer(b, np.uint8))
+                # group differing bytes into ranges (gaps of < 16 bytes are merged)
+                brk = np.flatnonzero(np.diff(diff) > 16)
+                starts = np.concatenate([[diff[0]], diff[brk + 1]])
+                ends = np.concatenate([diff[brk], [diff[-1]]]) + 1
+                for s_, e in zip(starts.tolist(), ends.tolist()):
+                    offsets.append(base + s_)
+                    lengths.append(e - s_)
+                    old_chunks.append(a[s_:e])
+                    new_chunks.append(b[s_:e])
+            base += len(a)
+        if size != new_size:  # the tail only one of them has
+            offsets.append(common)
+            lengths.append(abs(size - new_size))
+            (old_chunks if size > new_size else new_chunks).append((fa if size > new_size else fb).read())
+    return ByteUndo(np.array(offsets, np.int64), np.array(lengths, np.int64), b"".join(old_chunks), size,
+                    b"".join(new_chunks), new_size)

@@ -1,0 +1,185 @@
+"""Revert a logged injection: the original bytes of a file given back, checked against the log.
+
+Layer: ``files``. The Python API behind ``fastflip revert``; the injection itself is
+:mod:`fastflip.files.inject`.
+
+Examples
+--------
+>>> import os, tempfile, numpy as np, h5py
+>>> from fastflip.files.inject import inject_file
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "in.h5"); out = os.path.join(d, "out.h5")
+>>> with h5py.File(src, "w") as f:
+...     _ = f.create_dataset("w", data=np.ones((8, 8), "f4"))
+>>> res = inject_file(src, out, seed=3, count=4, bits="sign")
+>>> r = revert(res.log_path, out)
+>>> r.digest == res.log.manifest["input"]["hash"], r.verified
+(True, True)
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import LogMismatchError
+from . import hashing
+from .filebytes import copy_with_hash, hash_file, hash_with_patches
+from .fileio import atomic_output, check_input, deferred_signals, fsync_path
+from .fingerprint import revert_regions
+from .h5apply import read_words, route_sites, write_words_to_file
+from .keras_archive import edit_archive
+from .layout import read_layout
+from .log import InjectionLog
+from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
+from .patches import crc_patches, is_zip_container, revert_patches, write_patches
+
+__all__ = ["RevertResult", "revert", "revert_archive"]
+
+
+@dataclass
+class RevertResult:
+    """What :func:`revert` restored.
+
+    ``verified`` is True when the restored file's hash (``algorithm``, the one the log names) was compared
+    with the logged input's
+    (and the reverted file's with the logged output's); False when the log holds no hashes and
+    ``verify=False`` allowed the revert anyway (only the words at the logged sites were checked).
+    """
+
+    output: str
+    digest: str
+    sites: int
+    verified: bool = True
+    algorithm: str = "sha256"
+    evidence: str = "file"  # "regions": a direct in-place log's touched ranges, size and fingerprint were checked
+
+    @property
+    def sha256(self) -> str | None:
+        """The digest when the log's algorithm is sha256 (None otherwise)."""
+        return self.digest if self.algorithm == "sha256" else None
+
+
+def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
+           out: str | os.PathLike[str] | None = None, *, atomic: bool | None = None, verify: bool = True,
+           overwrite: bool = True) -> RevertResult:
+    """Restore the original bytes of ``file`` (the logged output) and verify them against the logged input sha256.
+
+    ``file`` is changed in place (atomically, under a :class:`fastflip.files.locks.WriterLock`) unless
+    ``out`` is given (``overwrite``, default True, allows replacing an existing ``out``). With
+    ``atomic=False`` the file is rewritten directly, but only after its bytes — read now, never a cached
+    hash — are checked to be the logged output.
+
+    A log of a direct in-place injection with region evidence (``hash_files="regions"``; see
+    :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
+    instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
+    ranges are rewritten. The result says ``evidence="regions"``.
+
+    A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
+    it is refused unless ``verify=False``; then only the words at the logged sites are checked
+    and the result says ``verified=False``.
+
+    Raises
+    ------
+    LogMismatchError
+        When ``file`` is not the logged output (its sha256 or its words differ), or the log holds no
+        hashes and ``verify`` is True; nothing is changed.
+    """
+    lg = load_log(log)
+    refuse_dir(file, lg)
+    src = check_input(file)
+    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
+    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
+    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line, nothing changed
+    regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
+    if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
+        with writer_lock(src, "revert", out is None):
+            target = (output_target(src, None, True) if out is None
+                      else output_target(src, out, False, overwrite, log_files(log), REVERT_SAME))
+            revert_regions(lg, src, target, direct=out is None and atomic is not True)
+        return RevertResult(target, "", len(lg.plan), True, algo, evidence="regions")
+    if verify and not (want_in and want_out):
+        raise LogMismatchError(f"{src}: the log holds no hash of the original, so a revert cannot be verified; "
+                               "give --no-verify (verify=False) to revert without that check")
+    if in_container(lg):
+
+        res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
+                             log_inputs=log_files(log), want_in=want_in, want_out=want_out, algorithm=algo)
+        res.verified = bool(want_in and want_out)
+        return res
+    with writer_lock(src, "revert", out is None):
+        res = _revert_locked(lg, src, out, atomic is not False, overwrite, log_files(log), want_in, want_out, algo)
+    res.verified = bool(want_in and want_out)
+    return res
+
+
+def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
+                   want_in: str | None, want_out: str | None, algo: str = "sha256") -> RevertResult:
+    target = (output_target(src, None, True) if out is None
+              else output_target(src, out, False, overwrite, inputs, REVERT_SAME))
+    layout = read_layout(src)
+    by_name = {t.path: t for t in layout.tensors}
+    routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
+
+    def check(path: str, digest: str) -> None:
+        if want_out and digest != want_out:
+            raise LogMismatchError(f"{src} is not the output this log describes ({algo} differs); nothing was changed")
+        if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
+            raise LogMismatchError(f"{src}: the words at the logged sites are not the logged new words; nothing was changed")
+
+    def restore(path: str) -> str:
+        if lg.undo is not None:
+            lg.undo.apply(path)
+        else:
+            write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
+            if is_zip_container(path):
+                write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
+        digest = hash_file(path, algo, cache=False)  # the bytes produced, never a remembered hash
+        if want_in and digest != want_in:
+            raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); nothing was changed")
+        return digest
+
+    patches = revert_patches(src, lg.undo, routes, lg.new_words, lg.old_words) if want_in and want_out else None
+    if patches is not None:  # one read of the file: its hash now and the hash it will have once restored
+        def predicted(after: str) -> None:
+            if after != want_in:
+                raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); "
+                                       "nothing was changed")
+
+        if not atomic and out is None:
+            now, after = hash_with_patches(src, patches, algo)  # its bytes, read now, never a remembered hash
+            check(src, now)
+            predicted(after)
+            with deferred_signals():
+                write_patches(src, patches)
+                fsync_path(src)
+        else:
+            with atomic_output(target) as tmp:
+                now, after = hash_with_patches(src, patches, algo, copy_to=tmp)
+                check(tmp, now)
+                predicted(after)
+                write_patches(tmp, patches)
+        return RevertResult(target, after, len(lg.plan), algorithm=algo)
+    if not atomic and out is None:
+        check(src, hash_file(src, algo, cache=False))  # the file about to be rewritten: its bytes, read now
+        digest = restore(src)
+    else:
+        with atomic_output(target) as tmp:
+            check(tmp, copy_with_hash(src, tmp, algo))  # the file is read once: hashed while copied
+            digest = restore(tmp)
+    return RevertResult(target, digest, len(lg.plan), algorithm=algo)
+
+
+def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,
+                   want_in: str | None = None, want_out: str | None = None, algorithm: str = "sha256") -> Any:
+    """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
+    gets its original bytes back (checked by sha256); other entries are kept as they are."""
+    with writer_lock(file, "revert", out is None):
+        target = (output_target(file, None, True) if out is None else
+                  output_target(file, out, False, overwrite, log_inputs or [], REVERT_SAME))
+        with edit_archive(file, target) as inner:
+            res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out, algorithm)
+        res.output = target
+    return res
