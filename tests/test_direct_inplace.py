@@ -8,6 +8,7 @@ windows, and the bytes of every touched range (old and new). What it does not: a
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -80,6 +81,43 @@ def test_direct_inject_and_revert_by_regions(fmt, tmp_path):
     assert r.evidence == "regions" and r.verified and _bytes(src) == orig
 
 
+def _write_ranges(path, undo, which):
+    """Write, for each touched range whose position is in ``which``, its logged old bytes back (a run killed part
+    way through its writes)."""
+    pos = 0
+    with open(path, "r+b") as fh:
+        for i, (off, ln) in enumerate(zip(undo.offsets.tolist(), undo.lengths.tolist())):
+            if i in which:
+                fh.seek(off)
+                fh.write(undo.data[pos : pos + ln])
+            pos += ln
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "safetensors", "npz"])
+def test_revert_of_a_run_killed_while_it_wrote(fmt, tmp_path):
+    """A ``kill -9`` during a direct run's writes leaves some touched ranges new and some old: the log still reverts
+    the file to its original bytes; a byte that is neither the logged old nor new value is refused, unchanged."""
+    src = _make(fmt, tmp_path)
+    orig = _bytes(src)
+    res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3,
+                      sampling=Sampling(count=12, bits="mantissa"))
+    undo = InjectionLog.load(res.log_path).undo
+    assert len(undo.offsets) >= 2
+    _write_ranges(src, undo, set(range(0, len(undo.offsets), 2)))  # every other range back to its old bytes
+    torn = _bytes(src)
+    assert torn != orig
+    bad = bytearray(torn)
+    off = int(undo.offsets[0])
+    bad[off] = next(v for v in range(256) if v not in (undo.data[0], undo.new_data[0]))  # neither old nor new
+    Path(src).write_bytes(bytes(bad))
+    with pytest.raises(LogMismatchError):
+        revert(res.log_path, src)
+    assert _bytes(src) == bytes(bad)
+    Path(src).write_bytes(torn)
+    r = revert(res.log_path, src)
+    assert r.evidence == "regions" and _bytes(src) == orig
+
+
 def test_direct_inject_hashes_only_the_windows(tmp_path, monkeypatch):
     """No whole-file pass: the bytes hashed are the two windows (twice each: before and after), not the file."""
     src = _h5(tmp_path / "m.h5")
@@ -123,8 +161,9 @@ def test_revert_refuses_another_file(tmp_path):
 
     starts = np.concatenate([[0], np.cumsum(lg.undo.lengths)])  # each range's place in the old bytes
     k = next(i for i, o in enumerate(lg.undo.offsets.tolist()) if WINDOW < o < len(injected) - WINDOW)
-    old = lg.undo.data[int(starts[k]) : int(starts[k + 1])]  # one word back to its old bytes, outside both windows
-    tampered(lambda fh: (fh.seek(int(lg.undo.offsets[k])), fh.write(old)), "bytes of a touched range differ")
+    old, new = lg.undo.data[int(starts[k])], lg.undo.new_data[int(starts[k])]
+    other = bytes([next(v for v in range(256) if v not in (old, new))])  # neither its old nor its new value
+    tampered(lambda fh: (fh.seek(int(lg.undo.offsets[k])), fh.write(other)), "bytes of a touched range differ")
     tampered(lambda fh: (fh.seek(0, 2), fh.write(b"\0")), "size")
     tampered(lambda fh: (fh.seek(3), fh.write(b"\x99")), "head/tail fingerprint differs")
     size = len(injected)

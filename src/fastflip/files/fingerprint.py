@@ -37,6 +37,8 @@ import shutil
 import struct
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from ..errors import LogMismatchError
 from . import hashing
 from .filebytes import overlay_patches
@@ -129,22 +131,57 @@ def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subjec
                                + ("; nothing was changed" if side == "output" else ""))
 
 
+def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
+    """Whether ``path`` is the logged output half-written by a killed direct run (``kill -9`` cannot be deferred):
+    the logged size, every touched byte holding its logged old or new value, and the head/tail windows with the
+    old bytes laid over them equal to the logged input's, so that reverting is proven before anything is written."""
+    want = fp["input"]
+    if os.path.getsize(path) != int(fp["output"]["size"]):
+        return False
+    restore, pos = [], 0
+    with open(path, "rb") as fh:
+        for off, ln in zip(undo.offsets.tolist(), undo.lengths.tolist()):
+            fh.seek(off)
+            now = fh.read(ln)
+            old, new = undo.data[pos : pos + ln], undo.new_data[pos : pos + ln]
+            got, o, n = (np.frombuffer(b, np.uint8) for b in (now, old, new))
+            if len(now) != ln or not ((got == o) | (got == n)).all():
+                return False
+            restore.append((off, now, old))
+            pos += ln
+    head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
+    size, head, tail_at, tail = _windows(path, head_len, tail_len)
+    return _record(size, head_len, tail_len, overlay_patches(0, head, restore), overlay_patches(tail_at, tail, restore),
+                   fp["algorithm"]) == dict(want)
+
+
+def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str) -> None:
+    """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged output, or that output
+    half-written by a killed run (:func:`_torn`)."""
+    try:
+        check_regions(path, fp, undo, "output", subject)
+    except LogMismatchError:
+        if not _torn(path, fp, undo):
+            raise
+
+
 def revert_regions(lg: Any, src: str, target: str, direct: bool) -> None:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
-    SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before and after (:func:`check_regions`)."""
+    SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
+    half-written by a killed run) and after (the logged input, :func:`check_regions`)."""
     fp, undo = lg.manifest.get("fingerprint"), lg.undo
     if not isinstance(fp, dict) or undo is None or undo.new_size != undo.size:
         raise LogMismatchError(f"{src}: the log's region evidence is incomplete (no fingerprint or undo ranges); "
                                "it cannot be reverted by regions")
     hashing.algorithm(fp["algorithm"])
     if direct:
-        check_regions(src, fp, undo, "output", src)
+        _check_revertible(src, fp, undo, src)
         with deferred_signals():
             undo.apply(src)
         check_regions(src, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")
         return
     with atomic_output(target) as tmp:
         shutil.copyfile(src, tmp)
-        check_regions(tmp, fp, undo, "output", src)
+        _check_revertible(tmp, fp, undo, src)
         undo.apply(tmp)
         check_regions(tmp, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")
