@@ -60,9 +60,7 @@ class TrialBatcher:
         self.evaluate = evaluate
         self.batch = batch
         self.runner = runner
-        steady_allocator()  # blocks reuse the heap instead of faulting in fresh pages
-        #: ``f(B) -> seconds per trial`` with ``B`` trials per forward (1: serial); default :meth:`measure`
-        self.timer: Any = None
+        self._steady = False  # the allocator is set for blocks when the first block runs (not in a process that only decides)
         #: the measurement behind an automatic :attr:`batch` (:class:`fastflip.campaign.batchsize.BatchChoice`)
         self.choice: Any = None
         self.prefix = True
@@ -81,7 +79,7 @@ class TrialBatcher:
                 self.batch = cap
             else:
                 try:
-                    self.choice = choose_batch(self.timer or self.measure, cap)
+                    self.choice = choose_batch(self.measure, cap)
                     self.batch = self.choice.size
                 except Exception as exc:  # a forward the measurement cannot run: the serial path is always right
                     say_once(f"timing batched trials failed ({type(exc).__name__}: {str(exc)[:120]}); "
@@ -177,18 +175,21 @@ class TrialBatcher:
         """Rows of ``trials`` of cell ``cell_id``, in order."""
         if not self.usable(runner, cell_id) or self.size() == 1:
             return [runner.run(cell_id, t) for t in trials]
+        if not self._steady:
+            self._steady = steady_allocator() or True  # blocks reuse the heap instead of faulting in fresh pages
         cell = runner.cells[cell_id]
         start = time.perf_counter()
         whole = runner.plan_block(cell_id, trials)
+        plans = whole.plans()
         plan_each = (time.perf_counter() - start) / len(trials)
         rows: dict[int, Any] = {}
-        for group in self.groups(whole):
+        for group in self.groups(plans):
             pos = 0
             while pos < len(group):
                 size = self.size()
                 part = group[pos : pos + size]
                 start = time.perf_counter()
-                block = PlanBlock.from_plans([whole.plan(j) for j in part])
+                block = PlanBlock.from_plans([plans[j] for j in part])
                 try:
                     answers = self.bt.run(block, cell.tensors, self.evaluate, prefix=self.prefix)
                 except Exception as exc:
@@ -203,16 +204,16 @@ class TrialBatcher:
                     continue
                 each = (time.perf_counter() - start) / len(part) + plan_each
                 for k, j in enumerate(part):
-                    rows[j] = runner.judged_row(cell_id, trials[j], block.plan(k), lambda a=answers[k]: a, each)
+                    rows[j] = runner.judged_row(cell_id, trials[j], plans[j], lambda a=answers[k]: a, each)
                 pos += len(part)
         return [rows[j] for j in range(len(trials))]
 
-    def groups(self, block: Any) -> list[list[int]]:
-        """The positions of ``block``'s trials grouped so that each group shares one golden prefix (its first faulted
-        graph node, or faulted layer output), in order of first appearance; without a prefix, one group."""
+    def groups(self, plans: Sequence[Any]) -> list[list[int]]:
+        """The positions of ``plans`` (a block's trials) grouped so that each group shares one golden prefix (its first
+        faulted graph node, or faulted layer output), in order of first appearance; without a prefix, one group."""
         if not (self.prefix and self.evaluate.single_forward and self.path() == "prefix"):
-            return [list(range(len(block)))]
-        keys = [self.bt.group_key(faulted_names(block.plan(j))) for j in range(len(block))]
+            return [list(range(len(plans)))]
+        keys = [self.bt.group_key(faulted_names(p)) for p in plans]
         out: dict[Any, list[int]] = {}
         for j, key in enumerate(keys):
             out.setdefault(key, []).append(j)

@@ -71,14 +71,13 @@ __all__ = ["BatchedActivations", "BatchedTorch", "Untraceable", "faulted_names",
 _SAID: set[str] = set()
 
 
-def say_once(text: str, stream: Any = None) -> None:
-    """Write ``fastflip: text`` once per process (fallback notes of workers)."""
+def say_once(text: str) -> None:
+    """Write ``fastflip: text`` to stderr once per process (fallback notes of workers)."""
     if text in _SAID:
         return
     _SAID.add(text)
-    out = stream if stream is not None else sys.stderr
-    out.write(f"fastflip: {text}\n")
-    out.flush()
+    sys.stderr.write(f"fastflip: {text}\n")
+    sys.stderr.flush()
 
 
 
@@ -133,7 +132,7 @@ class BatchedTorch:
         self._untraceable: str | None = None
 
     # -- the faulty copies -------------------------------------------------------------
-    def stacks(self, block: Any, names: Sequence[str]) -> dict[int, Any]:
+    def stacks(self, block: Any) -> dict[int, Any]:
         """``{id(tensor): stack of B faulty copies}`` for every tensor the block's plans touch."""
         torch = self.torch
 
@@ -230,7 +229,7 @@ class BatchedTorch:
         """
         torch = self.torch
         B = len(block)
-        stacks = self.stacks(block, cell_tensors)
+        stacks = self.stacks(block)
         if poison:  # the probe: trial 1 holds the largest finite values, so that any mixing of trials shows in the others
             for st in stacks.values():
                 if st.is_floating_point() and B > 2:

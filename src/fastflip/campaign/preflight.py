@@ -49,11 +49,10 @@ def batch_line(runner: Any, workers: int) -> str | None:
         return None
     batcher, why, _ = batch_decision(runner)
     runner._batcher = batcher  # decided once: a serial sweep that adopts this runner does not decide again
-    if batcher is None:
-        return f"trials run one at a time (serial): {why}"
+    if batcher is None or batcher.path() == "serial":  # the workers run serially without deciding again
+        campaign.evaluator.batch_trials = 1
+        return f"trials run one at a time (serial): {why if batcher is None else batcher.why}"
     path = batcher.path()
-    if path == "serial":
-        return f"trials run one at a time (serial): {batcher.why}"
     size = batcher.size(workers)
     campaign.evaluator.batch_trials = size  # the workers use the number chosen here
     measured = f"; {batcher.choice.line()}" if batcher.choice is not None else ""

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import StoreError, one_line
 from ..files.paths import pid_alive
 
 __all__ = ["SCHEMA_SQL", "StoreLock", "check_header", "check_schema", "sqlite_error", "rollback_quietly", "pid_alive"]
@@ -152,7 +152,7 @@ class StoreLock:
 
 def sqlite_error(path: str, exc: BaseException, doing: str) -> StoreError:
     """One line for an SQLite failure while ``doing`` something with store ``path``."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = one_line(exc)
     low = text.lower()
     name = getattr(exc, "sqlite_errorname", "") or ""
     if "full" in low or name == "SQLITE_FULL":

@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import live
 from ..core.blockplan import plan_block, plan_sites_block
-from ..errors import FastflipError, OptionError
+from ..errors import FastflipError, OptionError, one_line
 from ..files.formats.hfdir import ShardedLayout
 from ..files.h5apply import write_words_to_file
 from ..files.inject import inject_file
@@ -367,5 +367,5 @@ def run_chunk(token: str, campaign_dict: dict[str, Any], cells: Sequence[Cell], 
 def worker_error(exc: BaseException) -> str:
     """One line naming a worker-side failure that is not a trial outcome (bad config, missing module)."""
     if isinstance(exc, FastflipError):
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return one_line(exc)
     return f"{type(exc).__name__}: {exc}"
