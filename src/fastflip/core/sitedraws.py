@@ -58,7 +58,6 @@ class SiteDraws:
             if (t.dtype, t.format) not in dtypes:
                 dtypes.append((t.dtype, t.format))
             gid[i] = dtypes.index((t.dtype, t.format))
-        self.group_dtypes = [d for d, _ in dtypes]
         self.group_of = gid
         self.groups = [GroupBits(np.array(self.bits.resolve(word_type(d, f)), dtype=np.int64), word_type(d).bits)
                        for d, f in dtypes]
@@ -70,7 +69,6 @@ class SiteDraws:
         self._gm = np.array([len(g.positions) for g in self.groups], dtype=np.int64)
         self.pair_starts = np.concatenate([[0], np.cumsum(self.sizes * self.nbits)]).astype(np.int64)
         self.n_pairs = int(self.pair_starts[-1])
-        self.widths = np.array([word_type(d).bits for d, _ in dtypes], dtype=np.int64)
         if isinstance(distribution, str):
             if distribution not in ("element", "tensor"):
                 raise OptionError(f"distribution must be 'element', 'tensor' or a mapping of weights (got {distribution!r})")

@@ -134,9 +134,9 @@ class Sampling:
         set_(self, "sign_first", cc.boolean(self.sign_first, "sampling.sign_first"))
         cc.named("sampling.bits", lambda b: BitSpec.parse(b, sign_first=self.sign_first),
                  self.bits if not isinstance(self.bits, tuple) else list(self.bits))
-        if not isinstance(self.model, FaultModel):  # a FaultModel object is kept as it is (frozen, hashable)
-            cc.named("sampling.model", FaultModel.parse, cc.string(self.model, "sampling.model"))
-        set_(self, "_fault", FaultModel.parse(self.model))  # parsed once: a loop of draws reads it per trial
+        fault = self.model if isinstance(self.model, FaultModel) else (  # a FaultModel object is kept as it is
+            cc.named("sampling.model", FaultModel.parse, cc.string(self.model, "sampling.model")))
+        set_(self, "_fault", fault)  # parsed once: a loop of draws reads it per trial
         given = [k for k in _AMOUNTS if getattr(self, k) is not None]
         if len(given) != 1:
             raise OptionError(f"sampling: give exactly one of count, rate or ber (got {', '.join(given) or 'none'})")

@@ -64,7 +64,6 @@ __all__ = [
 
 BACKENDS = AUTO_ORDER  # the CPU backends, in the order 'auto' tries them
 _U64 = np.dtype(np.uint64)
-_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 _T = TypeVar("_T")
 
 

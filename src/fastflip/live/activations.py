@@ -288,7 +288,7 @@ class Sites:
         old = read(sample * n + index)
         new = new_words(old, a, o, x, scale, _word(ref))
         if self.nan_policy == "avoid" and len(new):
-            bad = _nonfinite_new(new, old, _word(ref))
+            bad = _nonfinite_new(new, _word(ref))
             if bad.any():
                 sample, index, bits, old, new = self._redraw(layer, sample, index, bits, old, new, bad, read)
         return sample, index, bits, old, new
@@ -334,7 +334,7 @@ def _word(ref: TensorRef) -> Any:
     return getattr(ref, "word", None) or ref.dtype
 
 
-def _nonfinite_new(new: np.ndarray, old: np.ndarray, dtype: str) -> np.ndarray:
+def _nonfinite_new(new: np.ndarray, dtype: str) -> np.ndarray:
     nn, ni = nonfinite(new, dtype)
     return nn | ni
 
