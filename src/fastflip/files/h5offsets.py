@@ -28,7 +28,7 @@ import numpy as np
 
 from ..core.records import Tensor
 from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
-from .h5index import walk_chunks
+from .h5index import chunk_grid, walk_chunks
 from .h5open import open_h5
 
 __all__ = ["ChunkIndex", "chunk_index", "chunk_address_base", "element_byte_offsets"]
@@ -61,7 +61,7 @@ class ChunkIndex:
     @property
     def grid(self) -> tuple[int, ...]:
         """Number of chunks along each axis (edge chunks included)."""
-        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunks))
+        return chunk_grid(self.shape, self.chunks)
 
     @property
     def dense(self) -> np.ndarray:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -62,6 +62,13 @@ class RevertResult:
         return self.digest if self.algorithm == "sha256" else None
 
 
+def _revert_target(src: str, out: Any, overwrite: bool, inputs: Sequence[str]) -> str:
+    """The path a revert writes: ``src`` itself (``out`` None), else the checked output ``out``."""
+    if out is None:
+        return output_target(src, None, True)
+    return output_target(src, out, False, overwrite, inputs, REVERT_SAME)
+
+
 def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[str],
            out: str | os.PathLike[str] | None = None, *, atomic: bool | None = None, verify: bool = True,
            overwrite: bool = True) -> RevertResult:
@@ -96,8 +103,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
-            target = (output_target(src, None, True) if out is None
-                      else output_target(src, out, False, overwrite, log_files(log), REVERT_SAME))
+            target = _revert_target(src, out, overwrite, log_files(log))
             revert_regions(lg, src, target, direct=out is None and atomic is not True)
         return RevertResult(target, "", len(lg.plan), True, algo, evidence="regions")
     if verify and not (want_in and want_out):
@@ -117,8 +123,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
                    want_in: str | None, want_out: str | None, algo: str = "sha256") -> RevertResult:
-    target = (output_target(src, None, True) if out is None
-              else output_target(src, out, False, overwrite, inputs, REVERT_SAME))
+    target = _revert_target(src, out, overwrite, inputs)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
@@ -177,8 +182,7 @@ def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = Tr
     """Revert a ``.keras`` log on the archive ``file`` (in place unless ``out``): the inner weights file
     gets its original bytes back (checked by sha256); other entries are kept as they are."""
     with writer_lock(file, "revert", out is None):
-        target = (output_target(file, None, True) if out is None else
-                  output_target(file, out, False, overwrite, log_inputs or [], REVERT_SAME))
+        target = _revert_target(file, out, overwrite, log_inputs or [])
         with edit_archive(file, target) as inner:
             res = _revert_locked(log, str(inner), None, True, True, [], want_in, want_out, algorithm)
         res.output = target
