@@ -14,7 +14,7 @@ import pytest
 from conftest import require
 from test_campaign import make
 
-from fastflip.campaign import batchedtorch
+from fastflip.campaign import batchgate
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import MASKED, TrialRunner
 
@@ -47,9 +47,9 @@ def _serial_and_batched(tmp_path, c, name):
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
     yield
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
 
 
 @pytest.mark.framework
