@@ -7,7 +7,7 @@ The model is ResNet-50-sized (``bench/resnet50.py``: 320 float32 tensors, 25.6M 
 arrays. A trial draws one site (or ten), flips it, and flips it back:
 
 - ``api``: ``space.plan(Sampling(count=k), seed, stream=(i,))`` + ``live.inject`` + ``live.revert`` (targets and site
-  space built once), the loop that harnesses embedding fastflip run;
+  space built once), the loop that harnesses embedding fastflip run; ``plan``: its planning call alone;
 - ``hand, keyed``: what a harness writes by hand when trial ``i`` must be regenerated from ``(seed, i)``: a
   generator keyed by ``(seed, i)`` (the same Philox/SeedSequence fastflip uses), uniform element and bit,
   XOR, XOR back;
@@ -55,6 +55,14 @@ def test_pertrial_api(benchmark, model, flips: int) -> None:
     tg, space, _, _ = model
     counter, k = itertools.count(), Sampling(count=flips)  # the spec is built once, like a campaign cell's
     benchmark(lambda: live.revert(tg, live.inject(tg, space.plan(k, seed=3, stream=(next(counter),)))))
+
+
+@pytest.mark.parametrize("flips", [1, 10])
+def test_pertrial_plan(benchmark, model, flips: int) -> None:
+    """The planning part of the API trial alone: ``space.plan(Sampling(count=k), seed, stream=(i,))``."""
+    _, space, _, _ = model
+    counter, k = itertools.count(), Sampling(count=flips)
+    benchmark(lambda: space.plan(k, seed=3, stream=(next(counter),)))
 
 
 @pytest.mark.parametrize("flips", [1, 10])

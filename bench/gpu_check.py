@@ -183,7 +183,7 @@ def throughput(flips_list: list[int], engine: str = "auto") -> dict[str, float]:
     tensors = {f"w{i}": cupy.random.standard_normal(per, dtype=cupy.float32) for i in range(n_tensors)}
     tg = live.targets(tensors)
     span, base = tg._span(0)
-    ptrs = cupy.asarray(np.array([t.ptr for t in tg.tensors], dtype=np.int64) - base)
+    ptrs = cupy.asarray(kc.span_offsets([t.ptr for t in tg.tensors], np.arange(n_tensors), np.zeros(n_tensors), base))
     results: dict[str, float] = {}
     for flips in flips_list:
         # distinct elements drawn on the device (sorted, like the sampler's output)

@@ -1,8 +1,9 @@
-"""Hugging Face models as they are, for campaign tests: built from their configs (no downloads), seeded.
+"""Hugging Face models as they are, for campaign tests: campaign factories over :func:`hf_helpers.build` (built from
+their configs, no downloads, seeded) and their data.
 
 * ``gpt2``: ``GPT2LMHeadModel`` (n_layer=2, n_embd=32, tied embeddings) on token ids (``tokens``, ``prompts``);
-* ``bert``: ``BertForSequenceClassification`` (2 layers, hidden 32) on token ids with labels = its fault-free
-  predictions (``bert_data``);
+* ``bert``: ``BertForSequenceClassification`` (2 layers, hidden 32, 3 labels) on token ids with labels = its
+  fault-free predictions (``bert_data``);
 * ``tokens_loader``: the same token ids as a data loader yielding batches of 3.
 """
 
@@ -12,16 +13,14 @@ from typing import Any
 
 import numpy as np
 
-VOCAB = 64
+from hf_helpers import MODELS, build
+
+VOCAB = MODELS["gpt2"][1]["vocab_size"]  # token ids of every model here lie below it
 
 
 def gpt2() -> Any:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, tie_word_embeddings=True)
-    return GPT2LMHeadModel(cfg).eval()
+    """GPT-2 of :data:`hf_helpers.MODELS` (seed 0)."""
+    return build("gpt2")
 
 
 def tokens() -> np.ndarray:
@@ -38,13 +37,8 @@ def prompts() -> np.ndarray:
 
 
 def bert() -> Any:
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    cfg = BertConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                     vocab_size=VOCAB, max_position_embeddings=32, num_labels=3)
-    return BertForSequenceClassification(cfg).eval()
+    """The BERT classifier of :data:`hf_helpers.MODELS` (3 labels, seed 0)."""
+    return build("bert-classifier")
 
 
 def bert_data() -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,9 @@ MODELS = {
     "gpt2": ("GPT2Config", dict(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32), "GPT2LMHeadModel"),
     "bert": ("BertConfig", dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                 intermediate_size=64, max_position_embeddings=32), "BertForMaskedLM"),
+    "bert-classifier": ("BertConfig", dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, max_position_embeddings=32, num_labels=3),
+                        "BertForSequenceClassification"),
     "vit": ("ViTConfig", dict(image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                               num_attention_heads=2, intermediate_size=64), "ViTForImageClassification"),
 }

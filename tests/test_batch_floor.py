@@ -10,7 +10,7 @@ from conftest import require
 from test_batched import _campaign, _serial_and_batched
 from test_campaign import results
 
-from fastflip.campaign import batched, batchedtorch, batchsize
+from fastflip.campaign import batched, batchedtorch, batchgate, batchsize
 from fastflip.campaign.batchsize import choose_batch
 from fastflip.campaign.sweep import sweep
 
@@ -19,9 +19,9 @@ pytestmark = pytest.mark.framework
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
     yield
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
 
 
 def test_group_by_none_runs_each_trial_from_its_first_faulted_layer():

@@ -10,7 +10,7 @@ import pytest
 from conftest import require
 from test_campaign import make, results
 
-from fastflip.campaign import batched, batchedtorch, batchsize
+from fastflip.campaign import batched, batchedtorch, batchgate, batchsize
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import MASKED, TrialRunner
 
@@ -54,9 +54,9 @@ def _serial_vs_batched_modes(c, per_cell):
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
     yield
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -220,3 +220,58 @@ def test_the_old_gpu_engine_names_are_refused_naming_the_new_ones(fake, old: str
     with pytest.raises(OptionError, match=f"unknown GPU engine '{old}': use 'auto', 'cuda-raw', 'numba-cuda'"):
         gpu.gpu_backend(fake, old)
     assert not hasattr(gpu, "DEFAULT_ENGINE") and gpu.gpu_backend(fake).name == "cuda-raw"
+
+
+def carved(rng: np.random.Generator, gap: int = 40) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Tensors of every dtype of :data:`DTYPES` carved out of one host buffer with gaps between them (a span over
+    them covers bytes that belong to no tensor), and the buffer that holds them."""
+    arrays = [random_array(d, 50 + 13 * i, rng) for i, d in enumerate(DTYPES)]
+    buf = np.zeros(sum(a.nbytes + gap + 8 for a in arrays) + gap, np.uint8)
+    views, at = {}, gap
+    for i, a in enumerate(arrays):
+        at = -(-at // 8) * 8  # every dtype's alignment
+        views[f"t{i}"] = v = buf[at: at + a.nbytes].view(a.dtype)
+        v[...] = a
+        at += a.nbytes + gap
+    return buf, views
+
+
+def test_span_offsets_are_the_numpy_references_sites_in_a_span(fake) -> None:
+    """``span_offsets`` (the one routine behind every device span) puts each site of a plan on the bytes of the
+    element the NumPy oracle changes; the GPU engine's ``*_ptrs`` entries, which build their span with it, give the
+    oracle's words and tensors on a fake device."""
+    import ctypes
+
+    from fastflip.core.records import SiteArrays
+    from fastflip.kernels import gpu
+    from fastflip.kernels.dispatch import PtrTable
+    from fastflip.kernels.registry import get_backend
+
+    rng = np.random.default_rng(29)
+    _, views = carved(rng)
+    host = {k: v.copy() for k, v in views.items()}
+    plan = make_plan(live.tensor_refs(host), rng, per_tensor=30)
+    expected, exp_old, exp_new = reference(host, plan)
+    tensors = list(views.values())
+    ptrs = [t.ctypes.data for t in tensors]
+    sizes = np.array([t.itemsize for t in tensors], np.int64)
+    base, end = min(ptrs), max(p + t.nbytes for p, t in zip(ptrs, tensors))
+    in_tensor = plan.index * sizes[plan.tensor]
+    offs = gpu.span_offsets(ptrs, plan.tensor, in_tensor, base)
+    span = np.ctypeslib.as_array((ctypes.c_uint8 * (end - base)).from_address(base))
+    for t, i, o in zip(plan.tensor.tolist(), plan.index.tolist(), offs.tolist()):
+        assert span[o: o + sizes[t]].tobytes() == tensors[t][i: i + 1].tobytes()
+
+    table = PtrTable(ptrs, sizes.tolist(), [False] * len(tensors), [t.nbytes for t in tensors],
+                     [t.dtype for t in tensors])
+    sites = SiteArrays(tensor=plan.tensor, offsets=in_tensor, and_mask=plan.and_mask, or_mask=plan.or_mask,
+                       xor_mask=plan.xor_mask)
+    be = get_backend("cuda-raw")
+    with fake.cuda.Device(1):  # a pointer table's device is the current one
+        old, new = be.apply_ptrs(table, sites)
+        assert old.tolist() == exp_old.tolist() and new.tolist() == exp_new.tolist()
+        assert {k: v.tobytes() for k, v in views.items()} == {k: v.tobytes() for k, v in expected.items()}
+        assert be.read_ptrs(table, sites).tolist() == exp_new.tolist()
+        be.write_ptrs(table, sites, old)
+    assert {k: v.tobytes() for k, v in views.items()} == {k: v.tobytes() for k, v in host.items()}
+    assert {dev for _, _, dev, _ in fake.launches()} == {1}

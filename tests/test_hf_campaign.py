@@ -14,7 +14,7 @@ import pytest
 from conftest import require
 from test_campaign import make
 
-from fastflip.campaign import batchedtorch
+from fastflip.campaign import batchgate
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import MASKED, TrialRunner
 
@@ -47,9 +47,9 @@ def _serial_and_batched(tmp_path, c, name):
 
 @pytest.fixture(autouse=True)
 def _fresh_notes():
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
     yield
-    batchedtorch._SAID.clear()
+    batchgate._SAID.clear()
 
 
 @pytest.mark.framework
@@ -223,18 +223,18 @@ def test_a_sweep_failing_before_its_first_trial_leaves_no_store(tmp_path, monkey
                                       ("import_error", "an import failed"), ("file_error", "the environment failed")])
 def test_out_of_memory_and_environment_errors_are_not_due(tmp_path, kind, why):
     """An evaluator that runs out of memory or meets a broken environment says nothing about the fault: the sweep
-    stops with one line (finished trials kept), no DUE is stored; a ValueError of a faulted model stays a DUE."""
+    stops with one line at its first faulted trial, no DUE is stored (the store, left empty, is removed); a ValueError
+    of a faulted model stays a DUE."""
     if kind == "torch_oom":
         require("torch")
     from fastflip.campaign.failures import TrialAborted
-    from fastflip.campaign.trials import DUE
 
     store = str(tmp_path / "s.db")
     c = make(evaluator={"function": f"hf_campaign_helpers:{kind}"}, trials={"per_cell": 3})
     with pytest.raises(TrialAborted, match=f"trial 0 of cell 0 .*: {why} in the evaluator") as info:
         sweep(c, store, workers=0, progress=False)
     assert "\n" not in str(info.value) and "run again to resume" in str(info.value)
-    assert all(r[4] != DUE for r in _rows(store)) if os.path.exists(store) else True
+    assert os.listdir(tmp_path) == []  # the first trial stopped the sweep: no DUE, no row, the empty store removed
     dues = make(evaluator={"function": "hf_campaign_helpers:value_error"}, trials={"per_cell": 3})
     assert sweep(dues, str(tmp_path / "v.db"), workers=0, progress=False).counts["due"] == 3 * len(campaign_cells(dues))
 
@@ -263,10 +263,9 @@ def test_rates_print_fractional():
 def test_out_of_memory_in_pool_workers_stops_the_sweep(tmp_path):
     """The same through a process pool: the worker's error comes back as one line, not as DUE rows."""
     from fastflip.campaign.failures import TrialAborted
-    from fastflip.campaign.trials import DUE
 
     store = str(tmp_path / "s.db")
     c = make(evaluator={"function": "hf_campaign_helpers:memory_error"}, trials={"per_cell": 3})
     with pytest.raises(TrialAborted, match="out of memory in the evaluator \\(MemoryError: no room\\)"):
         sweep(c, store, workers=2, progress=False)
-    assert not os.path.exists(store) or all(r[4] != DUE for r in _rows(store))
+    assert os.listdir(tmp_path) == []  # every trial stops its worker: no trial stored, the empty store removed

@@ -60,6 +60,8 @@ def test_no_import_cycles(graph: archstats.Graph) -> None:
 # re-exports go through importlib in its ``__getattr__``, not through import statements, so it needs no entry.)
 LAZY = {
     "fastflip.cli.*": "a subcommand's code is imported when it runs, so `fastflip --help` stays light",
+    "fastflip.campaign.trials": "the batched-trials machinery (campaign/batched.py, torch.fx splits) is imported when a "
+                               "runner's trials may batch, not by sweeps whose trials run one by one",
     "fastflip.files.formats": "the per-format reader registry imports one reader when a file of that format is read",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",
 }

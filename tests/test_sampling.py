@@ -264,3 +264,48 @@ def test_plan_takes_a_sampling_that_agrees_with_the_space():
         space.plan(Sampling(count=1, distribution="tensor"), seed=1)
     with pytest.raises(TypeError):  # the amount is said by a Sampling only
         space.plan(seed=1, count=1)
+
+
+class _Reads(Sampling):
+    """A Sampling that counts reads of the fields only a check against the space needs."""
+
+    CHECKED = ("bits", "distribution", "rate", "ber")
+
+    def __getattribute__(self, name: str):
+        if name in type(self).CHECKED:
+            reads = object.__getattribute__(self, "__dict__").setdefault("_reads", {})
+            reads[name] = reads.get(name, 0) + 1
+        return object.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize("policy", ["allow", "avoid"])
+def test_plan_checks_a_sampling_against_the_space_once(policy):
+    """A loop's plans check the Sampling (bits, distribution, rate/ber on a uniform space) on the first call only:
+    later calls with the same Sampling read none of those fields, and give the plans a fresh space gives."""
+    space = SiteSpace(REFS, bits="exponent")
+    read_words = (lambda p: np.zeros(len(p), np.uint64)) if policy == "avoid" else None
+    s = _Reads(count=3, nan_policy=policy)
+    first = space.plan(s, seed=5, stream=(0,), read_words=read_words)
+    after_first = dict(s.__dict__["_reads"])
+    plans = [space.plan(s, seed=5, stream=(i,), read_words=read_words) for i in range(1, 6)]
+    assert s.__dict__["_reads"] == after_first  # the next five plans re-checked nothing
+    fresh = SiteSpace(REFS, bits="exponent")
+    for i, p in enumerate([first, *plans]):
+        q = fresh.plan(Sampling(count=3, nan_policy=policy), seed=5, stream=(i,), read_words=read_words)
+        assert site_keys(p) == site_keys(q) and p.meta == q.meta
+    if policy == "avoid":  # read_words is still required on every call
+        with pytest.raises(OptionError, match="read_words"):
+            space.plan(s, seed=5, stream=(9,))
+
+
+def test_a_refused_sampling_is_refused_on_every_call():
+    """A Sampling the space refuses is not remembered as checked: each call refuses it again, and a good Sampling
+    between two calls does not let it through."""
+    space = SiteSpace(REFS, distribution="tensor")
+    bad, good = Sampling(rate=0.01), Sampling(count=2)
+    for _ in range(2):
+        with pytest.raises(OptionError, match="rate draws every element"):
+            space.plan(bad, seed=1)
+        assert len(space.plan(good, seed=1)) == 2
+    with pytest.raises(OptionError, match="read_words"):
+        space.plan(Sampling(count=2, nan_policy="avoid"), seed=1)

@@ -29,9 +29,9 @@ import numpy as np
 from ..core.blockplan import PlanBlock
 from ..core.plan import Plan
 from ..errors import one_line
-from ..live.adapters import framework_of
-from .batchedtorch import BatchedActivations, BatchedTorch, faulted_names, say_once
+from .batchedtorch import BatchedActivations, BatchedTorch, faulted_names
 from .batchsize import MAX_AUTO, MAX_AUTO_GPU, auto_batch, choose_batch, free_memory, steady_allocator
+from .batchgate import say_once, serial_note, serial_reason
 from .builtins import model_forward
 from .failures import is_oom
 from .pertrial import Unbatchable
@@ -223,24 +223,12 @@ class TrialBatcher:
 def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
     """``(the runner's TrialBatcher, None, False)``, or ``(None, why its trials run one by one, whether building the
     batcher failed)``."""
-    campaign = runner.campaign
-    model = runner.targets.get(None)
-    why = None
-    if campaign.evaluator.batch_trials == 1:
-        why = "batch_trials = 1"
-    elif campaign.mode != "memory":
-        why = "checkpoint mode evaluates files"
-    elif not hasattr(runner.evaluate, "single_forward"):
-        why = "a function or command evaluator runs the model itself (only built-in evaluators batch)"
-    else:
-        if framework_of(model) != "torch":
-            why = "the target is not a PyTorch module"
-        elif model.training:
-            why = "the model is in training mode (call model.eval() in the factory)"
+    why = serial_reason(runner)
     if why is not None:
         return None, why, False
     try:
-        return TrialBatcher(runner, model, runner.evaluate, campaign.evaluator.batch_trials), None, False
+        return TrialBatcher(runner, runner.targets.get(None), runner.evaluate,
+                            runner.campaign.evaluator.batch_trials), None, False
     except Exception as exc:  # e.g. evaluation inputs torch cannot take as one tensor: the serial path still runs
         return None, f"{type(exc).__name__}: {str(exc)[:160]}", True
 
@@ -248,9 +236,6 @@ def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
 def make_batcher(runner: Any) -> TrialBatcher | None:
     """The runner's :class:`TrialBatcher`, or None when its trials run one by one (a one-time notice says why when batching was asked for)."""
     batcher, why, failed = batch_decision(runner)
-    want = runner.campaign.evaluator.batch_trials
-    if failed:
-        say_once(f"batched trials off: {why}; running trials one at a time")
-    elif batcher is None and want not in (None, 1):
-        say_once(f"batch_trials = {want} ignored: {why}; running trials one at a time")
+    if batcher is None:
+        serial_note(runner, why, failed)
     return batcher

@@ -52,7 +52,6 @@ Examples
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -61,25 +60,13 @@ import numpy as np
 from ..core.wordrule import rule_words, scale_words
 from ..live.act_torch import TorchHooks
 from ..live.activations import ActivationLog, Sites, injected_activations
+from .batchgate import say_once
 from .batchsize import free_memory
 from .builtins import logits_of, model_forward, to_numpy
 from .fxsplit import first_uses, split_after_layer, split_after_prefix
 from .pertrial import PerTrial, Unbatchable
 
-__all__ = ["BatchedActivations", "BatchedTorch", "Untraceable", "faulted_names", "say_once"]
-
-_SAID: set[str] = set()
-
-
-def say_once(text: str) -> None:
-    """Write ``fastflip: text`` to stderr once per process (fallback notes of workers)."""
-    if text in _SAID:
-        return
-    _SAID.add(text)
-    sys.stderr.write(f"fastflip: {text}\n")
-    sys.stderr.flush()
-
-
+__all__ = ["BatchedActivations", "BatchedTorch", "Untraceable", "faulted_names"]
 
 _WORDS = {"float32": "int32", "float64": "int64", "float16": "int16", "bfloat16": "int16", "int64": "int64",
           "int32": "int32", "int16": "int16", "int8": "int8", "uint8": "uint8", "float8_e4m3fn": "uint8",

@@ -15,7 +15,6 @@ import sqlite3
 from typing import Any, Sequence
 
 from ..errors import FastflipError, OptionError
-from .batched import batch_decision
 from .cells import Cell
 from .config import Campaign
 from .trials import TrialRunner
@@ -47,7 +46,7 @@ def batch_line(runner: Any, workers: int) -> str | None:
     campaign = runner.campaign
     if campaign.evaluator.builtin is None or campaign.mode != "memory":
         return None
-    batcher, why, _ = batch_decision(runner)
+    batcher, why, _ = runner.batch_decision()
     runner._batcher = batcher  # decided once: a serial sweep that adopts this runner does not decide again
     if batcher is None or batcher.path() == "serial":  # the workers run serially without deciding again
         campaign.evaluator.batch_trials = 1

@@ -61,12 +61,12 @@ from ..files.inject import inject_file
 from ..files.layout import open_h5, read_layout
 from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
 from ..live.activations import injected_activations
-from .batched import make_batcher
 from .outcomes import CRITICAL, DUE, MASKED, SDC, Answer, Judgement, answer_from, judge
 from .store import TrialRow
 from .cells import Cell, block_trial_sites, call_factory, target_digest, target_tensors, trial_sites
 from .evaluate import classification_answer, make_evaluator
 from .config import Campaign
+from .batchgate import serial_note, serial_reason
 from .failures import TrialAborted, environment_failure
 from .lifeline import make_workdir
 
@@ -260,12 +260,26 @@ class TrialRunner:
         return TrialRow(cell_id, trial, self.seed, sites_summary(plan), j.outcome, j.metric, j.delta, message,
                         elapsed, self.worker, None if j.numeric is None else int(j.numeric), j.changed)
 
+    def batch_decision(self) -> tuple[Any, str | None, bool]:
+        """``(a TrialBatcher for this runner, None, False)``, or ``(None, why its trials run one by one, whether
+        building the batcher failed)`` (:func:`fastflip.campaign.batched.batch_decision`). A runner whose trials
+        run one by one for a reason :func:`~fastflip.campaign.batchgate.serial_reason` names does not import the
+        batched machinery."""
+        why = serial_reason(self)
+        if why is not None:
+            return None, why, False
+        from .batched import batch_decision  # torch-side batching (torch.fx splits, per-trial modules): only when it may apply
+        return batch_decision(self)
+
     def run_many(self, cell_id: int, trials: Sequence[int]) -> list[TrialRow]:
         """Run trials of one cell: ``B`` per forward where the target allows it
         (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
         trials = [int(t) for t in trials]
         if self._batcher is False:
-            self._batcher = make_batcher(self)
+            batcher, why, failed = self.batch_decision()
+            if batcher is None:
+                serial_note(self, why, failed)
+            self._batcher = batcher
         if self._batcher is None or len(trials) < 2:
             return [self.run(cell_id, t) for t in trials]
         return self._batcher.run(self, cell_id, trials)

@@ -67,6 +67,8 @@ from .wordrule import nonfinite, rule_words, scale_words
 
 __all__ = ["SiteSpace", "generator"]
 
+_NEEDS_WORDS = "nan_policy='avoid' needs read_words to know the old values"
+
 
 def generator(seed: int, stream: Sequence[int] = ()) -> np.random.Generator:
     """The counter-based generator of (seed, stream): Philox keyed by SeedSequence."""
@@ -103,7 +105,9 @@ class SiteSpace(SiteDraws):
     """
 
     _lean: LeanTables | None = None  # the per-trial path's tables, built on first use
-    _agreed: Any = None  # the last Sampling checked against this space (a loop passes the same one)
+    #: (the last Sampling checked against this space, its nan_policy is 'avoid', its plans may take the lean path);
+    #: one tuple, read once per plan, so that threads sharing the space never mix two Samplings' answers
+    _agreed: tuple[Any, bool, bool] = (None, False, False)
 
     # -- plans ---------------------------------------------------------------------------
     def plan(
@@ -135,24 +139,16 @@ class SiteSpace(SiteDraws):
             distribution, ``ber`` with a fault model that does not flip single bits, or
             ``nan_policy='avoid'`` without ``read_words``.
         """
-        if sampling is not self._agreed:
-            self._agree(sampling)
-        model = sampling.fault_model
-        rate, ber, replace, nan_policy = sampling.rate, sampling.ber, sampling.replace, sampling.nan_policy
-        if nan_policy == "avoid" and read_words is None:
-            raise OptionError("nan_policy='avoid' needs read_words to know the old values")
-        uniform = self._weights is None and self.distribution == "element"
-        if rate is not None and not uniform:
-            raise OptionError("rate draws every element with the same probability: use distribution='element'")
-        if ber is not None:
-            if not model.pair_sites:
-                raise OptionError(f"ber flips single bits: use the flip or single-bit stuck-at model, not {model.describe()}")
-            if not uniform:
-                raise OptionError("ber draws every bit with the same probability: use distribution='element'")
-        if uniform and nan_policy == "allow":  # a trial's few sites: the lean path, the same plan
+        agreed = self._agreed
+        if agreed[0] is not sampling:
+            agreed = self._agree(sampling, read_words)
+        elif agreed[1] and read_words is None:
+            raise OptionError(_NEEDS_WORDS)
+        if agreed[2]:  # a trial's few sites: the lean path, the same plan
             lean = lean_plan(self, sampling, seed, stream, (BULK, DENSE_FRACTION))
             if lean is not None:
                 return lean
+        model, replace, nan_policy = sampling.fault_model, sampling.replace, sampling.nan_policy
         rng = generator(seed, stream)
         k, pairs, pair_uniform, mode = draw_amount(self, sampling, rng)
         elem, bit = self._sample(rng, k, pairs, replace, pair_uniform)
@@ -164,15 +160,32 @@ class SiteSpace(SiteDraws):
                                     plan.meta)
         return plan
 
-    def _agree(self, sampling: Any) -> None:
-        """Refuse a Sampling that names other bits or another distribution than this space's."""
+    def _agree(self, sampling: Any, read_words: Callable[[Plan], np.ndarray] | None) -> tuple[Any, bool, bool]:
+        """Check ``sampling`` against this space once (a loop passes the same one; :meth:`plan` re-checks per call
+        only ``read_words``): refuse other bits or another distribution than the space's, ``rate``/``ber`` on a
+        non-uniform distribution, ``ber`` with a model that does not flip single bits, ``nan_policy='avoid'``
+        without ``read_words``. Returns (and keeps as :attr:`_agreed`) the sampling, whether its nan_policy is
+        'avoid' and whether its plans may take the lean path."""
         if sampling.bits is not None and sampling.bit_spec != self.bits:
             raise OptionError(f"the sampling's bits ({','.join(sampling.bit_spec.items)}) are not the site space's "
                               f"({','.join(self.bits.items)}); build the space with Sampling.space(tensors)")
         if sampling.distribution != "element" and sampling.distribution_arg != self.distribution:
             raise OptionError(f"the sampling's distribution ({sampling.distribution_arg}) is not the site space's "
                               f"({self.distribution}); build the space with Sampling.space(tensors)")
-        self._agreed = sampling
+        avoid = sampling.nan_policy == "avoid"
+        if avoid and read_words is None:
+            raise OptionError(_NEEDS_WORDS)
+        uniform = self._weights is None and self.distribution == "element"
+        if sampling.rate is not None and not uniform:
+            raise OptionError("rate draws every element with the same probability: use distribution='element'")
+        if sampling.ber is not None:
+            if not sampling.fault_model.pair_sites:
+                raise OptionError("ber flips single bits: use the flip or single-bit stuck-at model, "
+                                  f"not {sampling.fault_model.describe()}")
+            if not uniform:
+                raise OptionError("ber draws every bit with the same probability: use distribution='element'")
+        self._agreed = agreed = (sampling, avoid, uniform and not avoid)
+        return agreed
 
     def _lean_tables(self) -> LeanTables:
         if self._lean is None:

@@ -63,8 +63,8 @@ from .registry import Backend, get_backend
 from ..core.wordrule import scale_words
 from ..errors import OptionError
 
-__all__ = ["SiteArrays", "launch_apply", "launch_read", "launch_write", "device_span", "device_scope", "gpu_backend",
-           "ENGINES", "RawCudaBackend", "NumbaCudaBackend"]
+__all__ = ["SiteArrays", "launch_apply", "launch_read", "launch_write", "device_span", "span_offsets", "device_scope",
+           "gpu_backend", "ENGINES", "RawCudaBackend", "NumbaCudaBackend"]
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -276,6 +276,20 @@ def device_span(ptrs: Sequence[int], nbytes: Sequence[int], device_id: int, owne
     return cupy.ndarray((max(end - base, 1),), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(mem, 0)), base
 
 
+def span_offsets(ptrs: Any, tensor: Any, offsets: Any, base: int) -> np.ndarray:
+    """Each site's byte offset in a device span that starts at address ``base`` (:func:`device_span`): the
+    address of its tensor (``ptrs[tensor]``) less ``base``, plus its byte offset in that tensor (host int64).
+
+    The one routine that turns (tensor, offset) sites into span offsets, for the live path
+    (:mod:`fastflip.live.siteaccess`), the ``*_ptrs`` entries of the GPU engines and bench/gpu_check.py.
+
+    >>> span_offsets([0x7000, 0x9000], [1, 0, 1], [4, 8, 0], base=0x7000).tolist()
+    [8196, 8, 8192]
+    """
+    at = np.asarray(ptrs, dtype=np.uint64)[np.asarray(tensor, dtype=np.intp)]
+    return (at - np.uint64(base)).astype(np.int64) + np.asarray(offsets, dtype=np.int64)
+
+
 # ------------------------------------------------------------------------------ registry backends
 
 
@@ -326,7 +340,7 @@ class _GpuBackend(Backend):
 
         device = cupy.cuda.Device().id  # a pointer table does not say its device: the caller's current one
         span, base = device_span(table.bases.tolist(), table.extents.tolist(), device, table)
-        offs = (table.bases[host.tensor] - np.uint64(base)).astype(np.int64) + host.offsets
+        offs = span_offsets(table.bases, host.tensor, host.offsets, base)
         zero = np.zeros(len(offs), np.uint64)
         a, o, x = (host.and_mask, host.or_mask, host.xor_mask) if masks else (zero, zero, zero)
         return span, SiteArrays.from_host(offs, host.tensor, table, a, o, x, xp=cupy, device=device)

@@ -10,9 +10,10 @@ writes an output, and probes output shapes (:mod:`fastflip.live.act_frameworks` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 
@@ -124,6 +125,70 @@ class Hooks:
         if empty:
             raise OptionError(f"layer output(s) {listing(empty)} have no elements; deselect them")
         return refs
+
+    _FORWARD_AT = False  # forward= (fault one forward of the block) needs PyTorch's per-forward hooks
+
+    @contextlib.contextmanager
+    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
+                 at: int | None = None) -> Iterator[None]:
+        """Fault the outputs of the targets ``names`` in every forward of the model inside the block (only forward
+        ``at`` when given), by the sites ``state["sites"]`` holds, or, when it holds none, by the sites
+        ``make_sites(refs)`` draws at the first forward from the probed output shapes; every fault is added to
+        ``log``. The framework hooks the model's forward and the targets' outputs (:meth:`_faulting_hooks`).
+
+        Raises
+        ------
+        OptionError
+            ``at`` on a framework without per-forward hooks, or when the block ran no forward (or none numbered
+            ``at``).
+        SelectionError
+            A fixed plan naming a layer the model does not have.
+        """
+        if at is not None and not self._FORWARD_AT:
+            raise OptionError("forward= (fault one forward of the block) needs a PyTorch model")
+        fixed = state["sites"]
+        if fixed is not None:  # a fixed plan: hook the targets it names
+            names = list(dict.fromkeys(base_of(r.name) for r in fixed.refs))
+            bad = [split_target(n)[0] for n in names if split_target(n)[0] not in self.layers]
+            if bad:
+                raise SelectionError(f"layer {bad[0]!r} is not in this {type(self.model).__name__}; its layers: "
+                                     f"{listing(list(self.layers))}")
+        # "on": this forward is faulted; before the first forward a target that runs is treated as in a faulted
+        # forward (a drawn plan's sites, or the one line that says to call the model, not its layers)
+        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
+                              "on": at is None}
+        if fixed is not None:
+            st["index"] = {r.name: i for i, r in enumerate(fixed.refs)}
+            st["probed"], st["fixed"] = set(st["index"]), True
+
+        def start(probe: Callable[[], dict]) -> None:
+            st["counts"] = {}
+            st["on"] = at is None or log.forwards == at
+            if st["on"] and state["sites"] is None:
+                self._learn(st, names, selection, make_sites, probe)
+                st["counts"] = {}
+
+        def fault(name: str, out: Any, args: tuple = ()) -> Any:
+            return self._fault_output(st, name, out, args) if st["on"] and not st["probing"] else None
+
+        ok = False
+        with self._faulting_hooks(names, lambda: st["probing"], start, fault, log):
+            yield
+            ok = True
+        if ok and log.forwards == 0:
+            raise OptionError(f"the {type(self.model).__name__} never ran a forward inside injected_activations(...): "
+                              "nothing was injected (call the model inside the block)")
+        if ok and at is not None and log.forwards <= at:
+            raise OptionError(f"forward={at} but the {type(self.model).__name__} ran {log.forwards} forward(s) inside "
+                              "injected_activations(...): nothing was injected")
+
+    def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
+                        fault: Callable[..., Any], log: Any) -> ContextManager[None]:
+        """The framework's hooks of :meth:`faulting`: at the start of each forward of the model itself (none while
+        ``probing()``, none nested), ``start(probe)`` with the probe of that call's output shapes; each output of a
+        target through ``fault(target, output[, args])`` (its result, when not None, replaces the output); after
+        each forward, ``log.forwards += 1``."""
+        raise NotImplementedError
 
     def _learn(self, st: dict[str, Any], names: list[str], selection: Any, make_sites: Callable,
                probe: Callable[[], dict]) -> None:

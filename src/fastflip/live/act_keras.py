@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import OptionError, SelectionError
-from .act_hooks import FORMATS, UINT, Hooks, format_dtype, listing
-from .act_targets import Recorded, base_of, split_target
+from ..errors import OptionError
+from .act_hooks import FORMATS, UINT, Hooks, format_dtype
+from .act_targets import Recorded, split_target
 
 __all__ = ["KerasHooks"]
 
@@ -168,46 +168,26 @@ class KerasHooks(Hooks):
         return rec
 
     @contextlib.contextmanager
-    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
-                 at: int | None = None) -> Iterator[None]:
-        if at is not None:
-            raise OptionError("forward= (fault one forward of the block) needs a PyTorch model")
-        if state["sites"] is not None:
-            names = list(dict.fromkeys(base_of(r.name) for r in state["sites"].refs))
-            bad = [split_target(n)[0] for n in names if split_target(n)[0] not in self.layers]
-            if bad:
-                raise SelectionError(f"layer {bad[0]!r} is not in this model; its layers: {listing(list(self.layers))}")
-        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probed": set(), "index": {}, "depth": 0,
-                              "probing": False}
-        if state["sites"] is not None:
-            st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"], st["fixed"] = set(st["index"]), True
+    def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
+                        fault: Callable[..., Any], log: Any) -> Iterator[None]:
+        """:meth:`Hooks.faulting`'s hooks: the model's ``call`` wrapped to start and count each outermost forward,
+        the targets' ``call`` to fault their outputs, the model run eagerly meanwhile."""
+        depth = [0]  # calls of the model inside its own forward are not forwards of their own
 
         def root(call: Callable) -> Callable:
             def wrapper(*a: Any, **k: Any) -> Any:
-                if st["depth"] or st["probing"]:
+                if depth[0] or probing():
                     return call(*a, **k)
-                st["counts"] = {}
-                if state["sites"] is None:
-                    self._learn(st, names, selection, make_sites, lambda: self._probe(names, call, a, k))
-                    st["counts"] = {}
-                st["depth"] += 1
+                start(lambda: self._probe(names, call, a, k))
+                depth[0] += 1
                 try:
                     out = call(*a, **k)
                 finally:
-                    st["depth"] -= 1
+                    depth[0] -= 1
                 log.forwards += 1
                 return out
             return wrapper
 
-        def fault(name: str, out: Any) -> Any:
-            return None if st["probing"] else self._fault_output(st, name, out)
-
-        ok = False
         with self._eager():
             with self._wrapped({"": root, **_wraps(names, fault)}):
                 yield
-                ok = True
-        if ok and log.forwards == 0:
-            raise OptionError(f"the {type(self.model).__name__} never ran a forward inside injected_activations(...): "
-                              "nothing was injected (call the model inside the block)")

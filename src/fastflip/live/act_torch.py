@@ -17,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
 
-from ..errors import OptionError, SelectionError
-from .act_hooks import FORMATS, UINT, Hooks, format_dtype, listing
+from ..errors import OptionError
+from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
-from .act_targets import Recorded, base_of, is_cache, module_targets, split_target
+from .act_targets import Recorded, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
 
 __all__ = ["TorchHooks"]
@@ -34,6 +34,7 @@ _PROBES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  #
 
 class TorchHooks(Hooks):
     _OPS = True
+    _FORWARD_AT = True
 
     def __init__(self, model: Any) -> None:
         import torch
@@ -172,47 +173,16 @@ class TorchHooks(Hooks):
             functional_call(self.model, buffers, args, kwargs, strict=False)
         return rec
 
-    @contextlib.contextmanager
-    def faulting(self, names: list[str], selection: Any, log: Any, state: dict, make_sites: Callable,
-                 at: int | None = None) -> Iterator[None]:
-        if state["sites"] is not None:  # a fixed plan: hook the targets it names
-            names = list(dict.fromkeys(base_of(r.name) for r in state["sites"].refs))
-            self._check_names([split_target(n)[0] for n in names])
-        st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
-                              "on": False}
-        if state["sites"] is not None:
-            st["index"] = {r.name: i for i, r in enumerate(state["sites"].refs)}
-            st["probed"], st["fixed"] = set(st["index"]), True
-
+    def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
+                        fault: Callable[..., Any], log: Any) -> ContextManager[None]:
+        """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
+        an output that aliases an input (ReLU(inplace), views) is faulted in a copy."""
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
-            if st["probing"]:
-                return
-            st["counts"] = {}
-            st["on"] = at is None or log.forwards == at
-            if st["on"] and state["sites"] is None:
-                self._learn(st, names, selection, make_sites, lambda: self._probe(names, args, kwargs))
+            if not probing():
+                start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
-            if not st["probing"]:
+            if not probing():
                 log.forwards += 1
 
-        def fault(name: str, out: Any, args: tuple) -> Any:
-            # an output that aliases an input (ReLU(inplace), views) is faulted in a copy
-            return self._fault_output(st, name, out, args) if st["on"] and not st["probing"] else None
-
-        ok = False
-        with self._hooked(names, pre, post, fault):
-            yield
-            ok = True
-        if ok and log.forwards == 0:
-            raise OptionError(f"the {type(self.model).__name__} never ran a forward inside injected_activations(...): "
-                              "nothing was injected (call the model inside the block)")
-        if ok and at is not None and log.forwards <= at:
-            raise OptionError(f"forward={at} but the {type(self.model).__name__} ran {log.forwards} forward(s) inside "
-                              "injected_activations(...): nothing was injected")
-
-    def _check_names(self, names: list[str]) -> None:
-        bad = [n for n in names if n not in self.layers]
-        if bad:
-            raise SelectionError(f"layer {bad[0]!r} is not in this {type(self.model).__name__}; its layers: "
-                                 f"{listing(list(self.layers))}")
+        return self._hooked(names, pre, post, fault)

@@ -101,9 +101,8 @@ class SiteAccess:
         except ImportError as exc:
             raise OptionError(f"GPU tensors need CuPy (pip install 'fastflip[cupy]'): {exc}") from None
         _, base = self._span(device)
-        ptr = np.array([t.ptr for t in self.tensors], dtype=np.int64)
         tids = tid[pos]
-        offs = ptr[tids] - base + offsets[pos]
+        offs = gpu.span_offsets([t.ptr for t in self.tensors], tids, offsets[pos], base)
         on = {type(t.obj).__module__.split(".")[0] for t in self.tensors if t.kind == "cuda" and t.device == device}
         sites = gpu.SiteArrays.from_host(
             offs, tids, self.table, plan.and_mask[pos], plan.or_mask[pos], plan.xor_mask[pos], xp=cupy,

@@ -1,0 +1,80 @@
+"""The faulting flow PyTorch and Keras share (live/act_hooks.Hooks.faulting): the same refusals and the same
+treatment of a target that runs outside a forward of the model, whichever framework hooks it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+import fastflip
+from conftest import require
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
+from fastflip.errors import OptionError, SelectionError
+
+pytestmark = pytest.mark.framework
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def _torch() -> tuple[Any, Callable[[], Any], Callable[[], Any]]:
+    """A small PyTorch net (class ``Net``), a call of the model and a direct call of its ``head`` layer."""
+    torch = require("torch")
+    from act_models import small_net
+
+    model = small_net()
+    return model, lambda: model(torch.randn(2, 3, 8, 8)), lambda: model.head(torch.randn(2, 8 * 8 * 8))
+
+
+def _keras() -> tuple[Any, Callable[[], Any], Callable[[], Any]]:
+    """A small Keras subclassed net (class ``Net``), a call of the model and a direct call of its ``head`` layer."""
+    from test_activations_keras import subclassed_model
+
+    model = subclassed_model()
+    return model, lambda: model(np.zeros((2, 8), np.float32)), lambda: model.head(np.zeros((2, 16), np.float32))
+
+
+FRAMEWORKS = {"torch": _torch, "keras": _keras}
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_fixed_plan_naming_a_missing_layer_is_refused_with_the_model_named(framework: str) -> None:
+    model, forward, _ = FRAMEWORKS[framework]()
+    plan = SiteSpace([TensorRef("nope", "<f4", (3,))]).plan(Sampling(count=1), seed=1)
+    with pytest.raises(SelectionError, match=r"layer 'nope' is not in this Net; its layers: .*head"):
+        with fastflip.injected_activations(model, 1, plan=plan):
+            forward()
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_target_run_outside_a_forward_of_the_model_is_refused(framework: str) -> None:
+    """Calling a selected layer itself (not the model) inside the block, before any forward, is one line that
+    says to call the model; the same block then faults the model's forward as usual."""
+    model, forward, layer_call = FRAMEWORKS[framework]()
+    with pytest.raises(OptionError, match="layer head ran outside a forward of the model itself: call the model"):
+        with fastflip.injected_activations(model, seed=1, count=1, selection=fastflip.Selection(layers=["head"])):
+            layer_call()
+    with fastflip.injected_activations(model, seed=1, count=1, selection=fastflip.Selection(layers=["head"])) as log:
+        forward()
+    assert log.layers == ["head"] and log.forwards == 1 and len(log) == 2  # one site in each of 2 samples
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_forward_numbers_and_empty_blocks(framework: str) -> None:
+    """``forward=`` needs PyTorch's per-forward hooks; a block without a forward of the model is refused."""
+    model, forward, _ = FRAMEWORKS[framework]()
+    sel = fastflip.Selection(layers=["head"])
+    if framework == "keras":
+        with pytest.raises(OptionError, match=r"forward= \(fault one forward of the block\) needs a PyTorch model"):
+            with fastflip.injected_activations(model, seed=1, count=1, forward=0, selection=sel):
+                forward()
+    else:
+        with pytest.raises(OptionError, match=r"forward=1 but the Net ran 1 forward\(s\)"):
+            with fastflip.injected_activations(model, seed=1, count=1, forward=1, selection=sel):
+                forward()
+    with pytest.raises(OptionError, match="the Net never ran a forward inside injected_activations"):
+        with fastflip.injected_activations(model, seed=1, count=1, selection=sel):
+            pass
