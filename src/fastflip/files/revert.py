@@ -97,9 +97,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     lg = load_log(log)
     refuse_dir(file, lg)
     src = check_input(file)
-    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
-    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
-    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line, nothing changed
+    algo, want_in, want_out = hashing.logged_hashes(lg.manifest)  # one line, nothing changed, when unusable here
     regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
