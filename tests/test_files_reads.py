@@ -1,0 +1,79 @@
+"""How often the file writers read, hash and parse a file: counted through a wrapper of ``open`` in the module
+that reads (bytes read from the watched file) or a spy on the one routine that parses. Each writer reads its
+input once; what it writes is unchanged (checked byte for byte or by the frameworks' loaders)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from fastflip import Sampling
+from fastflip.files import filebytes
+from fastflip.files.inject import inject_file
+
+SMP = Sampling(count=6, bits="sign")
+
+
+class _Counted:
+    """A file object that adds what it reads to ``counter["bytes"]``."""
+
+    def __init__(self, fh: Any, counter: dict) -> None:
+        self._fh, self._counter = fh, counter
+
+    def read(self, *a: Any) -> bytes:
+        b = self._fh.read(*a)
+        self._counter["bytes"] += len(b)
+        return b
+
+    def readinto(self, buf: Any) -> int:
+        n = self._fh.readinto(buf)
+        self._counter["bytes"] += n or 0
+        return n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
+
+    def __enter__(self) -> "_Counted":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._fh.close()
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch, module: Any, path: str) -> dict:
+    """Bytes read from ``path`` (and opens of it) through ``open`` in ``module`` from now on."""
+    counter = {"bytes": 0, "opens": 0}
+    real = os.path.realpath(path)
+
+    def counted_open(file: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
+        fh = open(file, mode, *a, **kw)
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == real and "r" in mode:
+            counter["opens"] += 1
+            return _Counted(fh, counter)
+        return fh
+
+    monkeypatch.setattr(module, "open", counted_open, raising=False)
+    return counter
+
+
+def _sha(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def test_direct_in_place_without_a_log_file_hashes_the_file_in_one_read(tmp_path, monkeypatch):
+    src = str(tmp_path / "w.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("w", data=np.arange(1 << 16, dtype="f4"))
+    before, size = _sha(src), os.path.getsize(src)
+    seen = count_reads(monkeypatch, filebytes, src)
+    res = inject_file(src, in_place=True, atomic=False, log_path=False, hash_files=True, hash_algorithm="sha256",
+                      seed=1, sampling=SMP)
+    assert seen["bytes"] == size  # the hash now and the hash it will have, from one read
+    m = res.log.manifest
+    assert m["input"]["hash"] == before and m["output"]["hash"] == _sha(src) != before
