@@ -4,6 +4,7 @@ input once; what it writes is unchanged (checked byte for byte or by the framewo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from typing import Any
@@ -13,8 +14,10 @@ import numpy as np
 import pytest
 
 from fastflip import Sampling
-from fastflip.files import filebytes
+from fastflip.files import filebytes, h5apply
+from fastflip.files.h5apply import copy_apply, route_sites
 from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
 
 SMP = Sampling(count=6, bits="sign")
 
@@ -77,3 +80,32 @@ def test_direct_in_place_without_a_log_file_hashes_the_file_in_one_read(tmp_path
     assert seen["bytes"] == size  # the hash now and the hash it will have, from one read
     m = res.log.manifest
     assert m["input"]["hash"] == before and m["output"]["hash"] == _sha(src) != before
+
+
+@pytest.mark.parametrize("err", [errno.EXDEV, errno.ENOSYS, errno.EINVAL])
+def test_a_refused_kernel_copy_writes_the_held_buffer(tmp_path, monkeypatch, err):
+    """os.copy_file_range refused (another file system, an old kernel): the untouched blocks are written from the
+    buffer already read, not read again; the output is the exact bytes of the buffered copy."""
+    src = str(tmp_path / "a.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("a", data=np.linspace(-2, 2, 1 << 16, dtype="f4"))
+    ref = inject_file(src, str(tmp_path / "ref.h5"), sampling=Sampling(count=3), seed=5, log_path=False)
+    routes = route_sites(src, ref.log.plan, {t.path: t for t in read_layout(src).tensors})
+    refused: list[int] = []
+
+    def refuse(*a: Any) -> int:
+        refused.append(1)
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    preads: list[int] = []
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: preads.append(n) or real_pread(fd, n, at))
+    seen = count_reads(monkeypatch, h5apply, src)
+    out = str(tmp_path / "b.h5")
+    _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
+    assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
+    assert refused == [1]  # refused once: later untouched blocks are not offered to the kernel again
+    assert open(out, "rb").read() == open(str(tmp_path / "ref.h5"), "rb").read()
+    assert h_out == _sha(out)
+    assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
