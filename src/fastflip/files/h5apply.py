@@ -48,6 +48,7 @@ from .fileio import start_writeback
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .h5offsets import chunk_address_base
+from .h5open import open_read_only
 from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
 from .zipmembers import member_words
@@ -68,17 +69,6 @@ def check_storage(tensors: Sequence[Tensor]) -> None:
                 f"{t.path}: virtual dataset (its data lives in other datasets); exclude it (--exclude '{t.path}')")
 
 
-def _open_read_only(path: str) -> Any:
-    """The file's low-level ``FileID``, read-only (a third of the cost of an ``h5py.File`` open and close); a file
-    HDF5 cannot open gets :func:`open_h5`'s one-line error."""
-    from h5py import h5f
-
-    try:
-        return h5f.open(os.fsencode(path), h5f.ACC_RDONLY)
-    except OSError:
-        return open_h5(path).id
-
-
 def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[SiteRoute]:
     """Work out, per tensor of the plan, which sites go the raw way (with their byte offsets)."""
     routes: list[SiteRoute] = []
@@ -89,7 +79,7 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
         import h5py
 
         if not opened:
-            opened.append(_open_read_only(path))
+            opened.append(open_read_only(path))
         return h5py.Dataset(open_dataset(opened[0], t.path))
 
     fsize = os.path.getsize(path)
