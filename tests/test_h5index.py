@@ -226,16 +226,26 @@ def test_tensor_offsets_equal_full_index_and_skip_hdf5_when_warm(h5file):
 
 
 def test_inject_looks_up_only_touched_chunks(tmp_path, monkeypatch):
+    """The layout read walks the chunk index once, for its overlap check (files/h5overlap.py, which holds its own
+    ``walk_chunks``); the inject itself, with the layout known, looks up only the chunks it touches."""
+    from fastflip.files import h5overlap, inject
+
     p = str(tmp_path / "i.h5")
     with h5py.File(p, "w") as f:
         f.create_dataset("w", data=np.arange(50000, dtype="<f4"), chunks=(16,))
     before = np.array(h5py.File(p, "r")["w"][...])
+    walks = []
+    real_walk = h5overlap.walk_chunks
+    monkeypatch.setattr(h5overlap, "walk_chunks", lambda dsid: walks.append(1) or real_walk(dsid))
+    inject.cached_layout(p)
+    assert walks == [1]  # the overlap check of the layout read
 
     def whole_index(*a, **k):
         raise AssertionError("the whole chunk index was walked")
 
     monkeypatch.setattr(h5offsets, "chunk_index", whole_index)
     monkeypatch.setattr(h5index, "walk_chunks", whole_index)
+    monkeypatch.setattr(h5overlap, "walk_chunks", whole_index)
     inject_file(p, in_place=True, atomic=False, seed=3, count=10, log_path=False, hash_files=False)
     after = h5py.File(p, "r")["w"][...]
     assert 1 <= int((before.view("<u4") != after.view("<u4")).sum()) <= 10
