@@ -491,6 +491,8 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
             if in_place:
                 st.drop(tmp)  # already the original: left alone
             else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # what the refused revert wrote there
                 share_copy(path, tmp, True)
         if not in_place:
             copy_tree(root, st.temp(target), set(want), True)
