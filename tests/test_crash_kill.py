@@ -18,13 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
 
-import h5py
 import numpy as np
 import pytest
 
 from conftest import log_hash, require
+from format_builders import write_checkpoint
 from fastflip.files.filebytes import hash_file
 from fastflip.files.revert import revert
 from fastflip.files.sharded import revert_dir
@@ -41,48 +40,24 @@ def _weights() -> dict[str, np.ndarray]:
 
 def _make(fmt: str, d: str) -> str:
     w = _weights()
-    if fmt == "h5":
-        p = os.path.join(d, "orig.h5")
-        with h5py.File(p, "w") as f:
-            for k, v in w.items():
-                f[k.replace(".", "/")] = v
-    elif fmt == "keras":
-        p, inner = os.path.join(d, "orig.keras"), os.path.join(d, "inner.h5")
-        with h5py.File(inner, "w") as f:
-            f["layers/dense/vars/0"], f["layers/dense/vars/1"] = w["layer1.weight"], w["layer1.bias"]
-        with zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            z.writestr("metadata.json", '{"keras_version": "3"}')
-            z.writestr("config.json", '{"class_name": "Sequential"}')
-            z.write(inner, "model.weights.h5")
-    elif fmt == "pt":
-        torch = require("torch")
-        p = os.path.join(d, "orig.pt")
-        torch.save({k: torch.from_numpy(v) for k, v in w.items()}, p)
-    elif fmt == "safetensors":
-        require("safetensors")
-        from safetensors.numpy import save_file
+    if fmt != "sharded":
+        kind = {"h5": "hdf5", "pt": "torch"}.get(fmt, fmt)
+        return write_checkpoint(kind, os.path.join(d, f"orig.{fmt}"), w)
+    require("safetensors")
+    from safetensors.numpy import save_file
 
-        p = os.path.join(d, "orig.safetensors")
-        save_file(w, p)
-    elif fmt == "sharded":
-        require("safetensors")
-        from safetensors.numpy import save_file
-
-        p = os.path.join(d, "orig")
-        os.makedirs(p)
-        weight_map = {}
-        for k in range(1, 4):
-            shard = f"model-{k:05d}-of-00003.safetensors"
-            part = {f"layer{k}.{n}": v for n, v in (("weight", w["layer1.weight"] * k), ("bias", w["layer1.bias"]))}
-            save_file(part, os.path.join(p, shard))
-            weight_map.update(dict.fromkeys(part, shard))
-        with open(os.path.join(p, "model.safetensors.index.json"), "w") as fh:
-            json.dump({"metadata": {}, "weight_map": weight_map}, fh)
-        with open(os.path.join(p, "config.json"), "w") as fh:
-            fh.write("{}")
-    else:
-        p = os.path.join(d, "orig.npz")
-        np.savez(p, **w)
+    p = os.path.join(d, "orig")
+    os.makedirs(p)
+    weight_map = {}
+    for k in range(1, 4):
+        shard = f"model-{k:05d}-of-00003.safetensors"
+        part = {f"layer{k}.{n}": v for n, v in (("weight", w["layer1.weight"] * k), ("bias", w["layer1.bias"]))}
+        save_file(part, os.path.join(p, shard))
+        weight_map.update(dict.fromkeys(part, shard))
+    with open(os.path.join(p, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"metadata": {}, "weight_map": weight_map}, fh)
+    with open(os.path.join(p, "config.json"), "w") as fh:
+        fh.write("{}")
     return p
 
 

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import require
+from format_builders import EXTENSION, write_checkpoint
 from fastflip import Sampling
 from fastflip.cli import main
 from fastflip.errors import LogMismatchError
@@ -44,23 +44,9 @@ def _make(fmt, d):
     if fmt == "hdf5":
         return _h5(d / "m.h5")
     if fmt == "hdf5-gzip":
-        p = str(d / "m.h5")
-        with h5py.File(p, "w") as f:
-            f.create_dataset("g", data=_noise(), chunks=(64, 64), compression="gzip")
-        return p
-    w = np.linspace(-3, 3, 4096, dtype="f4")
-    if fmt == "safetensors":
-        require("safetensors")
-        from safetensors.numpy import save_file
-
-        save_file({"w": w}, str(d / "m.safetensors"))
-        return str(d / "m.safetensors")
-    if fmt == "npz":
-        np.savez_compressed(d / "m.npz", w=w)
-        return str(d / "m.npz")
-    torch = require("torch")
-    torch.save({"w": torch.from_numpy(w)}, d / "m.pt")
-    return str(d / "m.pt")
+        return write_checkpoint("hdf5", d / "m.h5", {"g": _noise()}, chunks=(64, 64), compression="gzip")
+    w = {"w": np.linspace(-3, 3, 4096, dtype="f4")}
+    return write_checkpoint(fmt, d / f"m.{EXTENSION[fmt]}", w, compressed=True)
 
 
 def _bytes(p):

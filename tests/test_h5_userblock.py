@@ -8,7 +8,6 @@ newer HDF5 the ``old-hdf5`` cases make the chunk queries answer as the old one d
 
 from __future__ import annotations
 
-import contextlib
 import types
 import warnings
 
@@ -74,21 +73,12 @@ def _simulate_old_hdf5(monkeypatch, how: str = "h5py") -> None:
         monkeypatch.setattr(h5index, "_ABSOLUTE", False)
         return
     monkeypatch.setenv("FASTFLIP_H5_NATIVE", "0")
-    real_open = h5chunks.open_h5
+    real_open = h5chunks.open_dataset
 
-    @contextlib.contextmanager
-    def old_open(path):
-        with real_open(path) as f:
-            ub = f.id.get_create_plist().get_userblock()
+    def old_open(fid, path):
+        return _OldChunkQueries(real_open(fid, path), fid.get_create_plist().get_userblock())
 
-            class File:
-                def __getitem__(self, key):
-                    ds = f[key]
-                    return types.SimpleNamespace(id=_OldChunkQueries(ds.id, ub), file=ds.file, name=ds.name)
-
-            yield File()
-
-    monkeypatch.setattr(h5chunks, "open_h5", old_open)
+    monkeypatch.setattr(h5chunks, "open_dataset", old_open)
 
 
 @pytest.mark.parametrize("old", [None, "h5py", "native"], ids=["this-hdf5", "old-hdf5-h5py", "old-hdf5-native"])

@@ -226,19 +226,74 @@ def test_tensor_offsets_equal_full_index_and_skip_hdf5_when_warm(h5file):
 
 
 def test_inject_looks_up_only_touched_chunks(tmp_path, monkeypatch):
+    """The layout read walks the chunk index once, for its overlap check (files/h5overlap.py, which holds its own
+    ``walk_chunks``); the inject itself, with the layout known, looks up only the chunks it touches."""
+    from fastflip.files import h5overlap, inject
+
     p = str(tmp_path / "i.h5")
     with h5py.File(p, "w") as f:
         f.create_dataset("w", data=np.arange(50000, dtype="<f4"), chunks=(16,))
     before = np.array(h5py.File(p, "r")["w"][...])
+    walks = []
+    real_walk = h5overlap.walk_chunks
+    monkeypatch.setattr(h5overlap, "walk_chunks", lambda dsid: walks.append(1) or real_walk(dsid))
+    inject.cached_layout(p)
+    assert walks == [1]  # the overlap check of the layout read
 
     def whole_index(*a, **k):
         raise AssertionError("the whole chunk index was walked")
 
     monkeypatch.setattr(h5offsets, "chunk_index", whole_index)
     monkeypatch.setattr(h5index, "walk_chunks", whole_index)
+    monkeypatch.setattr(h5overlap, "walk_chunks", whole_index)
     inject_file(p, in_place=True, atomic=False, seed=3, count=10, log_path=False, hash_files=False)
     after = h5py.File(p, "r")["w"][...]
     assert 1 <= int((before.view("<u4") != after.view("<u4")).sum()) <= 10
+
+
+def test_filtered_chunk_patches_from_the_touched_chunks_routine_without_an_h5py_file(tmp_path, monkeypatch):
+    """Filtered chunks: the touched chunks and each site's place in its chunk come from h5index's one routine
+    (``touched_chunks``), the sites are grouped by chunk by one sort, and the file is opened at HDF5's low level
+    (no ``h5py.File``); the patched bytes are the flips h5py reads, word for word."""
+    from fastflip.core.wordrule import new_words
+    from fastflip.files import h5chunks
+    from fastflip.files.h5apply import route_sites
+
+    p, out = str(tmp_path / "g.h5"), str(tmp_path / "o.h5")
+    a = np.random.default_rng(5).integers(0, 4, (60, 50)).astype("<f4")  # compressible: the chunks re-encode
+    with h5py.File(p, "w") as f:
+        f.create_dataset("w", data=a, chunks=(7, 9), compression="gzip", compression_opts=1)
+    plan = inject_file(p, out, seed=2, count=200, bits="sign", log_path=False).log.plan  # several sites a chunk
+    routes = route_sites(p, plan, {t.path: t for t in read_layout(p).tensors})
+    grids, files = [], []
+    real_touched = h5chunks.touched_chunks
+    monkeypatch.setattr(h5chunks, "touched_chunks", lambda *x: grids.append(x[:2]) or real_touched(*x))
+
+    class Counted(h5py.File):
+        def __init__(self, *x, **k):
+            files.append(x[0])
+            super().__init__(*x, **k)
+
+    monkeypatch.setattr(h5py, "File", Counted)
+    cp = h5chunks.chunk_patches(p, plan, routes)
+    monkeypatch.undo()
+    assert files == [] and grids == [((60, 50), (7, 9))]
+    assert cp.chunks == len(cp.patches) >= 40 and len(set(cp.handled.tolist())) == len(cp.handled) >= 150
+    want_old = a.reshape(-1).view("<u4")[plan.index[cp.handled]].astype(np.uint64)
+    np.testing.assert_array_equal(cp.old, want_old)
+    h = cp.handled
+    np.testing.assert_array_equal(cp.new, new_words(want_old, plan.and_mask[h], plan.or_mask[h], plan.xor_mask[h],
+                                                    None, np.dtype("<f4")))
+    data = bytearray(open(p, "rb").read())
+    for off, old, new in cp.patches:
+        assert data[off:off + len(old)] == old
+        data[off:off + len(new)] = new
+    with open(out, "wb") as fh:
+        fh.write(data)
+    expect = a.reshape(-1).view("<u4").copy()
+    expect[plan.index[h]] = cp.new.astype("<u4")  # (sites h5py would handle stay old in this copy)
+    with h5py.File(out, "r") as f:
+        np.testing.assert_array_equal(f["w"][...].reshape(-1).view("<u4"), expect)
 
 
 def test_in_place_flips_keep_the_cached_layout(tmp_path, monkeypatch):

@@ -92,6 +92,25 @@ def test_log_naming_a_missing_algorithm_is_one_line(h5, tmp_path):
         inject_file(h5, str(tmp_path / "p.h5"), seed=1, sampling=SMP, hash_algorithm="md4")
 
 
+def test_revert_and_replay_read_the_logged_hashes_through_one_routine(h5, tmp_path, test_algo, monkeypatch):
+    """An output entry hashed with another algorithm than the input's is refused by revert and by replay alike,
+    through :func:`hashing.logged_hashes`, with nothing written."""
+    out = str(tmp_path / "o.h5")
+    res = inject_file(h5, out, seed=4, sampling=SMP, hash_algorithm="sha256")
+    before = open(out, "rb").read()
+    m = dict(res.log.manifest, output=hashing.file_entry(out, _md5(out), test_algo))
+    mixed = InjectionLog(m, res.log.plan, res.log.old_words, res.log.new_words, res.log.undo)
+    calls = []
+    real = hashing.logged_hashes
+    monkeypatch.setattr(hashing, "logged_hashes", lambda man: calls.append(1) or real(man))
+    with pytest.raises(LogMismatchError, match="input is hashed with 'sha256' but its output with 'test-md5'"):
+        revert(mixed, out)
+    with pytest.raises(LogMismatchError, match="input is hashed with 'sha256' but its output with 'test-md5'"):
+        replay(mixed, h5, str(tmp_path / "again.h5"))
+    assert calls == [1, 1]
+    assert open(out, "rb").read() == before and not os.path.exists(tmp_path / "again.h5")
+
+
 def test_damaged_hash_fields_are_refused(h5, tmp_path):
     from fastflip.files.logcheck import validate_log
 

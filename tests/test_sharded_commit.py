@@ -267,6 +267,40 @@ def test_revert_hashes_the_shards_bytes_not_the_cache(src, cache):
     assert out.sites == 60 and shards(src) == original
 
 
+@pytest.mark.parametrize("in_place", [True, False])
+def test_revert_stages_each_shard_once(src, tmp_path, monkeypatch, in_place):
+    """Each restored shard is written to one temporary (beside it in place, in the staged folder otherwise), which
+    the directory's commit fsyncs and renames: no second temporary per shard."""
+    import tempfile
+
+    original = shards(src)
+    res = inject_dir(src, in_place=True, seed=3, sampling=EVERY_SHARD)
+    made: list = []
+    real = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **kw: made.append(kw.get("prefix")) or real(*a, **kw))
+    back = src if in_place else str(tmp_path / "back")
+    out = revert_dir(res.log_path, src, None if in_place else back)
+    assert out.sites == 60 and shards(back) == original
+    touched = sorted(res.log.manifest["checkpoint_dir"]["shards"])
+    assert len(touched) == 3
+    assert len(made) == (len(touched) if in_place else 0)  # the output folder is one mkdtemp
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_revert_of_a_partly_committed_directory(src, tmp_path, in_place):
+    """A shard already at its logged input (a kill between the commit's renames) is carried as it is, in place or
+    into an output directory, and the others are restored."""
+    original = shards(src)
+    res = inject_dir(src, in_place=True, seed=3, sampling=EVERY_SHARD)
+    first = sorted(res.log.manifest["checkpoint_dir"]["shards"])[0]
+    with open(os.path.join(src, first), "wb") as fh:  # as if its rename never happened
+        fh.write(original[first])
+    back = src if in_place else str(tmp_path / "back")
+    out = revert_dir(res.log_path, src, None if in_place else back)
+    assert out.sites == 60 - res.log.manifest["checkpoint_dir"]["shards"][first]["sites"]
+    assert shards(back) == original
+
+
 @pytest.mark.parametrize("held", ["model-00002-of-00003.safetensors", INDEX])
 def test_in_place_writers_lock_the_whole_checkpoint(src, tmp_path, held):
     res = inject_dir(src, str(tmp_path / "out"), seed=3, sampling=EVERY_SHARD)

@@ -15,7 +15,8 @@ Two paths, chosen per site, giving identical words (tested):
   again and written by a helper thread while the next block is read — no page
   faults on a mapped file and one read of the input. A block no site or patch
   touches is copied file to file in the kernel (``os.copy_file_range``) instead of
-  written from the buffer.
+  written from the buffer; where the kernel refuses (another file system), the
+  buffer already read is written: the input is still read once.
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -47,6 +48,7 @@ from .fileio import start_writeback
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .h5offsets import chunk_address_base
+from .h5open import open_read_only
 from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
 from .zipmembers import member_words
@@ -67,17 +69,6 @@ def check_storage(tensors: Sequence[Tensor]) -> None:
                 f"{t.path}: virtual dataset (its data lives in other datasets); exclude it (--exclude '{t.path}')")
 
 
-def _open_read_only(path: str) -> Any:
-    """The file's low-level ``FileID``, read-only (a third of the cost of an ``h5py.File`` open and close); a file
-    HDF5 cannot open gets :func:`open_h5`'s one-line error."""
-    from h5py import h5f
-
-    try:
-        return h5f.open(os.fsencode(path), h5f.ACC_RDONLY)
-    except OSError:
-        return open_h5(path).id
-
-
 def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[SiteRoute]:
     """Work out, per tensor of the plan, which sites go the raw way (with their byte offsets)."""
     routes: list[SiteRoute] = []
@@ -88,7 +79,7 @@ def route_sites(path: str, plan: Plan, tensors: Mapping[str, Tensor]) -> list[Si
         import h5py
 
         if not opened:
-            opened.append(_open_read_only(path))
+            opened.append(open_read_only(path))
         return h5py.Dataset(open_dataset(opened[0], t.path))
 
     fsize = os.path.getsize(path)
@@ -433,8 +424,14 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
             for chunk in pieces:
                 fout.write(chunk)
 
-        def copy_span(at: int, n: int) -> None:
-            _copy_range(fin.fileno(), fout.fileno(), at, n)
+        refused: list[bool] = []  # the kernel refused a copy (another file system...): the held buffer is written
+
+        def copy_span(at: int, held: memoryview) -> None:
+            n = len(held)
+            done = 0 if refused else _copy_range(fin.fileno(), fout.fileno(), at, n)
+            if done < n:
+                refused.append(True)
+                _write_at(fout, at + done, [held[done:]])
             if writeback:
                 start_writeback(fout.fileno(), at, n)
 
@@ -466,7 +463,7 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 lo = hi
             pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
             if in_kernel and not touched and not ((pstart < end) & (pend > base)).any():
-                out = writer.submit(copy_span, base, got)
+                out = writer.submit(copy_span, base, view[:got])
             else:
                 if in_kernel:
                     out = writer.submit(write_span, base, pieces)
@@ -490,9 +487,10 @@ def _kernel_copy_ok(splice: np.ndarray) -> bool:
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
-def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> None:
-    """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another, in the kernel where it can
-    (``os.copy_file_range``), else (another file system, an old kernel) through a buffer."""
+def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> int:
+    """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another in the kernel
+    (``os.copy_file_range``); the bytes copied before the kernel refused (another file system, an old kernel):
+    ``n`` when it never did. The caller writes the rest from the buffer that holds them."""
     done = 0
     while done < n:
         try:
@@ -500,10 +498,11 @@ def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> None:
         except OSError as exc:
             if exc.errno not in _NO_KERNEL_COPY:
                 raise
-            got = os.pwrite(fd_out, os.pread(fd_in, min(n - done, _BLOCK), at + done), at + done)
+            return done
         if not got:
             raise OSError(errno.EIO, f"the input ended {n - done} bytes early while it was copied")
         done += got
+    return done
 
 
 def _write_at(fout: Any, at: int, pieces: list[Any]) -> None:

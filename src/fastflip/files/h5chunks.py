@@ -48,9 +48,10 @@ from ..core.dtypes import from_words, to_words, word_type
 from ..errors import UnsupportedStorageError
 from ..core.wordrule import new_words_for
 from .formats.deflatefit import deflate_exact
-from .h5index import lookup_chunks
-from .h5offsets import chunk_address_base
-from .layout import open_h5
+from .h5index import touched_chunks, lookup_chunks
+from .h5offsets import file_address_base
+from .h5open import open_read_only
+from .layout import open_dataset
 from .routes import ChunkPatches, SiteRoute
 from ..core.plan import Plan
 
@@ -111,7 +112,7 @@ def unshuffle(data: bytes, itemsize: int) -> bytes:
 def _say(reason: str) -> None:
     if reason not in _SAID:
         _SAID.add(reason)
-        warnings.warn(f"fastflip: {reason}; those chunks go through h5py (whole-chunk read-modify-write)", stacklevel=3)
+        warnings.warn(f"fastflip: {reason}; those chunks go through h5py (whole-chunk read-modify-write)", stacklevel=4)
 
 
 def check_filters_available(dsid: Any, name: str) -> None:
@@ -240,68 +241,69 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
         A filter this HDF5 cannot apply, or a chunk whose fletcher32 checksum fails.
     """
     out = ChunkPatches()
-    handled: list[np.ndarray] = []
-    olds: list[np.ndarray] = []
-    news: list[np.ndarray] = []
     todo = [r for r in routes if (r.offsets < 0).any()]
     if not todo:
         return out
-    with open_h5(path) as f, open(path, "rb") as fh:
-        for r in todo:
-            t = r.tensor
-            ds = f[t.path]
-            check_filters_available(ds.id, t.path)
-            if t.storage != "filtered":
-                continue
-            pipe = _pipeline(ds.id, t.itemsize, f"{path}: {t.path}")
-            if pipe is None:
-                _say(f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
-                continue
-            sel = np.flatnonzero(r.offsets < 0)
-            pos = r.positions[sel]
-            idx = plan.index[pos]
-            chunks = np.asarray(t.chunks, np.int64)
-            coords = np.stack(np.unravel_index(idx, t.shape), axis=1).astype(np.int64)
-            corner = coords // chunks * chunks
-            within = np.ravel_multi_index(tuple((coords - corner).T), tuple(int(c) for c in t.chunks))
-            nbytes = int(np.prod(chunks)) * t.itemsize
-            keys, inv = np.unique(corner, axis=0, return_inverse=True)
-            inv = inv.reshape(-1)
-            base = chunk_address_base(ds)
-            addrs, sizes, masks = lookup_chunks(ds.id, keys)  # the touched chunks only, in C (files/h5index.py)
-            for k, c0 in enumerate(keys):
-                at = np.flatnonzero(inv == k)
-                info = _ChunkInfo(int(addrs[k]) if addrs[k] >= 0 else None, int(sizes[k]), int(masks[k]))
-                if info.byte_offset is None or info.size == 0:
-                    continue  # never written: h5py allocates it
-                if info.filter_mask:
-                    _say("chunks stored with a filter skipped cannot be re-encoded in place")
-                    continue
-                address = int(info.byte_offset) + base
-                fh.seek(address)
-                raw = fh.read(info.size)
-                where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
-                if len(raw) != info.size:
-                    raise UnsupportedStorageError(f"{where}: the chunk index puts it past the end of the file "
-                                                  "(damaged or truncated HDF5 file); nothing was written")
-                streams: dict[int, bytes] = {}
-                buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where, streams))
-                arr = np.frombuffer(buf, t.dtype)
-                old = to_words(arr[within[at]]).astype(np.uint64)
-                new = new_words_for(old, plan, pos[at], word_type(t.dtype, t.format))
-                arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
-                enc = _encode(bytes(buf), pipe, t.itemsize, info.size, streams)
-                if enc is None:
-                    _say("a re-encoded chunk would not fit in its stored size")
-                    continue
-                out.patches.append((address, raw, enc))
-                handled.append(pos[at])
-                olds.append(old)
-                news.append(new)
-                out.chunks += 1
-    if handled:
-        out.handled = np.concatenate(handled)
-        out.old = np.concatenate(olds)
-        out.new = np.concatenate(news)
-    out.patches.sort()
+    found: list[tuple[tuple[int, bytes, bytes], np.ndarray, np.ndarray, np.ndarray]] = []
+    fid = open_read_only(path)  # the low-level file: no h5py.File to build and close
+    try:
+        with open(path, "rb") as fh:
+            for r in todo:
+                found += _tensor_patches(path, fid, fh, plan, r)
+    finally:
+        fid.close()
+    if found:
+        out.patches = sorted(f[0] for f in found)
+        out.handled, out.old, out.new = (np.concatenate([f[i] for f in found]) for i in (1, 2, 3))
+        out.chunks = len(found)
+    return out
+
+
+def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute
+                    ) -> list[tuple[tuple[int, bytes, bytes], np.ndarray, np.ndarray, np.ndarray]]:
+    """[(patch, plan positions, old words, new words)] per touched chunk of one tensor that fastflip re-encodes
+    at its size (the tensor's other chunks, or all of them, go through h5py)."""
+    t = r.tensor
+    dsid = open_dataset(fid, t.path)
+    check_filters_available(dsid, t.path)
+    if t.storage != "filtered":
+        return []
+    pipe = _pipeline(dsid, t.itemsize, f"{path}: {t.path}")
+    if pipe is None:
+        _say(f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
+        return []
+    pos = r.positions[np.flatnonzero(r.offsets < 0)]
+    keys, within, inv = touched_chunks(t.shape, t.chunks, plan.index[pos])  # (files/h5index.py)
+    order = np.argsort(inv, kind="stable")  # the sites grouped by chunk, in plan order within each
+    bounds = np.searchsorted(inv[order], np.arange(len(keys) + 1))
+    nbytes = int(np.prod(np.asarray(t.chunks, np.int64))) * t.itemsize
+    base = file_address_base(fid)
+    addrs, sizes, masks = lookup_chunks(dsid, keys)  # the touched chunks only, in C (files/h5index.py)
+    out = []
+    for k, c0 in enumerate(keys):
+        at = order[bounds[k] : bounds[k + 1]]
+        info = _ChunkInfo(int(addrs[k]) if addrs[k] >= 0 else None, int(sizes[k]), int(masks[k]))
+        if info.byte_offset is None or info.size == 0:
+            continue  # never written: h5py allocates it
+        if info.filter_mask:
+            _say("chunks stored with a filter skipped cannot be re-encoded in place")
+            continue
+        address = int(info.byte_offset) + base
+        fh.seek(address)
+        raw = fh.read(info.size)
+        where = f"{path}: {t.path} chunk at {tuple(int(x) for x in c0)}"
+        if len(raw) != info.size:
+            raise UnsupportedStorageError(f"{where}: the chunk index puts it past the end of the file "
+                                          "(damaged or truncated HDF5 file); nothing was written")
+        streams: dict[int, bytes] = {}
+        buf = bytearray(_decode(raw, pipe, t.itemsize, nbytes, where, streams))
+        arr = np.frombuffer(buf, t.dtype)
+        old = to_words(arr[within[at]]).astype(np.uint64)
+        new = new_words_for(old, plan, pos[at], word_type(t.dtype, t.format))
+        arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
+        enc = _encode(bytes(buf), pipe, t.itemsize, info.size, streams)
+        if enc is None:
+            _say("a re-encoded chunk would not fit in its stored size")
+            continue
+        out.append(((address, raw, enc), pos[at], old, new))
     return out

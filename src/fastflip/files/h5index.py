@@ -42,7 +42,7 @@ import numpy as np
 from ..errors import NotHDF5Error
 
 __all__ = ["native_available", "lookup_chunks", "walk_chunks", "object_info", "element_offsets",
-           "tensor_element_offsets", "chunk_grid", "IndexLocation"]
+           "tensor_element_offsets", "chunk_grid", "touched_chunks", "IndexLocation"]
 
 try:
     from ..kernels import _h5chunks  # ext/_h5chunks.pyx; without it, h5py per chunk
@@ -369,7 +369,7 @@ def tensor_element_offsets(path: str, tensor: Any, flat: np.ndarray, open_datase
         object.__setattr__(tensor, "_h5index_location", loc)  # (not a field: equality and hashing ignore it)
     touched = None
     if loc:
-        touched = _touched_chunks(tensor.shape, tensor.chunks, flat)
+        touched = touched_chunks(tensor.shape, tensor.chunks, flat)
         fd = os.open(path, os.O_RDONLY)
         try:
             addr = _read_index(fd, loc, touched[0])[0]
@@ -397,7 +397,7 @@ def chunk_grid(shape: tuple[int, ...], chunks: tuple[int, ...]) -> tuple[int, ..
 Touched = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def _touched_chunks(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarray) -> Touched:
+def touched_chunks(shape: tuple[int, ...], chunks: tuple[int, ...], flat: np.ndarray) -> Touched:
     """(corners (int64, (chunks touched, rank), C-contiguous) of the touched chunks in C grid order, each
     element's position in its chunk, element → touched chunk), from one computation of the chunk grid."""
     flat = np.asarray(flat, np.int64)
@@ -430,5 +430,5 @@ def element_offsets(dsid: Any, shape: tuple[int, ...], chunks: tuple[int, ...], 
     flat = np.asarray(flat, np.int64)
     if flat.size == 0:
         return np.empty(flat.shape, np.int64)
-    touched = _touched_chunks(shape, chunks, flat)
+    touched = touched_chunks(shape, chunks, flat)
     return _element_addresses(lookup_chunks(dsid, touched[0])[0], touched, itemsize, base)

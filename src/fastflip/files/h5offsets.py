@@ -31,7 +31,7 @@ from ..errors import IndexRangeError, NotHDF5Error, UnsupportedStorageError
 from .h5index import chunk_grid, walk_chunks
 from .h5open import open_h5
 
-__all__ = ["ChunkIndex", "chunk_index", "chunk_address_base", "element_byte_offsets"]
+__all__ = ["ChunkIndex", "chunk_index", "chunk_address_base", "file_address_base", "element_byte_offsets"]
 
 
 _DENSE_MAX = 1 << 24  # chunk-grid cells held as a dense offset table (128 MiB); larger grids use a lookup
@@ -113,11 +113,16 @@ def chunk_address_base(dset: Any) -> int:
     Before HDF5 1.14.4, those calls gave addresses relative to the base address, i.e. without the
     user block (HDFGroup/hdf5 PR 4236); later versions give absolute ones.
     """
+    return file_address_base(dset.file.id)
+
+
+def file_address_base(fid: Any) -> int:
+    """:func:`chunk_address_base` of every dataset of the file whose low-level ``FileID`` is ``fid``."""
     import h5py
 
     if h5py.version.hdf5_version_tuple >= (1, 14, 4):
         return 0
-    return int(dset.file.id.get_create_plist().get_userblock())
+    return int(fid.get_create_plist().get_userblock())
 
 
 def chunk_index(file_or_dset: Any, tensor: Tensor | None = None) -> ChunkIndex:

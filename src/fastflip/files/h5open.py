@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import InputFileError, NotHDF5Error
 
-__all__ = ["open_h5"]
+__all__ = ["open_h5", "open_read_only"]
 
 
 def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
@@ -58,3 +58,14 @@ def open_h5(path: str | os.PathLike[str], mode: str = "r") -> Any:
                 "(HDF5_USE_FILE_LOCKING=FALSE disables locking on file systems without it)"
             ) from None
         raise NotHDF5Error(f"{p}: truncated or damaged HDF5 file ({first})") from None
+
+
+def open_read_only(path: str) -> Any:
+    """The file's low-level ``FileID``, read-only (a third of the cost of an ``h5py.File`` open and close); a file
+    HDF5 cannot open gets :func:`open_h5`'s one-line error. The caller closes it."""
+    from h5py import h5f
+
+    try:
+        return h5f.open(os.fsencode(path), h5f.ACC_RDONLY)
+    except OSError:
+        return open_h5(path).id

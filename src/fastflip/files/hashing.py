@@ -37,10 +37,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ..errors import MissingExtraError, OptionError
+from ..errors import LogMismatchError, MissingExtraError, OptionError
 
 __all__ = ["Hasher", "Algorithm", "ENV", "register", "unregister", "algorithm", "available", "default_algorithm",
-           "new", "check_digest", "known", "file_entry", "logged_hash"]
+           "new", "check_digest", "known", "file_entry", "logged_hash", "logged_hashes"]
 
 ENV = "FASTFLIP_HASH"
 
@@ -184,3 +184,29 @@ def logged_hash(entry: Any) -> tuple[str, str | None]:
     if "hash_algorithm" in entry:
         return str(entry["hash_algorithm"]), entry.get("hash")
     return "sha256", entry.get("sha256")
+
+
+def logged_hashes(manifest: Any) -> tuple[str, str | None, str | None]:
+    """(algorithm, input digest, output digest) of a log's manifest, for ``revert`` and ``replay``.
+
+    The algorithm is checked to be available here (one line before anything is read); an output entry
+    hashed with another algorithm than the input's is refused.
+
+    >>> logged_hashes({"input": {"sha256": "ab"}, "output": {"sha256": "cd"}})
+    ('sha256', 'ab', 'cd')
+
+    Raises
+    ------
+    LogMismatchError
+        The input and output entries name different algorithms.
+    OptionError, MissingExtraError
+        The algorithm is unknown, or its package is not installed.
+    """
+    m = manifest if isinstance(manifest, dict) else {}
+    algo, want_in = logged_hash(m.get("input"))
+    out_algo, want_out = logged_hash(m.get("output"))
+    if want_out is not None and out_algo != algo:
+        raise LogMismatchError(f"the log's input is hashed with {algo!r:.40} but its output with {out_algo!r:.40}; "
+                               "give the log the injection wrote")
+    algorithm(algo)
+    return algo, want_in, want_out

@@ -7,9 +7,10 @@ or chunks/members re-encoded at their size. With a log file, every byte to be wr
 (the sites' old and new words, zip CRC fields, re-encoded chunks), the file's hash now and the hash it will
 have are taken from one read, the log (with the undo bytes) is committed, and only then are the words
 written — in one section with SIGINT/SIGTERM deferred. Without a log file there is no evidence to order, and
-the words are simply written. With ``hash_files="regions"`` the log holds, instead of whole-file hashes, every
-byte range written (old and new bytes) and a fingerprint (:mod:`fastflip.files.fingerprint`): the cost follows
-the flips. Used by :func:`fastflip.files.inject.inject_file`.
+the words are simply written (with ``hash_files=True`` both hashes still come from one read). With
+``hash_files="regions"`` the log holds, instead of whole-file hashes, every byte range written (old and new
+bytes) and a fingerprint (:mod:`fastflip.files.fingerprint`): the cost follows the flips. Used by
+:func:`fastflip.files.inject.inject_file`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..errors import LogMismatchError
-from .filebytes import hash_file, hash_with_patches
+from .filebytes import hash_with_patches
 from .fileio import Staging, deferred_signals
 from .fingerprint import fingerprints
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
@@ -34,9 +35,13 @@ __all__ = ["write_in_place", "write_unlogged"]
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
                     backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place with no log file: apply, then describe (the log stays in memory)."""
-    hash_files = hash_files is True  # no log file: nothing for a fingerprint ("regions") to guard
-    in_hash = hash_file(src, algorithm, cache=False) if hash_files else None
+    """Non-atomic in place with no log file (the log stays in memory).
+
+    With ``hash_files=True`` the file's hash now and the hash it will have come from one read, as in
+    :func:`write_in_place` (with nothing staged to commit first); otherwise the plan is applied, then described
+    (a fingerprint, ``"regions"``, would guard nothing without a log file)."""
+    if hash_files is True:
+        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, True, finish, Staging(), algorithm)
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
     crcs = crc_patches(src, routes, old, new) if zipped else []
@@ -45,8 +50,7 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         old[cp.handled], new[cp.handled] = cp.old, cp.new
         write_patches(src, cp.patches)
         undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
-    out_hash = hash_file(src, algorithm, cache=False) if hash_files else None
-    return in_hash, out_hash, old, new, finish(in_hash, out_hash, old, new, undo)
+    return None, None, old, new, finish(None, None, old, new, undo)
 
 
 def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,

@@ -65,10 +65,8 @@ def replay(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
 
 def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_path: Any, overwrite: bool,
                    inputs: list[str]) -> InjectionResult:
-    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
+    algo, want_in, want_out = hashing.logged_hashes(lg.manifest)  # one line before anything is read
     target = output_target(src, out, in_place, overwrite, inputs)
-    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
-    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line before anything is read
     new_lp = None if log_path in (None, False) else log_target(
         default_log_path(target) if log_path is True else os.fspath(log_path), src, target, inputs)
 

@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -36,7 +37,7 @@ from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
 from .patches import crc_patches, is_zip_container, revert_patches, write_patches
 
-__all__ = ["RevertResult", "revert", "revert_archive"]
+__all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
 
 
 @dataclass
@@ -97,18 +98,14 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     lg = load_log(log)
     refuse_dir(file, lg)
     src = check_input(file)
-    algo, want_in = hashing.logged_hash(lg.manifest.get("input"))
-    want_out = hashing.logged_hash(lg.manifest.get("output"))[1]
-    hashing.algorithm(algo)  # a log naming an algorithm this installation lacks: one line, nothing changed
+    algo, want_in, want_out = hashing.logged_hashes(lg.manifest)  # one line, nothing changed, when unusable here
     regions = lg.manifest.get("evidence") == "regions" and not (want_in and want_out)
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
             revert_regions(lg, src, target, direct=out is None and atomic is not True)
         return RevertResult(target, "", len(lg.plan), True, algo, evidence="regions")
-    if verify and not (want_in and want_out):
-        raise LogMismatchError(f"{src}: the log holds no hash of the original, so a revert cannot be verified; "
-                               "give --no-verify (verify=False) to revert without that check")
+    _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
 
         res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
@@ -121,9 +118,42 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     return res
 
 
+def _require_hashes(src: str, verify: bool, want_in: str | None, want_out: str | None) -> None:
+    """Refuse (``verify``) a log that holds no hashes to verify a revert with."""
+    if verify and not (want_in and want_out):
+        raise LogMismatchError(f"{src}: the log holds no hash of the original, so a revert cannot be verified; "
+                               "give --no-verify (verify=False) to revert without that check")
+
+
+def revert_into(log: InjectionLog, file: str, tmp: str, *, verify: bool = True) -> RevertResult:
+    """Write ``file`` reverted by the single-file ``log`` into ``tmp``, a temporary the caller staged.
+
+    For a writer that commits several files together (a checkpoint directory's shards,
+    :func:`fastflip.files.sharded.revert_dir`): the caller's :class:`fastflip.files.fileio.Staging` fsyncs
+    ``tmp`` and renames it into place; no temporary or fsync of its own. ``file`` is read, never changed, and
+    checked as :func:`revert` checks it (``result.output`` is ``tmp``).
+
+    Raises
+    ------
+    LogMismatchError
+        As :func:`revert`; ``tmp`` may then hold partial bytes (the caller's staging removes it).
+    """
+    algo, want_in, want_out = hashing.logged_hashes(log.manifest)
+    _require_hashes(file, verify, want_in, want_out)
+    res = _revert_locked(log, check_input(file), None, True, True, [], want_in, want_out, algo, into=tmp)
+    res.verified = bool(want_in and want_out)
+    return res
+
+
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
-                   want_in: str | None, want_out: str | None, algo: str = "sha256") -> RevertResult:
-    target = _revert_target(src, out, overwrite, inputs)
+                   want_in: str | None, want_out: str | None, algo: str = "sha256", into: str | None = None
+                   ) -> RevertResult:
+    """Revert ``src`` by ``lg`` into the checked target (``out``; ``src`` itself when None), or into the caller's
+    staged temporary ``into``."""
+    target = _revert_target(src, out, overwrite, inputs) if into is None else into
+
+    def output() -> Any:  # where the restored bytes are written before they become ``target``
+        return atomic_output(target) if into is None else contextlib.nullcontext(into)
     layout = read_layout(src)
     by_name = {t.path: t for t in layout.tensors}
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
@@ -161,7 +191,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
                 write_patches(src, patches)
                 fsync_path(src)
         else:
-            with atomic_output(target) as tmp:
+            with output() as tmp:
                 now, after = hash_with_patches(src, patches, algo, copy_to=tmp)
                 check(tmp, now)
                 predicted(after)
@@ -171,7 +201,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
         check(src, hash_file(src, algo, cache=False))  # the file about to be rewritten: its bytes, read now
         digest = restore(src)
     else:
-        with atomic_output(target) as tmp:
+        with output() as tmp:
             check(tmp, copy_with_hash(src, tmp, algo))  # the file is read once: hashed while copied
             digest = restore(tmp)
     return RevertResult(target, digest, len(lg.plan), algorithm=algo)

@@ -95,7 +95,7 @@ from .outputs import default_log_path
 from .patches import crc_patches, is_zip_container, write_patches
 from .sharecopy import copy_tree, share_copy
 from .paths import resolve_output
-from .revert import RevertResult, revert
+from .revert import RevertResult, revert_into
 from .select import Selection
 
 __all__ = ["ShardPlan", "inject_dir", "replay_dir", "revert_dir", "restore_dir", "copy_checkpoint_dir", "checkpoint_dir_sha256",
@@ -476,7 +476,7 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
             sp = todo[name]
             path, tmp = os.path.join(root, name), shard_path(name)
             try:
-                revert(_sub_log(lg, sp, rec), path, tmp, verify=hashed)
+                revert_into(_sub_log(lg, sp, rec), path, tmp, verify=hashed)  # staged once, by ``st``
                 restored += len(sp.positions)
                 continue
             except LogMismatchError:
@@ -491,6 +491,8 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
             if in_place:
                 st.drop(tmp)  # already the original: left alone
             else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # what the refused revert wrote there
                 share_copy(path, tmp, True)
         if not in_place:
             copy_tree(root, st.temp(target), set(want), True)

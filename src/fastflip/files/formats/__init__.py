@@ -77,9 +77,10 @@ def _has_hdf5_signature(fh, size: int) -> bool:  # type: ignore[no-untyped-def]
 
 def _zip_kind(path: str, names: Sequence[str] | None = None) -> str:
     if names is None:
+        from .zipraw import directory  # the one parse of the central directory (kept for the reader)
+
         try:
-            with zipfile.ZipFile(path) as zf:
-                names = zf.namelist()
+            names = [info.filename for info in directory(path)[0]]
         except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
             raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     if any(n.endswith("/data.pkl") and n.count("/") == 1 for n in names) or "data.pkl" in names:

@@ -27,7 +27,7 @@ from typing import Any
 from ...errors import UnsupportedStorageError
 from ...errors import FormatError
 from .npyheader import npy_header
-from .zipraw import ZipEntry, stored_entries
+from .zipraw import ZipEntry, entry_data, stored_entries
 
 __all__ = ["check_rewritable", "read_member", "member_npy_header", "member_array", "zip64_fields"]
 
@@ -69,29 +69,10 @@ def check_rewritable(path: str, e: ZipEntry, fh: Any) -> None:
 
 
 def read_member(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
-    """(the member's stored bytes, its data), checked against the recorded size and CRC-32."""
+    """(the member's stored bytes, its data), checked against the recorded size and CRC-32
+    (:func:`fastflip.files.formats.zipraw.entry_data`) once it is one fastflip can rewrite."""
     check_rewritable(path, e, fh)
-    fh.seek(e.offset)
-    raw = fh.read(e.info.compress_size)
-    if len(raw) != e.info.compress_size:
-        raise FormatError(f"{path}: member {e.name} is truncated; nothing was written")
-    if e.info.compress_type == zipfile.ZIP_STORED:
-        data = raw
-    else:
-        try:
-            d = zlib.decompressobj(-15)
-            data = d.decompress(raw, e.info.file_size + 1)
-            ok = d.eof and len(data) == e.info.file_size
-        except zlib.error as exc:
-            raise FormatError(f"{path}: member {e.name} is not a valid deflate stream ({exc}); the file is damaged, "
-                              "nothing was written") from None
-        if not ok:
-            raise FormatError(f"{path}: member {e.name} does not inflate to its recorded {e.info.file_size} bytes; "
-                              "the file is damaged, nothing was written")
-    if zlib.crc32(data) != e.info.CRC:
-        raise FormatError(f"{path}: member {e.name} fails its CRC-32 check before patching (damaged file); "
-                          "nothing was written")
-    return raw, data
+    return entry_data(path, e, fh)
 
 
 def member_npy_header(path: str, e: ZipEntry, fh: Any) -> tuple[Any, bool, tuple[int, ...], int]:

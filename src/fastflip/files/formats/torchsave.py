@@ -47,7 +47,6 @@ from __future__ import annotations
 import collections
 import io
 import pickle
-import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -61,7 +60,7 @@ from .bounds import checked_ints, checked_numel
 from .naming import label_tensors, optimizer_layers
 from .picklescan import scan_pickle, walk_tensors
 from .torchquant import QUANT_DTYPES, QUANT_STORAGES, quantized_globals
-from .zipraw import ZipEntry, stored_entries
+from .zipraw import ZipEntry, entry_data, stored_entries
 
 __all__ = ["RestrictedUnpickler", "TensorRecord", "StorageRef", "restricted_loads", "read_torch_layout",
            "layout_from_records", "records_of", "TORCH_DTYPES"]
@@ -307,15 +306,12 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if prefix + "byteorder" in entries and entries[prefix + "byteorder"].size > 16:
         raise FormatError(f"{path}: the byteorder entry holds {entries[prefix + 'byteorder'].size} bytes (expected "
                           "'little' or 'big')")
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(path) as zf:
-            data = zf.read(pkl.info)
-            order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip() \
+    try:  # the entries of the directory parse already made (formats/zipraw.py), checked by their CRC-32
+        with open(path, "rb") as fh:
+            data = entry_data(path, pkl, fh)[1]
+            order = entry_data(path, entries[prefix + "byteorder"], fh)[1].decode("ascii", "replace").strip() \
                 if prefix + "byteorder" in entries else "little"
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError, RuntimeError,
-            MemoryError) as exc:
+    except (OSError, MemoryError) as exc:
         raise FormatError(f"{path}: damaged torch.save archive ({str(exc)[:120]}); nothing was read") from None
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")

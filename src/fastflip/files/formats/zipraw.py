@@ -3,7 +3,9 @@
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
 Only the central directory and each entry's local header are read; entry names are
-looked up, never extracted. Offsets and sizes are checked against the file size, so a
+looked up, never extracted. The central directory is parsed by one routine, :func:`directory`, which gives
+the last parse back while the directory's bytes are unchanged: the format check, the layout read, the patchers
+and the CRC fix-up of one inject share one parse. Offsets and sizes are checked against the file size, so a
 truncated archive or a header that points outside the file is refused before anything
 is written.
 
@@ -20,15 +22,18 @@ b'abcd'
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
+import threading
 import zipfile
+import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from ...errors import FormatError
 
-__all__ = ["ZipEntry", "stored_entries", "central_records"]
+__all__ = ["ZipEntry", "stored_entries", "central_records", "directory", "entry_data"]
 
 
 @dataclass(frozen=True)
@@ -42,11 +47,51 @@ class ZipEntry:
     info: zipfile.ZipInfo
 
 
+_PARSED: "OrderedDict[str, tuple[int, int, bytes, list[zipfile.ZipInfo]]]" = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_KEEP = 8  # archives whose last parse is kept
+
+
+def directory(path: str) -> tuple[list[zipfile.ZipInfo], int]:
+    """(members in directory order, absolute offset of the central directory) of the zip at ``path``: ``zipfile``'s
+    parse of its central directory, the one place fastflip parses it.
+
+    The parse depends only on the file's size and its bytes from the directory to the end (the end records follow
+    the directory); while both are those of the last parse of ``path``, that parse is given back (the bytes are
+    read and compared: no time stamp is trusted). The members' :class:`zipfile.ZipInfo` are shared: read only.
+
+    Raises
+    ------
+    zipfile.BadZipFile, OSError, ...
+        As :class:`zipfile.ZipFile` does for a damaged or unreadable archive.
+    """
+    key = os.path.realpath(path)
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        with _PARSED_LOCK:
+            last = _PARSED.get(key)
+        if last is not None and last[0] == size:
+            fh.seek(last[1])
+            if fh.read(size - last[1]) == last[2]:
+                return last[3], last[1]
+        with zipfile.ZipFile(fh) as zf:
+            infos, start = zf.infolist(), int(zf.start_dir)  # type: ignore[attr-defined]
+        if 0 <= start <= size:
+            fh.seek(start)
+            tail = fh.read(size - start)
+            with _PARSED_LOCK:
+                _PARSED[key] = (size, start, tail, infos)
+                _PARSED.move_to_end(key)
+                while len(_PARSED) > _KEEP:
+                    _PARSED.popitem(last=False)
+    return infos, start
+
+
 def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, ZipEntry]:
     """Every member of the zip at ``path`` with the absolute offset of its data.
 
     ``zf``, the caller's :class:`zipfile.ZipFile` open on ``path``, saves reading the central
-    directory again.
+    directory again (else it is :func:`directory`'s parse).
 
     Raises
     ------
@@ -57,10 +102,9 @@ def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, Zi
     fsize = os.path.getsize(path)
     out: dict[str, ZipEntry] = {}
     try:
-        with contextlib.ExitStack() as own, open(path, "rb") as fh:
-            if zf is None:
-                zf = own.enter_context(zipfile.ZipFile(path))
-            for info in zf.infolist():
+        with open(path, "rb") as fh:
+            infos, start_dir = directory(path) if zf is None else (zf.infolist(), int(zf.start_dir))  # type: ignore[attr-defined]
+            for info in infos:
                 if not 0 <= info.header_offset <= fsize - 30:
                     raise FormatError(f"{path}: zip entry {info.filename!r} has its local header at "
                                       f"{info.header_offset}, outside the file (damaged or truncated archive)")
@@ -87,7 +131,7 @@ def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, Zi
                     raise FormatError(f"{path}: zip entry {info.filename!r} appears more than once (which copy a "
                                       "reader takes is undefined); the file is damaged or crafted")
                 out[info.filename] = ZipEntry(info.filename, data, int(info.file_size), stored, info)
-            _check_disjoint(path, fh, list(out.values()), int(zf.start_dir))  # type: ignore[attr-defined]
+            _check_disjoint(path, fh, list(out.values()), start_dir)
     except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
         raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
     return out
@@ -129,9 +173,7 @@ def central_records(path: str) -> dict[str, int]:
         A record whose lengths run it past the directory, or that names another entry than ``zipfile`` reads
         there (the two readings of the directory must agree before any field of it is patched).
     """
-    with zipfile.ZipFile(path) as zf:
-        pos = int(zf.start_dir)  # type: ignore[attr-defined]
-        infos = zf.infolist()
+    infos, pos = directory(path)
     out: dict[str, int] = {}
     with open(path, "rb") as fh:
         for info in infos:
@@ -148,3 +190,39 @@ def central_records(path: str) -> dict[str, int]:
             out[name] = pos
             pos += 46 + nlen + xlen + clen
     return out
+
+
+def entry_data(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
+    """(the entry's stored bytes, its data) of a stored or deflated, unencrypted entry, read through ``fh`` (open on
+    ``path``) without another parse of the directory; the data checked against the recorded size and CRC-32.
+
+    Raises
+    ------
+    FormatError
+        An encrypted entry, another compression method, a truncated entry, a damaged deflate stream, or data
+        whose size or CRC-32 is not the recorded one.
+    """
+    info = e.info
+    if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise FormatError(f"{path}: member {e.name} is encrypted or uses compression method {info.compress_type} "
+                          "(stored and deflate members are read)")
+    fh.seek(e.offset)
+    raw = fh.read(info.compress_size)
+    if len(raw) != info.compress_size:
+        raise FormatError(f"{path}: member {e.name} is truncated; nothing was written")
+    if info.compress_type == zipfile.ZIP_STORED:
+        data = raw
+    else:
+        try:
+            d = zlib.decompressobj(-15)
+            data = d.decompress(raw, info.file_size + 1)
+            ok = d.eof and len(data) == info.file_size
+        except zlib.error as exc:
+            raise FormatError(f"{path}: member {e.name} is not a valid deflate stream ({exc}); the file is damaged, "
+                              "nothing was written") from None
+        if not ok:
+            raise FormatError(f"{path}: member {e.name} does not inflate to its recorded {info.file_size} bytes; "
+                              "the file is damaged, nothing was written")
+    if zlib.crc32(data) != info.CRC:
+        raise FormatError(f"{path}: member {e.name} fails its CRC-32 check (damaged file); nothing was written")
+    return raw, data
