@@ -61,6 +61,9 @@ def test_no_import_cycles(graph: archstats.Graph) -> None:
 LAZY = {
     "fastflip.cli.*": "a subcommand's code is imported when it runs, so `fastflip --help` stays light",
     "fastflip.files.formats": "the per-format reader registry imports one reader when a file of that format is read",
+    "fastflip.files.encoded": "the patchers of filtered HDF5 chunks and zip members are imported when a plan has "
+                              "sites there (a command on raw storage loads neither)",
+    "fastflip.files.inject": "the .keras archive code is imported when a .keras archive is injected",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",
 }
 

@@ -115,9 +115,11 @@ def run(args: argparse.Namespace) -> int:
     from ..files.select import select, selection_from_args
     from ..files.packing import detect_packing
 
-    from ..files.keras_archive import is_keras_archive, read_archive
+    from .options import is_keras_file
 
-    if is_keras_archive(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
+    if is_keras_file(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
+        from ..files.keras_archive import read_archive
+
         with read_archive(args.file) as inner:
             layout = read_layout(inner)
         layout.file = f"{args.file} (model.weights.h5 inside the archive)"
