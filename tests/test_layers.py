@@ -63,7 +63,7 @@ LAZY = {
     "fastflip.files.formats": "the per-format reader registry imports one reader when a file of that format is read",
     "fastflip.files.encoded": "the patchers of filtered HDF5 chunks and zip members are imported when a plan has "
                               "sites there (a command on raw storage loads neither)",
-    "fastflip.files.inject": "the .keras archive code is imported when a .keras archive is injected",
+    "fastflip.files.archives": "the .keras archive code (and zip writing) is imported when a file is a .keras archive",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",
 }
 

@@ -87,12 +87,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.log:
         kwargs["log_path"] = args.log
     from ..files.inject import inject_checkpoint_file
-    from .options import is_keras_file
+    from ..files.archives import is_keras_archive
 
     from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
-    keras = is_keras_file(src)
-    if args.direct and (is_checkpoint_dir(src) or keras):
+    if args.direct and (is_checkpoint_dir(src) or is_keras_archive(src)):
         raise OptionError(f"{src}: --direct works on a single checkpoint file (a directory or .keras archive is "
                           "rewritten through a copy); drop --direct")
     if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
@@ -101,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         from ..files.sharded import inject_dir
 
         res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
-    elif keras:  # alter the archive's model.weights.h5 and write a new, valid archive
+    elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)

@@ -115,11 +115,9 @@ def run(args: argparse.Namespace) -> int:
     from ..files.select import select, selection_from_args
     from ..files.packing import detect_packing
 
-    from .options import is_keras_file
+    from ..files.archives import is_keras_archive, read_archive
 
-    if is_keras_file(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
-        from ..files.keras_archive import read_archive
-
+    if is_keras_archive(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
         with read_archive(args.file) as inner:
             layout = read_layout(inner)
         layout.file = f"{args.file} (model.weights.h5 inside the archive)"

@@ -1,5 +1,4 @@
-"""Option groups shared by several subcommands (argparse only: importing this stays light), and the ``.keras``
-check of the commands that take any checkpoint.
+"""Option groups shared by several subcommands (argparse only: importing this stays light).
 
 Layer: ``cli`` (may import every layer; imported by fastflip.__main__ only).
 """
@@ -9,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-__all__ = ["add_selection_arguments", "add_fault_arguments", "is_keras_file"]
+__all__ = ["add_selection_arguments", "add_fault_arguments"]
 
 
 def add_selection_arguments(parser: Any) -> None:
@@ -52,15 +51,3 @@ def add_fault_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replace", action="store_true", help="allow the same (element, bit) to be drawn twice")
     g.add_argument("--nan", choices=("allow", "avoid"), default="allow",
                    help="allow (default) or avoid (resample) sites whose new value is NaN/Inf")
-
-
-def is_keras_file(path: str) -> bool:
-    """:func:`fastflip.files.keras_archive.is_keras_archive`, with the archive code imported only for a file
-    that may be one (:func:`fastflip.files.formats.may_be_keras`): a command on an HDF5 file loads no zip code."""
-    from ..files.formats import may_be_keras
-
-    if not may_be_keras(path):
-        return False
-    from ..files.keras_archive import is_keras_archive
-
-    return is_keras_archive(path)

@@ -1,9 +1,10 @@
 """Words that are not raw in the file: the entry points to the code that patches filtered HDF5 chunks
-(:mod:`fastflip.files.h5chunks`) and zip members (:mod:`fastflip.files.zipmembers`, their CRC fields in
-:mod:`fastflip.files.formats.zipcrc`), each module imported when a plan has sites there.
+(:mod:`fastflip.files.h5chunks`) and reads and patches zip members (:mod:`fastflip.files.zipmembers`, their CRC
+fields in :mod:`fastflip.files.formats.zipcrc`, whole members in :mod:`fastflip.files.formats.npz_members`), each
+module imported when a plan (or a diff) has sites there.
 
 Layer: ``files`` (may import core, kernels and files; imported by :mod:`fastflip.files.inject`,
-:mod:`fastflip.files.h5apply` and :mod:`fastflip.files.patches`).
+:mod:`fastflip.files.h5apply`, :mod:`fastflip.files.patches`, :mod:`fastflip.files.diff` and above).
 
 A plan whose sites all lie in raw storage (contiguous or unfiltered chunked HDF5, safetensors, stored members)
 needs none of that code, and a command's start-up is part of its cost: ``fastflip inject`` into a contiguous
@@ -29,7 +30,7 @@ import numpy as np
 from ..core.plan import Plan
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["encoded_patches", "member_words", "zip_crc_patches"]
+__all__ = ["encoded_patches", "member_words", "member_array", "zip_crc_patches"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -61,3 +62,11 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     from .formats.zipcrc import zip_crc_patches as crcs
 
     return crcs(path, offsets, itemsize, big, old, new)
+
+
+def member_array(path: str, key: str) -> np.ndarray:
+    """:func:`fastflip.files.formats.npz_members.member_array`: the deflated ``.npz`` member of tensor ``key``,
+    inflated."""
+    from .formats.npz_members import member_array as inflate
+
+    return inflate(path, key)

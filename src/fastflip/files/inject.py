@@ -47,6 +47,7 @@ from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
+from .archives import edit_archive, is_keras_archive
 from .encoded import encoded_patches
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
@@ -358,8 +359,6 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
     The log is renamed into place (durable) just before the archive, in one section with
     SIGINT/SIGTERM deferred: a failed run leaves an existing output and its log unchanged.
     """
-    from .keras_archive import WEIGHTS_ENTRY, edit_archive, is_keras_archive  # the zip code: .keras callers only
-
     if not is_keras_archive(src):
         return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
     src = os.fspath(src)
@@ -377,7 +376,7 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
                 m = res.log.manifest
                 m["input"]["path"] = os.path.abspath(src)
                 m["output"]["path"] = os.path.abspath(target)
-                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
+                m["container"] = {"format": "keras", "entry": inner.name, "input_sha256": in_sha}  # model.weights.h5
             m["container"]["output_sha256"] = sha256_file(stage.temp(target), cache=False)
             if lp is not None:  # evidence: renamed into place before the archive when the stage commits
                 res.log.write(stage.add(lp, evidence=True))
