@@ -2,9 +2,9 @@
 collections.
 
 Each command runs in a fresh interpreter, as ``python -m fastflip`` does, and hands back ``sys.modules`` as it
-stood at exit (and how many collections ran once its file modules were loading). A command on a raw HDF5 file imports no zip reader, no chunk codec, no ``.keras`` archive code and no
-``difflib``; the modules come in when the input needs them (a deflated ``.npz``, a gzip-chunked HDF5 file, a
-``.keras`` archive, a sha256 log).
+stood at exit (and how many collections ran once its file modules were loading). A command on a raw HDF5 file
+imports no zip reader, no chunk codec, no ``.keras`` archive code and no ``difflib``; the modules come in when the
+input needs them (a deflated ``.npz``, a gzip-chunked HDF5 file, a ``.keras`` archive, a sha256 log).
 """
 
 from __future__ import annotations
@@ -119,6 +119,6 @@ def test_the_code_an_input_needs_is_imported(tmp_path: Path, raw_h5: str) -> Non
 def test_a_small_command_runs_no_garbage_collection(tmp_path: Path, raw_h5: str) -> None:
     """The program collects cycles after 50,000 new objects, not 700: a 1-flip inject (NumPy, h5py and fastflip
     imported, some 40,000 objects that live until the exit) walks none of them again and again."""
-    n, mods = run_traced(tmp_path, "inject", raw_h5, "-o", tmp_path / "o.h5", "--count", 1, "--seed", 1, "--force", "-q")
+    n, mods = run_traced(tmp_path, "inject", raw_h5, "-o", tmp_path / "o.h5", "--count", 1, "--seed", 1, "-q")
     assert "fastflip.files.inject" in mods
     assert n <= 2
