@@ -76,7 +76,7 @@ def _blake3() -> Hasher:
 
 
 def _sha256() -> Hasher:
-    import hashlib  # the standard library's, imported when a sha256 hasher is made (blake3 is the default)
+    import hashlib  # imported when a sha256 hasher is made (the default is the fastest installed algorithm)
 
     return hashlib.sha256()
 
