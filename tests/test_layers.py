@@ -63,6 +63,9 @@ LAZY = {
     "fastflip.campaign.trials": "the batched-trials machinery (campaign/batched.py, torch.fx splits) is imported when a "
                                "runner's trials may batch, not by sweeps whose trials run one by one",
     "fastflip.files.formats": "the per-format reader registry imports one reader when a file of that format is read",
+    "fastflip.files.encoded": "the patchers of filtered HDF5 chunks and zip members are imported when a plan has "
+                              "sites there (a command on raw storage loads neither)",
+    "fastflip.files.archives": "the .keras archive code (and zip writing) is imported when a file is a .keras archive",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",
 }
 

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.log:
         kwargs["log_path"] = args.log
     from ..files.inject import inject_checkpoint_file
-    from ..files.keras_archive import is_keras_archive
+    from ..files.archives import is_keras_archive
 
     from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 

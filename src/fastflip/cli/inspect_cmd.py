@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from ..files.select import select, selection_from_args
     from ..files.packing import detect_packing
 
-    from ..files.keras_archive import is_keras_archive, read_archive
+    from ..files.archives import is_keras_archive, read_archive
 
     if is_keras_archive(args.file):  # a Keras 3 archive: the tensors of its inner model.weights.h5
         with read_archive(args.file) as inner:

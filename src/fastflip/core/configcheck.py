@@ -34,7 +34,6 @@ fastflip.errors.OptionError: [trials]: unknown key 'per_cel' (did you mean 'per_
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
 from typing import Any, Iterable, Mapping
@@ -78,6 +77,8 @@ def check_keys(data: Mapping[str, Any], known: Iterable[str], where: str) -> Non
             continue
         if not isinstance(k, str):
             raise OptionError(f"{where}: keys must be names, got {show(k)}")
+        import difflib  # only to suggest a name in this error
+
         near = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
         hint = f"did you mean {near[0]!r}?" if near else f"known: {', '.join(known)}"
         raise OptionError(f"{where}: unknown key {k!r} ({hint})")

@@ -33,8 +33,8 @@ import numpy as np
 
 from ..core.dtypes import to_words
 from ..core.floatformats import FORMATS, decode
-from .formats.npz_members import member_array
-from .keras_archive import is_keras_archive, read_archive
+from .archives import is_keras_archive, read_archive
+from .encoded import member_array
 from .layout import Layout, Tensor, open_h5, read_layout
 from .oldcompare import OldComparator
 from .oldcompare import json_num as _json_num

@@ -44,6 +44,7 @@ from ..core.wordrule import new_words_for
 from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache, hashing
+from .encoded import member_words
 from .fileio import start_writeback
 from .formats import detect_format
 from .h5index import tensor_element_offsets
@@ -51,7 +52,6 @@ from .h5offsets import chunk_address_base
 from .h5open import open_read_only
 from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
-from .zipmembers import member_words
 
 __all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
            "check_storage", "copy_apply"]

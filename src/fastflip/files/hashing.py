@@ -32,7 +32,6 @@ False
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
@@ -76,6 +75,12 @@ def _blake3() -> Hasher:
     return blake3.blake3(max_threads=1 if _FORKED[0] else blake3.blake3.AUTO)
 
 
+def _sha256() -> Hasher:
+    import hashlib  # imported when a sha256 hasher is made (the default is the fastest installed algorithm)
+
+    return hashlib.sha256()
+
+
 def _xxh3_128() -> Hasher:
     import xxhash
 
@@ -86,7 +91,7 @@ def _xxh3_128() -> Hasher:
 _REGISTRY: dict[str, Algorithm] = {
     "blake3": Algorithm("blake3", 64, "blake3", "fasthash", _blake3),
     "xxh3-128": Algorithm("xxh3-128", 32, "xxhash", None, _xxh3_128),
-    "sha256": Algorithm("sha256", 64, None, None, hashlib.sha256),
+    "sha256": Algorithm("sha256", 64, None, None, _sha256),
 }
 _IMPORTABLE: dict[str, bool] = {}
 

@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import secrets
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -48,19 +47,21 @@ from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
+from .archives import edit_archive, is_keras_archive
+from .encoded import encoded_patches
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
-from .h5chunks import chunk_patches
 from .inplace import write_in_place, write_unlogged
-from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_archive
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
 from .patches import crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches
 from .select import Selection
-from .sites import PLAN_FIELDS, injection_counts, sampling_of, site_space
-from .zipmembers import member_patches
+from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
+
+if TYPE_CHECKING:
+    from .keras_archive import ArchiveLimits
 
 __all__ = ["InjectionResult", "inject_file", "inject_checkpoint_file", "write_plan", "cached_layout", "keep_layout"]
 
@@ -137,7 +138,7 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
-    cp = member_patches(src, plan, routes) if zipped else chunk_patches(src, plan, routes)
+    cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
         if h5_rest or cp.resized:
@@ -295,7 +296,7 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
         model_obj = FaultModel.parse(fields["model"])
         spec = BitSpec.parse(fields["bits"], sign_first=fields["sign_first"])
     if seed is None:
-        seed = secrets.randbits(63)
+        seed = random_seed()
     if plan is None:
         assert smp is not None
         space = site_space(layout, selection, spec, smp.distribution_arg)
@@ -375,7 +376,7 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
                 m = res.log.manifest
                 m["input"]["path"] = os.path.abspath(src)
                 m["output"]["path"] = os.path.abspath(target)
-                m["container"] = {"format": "keras", "entry": WEIGHTS_ENTRY, "input_sha256": in_sha}
+                m["container"] = {"format": "keras", "entry": inner.name, "input_sha256": in_sha}  # model.weights.h5
             m["container"]["output_sha256"] = sha256_file(stage.temp(target), cache=False)
             if lp is not None:  # evidence: renamed into place before the archive when the stage commits
                 res.log.write(stage.add(lp, evidence=True))

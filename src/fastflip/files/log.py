@@ -45,10 +45,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import zipfile
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -58,6 +57,9 @@ from .fileio import atomic_output, check_input
 from .logcheck import validate_log
 from ..core.plan import Plan, TensorRef
 from ..core.wordrule import words_to_values
+
+if TYPE_CHECKING:
+    import zipfile
 
 __all__ = ["LOG_FORMAT", "InjectionLog", "values_of"]
 
@@ -157,6 +159,8 @@ class InjectionLog:
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write the log's bytes to ``path`` as they are (no temporary, no fsync): see :meth:`save`."""
+        import zipfile  # the log's container, imported when a log is written or read (not by inject --no-log)
+
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
             z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
             for name, arr in _narrow(self.columns(), self.plan).items():
@@ -170,6 +174,8 @@ class InjectionLog:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "InjectionLog":
         """Read a log written by :meth:`save` (any fastflip-log/1 file)."""
+        import zipfile
+
         p = check_input(path)
         try:
             with zipfile.ZipFile(p) as z:

@@ -24,7 +24,7 @@ from ..core.plan import Plan
 from ..core.wordrule import new_words_for
 from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
-from .formats.zipcrc import zip_crc_patches
+from .encoded import zip_crc_patches
 from .routes import SiteRoute
 from .layout import Tensor
 

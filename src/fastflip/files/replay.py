@@ -29,7 +29,7 @@ from .filebytes import copy_with_hash, hash_file, hash_with_patches
 from .fileio import atomic_output, check_input, staged
 from .h5apply import read_words
 from .inject import InjectionResult, write_plan
-from .keras_archive import edit_archive
+from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import (default_log_path, in_container, load_log, log_files, log_target, output_target, refuse_dir,

@@ -31,7 +31,7 @@ from .filebytes import copy_with_hash, hash_file, hash_with_patches
 from .fileio import atomic_output, check_input, deferred_signals, fsync_path
 from .fingerprint import revert_regions
 from .h5apply import read_words, route_sites, write_words_to_file
-from .keras_archive import edit_archive
+from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock

@@ -70,10 +70,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -88,7 +86,7 @@ from .fileio import Staging, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5apply import read_words, route_sites, write_words_to_file
 from .inject import InjectionResult, inject_file
-from .sites import injection_counts, sampling_of, site_space
+from .sites import injection_counts, random_seed, sampling_of, site_space
 from .locks import WriterLock
 from .log import InjectionLog
 from .outputs import default_log_path
@@ -152,6 +150,8 @@ def _read_words(layout: ShardedLayout, plan: Plan) -> np.ndarray:
 
 def _digest(hashes: Mapping[str, str | None]) -> str:
     """One sha256 over (shard, sha256) pairs: the whole directory's hash as far as the log is concerned."""
+    import hashlib  # the standard library's sha256, which directory logs use
+
     return hashlib.sha256(json.dumps(sorted(hashes.items())).encode()).hexdigest()
 
 
@@ -326,7 +326,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
             selection = Selection.from_dict(selection)
         smp = sampling_of(sampling, plan, shorthand, where="inject_dir")
         if seed is None:
-            seed = secrets.randbits(63)
+            seed = random_seed()
         if plan is None:
             assert smp is not None
             space = site_space(layout, selection, smp.bit_spec, smp.distribution_arg)

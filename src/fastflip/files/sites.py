@@ -9,6 +9,7 @@ one site space spans every shard), so both draw and count sites alike.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from .h5apply import check_storage
 from .layout import Layout
 from .select import Selection, select
 
-__all__ = ["site_space", "sampling_of", "PLAN_FIELDS", "injection_counts", "nonfinite_created"]
+__all__ = ["site_space", "sampling_of", "PLAN_FIELDS", "injection_counts", "nonfinite_created", "random_seed"]
 
 _LOCK = threading.Lock()  # the site-space cache is shared by the threads of a host harness
 
@@ -77,6 +78,15 @@ def site_space(layout: Layout, selection: Selection | None, spec: BitSpec,
 #: What a log records for a given plan when no sampling field is given (the fields of :class:`Sampling`).
 PLAN_FIELDS: dict[str, Any] = {"bits": None, "sign_first": False, "model": None, "count": None, "rate": None,
                                "ber": None, "distribution": "element", "replace": False, "nan_policy": "allow"}
+
+
+def random_seed() -> int:
+    """A seed for a call that gave none (recorded in its log): 63 random bits from the operating system.
+
+    >>> 0 <= random_seed() < 2**63
+    True
+    """
+    return int.from_bytes(os.urandom(8), "big") >> 1
 
 
 def sampling_of(sampling: Sampling | Mapping[str, Any] | None, plan: Plan | None,

@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import os
 import struct
-import zipfile
 from typing import Sequence
 
 from ...errors import FormatError, InputFileError, NotHDF5Error, UnsafeInputError
 from ...core.records import Layout
 
-__all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line"]
+__all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line",
+           "may_be_keras"]
 
 FORMATS = ("hdf5", "torch", "torch-legacy", "safetensors", "npy", "npz", "keras")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -77,6 +77,8 @@ def _has_hdf5_signature(fh, size: int) -> bool:  # type: ignore[no-untyped-def]
 
 def _zip_kind(path: str, names: Sequence[str] | None = None) -> str:
     if names is None:
+        import zipfile  # a zip's central directory is listed only for a file that starts like a zip
+
         from .zipraw import directory  # the one parse of the central directory (kept for the reader)
 
         try:
@@ -129,6 +131,24 @@ def detect_format(path: str | os.PathLike[str], *, zip_names: Sequence[str] | No
         if n + 8 <= size and head[8:9] == b"{":
             return "safetensors"
     raise FormatError(f"{p}: not an HDF5 file nor another known checkpoint format (no known signature); supported formats: {supported_formats_line()}")
+
+
+def may_be_keras(path: str | os.PathLike[str]) -> bool:
+    """False when the file at ``path`` is by its content another format than a ``.keras`` archive (HDF5,
+    safetensors, npy, torch.save, .npz): then :func:`fastflip.files.keras_archive.is_keras_archive` is False too,
+    and a caller need not import the archive code to ask. True for a ``.keras`` archive and wherever the content
+    does not decide (a missing or unreadable path, a directory, a damaged zip).
+
+    >>> import os, tempfile, numpy as np
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.npy")
+    >>> np.save(p, np.zeros(2))
+    >>> may_be_keras(p), may_be_keras(os.path.dirname(p))
+    (False, True)
+    """
+    try:
+        return detect_format(path) == "keras"
+    except (FormatError, InputFileError):
+        return True
 
 
 def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:

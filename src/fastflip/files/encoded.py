@@ -1,0 +1,72 @@
+"""Words that are not raw in the file: the entry points to the code that patches filtered HDF5 chunks
+(:mod:`fastflip.files.h5chunks`) and reads and patches zip members (:mod:`fastflip.files.zipmembers`, their CRC
+fields in :mod:`fastflip.files.formats.zipcrc`, whole members in :mod:`fastflip.files.formats.npz_members`), each
+module imported when a plan (or a diff) has sites there.
+
+Layer: ``files`` (may import core, kernels and files; imported by :mod:`fastflip.files.inject`,
+:mod:`fastflip.files.h5apply`, :mod:`fastflip.files.patches`, :mod:`fastflip.files.diff` and above).
+
+A plan whose sites all lie in raw storage (contiguous or unfiltered chunked HDF5, safetensors, stored members)
+needs none of that code, and a command's start-up is part of its cost: ``fastflip inject`` into a contiguous
+HDF5 file imports no zip reader and no chunk codec.
+
+>>> import numpy as np
+>>> from fastflip.core.plan import Plan, TensorRef
+>>> from fastflip.core.records import Tensor
+>>> plan = Plan.from_sites([TensorRef("/w", "<f4", (4,))], [0], [1], xor_mask=[1])
+>>> t = Tensor("/w", ("/w",), np.dtype("<f4"), (4,), 4, "contiguous", offset=2048, nbytes=16)
+>>> route = SiteRoute(t, np.array([0]), np.array([2052]))
+>>> cp = encoded_patches("never-opened.h5", plan, [route], zipped=False)
+>>> cp.patches, len(cp.handled)
+([], 0)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..core.plan import Plan
+from .routes import ChunkPatches, SiteRoute
+
+__all__ = ["encoded_patches", "member_words", "member_array", "zip_crc_patches"]
+
+
+def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
+    """Byte patches for the sites of ``routes`` without a raw file offset (offset -1): deflated members of a zip
+    container (``zipped``: a torch.save file or ``.npz``) or filtered HDF5 chunks, re-encoded by
+    :func:`fastflip.files.zipmembers.member_patches` or :func:`fastflip.files.h5chunks.chunk_patches`. Empty
+    (and the file not opened) when every site is raw."""
+    if not any((r.offsets < 0).any() for r in routes):
+        return ChunkPatches()
+    if zipped:
+        from .zipmembers import member_patches
+
+        return member_patches(path, plan, routes)
+    from .h5chunks import chunk_patches
+
+    return chunk_patches(path, plan, routes)
+
+
+def member_words(path: str, plan: Plan, routes: Sequence[SiteRoute], out: np.ndarray) -> None:
+    """:func:`fastflip.files.zipmembers.member_words`: the current words of sites in deflated zip members."""
+    from .zipmembers import member_words as read
+
+    read(path, plan, routes, out)
+
+
+def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
+                    new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
+    """:func:`fastflip.files.formats.zipcrc.zip_crc_patches`: the CRC fields of a zip container that change."""
+    from .formats.zipcrc import zip_crc_patches as crcs
+
+    return crcs(path, offsets, itemsize, big, old, new)
+
+
+def member_array(path: str, key: str) -> np.ndarray:
+    """:func:`fastflip.files.formats.npz_members.member_array`: the deflated ``.npz`` member of tensor ``key``,
+    inflated."""
+    from .formats.npz_members import member_array as inflate
+
+    return inflate(path, key)
