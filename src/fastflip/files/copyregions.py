@@ -27,10 +27,10 @@ from . import hashcache
 from .fingerprint import check_regions, fingerprints
 from .h5apply import apply_plan_to_file, kernel_copy
 from .layout import Tensor
-from .patches import Patch, crc_patches, patch_undo, word_patches, write_patches
+from .patches import crc_patches, patch_undo, word_patches, write_patches
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["write_copy_regions", "refuse_moving_bytes", "site_patches"]
+__all__ = ["write_copy_regions", "refuse_moving_bytes"]
 
 
 def refuse_moving_bytes(src: str, h5_rest: Sequence[SiteRoute], cp: ChunkPatches, what: str) -> None:
@@ -40,15 +40,6 @@ def refuse_moving_bytes(src: str, h5_rest: Sequence[SiteRoute], cp: ChunkPatches
         why = "a member whose re-encoded size differs" if cp.resized else "other filtered or compact HDF5 data"
         raise OptionError(f"{src}: region evidence needs every changed byte to stay where it is (raw storage, or "
                           f"chunks/members re-encoded at their size); this plan touches {why}: {what}")
-
-
-def site_patches(patches: Sequence[Patch]) -> list[Patch]:
-    """``patches`` (in the order they were applied) with those at one offset folded into one: the first one's old
-    bytes and the last one's new bytes (a plan drawn with replacement may change one word twice)."""
-    first: dict[int, Patch] = {}
-    for off, ob, nb in patches:
-        first[off] = (off, first[off][1] if off in first else ob, nb)
-    return sorted(first.values())
 
 
 def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Tensor], routes: list[SiteRoute],
@@ -70,7 +61,7 @@ def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Ten
         raise LogMismatchError(f"{src} changed while it was being copied; nothing was written")
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
-    patches = sorted(cp.patches + crcs + site_patches(word_patches(routes, old, new)))
+    patches = sorted(cp.patches + crcs + word_patches(routes, old, new))
     undo = patch_undo(patches, st0.st_size)
     fp_in, fp_out = fingerprints(src, algorithm, patches)
     fp = {"algorithm": algorithm, "input": fp_in, "output": fp_out}
