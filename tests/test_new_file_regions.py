@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -293,52 +294,65 @@ def test_keras_archive_refuses_regions(tmp_path, capsys):
 
 
 _WORKER = """
-import os, signal, sys
+import sys
+sys.path.insert(0, sys.argv[5])
+from crash_worker import _hook  # a signal just before the at-th rename (just after the -at-th)
 from fastflip.cli import main
-sig, at = int(sys.argv[3]), int(sys.argv[4])
-calls = [0]
-real = os.replace
-def replace(a, b, **kw):
-    calls[0] += 1
-    if calls[0] == at:
-        os.kill(os.getpid(), sig)
-    real(a, b, **kw)
-    if calls[0] == -at:
-        os.kill(os.getpid(), sig)
-os.replace = replace
+if int(sys.argv[4]):
+    _hook(int(sys.argv[3]), int(sys.argv[4]))
 sys.exit(main(["inject", sys.argv[1], "-o", sys.argv[2], "--evidence", "regions", "--count", "20", "--seed", "3",
                "-q"]))
 """
 
 
-@pytest.mark.parametrize("at", [1, 2, -2, 0])
-def test_a_kill_before_the_commit_leaves_no_output_without_its_log(at, tmp_path):
-    """SIGKILL just before the log's rename (1), before the output's (2), after it (-2), or at a moment during the
-    copy (0): the input is untouched; an output exists only with the log that reverts it."""
-    src, _ = _make("torch", tmp_path)
-    orig = _bytes(src)
-    out = str(tmp_path / "out.pt")
-    cmd = [sys.executable, "-c", _WORKER, src, out, str(int(signal.SIGKILL)), str(at)]
-    if at:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        assert r.returncode == -signal.SIGKILL, r.stderr
-    else:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=0.8)  # after the interpreter starts: imports, plan, copy
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def _check_kill(src: str, out: str, orig: bytes) -> None:
+    """The input is untouched; an output exists only with the log that reverts it."""
     assert _bytes(src) == orig
     if os.path.exists(out):
         assert os.path.exists(out + ".fflog")
         assert revert(out + ".fflog", out).evidence == "regions" and _bytes(out) == orig
+
+
+@pytest.mark.parametrize("at", [1, 2, -2])
+def test_a_kill_at_a_rename_leaves_no_output_without_its_log(at, tmp_path):
+    """SIGKILL just before the log's rename (1), before the output's (2), or after it (-2)."""
+    src, _ = _make("torch", tmp_path)
+    orig = _bytes(src)
+    out = str(tmp_path / "out.pt")
+    r = subprocess.run([sys.executable, "-c", _WORKER, src, out, str(int(signal.SIGKILL)), str(at),
+                        os.path.dirname(__file__)], capture_output=True, text=True)
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    _check_kill(src, out, orig)
     if at == 1:
         assert not os.path.exists(out) and not os.path.exists(out + ".fflog")
     if at == 2:  # the log is durable before the output: it describes a change that did not happen
         assert not os.path.exists(out) and json.loads(_manifest(out + ".fflog"))["evidence"] == "regions"
     if at == -2:
         assert os.path.exists(out)
+
+
+def test_a_kill_at_any_moment_leaves_no_output_without_its_log(tmp_path):
+    """SIGKILL at seeded moments of one uninterrupted run (interpreter start, imports, plan, copy, commit)."""
+    src, _ = _make("torch", tmp_path)
+    orig = _bytes(src)
+    out = str(tmp_path / "out.pt")
+    cmd = [sys.executable, "-c", _WORKER, src, out, "0", "0", os.path.dirname(__file__)]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    unit = time.perf_counter() - t0
+    for p in (out, out + ".fflog"):
+        os.unlink(p)
+    for frac in np.random.default_rng(5).uniform(0.5, 1.0, 3).tolist():
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=frac * unit)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _check_kill(src, out, orig)
+        for p in (out, out + ".fflog"):
+            if os.path.exists(p):
+                os.unlink(p)
 
 
 def _manifest(log: str) -> str:
