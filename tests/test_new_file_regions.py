@@ -24,14 +24,16 @@ import pytest
 from conftest import require
 from fastflip.cli import main
 from fastflip.errors import LogMismatchError, OptionError
+from fastflip.files.copyregions import refuse_moving_bytes
 from fastflip.files.fingerprint import WINDOW
 from fastflip.files.inject import inject_checkpoint_file, inject_file
 from fastflip.files.log import InjectionLog
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
+from fastflip.files.routes import ChunkPatches
 
 N = 3 << 19  # elements per tensor: the files are a few MiB, so most sites lie outside the 1 MiB windows
-FORMATS = ["safetensors-bf16", "hdf5", "hdf5-chunked", "hdf5-gzip", "npz", "torch"]
+FORMATS = ["safetensors-bf16", "hdf5", "hdf5-chunked", "hdf5-gzip", "npz", "npz-deflated", "torch"]
 
 
 def _noise(n: int, seed: int = 0) -> np.ndarray:
@@ -71,9 +73,9 @@ def _make(fmt: str, d) -> tuple[str, callable]:
             return out
 
         return p, load
-    if fmt == "npz":
+    if fmt.startswith("npz"):
         p = str(d / "m.npz")
-        np.savez(p, w=_noise(N), b=_noise(64, 1))
+        (np.savez if fmt == "npz" else np.savez_compressed)(p, w=_noise(N), b=_noise(64, 1))
         return p, lambda q: {"/" + k: v.view("u4") for k, v in np.load(q).items()}
     torch = require("torch")
     p = str(d / "m.pt")
@@ -259,12 +261,19 @@ def test_refused_where_bytes_would_move(tmp_path):
     inject_file(p, out, seed=1, count=3)  # whole-file hashes: the HDF5 library's path
 
 
+def test_a_member_that_changes_size_is_refused():
+    with pytest.raises(OptionError, match="m.npz: .* a member whose re-encoded size differs: drop it"):
+        refuse_moving_bytes("m.npz", [], ChunkPatches(resized=True), "drop it")
+    refuse_moving_bytes("m.npz", [], ChunkPatches(), "drop it")  # same-size patches: region evidence works
+
+
 def test_cli_evidence(tmp_path, capsys):
     src, _ = _make("npz", tmp_path)
     out = str(tmp_path / "out.npz")
     assert main(["inject", src, "-o", out, "--evidence", "regions", "--count", "5", "--seed", "1", "-q"]) == 0
     assert InjectionLog.load(out + ".fflog").manifest["evidence"] == "regions"
     assert main(["revert", out + ".fflog", out, "-q"]) == 0 and _bytes(out) == _bytes(src)
+    assert capsys.readouterr().out == ""  # -q: silent
     # --evidence file with --direct is --verify-file: whole-file hashes
     assert main(["inject", out, "--in-place", "--direct", "--evidence", "file", "--count", "5", "-q"]) == 0
     m = InjectionLog.load(out + ".2.fflog").manifest
