@@ -21,8 +21,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="replace an existing -o file")
     p.add_argument("--no-verify", action="store_true",
                    help="allow a log without sha256 hashes (the result cannot be verified as the original); for a "
-                   "log with region evidence, write the logged original bytes of the touched ranges even where the file "
-                   "fails the log's checks")
+                   "log with region evidence, write the logged original bytes of the touched ranges even where "
+                   "the file fails the log's checks")
     return p
 
 

@@ -48,10 +48,10 @@ from ..core.plan import Plan
 from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
+from .copyregions import refuse_moving_bytes, write_copy_regions
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
-from .copyregions import refuse_moving_bytes, write_copy_regions
 from .h5chunks import chunk_patches
 from .inplace import write_in_place, write_unlogged
 from .keras_archive import WEIGHTS_ENTRY, ArchiveLimits, edit_archive, is_keras_archive
