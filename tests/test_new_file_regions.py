@@ -274,6 +274,8 @@ def test_cli_evidence(tmp_path, capsys):
     assert InjectionLog.load(out + ".fflog").manifest["evidence"] == "regions"
     assert main(["revert", out + ".fflog", out, "-q"]) == 0 and _bytes(out) == _bytes(src)
     assert capsys.readouterr().out == ""  # -q: silent
+    assert main(["replay", out + ".fflog", src, "-o", str(tmp_path / "again.npz")]) == 0
+    assert "the touched byte ranges, size and head/tail fingerprint" in capsys.readouterr().out
     # --evidence file with --direct is --verify-file: whole-file hashes
     assert main(["inject", out, "--in-place", "--direct", "--evidence", "file", "--count", "5", "-q"]) == 0
     m = InjectionLog.load(out + ".2.fflog").manifest
