@@ -35,6 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--verify-file", action="store_true",
                    help="with --direct: also hash the whole file before and after (one read of it), so that "
                    "revert verifies every byte")
+    p.add_argument("--evidence", choices=("file", "regions"),
+                   help="what the log holds to verify revert and replay: file (whole-file hashes of the input and "
+                   "output: every byte verified; the default, except with --direct) or regions (the touched byte "
+                   "ranges, the size and a hash of the first and last MiB: no whole-file pass; a new file is then "
+                   "copied in the kernel and only the touched bytes are written; the default with --direct)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument("--config", metavar="YAML", help="an hdf5_corrupter config, run with the older tool's sampling "
                    "and value rules (docs/oldtool.md)")
@@ -66,8 +71,9 @@ def run(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"selection": selection_from_args(args), "seed": args.seed}
     src = args.file
     if args.config:
-        if args.direct or args.verify_file or args.hash_algorithm:
-            raise OptionError("--direct, --verify-file and --hash do not go with --config (the older tool's run)")
+        if args.direct or args.verify_file or args.hash_algorithm or args.evidence:
+            raise OptionError("--direct, --verify-file, --evidence and --hash do not go with --config (the older "
+                              "tool's run)")
         return _run_config(args, kwargs)
     if args.oldtool_sequence:
         raise OptionError("--oldtool-sequence writes the sequence file of an hdf5_corrupter config: add --config")
@@ -77,11 +83,17 @@ def run(args: argparse.Namespace) -> int:
     if args.hash_algorithm:
         kwargs["hash_algorithm"] = args.hash_algorithm
     if args.verify_file and not args.direct:
-        raise OptionError("--verify-file goes with --in-place --direct (other injections hash the whole file anyway)")
+        raise OptionError("--verify-file goes with --in-place --direct (elsewhere whole-file hashes are the default: "
+                          "--evidence file)")
+    if args.verify_file and args.evidence == "regions":
+        raise OptionError("--verify-file logs whole-file hashes, --evidence regions does not: give one of them")
+    evidence = "file" if args.verify_file else args.evidence or ("regions" if args.direct else "file")
     if args.direct:
         if not args.in_place:
             raise OptionError("--direct changes the file itself: add --in-place")
-        kwargs.update(atomic=False, hash_files=True if args.verify_file else "regions")
+        kwargs["atomic"] = False
+    if evidence == "regions":
+        kwargs["hash_files"] = "regions"
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
@@ -94,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if args.direct and (is_checkpoint_dir(src) or is_keras_archive(src)):
         raise OptionError(f"{src}: --direct works on a single checkpoint file (a directory or .keras archive is "
                           "rewritten through a copy); drop --direct")
+    if evidence == "regions" and (is_checkpoint_dir(src) or is_keras_archive(src)):
+        raise OptionError(f"{src}: --evidence regions works on a single checkpoint file (a directory's or .keras "
+                          "archive's log holds whole-file hashes); drop --evidence regions")
     if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
         if kwargs.pop("hash_algorithm", "sha256") != "sha256":
             raise OptionError("a checkpoint directory's log is hashed with sha256; drop --hash")

@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     algo, digest = logged_hash(res.log.manifest["output"])
     what = f"inner weights file's {algo}" if res.log.manifest.get("container") else algo
-    print(f"wrote {res.output}: {res.counts.get('sites', len(res.log))} element(s) replayed; "
-          + (f"{what} {digest} matches the log" if digest else "the log holds no hash: words checked, file not"))
+    if res.log.manifest.get("evidence") == "regions" and not digest:
+        checked = f"the touched byte ranges, size and head/tail fingerprint ({algo}) match the log"
+    else:
+        checked = f"{what} {digest} matches the log" if digest else "the log holds no hash: words checked, file not"
+    print(f"wrote {res.output}: {res.counts.get('sites', len(res.log))} element(s) replayed; {checked}")
     return 0

@@ -20,7 +20,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write the restored file here instead")
     p.add_argument("--force", action="store_true", help="replace an existing -o file")
     p.add_argument("--no-verify", action="store_true",
-                   help="allow a log without sha256 hashes (the result cannot be verified as the original)")
+                   help="allow a log without sha256 hashes (the result cannot be verified as the original); for a "
+                   "log with region evidence, write the logged original bytes of the touched ranges even where "
+                   "the file fails the log's checks")
     return p
 
 
@@ -37,9 +39,12 @@ def run(args: argparse.Namespace) -> int:
     algo = getattr(res, "algorithm", "sha256")
     if args.quiet:
         return 0
-    if getattr(res, "evidence", "file") == "regions":
+    if getattr(res, "evidence", "file") == "regions" and not res.verified:
+        print(f"restored {res.output}: {res.sites} element(s); the logged original bytes of the touched ranges "
+              "were written; NOT verified (--no-verify)")
+    elif getattr(res, "evidence", "file") == "regions":
         print(f"restored {res.output}: {res.sites} element(s); the touched byte ranges, size and head/tail "
-              f"fingerprint ({algo}) match the log (a direct in-place log holds no whole-file hash)")
+              f"fingerprint ({algo}) match the log (a log with region evidence holds no whole-file hash)")
     elif res.verified:
         print(f"restored {res.output}: {res.sites} element(s); {algo} {res.digest} matches the logged input")
     else:

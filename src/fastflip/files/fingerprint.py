@@ -1,10 +1,12 @@
-"""Evidence for a direct in-place injection whose cost follows the flips: the touched regions plus a fingerprint.
+"""Region evidence: the touched byte ranges plus a fingerprint, so that an injection's cost follows the flips.
 
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
-A whole-file hash costs a pass over the file (4 GB: seconds); ten flips cost microseconds. A direct in-place
-injection (``inject --in-place --direct``, ``inject_file(..., in_place=True, atomic=False,
-hash_files="regions")``) therefore records, instead of whole-file hashes:
+A whole-file hash costs a pass over the file (4 GB: seconds); ten flips cost microseconds. An injection with
+region evidence — direct in place (``inject --in-place --direct``, ``inject_file(..., in_place=True,
+atomic=False, hash_files="regions")``) or a new file copied in the kernel (``inject -o OUT --evidence
+regions``, ``inject_file(src, dst, hash_files="regions")``, :mod:`fastflip.files.copyregions`) — therefore
+records, instead of whole-file hashes:
 
 - every byte range it writes, with its old and its new bytes (the log's undo/redo data: the words, the zip
   CRC fields, re-encoded chunks);
@@ -15,9 +17,11 @@ hash_files="regions")``) therefore records, instead of whole-file hashes:
 
 ``revert`` of such a log checks, before it changes anything, that the file has the logged size and output
 fingerprint and holds the logged new bytes in every touched range; then writes the old bytes back and checks
-the ranges and the input fingerprint again. What this does not see: a change elsewhere in the file (outside the
-head/tail windows and the touched ranges) made after the injection. ``--verify-file`` at inject time logs
-whole-file hashes instead, and revert then verifies the whole file.
+the ranges and the input fingerprint again. ``replay`` checks the input the same way, copies it in the kernel,
+writes the logged new bytes and checks the output. What this does not see: a change elsewhere in the file
+(outside the head/tail windows and the touched ranges) made after the injection, or (replay) an input that
+differs from the logged one only there. Whole-file hashes (the default of a new file; ``--verify-file`` with
+``--direct``) cover every byte.
 
 Examples
 --------
@@ -43,8 +47,10 @@ from ..errors import LogMismatchError
 from . import hashing
 from .filebytes import overlay_patches
 from .fileio import atomic_output, deferred_signals
+from .h5apply import kernel_copy
 
-__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions"]
+__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions",
+           "replay_regions"]
 
 WINDOW = 1 << 20  # bytes hashed at each end of the file
 _MAX_HEADER = 256 << 20  # a safetensors header larger than this is not read whole into the fingerprint
@@ -114,21 +120,25 @@ def _ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
     return True
 
 
-def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str) -> None:
+_NOT_CHANGED = "; nothing was changed"
+_FIX = ("; give the file this log's injection wrote, or --no-verify (verify=False) to write the logged original "
+        "bytes of the touched ranges anyway")
+
+
+def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str, fix: str = "") -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged ``side`` ("input" or
-    "output") as far as region evidence tells: size, head/tail fingerprint, and the bytes of every touched range."""
+    "output") as far as region evidence tells: size, head/tail fingerprint, and the bytes of every touched range.
+    ``fix`` ends the message of a fingerprint or range that differs (what the user can do)."""
     want = fp[side]
     got = fingerprint(path, fp["algorithm"], int(want["head_len"]), int(want["tail_len"]))
     what = "output this log describes" if side == "output" else "logged input"
+    done = _NOT_CHANGED if side == "output" else ""
     if got["size"] != want["size"]:
-        raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']})"
-                               + ("; nothing was changed" if side == "output" else ""))
+        raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']}){done}")
     if got != want:
-        raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs)"
-                               + ("; nothing was changed" if side == "output" else ""))
+        raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs){done}{fix}")
     if not _ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
-        raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ)"
-                               + ("; nothing was changed" if side == "output" else ""))
+        raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ){done}{fix}")
 
 
 def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
@@ -155,33 +165,59 @@ def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
                    fp["algorithm"]) == dict(want)
 
 
-def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str) -> None:
+def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
+    """The log's fingerprint and byte ranges, refused in one line where they are incomplete."""
+    fp, undo = lg.manifest.get("fingerprint"), lg.undo
+    if not isinstance(fp, dict) or undo is None or undo.new_size != undo.size:
+        raise LogMismatchError(f"{src}: the log's region evidence is incomplete (no fingerprint or undo ranges); "
+                               f"it cannot be {verb} by regions")
+    hashing.algorithm(fp["algorithm"])
+    return fp, undo
+
+
+def replay_regions(lg: Any, src: str, tmp: str) -> None:
+    """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
+    ranges tell) into ``tmp``: a kernel copy (:func:`fastflip.files.h5apply.kernel_copy`) with the logged new bytes
+    written over it, checked to be the logged output the same way. No whole-file pass."""
+    fp, undo = _evidence(lg, src, "replayed")
+    check_regions(src, fp, undo, "input", src, "; give the file this log's injection was made from")
+    kernel_copy(src, tmp)
+    undo.redo(tmp)
+    check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output")
+
+
+def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool = True) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged output, or that output
-    half-written by a killed run (:func:`_torn`)."""
+    half-written by a killed run (:func:`_torn`); without ``verify``, only unless it has the logged size."""
+    if not verify:
+        if os.path.getsize(path) != int(fp["output"]["size"]):
+            check_regions(path, fp, undo, "output", subject)  # the size message
+        return
     try:
-        check_regions(path, fp, undo, "output", subject)
+        check_regions(path, fp, undo, "output", subject, _FIX)
     except LogMismatchError:
         if not _torn(path, fp, undo):
             raise
 
 
-def revert_regions(lg: Any, src: str, target: str, direct: bool) -> None:
+def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True) -> None:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
-    half-written by a killed run) and after (the logged input, :func:`check_regions`)."""
-    fp, undo = lg.manifest.get("fingerprint"), lg.undo
-    if not isinstance(fp, dict) or undo is None or undo.new_size != undo.size:
-        raise LogMismatchError(f"{src}: the log's region evidence is incomplete (no fingerprint or undo ranges); "
-                               "it cannot be reverted by regions")
-    hashing.algorithm(fp["algorithm"])
+    half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
+    the logged original bytes of the touched ranges into a file of the logged size whatever it holds, and checks
+    nothing else."""
+    fp, undo = _evidence(lg, src, "reverted")
+    after = f"reverting {src} did not give the logged input back: {src}"
     if direct:
-        _check_revertible(src, fp, undo, src)
+        _check_revertible(src, fp, undo, src, verify)
         with deferred_signals():
             undo.apply(src)
-        check_regions(src, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")
+        if verify:
+            check_regions(src, fp, undo, "input", after)
         return
     with atomic_output(target) as tmp:
         shutil.copyfile(src, tmp)
-        _check_revertible(tmp, fp, undo, src)
+        _check_revertible(tmp, fp, undo, src, verify)
         undo.apply(tmp)
-        check_regions(tmp, fp, undo, "input", f"reverting {src} did not give the logged input back: {src}")
+        if verify:
+            check_regions(tmp, fp, undo, "input", after)

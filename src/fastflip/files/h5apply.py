@@ -54,7 +54,7 @@ from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
 
 __all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
-           "check_storage", "copy_apply"]
+           "check_storage", "copy_apply", "kernel_copy"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
@@ -396,6 +396,29 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     new_out = np.zeros(n, np.uint64)
     raw.scatter(old, new, old_out, new_out)
     return h_in, h_out, old_out, new_out
+
+
+def kernel_copy(src: str, dst: str, *, writeback: bool = False, piece: int = 4 * _BLOCK) -> int:
+    """Copy the file ``src`` over ``dst`` file to file in the kernel (``os.copy_file_range``, piece by piece):
+    its bytes never pass through this process where the OS can do that; return the bytes copied.
+
+    ``writeback=True`` (an output that will be fsynced) starts each piece's writeback to disk at once
+    (:func:`fastflip.files.fileio.start_writeback`). Where the OS has no ``copy_file_range``,
+    ``shutil.copyfile`` copies it (its fastest way there).
+    """
+    if not hasattr(os, "copy_file_range"):
+        import shutil  # only on systems without copy_file_range
+
+        shutil.copyfile(src, dst)
+        return os.path.getsize(dst)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        for at in range(0, size, piece):
+            n = min(piece, size - at)
+            _copy_range(fin.fileno(), fout.fileno(), at, n)
+            if writeback:
+                start_writeback(fout.fileno(), at, n)
+    return size
 
 
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],

@@ -48,6 +48,7 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
 from .archives import edit_archive, is_keras_archive
+from .copyregions import refuse_moving_bytes, write_copy_regions
 from .encoded import encoded_patches
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
@@ -154,6 +155,10 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
                                  algorithm)
         keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return res
+    if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass
+        refuse_moving_bytes(src, h5_rest, cp, "log whole-file hashes instead (the CLI: drop --evidence regions)")
+        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, backend, finish,
+                                  algorithm, writeback=stage.durable)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
@@ -235,10 +240,13 @@ def inject_file(
     plan : Plan, optional
         Apply this plan instead of sampling one (selection/bits/mode are then ignored).
     hash_files : bool or "regions"
-        Hash the input and output files for the log (default). ``"regions"`` (direct in place only:
-        ``in_place=True, atomic=False``): no whole-file pass; the log holds every byte range written (old and
-        new bytes), the file's size and a head/tail fingerprint (:mod:`fastflip.files.fingerprint`), and revert
-        checks those. ``False``: no hashes (revert then needs ``verify=False``).
+        Hash the input and output files for the log (default). ``"regions"``: no whole-file pass; the log holds
+        every byte range written (old and new bytes), the file's size and head/tail fingerprints of the input and
+        the output (:mod:`fastflip.files.fingerprint`), and revert and replay check those. Direct in place
+        (``in_place=True, atomic=False``) only the touched bytes are written; in copy mode the input is copied in
+        the kernel and only the touched bytes are written from here (:mod:`fastflip.files.copyregions`; refused
+        when a change would move bytes: HDF5 read-modify-write, a member that changes size). ``False``: no
+        hashes (revert then needs ``verify=False``).
     hash_algorithm : str, optional
         The log's integrity hash (:mod:`fastflip.files.hashing`: ``blake3``, ``xxh3-128``, ``sha256``); default
         the fastest available (or ``FASTFLIP_HASH``). The log names it; replay and revert verify with it.
@@ -281,7 +289,8 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True,
                    algo: str = "sha256") -> InjectionResult:
     target = output_target(src, dst, in_place, overwrite)
-    if cached_input and not in_place:  # the copy's input-hash lookup, answered while the layout and plan are made
+    if cached_input and not in_place and hash_files != "regions":
+        # the copy's input-hash lookup, answered while the layout and plan are made (region evidence hashes none)
         hashcache.prefetch(src, algo)
     if isinstance(selection, Mapping):
         selection = Selection.from_dict(selection)
@@ -361,6 +370,10 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
     """
     if not is_keras_archive(src):
         return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
+    if inject_kwargs.get("hash_files") == "regions":
+        raise OptionError(f"{src}: a .keras archive's log holds whole-file hashes of its weights file; region "
+                          "evidence (hash_files='regions', the CLI's --evidence regions) needs a single checkpoint "
+                          "file")
     src = os.fspath(src)
     durable = inject_kwargs.get("durable", True)
     with writer_lock(src, "inject --in-place", in_place):

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import LogMismatchError
 from . import hashing
 from .filebytes import copy_with_hash, hash_file, hash_with_patches
+from .fingerprint import replay_regions
 from .fileio import atomic_output, check_input, staged
 from .h5apply import read_words
 from .inject import InjectionResult, write_plan
@@ -90,6 +91,12 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
             new_log.save(new_lp)
         return new_log
 
+    if lg.manifest.get("evidence") == "regions" and not want_in:  # region evidence: checked by regions, no hash
+        with atomic_output(target) as tmp:
+            replay_regions(lg, src, tmp)
+            new_log = finish(None, None, lg.old_words, read_words(tmp, lg.plan, {
+                t.path: t for t in read_layout(tmp).tensors}), lg.undo)
+        return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     if lg.undo is not None and lg.undo.new_size >= 0:
         # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)
         forward = delta_patches(lg.undo, forward=True)
