@@ -1,13 +1,27 @@
 """Kill an injection at any moment: the user keeps the old state, or the new state with a log that reverts it.
 
-Evidence before change. A subprocess (tests/crash_worker.py) forks one child per trial and
-kills it with SIGKILL, SIGTERM or SIGINT, either at seeded random moments (scaled by the duration of one
-uninterrupted injection) or exactly before/after one of its renames (os.replace). Copy-mode injections must
-leave the input untouched and never an output without its log; in-place ones must leave the original bytes,
-or changed bytes with a ``.fflog`` whose revert gives the original bytes back. Checked for HDF5, .keras,
-torch.save, safetensors, .npz and a sharded safetensors checkpoint directory (index + three shards,
-killed also between the renames of its shards); the default tier runs a few kills per format and mode,
-``slow`` many more.
+Evidence before change. A subprocess (tests/crash_worker.py) forks one child per trial and kills it with
+SIGKILL, SIGTERM or SIGINT: just before or after each of its renames (os.replace / os.rename) and fsyncs, after
+some of the words it writes into the file (a ``kill -9`` in the middle of a direct in-place injection), or at
+seeded random moments (scaled by the duration of one uninterrupted injection). Four modes: a new file
+(``inject -o``), in place through a copy (``inject --in-place``), direct in place with region evidence
+(``inject --in-place --direct``) and the API's non-atomic in-place mode with whole-file hashes.
+
+Each trial is judged by bytes: the file is the original (``old``), or it changed and its log reverts it to
+exactly the original bytes (``new``; in direct mode by ``revert`` in place, as ``fastflip revert LOG FILE``
+does, which must accept a file some of whose words were written when the run was killed). A revert that
+succeeds must give the original bytes, and the framework's own reader (h5py, ``torch.load(weights_only=True)``,
+safetensors, ``np.load``, Keras' ``load_weights``, ``from_pretrained``) must read them as it read the original.
+Only the non-atomic mode with whole-file hashes may be left ``refused`` (its log refuses a half-written file,
+and the refusal changes nothing), and only by a ``kill -9`` while it wrote its words. Per mode, both ``old``
+and ``new`` must be seen, each kill point must give the state its moment implies (before the first rename:
+old; after the last rename of a copy: new; a deferred signal while the words are written: new), and along the
+renames the state never goes back from new to old.
+
+Checked for HDF5, torch.save, safetensors, .npz, a real Keras ``model.save`` archive and a real sharded
+``save_pretrained`` directory (framework tests; no --direct there: refused in one line, nothing changed). The
+default tier runs the end points and a few other kills per format and mode, ``slow`` every point with every
+signal and more random moments.
 """
 
 from __future__ import annotations
@@ -15,22 +29,27 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
-import zipfile
+from typing import Any, Callable
 
 import h5py
 import numpy as np
 import pytest
 
 from conftest import log_hash, require
+from fastflip.errors import LogMismatchError
 from fastflip.files.filebytes import hash_file
 from fastflip.files.revert import revert
 from fastflip.files.sharded import revert_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
+FILES = ["h5", "pt", "safetensors", "npz"]  # single files: every mode, --direct included
+FRAMEWORK = ["keras", "sharded"]  # real framework output: rewritten through a copy only
+ZIPPED = ("pt", "npz")  # zip containers: the entries' CRC fields are written after the words
 
 
 def _weights() -> dict[str, np.ndarray]:
@@ -39,77 +58,117 @@ def _weights() -> dict[str, np.ndarray]:
             "layer1.bias": rng.standard_normal(256).astype("f4")}
 
 
-def _make(fmt: str, d: str) -> str:
+def _save(fmt: str, d: str) -> tuple[str, Any]:
+    """Write the original checkpoint of ``fmt`` into ``d``: (its path, the live model when there is one)."""
     w = _weights()
     if fmt == "h5":
         p = os.path.join(d, "orig.h5")
         with h5py.File(p, "w") as f:
             for k, v in w.items():
                 f[k.replace(".", "/")] = v
-    elif fmt == "keras":
-        p, inner = os.path.join(d, "orig.keras"), os.path.join(d, "inner.h5")
-        with h5py.File(inner, "w") as f:
-            f["layers/dense/vars/0"], f["layers/dense/vars/1"] = w["layer1.weight"], w["layer1.bias"]
-        with zipfile.ZipFile(p, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            z.writestr("metadata.json", '{"keras_version": "3"}')
-            z.writestr("config.json", '{"class_name": "Sequential"}')
-            z.write(inner, "model.weights.h5")
-    elif fmt == "pt":
+        return p, None
+    if fmt == "pt":
         torch = require("torch")
         p = os.path.join(d, "orig.pt")
         torch.save({k: torch.from_numpy(v) for k, v in w.items()}, p)
-    elif fmt == "safetensors":
+        return p, None
+    if fmt == "safetensors":
         require("safetensors")
         from safetensors.numpy import save_file
 
         p = os.path.join(d, "orig.safetensors")
         save_file(w, p)
-    elif fmt == "sharded":
-        require("safetensors")
-        from safetensors.numpy import save_file
-
-        p = os.path.join(d, "orig")
-        os.makedirs(p)
-        weight_map = {}
-        for k in range(1, 4):
-            shard = f"model-{k:05d}-of-00003.safetensors"
-            part = {f"layer{k}.{n}": v for n, v in (("weight", w["layer1.weight"] * k), ("bias", w["layer1.bias"]))}
-            save_file(part, os.path.join(p, shard))
-            weight_map.update(dict.fromkeys(part, shard))
-        with open(os.path.join(p, "model.safetensors.index.json"), "w") as fh:
-            json.dump({"metadata": {}, "weight_map": weight_map}, fh)
-        with open(os.path.join(p, "config.json"), "w") as fh:
-            fh.write("{}")
-    else:
+        return p, None
+    if fmt == "npz":
         p = os.path.join(d, "orig.npz")
         np.savez(p, **w)
-    return p
+        return p, None
+    if fmt == "keras":
+        require("tensorflow")
+        require("keras")
+        from user_models import keras_subclassed
+
+        model = keras_subclassed()
+        p = os.path.join(d, "orig.keras")
+        model.save(p)
+        return p, model
+    require("torch")
+    require("transformers")
+    require("safetensors")
+    import hf_helpers
+
+    p = os.path.join(d, "orig")
+    assert len(hf_helpers.save_sharded(hf_helpers.build("gpt2"), p, max_shard_size="50KB")) == 3
+    return p, None
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> Callable[[str], tuple[str, Any]]:
+    """``originals(fmt)``: the original checkpoint of ``fmt`` (saved once per module) and its live model."""
+    made: dict[str, tuple[str, Any]] = {}
+
+    def get(fmt: str) -> tuple[str, Any]:
+        if fmt not in made:
+            made[fmt] = _save(fmt, str(tmp_path_factory.mktemp(fmt)))
+        return made[fmt]
+
+    return get
+
+
+def _load(fmt: str, p: str, model: Any) -> dict[str, np.ndarray]:
+    """What the framework's own reader gives for the checkpoint at ``p``: name -> values."""
+    if fmt == "h5":
+        out: dict[str, np.ndarray] = {}
+        with h5py.File(p, "r") as f:
+            f.visititems(lambda k, v: out.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None)
+        return out
+    if fmt == "pt":
+        import torch
+
+        return {k: v.numpy() for k, v in torch.load(p, weights_only=True).items()}
+    if fmt == "safetensors":
+        from safetensors.numpy import load_file
+
+        return load_file(p)
+    if fmt == "npz":
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    if fmt == "keras":
+        model.load_weights(p)
+        return {f"{k}:{v.path}": np.array(v.numpy()) for k, v in enumerate(model.weights)}
+    import hf_helpers
+
+    return {k: v.numpy() for k, v in hf_helpers.model_class("gpt2").from_pretrained(p).state_dict().items()}
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    """Equal names, dtypes, shapes and bytes (NaN payloads included)."""
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+                                        and a[k].tobytes() == b[k].tobytes() for k in a)
 
 
 def _modes(fmt: str) -> list[str]:
-    # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against
-    return ["copy", "inplace"] + ([] if fmt in ("keras", "sharded") else ["nonatomic"])
+    # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against;
+    # --direct works on a single file (test_direct_refuses_a_directory_and_an_archive)
+    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic"])
 
 
-# a directory commits in several renames (in place: the log, then each of three shards, after three staged
-# shards; copy: the log, then the folder): kill -9 right after the log and between the shards' renames too
-MID_COMMIT = {"sharded": [-4, -5, -6]}
-
-
-def _trials(fmt: str, root: str, rng: np.random.Generator, slow: bool) -> list[dict]:
+def _plan(fmt: str, rng: np.random.Generator, slow: bool) -> list[dict]:
+    """The kill points, per mode (the worker resolves ``all`` / ``ends`` against an uninterrupted run)."""
     trials = []
     for mode in _modes(fmt):
-        at_renames = [1, 2, 3, 4, -1, -2, -3] if slow else [2, 3, -2]
-        kills = [(at, sig) for at in at_renames for sig in (SIGS if slow else [SIGS[int(rng.integers(3))]])]
-        plan = [("replace", at, sig) for at, sig in kills]
-        plan += [("replace", at, signal.SIGKILL) for at in MID_COMMIT.get(fmt, [])]
-        plan += [("delay", float(rng.uniform(0.0, 1.3)), SIGS[k % 3]) for k in range(30 if slow else 4)]
-        for how, at, sig in plan:
-            if mode == "nonatomic" and how == "delay" and sig == signal.SIGKILL:
-                sig = signal.SIGTERM  # a kill -9 while the words are written leaves them half done: see docs
-            d = os.path.join(root, f"t{len(trials)}")
-            os.makedirs(d)
-            trials.append({"dir": d, "mode": mode, "how": how, "at": at, "sig": int(sig)})
+        words = mode in ("direct", "nonatomic")
+        other = SIGS[int(rng.integers(1, 3))]  # a deferred signal, drawn per mode
+        if slow:
+            plan = [("replace", "all", sig) for sig in SIGS] + [("fsync", "all", signal.SIGKILL)]
+            plan += [("words", "all" if sig == signal.SIGKILL else "some", sig) for sig in SIGS if words]
+            delays = 12
+        else:  # every rename with kill -9, one other point with a deferred signal, the words' points
+            plan = [("replace", "all", signal.SIGKILL), ("replace", int(rng.choice([1, 2, -1, -2])), other)]
+            plan += [("words", "some", signal.SIGKILL), ("words", 1, other)] if words else []
+            delays = 2
+        plan += [("delay", float(rng.uniform(0.0, 1.3)), SIGS[k % 3]) for k in range(delays)]
+        trials += [{"mode": mode, "how": how, "at": at, "sig": int(sig)} for how, at, sig in plan]
     return trials
 
 
@@ -121,8 +180,11 @@ def _read(p: str) -> bytes | dict[str, bytes]:
         return fh.read()
 
 
-def _check(trial: dict, original: bytes, ext: str) -> str:
-    """The state a killed trial left: 'old' or 'new' (asserting it is one of the two allowed)."""
+def _judge(trial: dict, original: Any, ext: str) -> tuple[str, str | None]:
+    """The state a killed trial left: ('old' | 'new' | 'refused', the path reverted to the original or None).
+
+    Asserts what every mode owes: a copy's input untouched and no output without its log; a changed file has a
+    log; a revert that succeeds gives exactly the original bytes; a refused one changes nothing."""
     d = trial["dir"]
     src, out = os.path.join(d, "in" + ext), os.path.join(d, "out" + ext)
     now = _read(src)
@@ -130,71 +192,130 @@ def _check(trial: dict, original: bytes, ext: str) -> str:
     if trial["mode"] == "copy":
         assert now == original, f"{what} its input changed"
         if not os.path.exists(out):
-            return "old"
+            return "old", None
         assert os.path.exists(out + ".fflog"), f"{what} an output without its log"
         target = out
     else:
         if now == original:
-            return "old"
+            return "old", None
         target = src
+    assert _read(target) != original, f"{what} an output equal to its input"
     logs = sorted(glob.glob(os.path.join(d, "*.fflog")))
     assert logs, f"{what} a changed file and no log"
-    back = os.path.join(d, "back" + ext)
     for lp in logs:
+        before = _read(target)
+        # direct: reverted in place and directly, as `fastflip revert LOG FILE` does; else into a new file
+        back = target if trial["mode"] == "direct" else os.path.join(d, "back" + ext)
         try:
-            (revert_dir if os.path.isdir(target) else revert)(lp, target, back, overwrite=True)
-        except Exception:  # noqa: BLE001 - another log (of a run that did not commit) may not fit
+            if os.path.isdir(target):
+                revert_dir(lp, target, back, overwrite=True)
+            else:
+                revert(lp, target, None if back == target else back, overwrite=True)
+        except LogMismatchError:
+            assert _read(target) == before, f"{what} a file that a refused revert ({lp}) changed"
             continue
-        if _read(back) == original:
-            return "new"
-    raise AssertionError(f"{what} a changed file whose logs ({logs}) do not revert it to the original")
+        assert _read(back) == original, f"{what} a file that {lp} 'reverted' to bytes other than the original"
+        return "new", back
+    return "refused", None
 
 
-def _run(fmt: str, tmp_path, seed: int, slow: bool = False) -> dict[str, int]:
-    orig = _make(fmt, str(tmp_path))
-    trials = _trials(fmt, str(tmp_path / "trials"), np.random.default_rng(seed), slow)
+def _allowed(trial: dict, fmt: str) -> set[str]:
+    """The states a trial may leave, given where it was killed."""
+    mode, how, at, n, sig = trial["mode"], trial["how"], trial["at"], trial["points"], trial["sig"]
+    torn = {"old", "new"} | ({"refused"} if mode == "nonatomic" and sig == signal.SIGKILL else set())
+    if how == "delay":
+        return torn
+    if how == "words":
+        if sig != signal.SIGKILL:
+            return {"new"}  # deferred while the words are written: they all are
+        if at == 0:
+            return {"old"}
+        if mode == "direct":
+            return {"new"}  # region evidence takes back a file killed part-way through its words
+        # whole-file hashes refuse a half-written file; all words written, a zip's CRCs are not yet
+        return {"refused"} if at < n or fmt in ZIPPED else {"new"}
+    if sig == signal.SIGKILL and at == 1:
+        return {"old"}  # before the first rename / fsync
+    if sig == signal.SIGKILL and at == -n:  # after the last: a copy is committed; in place, the log only
+        return {"new"} if mode in ("copy", "inplace") else {"old"}
+    return {"old", "new"}
+
+
+def _moment(trial: dict) -> int:
+    """The order of a rename/fsync kill point in time: before the k-th call, after it, before the next..."""
+    return 2 * trial["at"] - 1 if trial["at"] > 0 else -2 * trial["at"]
+
+
+def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[str, dict[str, int]]:
+    orig, model = originals(fmt)
     spec = tmp_path / "spec.json"
-    warm = [m for m in _modes(fmt) if m != "inplace"]
-    spec.write_text(json.dumps({"file": orig, "trials": trials, "warm": warm}))
+    spec.write_text(json.dumps({"file": orig, "root": str(tmp_path / "trials"),
+                                "trials": _plan(fmt, np.random.default_rng(seed), slow)}))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "crash_worker.py"), str(spec)], capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, FASTFLIP_HASH_CACHE="off"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    done = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith('{"trial"')]
-    assert len(done) == len(trials)
-    original = _read(orig)
-    seen = {"old": 0, "new": 0}
-    for t in trials:
-        seen[_check(t, original, os.path.splitext(orig)[1])] += 1
+    done = [json.loads(x)["trial"] for x in proc.stdout.splitlines() if x.startswith('{"trial"')]
+    original, ext = _read(orig), os.path.splitext(orig)[1]
+    loaded = _load(fmt, orig, model)
+    seen: dict[str, dict[str, int]] = {m: {"old": 0, "new": 0, "refused": 0} for m in _modes(fmt)}
+    along: dict[tuple, list[tuple[int, str]]] = {}
+    read_back = 0
+    for t in done:
+        state, back = _judge(t, original, ext)
+        assert state in _allowed(t, fmt), f"{t} left {state!r}, expected one of {sorted(_allowed(t, fmt))}"
+        seen[t["mode"]][state] += 1
+        if t["how"] in ("replace", "fsync"):
+            along.setdefault((t["mode"], t["how"], t["sig"]), []).append((_moment(t), state))
+        if back is not None and (fmt not in FRAMEWORK or not read_back):  # a framework load once per run
+            assert _same(_load(fmt, back, model), loaded), f"{t}: the framework reads the reverted file differently"
+            read_back += 1
+    for key, states in along.items():  # once new, never old again
+        order = [s for _, s in sorted(states)]
+        assert order == sorted(order, key=("old", "new").index), f"{key}: states along the calls {order}"
+    for mode, counts in seen.items():
+        assert counts["old"] and counts["new"], f"{fmt} {mode}: the kills landed on one side only {counts}"
+    assert read_back
     return seen
 
 
-FORMATS = ["h5", "keras", "pt", "safetensors", "npz", "sharded"]
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_kill_at_any_moment_keeps_a_way_back(fmt, tmp_path):
-    seen = _run(fmt, tmp_path, seed=FORMATS.index(fmt))
-    assert seen["old"] and seen["new"]  # the kills landed on both sides of the commit
+@pytest.mark.parametrize("fmt", FILES + [pytest.param(f, marks=pytest.mark.framework) for f in FRAMEWORK])
+def test_kill_at_any_moment_keeps_a_way_back(fmt, originals, tmp_path):
+    _run(fmt, originals, tmp_path, seed=(FILES + FRAMEWORK).index(fmt))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_kill_at_any_moment_many(fmt, tmp_path):
-    seen = _run(fmt, tmp_path, seed=100 + FORMATS.index(fmt), slow=True)
-    assert seen["old"] and seen["new"]
+@pytest.mark.parametrize("fmt", FILES + [pytest.param(f, marks=pytest.mark.framework) for f in FRAMEWORK])
+def test_kill_at_any_moment_many(fmt, originals, tmp_path):
+    _run(fmt, originals, tmp_path, seed=100 + (FILES + FRAMEWORK).index(fmt), slow=True)
 
 
-@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "keras", "npz") for m in _modes(f)])
-def test_the_log_is_in_place_before_the_file_changes(fmt, mode, tmp_path, monkeypatch):
+@pytest.mark.framework
+@pytest.mark.parametrize("fmt", FRAMEWORK)
+def test_direct_refuses_a_directory_and_an_archive(fmt, originals, tmp_path, capsys):
+    """--direct on a .keras archive or a checkpoint directory: one line naming the fix, the files untouched."""
+    from fastflip.cli import main
+
+    orig, _ = originals(fmt)
+    src = str(tmp_path / os.path.basename(orig))
+    (shutil.copytree if os.path.isdir(orig) else shutil.copyfile)(orig, src)
+    assert main(["inject", src, "--in-place", "--direct", "--count", "4", "--seed", "1"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "drop --direct" in err and "Traceback" not in err, err
+    assert _read(src) == _read(orig)
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(src)]  # no log, no temporary left
+
+
+@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "npz") for m in _modes(f)]
+                         + [pytest.param("keras", m, marks=pytest.mark.framework) for m in _modes("keras")])
+def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_path, monkeypatch):
     """At the moment the log is renamed into place, the file it describes is still the old one (in place) or
     not there yet (copy); afterwards both are there. Deterministic, in process."""
     from fastflip.files.inject import inject_checkpoint_file
 
-    orig = _make(fmt, str(tmp_path))
+    orig, _ = originals(fmt)
     original = _read(orig)
     src, out = str(tmp_path / ("in" + os.path.splitext(orig)[1])), str(tmp_path / "out.bin")
-    with open(src, "wb") as fh:
-        fh.write(original)
+    shutil.copyfile(orig, src)
     real, seen = os.replace, []
 
     def replace(a, b):
@@ -203,11 +324,18 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, tmp_path, monkey
         real(a, b)
 
     monkeypatch.setattr(os, "replace", replace)
-    kw = {"in_place": True, "atomic": mode != "nonatomic"} if mode != "copy" else {"dst": out}
+    kw: dict[str, Any] = {"dst": out}
+    if mode != "copy":
+        kw = {"in_place": True, "atomic": mode == "inplace", "hash_files": "regions" if mode == "direct" else True}
     res = inject_checkpoint_file(src, count=10, seed=1, **kw)
     assert seen == [True]
     assert os.path.exists(res.log_path) and _read(res.output) != original
     m = res.log.manifest
+    if mode == "direct":  # no whole-file hash: the log holds the touched bytes, old and new
+        assert m["evidence"] == "regions"
+        res.log.undo.apply(res.output)
+        assert _read(res.output) == original
+        return
     logged = m["container"]["output_sha256"] if fmt == "keras" else log_hash(m["output"])
     algorithm = "sha256" if fmt == "keras" else m["output"]["hash_algorithm"]
     assert logged == hash_file(res.output, algorithm, cache=False)  # non-atomic: the predicted hash is the file's
