@@ -12,8 +12,8 @@ exactly the original bytes (``new``; in direct mode by ``revert`` in place, as `
 does, which must accept a file some of whose words were written when the run was killed). A revert that
 succeeds must give the original bytes, and the framework's own reader (h5py, ``torch.load(weights_only=True)``,
 safetensors, ``np.load``, Keras' ``load_weights``, ``from_pretrained``) must read them as it read the original.
-Only the non-atomic mode with whole-file hashes may be left ``refused`` (its log refuses a half-written file,
-and the refusal changes nothing), and only by a ``kill -9`` while it wrote its words. Per mode, both ``old``
+Only the non-atomic mode with whole-file hashes may be left ``refused`` (its log may refuse a half-written
+file; the refusal changes nothing), and only by a ``kill -9`` while it wrote its words. Per mode, both ``old``
 and ``new`` must be seen, each kill point must give the state its moment implies (before the first rename:
 old; after the last rename of a copy: new; a deferred signal while the words are written: new), and along the
 renames the state never goes back from new to old.
@@ -232,8 +232,9 @@ def _allowed(trial: dict, fmt: str) -> set[str]:
             return {"old"}
         if mode == "direct":
             return {"new"}  # region evidence takes back a file killed part-way through its words
-        # whole-file hashes refuse a half-written file; all words written, a zip's CRCs are not yet
-        return {"refused"} if at < n or fmt in ZIPPED else {"new"}
+        # whole-file hashes may refuse a half-written file (all words written, a zip's CRCs are not yet), never
+        # the file the log describes
+        return {"new", "refused"} if at < n or fmt in ZIPPED else {"new"}
     if sig == signal.SIGKILL and at == 1:
         return {"old"}  # before the first rename / fsync
     if sig == signal.SIGKILL and at == -n:  # after the last: a copy is committed; in place, the log only
