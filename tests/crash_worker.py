@@ -9,11 +9,11 @@ worker fills with one sub-folder per trial) and ``trials``, each ``{"mode", "sig
 - ``how`` and ``at``: ``delay`` (the child is killed ``at`` seconds after it starts, drawn by the test from a
   seeded generator and scaled here by the duration of one uninterrupted injection of that mode); ``replace``
   (the child sends ``sig`` to itself just before its ``at``-th ``os.replace``/``os.rename``, or just after the
-  ``-at``-th when ``at`` is negative); ``fsync`` (the same around its ``at``-th ``os.fsync``); ``words`` (just
-  after the first ``at`` words the native kernel writes into the file, before the next one; a deferred signal
-  lets the rest be written). ``at`` may be ``"all"``: one trial per point of that kind (``replace``/``fsync``:
-  before and after each call; ``words``: after 0, 1, half, all but one and all of the words), ``"ends"``
-  (before the first call, after the last) or ``"some"`` (words: after none, half and all), counted in an
+  ``-at``-th when ``at`` is negative); ``fsync`` (the same around its ``at``-th ``os.fsync``); ``writes`` (just
+  after the first ``at`` writes into the file: the words the native kernel writes, then the byte patches such as
+  zip CRC fields and re-encoded chunks; a deferred signal lets the rest be written). ``at`` may be ``"all"``: one trial per point of that kind (``replace``/``fsync``:
+  before and after each call; ``writes``: after 0, 1, half, all but one and all of the writes), ``"ends"``
+  (before the first call, after the last) or ``"some"`` (writes: after none, half and all), counted in an
   uninterrupted run of the mode.
 
 The original may be a checkpoint directory (copied as a tree; ``os.rename``, which commits a directory, counts
@@ -30,6 +30,8 @@ import shutil
 import signal
 import sys
 import time
+
+import numpy as np
 
 COUNT = 40  # flips per injection
 _DEFERRED = {signal.SIGINT, signal.SIGTERM}
@@ -63,31 +65,39 @@ def _around(real, at: int, sig: int, calls: list[int]):  # noqa: ANN001, ANN202
     return wrapped
 
 
-def _words_hook(at: int, sig: int, calls: list[int]) -> None:
-    """Send ``sig`` just after the first ``at`` words the kernel writes into the file (``calls[0]`` counts them)."""
-    from fastflip.kernels import dispatch
+def _split(real, at: int, sig: int, calls: list[int], count, cut):  # noqa: ANN001, ANN202
+    """``real`` (a writer of ``count(args)`` units) wrapped: ``sig`` sent just after the ``at``-th unit of all
+    the wrapped writers together; ``cut(args, kwargs, s)`` gives the arguments that write the units ``s``."""
 
-    real = dispatch.apply_at_offsets
-
-    def apply(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, backend="auto", **kw):  # noqa: ANN001, ANN202
-        import numpy as np
-
-        n, start = len(offsets), calls[0]
+    def wrapped(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        n, start = count(a), calls[0]
         calls[0] += n
         if not (start < at <= start + n or at == start == 0):  # the point is not in this call
-            return real(buf, offsets, itemsize, swap, and_mask, or_mask, xor_mask, backend, **kw)
-        cut = at - start
+            return real(*a, **kw)
+        a1, kw1 = cut(a, kw, slice(0, at - start))
+        first = real(*a1, **kw1)
+        os.kill(os.getpid(), sig)  # SIGKILL: the first units are in the file, no more
+        a2, kw2 = cut(a, kw, slice(at - start, n))
+        rest = real(*a2, **kw2)
+        return first if rest is None else tuple(np.concatenate([x, y]) for x, y in zip(first, rest))
 
-        def part(s: slice):  # noqa: ANN202
-            extra = {k: (v[s] if k == "scale" and v is not None else v) for k, v in kw.items()}
-            return real(buf, offsets[s], itemsize, swap, and_mask[s], or_mask[s], xor_mask[s], backend, **extra)
+    return wrapped
 
-        o1, n1 = part(slice(0, cut))
-        os.kill(os.getpid(), sig)  # SIGKILL: the first `cut` words are in the file (a shared mapping), no more
-        o2, n2 = part(slice(cut, n))
-        return np.concatenate([o1, o2]), np.concatenate([n1, n2])
 
-    dispatch.apply_at_offsets = apply
+def _writes_hook(at: int, sig: int, calls: list[int]) -> None:
+    """Send ``sig`` just after the first ``at`` writes into the file: the words the native kernel writes (through
+    a shared mapping), then the byte patches (zip CRC fields, re-encoded chunks) written with ``write_patches``."""
+    from fastflip.files import inplace
+    from fastflip.kernels import dispatch
+
+    def words(a: tuple, kw: dict, s: slice) -> tuple[tuple, dict]:  # buf, offsets, itemsize, swap, and, or, xor
+        scale = kw.get("scale")
+        return (a[0], a[1][s], a[2], a[3], a[4][s], a[5][s], a[6][s], *a[7:]), {
+            **kw, "scale": None if scale is None else scale[s]}
+
+    dispatch.apply_at_offsets = _split(dispatch.apply_at_offsets, at, sig, calls, lambda a: len(a[1]), words)
+    inplace.write_patches = _split(inplace.write_patches, at, sig, calls, lambda a: len(a[1]),
+                                   lambda a, kw, s: ((a[0], a[1][s]), kw))
 
 
 def _hook(how: str, at: int, sig: int) -> list[int]:
@@ -97,8 +107,8 @@ def _hook(how: str, at: int, sig: int) -> list[int]:
         os.replace, os.rename = _around(os.replace, at, sig, calls), _around(os.rename, at, sig, calls)
     elif how == "fsync":
         os.fsync = _around(os.fsync, at, sig, calls)
-    elif how == "words":
-        _words_hook(at, sig, calls)
+    elif how == "writes":
+        _writes_hook(at, sig, calls)
     return calls
 
 
@@ -119,10 +129,10 @@ def _child(trial: dict, src: str, out: str, report: str | None) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)  # a signal sent meanwhile arrives now
         counters = {}
-        if trial["how"] in ("replace", "fsync", "words"):
+        if trial["how"] in ("replace", "fsync", "writes"):
             counters[trial["how"]] = _hook(trial["how"], trial["at"], trial["sig"])
         elif report:  # an uninterrupted run that counts its points
-            counters = {how: _hook(how, 0, 0) for how in ("replace", "fsync", "words")}
+            counters = {how: _hook(how, 0, 0) for how in ("replace", "fsync", "writes")}
         code = _inject(trial["mode"], src, out) or 0
         if report:
             with open(report, "w") as fh:
@@ -157,8 +167,8 @@ def _run(trial: dict, original: str, ext: str, unit: float, report: str | None =
 
 def _points(how: str, n: int, which: str) -> list[int]:
     """The kill points ``which`` (``all``, ``ends``: the first and the last, ``some``) of a kind whose
-    uninterrupted run makes ``n`` calls (``words``: writes ``n`` words)."""
-    if how == "words":
+    uninterrupted run makes ``n`` calls (``writes``: ``n`` writes)."""
+    if how == "writes":
         return sorted({0, n // 2, n} | ({1, n - 1} if which == "all" else set()))
     return [1, -n] if which == "ends" else [k for i in range(1, n + 1) for k in (i, -i)]
 

@@ -1,27 +1,29 @@
 """Kill an injection at any moment: the user keeps the old state, or the new state with a log that reverts it.
 
 Evidence before change. A subprocess (tests/crash_worker.py) forks one child per trial and kills it with
-SIGKILL, SIGTERM or SIGINT: just before or after each of its renames (os.replace / os.rename) and fsyncs, after
-some of the words it writes into the file (a ``kill -9`` in the middle of a direct in-place injection), or at
-seeded random moments (scaled by the duration of one uninterrupted injection). Four modes: a new file
-(``inject -o``), in place through a copy (``inject --in-place``), direct in place with region evidence
-(``inject --in-place --direct``) and the API's non-atomic in-place mode with whole-file hashes.
+SIGKILL, SIGTERM or SIGINT: just before or after each of its renames (os.replace / os.rename) and fsyncs,
+part-way through the bytes it writes into the file where they lie (the words, then zip CRC fields and
+re-encoded chunks: a ``kill -9`` in the middle of a direct in-place injection), or at seeded random moments
+(scaled by the duration of one uninterrupted injection). Four modes: a new file (``inject -o``), in place
+through a copy (``inject --in-place``), direct in place with region evidence (``inject --in-place --direct``)
+and the API's non-atomic in-place mode with whole-file hashes.
 
 Each trial is judged by bytes: the file is the original (``old``), or it changed and its log reverts it to
-exactly the original bytes (``new``; in direct mode by ``revert`` in place, as ``fastflip revert LOG FILE``
-does, which must accept a file some of whose words were written when the run was killed). A revert that
-succeeds must give the original bytes, and the framework's own reader (h5py, ``torch.load(weights_only=True)``,
-safetensors, ``np.load``, Keras' ``load_weights``, ``from_pretrained``) must read them as it read the original.
-Only the non-atomic mode with whole-file hashes may be left ``refused`` (its log may refuse a half-written
-file; the refusal changes nothing), and only by a ``kill -9`` while it wrote its words. Per mode, both ``old``
-and ``new`` must be seen, each kill point must give the state its moment implies (before the first rename:
-old; after the last rename of a copy: new; a deferred signal while the words are written: new), and along the
-renames the state never goes back from new to old.
+exactly the original bytes (``new``; a direct log both into a new file and in place, as ``fastflip revert LOG
+FILE`` does, which must accept a file killed part-way through its writes). A revert that succeeds must give
+the original bytes, and the framework's own reader (h5py, ``torch.load(weights_only=True)``, safetensors,
+``np.load``, Keras' ``load_weights``, ``from_pretrained``) must read them as it reads the original. Only the
+non-atomic mode with whole-file hashes may be left ``refused`` (its log may refuse a half-written file; the
+refusal changes nothing), and only by a ``kill -9`` while it writes. Per mode, both ``old`` and ``new`` must be
+seen, each kill point must give the state its moment implies (before the first rename: old; after the last
+rename of a copy: new; a deferred signal while the file is written: new), and along the renames and fsyncs
+the state never goes back from new to old.
 
-Checked for HDF5, torch.save, safetensors, .npz, a real Keras ``model.save`` archive and a real sharded
-``save_pretrained`` directory (framework tests; no --direct there: refused in one line, nothing changed). The
-default tier runs the end points and a few other kills per format and mode, ``slow`` every point with every
-signal and more random moments.
+Checked for HDF5 (contiguous, and gzip chunks re-encoded at their size), torch.save, safetensors, .npz (stored
+and deflated), a real Keras ``model.save`` archive and a real sharded ``save_pretrained`` directory (framework
+tests; --direct refuses those two, and a chunk whose re-encoding does not fit, in one line with nothing
+changed). The default tier runs every rename with ``kill -9`` and a few other points per format and mode,
+``slow`` every point with every signal and more random moments.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ from fastflip.files.sharded import revert_dir
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
-FILES = ["h5", "pt", "safetensors", "npz"]  # single files: every mode, --direct included
+# single files: every mode, --direct included (raw words; gzip chunks and deflated members re-encoded at their size)
+FILES = ["h5", "pt", "safetensors", "npz", "h5-gzip", "npz-deflated"]
+REENCODED = ("h5-gzip", "npz-deflated")  # in the default tier, killed in the in-place modes without a copy only
 FRAMEWORK = ["keras", "sharded"]  # real framework output: rewritten through a copy only
-ZIPPED = ("pt", "npz")  # zip containers: the entries' CRC fields are written after the words
 
 
 def _weights() -> dict[str, np.ndarray]:
@@ -61,11 +64,13 @@ def _weights() -> dict[str, np.ndarray]:
 def _save(fmt: str, d: str) -> tuple[str, Any]:
     """Write the original checkpoint of ``fmt`` into ``d``: (its path, the live model when there is one)."""
     w = _weights()
-    if fmt == "h5":
+    if fmt.startswith("h5"):
         p = os.path.join(d, "orig.h5")
+        gz = {"h5": {}, "h5-gzip": dict(chunks=(64, 64), compression="gzip"),  # re-encoded at their size
+              "h5-shuffle": dict(chunks=(16, 32), compression="gzip", shuffle=True)}[fmt]  # some chunks do not fit
         with h5py.File(p, "w") as f:
             for k, v in w.items():
-                f[k.replace(".", "/")] = v
+                f.create_dataset(k.replace(".", "/"), data=v, **(gz if v.ndim == 2 else {}))
         return p, None
     if fmt == "pt":
         torch = require("torch")
@@ -79,9 +84,9 @@ def _save(fmt: str, d: str) -> tuple[str, Any]:
         p = os.path.join(d, "orig.safetensors")
         save_file(w, p)
         return p, None
-    if fmt == "npz":
+    if fmt.startswith("npz"):
         p = os.path.join(d, "orig.npz")
-        np.savez(p, **w)
+        (np.savez_compressed if fmt == "npz-deflated" else np.savez)(p, **w)
         return p, None
     if fmt == "keras":
         require("tensorflow")
@@ -117,7 +122,7 @@ def originals(tmp_path_factory) -> Callable[[str], tuple[str, Any]]:
 
 def _load(fmt: str, p: str, model: Any) -> dict[str, np.ndarray]:
     """What the framework's own reader gives for the checkpoint at ``p``: name -> values."""
-    if fmt == "h5":
+    if fmt.startswith("h5"):
         out: dict[str, np.ndarray] = {}
         with h5py.File(p, "r") as f:
             f.visititems(lambda k, v: out.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None)
@@ -130,7 +135,7 @@ def _load(fmt: str, p: str, model: Any) -> dict[str, np.ndarray]:
         from safetensors.numpy import load_file
 
         return load_file(p)
-    if fmt == "npz":
+    if fmt.startswith("npz"):
         with np.load(p, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     if fmt == "keras":
@@ -149,7 +154,7 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 
 def _modes(fmt: str) -> list[str]:
     # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against;
-    # --direct works on a single file (test_direct_refuses_a_directory_and_an_archive)
+    # --direct works on a single file (test_direct_refuses_what_it_cannot_write_in_place)
     return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic"])
 
 
@@ -157,15 +162,17 @@ def _plan(fmt: str, rng: np.random.Generator, slow: bool) -> list[dict]:
     """The kill points, per mode (the worker resolves ``all`` / ``ends`` against an uninterrupted run)."""
     trials = []
     for mode in _modes(fmt):
-        words = mode in ("direct", "nonatomic")
+        if fmt in REENCODED and mode in ("copy", "inplace") and not slow:
+            continue
+        writes = mode in ("direct", "nonatomic")  # written where they lie: killed part-way through
         other = SIGS[int(rng.integers(1, 3))]  # a deferred signal, drawn per mode
         if slow:
             plan = [("replace", "all", sig) for sig in SIGS] + [("fsync", "all", signal.SIGKILL)]
-            plan += [("words", "all" if sig == signal.SIGKILL else "some", sig) for sig in SIGS if words]
+            plan += [("writes", "all" if sig == signal.SIGKILL else "some", sig) for sig in SIGS if writes]
             delays = 12
-        else:  # every rename with kill -9, one other point with a deferred signal, the words' points
+        else:  # every rename with kill -9, one other point with a deferred signal, some points of the writes
             plan = [("replace", "all", signal.SIGKILL), ("replace", int(rng.choice([1, 2, -1, -2])), other)]
-            plan += [("words", "some", signal.SIGKILL), ("words", 1, other)] if words else []
+            plan += [("writes", "some", signal.SIGKILL), ("writes", 1, other)] if writes else []
             delays = 2
         plan += [("delay", float(rng.uniform(0.0, 1.3)), SIGS[k % 3]) for k in range(delays)]
         trials += [{"mode": mode, "how": how, "at": at, "sig": int(sig)} for how, at, sig in plan]
@@ -202,19 +209,21 @@ def _judge(trial: dict, original: Any, ext: str) -> tuple[str, str | None]:
     assert _read(target) != original, f"{what} an output equal to its input"
     logs = sorted(glob.glob(os.path.join(d, "*.fflog")))
     assert logs, f"{what} a changed file and no log"
+    back = os.path.join(d, "back" + ext)
     for lp in logs:
         before = _read(target)
-        # direct: reverted in place and directly, as `fastflip revert LOG FILE` does; else into a new file
-        back = target if trial["mode"] == "direct" else os.path.join(d, "back" + ext)
         try:
             if os.path.isdir(target):
                 revert_dir(lp, target, back, overwrite=True)
             else:
-                revert(lp, target, None if back == target else back, overwrite=True)
+                revert(lp, target, back, overwrite=True)  # a new file
+            assert _read(back) == original, f"{what} a file that {lp} 'reverted' to bytes other than the original"
+            if trial["mode"] == "direct":  # in place and directly too, as `fastflip revert LOG FILE` does
+                revert(lp, target)
+                assert _read(target) == original, f"{what} a file that {lp} 'reverted' in place to other bytes"
         except LogMismatchError:
             assert _read(target) == before, f"{what} a file that a refused revert ({lp}) changed"
             continue
-        assert _read(back) == original, f"{what} a file that {lp} 'reverted' to bytes other than the original"
         return "new", back
     return "refused", None
 
@@ -225,16 +234,15 @@ def _allowed(trial: dict, fmt: str) -> set[str]:
     torn = {"old", "new"} | ({"refused"} if mode == "nonatomic" and sig == signal.SIGKILL else set())
     if how == "delay":
         return torn
-    if how == "words":
+    if how == "writes":
         if sig != signal.SIGKILL:
-            return {"new"}  # deferred while the words are written: they all are
+            return {"new"}  # deferred while the file is written: all of it is
         if at == 0:
             return {"old"}
         if mode == "direct":
-            return {"new"}  # region evidence takes back a file killed part-way through its words
-        # whole-file hashes may refuse a half-written file (all words written, a zip's CRCs are not yet), never
-        # the file the log describes
-        return {"new", "refused"} if at < n or fmt in ZIPPED else {"new"}
+            return {"new"}  # region evidence takes back a file killed part-way through its writes
+        # whole-file hashes may refuse a half-written file, never the file the log describes
+        return {"new", "refused"} if at < n else {"new"}
     if sig == signal.SIGKILL and at == 1:
         return {"old"}  # before the first rename / fsync
     if sig == signal.SIGKILL and at == -n:  # after the last: a copy is committed; in place, the log only
@@ -249,16 +257,17 @@ def _moment(trial: dict) -> int:
 
 def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[str, dict[str, int]]:
     orig, model = originals(fmt)
+    plan = _plan(fmt, np.random.default_rng(seed), slow)
     spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"file": orig, "root": str(tmp_path / "trials"),
-                                "trials": _plan(fmt, np.random.default_rng(seed), slow)}))
+    spec.write_text(json.dumps({"file": orig, "root": str(tmp_path / "trials"), "trials": plan}))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "crash_worker.py"), str(spec)], capture_output=True,
                           text=True, timeout=600, env=dict(os.environ, FASTFLIP_HASH_CACHE="off"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     done = [json.loads(x)["trial"] for x in proc.stdout.splitlines() if x.startswith('{"trial"')]
+    assert len(done) >= len(plan) and {t["mode"] for t in done} == {t["mode"] for t in plan}
     original, ext = _read(orig), os.path.splitext(orig)[1]
     loaded = _load(fmt, orig, model)
-    seen: dict[str, dict[str, int]] = {m: {"old": 0, "new": 0, "refused": 0} for m in _modes(fmt)}
+    seen: dict[str, dict[str, int]] = {t["mode"]: {"old": 0, "new": 0, "refused": 0} for t in plan}
     along: dict[tuple, list[tuple[int, str]]] = {}
     read_back = 0
     for t in done:
@@ -290,16 +299,17 @@ def test_kill_at_any_moment_many(fmt, originals, tmp_path):
     _run(fmt, originals, tmp_path, seed=100 + (FILES + FRAMEWORK).index(fmt), slow=True)
 
 
-@pytest.mark.framework
-@pytest.mark.parametrize("fmt", FRAMEWORK)
-def test_direct_refuses_a_directory_and_an_archive(fmt, originals, tmp_path, capsys):
-    """--direct on a .keras archive or a checkpoint directory: one line naming the fix, the files untouched."""
+@pytest.mark.parametrize("fmt", ["h5-shuffle"] + [pytest.param(f, marks=pytest.mark.framework) for f in FRAMEWORK])
+def test_direct_refuses_what_it_cannot_write_in_place(fmt, originals, tmp_path, capsys):
+    """--direct on a .keras archive, a checkpoint directory or a chunk whose re-encoding does not fit its old
+    size: one line naming the fix, the files untouched, no log."""
     from fastflip.cli import main
 
     orig, _ = originals(fmt)
     src = str(tmp_path / os.path.basename(orig))
     (shutil.copytree if os.path.isdir(orig) else shutil.copyfile)(orig, src)
-    assert main(["inject", src, "--in-place", "--direct", "--count", "4", "--seed", "1"]) == 2
+    capsys.readouterr()  # what building the model printed
+    assert main(["inject", src, "--in-place", "--direct", "--count", "40", "--seed", "7"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "drop --direct" in err and "Traceback" not in err, err
     assert _read(src) == _read(orig)
