@@ -11,10 +11,10 @@ worker fills with one sub-folder per trial) and ``trials``, each ``{"mode", "sig
   (the child sends ``sig`` to itself just before its ``at``-th ``os.replace``/``os.rename``, or just after the
   ``-at``-th when ``at`` is negative); ``fsync`` (the same around its ``at``-th ``os.fsync``); ``writes`` (just
   after the first ``at`` writes into the file: the words the native kernel writes, then the byte patches such as
-  zip CRC fields and re-encoded chunks; a deferred signal lets the rest be written). ``at`` may be ``"all"``: one trial per point of that kind (``replace``/``fsync``:
-  before and after each call; ``writes``: after 0, 1, half, all but one and all of the writes), ``"ends"``
-  (before the first call, after the last) or ``"some"`` (writes: after none, half and all), counted in an
-  uninterrupted run of the mode.
+  zip CRC fields and re-encoded chunks; a deferred signal lets the rest be written). ``at`` may be ``"all"``:
+  one trial per point of that kind (``replace``/``fsync``: before and after each call; ``writes``: after 0, 1,
+  half, all but one and all of the writes), ``"ends"`` (before the first call, after the last) or ``"some"``
+  (writes: after none, half and all), counted in an uninterrupted run of the mode.
 
 The original may be a checkpoint directory (copied as a tree; ``os.rename``, which commits a directory, counts
 as a rename too). fastflip is imported once (every mode run once before the forks); every trial forks, so a
