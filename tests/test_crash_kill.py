@@ -267,7 +267,7 @@ def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[s
     done = [json.loads(x)["trial"] for x in proc.stdout.splitlines() if x.startswith('{"trial"')]
     assert len(done) >= len(plan) and {t["mode"] for t in done} == {t["mode"] for t in plan}
     unseen = [t for t in done if t["how"] != "delay" and not t["points"]]
-    assert not unseen, f"kill points an uninterrupted run never reaches (a hook that no longer sees the calls): {unseen}"
+    assert not unseen, f"kill points an uninterrupted run never reaches (a hook that misses the calls): {unseen}"
     original, ext = _read(orig), os.path.splitext(orig)[1]
     loaded = _load(fmt, orig, model)
     seen: dict[str, dict[str, int]] = {t["mode"]: {"old": 0, "new": 0, "refused": 0} for t in plan}
