@@ -5,16 +5,17 @@ worker fills with one sub-folder per trial) and ``trials``, each ``{"mode", "sig
 
 - ``mode``: ``copy`` (``inject -o``), ``inplace`` (``inject --in-place``), ``direct`` (``inject --in-place
   --direct``: region evidence, the CLI's default for --direct) or ``nonatomic`` (``inject_file(...,
-  in_place=True, atomic=False)`` with whole-file hashes);
+  in_place=True, atomic=False)`` with whole-file hashes); ``revert`` (``revert LOG FILE`` of a direct
+  injection the worker makes, uninterrupted, before the fork);
 - ``how`` and ``at``: ``delay`` (the child is killed ``at`` seconds after it starts, drawn by the test from a
   seeded generator and scaled here by the duration of one uninterrupted injection of that mode); ``replace``
   (the child sends ``sig`` to itself just before its ``at``-th ``os.replace``/``os.rename``, or just after the
   ``-at``-th when ``at`` is negative); ``fsync`` (the same around its ``at``-th ``os.fsync``); ``writes`` (just
   after the first ``at`` writes into the file: the words the native kernel writes, then the byte patches such as
-  zip CRC fields and re-encoded chunks; a deferred signal lets the rest be written). ``at`` may be ``"all"``:
-  one trial per point of that kind (``replace``/``fsync``: before and after each call; ``writes``: after 0, 1,
-  half, all but one and all of the writes), ``"ends"`` (before the first call, after the last) or ``"some"``
-  (writes: after none, half and all), counted in an uninterrupted run of the mode.
+  zip CRC fields and re-encoded chunks, or a revert's byte ranges; a deferred signal lets the rest be written).
+  ``at`` may be ``"all"``: one trial per point of that kind (``replace``/``fsync``: before and after each call;
+  ``writes``: after 0, 1, half, all but one and all of the writes), ``"ends"`` (before the first call, after the
+  last) or ``"some"`` (writes: after none, half and all), counted in an uninterrupted run of the mode.
 
 The original may be a checkpoint directory (copied as a tree; ``os.rename``, which commits a directory, counts
 as a rename too). fastflip is imported once (every mode run once before the forks); every trial forks, so a
@@ -24,6 +25,8 @@ trial costs one injection, not an interpreter start. Prints one JSON line per tr
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -38,14 +41,18 @@ _DEFERRED = {signal.SIGINT, signal.SIGTERM}
 
 
 def _inject(mode: str, src: str, out: str) -> int:
+    from fastflip.cli import main
+
+    if mode == "revert":  # of the direct injection the parent made before the fork (warm: made here)
+        if not glob.glob(src + "*.fflog"):
+            _inject("direct", src, out)
+        return main(["revert", *glob.glob(src + "*.fflog"), src, "-q"])
     if mode == "nonatomic":
         from fastflip import Sampling
         from fastflip.files.inject import inject_file
 
         inject_file(src, in_place=True, atomic=False, sampling=Sampling(count=COUNT), seed=7)
         return 0
-    from fastflip.cli import main
-
     where = {"inplace": ["--in-place"], "direct": ["--in-place", "--direct"]}.get(mode, ["-o", out])
     return main(["inject", src, *where, "--count", str(COUNT), "--seed", "7", "-q"])
 
@@ -86,8 +93,10 @@ def _split(real, at: int, sig: int, calls: list[int], count, cut):  # noqa: ANN0
 
 def _writes_hook(at: int, sig: int, calls: list[int]) -> None:
     """Send ``sig`` just after the first ``at`` writes into the file: the words the native kernel writes (through
-    a shared mapping), then the byte patches (zip CRC fields, re-encoded chunks) written with ``write_patches``."""
+    a shared mapping), then the byte patches (zip CRC fields, re-encoded chunks) written with ``write_patches``;
+    in a revert, the byte ranges its undo writes back."""
     from fastflip.files import inplace
+    from fastflip.files.filebytes import ByteUndo
     from fastflip.kernels import dispatch
 
     def words(a: tuple, kw: dict, s: slice) -> tuple[tuple, dict]:  # buf, offsets, itemsize, swap, and, or, xor
@@ -98,6 +107,13 @@ def _writes_hook(at: int, sig: int, calls: list[int]) -> None:
     dispatch.apply_at_offsets = _split(dispatch.apply_at_offsets, at, sig, calls, lambda a: len(a[1]), words)
     inplace.write_patches = _split(inplace.write_patches, at, sig, calls, lambda a: len(a[1]),
                                    lambda a, kw, s: ((a[0], a[1][s]), kw))
+
+    def ranges(a: tuple, kw: dict, s: slice) -> tuple[tuple, dict]:  # a revert's ranges: undo, path, data, ...
+        u, took = a[0], np.minimum(a[0].lengths, np.maximum(a[3] - a[0].offsets, 0))
+        part = dataclasses.replace(u, offsets=u.offsets[s], lengths=u.lengths[s])
+        return (part, a[1], a[2][int(took[: s.start].sum()) : int(took[: s.stop].sum())], *a[3:]), kw
+
+    ByteUndo._write = _split(ByteUndo._write, at, sig, calls, lambda a: len(a[0].offsets), ranges)
 
 
 def _hook(how: str, at: int, sig: int) -> list[int]:
@@ -148,6 +164,8 @@ def _child(trial: dict, src: str, out: str, report: str | None) -> None:
 def _run(trial: dict, original: str, ext: str, unit: float, report: str | None = None) -> tuple[int, float]:
     src = os.path.join(trial["dir"], "in" + ext)
     _copy(original, src)
+    if trial["mode"] == "revert":
+        assert _inject("direct", src, "") == 0
     sys.stdout.flush()
     t0 = time.perf_counter()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)  # held in the child until its handlers are set

@@ -6,7 +6,9 @@ part-way through the bytes it writes into the file where they lie (the words, th
 re-encoded chunks: a ``kill -9`` in the middle of a direct in-place injection), or at seeded random moments
 (scaled by the duration of one uninterrupted injection). Four modes: a new file (``inject -o``), in place
 through a copy (``inject --in-place``), direct in place with region evidence (``inject --in-place --direct``)
-and the API's non-atomic in-place mode with whole-file hashes.
+and the API's non-atomic in-place mode with whole-file hashes; and ``revert LOG FILE`` of a direct injection,
+killed the same way (its byte ranges, fsyncs, random moments): the file is the original again, or its log
+still takes it back.
 
 Each trial is judged by bytes: the file is the original (``old``), or it changed and its log reverts it to
 exactly the original bytes (``new``; a direct log both into a new file and in place, as ``fastflip revert LOG
@@ -51,7 +53,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIGS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
 # single files: every mode, --direct included (raw words; gzip chunks and deflated members re-encoded at their size)
 FILES = ["h5", "pt", "safetensors", "npz", "h5-gzip", "npz-deflated"]
-REENCODED = ("h5-gzip", "npz-deflated")  # in the default tier, killed in the in-place modes without a copy only
 FRAMEWORK = ["keras", "sharded"]  # real framework output: rewritten through a copy only
 
 
@@ -155,16 +156,24 @@ def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
 def _modes(fmt: str) -> list[str]:
     # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against;
     # --direct works on a single file (test_direct_refuses_what_it_cannot_write_in_place)
-    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic"])
+    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic", "revert"])
+
+
+def _in_default_tier(fmt: str, mode: str) -> bool:
+    """The formats and modes the default tier kills (``slow``: all): the re-encoded formats in the modes that write
+    in place without a copy; a direct revert on a zip (words and CRC fields) and on gzip chunks."""
+    if mode in ("copy", "inplace"):
+        return fmt not in ("h5-gzip", "npz-deflated")
+    return mode != "revert" or fmt in ("pt", "h5-gzip")
 
 
 def _plan(fmt: str, rng: np.random.Generator, slow: bool) -> list[dict]:
     """The kill points, per mode (the worker resolves ``all`` / ``ends`` against an uninterrupted run)."""
     trials = []
     for mode in _modes(fmt):
-        if fmt in REENCODED and mode in ("copy", "inplace") and not slow:
+        if not (slow or _in_default_tier(fmt, mode)):
             continue
-        writes = mode in ("direct", "nonatomic")  # written where they lie: killed part-way through
+        writes = mode in ("direct", "nonatomic", "revert")  # written where they lie: killed part-way through
         other = SIGS[int(rng.integers(1, 3))]  # a deferred signal, drawn per mode
         if slow:
             plan = [("replace", "all", sig) for sig in SIGS] + [("fsync", "all", signal.SIGKILL)]
@@ -174,6 +183,8 @@ def _plan(fmt: str, rng: np.random.Generator, slow: bool) -> list[dict]:
             plan = [("replace", "all", signal.SIGKILL), ("replace", int(rng.choice([1, 2, -1, -2])), other)]
             plan += [("writes", "some", signal.SIGKILL), ("writes", 1, other)] if writes else []
             delays = 2
+        if mode == "revert":  # a direct revert renames nothing: killed at its fsyncs instead
+            plan = [p for p in plan if p[0] != "replace"] + ([] if slow else [("fsync", "ends", signal.SIGKILL)])
         plan += [("delay", float(rng.uniform(0.0, 1.3)), SIGS[k % 3]) for k in range(delays)]
         trials += [{"mode": mode, "how": how, "at": at, "sig": int(sig)} for how, at, sig in plan]
     return trials
@@ -235,6 +246,10 @@ def _allowed(trial: dict, fmt: str) -> set[str]:
     torn = {"old", "new"} | ({"refused"} if mode == "nonatomic" and sig == signal.SIGKILL else set())
     if how == "delay":
         return torn
+    if mode == "revert":  # the original again once every range is written back; until then the log takes it back
+        if how != "writes":
+            return {"old", "new"}
+        return {"old"} if sig != signal.SIGKILL or at == n else {"new"}
     if how == "writes":
         if sig != signal.SIGKILL:
             return {"new"}  # deferred while the file is written: all of it is
@@ -318,7 +333,7 @@ def test_direct_refuses_what_it_cannot_write_in_place(fmt, originals, tmp_path):
     assert sorted(os.listdir(tmp_path)) == [os.path.basename(src)]  # no log, no temporary left
 
 
-@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "npz") for m in _modes(f)]
+@pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "npz") for m in _modes(f) if m != "revert"]
                          + [pytest.param("keras", m, marks=pytest.mark.framework) for m in _modes("keras")])
 def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_path, monkeypatch):
     """At the moment the log is renamed into place, the file it describes is still the old one (in place) or
