@@ -175,10 +175,10 @@ def _plan(fmt: str, rng: np.random.Generator, slow: bool) -> list[dict]:
             continue
         writes = mode in ("direct", "nonatomic", "revert")  # written where they lie: killed part-way through
         other = SIGS[int(rng.integers(1, 3))]  # a deferred signal, drawn per mode
-        if slow:
-            plan = [("replace", "all", sig) for sig in SIGS] + [("fsync", "all", signal.SIGKILL)]
-            plan += [("writes", "all" if sig == signal.SIGKILL else "some", sig) for sig in SIGS if writes]
-            delays = 12
+        if slow:  # every rename and fsync with kill -9, every rename with a deferred signal, every point of the writes
+            plan = [("replace", "all", sig) for sig in (signal.SIGKILL, other)] + [("fsync", "all", signal.SIGKILL)]
+            plan += [("writes", "all", sig) for sig in (signal.SIGKILL, other) if writes]
+            delays = 8
         else:  # every rename with kill -9, one other point with a deferred signal, some points of the writes
             plan = [("replace", "all", signal.SIGKILL), ("replace", int(rng.choice([1, 2, -1, -2])), other)]
             plan += [("writes", "some", signal.SIGKILL), ("writes", 1, other)] if writes else []
