@@ -6,39 +6,54 @@ Each command runs in-process through :func:`fastflip.cli.main`; stdout and stder
 
 from __future__ import annotations
 
-import zipfile
-
 import h5py
 import numpy as np
 import pytest
 
 from conftest import require
-from format_builders import EXTENSION, write_checkpoint
 from fastflip.cli import main
 
 
-def _keras_like(path):
-    inner = str(path) + ".inner.h5"
-    with h5py.File(inner, "w") as f:
-        f.create_dataset("layers/dense/vars/0", data=np.linspace(-1, 1, 64, dtype="f4").reshape(8, 8))
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("metadata.json", '{"keras_version": "3"}')
-        z.writestr("config.json", '{"class_name": "Sequential"}')
-        z.write(inner, "model.weights.h5")
+def _keras(path):
+    """A real Keras 3 archive: ``model.save`` of a small subclassed model."""
+    require("tensorflow")
+    require("keras")
+    from user_models import keras_subclassed
+
+    keras_subclassed().save(str(path))
     return str(path)
 
 
 def _make(fmt, d):
     w = np.linspace(-2, 2, 4096, dtype="f4").reshape(64, 64)
-    if fmt == "hdf5-gzip":  # chunked and compressed: re-encoded chunks, and h5py's fallback (a warning)
-        w = np.random.default_rng(0).standard_normal((64, 64)).astype("f4")
-        return write_checkpoint("hdf5", d / "m.h5", {"w": w}, chunks=(8, 8), compression="gzip", shuffle=True)
-    if fmt == "keras":
-        return _keras_like(d / "m.keras")
-    return write_checkpoint(fmt, d / f"m.{EXTENSION[fmt]}", {"w": w}, compressed=True)
+    if fmt == "hdf5":
+        p = d / "m.h5"
+        with h5py.File(p, "w") as f:
+            f.create_dataset("w", data=w)
+    elif fmt == "hdf5-gzip":  # chunked and compressed: re-encoded chunks, and h5py's fallback (a warning)
+        p = d / "m.h5"
+        with h5py.File(p, "w") as f:
+            f.create_dataset("w", data=np.random.default_rng(0).standard_normal((64, 64)).astype("f4"),
+                             chunks=(8, 8), compression="gzip", shuffle=True)
+    elif fmt == "safetensors":
+        require("safetensors")
+        from safetensors.numpy import save_file
+
+        p = d / "m.safetensors"
+        save_file({"w": w}, str(p))
+    elif fmt == "npz":
+        p = d / "m.npz"
+        np.savez_compressed(p, w=w)
+    elif fmt == "torch":
+        torch = require("torch")
+        p = d / "m.pt"
+        torch.save({"w": torch.from_numpy(w)}, p)
+    else:
+        p = _keras(d / "m.keras")
+    return str(p)
 
 
-FORMATS = ["hdf5", "hdf5-gzip", "safetensors", "npz", "torch", "keras"]
+FORMATS = ["hdf5", "hdf5-gzip", "safetensors", "npz", "torch", pytest.param("keras", marks=pytest.mark.framework)]
 
 
 def _silent(capsys, *argv):
