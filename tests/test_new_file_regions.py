@@ -310,7 +310,7 @@ sys.path.insert(0, sys.argv[5])
 from crash_worker import _hook  # a signal just before the at-th rename (just after the -at-th)
 from fastflip.cli import main
 if int(sys.argv[4]):
-    _hook(int(sys.argv[3]), int(sys.argv[4]))
+    _hook("replace", int(sys.argv[4]), int(sys.argv[3]))
 sys.exit(main(["inject", sys.argv[1], "-o", sys.argv[2], "--evidence", "regions", "--count", "20", "--seed", "3",
                "-q"]))
 """
