@@ -10,9 +10,11 @@ sharing memory (tied weights, views into one storage) then see the change exactl
 
 Typical use::
 
-    expect = load(src)                          # the framework's reading of the input
-    assert not apply_logged(expect, res.log)    # every site's old word agrees; the new words written in
-    assert not compare_readings(expect, load(out))  # exactly the logged sites changed, nothing else
+    expect = load(src)                          # the framework's reading of the input (changed by judge)
+    assert not judge(expect, load(out), res.log)  # exactly the logged sites changed, as logged; nothing else
+
+In place, take the reading before the inject (it must not map the file: the loaders of :mod:`framework_views`
+read into memory).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["logical_words", "apply_logged", "compare_readings", "copy_reading", "changed_sites"]
+__all__ = ["logical_words", "apply_logged", "compare_readings", "copy_reading", "changed_sites", "judge"]
 
 
 def _word_dtype(a: np.ndarray) -> np.dtype:
@@ -128,3 +130,11 @@ def compare_readings(expect: Mapping[str, np.ndarray], got: Mapping[str, np.ndar
 def changed_sites(log: Any) -> int:
     """How many logged sites change their word (a test whose file must change asserts this is positive)."""
     return int(np.count_nonzero(np.asarray(log.old_words, np.uint64) != np.asarray(log.new_words, np.uint64)))
+
+
+def judge(expect: dict[str, np.ndarray], got: Mapping[str, np.ndarray], log: Any) -> list[str]:
+    """The problems (empty when none) of ``got``, the framework's reading after an injection, against ``expect``,
+    its reading before (changed in place by :func:`apply_logged`): some logged site must change its word, every
+    site must be as logged, and every other element bit-identical."""
+    problems = [] if changed_sites(log) else ["no logged site changes its word: nothing to judge"]
+    return problems + apply_logged(expect, log) + compare_readings(expect, got)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from framework_judge import apply_logged, changed_sites, compare_readings, copy_reading, logical_words
+from framework_judge import apply_logged, compare_readings, copy_reading, judge, logical_words
 from framework_views import h5_view, np_view, st_numpy_view, torch_view
 from fastflip import Sampling
 from fastflip.cli import main
@@ -71,14 +71,6 @@ def _make(fmt, d):
 VIEWS = {"hdf5": h5_view, "hdf5-gzip": h5_view, "safetensors": st_numpy_view, "npz": np_view, "torch": torch_view}
 
 
-def _judge(view, reading, path, log):
-    """The framework's reading of ``path`` is ``reading`` with exactly the logged sites at their logged new words."""
-    assert changed_sites(log) > 0
-    expect = copy_reading(reading)
-    problems = apply_logged(expect, log) + compare_readings(expect, view(path))
-    assert not problems, problems[:8]
-
-
 def _bytes(p):
     with open(p, "rb") as fh:
         return fh.read()
@@ -89,12 +81,13 @@ def test_direct_inject_and_revert_by_regions(fmt, tmp_path):
     src = _make(fmt, tmp_path)
     orig = _bytes(src)
     view = VIEWS[fmt]
-    reading = copy_reading(view(src))
+    reading, expect = view(src), view(src)  # read into memory before the file changes
     res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3, sampling=SMP)
     m = InjectionLog.load(res.log_path).manifest
     assert m["evidence"] == "regions" and m["input"]["hash"] is None and m["output"]["hash"] is None
     assert m["fingerprint"]["input"]["size"] == len(orig) and m["undo"]["ranges"] >= 1
-    _judge(view, reading, src, InjectionLog.load(res.log_path))
+    problems = judge(expect, view(src), InjectionLog.load(res.log_path))
+    assert not problems, problems[:8]
     r = revert(res.log_path, src)
     assert r.evidence == "regions" and r.verified and _bytes(src) == orig
     assert not compare_readings(reading, view(src))  # the framework reads the original again
@@ -119,7 +112,7 @@ def test_revert_of_a_run_killed_while_it_wrote(fmt, tmp_path):
     src = _make(fmt, tmp_path)
     orig = _bytes(src)
     view = VIEWS[fmt]
-    reading = copy_reading(view(src))
+    reading = view(src)
     res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3,
                       sampling=Sampling(count=12, bits="mantissa"))
     undo = InjectionLog.load(res.log_path).undo
@@ -252,10 +245,10 @@ def test_damaged_fingerprint_is_one_line(tmp_path):
 def test_cli_direct(tmp_path, capsys):
     src = _h5(tmp_path / "m.h5", chunked=True)
     orig = _bytes(src)
-    reading = h5_view(src)
+    reading, expect = h5_view(src), h5_view(src)
     assert main(["inject", src, "--in-place", "--direct", "--count", "10", "--seed", "1"]) == 0
     assert "wrote" in capsys.readouterr().out
-    _judge(h5_view, reading, src, InjectionLog.load(src + ".fflog"))
+    assert not (p := judge(expect, h5_view(src), InjectionLog.load(src + ".fflog"))), p[:8]
     assert main(["revert", src + ".fflog", src]) == 0
     assert "touched byte ranges, size and head/tail fingerprint" in capsys.readouterr().out and _bytes(src) == orig
     assert not compare_readings(reading, h5_view(src))
