@@ -132,9 +132,10 @@ def changed_sites(log: Any) -> int:
     return int(np.count_nonzero(np.asarray(log.old_words, np.uint64) != np.asarray(log.new_words, np.uint64)))
 
 
-def judge(expect: dict[str, np.ndarray], got: Mapping[str, np.ndarray], log: Any) -> list[str]:
+def judge(expect: dict[str, np.ndarray], got: Mapping[str, np.ndarray], log: Any,
+          require_change: bool = True) -> list[str]:
     """The problems (empty when none) of ``got``, the framework's reading after an injection, against ``expect``,
-    its reading before (changed in place by :func:`apply_logged`): some logged site must change its word, every
-    site must be as logged, and every other element bit-identical."""
-    problems = [] if changed_sites(log) else ["no logged site changes its word: nothing to judge"]
+    its reading before (changed in place by :func:`apply_logged`): every site must be as logged, every other
+    element bit-identical, and (``require_change``) some logged site must change its word."""
+    problems = [] if changed_sites(log) or not require_change else ["no logged site changes its word"]
     return problems + apply_logged(expect, log) + compare_readings(expect, got)

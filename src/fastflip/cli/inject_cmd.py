@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.in_place:
             raise OptionError("--direct changes the file itself: add --in-place")
         kwargs.update(atomic=False, hash_files=True if args.verify_file else "regions")
+        import warnings  # a chunk that would go through h5py is refused in place: its warning is not the case
+
+        warnings.filterwarnings("ignore", message="fastflip: .* go through h5py")
     if args.no_log:
         kwargs["log_path"] = False
     elif args.log:
