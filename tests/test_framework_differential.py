@@ -8,7 +8,7 @@ twice: into a new file, and in place with ``--direct``. For drawn seeds, counts,
 (hypothesis, derandomized: the same examples on every run):
 
 * both runs log the same plan, the same old and new words;
-* the framework reads both results identically, and as its reading of the input with exactly the logged sites at
+* the framework reads both results identically (a zip container's entry CRCs all valid), and as its reading of the input with exactly the logged sites at
   their logged new words, worked out from the log alone (:mod:`framework_judge`);
 * the direct run's revert gives back the input's bytes and reading;
 * where ``--direct`` refuses (a member or chunk that does not re-encode at its size; a ``.keras`` archive), the
@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 
 import h5py
 import numpy as np
@@ -145,6 +146,13 @@ def _same_plan(a, b):
     assert np.array_equal(a.old_words, b.old_words) and np.array_equal(a.new_words, b.new_words)
 
 
+def _valid_archive(path):
+    """A zip container (torch.save, .npz) whose every entry matches its CRC-32 (torch.load does not check them)."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            assert z.testzip() is None, path
+
+
 def _refused_cleanly(capsys, rc, path, raw):
     """A refused inject: exit 2, one line on stderr, the file as it was and no log beside it."""
     err = capsys.readouterr().err.strip()
@@ -172,6 +180,7 @@ def _differential(fmt, bases, capsys, seed, count, model, bits):
             reject()
         copy_log = InjectionLog.load(out + ".fflog")
         copied = view(out)
+        _valid_archive(out)
         assert not (p := judge(view(base), copied, copy_log, require_change=False)), p[:8]
         assert _read(src) == raw
         rc = main(["inject", work, "--in-place", "--direct", *opts])
@@ -183,6 +192,7 @@ def _differential(fmt, bases, capsys, seed, count, model, bits):
         assert direct_log.manifest["evidence"] == "regions"
         _same_plan(copy_log, direct_log)
         direct = view(work)
+        _valid_archive(work)
         assert not (p := compare_readings(copied, direct)), p[:8]  # both modes, read by the framework: the same
         assert not (p := judge(view(base), direct, direct_log, require_change=False)), p[:8]
         assert (_read(work) != raw) == (changed_sites(direct_log) > 0)
