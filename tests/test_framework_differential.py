@@ -1,7 +1,7 @@
 """Copy mode against ``--in-place --direct``, both read back by the framework that wrote the file.
 
 Small files written by the frameworks themselves (``torch.save`` of a state dict with tied weights, a view into a
-shared storage and bfloat16; the legacy torch format; ``safetensors.torch`` with bfloat16 and
+shared storage and bfloat16; the legacy torch format; an archive marked big-endian; ``safetensors.torch`` with bfloat16 and
 ``safetensors.numpy``; ``np.save``, ``np.savez``, ``np.savez_compressed``; ``h5py`` contiguous with a hard link
 and gzip-chunked; a Keras ``model.save`` archive) are injected through the CLI with the same options and seed
 twice: into a new file, and in place with ``--direct``. For drawn seeds, counts, bit fields and fault models
@@ -62,6 +62,25 @@ def _torch_sd(legacy):
     return build
 
 
+def _torch_big_endian(path):
+    """A torch.save archive whose ``byteorder`` entry says ``big`` (as on a big-endian machine), storages
+    byte-swapped: torch.load swaps them back (float32 only: every storage's word width is known)."""
+    torch = require("torch")
+    torch.manual_seed(2)
+    w = torch.randn(6, 8)
+    little = path + ".le"
+    torch.save({"w": w, "tied": w, "rows": w[2:4], "b": torch.randn(7)}, little)
+    with zipfile.ZipFile(little) as zin, zipfile.ZipFile(path, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/byteorder"):
+                data = b"big"
+            elif "/data/" in info.filename and not info.filename.endswith("serialization_id"):
+                data = np.frombuffer(data, "<u4").astype(">u4").tobytes()
+            zout.writestr(info, data)
+    os.remove(little)
+
+
 def _st_torch(path):
     torch = require("torch")
     st = require("safetensors.torch")
@@ -106,6 +125,7 @@ def _h5(gzip):
 FORMATS = {  # name -> (file name, builder, the framework's view, the extra that writes it)
     "torch": ("m.pt", _torch_sd(False), torch_view, "torch"),
     "torch-legacy": ("l.pt", _torch_sd(True), torch_view, "torch"),
+    "torch-big-endian": ("b.pt", _torch_big_endian, torch_view, "torch"),
     "safetensors-torch": ("t.safetensors", _st_torch, st_torch_view, "safetensors"),
     "safetensors-numpy": ("n.safetensors", _st_numpy, st_numpy_view, "safetensors"),
     "npy": ("a.npy", lambda p: np.save(p, np.linspace(-2, 2, 60, dtype=">f4").reshape(6, 10)), np_view, None),
