@@ -49,6 +49,8 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         old, new = reference.apply_plan(want, res.log.plan)
         assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
         got = load(out)
+        problems = judge(dict(load(src)), got, res.log)  # from the log alone, aliases as the library shares them
+        assert not problems, (fmt, model, problems[:8])
         if fmt in ("torch", "npz"):  # a valid archive: every entry's CRC-32 matches its bytes
             import zipfile
 
