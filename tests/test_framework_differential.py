@@ -1,15 +1,16 @@
 """Copy mode against ``--in-place --direct``, both read back by the framework that wrote the file.
 
 Small files written by the frameworks themselves (``torch.save`` of a state dict with tied weights, a view into a
-shared storage and bfloat16; the legacy torch format; an archive marked big-endian; ``safetensors.torch`` with bfloat16 and
-``safetensors.numpy``; ``np.save``, ``np.savez``, ``np.savez_compressed``; ``h5py`` contiguous with a hard link
-and gzip-chunked; a Keras ``model.save`` archive) are injected through the CLI with the same options and seed
-twice: into a new file, and in place with ``--direct``. For drawn seeds, counts, bit fields and fault models
+shared storage and bfloat16; the legacy torch format; an archive marked big-endian; ``safetensors.torch`` with
+bfloat16 and ``safetensors.numpy``; ``np.save``, ``np.savez``, ``np.savez_compressed``; ``h5py`` contiguous with a
+hard link and gzip-chunked; a Keras ``model.save`` archive) are injected through the CLI with the same options and
+seed twice: into a new file, and in place with ``--direct``. For drawn seeds, counts, bit fields and fault models
 (hypothesis, derandomized: the same examples on every run):
 
 * both runs log the same plan, the same old and new words;
-* the framework reads both results identically (a zip container's entry CRCs all valid), and as its reading of the input with exactly the logged sites at
-  their logged new words, worked out from the log alone (:mod:`framework_judge`);
+* the framework reads both results identically (a zip container's entry CRCs all valid), and as its reading of
+  the input with exactly the logged sites at their logged new words, worked out from the log alone
+  (:mod:`framework_judge`);
 * the direct run's revert gives back the input's bytes and reading;
 * where ``--direct`` refuses (a member or chunk that does not re-encode at its size; a ``.keras`` archive), the
   refusal is one line and the file is untouched, with no log.
@@ -98,8 +99,9 @@ def _st_numpy(path):
 
 def _arrays():
     rng = np.random.default_rng(3)
-    return {"conv.weight": rng.standard_normal((4, 3, 2)).astype("<f4"), "fc.weight": rng.standard_normal(12).astype(">f8"),
-            "fc.bias": rng.standard_normal(7).astype("<f2"), "steps": np.arange(5, dtype="<i8"), "scale": np.float32(2.5)}
+    return {"conv.weight": rng.standard_normal((4, 3, 2)).astype("<f4"),
+            "fc.weight": rng.standard_normal(12).astype(">f8"), "fc.bias": rng.standard_normal(7).astype("<f2"),
+            "steps": np.arange(5, dtype="<i8"), "scale": np.float32(2.5)}
 
 
 def _smooth():  # compresses well: a re-deflated member or chunk mostly fits its old size
@@ -283,3 +285,28 @@ def test_keras_archive_copy_read_by_keras_and_direct_refused(keras_file, capsys,
     capsys.readouterr()
     err = _refused_cleanly(capsys, main(["inject", work, "--in-place", "--direct", *opts]), work, raw)
     assert "drop --direct" in err and _read(base) == raw
+
+
+def test_direct_refused_on_a_checkpoint_directory(bases, capsys, tmp_path):
+    """A ``save_pretrained``-style directory is rewritten through copies: ``--direct`` is refused in one line, every
+    shard untouched; the copy reads (safetensors) as logged."""
+    import json
+
+    d = str(tmp_path / "m")
+    os.makedirs(d)
+    shutil.copyfile(_base(bases, "safetensors-numpy"), os.path.join(d, "model.safetensors"))
+    names = [k[1:] for k in st_numpy_view(os.path.join(d, "model.safetensors"))]
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as fh:
+        json.dump({"weight_map": {k: "model.safetensors" for k in names}}, fh)
+    raw = _read(os.path.join(d, "model.safetensors"))
+    capsys.readouterr()
+    rc = main(["inject", d, "--in-place", "--direct", "--seed", "1", "--count", "3"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "drop --direct" in err, err
+    assert _read(os.path.join(d, "model.safetensors")) == raw and sorted(os.listdir(d)) == [
+        "model.safetensors", "model.safetensors.index.json"]
+    out = str(tmp_path / "o")
+    assert main(["inject", d, "-o", out, "--seed", "1", "--count", "3", "-q"]) == 0
+    log = InjectionLog.load(out + ".fflog")
+    got = st_numpy_view(os.path.join(out, "model.safetensors"))
+    assert not (p := judge(st_numpy_view(os.path.join(d, "model.safetensors")), got, log)), p[:8]
