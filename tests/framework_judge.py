@@ -63,7 +63,8 @@ def apply_logged(reading: dict[str, np.ndarray], log: Any) -> list[str]:
 
     Checked per site: the tensor is one the framework returned, with the logged shape and word width (and, where
     the framework keeps a non-native byte order, the logged one); the framework's word at the flat index is the
-    logged old word; the logged new word is ``((old & and_mask) | or_mask) ^ xor_mask`` for a bitwise site. A
+    logged old word; the logged new word is ``((old & and_mask) | or_mask) ^ xor_mask`` for a bitwise site, and
+    for a scaled one (a NumPy float or integer dtype) the element's value times the factor by the model's rule. A
     read-only array is replaced by a writable copy first.
     """
     plan = log.plan
@@ -100,12 +101,28 @@ def apply_logged(reading: dict[str, np.ndarray], log: Any) -> list[str]:
         if got != int(old[r]):
             problems.append(f"{name}[{i}]: the framework reads word {got:#x}, the log's old word is {int(old[r]):#x}")
         if np.isnan(scale[r]):
-            rule = ((int(old[r]) & int(plan.and_mask[r])) | int(plan.or_mask[r])) ^ int(plan.xor_mask[r])
-            if rule & full != int(new[r]):
-                problems.append(f"{name}[{i}]: the logged new word {int(new[r]):#x} is not the masks' "
-                                f"{rule & full:#x} of the old word {int(old[r]):#x}")
+            rule = (((int(old[r]) & int(plan.and_mask[r])) | int(plan.or_mask[r])) ^ int(plan.xor_mask[r])) & full
+        else:
+            rule = _scaled(a, i, float(scale[r])) if ref.format is None else int(new[r])  # no NumPy type: unjudged
+        if rule != int(new[r]):
+            problems.append(f"{name}[{i}]: the logged new word {int(new[r]):#x} is not the rule's {rule:#x} of the "
+                            f"old word {int(old[r]):#x}")
         view[i] = int(new[r])
     return problems
+
+
+def _scaled(a: np.ndarray, i: int, factor: float) -> int:
+    """The word of ``a``'s element ``i`` times ``factor``, by the scale model's documented rule: the product in
+    float64, rounded to a float dtype; for an integer rounded half away from zero and saturated at the limits."""
+    value = a.reshape(-1)[i]
+    if a.dtype.kind == "f":
+        new = np.array([float(value) * factor]).astype(a.dtype)
+    else:
+        product = float(int(value)) * factor
+        rounded = 0 if product != product else int(np.sign(product) * np.floor(abs(product) + 0.5))
+        info = np.iinfo(a.dtype)
+        new = np.array([min(max(rounded, int(info.min)), int(info.max))], a.dtype)
+    return int(logical_words(new)[0])
 
 
 def compare_readings(expect: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> list[str]:

@@ -39,9 +39,10 @@ from framework_views import h5_view, keras_view, np_view, st_numpy_view, st_torc
 
 pytestmark = pytest.mark.framework
 
-MODELS = ["flip", "random-bits:2", "adjacent:2", "stuck-at-0", "stuck-at-1", "zero", "random-value"]
+MODELS = ["flip", "random-bits:2", "adjacent:2", "stuck-at-0", "stuck-at-1", "stuck-at-0:2", "zero", "random-value",
+          "mask:0b101@random", "scale:2.0", "scale:-0.37"]
 BITS = [None, "sign", "exponent", "mantissa", "0-7"]
-EXAMPLES = settings(max_examples=12, derandomize=True, database=None, deadline=None,
+EXAMPLES = settings(max_examples=int(os.environ.get("FW_DIFF_EXAMPLES", "12")), derandomize=True, database=None, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
