@@ -17,7 +17,8 @@ import numpy as np
 
 from conftest import require
 
-__all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view"]
+__all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view",
+           "big_endian_archive"]
 
 
 def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None) -> dict:
@@ -81,3 +82,16 @@ def keras_view(path: str, tmp: str) -> dict[str, np.ndarray]:
     model.save(again)
     with zipfile.ZipFile(again) as z, h5py.File(io.BytesIO(z.read("model.weights.h5")), "r") as f:
         return h5_group_view(f)
+
+
+def big_endian_archive(little: str, big: str, itemsize: int = 4) -> None:
+    """Rewrite the ``torch.save`` archive ``little`` as a big-endian machine writes it: the ``byteorder`` entry
+    ``big``, every storage's words (all ``itemsize`` bytes wide) byte-swapped; ``torch.load`` swaps them back."""
+    with zipfile.ZipFile(little) as zin, zipfile.ZipFile(big, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("/byteorder"):
+                data = b"big"
+            elif "/data/" in info.filename and not info.filename.endswith("serialization_id"):
+                data = np.frombuffer(data, f"<u{itemsize}").astype(f">u{itemsize}").tobytes()
+            zout.writestr(info, data)

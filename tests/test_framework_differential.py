@@ -35,7 +35,7 @@ from conftest import require
 from fastflip.cli import main
 from fastflip.files.log import InjectionLog
 from framework_judge import changed_sites, compare_readings, judge
-from framework_views import h5_view, keras_view, np_view, st_numpy_view, st_torch_view, torch_view
+from framework_views import big_endian_archive, h5_view, keras_view, np_view, st_numpy_view, st_torch_view, torch_view
 
 pytestmark = pytest.mark.framework
 
@@ -72,14 +72,7 @@ def _torch_big_endian(path):
     w = torch.randn(6, 8)
     little = path + ".le"
     torch.save({"w": w, "tied": w, "rows": w[2:4], "b": torch.randn(7)}, little)
-    with zipfile.ZipFile(little) as zin, zipfile.ZipFile(path, "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            if info.filename.endswith("/byteorder"):
-                data = b"big"
-            elif "/data/" in info.filename and not info.filename.endswith("serialization_id"):
-                data = np.frombuffer(data, "<u4").astype(">u4").tobytes()
-            zout.writestr(info, data)
+    big_endian_archive(little, path)
     os.remove(little)
 
 
