@@ -1,5 +1,6 @@
 """One contract check for every checkpoint format reader: exact bits against the NumPy oracle,
-read back by the format's own library, copy by default, revert and replay verified by the log's hash."""
+read back by the format's own library, copy by default, revert and replay verified by the log's hash;
+direct in place with region evidence judged by the format's own library against the log alone."""
 
 from __future__ import annotations
 
@@ -9,18 +10,24 @@ from typing import Callable, Mapping
 import numpy as np
 
 from fastflip.core import reference
+from fastflip.errors import OptionError
 from fastflip.files.filebytes import hash_file, sha256_file
 from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
+from framework_judge import compare_readings, judge
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
 
 
 def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp: str, *, fmt: str,
-                 models: list[str] = MODELS, count: int = 25, non_atomic: bool = True) -> None:
-    """``load(path)`` reads a file with the format's own library into {fastflip tensor path: array of words}."""
+                 models: list[str] = MODELS, count: int = 25, non_atomic: bool = True,
+                 direct: bool | None = None) -> None:
+    """``load(path)`` reads a file with the format's own library into {fastflip tensor path: array of words}.
+
+    ``direct`` (default: ``non_atomic``) also runs :func:`check_direct_regions` for every model.
+    """
     lay = read_layout(src)
     assert lay.format == fmt
     before = hash_file(src)
@@ -42,6 +49,8 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         old, new = reference.apply_plan(want, res.log.plan)
         assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
         got = load(out)
+        problems = judge(dict(load(src)), got, res.log)  # from the log alone, aliases as the library shares them
+        assert not problems, (fmt, model, problems[:8])
         if fmt in ("torch", "npz"):  # a valid archive: every entry's CRC-32 matches its bytes
             import zipfile
 
@@ -56,6 +65,8 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         assert sha256_file(rep.output) == sha256_file(out)
         assert revert(res.log_path, out).digest == before
         assert hash_file(out) == before
+    if direct if direct is not None else non_atomic:
+        check_direct_regions(src, load, tmp, fmt=fmt, models=models, count=count)
     if not non_atomic:
         return
     # in place, non-atomic (the campaign fast path), then revert
@@ -70,3 +81,46 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         with zipfile.ZipFile(work) as z:
             assert z.testzip() is None
     assert revert(res.log_path, work).digest == before
+
+
+def check_direct_regions(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp: str, *, fmt: str,
+                         models: list[str] = MODELS, count: int = 25) -> None:
+    """Direct in place with region evidence (``in_place=True, atomic=False, hash_files="regions"``; the CLI's
+    ``--in-place --direct``), one copy of ``src`` per model, judged by the format's own library (``load``).
+
+    After the inject the library must read exactly the logged sites changed, each from its logged old word to its
+    logged new word at its element (:func:`framework_judge.apply_logged` works that out from the log alone), and
+    every other element bit-identical; after the revert it must read the original, and the bytes are the original.
+    A plan the direct path cannot write (a member or chunk that does not re-encode at its size) must be refused
+    in one line with the file untouched; at least one model must go through.
+    """
+    with open(src, "rb") as fh:
+        raw = fh.read()
+    done = 0
+    for i, model in enumerate(models):
+        work = os.path.join(tmp, f"direct{i}.{fmt}")
+        with open(work, "wb") as fh:
+            fh.write(raw)
+        expect = dict(load(src))  # src is never written here: a mapped reading of it stays the input's
+        try:
+            res = inject_file(work, in_place=True, atomic=False, hash_files="regions", seed=50 + i, count=count,
+                              model=model)
+        except OptionError as exc:
+            assert "\n" not in str(exc) and "drop --direct" in str(exc), (model, str(exc))
+            with open(work, "rb") as fh:
+                assert fh.read() == raw, (model, "a refused direct inject changed the file")
+            continue
+        done += 1
+        assert res.log.manifest["evidence"] == "regions" and res.log.manifest["input"]["hash"] is None
+        problems = judge(expect, load(work), res.log)
+        assert not problems, (fmt, model, problems[:8])
+        if fmt in ("torch", "npz"):
+            import zipfile
+
+            with zipfile.ZipFile(work) as z:
+                assert z.testzip() is None
+        assert revert(res.log_path, work).evidence == "regions"
+        assert not compare_readings(load(src), load(work)), (fmt, model, "the revert")
+        with open(work, "rb") as fh:
+            assert fh.read() == raw, (fmt, model, "the revert's bytes")
+    assert done, f"{fmt}: direct in place refused every model"

@@ -1,7 +1,9 @@
 """The CLI's new-file and in-place paths at their floor: the copy done in the kernel where nothing changes, and
 in-place revert/replay reading the file once.
 
-The figures are in bench/test_cli_floor_bench.py; these tests check what the faster paths write and read.
+The figures are in bench/test_cli_floor_bench.py; these tests check what the faster paths write and read. What they
+write is judged by the frameworks' own loaders (h5py, safetensors) against changes worked out from the log alone
+(:mod:`framework_judge`); byte equality with another path's output is checked besides, where it adds something.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import require
+from framework_judge import compare_readings, judge
+from framework_views import h5_view, st_numpy_view
 from fastflip import Sampling
 from fastflip.files import filebytes, fileio, h5apply
 from fastflip.files.h5apply import copy_apply, route_sites
@@ -35,6 +39,12 @@ def _copy(src, dst, count=3, block=4096):
     routes = route_sites(src, ref.log.plan, by)
     _, h_out, old, new = copy_apply(src, dst, ref.log.plan, routes, block=block)
     return h_out, old, new, ref
+
+
+def _judged(view, src, out, log):
+    """The framework reads ``out`` as ``src`` with exactly the logged sites at their logged new words."""
+    problems = judge(view(src), view(out), log)
+    assert not problems, problems[:8]
 
 
 def _counting(monkeypatch, fail: int | None = None) -> list[int]:
@@ -59,6 +69,7 @@ def test_untouched_blocks_are_copied_in_the_kernel(tmp_path, monkeypatch):
     h_out, old, new, ref = _copy(src, str(tmp_path / "b.h5"))
     blocks = -(-os.path.getsize(src) // 4096)
     assert 0 < len(calls) < blocks  # most blocks in the kernel, the touched ones written from the buffer
+    _judged(h5_view, src, str(tmp_path / "b.h5"), ref.log)
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
     assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
@@ -71,8 +82,9 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
         pytest.skip("no os.copy_file_range on this system")
     src = _h5(tmp_path / "a.h5")
     calls = _counting(monkeypatch, fail=err)
-    h_out, *_ = _copy(src, str(tmp_path / "b.h5"))
+    h_out, _, _, ref = _copy(src, str(tmp_path / "b.h5"))
     assert calls
+    _judged(h5_view, src, str(tmp_path / "b.h5"), ref.log)
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
     assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
 
@@ -102,6 +114,7 @@ def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, d
     monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
     out = str(tmp_path / "b.h5")
     res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
+    _judged(h5_view, src, out, res.log)
     if not durable:
         assert spans == []
         return
@@ -184,6 +197,7 @@ def _hashed_output(tmp_path, gzip=False):
                              compression="gzip", shuffle=True)
     res = inject_file(src, str(tmp_path / "b.h5"), sampling=Sampling(count=20), seed=3, hash_algorithm="sha256",
                       selection={"include": ["g"]} if gzip else None)
+    _judged(h5_view, src, res.output, res.log)
     return src, res
 
 
@@ -198,6 +212,7 @@ def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
     out = revert(res.log_path, res.output, atomic=atomic)
     assert total[0] <= size + 4096  # once (before: the file before and after the restore: twice)
     assert open(res.output, "rb").read() == open(src, "rb").read()
+    assert not compare_readings(h5_view(src), h5_view(res.output))
     assert out.digest == filebytes.hash_file(src, "sha256", cache=False) and out.verified
 
 
@@ -225,6 +240,7 @@ def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
     total = _count_reads(monkeypatch)
     again = replay(res.log_path, src, str(tmp_path / "c.h5"))
     assert total[0] <= os.path.getsize(src) + 4096  # once (before: the input, then the copy: twice)
+    _judged(h5_view, src, again.output, res.log)  # the replay, read by h5py, is the logged change
     assert open(again.output, "rb").read() == open(res.output, "rb").read()
 
 
@@ -249,19 +265,30 @@ def _tree(root):
     return {f: open(os.path.join(root, f), "rb").read() for f in sorted(os.listdir(root))}
 
 
+def _dir_view(root):
+    """safetensors' reading of every shard of a checkpoint directory (the index keeps the names unique)."""
+    out = {}
+    for f in sorted(os.listdir(root)):
+        if f.endswith(".safetensors"):
+            out.update(st_numpy_view(os.path.join(root, f)))
+    return out
+
+
 def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     from fastflip.files.sharded import inject_dir, revert_dir
 
     d = _checkpoint_dir(str(tmp_path / "m"))
-    before = _tree(d)
+    before, reading, expect = _tree(d), _dir_view(d), _dir_view(d)
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     touched = res.log.manifest["checkpoint_dir"]["shards"]
     assert len(touched) == 2
+    assert not (p := judge(expect, _dir_view(d), res.log)), p[:8]
     size = sum(os.path.getsize(os.path.join(d, n)) for n in touched)
     total = _count_reads(monkeypatch)
     assert revert_dir(res.log_path, d).verified
     assert total[0] <= size + 4096  # once a shard (before: three times)
     assert _tree(d) == before
+    assert not compare_readings(reading, _dir_view(d))
 
 
 def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
@@ -346,6 +373,7 @@ def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
     assert handed == [[]]  # nothing replaced
     old = os.stat(out)
     res = inject_file(src, out, sampling=Sampling(count=1), seed=2)
+    _judged(h5_view, src, out, res.log)
     (fd,), = handed[1:]
     try:
         st = os.fstat(fd)

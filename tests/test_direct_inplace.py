@@ -3,6 +3,9 @@
 What a region-evidence log verifies at revert (docs/log-format.md): the file's size, the hash of its head and tail
 windows, and the bytes of every touched range (old and new). What it does not: a change elsewhere in the file;
 ``--verify-file`` (whole-file hashes) covers that, and both sides are tested here.
+
+The injected and reverted files are judged by the frameworks' own loaders (h5py, safetensors, ``np.load``,
+``torch.load``), against changes worked out from the log alone (:mod:`framework_judge`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import numpy as np
 import pytest
 
 from format_builders import EXTENSION, write_checkpoint
+from framework_judge import apply_logged, compare_readings, copy_reading, judge, logical_words
+from framework_views import h5_view, np_view, st_numpy_view, torch_view
 from fastflip import Sampling
 from fastflip.cli import main
 from fastflip.errors import LogMismatchError
@@ -49,6 +54,9 @@ def _make(fmt, d):
     return write_checkpoint(fmt, d / f"m.{EXTENSION[fmt]}", w, compressed=True)
 
 
+VIEWS = {"hdf5": h5_view, "hdf5-gzip": h5_view, "safetensors": st_numpy_view, "npz": np_view, "torch": torch_view}
+
+
 def _bytes(p):
     with open(p, "rb") as fh:
         return fh.read()
@@ -58,13 +66,17 @@ def _bytes(p):
 def test_direct_inject_and_revert_by_regions(fmt, tmp_path):
     src = _make(fmt, tmp_path)
     orig = _bytes(src)
+    view = VIEWS[fmt]
+    reading, expect = view(src), view(src)  # read into memory before the file changes
     res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3, sampling=SMP)
     m = InjectionLog.load(res.log_path).manifest
     assert m["evidence"] == "regions" and m["input"]["hash"] is None and m["output"]["hash"] is None
     assert m["fingerprint"]["input"]["size"] == len(orig) and m["undo"]["ranges"] >= 1
-    assert _bytes(src) != orig
+    problems = judge(expect, view(src), InjectionLog.load(res.log_path))
+    assert not problems, problems[:8]
     r = revert(res.log_path, src)
     assert r.evidence == "regions" and r.verified and _bytes(src) == orig
+    assert not compare_readings(reading, view(src))  # the framework reads the original again
 
 
 def _write_ranges(path, undo, which):
@@ -85,6 +97,8 @@ def test_revert_of_a_run_killed_while_it_wrote(fmt, tmp_path):
     the file to its original bytes; a byte that is neither the logged old nor new value is refused, unchanged."""
     src = _make(fmt, tmp_path)
     orig = _bytes(src)
+    view = VIEWS[fmt]
+    reading = view(src)
     res = inject_file(src, in_place=True, atomic=False, hash_files="regions", seed=3,
                       sampling=Sampling(count=12, bits="mantissa"))
     undo = InjectionLog.load(res.log_path).undo
@@ -92,6 +106,8 @@ def test_revert_of_a_run_killed_while_it_wrote(fmt, tmp_path):
     _write_ranges(src, undo, set(range(0, len(undo.offsets), 2)))  # every other range back to its old bytes
     torn = _bytes(src)
     assert torn != orig
+    if fmt != "npz":  # a torn archive's entry CRCs match neither state: np.load refuses it (checked data)
+        _each_site_old_or_new(reading, view(src), res.log)
     bad = bytearray(torn)
     off = int(undo.offsets[0])
     bad[off] = next(v for v in range(256) if v not in (undo.data[0], undo.new_data[0]))  # neither old nor new
@@ -102,6 +118,22 @@ def test_revert_of_a_run_killed_while_it_wrote(fmt, tmp_path):
     Path(src).write_bytes(torn)
     r = revert(res.log_path, src)
     assert r.evidence == "regions" and _bytes(src) == orig
+    assert not compare_readings(reading, view(src))
+
+
+def _each_site_old_or_new(reading, torn, log):
+    """The framework reads every element of a torn file as its original word, or (a logged site) its logged new
+    word; some sites each way."""
+    new = copy_reading(reading)
+    assert not apply_logged(new, log)
+    was_old = was_new = 0
+    for name in reading:
+        o, n, t = logical_words(reading[name]), logical_words(new[name]), logical_words(torn[name])
+        assert np.all((t == o) | (t == n)), name
+        moved = o != n
+        was_old += int(np.count_nonzero(moved & (t == o)))
+        was_new += int(np.count_nonzero(moved & (t == n)))
+    assert was_old and was_new
 
 
 def test_direct_inject_hashes_only_the_windows(tmp_path, monkeypatch):
@@ -199,10 +231,13 @@ def test_damaged_fingerprint_is_one_line(tmp_path):
 def test_cli_direct(tmp_path, capsys):
     src = _h5(tmp_path / "m.h5", chunked=True)
     orig = _bytes(src)
+    reading, expect = h5_view(src), h5_view(src)
     assert main(["inject", src, "--in-place", "--direct", "--count", "10", "--seed", "1"]) == 0
-    assert "wrote" in capsys.readouterr().out and _bytes(src) != orig
+    assert "wrote" in capsys.readouterr().out
+    assert not (p := judge(expect, h5_view(src), InjectionLog.load(src + ".fflog"))), p[:8]
     assert main(["revert", src + ".fflog", src]) == 0
     assert "touched byte ranges, size and head/tail fingerprint" in capsys.readouterr().out and _bytes(src) == orig
+    assert not compare_readings(reading, h5_view(src))
     assert main(["inject", src, "--in-place", "--direct", "--verify-file", "--count", "10", "--seed", "2"]) == 0
     m = InjectionLog.load(src + ".2.fflog").manifest
     assert m["input"]["hash"] and "fingerprint" not in m

@@ -66,7 +66,7 @@ def test_compressed_npz_contract(tmp_path):
     assert all(t.storage == "filtered" and t.filters == ("deflate",) for t in lay.tensors)
     assert {t.path: t.role for t in lay.tensors}["/bn1.running_var"] == "bn-statistic"
     # every member may be hit: some keep their size (padded streams), small ones grow (spliced archive)
-    check_format(p, np_load, str(tmp_path), fmt="npz", count=40, non_atomic=False)
+    check_format(p, np_load, str(tmp_path), fmt="npz", count=40, non_atomic=False, direct=True)
 
 
 def _inject_member(tmp_path, data_seed, member, **kw):
@@ -165,7 +165,7 @@ def test_mixed_stored_and_deflated_members(tmp_path, stream):
     for k, v in want.items():
         assert got[k].tobytes() == v.tobytes(), k
     assert revert(res.log_path, out).digest == before
-    check_format(p, np_load, str(tmp_path), fmt="npz", count=20, non_atomic=False)
+    check_format(p, np_load, str(tmp_path), fmt="npz", count=20, non_atomic=False, direct=True)
 
 
 def test_savez_compressed_to_a_stream_grows(tmp_path):

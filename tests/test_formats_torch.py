@@ -18,6 +18,7 @@ from fastflip.files.formats import FormatError, UnsafeInputError, detect_format
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
 from format_contract import check_format
+from framework_views import big_endian_archive
 
 pytestmark = pytest.mark.framework
 
@@ -141,14 +142,7 @@ def test_big_endian_byteorder_entry(tmp_path):
     torch.save({"w": torch.arange(4, dtype=torch.float32)}, p)
     # rewrite the archive with byteorder 'big' and big-endian bytes: the reader must honour the entry
     q = str(tmp_path / "be.pt")
-    with zipfile.ZipFile(p) as zin, zipfile.ZipFile(q, "w") as zout:
-        for info in zin.infolist():
-            data = zin.read(info)
-            if info.filename.endswith("/byteorder"):
-                data = b"big"
-            elif "/data/" in info.filename and not info.filename.endswith("serialization_id"):
-                data = np.frombuffer(data, "<f4").astype(">f4").tobytes()
-            zout.writestr(info, data)
+    big_endian_archive(p, q)
     t = read_layout(q).tensors[0]
     assert t.dtype == np.dtype(">f4")
     with open(q, "rb") as fh:
