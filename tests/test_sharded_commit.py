@@ -345,3 +345,13 @@ def test_force_replaces_an_output_directory_after_its_new_log(src, tmp_path, mon
     assert shards(out) != first and sorted(os.listdir(tmp_path)) == ["model", "out", "out.fflog"]  # nothing left aside
     revert_dir(res.log_path, out, str(tmp_path / "back"))
     assert shards(str(tmp_path / "back")) == shards(src)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_region_evidence_of_a_directory_is_refused_before_anything_is_written(src, tmp_path, in_place):
+    """A checkpoint directory's log holds each shard's hash: ``hash_files="regions"`` is refused, not ignored."""
+    original = shards(src)
+    out = None if in_place else str(tmp_path / "out")
+    with pytest.raises(OptionError, match="region evidence is for single files"):
+        inject_dir(src, out, in_place=in_place, hash_files="regions", count=2, seed=1)
+    assert shards(src) == original and (out is None or not os.path.exists(out))

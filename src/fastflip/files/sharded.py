@@ -292,7 +292,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
                sampling: Sampling | Mapping[str, Any] | None = None, seed: int | None = None,
                stream: Sequence[int] = (), log_path: str | os.PathLike[str] | bool | None = None,
                plan: Plan | None = None, backend: str = "auto", durable: bool = True, overwrite: bool = True,
-               extra_manifest: Mapping[str, Any] | None = None, atomic: bool = True, hash_files: bool = True,
+               extra_manifest: Mapping[str, Any] | None = None, atomic: bool = True, hash_files: bool | str = True,
                layout: ShardedLayout | None = None, lock: bool = True, **shorthand: Any) -> InjectionResult:
     """Flip bits in a Hugging Face checkpoint directory (or its index file) as one model.
 
@@ -310,6 +310,9 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     In place, the whole checkpoint is locked while it is read and changed (every weight file and the index;
     see the module docstring), unless ``lock=False``.
     """
+    if hash_files == "regions":
+        raise OptionError(f"{os.fspath(src)}: region evidence is for single files; a checkpoint directory's log holds "
+                          "each shard's hash (drop hash_files='regions' / --evidence regions)")
     layout = layout or read_sharded_layout(src)
     root = layout.file
     if not atomic and not in_place:
