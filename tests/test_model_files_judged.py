@@ -191,10 +191,10 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
         assert not compare_readings(_pretrained_view(name, src, names), _pretrained_view(name, out, names))
     work = _work(src, tmp_path, "work")
     capsys.readouterr()
-    for opts, gone in ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r")),
-                       (["--in-place", "--direct"], work + ".fflog")):
+    for opts, gone, fix in ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"),
+                             "drop --evidence regions"), (["--in-place", "--direct"], work + ".fflog", "drop --direct")):
         err = _refused(capsys, main(["inject", work, *opts, *_OPTS]), before, work, gone, gone + ".fflog")
-        assert "drop --" in err
+        assert err.endswith(fix), err
 
 
 @pytest.mark.parametrize("key", ["gpt2-sharded", "vit"])
