@@ -1,11 +1,12 @@
 """The files researchers inject into, judged by the framework that wrote them.
 
 Real architectures built from tiny configs (no downloads): GPT-2 (lm_head tied to wte), BERT and ViT saved by
-``save_pretrained`` (safetensors; GPT-2 in shards, in float32 and bfloat16), a transformers ResNet and a GPT-2
+``save_pretrained`` (safetensors; GPT-2 in shards, in float32 and bfloat16, and in ``pytorch_model-*.bin`` shards as
+transformers 4 wrote them), a transformers ResNet and a GPT-2
 ``torch.save(model.state_dict())`` in float32 and bfloat16, and a torchao int8 weight-only ``state_dict``. Each is
 injected through the real CLI (a new file or directory with whole-file evidence, a new file with region evidence,
 in place, in place with ``--direct``) and judged only by the framework's reading: ``from_pretrained`` and
-``safetensors`` for a directory, ``torch.load(weights_only=True)`` for a ``.pt``. Exactly the logged sites change,
+``safetensors`` for a directory, ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change,
 from their logged old word to their logged new word (:func:`framework_judge.judge`); tied weights change together
 as the framework shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
 """
@@ -47,7 +48,7 @@ def _hf_dir(name, dtype, sharded, d):
     require("transformers")
     model = _distinct(build(name), getattr(torch, dtype))
     if sharded:
-        assert len(save_sharded(model, d)) >= 2
+        assert len(save_sharded(model, d, sharded)) >= 2
     else:
         model.save_pretrained(d)
     return d
@@ -68,7 +69,8 @@ def _torch_file(name, dtype, path):
 
 
 # id: (model, dtype, sharded) for save_pretrained directories; (model, dtype) for torch.save files
-DIRS = {"gpt2-sharded": ("gpt2", "float32", True), "gpt2-bf16-sharded": ("gpt2", "bfloat16", True),
+DIRS = {"gpt2-sharded": ("gpt2", "float32", "safetensors"), "gpt2-bf16-sharded": ("gpt2", "bfloat16", "safetensors"),
+        "gpt2-bin-sharded": ("gpt2", "float32", "bin"),
         "bert": ("bert", "float32", False), "vit": ("vit", "float32", False)}
 FILES = {"resnet": ("resnet", "float32"), "resnet-bf16": ("resnet", "bfloat16"), "gpt2-tied": ("gpt2", "float32"),
          "gpt2-tied-bf16": ("gpt2", "bfloat16")}
@@ -108,11 +110,12 @@ def _work(src, tmp_path, name):
 
 
 def _st_view(d):
-    """``safetensors`` reading of every weight file of a ``save_pretrained`` directory (names unique across shards)."""
+    """``safetensors`` (or ``torch.load(weights_only=True)`` for ``.bin`` shards) reading of every weight file of a
+    ``save_pretrained`` directory (names unique across shards)."""
     out = {}
     for f in sorted(os.listdir(d)):
-        if f.endswith(".safetensors"):
-            part = st_torch_view(os.path.join(d, f))
+        if f.endswith((".safetensors", ".bin")):
+            part = (st_torch_view if f.endswith(".safetensors") else torch_view)(os.path.join(d, f))
             assert not set(part) & set(out)
             out.update(part)
     return out
@@ -197,7 +200,7 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
         assert err.endswith(fix), err
 
 
-@pytest.mark.parametrize("key", ["gpt2-sharded", "vit"])
+@pytest.mark.parametrize("key", ["gpt2-sharded", "gpt2-bin-sharded", "vit"])
 def test_save_pretrained_directory_in_place_judged_by_from_pretrained(key, made, tmp_path):
     """In place (through copies): the directory reads as logged, and revert gives back every file's bytes."""
     name = DIRS[key][0]
