@@ -179,7 +179,7 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
     names = _live_names(name, src, files)
     out = str(tmp_path / "out")
     wte = ["--include", "*wte*"] if name == "gpt2" else []  # reach the tied tensor on every GPT-2 run
-    for extra in ([], wte):
+    for extra in ([], wte) if wte else ([],):
         shutil.rmtree(out, ignore_errors=True)
         assert main(["inject", src, "-o", out, *extra, *_OPTS, "--force"]) == 0
         log = InjectionLog.load(out + ".fflog")
