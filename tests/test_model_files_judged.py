@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -261,4 +263,7 @@ def test_torchao_int8_state_dict_is_refused_in_one_line(tmp_path, capsys):
                        src + ".fflog")
         assert "ao.pt" in err and "tensor subclass" in err and "fastflip.live" in err  # a fix that works
         assert "save a state_dict" not in err  # it is one already
-    assert sorted(os.listdir(tmp_path)) == ["ao.pt", "before.pt"]
+    r = subprocess.run([sys.executable, "-m", "fastflip", "inject", src, "--in-place", "--direct", *_OPTS],
+                       capture_output=True, text=True)  # as a program: no import noise around the one line
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.strip() == err, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["ao.pt", "before.pt"] and _bytes(src) == _bytes(before)
