@@ -6,9 +6,9 @@ transformers 4 wrote them), a transformers ResNet and a GPT-2
 ``torch.save(model.state_dict())`` in float32 and bfloat16, and a torchao int8 weight-only ``state_dict``. Each is
 injected through the real CLI (a new file or directory with whole-file evidence, a new file with region evidence,
 in place, in place with ``--direct``) and judged only by the framework's reading: ``from_pretrained`` and
-``safetensors`` for a directory, ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change,
-from their logged old word to their logged new word (:func:`framework_judge.judge`); tied weights change together
-as the framework shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
+``safetensors`` for a directory, ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged
+sites change, from their logged old word to their logged new word (:func:`framework_judge.judge`); tied weights
+change together as the framework shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
 """
 
 from __future__ import annotations
@@ -196,8 +196,9 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
         assert not compare_readings(_pretrained_view(name, src, names), _pretrained_view(name, out, names))
     work = _work(src, tmp_path, "work")
     capsys.readouterr()
-    for opts, gone, fix in ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"),
-                             "drop --evidence regions"), (["--in-place", "--direct"], work + ".fflog", "drop --direct")):
+    refusals = ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"), "drop --evidence regions"),
+                (["--in-place", "--direct"], work + ".fflog", "drop --direct"))
+    for opts, gone, fix in refusals:
         err = _refused(capsys, main(["inject", work, *opts, *_OPTS]), before, work, gone, gone + ".fflog")
         assert err.endswith(fix), err
 
