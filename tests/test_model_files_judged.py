@@ -1,14 +1,14 @@
 """The files researchers inject into, judged by the framework that wrote them.
 
 Real architectures built from tiny configs (no downloads): GPT-2 (lm_head tied to wte), BERT and ViT saved by
-``save_pretrained`` (safetensors; GPT-2 in shards, in float32 and bfloat16, and in ``pytorch_model-*.bin`` shards as
-transformers 4 wrote them), a transformers ResNet and a GPT-2
-``torch.save(model.state_dict())`` in float32 and bfloat16, and a torchao int8 weight-only ``state_dict``. Each is
-injected through the real CLI (a new file or directory with whole-file evidence, a new file with region evidence,
-in place, in place with ``--direct``) and judged only by the framework's reading: ``from_pretrained`` and
-``safetensors`` for a directory, ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged
-sites change, from their logged old word to their logged new word (:func:`framework_judge.judge`); tied weights
-change together as the framework shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
+``save_pretrained`` (safetensors; GPT-2 in shards, in float32 and bfloat16, and in ``pytorch_model-*.bin`` shards
+as transformers 4 wrote them), a transformers ResNet and a GPT-2 ``torch.save(model.state_dict())`` in float32 and
+bfloat16, and a torchao int8 weight-only ``state_dict``. Each is injected through the real CLI (a new file or
+directory with whole-file evidence, a new file with region evidence, in place, in place with ``--direct``) and
+judged only by the framework's reading: ``from_pretrained`` and ``safetensors`` for a directory,
+``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change, from their logged
+old word to their logged new word (:func:`framework_judge.judge`); tied weights change together as the framework
+shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
 """
 
 from __future__ import annotations
