@@ -18,7 +18,7 @@ import numpy as np
 from conftest import require
 
 __all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view",
-           "big_endian_archive"]
+           "big_endian_archive", "state_dict_view"]
 
 
 def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None) -> dict:
@@ -95,3 +95,11 @@ def big_endian_archive(little: str, big: str, itemsize: int = 4) -> None:
             elif "/data/" in info.filename and not info.filename.endswith("serialization_id"):
                 data = np.frombuffer(data, f"<u{itemsize}").astype(f">u{itemsize}").tobytes()
             zout.writestr(info, data)
+
+
+def state_dict_view(state_dict: dict) -> dict[str, np.ndarray]:
+    """A live ``state_dict`` (``from_pretrained``'s, ``load_state_dict``'s) as a reading: ``/`` + key; tensors
+    sharing storage (tied weights) share memory; bfloat16 and float8 as their stored words."""
+    from test_formats_torch import _flat
+
+    return _flat(state_dict)

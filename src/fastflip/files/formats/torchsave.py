@@ -234,6 +234,11 @@ class RestrictedUnpickler(pickle.Unpickler):
         if module == "torch" and name.endswith("Storage"):
             raise FormatError(f"{self.where}: tensors of storage type torch.{name} are not supported "
                               "(float, int, bool, bfloat16, float8 and qint8/quint8/qint32 tensors are)")
+        if (module, name) == ("torch._utils", "_rebuild_wrapper_subclass"):  # torchao's quantized tensors, DTensor
+            raise UnsafeInputError(
+                f"{self.where}: the pickle holds a tensor subclass (torch._utils._rebuild_wrapper_subclass, e.g. "
+                "torchao's quantized weights), which fastflip does not rebuild; inject the loaded model with "
+                "fastflip.live (docs/live.md) or save its plain tensors")
         raise UnsafeInputError(
             f"{self.where}: the pickle asks for {module}.{name}, which fastflip does not run (only tensors and plain "
             "containers are read); save a state_dict (torch.save(model.state_dict(), f)) instead")

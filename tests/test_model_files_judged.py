@@ -1,0 +1,270 @@
+"""The files researchers inject into, judged by the framework that wrote them.
+
+Real architectures built from tiny configs (no downloads): GPT-2 (lm_head tied to wte), BERT and ViT saved by
+``save_pretrained`` (safetensors; GPT-2 in shards, in float32 and bfloat16, and in ``pytorch_model-*.bin`` shards
+as transformers 4 wrote them), a transformers ResNet and a GPT-2 ``torch.save(model.state_dict())`` in float32 and
+bfloat16, and a torchao int8 weight-only ``state_dict``. Each is injected through the real CLI (a new file or
+directory with whole-file evidence, a new file with region evidence, in place, in place with ``--direct``) and
+judged only by the framework's reading: ``from_pretrained`` and ``safetensors`` for a directory,
+``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change, from their logged
+old word to their logged new word (:func:`framework_judge.judge`); tied weights change together as the framework
+shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import require
+from fastflip.cli import main
+from fastflip.files.log import InjectionLog
+from framework_judge import compare_readings, copy_reading, judge
+from framework_views import st_torch_view, state_dict_view, torch_view
+from hf_helpers import build, model_class, same_tree, save_sharded
+
+pytestmark = pytest.mark.framework
+
+_OPTS = ["--seed", "5", "--count", "6", "-q"]
+
+
+def _distinct(model, dtype):
+    """``model`` in ``dtype`` with every floating tensor drawn afresh, so that no two untied tensors hold the same
+    words (LayerNorm's ones and zeros otherwise do) and a file tensor names its live tensor by content."""
+    torch = require("torch")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if t.is_floating_point():
+                t.copy_(torch.randn_like(t) * 0.05)
+    return model.to(dtype)
+
+
+def _hf_dir(name, dtype, sharded, d):
+    torch = require("torch")
+    require("transformers")
+    model = _distinct(build(name), getattr(torch, dtype))
+    if sharded:
+        assert len(save_sharded(model, d, sharded)) >= 2
+    else:
+        model.save_pretrained(d)
+    return d
+
+
+def _torch_file(name, dtype, path):
+    torch = require("torch")
+    transformers = require("transformers")
+    if name == "resnet":
+        torch.manual_seed(0)
+        model = transformers.ResNetForImageClassification(transformers.ResNetConfig(
+            num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+            num_labels=4)).eval()
+    else:
+        model = build(name)
+    torch.save(_distinct(model, getattr(torch, dtype)).state_dict(), path)
+    return path
+
+
+# id: (model, dtype, sharded) for save_pretrained directories; (model, dtype) for torch.save files
+DIRS = {"gpt2-sharded": ("gpt2", "float32", "safetensors"), "gpt2-bf16-sharded": ("gpt2", "bfloat16", "safetensors"),
+        "gpt2-bin-sharded": ("gpt2", "float32", "bin"),
+        "bert": ("bert", "float32", False), "vit": ("vit", "float32", False)}
+FILES = {"resnet": ("resnet", "float32"), "resnet-bf16": ("resnet", "bfloat16"), "gpt2-tied": ("gpt2", "float32"),
+         "gpt2-tied-bf16": ("gpt2", "bfloat16")}
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The saved models, built once per module on first use: {id: path}."""
+    root = tmp_path_factory.mktemp("models")
+    cache = {}
+
+    def get(key):
+        if key not in cache:
+            if key in DIRS:
+                cache[key] = _hf_dir(*DIRS[key], str(root / key))
+            else:
+                cache[key] = _torch_file(*FILES[key], str(root / f"{key}.pt"))
+        return cache[key]
+
+    return get
+
+
+def _bytes(path):
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _same(a, b):
+    return same_tree(a, b) if os.path.isdir(a) else _bytes(a) == _bytes(b)
+
+
+def _work(src, tmp_path, name):
+    """A copy of the saved model to change."""
+    dst = str(tmp_path / name)
+    (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
+    return dst
+
+
+def _st_view(d):
+    """``safetensors`` (or ``torch.load(weights_only=True)`` for ``.bin`` shards) reading of every weight file of a
+    ``save_pretrained`` directory (names unique across shards)."""
+    out = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith((".safetensors", ".bin")):
+            part = (st_torch_view if f.endswith(".safetensors") else torch_view)(os.path.join(d, f))
+            assert not set(part) & set(out)
+            out.update(part)
+    return out
+
+
+def _load(name, d):
+    """``from_pretrained``'s state_dict of ``d`` as a reading in live names (tied tensors share memory)."""
+    model = model_class(name).from_pretrained(d, dtype="auto").eval()
+    if name == "gpt2":
+        assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr()
+    return state_dict_view(model.state_dict())
+
+
+def _live_names(name, d, files):
+    """{live name: reading name} for the model in ``d``: each live tensor named by the file tensor of ``files``
+    (``d``'s safetensors reading) holding its words; a live tensor no file tensor names alone (lm_head, tied to
+    wte) keeps its live name after ``=``. transformers renames some keys on load (ViT), hence by content."""
+    live = _load(name, d)
+    by_words, names = {}, {}
+    for fname, a in files.items():
+        by_words.setdefault((a.shape, a.dtype.str, a.tobytes()), []).append(fname)
+    for key in sorted(live, key=lambda k: (k not in files, k)):  # a live name equal to a file name claims it first
+        a = live[key]
+        hits = [f for f in by_words.get((a.shape, a.dtype.str, a.tobytes()), []) if f not in names.values()]
+        names[key] = key if key in hits else (hits[0] if len(hits) == 1 else "=" + key)
+    missing = set(files) - set(names.values())
+    assert not missing, f"file tensors from_pretrained does not load: {sorted(missing)[:6]}"
+    return names
+
+
+def _pretrained_view(name, d, names):
+    """``from_pretrained``'s reading of ``d``, named by :func:`_live_names` of the original."""
+    return {names[k]: a for k, a in _load(name, d).items()}
+
+
+def _refused(capsys, rc, before, src, *absent):
+    """One line on stderr, exit 2, the input as it was and nothing written."""
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("fastflip inject: error: "), err
+    assert _same(src, before)
+    for p in absent:
+        assert not os.path.exists(p), p
+    return err
+
+
+def _revert_and_check(log_path, target, original, view):
+    """``fastflip revert`` gives back ``original``'s bytes, which the framework reads as it read ``original``."""
+    assert main(["revert", log_path, target, "-q"]) == 0
+    assert _same(target, original)
+    assert not (p := compare_readings(view(original), view(target))), p[:8]
+
+
+@pytest.mark.parametrize("key", sorted(DIRS))
+def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made, tmp_path, capsys):
+    """A new directory: safetensors and from_pretrained read exactly the logged changes (lm_head with wte where
+    the model ties them); regions evidence and --direct are refused in one line; revert restores the bytes."""
+    name = DIRS[key][0]
+    src = made(key)
+    before = _work(src, tmp_path, "before")
+    files = _st_view(src)
+    names = _live_names(name, src, files)
+    out = str(tmp_path / "out")
+    wte = ["--include", "*wte*"] if name == "gpt2" else []  # reach the tied tensor on every GPT-2 run
+    for extra in ([], wte) if wte else ([],):
+        shutil.rmtree(out, ignore_errors=True)
+        assert main(["inject", src, "-o", out, *extra, *_OPTS, "--force"]) == 0
+        log = InjectionLog.load(out + ".fflog")
+        assert not (p := judge(copy_reading(files), _st_view(out), log)), p[:8]
+        expect = _pretrained_view(name, src, names)
+        assert not (p := judge(expect, _pretrained_view(name, out, names), log)), p[:8]
+        if extra:
+            hit = {r["tensor"] for r in log.records()}
+            assert hit == {"/transformer.wte.weight"} and "=/lm_head.weight" in expect
+        assert _same(src, before)
+        _revert_and_check(out + ".fflog", out, src, _st_view)
+        assert not compare_readings(_pretrained_view(name, src, names), _pretrained_view(name, out, names))
+    work = _work(src, tmp_path, "work")
+    capsys.readouterr()
+    refusals = ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"), "drop --evidence regions"),
+                (["--in-place", "--direct"], work + ".fflog", "drop --direct"))
+    for opts, gone, fix in refusals:
+        err = _refused(capsys, main(["inject", work, *opts, *_OPTS]), before, work, gone, gone + ".fflog")
+        assert err.endswith(fix), err
+
+
+@pytest.mark.parametrize("key", ["gpt2-sharded", "gpt2-bin-sharded", "vit"])
+def test_save_pretrained_directory_in_place_judged_by_from_pretrained(key, made, tmp_path):
+    """In place (through copies): the directory reads as logged, and revert gives back every file's bytes."""
+    name = DIRS[key][0]
+    src = made(key)
+    files = _st_view(src)
+    names = _live_names(name, src, files)
+    work = _work(src, tmp_path, "work")
+    assert main(["inject", work, "--in-place", *_OPTS]) == 0
+    log = InjectionLog.load(work + ".fflog")
+    assert not (p := judge(copy_reading(files), _st_view(work), log)), p[:8]
+    assert not (p := judge(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)), p[:8]
+    _revert_and_check(work + ".fflog", work, src, _st_view)
+
+
+@pytest.mark.parametrize("key", sorted(FILES))
+@pytest.mark.parametrize("mode", ["copy", "regions", "direct"])
+def test_torch_save_state_dict_judged_by_torch_load(key, mode, made, tmp_path):
+    """A state_dict file: torch.load(weights_only=True) reads exactly the logged changes (GPT-2's lm_head with wte:
+    one storage), in every mode; revert restores the bytes."""
+    src = made(key)
+    before = _bytes(src)
+    if mode == "direct":
+        out = _work(src, tmp_path, "work.pt")
+        args = [out, "--in-place", "--direct"]
+    else:
+        out = str(tmp_path / "out.pt")
+        args = [src, "-o", out] + (["--evidence", "regions"] if mode == "regions" else [])
+    wte = ["--include", "*wte*"] if key.startswith("gpt2") else []
+    assert main(["inject", *args, *wte, *_OPTS]) == 0
+    log = InjectionLog.load(out + ".fflog")
+    assert log.manifest.get("evidence") == (None if mode == "copy" else "regions")  # None: whole-file hashes
+    expect = torch_view(src)
+    if wte:
+        assert np.shares_memory(expect["/lm_head.weight"], expect["/transformer.wte.weight"])
+    assert not (p := judge(expect, torch_view(out), log)), p[:8]
+    assert _bytes(src) == before
+    _revert_and_check(out + ".fflog", out, src, torch_view)
+
+
+def test_torchao_int8_state_dict_is_refused_in_one_line(tmp_path, capsys):
+    """torchao's int8 weight-only state_dict loads with torch.load(weights_only=True), but its tensors are
+    subclasses fastflip does not rebuild: every mode refuses in one line and writes nothing."""
+    torch = require("torch")
+    ao = require("torchao.quantization")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    ao.quantize_(m, ao.Int8WeightOnlyConfig())
+    src = str(tmp_path / "ao.pt")
+    torch.save(m.state_dict(), src)
+    loaded = torch.load(src, weights_only=True)
+    assert type(loaded["0.weight"]).__name__ == "Int8Tensor" and loaded["0.weight"].qdata.dtype == torch.int8
+    before = str(tmp_path / "before.pt")
+    shutil.copyfile(src, before)
+    out = str(tmp_path / "out.pt")
+    capsys.readouterr()
+    for opts in (["-o", out], ["-o", out, "--evidence", "regions"], ["--in-place"], ["--in-place", "--direct"]):
+        err = _refused(capsys, main(["inject", src, *opts, *_OPTS]), before, src, out, out + ".fflog",
+                       src + ".fflog")
+        assert "ao.pt" in err and "tensor subclass" in err and "fastflip.live" in err  # a fix that works
+        assert "save a state_dict" not in err  # it is one already
+    r = subprocess.run([sys.executable, "-m", "fastflip", "inject", src, "--in-place", "--direct", *_OPTS],
+                       capture_output=True, text=True)  # as a program: no import noise around the one line
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.strip() == err, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["ao.pt", "before.pt"] and _bytes(src) == _bytes(before)
