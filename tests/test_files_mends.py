@@ -1,0 +1,61 @@
+"""Region evidence and the copy paths at their edges: a kernel that refuses ``copy_file_range`` (another file
+system), ``--no-verify`` on a region log, the h5py notes, and what replay reads.
+
+Outputs are judged against the log and against the whole-file-hash mode's output byte for byte.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from fastflip import Sampling
+from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+
+needs_kernel_copy = pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no os.copy_file_range here")
+
+
+def _h5(path, n: int = 1 << 18) -> str:
+    with h5py.File(path, "w") as f:
+        f["w"] = (np.random.default_rng(0).standard_normal(n) * 0.05).astype("f4")
+        f["b"] = np.linspace(-1, 1, 64, dtype="f4")
+    return str(path)
+
+
+def _refusing(monkeypatch, after: int | None) -> list[int]:
+    """``os.copy_file_range`` that raises EXDEV at once (``after`` None) or after copying ``after`` bytes of its
+    first call; returns the byte counts asked for."""
+    real = os.copy_file_range
+    asked: list[int] = []
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        asked.append(count)
+        if after is not None and len(asked) == 1:
+            return real(fd_in, fd_out, min(after, count), offset_src, offset_dst)
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    return asked
+
+
+@needs_kernel_copy
+@pytest.mark.parametrize("after", [None, 12345])
+def test_regions_across_file_systems(tmp_path, monkeypatch, after):
+    """copy_file_range refused (EXDEV, at once or part way): inject --evidence regions and its replay still write
+    exactly the output the whole-file-hash mode writes."""
+    src = _h5(tmp_path / "in.h5")
+    ref = inject_file(src, str(tmp_path / "ref.h5"), sampling=Sampling(count=6), seed=4, log_path=False)
+    asked = _refusing(monkeypatch, after)
+    out = str(tmp_path / "out.h5")
+    res = inject_file(src, out, sampling=Sampling(count=6), seed=4, hash_files="regions")
+    assert asked  # the kernel was asked, and refused
+    want = open(tmp_path / "ref.h5", "rb").read()
+    assert open(out, "rb").read() == want
+    assert np.array_equal(res.log.new_words, ref.log.new_words)
+    again = replay(res.log_path, src, str(tmp_path / "again.h5"), log_path=False)
+    assert open(again.output, "rb").read() == want
