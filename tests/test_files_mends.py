@@ -59,3 +59,23 @@ def test_regions_across_file_systems(tmp_path, monkeypatch, after):
     assert np.array_equal(res.log.new_words, ref.log.new_words)
     again = replay(res.log_path, src, str(tmp_path / "again.h5"), log_path=False)
     assert open(again.output, "rb").read() == want
+
+
+def test_new_file_regions_reads_the_input_windows_once(tmp_path, monkeypatch):
+    """Copy mode with region evidence takes the input's fingerprint once (with the prediction) and does not read
+    its windows again to check them; the output is still checked."""
+    from fastflip.files import fingerprint as fpmod
+
+    src = _h5(tmp_path / "in.h5")
+    seen: list[str] = []
+    real = fpmod.fingerprint
+
+    def spy(path, *a, **k):
+        seen.append(os.path.abspath(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(fpmod, "fingerprint", spy)
+    out = str(tmp_path / "out.h5")
+    inject_file(src, out, sampling=Sampling(count=6), seed=4, hash_files="regions")
+    assert os.path.abspath(src) not in seen
+    assert seen  # the output was checked

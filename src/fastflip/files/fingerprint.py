@@ -49,7 +49,7 @@ from .filebytes import overlay_patches
 from .fileio import atomic_output, deferred_signals
 from .h5apply import kernel_copy
 
-__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions",
+__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "ranges_hold", "revert_regions",
            "replay_regions"]
 
 WINDOW = 1 << 20  # bytes hashed at each end of the file
@@ -108,7 +108,7 @@ def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, 
                     algorithm))
 
 
-def _ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
+def ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
     """Whether the file holds ``data`` (concatenated) in the byte ranges (``offsets``, ``lengths``)."""
     pos = 0
     with open(path, "rb") as fh:
@@ -137,7 +137,7 @@ def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subjec
         raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']}){done}")
     if got != want:
         raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs){done}{fix}")
-    if not _ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
+    if not ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
         raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ){done}{fix}")
 
 

@@ -146,11 +146,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
         cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
-        if h5_rest or cp.resized:
-            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
-                              "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
-                              ".npz members); this plan touches other filtered/compact data or a member that "
-                              "changes size: use atomic=True (the CLI: drop --direct)")
+        refuse_moving_bytes(src, h5_rest, cp, "use atomic=True (the CLI: drop --direct)",
+                            "non-atomic in-place injection")
         st_before = os.stat(src)
         if not evidence:
             res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, algorithm)
@@ -161,8 +158,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
         return res
     if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass
         refuse_moving_bytes(src, h5_rest, cp, "log whole-file hashes instead (the CLI: drop --evidence regions)")
-        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, backend, finish,
-                                  algorithm, writeback=stage.durable)
+        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, finish, algorithm,
+                                  writeback=stage.durable)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
