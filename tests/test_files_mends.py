@@ -79,3 +79,24 @@ def test_new_file_regions_reads_the_input_windows_once(tmp_path, monkeypatch):
     inject_file(src, out, sampling=Sampling(count=6), seed=4, hash_files="regions")
     assert os.path.abspath(src) not in seen
     assert seen  # the output was checked
+
+
+def test_replay_of_a_regions_log_walks_no_layout_of_its_output(tmp_path, monkeypatch):
+    """The replayed copy is checked by its touched ranges (replay_regions): the output's layout is not walked
+    again to read the words back; the output is still exactly the logged one."""
+    from fastflip.files import replay as replay_mod
+
+    src = _h5(tmp_path / "in.h5")
+    res = inject_file(src, str(tmp_path / "out.h5"), sampling=Sampling(count=6), seed=4, hash_files="regions")
+    walked: list[str] = []
+    real = replay_mod.read_layout
+
+    def spy(path, *a, **k):
+        walked.append(os.path.abspath(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(replay_mod, "read_layout", spy)
+    again = replay(res.log_path, src, str(tmp_path / "again.h5"), log_path=False)
+    assert [p for p in walked if p != os.path.abspath(src)] == []
+    assert open(again.output, "rb").read() == open(tmp_path / "out.h5", "rb").read()
+    assert np.array_equal(again.log.new_words, res.log.new_words)
