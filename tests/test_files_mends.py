@@ -100,3 +100,36 @@ def test_replay_of_a_regions_log_walks_no_layout_of_its_output(tmp_path, monkeyp
     assert [p for p in walked if p != os.path.abspath(src)] == []
     assert open(again.output, "rb").read() == open(tmp_path / "out.h5", "rb").read()
     assert np.array_equal(again.log.new_words, res.log.new_words)
+
+
+def _flip_byte(path: str, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([b ^ 0xFF]))
+
+
+@pytest.mark.parametrize("tamper", [False, True])
+def test_no_verify_on_a_regions_log_still_checks_the_result(tmp_path, capsys, tamper):
+    """``revert --no-verify`` of a region log writes the logged original bytes and still checks the result:
+    the logged output gives the original back (verified); a file of the logged size that differs in its head
+    window is written all the same, and reported as not verified."""
+    from fastflip.cli import main
+    from fastflip.files.revert import revert
+
+    src = _h5(tmp_path / "in.h5")
+    orig = open(src, "rb").read()
+    out = str(tmp_path / "out.h5")
+    res = inject_file(src, out, sampling=Sampling(count=6), seed=4, hash_files="regions")
+    if tamper:
+        _flip_byte(out, 200)  # in the head window, in no touched range
+    r = revert(res.log_path, out, str(tmp_path / "api.h5"), verify=False)
+    assert r.verified is (not tamper) and r.evidence == "regions"
+    assert main(["revert", res.log_path, out, "--no-verify"]) == 0
+    said = capsys.readouterr().out
+    got = open(out, "rb").read()
+    assert got == open(tmp_path / "api.h5", "rb").read()
+    differ = np.flatnonzero(np.frombuffer(got, np.uint8) != np.frombuffer(orig, np.uint8)).tolist()
+    assert differ == ([200] if tamper else [])  # the touched ranges were written either way
+    assert ("NOT verified" in said) is tamper and ("match the log" in said) is (not tamper), said

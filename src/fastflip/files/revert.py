@@ -84,8 +84,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
     instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
     ranges are rewritten. The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
-    size that fails those checks gets the logged original bytes of the touched ranges anyway
-    (``verified=False``).
+    size that fails those checks gets the logged original bytes of the touched ranges anyway; the result is
+    still checked, and ``verified`` says whether it is the logged input (False: written, not proven).
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
@@ -105,8 +105,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
-            revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify)
-        return RevertResult(target, "", len(lg.plan), verify, algo, evidence="regions")
+            proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify)
+        return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
 
