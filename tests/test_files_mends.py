@@ -7,6 +7,7 @@ Outputs are judged against the log and against the whole-file-hash mode's output
 from __future__ import annotations
 
 import errno
+import warnings
 import os
 
 import h5py
@@ -133,3 +134,36 @@ def test_no_verify_on_a_regions_log_still_checks_the_result(tmp_path, capsys, ta
     differ = np.flatnonzero(np.frombuffer(got, np.uint8) != np.frombuffer(orig, np.uint8)).tolist()
     assert differ == ([200] if tamper else [])  # the touched ranges were written either way
     assert ("NOT verified" in said) is tamper and ("match the log" in said) is (not tamper), said
+
+
+def _notes(caught) -> list[str]:
+    return [str(w.message) for w in caught if "go through h5py" in str(w.message)]
+
+
+def test_h5py_note_only_where_h5py_writes(tmp_path, monkeypatch):
+    """Chunks fastflip cannot re-encode (scale-offset): a direct run and a region-evidence run refuse them with
+    their one-line error and no note that h5py would write them; a later copy in the same process that does send
+    them through h5py says so."""
+    from fastflip.errors import OptionError
+    from fastflip.files import h5chunks
+
+    monkeypatch.setattr(h5chunks, "_SAID", set())
+    src = str(tmp_path / "so.h5")
+    with h5py.File(src, "w") as f:
+        f.create_dataset("w", data=np.linspace(-1, 1, 4096, dtype="f4"), chunks=(512,), scaleoffset=3)
+    before = open(src, "rb").read()
+    tries = [dict(dst=None, in_place=True, atomic=False), dict(dst=str(tmp_path / "r.h5"), hash_files="regions")]
+    for kw in tries:
+        dst = kw.pop("dst")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(OptionError) as exc:
+                inject_file(src, dst, sampling=Sampling(count=4), seed=1, log_path=False, **kw)
+        assert "\n" not in str(exc.value) and _notes(caught) == [], _notes(caught)
+    assert open(src, "rb").read() == before
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        inject_file(src, str(tmp_path / "out.h5"), sampling=Sampling(count=4), seed=1, log_path=False)
+    said = [w for w in caught if "go through h5py" in str(w.message)]
+    assert len(said) == 1 and "scaleoffset" in str(said[0].message)
+    assert said[0].filename == __file__  # points at the caller, not at fastflip's insides

@@ -35,7 +35,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -140,10 +139,7 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
-    with warnings.catch_warnings():
-        if in_place and not atomic:  # a chunk left for h5py refuses the run (below): no note that h5py writes it
-            warnings.filterwarnings("ignore", message="fastflip: .*go through h5py")
-        cp = encoded_patches(src, plan, routes, zipped)
+    cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
         refuse_moving_bytes(src, h5_rest, cp, "use atomic=True (the CLI: drop --direct)",
@@ -176,6 +172,10 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
     if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
+        if cp.notes:  # why chunks fastflip could not re-encode go through h5py: said where they do
+            from .h5chunks import say_notes
+
+            say_notes(cp.notes, stacklevel=4)  # the caller of inject_file / replay
         o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
         for r in h5_rest:
             old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
