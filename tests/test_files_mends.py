@@ -167,3 +167,19 @@ def test_h5py_note_only_where_h5py_writes(tmp_path, monkeypatch):
     said = [w for w in caught if "go through h5py" in str(w.message)]
     assert len(said) == 1 and "scaleoffset" in str(said[0].message)
     assert said[0].filename == __file__  # points at the caller, not at fastflip's insides
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_cli_refuses_regions_for_a_directory_in_the_library_s_line(tmp_path, capsys, in_place):
+    """``inject DIR --evidence regions``: the library's refusal is the CLI's one line, naming the fix; nothing is
+    written."""
+    from fastflip.cli import main
+    from test_sharded_commit import make_dir, shards
+
+    src = make_dir(str(tmp_path / "model"), n_shards=2, rows=8)
+    before = shards(src)
+    where = ["--in-place"] if in_place else ["-o", str(tmp_path / "out")]
+    assert main(["inject", src, *where, "--evidence", "regions", "--count", "2", "--seed", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and src in err and "drop --evidence regions" in err, err
+    assert shards(src) == before and not os.path.exists(tmp_path / "out")

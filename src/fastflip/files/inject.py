@@ -372,9 +372,8 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
     if not is_keras_archive(src):
         return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
     if inject_kwargs.get("hash_files") == "regions":
-        raise OptionError(f"{src}: a .keras archive's log holds whole-file hashes of its weights file; region "
-                          "evidence (hash_files='regions', the CLI's --evidence regions) needs a single checkpoint "
-                          "file")
+        raise OptionError(f"{src}: region evidence is for single checkpoint files; a .keras archive's log holds "
+                          "whole-file hashes of its weights file: drop --evidence regions (hash_files='regions')")
     src = os.fspath(src)
     durable = inject_kwargs.get("durable", True)
     with writer_lock(src, "inject --in-place", in_place):
