@@ -183,3 +183,58 @@ def test_cli_refuses_regions_for_a_directory_in_the_library_s_line(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and src in err and "drop --evidence regions" in err, err
     assert shards(src) == before and not os.path.exists(tmp_path / "out")
+
+
+def _samples(d) -> dict[str, str]:
+    """Files of every kind the .keras gate must tell apart, and paths that are no file."""
+    import zipfile
+
+    import torch
+
+    from safetensors.numpy import save_file
+
+    out = {"h5": _h5(d / "a.h5", 64), "npy": str(d / "a.npy"), "npz": str(d / "a.npz"), "st": str(d / "a.st"),
+           "pt": str(d / "a.pt"), "keras": str(d / "m.keras"), "foreign": str(d / "f.zip"), "torn": str(d / "t.zip"),
+           "empty": str(d / "e.bin"), "text": str(d / "t.txt"), "missing": str(d / "nope"), "dir": str(d)}
+    np.save(out["npy"], np.zeros(3))
+    np.savez(out["npz"], a=np.zeros(3))
+    save_file({"w": np.zeros(3, "f4")}, out["st"])
+    torch.save({"w": torch.zeros(3)}, out["pt"])
+    with zipfile.ZipFile(out["keras"], "w") as z:
+        z.writestr("metadata.json", "{}")
+        z.writestr("model.weights.h5", open(out["h5"], "rb").read())
+    with zipfile.ZipFile(out["foreign"], "w") as z:
+        z.writestr("readme.txt", "hi")
+    with open(out["keras"], "rb") as fh:
+        torn = fh.read()[:-30]
+    for key, data in (("torn", torn), ("empty", b""), ("text", b"just some text\n")):
+        with open(out[key], "wb") as fh:
+            fh.write(data)
+    return out
+
+
+def test_keras_gate_agrees_with_the_archive_code_and_lists_once(tmp_path, monkeypatch):
+    """archives.is_keras_archive gives keras_archive.is_keras_archive's answer for every kind of file and path,
+    and lists a real archive's zip directory once."""
+    from conftest import require
+
+    require("torch")
+    require("safetensors")
+    from fastflip.files import archives, keras_archive
+    from fastflip.files.formats import zipraw
+
+    d = tmp_path / "s"
+    d.mkdir()
+    paths = _samples(d)
+    got = {k: archives.is_keras_archive(p) for k, p in paths.items()}
+    assert got == {k: keras_archive.is_keras_archive(p) for k, p in paths.items()}
+    assert got["keras"] and not got["npz"] and not got["pt"] and not got["h5"]
+    listed = []
+    real = zipraw.directory
+
+    def spy(path, *a, **k):
+        listed.append(path)
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(zipraw, "directory", spy)
+    assert archives.is_keras_archive(paths["keras"]) and len(listed) == 1
