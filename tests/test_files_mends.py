@@ -44,6 +44,19 @@ def _refusing(monkeypatch, after: int | None) -> list[int]:
     return asked
 
 
+def _spy(monkeypatch, module, name: str) -> list[str]:
+    """Replace ``module.name`` by a wrapper that records the (absolute) path each call is given first."""
+    real = getattr(module, name)
+    seen: list[str] = []
+
+    def spy(path, *a, **k):
+        seen.append(os.path.abspath(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
 @needs_kernel_copy
 @pytest.mark.parametrize("after", [None, 12345])
 def test_regions_across_file_systems(tmp_path, monkeypatch, after):
@@ -68,14 +81,7 @@ def test_new_file_regions_reads_the_input_windows_once(tmp_path, monkeypatch):
     from fastflip.files import fingerprint as fpmod
 
     src = _h5(tmp_path / "in.h5")
-    seen: list[str] = []
-    real = fpmod.fingerprint
-
-    def spy(path, *a, **k):
-        seen.append(os.path.abspath(path))
-        return real(path, *a, **k)
-
-    monkeypatch.setattr(fpmod, "fingerprint", spy)
+    seen = _spy(monkeypatch, fpmod, "fingerprint")
     out = str(tmp_path / "out.h5")
     inject_file(src, out, sampling=Sampling(count=6), seed=4, hash_files="regions")
     assert os.path.abspath(src) not in seen
@@ -89,14 +95,7 @@ def test_replay_of_a_regions_log_walks_no_layout_of_its_output(tmp_path, monkeyp
 
     src = _h5(tmp_path / "in.h5")
     res = inject_file(src, str(tmp_path / "out.h5"), sampling=Sampling(count=6), seed=4, hash_files="regions")
-    walked: list[str] = []
-    real = replay_mod.read_layout
-
-    def spy(path, *a, **k):
-        walked.append(os.path.abspath(path))
-        return real(path, *a, **k)
-
-    monkeypatch.setattr(replay_mod, "read_layout", spy)
+    walked = _spy(monkeypatch, replay_mod, "read_layout")
     again = replay(res.log_path, src, str(tmp_path / "again.h5"), log_path=False)
     assert [p for p in walked if p != os.path.abspath(src)] == []
     assert open(again.output, "rb").read() == open(tmp_path / "out.h5", "rb").read()
@@ -229,12 +228,5 @@ def test_keras_gate_agrees_with_the_archive_code_and_lists_once(tmp_path, monkey
     got = {k: archives.is_keras_archive(p) for k, p in paths.items()}
     assert got == {k: keras_archive.is_keras_archive(p) for k, p in paths.items()}
     assert got["keras"] and not got["npz"] and not got["pt"] and not got["h5"]
-    listed = []
-    real = zipraw.directory
-
-    def spy(path, *a, **k):
-        listed.append(path)
-        return real(path, *a, **k)
-
-    monkeypatch.setattr(zipraw, "directory", spy)
+    listed = _spy(monkeypatch, zipraw, "directory")
     assert archives.is_keras_archive(paths["keras"]) and len(listed) == 1

@@ -49,7 +49,7 @@ from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
 from .archives import edit_archive, is_keras_archive
 from .copyregions import refuse_moving_bytes, write_copy_regions
-from .encoded import encoded_patches
+from .encoded import encoded_patches, say_h5py_notes
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
@@ -172,10 +172,7 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
     if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
-        if cp.notes:  # why chunks fastflip could not re-encode go through h5py: said where they do
-            from .h5chunks import say_notes
-
-            say_notes(cp.notes, stacklevel=4)  # the caller of inject_file / replay
+        say_h5py_notes(cp.notes, stacklevel=4)  # why they go through h5py, said where they do; at inject_file's caller
         o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
         for r in h5_rest:
             old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
