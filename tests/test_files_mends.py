@@ -230,3 +230,26 @@ def test_keras_gate_agrees_with_the_archive_code_and_lists_once(tmp_path, monkey
     assert got["keras"] and not got["npz"] and not got["pt"] and not got["h5"]
     listed = _spy(monkeypatch, zipraw, "directory")
     assert archives.is_keras_archive(paths["keras"]) and len(listed) == 1
+
+
+def test_new_file_regions_refuses_an_input_changed_before_the_copy(tmp_path, monkeypatch):
+    """A word of the input rewritten after the prediction, before the kernel copy: refused in one line, and
+    neither the output nor its log is left."""
+    from fastflip.errors import LogMismatchError
+    from fastflip.files import copyregions
+
+    src = _h5(tmp_path / "in.h5")
+    probe = inject_file(src, str(tmp_path / "probe.h5"), sampling=Sampling(count=6), seed=4, hash_files="regions")
+    at = int(probe.log.undo.offsets[0])
+    real = copyregions.kernel_copy
+
+    def meddle(a, b, **kw):
+        _flip_byte(a, at)
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(copyregions, "kernel_copy", meddle)
+    out = tmp_path / "out.h5"
+    with pytest.raises(LogMismatchError, match="changed while it was being copied") as exc:
+        inject_file(src, str(out), sampling=Sampling(count=6), seed=4, hash_files="regions")
+    assert "\n" not in str(exc.value)
+    assert not out.exists() and not os.path.exists(str(out) + ".fflog")

@@ -25,8 +25,8 @@ from ..core.plan import Plan
 from ..errors import LogMismatchError, OptionError
 from . import hashcache
 from .fingerprint import check_regions, fingerprints, ranges_hold
-from .h5apply import kernel_copy
-from .inplace import predict_patches
+from .h5apply import kernel_copy, write_words_to_file
+from .inplace import predict_patches, raw_positions
 from .layout import Tensor
 from .patches import patch_undo, write_patches
 from .routes import ChunkPatches, SiteRoute
@@ -52,20 +52,28 @@ def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Ten
     ``finish(None, None, old, new, undo, fingerprint=(input, output))``, which stages the log.
 
     Every byte written is worked out from ``src`` first (:func:`fastflip.files.inplace.predict_patches`), with the
-    input's fingerprint. Before ``finish``: the copy is checked to hold the logged old bytes in every touched range
-    before they are written, the input unchanged since then (its size, times and inode), and the copy to be the
-    output the log describes (its windows and every touched range).
+    input's fingerprint; the words are stored in the copy natively (a page per site), the CRC fields and chunks as
+    byte patches. Before ``finish``: the copy is checked to have held the logged old bytes in every touched range,
+    the input unchanged since the start (its size, times and inode), and the copy to be the output the log
+    describes (its windows and every touched range).
     """
     st0 = os.stat(src)
-    _, old, new, _, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
+    raw, old, new, crcs, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
     patches = sorted(patches)
     undo = patch_undo(patches, st0.st_size)
     fp_in, fp_out = fingerprints(src, algorithm, patches)
     kernel_copy(src, tmp, writeback=writeback)
     changed = f"{src} changed while it was being copied; nothing was written"
-    if not ranges_hold(tmp, undo.offsets, undo.lengths, undo.data):  # the old bytes the log keeps are the input's
+    encoded = crcs + cp.patches  # zip CRC fields and re-encoded chunks; the words are written natively
+    held = patch_undo(encoded, st0.st_size)
+    if not ranges_hold(tmp, held.offsets, held.lengths, held.data):  # the old bytes the log keeps are the input's
         raise LogMismatchError(changed)
-    write_patches(tmp, patches)
+    sites = [SiteRoute(r.tensor, r.positions[r.offsets >= 0], r.offsets[r.offsets >= 0]) for r in raw]
+    prev, _ = write_words_to_file(tmp, plan, by_name, new, sites)  # returns the words the copy held before
+    pos = raw_positions(sites)
+    if not np.array_equal(prev[pos], old[pos]):
+        raise LogMismatchError(changed)
+    write_patches(tmp, encoded)
     if not hashcache.same_state(st0, os.stat(src)):
         raise LogMismatchError(changed)
     fp = {"algorithm": algorithm, "input": fp_in, "output": fp_out}

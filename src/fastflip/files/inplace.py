@@ -30,7 +30,7 @@ from .layout import Tensor
 from .patches import Patch, crc_patches, expected_new, patch_undo, word_patches, write_patches
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["predict_patches", "write_in_place", "write_unlogged"]
+__all__ = ["predict_patches", "raw_positions", "write_in_place", "write_unlogged"]
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
@@ -70,6 +70,11 @@ def predict_patches(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes:
     return raw, old, new, crcs, cp.patches + crcs + word_patches(routes, old, new)
 
 
+def raw_positions(raw: Sequence[SiteRoute]) -> np.ndarray:
+    """The plan positions of the sites of ``raw`` that have a file offset (raw storage)."""
+    return np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
+
+
 def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
                     backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
@@ -88,7 +93,7 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
         got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)
         write_patches(src, crcs + cp.patches)
-    raw_pos = np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
+    raw_pos = raw_positions(raw)
     if not (np.array_equal(got_old[raw_pos], old[raw_pos]) and np.array_equal(got_new[raw_pos], new[raw_pos])):
         write_words_to_file(src, plan, by_name, got_old, raw)  # changed between the read and the write: undone
         write_patches(src, crcs + cp.patches, new=False)
