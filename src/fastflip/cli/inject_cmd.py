@@ -103,19 +103,18 @@ def run(args: argparse.Namespace) -> int:
 
     from ..files.formats.hfdir import is_checkpoint_dir  # files.sharded only for a directory
 
-    if args.direct and (is_checkpoint_dir(src) or is_keras_archive(src)):
+    in_dir = is_checkpoint_dir(src)
+    keras = not in_dir and is_keras_archive(src)
+    if args.direct and (in_dir or keras):  # the library would write them through a copy (or keep no log)
         raise OptionError(f"{src}: --direct works on a single checkpoint file (a directory or .keras archive is "
                           "rewritten through a copy); drop --direct")
-    if evidence == "regions" and (is_checkpoint_dir(src) or is_keras_archive(src)):
-        raise OptionError(f"{src}: --evidence regions works on a single checkpoint file (a directory's or .keras "
-                          "archive's log holds whole-file hashes); drop --evidence regions")
-    if is_checkpoint_dir(src):  # a Hugging Face directory (or its index): every shard as one model
+    if in_dir:  # a Hugging Face directory (or its index): every shard as one model
         if kwargs.pop("hash_algorithm", "sha256") != "sha256":
             raise OptionError("a checkpoint directory's log is hashed with sha256; drop --hash")
         from ..files.sharded import inject_dir
 
         res = inject_dir(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
-    elif is_keras_archive(src):  # alter the archive's model.weights.h5 and write a new, valid archive
+    elif keras:  # alter the archive's model.weights.h5 and write a new, valid archive
         res = inject_checkpoint_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)
     else:
         res = inject_file(src, args.output, in_place=args.in_place, overwrite=args.force, **kwargs)

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if getattr(res, "evidence", "file") == "regions" and not res.verified:
         print(f"restored {res.output}: {res.sites} element(s); the logged original bytes of the touched ranges "
-              "were written; NOT verified (--no-verify)")
+              "were written; NOT verified: the result is not the logged input by the log's checks (--no-verify)")
     elif getattr(res, "evidence", "file") == "regions":
         print(f"restored {res.output}: {res.sites} element(s); the touched byte ranges, size and head/tail "
               f"fingerprint ({algo}) match the log (a log with region evidence holds no whole-file hash)")

@@ -29,13 +29,17 @@ __all__ = ["is_keras_archive", "read_archive", "edit_archive"]
 
 
 def is_keras_archive(path: str | os.PathLike[str]) -> bool:
-    """:func:`fastflip.files.keras_archive.is_keras_archive` (a zip that is not a torch.save file or ``.npz``),
-    False without importing it for a file whose content is another format."""
-    if not may_be_keras(path):
+    """The answer of :func:`fastflip.files.keras_archive.is_keras_archive` (a zip that is not a torch.save file or
+    ``.npz``) without importing it: False for a file whose content is another format, else whether it is a zip
+    (a ``.keras`` archive, or a damaged or foreign zip that the archive code refuses in one line)."""
+    if not may_be_keras(path):  # the content says another format (its zip directory listed once, if a zip)
         return False
-    from .keras_archive import is_keras_archive as check
+    import zipfile  # a .keras archive, or content that does not decide: the answer keras_archive gives
 
-    return check(path)
+    try:
+        return zipfile.is_zipfile(path)
+    except (OSError, ValueError):
+        return False
 
 
 def read_archive(path: str | os.PathLike[str], **options: Any) -> ContextManager[Path]:

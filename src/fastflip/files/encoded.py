@@ -30,7 +30,7 @@ import numpy as np
 from ..core.plan import Plan
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["encoded_patches", "member_words", "member_array", "zip_crc_patches"]
+__all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_crc_patches"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -47,6 +47,15 @@ def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: 
     from .h5chunks import chunk_patches
 
     return chunk_patches(path, plan, routes)
+
+
+def say_h5py_notes(notes: Sequence[str], stacklevel: int = 1) -> None:
+    """:func:`fastflip.files.h5chunks.say_notes`: warn why chunks go through h5py (``ChunkPatches.notes``), for the
+    writer that really sends them there; ``stacklevel`` counts from the caller."""
+    if notes:
+        from .h5chunks import say_notes
+
+        say_notes(notes, stacklevel + 1)
 
 
 def member_words(path: str, plan: Plan, routes: Sequence[SiteRoute], out: np.ndarray) -> None:

@@ -49,7 +49,7 @@ from .filebytes import overlay_patches
 from .fileio import atomic_output, deferred_signals
 from .h5apply import kernel_copy
 
-__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "revert_regions",
+__all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "ranges_hold", "revert_regions",
            "replay_regions"]
 
 WINDOW = 1 << 20  # bytes hashed at each end of the file
@@ -108,7 +108,7 @@ def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, 
                     algorithm))
 
 
-def _ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
+def ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
     """Whether the file holds ``data`` (concatenated) in the byte ranges (``offsets``, ``lengths``)."""
     pos = 0
     with open(path, "rb") as fh:
@@ -137,7 +137,7 @@ def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subjec
         raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']}){done}")
     if got != want:
         raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs){done}{fix}")
-    if not _ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
+    if not ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
         raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ){done}{fix}")
 
 
@@ -200,24 +200,34 @@ def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str,
             raise
 
 
-def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True) -> None:
+def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool) -> bool:
+    """The after-check of a revert: whether ``path`` is the logged input (:func:`check_regions`). With
+    ``verify`` a file that is not raises; without, the answer is returned (False) and nothing is raised."""
+    try:
+        check_regions(path, fp, undo, "input", subject)
+    except LogMismatchError:
+        if verify:
+            raise
+        return False
+    return True
+
+
+def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True) -> bool:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
     half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
-    the logged original bytes of the touched ranges into a file of the logged size whatever it holds, and checks
-    nothing else."""
+    the logged original bytes of the touched ranges into a file of the logged size whatever it holds, and still
+    checks the result. Returns whether the result was checked to be the logged input (always True with
+    ``verify``: a failed check raises)."""
     fp, undo = _evidence(lg, src, "reverted")
     after = f"reverting {src} did not give the logged input back: {src}"
     if direct:
         _check_revertible(src, fp, undo, src, verify)
         with deferred_signals():
             undo.apply(src)
-        if verify:
-            check_regions(src, fp, undo, "input", after)
-        return
+        return _gives_input(src, fp, undo, after, verify)
     with atomic_output(target) as tmp:
         shutil.copyfile(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
         undo.apply(tmp)
-        if verify:
-            check_regions(tmp, fp, undo, "input", after)
+        return _gives_input(tmp, fp, undo, after, verify)

@@ -403,19 +403,29 @@ def kernel_copy(src: str, dst: str, *, writeback: bool = False, piece: int = 4 *
     its bytes never pass through this process where the OS can do that; return the bytes copied.
 
     ``writeback=True`` (an output that will be fsynced) starts each piece's writeback to disk at once
-    (:func:`fastflip.files.fileio.start_writeback`). Where the OS has no ``copy_file_range``,
-    ``shutil.copyfile`` copies it (its fastest way there).
+    (:func:`fastflip.files.fileio.start_writeback`). Where the kernel refuses a piece (another file system, an
+    old kernel: ``EXDEV``, ``ENOSYS``...), that piece's rest and every later piece are read and written through a
+    buffer. Where the OS has no ``copy_file_range``, ``shutil.copyfile`` copies it (its fastest way there).
     """
     if not hasattr(os, "copy_file_range"):
         import shutil  # only on systems without copy_file_range
 
         shutil.copyfile(src, dst)
         return os.path.getsize(dst)
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
         size = os.fstat(fin.fileno()).st_size
+        buf: bytearray | None = None  # the kernel refused once (another file system...): the rest goes through it
         for at in range(0, size, piece):
             n = min(piece, size - at)
-            _copy_range(fin.fileno(), fout.fileno(), at, n)
+            done = 0 if buf is not None else _copy_range(fin.fileno(), fout.fileno(), at, n)
+            if done < n:
+                buf = buf if buf is not None else bytearray(piece)
+                view = memoryview(buf)[: n - done]
+                fin.seek(at + done)
+                got = fin.readinto(view)
+                if got != n - done:
+                    raise OSError(errno.EIO, f"{src} ended {n - done - got} bytes early while it was copied")
+                _write_at(fout, at + done, [view])
             if writeback:
                 start_writeback(fout.fileno(), at, n)
     return size

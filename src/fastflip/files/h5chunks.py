@@ -21,7 +21,8 @@ chunks touched, not the file.
 
 A dataset whose pipeline holds another filter (szip, nbit, scaleoffset, a plugin;
 lzf when the native module is not built), a chunk that HDF5 stored with a filter skipped, or a chunk whose new encoding
-cannot fit, goes the h5py read-modify-write path instead (with one warning per reason). A
+cannot fit, goes the h5py read-modify-write path instead (``ChunkPatches.notes`` says why; the writer that takes
+that path warns once per reason and process, :func:`say_notes`). A
 filter HDF5 cannot decode here is refused before anything is written; so is a chunk
 whose fletcher32 checksum fails before patching.
 
@@ -60,7 +61,7 @@ try:
 except ImportError:  # pragma: no cover - a build without a C compiler
     _lzf = None
 
-__all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available"]
+__all__ = ["ChunkPatches", "chunk_patches", "fletcher32", "shuffle", "unshuffle", "check_filters_available", "say_notes"]
 
 _ENCODABLE = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32000: "lzf"}
 _COMPRESSORS = (1, 32000)
@@ -109,10 +110,20 @@ def unshuffle(data: bytes, itemsize: int) -> bytes:
     return _byte_transpose(data, itemsize, True)
 
 
-def _say(reason: str) -> None:
-    if reason not in _SAID:
-        _SAID.add(reason)
-        warnings.warn(f"fastflip: {reason}; those chunks go through h5py (whole-chunk read-modify-write)", stacklevel=4)
+def _note(notes: list[str], reason: str) -> None:
+    if reason not in notes:
+        notes.append(reason)
+
+
+def say_notes(notes: Sequence[str], stacklevel: int = 1) -> None:
+    """Warn, once per reason and process, why chunks go through h5py (``ChunkPatches.notes``): for the writer
+    that really takes that path, after its refusals. ``stacklevel`` counts from the caller, as in
+    :func:`warnings.warn`."""
+    for reason in notes:
+        if reason not in _SAID:
+            _SAID.add(reason)
+            warnings.warn(f"fastflip: {reason}; those chunks go through h5py (whole-chunk read-modify-write)",
+                          stacklevel=stacklevel + 1)
 
 
 def check_filters_available(dsid: Any, name: str) -> None:
@@ -249,7 +260,7 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
     try:
         with open(path, "rb") as fh:
             for r in todo:
-                found += _tensor_patches(path, fid, fh, plan, r)
+                found += _tensor_patches(path, fid, fh, plan, r, out.notes)
     finally:
         fid.close()
     if found:
@@ -259,10 +270,10 @@ def chunk_patches(path: str, plan: Plan, routes: Sequence[SiteRoute]) -> ChunkPa
     return out
 
 
-def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute
+def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute, notes: list[str]
                     ) -> list[tuple[tuple[int, bytes, bytes], np.ndarray, np.ndarray, np.ndarray]]:
     """[(patch, plan positions, old words, new words)] per touched chunk of one tensor that fastflip re-encodes
-    at its size (the tensor's other chunks, or all of them, go through h5py)."""
+    at its size (the tensor's other chunks, or all of them, go through h5py: why is added to ``notes``)."""
     t = r.tensor
     dsid = open_dataset(fid, t.path)
     check_filters_available(dsid, t.path)
@@ -270,7 +281,7 @@ def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute
         return []
     pipe = _pipeline(dsid, t.itemsize, f"{path}: {t.path}")
     if pipe is None:
-        _say(f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
+        _note(notes, f"{'+'.join(t.filters)} chunks cannot be re-encoded by fastflip")
         return []
     pos = r.positions[np.flatnonzero(r.offsets < 0)]
     keys, within, inv = touched_chunks(t.shape, t.chunks, plan.index[pos])  # (files/h5index.py)
@@ -286,7 +297,7 @@ def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute
         if info.byte_offset is None or info.size == 0:
             continue  # never written: h5py allocates it
         if info.filter_mask:
-            _say("chunks stored with a filter skipped cannot be re-encoded in place")
+            _note(notes, "chunks stored with a filter skipped cannot be re-encoded in place")
             continue
         address = int(info.byte_offset) + base
         fh.seek(address)
@@ -303,7 +314,7 @@ def _tensor_patches(path: str, fid: Any, fh: Any, plan: Plan, r: SiteRoute
         arr[within[at]] = from_words(new.astype(f"u{t.itemsize}"), t.dtype)
         enc = _encode(bytes(buf), pipe, t.itemsize, info.size, streams)
         if enc is None:
-            _say("a re-encoded chunk would not fit in its stored size")
+            _note(notes, "a re-encoded chunk would not fit in its stored size")
             continue
         out.append(((address, raw, enc), pos[at], old, new))
     return out

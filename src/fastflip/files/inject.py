@@ -35,7 +35,6 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -50,7 +49,7 @@ from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
 from .archives import edit_archive, is_keras_archive
 from .copyregions import refuse_moving_bytes, write_copy_regions
-from .encoded import encoded_patches
+from .encoded import encoded_patches, say_h5py_notes
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
@@ -140,17 +139,11 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
-    with warnings.catch_warnings():
-        if in_place and not atomic:  # a chunk left for h5py refuses the run (below): no note that h5py writes it
-            warnings.filterwarnings("ignore", message="fastflip: .*go through h5py")
-        cp = encoded_patches(src, plan, routes, zipped)
+    cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
-        if h5_rest or cp.resized:
-            raise OptionError("non-atomic in-place injection needs raw storage (contiguous or unfiltered chunks) or "
-                              "chunks/members fastflip re-encodes at their size (gzip/lzf/shuffle/fletcher32, deflated "
-                              ".npz members); this plan touches other filtered/compact data or a member that "
-                              "changes size: use atomic=True (the CLI: drop --direct)")
+        refuse_moving_bytes(src, h5_rest, cp, "use atomic=True (the CLI: drop --direct)",
+                            "non-atomic in-place injection")
         st_before = os.stat(src)
         if not evidence:
             res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, algorithm)
@@ -161,8 +154,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
         return res
     if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass
         refuse_moving_bytes(src, h5_rest, cp, "log whole-file hashes instead (the CLI: drop --evidence regions)")
-        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, backend, finish,
-                                  algorithm, writeback=stage.durable)
+        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, finish, algorithm,
+                                  writeback=stage.durable)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
     if zipped:  # CRC fields precede and follow the data: work them out before streaming
@@ -179,6 +172,7 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
     if h5_rest:  # other filters / compact / unallocated data: HDF5 read-modify-write on the copy
+        say_h5py_notes(cp.notes, stacklevel=4)  # why they go through h5py, said where they do; at inject_file's caller
         o, w, _ = apply_plan_to_file(tmp, plan, by_name, h5_rest, backend)
         for r in h5_rest:
             old[r.positions], new[r.positions] = o[r.positions], w[r.positions]
@@ -375,9 +369,8 @@ def inject_checkpoint_file(src: str | os.PathLike, dst: str | os.PathLike | None
     if not is_keras_archive(src):
         return inject_file(src, dst, in_place=in_place, log_path=log_path, overwrite=overwrite, **inject_kwargs)
     if inject_kwargs.get("hash_files") == "regions":
-        raise OptionError(f"{src}: a .keras archive's log holds whole-file hashes of its weights file; region "
-                          "evidence (hash_files='regions', the CLI's --evidence regions) needs a single checkpoint "
-                          "file")
+        raise OptionError(f"{src}: region evidence is for single checkpoint files; a .keras archive's log holds "
+                          "whole-file hashes of its weights file: drop --evidence regions (hash_files='regions')")
     src = os.fspath(src)
     durable = inject_kwargs.get("durable", True)
     with writer_lock(src, "inject --in-place", in_place):

@@ -16,7 +16,7 @@ bytes) and a fingerprint (:mod:`fastflip.files.fingerprint`): the cost follows t
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -27,9 +27,10 @@ from .fileio import Staging, deferred_signals
 from .fingerprint import fingerprints
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
 from .layout import Tensor
-from .patches import crc_patches, expected_new, patch_undo, word_patches, write_patches
+from .patches import Patch, crc_patches, expected_new, patch_undo, word_patches, write_patches
+from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["write_in_place", "write_unlogged"]
+__all__ = ["predict_patches", "raw_positions", "write_in_place", "write_unlogged"]
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
@@ -53,18 +54,33 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
     return None, None, old, new, finish(None, None, old, new, undo)
 
 
-def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
+def predict_patches(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
+                    cp: ChunkPatches, zipped: bool
+                    ) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch], list[Patch]]:
+    """Every byte ``plan`` writes into ``src`` (or a copy of it), worked out from ``src`` without writing:
+    ``(raw, old, new, crcs, patches)`` — the routes with raw-storage sites, the sites' old and new words (plan
+    order; re-encoded chunks' from ``cp``), the zip CRC-field patches (``zipped``), and every same-size
+    ``(offset, old bytes, new bytes)`` patch: ``cp``'s re-encoded chunks, the CRC fields and the raw words."""
     raw = [r for r in routes if (r.offsets >= 0).any()]
     old = read_words(src, plan, by_name, raw)
     new = expected_new(plan, routes, old)
     crcs = crc_patches(src, routes, old, new) if zipped else []
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
+    return raw, old, new, crcs, cp.patches + crcs + word_patches(routes, old, new)
+
+
+def raw_positions(raw: Sequence[SiteRoute]) -> np.ndarray:
+    """The plan positions of the sites of ``raw`` that have a file offset (raw storage)."""
+    return np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
+
+
+def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
+                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
+                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
+    raw, old, new, crcs, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
     regions = hash_files == "regions"  # evidence: the touched byte ranges and a fingerprint, no whole-file pass
-    patches = cp.patches + crcs + word_patches(routes, old, new) if hash_files or cp.patches else []
     undo = patch_undo(patches, os.path.getsize(src)) if cp.patches or regions else None
     in_hash = out_hash = None
     if regions:
@@ -77,7 +93,7 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
         got_old, got_new, _ = apply_plan_to_file(src, plan, by_name, raw, backend)
         write_patches(src, crcs + cp.patches)
-    raw_pos = np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
+    raw_pos = raw_positions(raw)
     if not (np.array_equal(got_old[raw_pos], old[raw_pos]) and np.array_equal(got_new[raw_pos], new[raw_pos])):
         write_words_to_file(src, plan, by_name, got_old, raw)  # changed between the read and the write: undone
         write_patches(src, crcs + cp.patches, new=False)

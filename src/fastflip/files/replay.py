@@ -93,9 +93,8 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
 
     if lg.manifest.get("evidence") == "regions" and not want_in:  # region evidence: checked by regions, no hash
         with atomic_output(target) as tmp:
-            replay_regions(lg, src, tmp)
-            new_log = finish(None, None, lg.old_words, read_words(tmp, lg.plan, {
-                t.path: t for t in read_layout(tmp).tensors}), lg.undo)
+            replay_regions(lg, src, tmp)  # checked: every touched range holds its logged new bytes
+            new_log = finish(None, None, lg.old_words, lg.new_words, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     if lg.undo is not None and lg.undo.new_size >= 0:
         # the HDF5 path was used: replay the logged byte delta (HDF5 need not write the same bytes twice)

@@ -84,8 +84,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
     instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
     ranges are rewritten. The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
-    size that fails those checks gets the logged original bytes of the touched ranges anyway
-    (``verified=False``).
+    size that fails those checks gets the logged original bytes of the touched ranges anyway; the result is
+    still checked, and ``verified`` says whether it is the logged input (False: written, not proven).
 
     A log without hashes (``hash_files=False``) cannot prove the restored file is the original:
     it is refused unless ``verify=False``; then only the words at the logged sites are checked
@@ -105,19 +105,14 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
-            revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify)
-        return RevertResult(target, "", len(lg.plan), verify, algo, evidence="regions")
+            proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify)
+        return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
-
-        res = revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
-                             log_inputs=log_files(log), want_in=want_in, want_out=want_out, algorithm=algo)
-        res.verified = bool(want_in and want_out)
-        return res
+        return revert_archive(lg, src, None if out is None else os.fspath(out), overwrite=overwrite,
+                              log_inputs=log_files(log), want_in=want_in, want_out=want_out, algorithm=algo)
     with writer_lock(src, "revert", out is None):
-        res = _revert_locked(lg, src, out, atomic is not False, overwrite, log_files(log), want_in, want_out, algo)
-    res.verified = bool(want_in and want_out)
-    return res
+        return _revert_locked(lg, src, out, atomic is not False, overwrite, log_files(log), want_in, want_out, algo)
 
 
 def _require_hashes(src: str, verify: bool, want_in: str | None, want_out: str | None) -> None:
@@ -142,9 +137,7 @@ def revert_into(log: InjectionLog, file: str, tmp: str, *, verify: bool = True) 
     """
     algo, want_in, want_out = hashing.logged_hashes(log.manifest)
     _require_hashes(file, verify, want_in, want_out)
-    res = _revert_locked(log, check_input(file), None, True, True, [], want_in, want_out, algo, into=tmp)
-    res.verified = bool(want_in and want_out)
-    return res
+    return _revert_locked(log, check_input(file), None, True, True, [], want_in, want_out, algo, into=tmp)
 
 
 def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite: bool, inputs: list[str],
@@ -178,7 +171,8 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
             raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); nothing was changed")
         return digest
 
-    patches = revert_patches(src, lg.undo, routes, lg.new_words, lg.old_words) if want_in and want_out else None
+    proven = bool(want_in and want_out)  # both hashes compared: the result is verified
+    patches = revert_patches(src, lg.undo, routes, lg.new_words, lg.old_words) if proven else None
     if patches is not None:  # one read of the file: its hash now and the hash it will have once restored
         def predicted(after: str) -> None:
             if after != want_in:
@@ -198,7 +192,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
                 check(tmp, now)
                 predicted(after)
                 write_patches(tmp, patches)
-        return RevertResult(target, after, len(lg.plan), algorithm=algo)
+        return RevertResult(target, after, len(lg.plan), proven, algo)
     if not atomic and out is None:
         check(src, hash_file(src, algo, cache=False))  # the file about to be rewritten: its bytes, read now
         digest = restore(src)
@@ -206,7 +200,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
         with output() as tmp:
             check(tmp, copy_with_hash(src, tmp, algo))  # the file is read once: hashed while copied
             digest = restore(tmp)
-    return RevertResult(target, digest, len(lg.plan), algorithm=algo)
+    return RevertResult(target, digest, len(lg.plan), proven, algo)
 
 
 def revert_archive(log: Any, file: str, out: str | None, *, overwrite: bool = True, log_inputs: list[str] | None = None,

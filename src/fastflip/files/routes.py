@@ -45,3 +45,4 @@ class ChunkPatches:
     new: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
     chunks: int = 0
     resized: bool = False  # some patch replaces a range by bytes of another length (a re-deflated zip member)
+    notes: list[str] = field(default_factory=list)  # why some chunks were left for h5py (said where h5py writes them)

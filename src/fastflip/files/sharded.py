@@ -312,7 +312,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     """
     if hash_files == "regions":
         raise OptionError(f"{os.fspath(src)}: region evidence is for single files; a checkpoint directory's log holds "
-                          "each shard's hash (drop hash_files='regions' / --evidence regions)")
+                          "each shard's hash: drop --evidence regions (hash_files='regions')")
     layout = layout or read_sharded_layout(src)
     root = layout.file
     if not atomic and not in_place:
