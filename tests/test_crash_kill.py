@@ -4,7 +4,8 @@ Evidence before change. A subprocess (tests/crash_worker.py) forks one child per
 SIGKILL, SIGTERM or SIGINT: just before or after each of its renames (os.replace / os.rename) and fsyncs,
 part-way through the bytes it writes into the file where they lie (the words, then zip CRC fields and
 re-encoded chunks: a ``kill -9`` in the middle of a direct in-place injection), or at seeded random moments
-(scaled by the duration of one uninterrupted injection). Four modes: a new file (``inject -o``), in place
+(scaled by the duration of one uninterrupted injection). Five modes: a new file (``inject -o``; and with region
+evidence, ``inject -o --evidence regions``), in place
 through a copy (``inject --in-place``), direct in place with region evidence (``inject --in-place --direct``)
 and the API's non-atomic in-place mode with whole-file hashes; and ``revert LOG FILE`` of a direct injection,
 killed the same way (its byte ranges, fsyncs, random moments): the file is the original again, or its log
@@ -14,16 +15,18 @@ Each trial is judged by bytes: the file is the original (``old``), or it changed
 exactly the original bytes (``new``; a direct log both into a new file and in place, as ``fastflip revert LOG
 FILE`` does, which must accept a file killed part-way through its writes). A revert that succeeds must give
 exactly the original bytes (so every framework reads it as the original; how the frameworks read an injected
-file is judged in test_framework_differential.py and test_new_file_regions.py). Only the non-atomic mode with whole-file hashes may be left ``refused`` (its log may refuse a half-written file; the
-refusal changes nothing), and only by a ``kill -9`` while it writes. Per mode, both ``old`` and ``new`` must be
+file is judged in test_framework_differential.py and test_new_file_regions.py). Only the non-atomic mode with
+whole-file hashes may be left ``refused`` (its log may refuse a half-written file; the refusal changes nothing),
+and only by a ``kill -9`` while it writes. Per mode, both ``old`` and ``new`` must be
 seen, each kill point must give the state its moment implies (before the first rename: old; after the last
 rename of a copy: new; a deferred signal while the file is written: new), and along the renames and fsyncs
 the state never goes back from new to old.
 
 Checked for HDF5 (contiguous, and gzip chunks re-encoded at their size), torch.save, safetensors, .npz (stored
 and deflated), a real Keras ``model.save`` archive and a real sharded ``save_pretrained`` directory (framework
-tests; rewritten through a copy only: test_framework_differential.py checks that --direct refuses them). The default tier runs every rename with ``kill -9`` and a few other points per format and mode,
-``slow`` every point with every signal and more random moments.
+tests; rewritten through a copy only: test_framework_differential.py checks that --direct refuses them). The
+default tier runs every rename with ``kill -9`` and a few other points per format and mode, ``slow`` every point
+with every signal and more random moments.
 """
 
 from __future__ import annotations
@@ -101,12 +104,15 @@ def originals(tmp_path_factory) -> Callable[[str], str]:
 def _modes(fmt: str) -> list[str]:
     # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against;
     # --direct works on a single file (test_framework_differential.py: its refusals)
-    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic", "revert"])
+    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["regions", "direct", "nonatomic", "revert"])
 
 
 def _in_default_tier(fmt: str, mode: str) -> bool:
     """The formats and modes the default tier kills (``slow``: all): the re-encoded formats in the modes that write
-    in place without a copy; a direct revert on a zip (words and CRC fields) and on gzip chunks."""
+    in place without a copy; a direct revert on a zip (words and CRC fields) and on gzip chunks; a new file with
+    region evidence on torch.save."""
+    if mode == "regions":
+        return fmt == "pt"
     if mode in ("copy", "inplace"):
         return fmt not in ("h5-gzip", "npz-deflated")
     return mode != "revert" or fmt in ("pt", "h5-gzip")
@@ -152,7 +158,7 @@ def _judge(trial: dict, original: Any, ext: str) -> str:
     src, out = os.path.join(d, "in" + ext), os.path.join(d, "out" + ext)
     now = _read(src)
     what = f"{trial} left"
-    if trial["mode"] == "copy":
+    if trial["mode"] in ("copy", "regions"):
         assert now == original, f"{what} its input changed"
         if not os.path.exists(out):
             return "old"
@@ -207,7 +213,7 @@ def _allowed(trial: dict, fmt: str) -> set[str]:
     if sig == signal.SIGKILL and at == 1:
         return {"old"}  # before the first rename / fsync
     if sig == signal.SIGKILL and at == -n:  # after the last: a copy is committed; in place, the log only
-        return {"new"} if mode in ("copy", "inplace") else {"old"}
+        return {"new"} if mode in ("copy", "regions", "inplace") else {"old"}
     return {"old", "new"}
 
 
@@ -275,14 +281,14 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_p
         real(a, b)
 
     monkeypatch.setattr(os, "replace", replace)
-    kw: dict[str, Any] = {"dst": out}
-    if mode != "copy":
+    kw: dict[str, Any] = {"dst": out, **({"hash_files": "regions"} if mode == "regions" else {})}
+    if mode not in ("copy", "regions"):
         kw = {"in_place": True, "atomic": mode == "inplace", "hash_files": "regions" if mode == "direct" else True}
     res = inject_checkpoint_file(src, count=10, seed=1, **kw)
     assert seen == [True]
     assert os.path.exists(res.log_path) and _read(res.output) != original
     m = res.log.manifest
-    if mode == "direct":  # no whole-file hash: the log holds the touched bytes, old and new
+    if mode in ("direct", "regions"):  # no whole-file hash: the log holds the touched bytes, old and new
         assert m["evidence"] == "regions"
         res.log.undo.apply(res.output)
         assert _read(res.output) == original
