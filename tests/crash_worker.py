@@ -3,7 +3,7 @@
 ``python crash_worker.py SPEC.json`` — SPEC holds ``file`` (the original checkpoint), ``root`` (a folder the
 worker fills with one sub-folder per trial) and ``trials``, each ``{"mode", "sig", "how", "at"}``:
 
-- ``mode``: ``copy`` (``inject -o``), ``inplace`` (``inject --in-place``), ``direct`` (``inject --in-place
+- ``mode``: ``copy`` (``inject -o``), ``regions`` (``inject -o --evidence regions``), ``inplace`` (``inject --in-place``), ``direct`` (``inject --in-place
   --direct``: region evidence, the CLI's default for --direct) or ``nonatomic`` (``inject_file(...,
   in_place=True, atomic=False)`` with whole-file hashes); ``revert`` (``revert LOG FILE`` of a direct
   injection the worker makes, uninterrupted, before the fork);
@@ -53,7 +53,8 @@ def _inject(mode: str, src: str, out: str) -> int:
 
         inject_file(src, in_place=True, atomic=False, sampling=Sampling(count=COUNT), seed=7)
         return 0
-    where = {"inplace": ["--in-place"], "direct": ["--in-place", "--direct"]}.get(mode, ["-o", out])
+    where = {"inplace": ["--in-place"], "direct": ["--in-place", "--direct"],
+             "regions": ["-o", out, "--evidence", "regions"]}.get(mode, ["-o", out])
     return main(["inject", src, *where, "--count", str(COUNT), "--seed", "7", "-q"])
 
 

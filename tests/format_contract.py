@@ -16,7 +16,7 @@ from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
-from framework_judge import compare_readings, judge
+from framework_judge import judge
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
 
@@ -48,19 +48,13 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         want = {t.path: original[t.path].astype(t.dtype).copy() for t in lay.tensors}
         old, new = reference.apply_plan(want, res.log.plan)
         assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
-        got = load(out)
-        problems = judge(dict(load(src)), got, res.log)  # from the log alone, aliases as the library shares them
+        problems = judge(dict(load(src)), load(out), res.log)  # from the log alone, aliases as the library shares them
         assert not problems, (fmt, model, problems[:8])
         if fmt in ("torch", "npz"):  # a valid archive: every entry's CRC-32 matches its bytes
             import zipfile
 
             with zipfile.ZipFile(out) as z:
                 assert z.testzip() is None
-        for t in lay.tensors:
-            a, b = got[t.path], want[t.path]
-            assert a.shape == b.shape and a.tobytes() == b.astype(a.dtype).tobytes(), (model, t.path)
-            for alias in t.aliases:  # every key of a shared storage sees the flips
-                assert got[alias].tobytes() == a.tobytes()
         rep = replay(res.log_path, src, os.path.join(tmp, f"rep{i}.{fmt}"))
         assert sha256_file(rep.output) == sha256_file(out)
         assert revert(res.log_path, out).digest == before
@@ -120,7 +114,6 @@ def check_direct_regions(src: str, load: Callable[[str], Mapping[str, np.ndarray
             with zipfile.ZipFile(work) as z:
                 assert z.testzip() is None
         assert revert(res.log_path, work).evidence == "regions"
-        assert not compare_readings(load(src), load(work)), (fmt, model, "the revert")
         with open(work, "rb") as fh:
             assert fh.read() == raw, (fmt, model, "the revert's bytes")
     assert done, f"{fmt}: direct in place refused every model"

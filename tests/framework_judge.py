@@ -5,7 +5,7 @@ A *reading* maps fastflip's tensor paths (``/a/b``) to the arrays a framework's 
 words of a format NumPy lacks (bfloat16, float8), C-contiguous. Nothing here calls fastflip's readers: the log gives
 each site's tensor, dtype, flat element index, masks and old/new words; the element's word is taken from the
 framework's array (its dtype, byte order and C order), checked against the logged old word, the logged new word
-is checked against the site's masks, and it is written into the reading itself. Arrays the framework returned
+is checked against the site's masks or scale rule, and it is written into the reading itself. Arrays the framework returned
 sharing memory (tied weights, views into one storage) then see the change exactly as the framework shows it.
 
 Typical use::
@@ -64,8 +64,8 @@ def apply_logged(reading: dict[str, np.ndarray], log: Any) -> list[str]:
     Checked per site: the tensor is one the framework returned, with the logged shape and word width (and, where
     the framework keeps a non-native byte order, the logged one); the framework's word at the flat index is the
     logged old word; the logged new word is ``((old & and_mask) | or_mask) ^ xor_mask`` for a bitwise site, and
-    for a scaled one (a NumPy float or integer dtype) the element's value times the factor by the model's rule. A
-    read-only array is replaced by a writable copy first.
+    for a scaled one the element's value times the factor by the model's rule (:func:`_scaled`; a format NumPy lacks:
+    :func:`_format_scaled`). A read-only array is replaced by a writable copy first.
     """
     plan = log.plan
     problems: list[str] = []
@@ -103,7 +103,8 @@ def apply_logged(reading: dict[str, np.ndarray], log: Any) -> list[str]:
         if np.isnan(scale[r]):
             rule = (((int(old[r]) & int(plan.and_mask[r])) | int(plan.or_mask[r])) ^ int(plan.xor_mask[r])) & full
         else:
-            rule = _scaled(a, i, float(scale[r])) if ref.format is None else int(new[r])  # no NumPy type: unjudged
+            rule = _scaled(a, i, float(scale[r])) if ref.format is None else _format_scaled(got, float(scale[r]),
+                                                                                           ref.format)
         if rule != int(new[r]):
             problems.append(f"{name}[{i}]: the logged new word {int(new[r]):#x} is not the rule's {rule:#x} of the "
                             f"old word {int(old[r]):#x}")
@@ -123,6 +124,36 @@ def _scaled(a: np.ndarray, i: int, factor: float) -> int:
         info = np.iinfo(a.dtype)
         new = np.array([min(max(rounded, int(info.min)), int(info.max))], a.dtype)
     return int(logical_words(new)[0])
+
+
+def _format_scaled(word: int, factor: float, fmt: str) -> int:
+    """The word of ``word`` (a bfloat16 / float8 word) times ``factor`` by the scale model's documented rule: the
+    value decoded by ``ml_dtypes``, the product in float64 rounded once to the nearest value of the format (ties to
+    the even word); beyond the largest finite value Inf, or that value where the format has no Inf (float8_e4m3fn
+    saturates, as PyTorch converts); a NaN product the format's NaN. ``ml_dtypes``'s own cast is not used: it rounds
+    float64 through float32 (twice)."""
+    import ml_dtypes
+
+    t = np.dtype(getattr(ml_dtypes, fmt))
+    words = np.arange(1 << (8 * t.itemsize), dtype=f"u{t.itemsize}")
+    with np.errstate(invalid="ignore"):
+        values = words.view(t).astype(np.float64)
+    x = float(values[word]) * factor
+    if x != x:
+        return int(np.array([np.nan]).astype(t).view(words.dtype)[0])
+    sign = 1 << (8 * t.itemsize - 1)
+    positive = values[:sign]
+    finite = np.flatnonzero(np.isfinite(positive))  # increasing words, increasing values
+    top, below = float(positive[finite[-1]]), float(positive[finite[-2]])
+    neg = sign if np.copysign(1.0, x) < 0 else 0
+    ax = abs(x)
+    if ax >= top + (top - below) / 2:
+        inf = np.flatnonzero(np.isinf(positive))
+        return neg | int(inf[0] if len(inf) else finite[-1])
+    k = int(np.searchsorted(positive[finite], ax))
+    lo, hi = int(finite[max(k - 1, 0)]), int(finite[min(k, len(finite) - 1)])
+    dlo, dhi = ax - float(positive[lo]), float(positive[hi]) - ax
+    return neg | (lo if dlo < dhi or (dlo == dhi and lo % 2 == 0) else hi)
 
 
 def compare_readings(expect: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray]) -> list[str]:

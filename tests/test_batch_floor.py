@@ -61,8 +61,7 @@ def test_cache_budget_evicts_oldest_and_rows_stay_equal():
 
     runner = TrialRunner(c, campaign_cells(c))
     serial = [tuple(runner.run(0, t)[:8]) for t in range(12)]
-    runner._batcher = batched.make_batcher(runner)
-    bt = runner._batcher.bt
+    bt = runner.batcher().bt
     bt.cache_budget = 1
     got = [tuple(r[:8]) for r in runner.run_many(0, range(12))]
     assert got == serial
@@ -139,7 +138,7 @@ def test_probe_runs_a_few_rows():
     from fastflip.campaign.trials import TrialRunner
 
     runner = TrialRunner(c, campaign_cells(c))
-    batcher = batched.make_batcher(runner)
+    batcher = runner.batcher()
     seen = []
     hook = runner.targets[None].out.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
     try:

@@ -10,7 +10,7 @@ import pytest
 from conftest import require
 from test_campaign import make, results
 
-from fastflip.campaign import batched, batchedtorch, batchgate, batchsize
+from fastflip.campaign import batchedtorch, batchgate, batchsize
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import MASKED, TrialRunner
 
@@ -39,7 +39,8 @@ def _serial_vs_batched_modes(c, per_cell):
     serial = [runner.run(cid, t) for cid in range(len(cells)) for t in range(per_cell)]
     modes = []
     for prefix in (True, False):
-        runner._batcher = bt = batched.make_batcher(runner)
+        runner._batcher = False  # decide again: a fresh batcher per mode
+        bt = runner.batcher()
         bt.prefix = prefix
         got = [r for cid in range(len(cells)) for r in runner.run_many(cid, range(per_cell))]
         assert len(got) == len(serial)

@@ -4,7 +4,8 @@ Evidence before change. A subprocess (tests/crash_worker.py) forks one child per
 SIGKILL, SIGTERM or SIGINT: just before or after each of its renames (os.replace / os.rename) and fsyncs,
 part-way through the bytes it writes into the file where they lie (the words, then zip CRC fields and
 re-encoded chunks: a ``kill -9`` in the middle of a direct in-place injection), or at seeded random moments
-(scaled by the duration of one uninterrupted injection). Four modes: a new file (``inject -o``), in place
+(scaled by the duration of one uninterrupted injection). Five modes: a new file (``inject -o``; and with region
+evidence, ``inject -o --evidence regions``), in place
 through a copy (``inject --in-place``), direct in place with region evidence (``inject --in-place --direct``)
 and the API's non-atomic in-place mode with whole-file hashes; and ``revert LOG FILE`` of a direct injection,
 killed the same way (its byte ranges, fsyncs, random moments): the file is the original again, or its log
@@ -13,19 +14,19 @@ still takes it back.
 Each trial is judged by bytes: the file is the original (``old``), or it changed and its log reverts it to
 exactly the original bytes (``new``; a direct log both into a new file and in place, as ``fastflip revert LOG
 FILE`` does, which must accept a file killed part-way through its writes). A revert that succeeds must give
-the original bytes, and the framework's own reader (h5py, ``torch.load(weights_only=True)``, safetensors,
-``np.load``, Keras' ``load_weights``, ``from_pretrained``) must read them as it reads the original. Only the
-non-atomic mode with whole-file hashes may be left ``refused`` (its log may refuse a half-written file; the
-refusal changes nothing), and only by a ``kill -9`` while it writes. Per mode, both ``old`` and ``new`` must be
+exactly the original bytes (so every framework reads it as the original; how the frameworks read an injected
+file is judged in test_framework_differential.py and test_new_file_regions.py). Only the non-atomic mode with
+whole-file hashes may be left ``refused`` (its log may refuse a half-written file; the refusal changes nothing),
+and only by a ``kill -9`` while it writes. Per mode, both ``old`` and ``new`` must be
 seen, each kill point must give the state its moment implies (before the first rename: old; after the last
 rename of a copy: new; a deferred signal while the file is written: new), and along the renames and fsyncs
 the state never goes back from new to old.
 
 Checked for HDF5 (contiguous, and gzip chunks re-encoded at their size), torch.save, safetensors, .npz (stored
 and deflated), a real Keras ``model.save`` archive and a real sharded ``save_pretrained`` directory (framework
-tests; --direct refuses those two, and a chunk whose re-encoding does not fit, in one line with nothing
-changed). The default tier runs every rename with ``kill -9`` and a few other points per format and mode,
-``slow`` every point with every signal and more random moments.
+tests; rewritten through a copy only: test_framework_differential.py checks that --direct refuses them). The
+default tier runs every rename with ``kill -9`` and a few other points per format and mode, ``slow`` every point
+with every signal and more random moments.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ import subprocess
 import sys
 from typing import Any, Callable
 
-import h5py
 import numpy as np
 import pytest
 
 from conftest import log_hash, require
+from format_builders import write_checkpoint
 from fastflip.errors import FastflipError
 from fastflip.files.filebytes import hash_file
 from fastflip.files.revert import revert
@@ -62,42 +63,21 @@ def _weights() -> dict[str, np.ndarray]:
             "layer1.bias": rng.standard_normal(256).astype("f4")}
 
 
-def _save(fmt: str, d: str) -> tuple[str, Any]:
-    """Write the original checkpoint of ``fmt`` into ``d``: (its path, the live model when there is one)."""
-    w = _weights()
-    if fmt.startswith("h5"):
-        p = os.path.join(d, "orig.h5")
-        gz = {"h5": {}, "h5-gzip": dict(chunks=(64, 64), compression="gzip"),  # re-encoded at their size
-              "h5-shuffle": dict(chunks=(16, 32), compression="gzip", shuffle=True)}[fmt]  # some chunks do not fit
-        with h5py.File(p, "w") as f:
-            for k, v in w.items():
-                f.create_dataset(k.replace(".", "/"), data=v, **(gz if v.ndim == 2 else {}))
-        return p, None
-    if fmt == "pt":
-        torch = require("torch")
-        p = os.path.join(d, "orig.pt")
-        torch.save({k: torch.from_numpy(v) for k, v in w.items()}, p)
-        return p, None
-    if fmt == "safetensors":
-        require("safetensors")
-        from safetensors.numpy import save_file
-
-        p = os.path.join(d, "orig.safetensors")
-        save_file(w, p)
-        return p, None
-    if fmt.startswith("npz"):
-        p = os.path.join(d, "orig.npz")
-        (np.savez_compressed if fmt == "npz-deflated" else np.savez)(p, **w)
-        return p, None
+def _save(fmt: str, d: str) -> str:
+    """Write the original checkpoint of ``fmt`` into ``d``; its path."""
+    if fmt in FILES:
+        kind = fmt.split("-")[0]
+        gz = dict(chunks=True, compression="gzip") if fmt == "h5-gzip" else {}  # re-encoded at their size
+        return write_checkpoint({"h5": "hdf5", "pt": "torch"}.get(kind, kind), os.path.join(d, "orig." + kind),
+                                _weights(), compressed=fmt == "npz-deflated", **gz)
     if fmt == "keras":
         require("tensorflow")
         require("keras")
         from user_models import keras_subclassed
 
-        model = keras_subclassed()
         p = os.path.join(d, "orig.keras")
-        model.save(p)
-        return p, model
+        keras_subclassed().save(p)
+        return p
     require("torch")
     require("transformers")
     require("safetensors")
@@ -105,15 +85,15 @@ def _save(fmt: str, d: str) -> tuple[str, Any]:
 
     p = os.path.join(d, "orig")
     assert len(hf_helpers.save_sharded(hf_helpers.build("gpt2"), p, max_shard_size="50KB")) == 3
-    return p, None
+    return p
 
 
 @pytest.fixture(scope="module")
-def originals(tmp_path_factory) -> Callable[[str], tuple[str, Any]]:
-    """``originals(fmt)``: the original checkpoint of ``fmt`` (saved once per module) and its live model."""
-    made: dict[str, tuple[str, Any]] = {}
+def originals(tmp_path_factory) -> Callable[[str], str]:
+    """``originals(fmt)``: the path of the original checkpoint of ``fmt`` (saved once per module)."""
+    made: dict[str, str] = {}
 
-    def get(fmt: str) -> tuple[str, Any]:
+    def get(fmt: str) -> str:
         if fmt not in made:
             made[fmt] = _save(fmt, str(tmp_path_factory.mktemp(fmt)))
         return made[fmt]
@@ -121,47 +101,18 @@ def originals(tmp_path_factory) -> Callable[[str], tuple[str, Any]]:
     return get
 
 
-def _load(fmt: str, p: str, model: Any) -> dict[str, np.ndarray]:
-    """What the framework's own reader gives for the checkpoint at ``p``: name -> values."""
-    if fmt.startswith("h5"):
-        out: dict[str, np.ndarray] = {}
-        with h5py.File(p, "r") as f:
-            f.visititems(lambda k, v: out.__setitem__(k, v[()]) if isinstance(v, h5py.Dataset) else None)
-        return out
-    if fmt == "pt":
-        import torch
-
-        return {k: v.numpy() for k, v in torch.load(p, weights_only=True).items()}
-    if fmt == "safetensors":
-        from safetensors.numpy import load_file
-
-        return load_file(p)
-    if fmt.startswith("npz"):
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    if fmt == "keras":
-        model.load_weights(p)
-        return {f"{k}:{v.path}": np.array(v.numpy()) for k, v in enumerate(model.weights)}
-    import hf_helpers
-
-    return {k: v.numpy() for k, v in hf_helpers.model_class("gpt2").from_pretrained(p).state_dict().items()}
-
-
-def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    """Equal names, dtypes, shapes and bytes (NaN payloads included)."""
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
-                                        and a[k].tobytes() == b[k].tobytes() for k in a)
-
-
 def _modes(fmt: str) -> list[str]:
     # a directory's non-atomic path keeps its log in memory only (campaign trials): nothing to kill it against;
-    # --direct works on a single file (test_direct_refuses_what_it_cannot_write_in_place)
-    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["direct", "nonatomic", "revert"])
+    # --direct works on a single file (test_framework_differential.py: its refusals)
+    return ["copy", "inplace"] + ([] if fmt in FRAMEWORK else ["regions", "direct", "nonatomic", "revert"])
 
 
 def _in_default_tier(fmt: str, mode: str) -> bool:
     """The formats and modes the default tier kills (``slow``: all): the re-encoded formats in the modes that write
-    in place without a copy; a direct revert on a zip (words and CRC fields) and on gzip chunks."""
+    in place without a copy; a direct revert on a zip (words and CRC fields) and on gzip chunks; a new file with
+    region evidence on torch.save."""
+    if mode == "regions":
+        return fmt == "pt"
     if mode in ("copy", "inplace"):
         return fmt not in ("h5-gzip", "npz-deflated")
     return mode != "revert" or fmt in ("pt", "h5-gzip")
@@ -198,8 +149,8 @@ def _read(p: str) -> bytes | dict[str, bytes]:
         return fh.read()
 
 
-def _judge(trial: dict, original: Any, ext: str) -> tuple[str, str | None]:
-    """The state a killed trial left: ('old' | 'new' | 'refused', the path reverted to the original or None).
+def _judge(trial: dict, original: Any, ext: str) -> str:
+    """The state a killed trial left: 'old' | 'new' | 'refused'.
 
     Asserts what every mode owes: a copy's input untouched and no output without its log; a changed file has a
     log; a revert that succeeds gives exactly the original bytes; a refused one changes nothing."""
@@ -207,15 +158,15 @@ def _judge(trial: dict, original: Any, ext: str) -> tuple[str, str | None]:
     src, out = os.path.join(d, "in" + ext), os.path.join(d, "out" + ext)
     now = _read(src)
     what = f"{trial} left"
-    if trial["mode"] == "copy":
+    if trial["mode"] in ("copy", "regions"):
         assert now == original, f"{what} its input changed"
         if not os.path.exists(out):
-            return "old", None
+            return "old"
         assert os.path.exists(out + ".fflog"), f"{what} an output without its log"
         target = out
     else:
         if now == original:
-            return "old", None
+            return "old"
         target = src
     assert _read(target) != original, f"{what} an output equal to its input"
     logs = sorted(glob.glob(os.path.join(d, "*.fflog")))
@@ -236,8 +187,8 @@ def _judge(trial: dict, original: Any, ext: str) -> tuple[str, str | None]:
             assert "\n" not in str(exc), f"{what} a refusal of more than one line: {exc}"
             assert _read(target) == before, f"{what} a file that a refused revert ({lp}) changed"
             continue
-        return "new", back
-    return "refused", None
+        return "new"
+    return "refused"
 
 
 def _allowed(trial: dict, fmt: str) -> set[str]:
@@ -262,7 +213,7 @@ def _allowed(trial: dict, fmt: str) -> set[str]:
     if sig == signal.SIGKILL and at == 1:
         return {"old"}  # before the first rename / fsync
     if sig == signal.SIGKILL and at == -n:  # after the last: a copy is committed; in place, the log only
-        return {"new"} if mode in ("copy", "inplace") else {"old"}
+        return {"new"} if mode in ("copy", "regions", "inplace") else {"old"}
     return {"old", "new"}
 
 
@@ -272,7 +223,7 @@ def _moment(trial: dict) -> int:
 
 
 def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[str, dict[str, int]]:
-    orig, model = originals(fmt)
+    orig = originals(fmt)
     plan = _plan(fmt, np.random.default_rng(seed), slow)
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"file": orig, "root": str(tmp_path / "trials"), "trials": plan}))
@@ -284,25 +235,19 @@ def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[s
     unseen = [t for t in done if t["how"] != "delay" and not t["points"]]
     assert not unseen, f"kill points an uninterrupted run never reaches (a hook that misses the calls): {unseen}"
     original, ext = _read(orig), os.path.splitext(orig)[1]
-    loaded = _load(fmt, orig, model)
     seen: dict[str, dict[str, int]] = {t["mode"]: {"old": 0, "new": 0, "refused": 0} for t in plan}
     along: dict[tuple, list[tuple[int, str]]] = {}
-    read_back = 0
     for t in done:
-        state, back = _judge(t, original, ext)
+        state = _judge(t, original, ext)
         assert state in _allowed(t, fmt), f"{t} left {state!r}, expected one of {sorted(_allowed(t, fmt))}"
         seen[t["mode"]][state] += 1
         if t["how"] in ("replace", "fsync"):
             along.setdefault((t["mode"], t["how"], t["sig"]), []).append((_moment(t), state))
-        if back is not None and (fmt not in FRAMEWORK or not read_back):  # a framework load once per run
-            assert _same(_load(fmt, back, model), loaded), f"{t}: the framework reads the reverted file differently"
-            read_back += 1
     for key, states in along.items():  # once new, never old again
         order = [s for _, s in sorted(states)]
         assert order == sorted(order, key=("old", "new").index), f"{key}: states along the calls {order}"
     for mode, counts in seen.items():
         assert counts["old"] and counts["new"], f"{fmt} {mode}: the kills landed on one side only {counts}"
-    assert read_back
     return seen
 
 
@@ -317,22 +262,6 @@ def test_kill_at_any_moment_many(fmt, originals, tmp_path):
     _run(fmt, originals, tmp_path, seed=100 + (FILES + FRAMEWORK).index(fmt), slow=True)
 
 
-@pytest.mark.parametrize("fmt", ["h5-shuffle"] + [pytest.param(f, marks=pytest.mark.framework) for f in FRAMEWORK])
-def test_direct_refuses_what_it_cannot_write_in_place(fmt, originals, tmp_path):
-    """--direct on a .keras archive, a checkpoint directory or a chunk whose re-encoding does not fit its old
-    size: one line on stderr (the real CLI's, warnings included) naming the fix, the files untouched, no log."""
-    orig, _ = originals(fmt)
-    src = str(tmp_path / os.path.basename(orig))
-    (shutil.copytree if os.path.isdir(orig) else shutil.copyfile)(orig, src)
-    proc = subprocess.run([sys.executable, "-m", "fastflip", "inject", src, "--in-place", "--direct", "--count", "40",
-                           "--seed", "7"], capture_output=True, text=True, timeout=300)
-    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("fastflip inject: error: "), proc.stderr
-    assert "drop --direct" in proc.stderr
-    assert _read(src) == _read(orig)
-    assert sorted(os.listdir(tmp_path)) == [os.path.basename(src)]  # no log, no temporary left
-
-
 @pytest.mark.parametrize("fmt,mode", [(f, m) for f in ("h5", "npz") for m in _modes(f) if m != "revert"]
                          + [pytest.param("keras", m, marks=pytest.mark.framework) for m in _modes("keras")])
 def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_path, monkeypatch):
@@ -340,7 +269,7 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_p
     not there yet (copy); afterwards both are there. Deterministic, in process."""
     from fastflip.files.inject import inject_checkpoint_file
 
-    orig, _ = originals(fmt)
+    orig = originals(fmt)
     original = _read(orig)
     src, out = str(tmp_path / ("in" + os.path.splitext(orig)[1])), str(tmp_path / "out.bin")
     shutil.copyfile(orig, src)
@@ -352,14 +281,14 @@ def test_the_log_is_in_place_before_the_file_changes(fmt, mode, originals, tmp_p
         real(a, b)
 
     monkeypatch.setattr(os, "replace", replace)
-    kw: dict[str, Any] = {"dst": out}
-    if mode != "copy":
+    kw: dict[str, Any] = {"dst": out, **({"hash_files": "regions"} if mode == "regions" else {})}
+    if mode not in ("copy", "regions"):
         kw = {"in_place": True, "atomic": mode == "inplace", "hash_files": "regions" if mode == "direct" else True}
     res = inject_checkpoint_file(src, count=10, seed=1, **kw)
     assert seen == [True]
     assert os.path.exists(res.log_path) and _read(res.output) != original
     m = res.log.manifest
-    if mode == "direct":  # no whole-file hash: the log holds the touched bytes, old and new
+    if mode in ("direct", "regions"):  # no whole-file hash: the log holds the touched bytes, old and new
         assert m["evidence"] == "regions"
         res.log.undo.apply(res.output)
         assert _read(res.output) == original

@@ -4,7 +4,6 @@ input once; what it writes is unchanged (checked byte for byte or by the framewo
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 from typing import Any
@@ -14,55 +13,12 @@ import numpy as np
 import pytest
 
 from conftest import require
+from test_copy_floor import count_reads
 from fastflip import Sampling
-from fastflip.files import filebytes, h5apply
-from fastflip.files.h5apply import copy_apply, route_sites
+from fastflip.files import filebytes
 from fastflip.files.inject import inject_file
-from fastflip.files.layout import read_layout
 
 SMP = Sampling(count=6, bits="sign")
-
-
-class _Counted:
-    """A file object that adds what it reads to ``counter["bytes"]``."""
-
-    def __init__(self, fh: Any, counter: dict) -> None:
-        self._fh, self._counter = fh, counter
-
-    def read(self, *a: Any) -> bytes:
-        b = self._fh.read(*a)
-        self._counter["bytes"] += len(b)
-        return b
-
-    def readinto(self, buf: Any) -> int:
-        n = self._fh.readinto(buf)
-        self._counter["bytes"] += n or 0
-        return n
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fh, name)
-
-    def __enter__(self) -> "_Counted":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._fh.close()
-
-
-def count_reads(monkeypatch: pytest.MonkeyPatch, module: Any, path: str) -> dict:
-    """Bytes read from ``path`` (and opens of it) through ``open`` in ``module`` from now on."""
-    counter = {"bytes": 0, "opens": 0}
-    real = os.path.realpath(path)
-
-    def counted_open(file: Any, mode: str = "r", *a: Any, **kw: Any) -> Any:
-        fh = open(file, mode, *a, **kw)
-        if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == real and "r" in mode:
-            counter["opens"] += 1
-            return _Counted(fh, counter)
-        return fh
-
-    monkeypatch.setattr(module, "open", counted_open, raising=False)
-    return counter
 
 
 def _sha(path: str) -> str:
@@ -81,35 +37,6 @@ def test_direct_in_place_without_a_log_file_hashes_the_file_in_one_read(tmp_path
     assert seen["bytes"] == size  # the hash now and the hash it will have, from one read
     m = res.log.manifest
     assert m["input"]["hash"] == before and m["output"]["hash"] == _sha(src) != before
-
-
-@pytest.mark.parametrize("err", [errno.EXDEV, errno.ENOSYS, errno.EINVAL])
-def test_a_refused_kernel_copy_writes_the_held_buffer(tmp_path, monkeypatch, err):
-    """os.copy_file_range refused (another file system, an old kernel): the untouched blocks are written from the
-    buffer already read, not read again; the output is the exact bytes of the buffered copy."""
-    src = str(tmp_path / "a.h5")
-    with h5py.File(src, "w") as f:
-        f.create_dataset("a", data=np.linspace(-2, 2, 1 << 16, dtype="f4"))
-    ref = inject_file(src, str(tmp_path / "ref.h5"), sampling=Sampling(count=3), seed=5, log_path=False)
-    routes = route_sites(src, ref.log.plan, {t.path: t for t in read_layout(src).tensors})
-    refused: list[int] = []
-
-    def refuse(*a: Any) -> int:
-        refused.append(1)
-        raise OSError(err, os.strerror(err))
-
-    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
-    preads: list[int] = []
-    real_pread = os.pread
-    monkeypatch.setattr(os, "pread", lambda fd, n, at: preads.append(n) or real_pread(fd, n, at))
-    seen = count_reads(monkeypatch, h5apply, src)
-    out = str(tmp_path / "b.h5")
-    _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
-    assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
-    assert refused == [1]  # refused once: later untouched blocks are not offered to the kernel again
-    assert open(out, "rb").read() == open(str(tmp_path / "ref.h5"), "rb").read()
-    assert h_out == _sha(out)
-    assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
 
 
 def _zip_parses(monkeypatch: pytest.MonkeyPatch, path: str) -> list:

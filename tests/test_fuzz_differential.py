@@ -7,7 +7,8 @@ only tensor data). For every mutated file:
 * fastflip either refuses it with a :class:`~fastflip.errors.FastflipError` (never another exception), or
 * it injects, and then the framework's own loader (``torch.load(weights_only=True)``,
   ``safetensors.numpy.load_file``, ``np.load``, ``h5py``; a ``.keras`` archive through ``zipfile`` and
-  ``h5py``) sees exactly the logged flips and nothing else, and the revert gives the original bytes.
+  ``h5py``) sees exactly the logged flips, each from its logged old word, and nothing else (tied or aliased
+  tensors as the loader shares them: :mod:`framework_judge`), and the revert gives the original bytes.
 
 A mutated file the framework itself cannot load is only required to be handled in one of these two
 ways. The default tier runs a few hundred cases per format; ``-m slow`` runs more.
@@ -26,11 +27,12 @@ import numpy as np
 import pytest
 
 from conftest import require
-from differential import check_logged_flips
+from framework_judge import judge
+from framework_views import h5_group_view, h5_view, np_view, st_numpy_view, torch_view
 from fastflip.errors import FastflipError
 from fastflip.files.inject import inject_checkpoint_file
-from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
+from fastflip.files.revert import revert
 
 # cases per format in the default tier: more where a case is cheap (about 15 ms), fewer for HDF5 and torch
 N_CHEAP, N_DEAR = (int(x) for x in os.environ.get("FUZZ_DIFF_N", "250,150").split(","))
@@ -52,26 +54,6 @@ def _h5_base(path: str) -> None:
         f["alias"] = f["dense/kernel"]
 
 
-def _h5_walk(g, prefix: str, out: dict[str, np.ndarray]) -> None:
-    """Every numeric dataset under every path (hard links included; soft and external links are not followed)."""
-    for name in g:
-        link = g.get(name, getlink=True)
-        if not isinstance(link, h5py.HardLink):
-            continue
-        obj = g[name]
-        if isinstance(obj, h5py.Group):
-            _h5_walk(obj, f"{prefix}/{name}", out)
-        elif obj.dtype.kind in "fiub" and obj.shape is not None:
-            out[f"{prefix}/{name}"] = obj[()]
-
-
-def _h5_view(path: str) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    with h5py.File(path, "r") as f:
-        _h5_walk(f, "", out)
-    return out
-
-
 def _keras_base(path: str, tmp: str) -> None:
     inner = os.path.join(tmp, "inner.h5")
     with h5py.File(inner, "w") as f:
@@ -89,19 +71,9 @@ def _keras_inner(path: str) -> bytes:
 
 
 def _keras_view(path: str) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+    """h5py's reading of the archive's weights file (the base is no model Keras could load)."""
     with h5py.File(io.BytesIO(_keras_inner(path)), "r") as f:
-        _h5_walk(f, "", out)
-    return out
-
-
-def _npz_view(path: str) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as z:
-        return {"/" + k: z[k] for k in z.files}
-
-
-def _npy_view(path: str) -> dict[str, np.ndarray]:
-    return {"/array": np.load(path, allow_pickle=False)}
+        return h5_group_view(f)
 
 
 def _safetensors_base(path: str) -> None:
@@ -115,17 +87,6 @@ def _safetensors_base(path: str) -> None:
     h = json.dumps(head).encode()
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(h)) + h + data)
-
-
-def _safetensors_view(path: str) -> dict[str, np.ndarray]:
-    st = require("safetensors.numpy")
-    return {"/" + k: v for k, v in st.load_file(path).items()}
-
-
-def _torch_view(path: str) -> dict[str, np.ndarray]:
-    from test_formats_torch import torch_load  # torch.load(weights_only=True), flattened to stored words
-
-    return torch_load(path)
 
 
 def _torch_base(path: str, legacy: bool) -> None:
@@ -246,14 +207,7 @@ def _case(fmt: str, mutated: str, view, work: str, seed: int, tally: Tally) -> N
             tally.failures.append(f"{fmt} seed {seed}: the framework loads the input but not the output "
                                   f"({type(exc).__name__}: {str(exc)[:120]})")
             return
-        if fmt == "keras":
-            inner = os.path.join(work, "inner.h5")
-            with open(inner, "wb") as fh:
-                fh.write(_keras_inner(mutated))
-            layout = read_layout(inner)
-        else:
-            layout = read_layout(mutated)
-        for p in check_logged_flips(before, after, res.log, layout):
+        for p in judge(before, after, res.log, require_change=False):  # aliases as the framework shares them
             tally.failures.append(f"{fmt} seed {seed}: {p}")
     try:
         revert(res.log, out, back)
@@ -297,16 +251,16 @@ def _case_clean(fmt: str, base: str, view, work: str) -> list[str]:
 
 
 FORMATS = {  # format -> (base file name, builder, framework view, extra needed)
-    "hdf5": ("m.h5", lambda p, d: _h5_base(p), _h5_view, None),
+    "hdf5": ("m.h5", lambda p, d: _h5_base(p), h5_view, None),
     "keras": ("m.keras", _keras_base, _keras_view, None),
-    "npy": ("m.npy", lambda p, d: np.save(p, np.linspace(-3, 3, 40, dtype="<f4").reshape(5, 8)), _npy_view, None),
+    "npy": ("m.npy", lambda p, d: np.save(p, np.linspace(-3, 3, 40, dtype="<f4").reshape(5, 8)), np_view, None),
     "npz": ("m.npz", lambda p, d: np.savez(p, w=np.linspace(-1, 1, 30, dtype="<f4").reshape(5, 6),
-                                           b=np.arange(6, dtype=">i4"), s=np.float64(2.5)), _npz_view, None),
+                                           b=np.arange(6, dtype=">i4"), s=np.float64(2.5)), np_view, None),
     "npz-deflated": ("c.npz", lambda p, d: np.savez_compressed(p, w=np.tile(np.arange(8, dtype="<f4"), 8),
-                                                               b=np.arange(6, dtype="<i2")), _npz_view, None),
-    "safetensors": ("m.safetensors", lambda p, d: _safetensors_base(p), _safetensors_view, "safetensors"),
-    "torch": ("m.pt", lambda p, d: _torch_base(p, False), _torch_view, "torch"),
-    "torch-legacy": ("l.pt", lambda p, d: _torch_base(p, True), _torch_view, "torch"),
+                                                               b=np.arange(6, dtype="<i2")), np_view, None),
+    "safetensors": ("m.safetensors", lambda p, d: _safetensors_base(p), st_numpy_view, "safetensors"),
+    "torch": ("m.pt", lambda p, d: _torch_base(p, False), torch_view, "torch"),
+    "torch-legacy": ("l.pt", lambda p, d: _torch_base(p, True), torch_view, "torch"),
 }
 
 

@@ -6,11 +6,11 @@ Each command runs in-process through :func:`fastflip.cli.main`; stdout and stder
 
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
 
 from conftest import require
+from format_builders import EXTENSION, write_checkpoint
 from fastflip.cli import main
 
 
@@ -26,31 +26,12 @@ def _keras(path):
 
 def _make(fmt, d):
     w = np.linspace(-2, 2, 4096, dtype="f4").reshape(64, 64)
-    if fmt == "hdf5":
-        p = d / "m.h5"
-        with h5py.File(p, "w") as f:
-            f.create_dataset("w", data=w)
-    elif fmt == "hdf5-gzip":  # chunked and compressed: re-encoded chunks, and h5py's fallback (a warning)
-        p = d / "m.h5"
-        with h5py.File(p, "w") as f:
-            f.create_dataset("w", data=np.random.default_rng(0).standard_normal((64, 64)).astype("f4"),
-                             chunks=(8, 8), compression="gzip", shuffle=True)
-    elif fmt == "safetensors":
-        require("safetensors")
-        from safetensors.numpy import save_file
-
-        p = d / "m.safetensors"
-        save_file({"w": w}, str(p))
-    elif fmt == "npz":
-        p = d / "m.npz"
-        np.savez_compressed(p, w=w)
-    elif fmt == "torch":
-        torch = require("torch")
-        p = d / "m.pt"
-        torch.save({"w": torch.from_numpy(w)}, p)
-    else:
-        p = _keras(d / "m.keras")
-    return str(p)
+    if fmt == "keras":
+        return _keras(d / "m.keras")
+    if fmt == "hdf5-gzip":  # chunked and compressed: re-encoded chunks, and h5py's fallback (a warning)
+        w = np.random.default_rng(0).standard_normal((64, 64)).astype("f4")
+        return write_checkpoint("hdf5", d / "m.h5", {"w": w}, chunks=(8, 8), compression="gzip", shuffle=True)
+    return write_checkpoint(fmt, d / f"m.{EXTENSION[fmt]}", {"w": w}, compressed=fmt == "npz")
 
 
 FORMATS = ["hdf5", "hdf5-gzip", "safetensors", "npz", "torch", pytest.param("keras", marks=pytest.mark.framework)]

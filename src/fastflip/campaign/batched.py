@@ -31,12 +31,12 @@ from ..core.plan import Plan
 from ..errors import one_line
 from .batchedtorch import BatchedActivations, BatchedTorch, faulted_names
 from .batchsize import MAX_AUTO, MAX_AUTO_GPU, auto_batch, choose_batch, free_memory, steady_allocator
-from .batchgate import say_once, serial_note, serial_reason
+from .batchgate import say_once
 from .builtins import model_forward
 from .failures import is_oom
 from .pertrial import Unbatchable
 
-__all__ = ["PROBE_ROWS", "TrialBatcher", "batch_decision", "make_batcher"]
+__all__ = ["PROBE_ROWS", "TrialBatcher", "batch_decision"]
 
 #: Rows of the first mini-batch the per-cell probe runs (three copies each): enough rows per trial that modules run
 #: as in real blocks (:data:`fastflip.campaign.pertrial.SMALL_ROWS`), few enough that the probe costs little
@@ -46,7 +46,7 @@ PROBE_ROWS = 32
 class TrialBatcher:
     """A worker's batched path: blocks of one cell's trials through :class:`BatchedTorch` (module docstring).
 
-    Built by :func:`make_batcher` for a runner whose campaign allows it; ``run`` gives the
+    Built by :func:`batch_decision` for a runner whose campaign allows it; ``run`` gives the
     same rows as running the trials one by one (``runner.run``), which remains the path
     for cells or blocks that cannot be batched.
     """
@@ -221,21 +221,11 @@ class TrialBatcher:
 
 
 def batch_decision(runner: Any) -> tuple[TrialBatcher | None, str | None, bool]:
-    """``(the runner's TrialBatcher, None, False)``, or ``(None, why its trials run one by one, whether building the
-    batcher failed)``."""
-    why = serial_reason(runner)
-    if why is not None:
-        return None, why, False
+    """``(the runner's TrialBatcher, None, False)``, or ``(None, why building it failed, True)``; called by
+    :meth:`fastflip.campaign.trials.TrialRunner.batch_decision` once
+    :func:`~fastflip.campaign.batchgate.serial_reason` allows batching."""
     try:
         return TrialBatcher(runner, runner.targets.get(None), runner.evaluate,
                             runner.campaign.evaluator.batch_trials), None, False
     except Exception as exc:  # e.g. evaluation inputs torch cannot take as one tensor: the serial path still runs
         return None, f"{type(exc).__name__}: {str(exc)[:160]}", True
-
-
-def make_batcher(runner: Any) -> TrialBatcher | None:
-    """The runner's :class:`TrialBatcher`, or None when its trials run one by one (a one-time notice says why when batching was asked for)."""
-    batcher, why, failed = batch_decision(runner)
-    if batcher is None:
-        serial_note(runner, why, failed)
-    return batcher

@@ -262,27 +262,33 @@ class TrialRunner:
 
     def batch_decision(self) -> tuple[Any, str | None, bool]:
         """``(a TrialBatcher for this runner, None, False)``, or ``(None, why its trials run one by one, whether
-        building the batcher failed)`` (:func:`fastflip.campaign.batched.batch_decision`). A runner whose trials
-        run one by one for a reason :func:`~fastflip.campaign.batchgate.serial_reason` names does not import the
-        batched machinery."""
+        building the batcher failed)``. A runner whose trials run one by one for a reason
+        :func:`~fastflip.campaign.batchgate.serial_reason` names does not import the batched machinery; otherwise
+        :func:`fastflip.campaign.batched.batch_decision` builds the batcher."""
         why = serial_reason(self)
         if why is not None:
             return None, why, False
         from .batched import batch_decision  # torch-side batching (torch.fx splits, per-trial modules): only when it may apply
         return batch_decision(self)
 
-    def run_many(self, cell_id: int, trials: Sequence[int]) -> list[TrialRow]:
-        """Run trials of one cell: ``B`` per forward where the target allows it
-        (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
-        trials = [int(t) for t in trials]
+    def batcher(self) -> Any:
+        """The runner's :class:`~fastflip.campaign.batched.TrialBatcher`, decided on the first call and kept, or None
+        when its trials run one by one (a one-time notice says why when batching was asked for)."""
         if self._batcher is False:
             batcher, why, failed = self.batch_decision()
             if batcher is None:
                 serial_note(self, why, failed)
             self._batcher = batcher
-        if self._batcher is None or len(trials) < 2:
+        return self._batcher
+
+    def run_many(self, cell_id: int, trials: Sequence[int]) -> list[TrialRow]:
+        """Run trials of one cell: ``B`` per forward where the target allows it
+        (:mod:`fastflip.campaign.batched`), else one by one; the rows are those of :meth:`run`."""
+        trials = [int(t) for t in trials]
+        batcher = self.batcher()
+        if batcher is None or len(trials) < 2:
             return [self.run(cell_id, t) for t in trials]
-        return self._batcher.run(self, cell_id, trials)
+        return batcher.run(self, cell_id, trials)
 
     def run(self, cell_id: int, trial: int) -> TrialRow:
         """Run one trial; exceptions of the evaluator become a DUE outcome."""
