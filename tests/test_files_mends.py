@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import warnings
 import os
+import struct
 
 import h5py
 import numpy as np
@@ -194,7 +195,8 @@ def _samples(d) -> dict[str, str]:
 
     out = {"h5": _h5(d / "a.h5", 64), "npy": str(d / "a.npy"), "npz": str(d / "a.npz"), "st": str(d / "a.st"),
            "pt": str(d / "a.pt"), "keras": str(d / "m.keras"), "foreign": str(d / "f.zip"), "torn": str(d / "t.zip"),
-           "empty": str(d / "e.bin"), "text": str(d / "t.txt"), "missing": str(d / "nope"), "dir": str(d)}
+           "empty": str(d / "e.bin"), "text": str(d / "t.txt"), "missing": str(d / "nope"), "dir": str(d),
+           "disks": str(d / "s.zip")}
     np.save(out["npy"], np.zeros(3))
     np.savez(out["npz"], a=np.zeros(3))
     save_file({"w": np.zeros(3, "f4")}, out["st"])
@@ -206,7 +208,9 @@ def _samples(d) -> dict[str, str]:
         z.writestr("readme.txt", "hi")
     with open(out["keras"], "rb") as fh:
         torn = fh.read()[:-30]
-    for key, data in (("torn", torn), ("empty", b""), ("text", b"just some text\n")):
+    # a ZIP64 locator naming two disks before the end record: zipfile.is_zipfile raises BadZipFile on it
+    disks = b"PK\x06\x07" + struct.pack("<IQI", 0, 0, 2) + b"PK\x05\x06" + bytes(18)
+    for key, data in (("torn", torn), ("empty", b""), ("text", b"just some text\n"), ("disks", disks)):
         with open(out[key], "wb") as fh:
             fh.write(data)
     return out

@@ -200,7 +200,7 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
                 (["--in-place", "--direct"], work + ".fflog", "drop --direct"))
     for opts, gone, fix in refusals:
         err = _refused(capsys, main(["inject", work, *opts, *_OPTS]), before, work, gone, gone + ".fflog")
-        assert err.endswith(fix), err
+        assert fix in err, err  # the library's line may name the API option after the fix
 
 
 @pytest.mark.parametrize("key", ["gpt2-sharded", "gpt2-bin-sharded", "vit"])

@@ -38,7 +38,7 @@ def is_keras_archive(path: str | os.PathLike[str]) -> bool:
 
     try:
         return zipfile.is_zipfile(path)
-    except (OSError, ValueError):
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):  # as keras_archive: not an archive it reads
         return False
 
 
