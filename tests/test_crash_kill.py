@@ -191,7 +191,7 @@ def _judge(trial: dict, original: Any, ext: str) -> str:
     return "refused"
 
 
-def _allowed(trial: dict, fmt: str) -> set[str]:
+def _allowed(trial: dict) -> set[str]:
     """The states a trial may leave, given where it was killed."""
     mode, how, at, n, sig = trial["mode"], trial["how"], trial["at"], trial["points"], trial["sig"]
     torn = {"old", "new"} | ({"refused"} if mode == "nonatomic" and sig == signal.SIGKILL else set())
@@ -239,7 +239,7 @@ def _run(fmt: str, originals, tmp_path, seed: int, slow: bool = False) -> dict[s
     along: dict[tuple, list[tuple[int, str]]] = {}
     for t in done:
         state = _judge(t, original, ext)
-        assert state in _allowed(t, fmt), f"{t} left {state!r}, expected one of {sorted(_allowed(t, fmt))}"
+        assert state in _allowed(t), f"{t} left {state!r}, expected one of {sorted(_allowed(t))}"
         seen[t["mode"]][state] += 1
         if t["how"] in ("replace", "fsync"):
             along.setdefault((t["mode"], t["how"], t["sig"]), []).append((_moment(t), state))

@@ -313,7 +313,12 @@ def _run(fmt: str, tmp_path, n: int, seed0: int) -> Tally:
     return tally
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def _params(formats):
+    """The formats as parameters; those read by PyTorch are framework tests."""
+    return [pytest.param(f, marks=pytest.mark.framework) if FORMATS[f][3] == "torch" else f for f in sorted(formats)]
+
+
+@pytest.mark.parametrize("fmt", _params(FORMATS))
 def test_differential_fuzz(fmt, tmp_path):
     _run(fmt, tmp_path, N_CHEAP if fmt in CHEAP else N_DEAR, seed0=1)
 
@@ -321,6 +326,6 @@ def test_differential_fuzz(fmt, tmp_path):
 # HDF5 itself can crash on crafted metadata (a segfault in its chunk write path, seed 100610 of "hdf5"):
 # the large tier covers the formats whose readers and loaders are fastflip's and the frameworks' own.
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", sorted(f for f in FORMATS if f not in ("hdf5", "keras")))
+@pytest.mark.parametrize("fmt", _params(f for f in FORMATS if f not in ("hdf5", "keras")))
 def test_differential_fuzz_large(fmt, tmp_path):
     _run(fmt, tmp_path, 1000, seed0=100_000)

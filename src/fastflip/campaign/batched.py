@@ -175,8 +175,9 @@ class TrialBatcher:
         """Rows of ``trials`` of cell ``cell_id``, in order."""
         if not self.usable(runner, cell_id) or self.size() == 1:
             return [runner.run(cell_id, t) for t in trials]
-        if not self._steady:
-            self._steady = steady_allocator() or True  # blocks reuse the heap instead of faulting in fresh pages
+        if not self._steady:  # blocks reuse the heap instead of faulting in fresh pages (glibc; else a no-op)
+            steady_allocator()
+            self._steady = True
         cell = runner.cells[cell_id]
         start = time.perf_counter()
         whole = runner.plan_block(cell_id, trials)

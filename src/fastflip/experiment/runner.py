@@ -9,7 +9,7 @@ Layer: ``experiment`` (may import campaign and below; imported by report, compat
    metrics (loss, validation loss, accuracy) after every epoch;
 2. for every scenario and repetition (a distinct, recorded seed each): copy the
    golden checkpoint of epoch E, inject (:func:`fastflip.files.inject.inject_file`,
-   log kept; ``.keras`` archives through :func:`fastflip.files.keras_archive.edit_archive`),
+   log kept; ``.keras`` archives through :func:`fastflip.files.archives.edit_archive`),
    load it, evaluate, and resume training to epoch N with the golden data order;
 3. classify each run (:mod:`fastflip.experiment.outcomes`); a run whose loading or
    training raises is recorded as ``crashed`` with its message and the driver goes on;
@@ -42,7 +42,7 @@ from ..campaign.significance import PAIRWISE_FIELDS, format_tests, pairwise_test
 from ..errors import OptionError
 from ..files.fileio import atomic_output
 from ..files.inject import inject_checkpoint_file
-from ..files.keras_archive import is_keras_archive, read_archive
+from ..files.archives import is_keras_archive, read_archive
 from ..files.layout import read_layout
 from ..files.select import Selection, select
 from ..frameworks.trainers import make_trainer

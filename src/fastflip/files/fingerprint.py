@@ -37,7 +37,6 @@ Examples
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 from typing import Any, Mapping, Sequence
 
@@ -227,7 +226,7 @@ def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = 
             undo.apply(src)
         return _gives_input(src, fp, undo, after, verify)
     with atomic_output(target) as tmp:
-        shutil.copyfile(src, tmp)
+        kernel_copy(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
         undo.apply(tmp)
         return _gives_input(tmp, fp, undo, after, verify)
