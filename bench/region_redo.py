@@ -11,7 +11,9 @@ Per tree: the median over all rounds of the CPU time (user + system, ``time.proc
 * ``segment``: from the end of the kernel copy to the staging of the log (the check of the copy, the writes
   into it, the input's state and the output's check), with the page faults (``ru_minflt``) in it;
 * ``call``: the whole of :func:`fastflip.files.copyregions.write_copy_regions` (prediction, fingerprints,
-  copy, segment, log staging).
+  copy, segment, log staging);
+* ``replay`` and ``revert`` (CPU): the log replayed onto the input into a third file, then the output reverted
+  (region evidence: the touched ranges checked and written, the fingerprints; durable, as the defaults are).
 
 The file (``--mib`` MiB of float32, written once under ``$FASTFLIP_BENCH_DIR`` or a temporary directory) stays
 in the page cache; the outputs are written with ``durable=False`` (no fsync), so the figures are CPU work.
@@ -36,6 +38,8 @@ import numpy as np
 src, rounds, flips = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 from fastflip.files import copyregions, inject
 from fastflip.files.inject import inject_file
+from fastflip.files.replay import replay
+from fastflip.files.revert import revert
 if os.environ.get("REDO_FALLBACK"):  # the NumPy pass of files/rangeio.py, as without a C compiler
     from fastflip.files import rangeio
     rangeio._NATIVE = None
@@ -65,13 +69,19 @@ out = []
 for i in range(rounds + 1):
     dst = src + f".out{os.getpid()}"
     inject_file(src, dst, hash_files="regions", seed=i, count=flips, durable=False)
-    os.unlink(dst)
-    os.unlink(dst + ".fflog")
+    seg = [b - a for a, b in zip(marks["copied"], marks["finish"])]
+    whole = [b - a for a, b in zip(marks["start"], marks["end"])]
+    t = time.process_time()
+    replay(dst + ".fflog", src, dst + ".again")
+    t1 = time.process_time()
+    revert(dst + ".fflog", dst)
+    t2 = time.process_time()
+    for p in (dst, dst + ".fflog", dst + ".again", dst + ".again.fflog"):
+        if os.path.exists(p):
+            os.unlink(p)
     if i:  # the first round warms imports and caches
-        seg = [b - a for a, b in zip(marks["copied"], marks["finish"])]
-        whole = [b - a for a, b in zip(marks["start"], marks["end"])]
         out.append({"seg_cpu": seg[0], "seg_wall": seg[1], "seg_faults": seg[2], "call_cpu": whole[0],
-                    "call_wall": whole[1]})
+                    "call_wall": whole[1], "replay_cpu": t1 - t, "revert_cpu": t2 - t1})
 print(json.dumps(out))
 """
 
@@ -116,11 +126,12 @@ def main() -> None:
         os.unlink(src)
     print(f"{a.flips} flips, {a.mib} MiB {a.format}; medians of {a.procs}x{a.rounds} rounds; load "
           f"{os.getloadavg()[0]:.2f}")
-    print(f"{'tree':<48} {'segment cpu':>12} {'wall':>8} {'faults':>7} {'call cpu':>9} {'wall':>8}")
+    print(f"{'tree':<48} {'segment cpu':>12} {'wall':>8} {'faults':>7} {'call cpu':>9} {'wall':>8} {'replay':>7} "
+          f"{'revert':>7}")
     for t, rs in got.items():
         m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         print(f"{t:<48} {m['seg_cpu']:>12.4f} {m['seg_wall']:>8.4f} {m['seg_faults']:>7.0f} {m['call_cpu']:>9.4f} "
-              f"{m['call_wall']:>8.4f}")
+              f"{m['call_wall']:>8.4f} {m['replay_cpu']:>7.3f} {m['revert_cpu']:>7.3f}")
 
 
 if __name__ == "__main__":

@@ -92,23 +92,25 @@ def _write_ranges_py(fd: int, offs: np.ndarray, lens: np.ndarray, new: bytes | N
     ends = offs + lens
     step = offs[1:] - ends[:-1]  # the gap before each range (negative: it overlaps or goes back)
     cut = (step < 0) | (step > gap) | ((step > 0) & (offs[1:] // SPAN != offs[:-1] // SPAN))
-    cuts = np.concatenate(([0], np.flatnonzero(cut) + 1, [n])).tolist()
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        bad = _span(fd, offs[a:b], lens[a:b], pos[a : b + 1], new, old, bool((step[a : b - 1] > 0).any()))
+    cuts = np.concatenate(([0], np.flatnonzero(cut) + 1, [n]))
+    gapped = np.concatenate(([0], np.cumsum(step > 0)))  # gaps before each range, counted from the first
+    inner = (gapped[cuts[1:] - 1] > gapped[cuts[:-1]]).tolist() if n else []  # a span with gaps inside
+    at, posl, data = offs.tolist(), pos.tolist(), None if new is None else memoryview(new)
+    for a, b, gaps in zip(cuts[:-1].tolist(), cuts[1:].tolist(), inner):
+        if old is None and not gaps:  # adjacent ranges: their new bytes follow each other
+            if data is not None:
+                _pwrite_all(fd, data[posl[a] : posl[b]], at[a])
+            continue
+        bad = _span(fd, offs[a:b], lens[a:b], pos[a : b + 1], new, old)
         if bad >= 0:
             return a + bad
     return -1
 
 
-def _span(fd: int, offs: np.ndarray, lens: np.ndarray, pos: np.ndarray, new: bytes | None, old: bytes | None,
-          gaps: bool) -> int:
-    """One span of :func:`_write_ranges_py`: its ranges checked against ``old`` and written; -1 or the first
-    range (of this span) that did not hold its old bytes."""
+def _span(fd: int, offs: np.ndarray, lens: np.ndarray, pos: np.ndarray, new: bytes | None, old: bytes | None) -> int:
+    """One span of :func:`_write_ranges_py` read whole: its ranges checked against ``old`` and written; -1 or the
+    first range (of this span) that did not hold its old bytes."""
     start, size, p, total = int(offs[0]), int(offs[-1] + lens[-1] - offs[0]), int(pos[0]), int(pos[-1] - pos[0])
-    if old is None and not gaps:  # adjacent ranges: their new bytes follow each other
-        if new is not None:
-            _pwrite_all(fd, memoryview(new)[p : p + total], start)
-        return -1
     buf = bytearray(_pread_all(fd, size, start))
     got = len(buf)
     buf += bytes(size - got)  # past the end of the file: missing for a check, zeros for a write
