@@ -8,10 +8,20 @@ same before any word is touched, and a wrong call raises ValueError instead of w
 Each word is read from ``buf[off:off+itemsize]`` (unaligned access is fine), byte-swapped when
 ``swap`` is true (storage order differs from this machine's), turned into the new
 word by the word rule ``ff_rule`` of ``ff_word.h`` and written back the same way.
+
+:func:`write_ranges` writes byte ranges into an open file (pwrite), checking their previous bytes first when
+asked; its caller is :mod:`fastflip.files.rangeio`, which falls back to Python where this module is not built.
 """
 
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, int32_t, int64_t
-from libc.string cimport memcpy
+from libc.errno cimport EINTR, EIO, errno
+from libc.stdint cimport INT64_MAX
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcmp, memcpy, memset
+from posix.types cimport off_t
+from posix.unistd cimport pread, pwrite
+
+import os
 
 
 cdef extern from *:
@@ -212,3 +222,149 @@ def write_ptrs(const uint64_t[::1] ptrs, const int32_t[::1] itemsizes, const uin
         for i in range(n):
             t = tensor[i]
             _store(<uint8_t*><size_t>ptrs[t] + offsets[i], words[i], itemsizes[t], swaps[t])
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte ranges of an open file: ``write_ranges`` writes a batch of (offset, bytes) ranges with
+# pwrite, checking the bytes each range holds first when asked (pread), in one pass and one call.
+# ---------------------------------------------------------------------------------------------
+
+cdef Py_ssize_t _pread_full(int fd, uint8_t* buf, int64_t n, int64_t at) noexcept nogil:
+    """Read ``n`` bytes at ``at`` into ``buf`` (fewer only at the end of the file); -1 (errno set) on an error."""
+    cdef Py_ssize_t got = 0, r
+    while got < n:
+        r = pread(fd, buf + got, <size_t>(n - got), <off_t>(at + got))
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        if r == 0:
+            break
+        got += r
+    return got
+
+
+cdef int _pwrite_full(int fd, const uint8_t* buf, int64_t n, int64_t at) noexcept nogil:
+    """Write ``n`` bytes at ``at`` (again after a short write); 0, or the error number."""
+    cdef int64_t done = 0
+    cdef Py_ssize_t r
+    while done < n:
+        r = pwrite(fd, buf + done, <size_t>(n - done), <off_t>(at + done))
+        if r < 0:
+            if errno == EINTR:
+                continue
+            return errno
+        if r == 0:
+            return EIO
+        done += r
+    return 0
+
+
+def write_ranges(int fd, const int64_t[::1] offsets, const int64_t[::1] lengths, const uint8_t[::1] new,
+                 const uint8_t[::1] old, bint write, bint verify, int64_t gap, int64_t cap):
+    """Write range ``i``'s bytes (``new``, every range's concatenated) at ``offsets[i]`` of the open file ``fd``
+    (``write``), after checking that it holds ``old``'s (``verify``); return -1, or the first range that did not
+    hold its old bytes (it and the ranges after it are not written; those before it are).
+
+    Ranges that follow each other without a gap are one pread/pwrite; ranges at most ``gap`` bytes apart are
+    read as one span of at most ``cap`` bytes, their new bytes laid over it and the span written back (the gap
+    bytes as read: only for a file no other process writes). Bytes past the end of the file read as missing
+    (``verify``) or zeros.
+    """
+    cdef Py_ssize_t n = offsets.shape[0], i, j, r, bad = -1
+    cdef int64_t total = 0, start, end, o, p = 0, q, rel, got, k, piece
+    cdef int err = 0
+    cdef bint gaps
+    cdef uint8_t* buf = NULL
+    cdef const uint8_t* nd = &new[0] if new.shape[0] else NULL
+    cdef const uint8_t* od = &old[0] if old.shape[0] else NULL
+    if lengths.shape[0] != n:
+        raise ValueError(f"write_ranges: {lengths.shape[0]} lengths for {n} offsets")
+    if gap < 0 or cap < 1:
+        raise ValueError(f"write_ranges: gap must be >= 0 and cap >= 1, got {gap} and {cap}")
+    for i in range(n):
+        if offsets[i] < 0 or lengths[i] < 0 or lengths[i] > INT64_MAX - offsets[i] or lengths[i] > INT64_MAX - total:
+            raise ValueError(f"write_ranges: range {i} (offset {offsets[i]}, length {lengths[i]}) is not a byte range")
+        total += lengths[i]
+    if write and new.shape[0] != total:
+        raise ValueError(f"write_ranges: {new.shape[0]} new bytes for ranges of {total}")
+    if verify and old.shape[0] != total:
+        raise ValueError(f"write_ranges: {old.shape[0]} old bytes for ranges of {total}")
+    if verify or gap:
+        buf = <uint8_t*>malloc(<size_t>cap)
+        if buf == NULL:
+            raise MemoryError()
+    try:
+        with nogil:
+            i = 0
+            while i < n:
+                start = offsets[i]
+                end = start + lengths[i]
+                gaps = False
+                j = i + 1
+                while j < n:  # the span: ranges in order, none overlapping, at most gap bytes apart
+                    o = offsets[j]
+                    if o < end or o - end > gap:
+                        break
+                    if (o != end or gaps) and o + lengths[j] - start > cap:
+                        break
+                    gaps = gaps or o != end
+                    end = o + lengths[j]
+                    j += 1
+                if gaps:  # one read of the span; each range checked and laid over it; one write
+                    got = _pread_full(fd, buf, end - start, start)
+                    if got < 0:
+                        err = errno
+                        break
+                    if got < end - start:
+                        memset(buf + got, 0, <size_t>(end - start - got))
+                    q = p
+                    for r in range(i, j):
+                        rel = offsets[r] - start
+                        if verify and (rel + lengths[r] > got or memcmp(buf + rel, od + q, <size_t>lengths[r]) != 0):
+                            bad = r
+                            break
+                        if write:
+                            memcpy(buf + rel, nd + q, <size_t>lengths[r])
+                        q += lengths[r]
+                    k = offsets[bad] - start if bad >= 0 else end - start
+                    if write and k > 0:
+                        err = _pwrite_full(fd, buf, k, start)
+                        if err:
+                            break
+                else:  # adjacent ranges: their bytes follow each other in new and old too
+                    if verify:
+                        rel = 0
+                        while rel < end - start:
+                            piece = min(cap, end - start - rel)
+                            got = _pread_full(fd, buf, piece, start + rel)
+                            if got < 0:
+                                err = errno
+                                break
+                            if got < piece or memcmp(buf, od + p + rel, <size_t>piece) != 0:
+                                k = 0
+                                while k < got and buf[k] == od[p + rel + k]:
+                                    k += 1
+                                r = i
+                                while offsets[r] + lengths[r] <= start + rel + k:
+                                    r += 1
+                                bad = r
+                                break
+                            rel += piece
+                        if err:
+                            break
+                    k = offsets[bad] - start if bad >= 0 else end - start
+                    if write and k > 0:
+                        err = _pwrite_full(fd, nd + p, k, start)
+                        if err:
+                            break
+                if bad >= 0:
+                    break
+                for r in range(i, j):
+                    p += lengths[r]
+                i = j
+    finally:
+        free(buf)
+    if err:
+        raise OSError(err, os.strerror(err))
+    return bad

@@ -10,6 +10,7 @@ import errno
 import warnings
 import os
 import struct
+import zipfile
 
 import h5py
 import numpy as np
@@ -234,6 +235,30 @@ def test_keras_gate_agrees_with_the_archive_code_and_lists_once(tmp_path, monkey
     assert got["keras"] and not got["npz"] and not got["pt"] and not got["h5"]
     listed = _spy(monkeypatch, zipraw, "directory")
     assert archives.is_keras_archive(paths["keras"]) and len(listed) == 1
+
+
+@pytest.mark.parametrize("exc", [OSError, zipfile.BadZipFile, ValueError, EOFError])
+def test_one_zip_pre_check_for_the_gate_and_the_archive_code(exc, tmp_path, monkeypatch):
+    """The gate and the archive code ask one zip pre-check (formats.is_zip): a zip that zipfile cannot tell
+    (it raises) is no archive for either, and the archive code refuses it in one line."""
+    from fastflip.errors import InputFileError
+    from fastflip.files import archives, keras_archive
+
+    p = str(tmp_path / "m.keras")
+    with zipfile.ZipFile(p, "w") as z:
+        z.writestr("model.weights.h5", b"")
+    asked = []
+
+    def raises(path):
+        asked.append(path)
+        raise exc("an end record zipfile cannot read")
+
+    monkeypatch.setattr(zipfile, "is_zipfile", raises)
+    assert not archives.is_keras_archive(p) and not keras_archive.is_keras_archive(p)
+    with pytest.raises(InputFileError, match="not a .keras archive") as err:
+        keras_archive.check_archive(p)
+    assert "\n" not in str(err.value) and asked
+    assert keras_archive.is_zip is archives.is_zip  # the archive code's pre-check is the gate's
 
 
 def test_new_file_regions_refuses_an_input_changed_before_the_copy(tmp_path, monkeypatch):

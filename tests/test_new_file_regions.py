@@ -12,6 +12,7 @@ windows and touched pages, not the file. A kill at any moment of ``inject -o --e
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Callable
 
 import h5py
@@ -255,3 +256,69 @@ def test_keras_archive_refuses_regions(tmp_path, capsys):
     assert main(["inject", p, "-o", str(tmp_path / "o.keras"), "--evidence", "regions", "--count", "1"]) == 2
     assert "drop --evidence regions" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o.keras")
+
+
+@pytest.mark.parametrize("where", ["word", "crc"])
+def test_a_copy_changed_before_its_touched_bytes_are_written_is_refused(where, tmp_path, monkeypatch):
+    """A touched range of the copy (a word, or a zip CRC field) changed between the kernel copy and the write: the
+    one pass that checks and writes the touched ranges refuses it; neither the output nor its log is left, and
+    the copy's touched ranges are read once (no second check of the words or the encoded bytes)."""
+    from fastflip.files import copyregions, fingerprint
+
+    src, _ = _make("npz", tmp_path)
+    probe = inject_file(src, str(tmp_path / "probe.npz"), hash_files="regions", seed=3, count=8)
+    undo = probe.log.undo
+    with zipfile.ZipFile(src) as z:  # a local header's CRC-32 field: 14 bytes into the header
+        crcs = {z.getinfo(n).header_offset + 14 for n in z.namelist()} & set(undo.offsets.tolist())
+    at = min(crcs) if where == "crc" else int(undo.offsets[-1])
+    real_copy, real_write, passes = copyregions.kernel_copy, copyregions.write_ranges, []
+
+    def meddle(a, b, **kw):
+        real_copy(a, b, **kw)
+        with open(b, "r+b") as fh:
+            fh.seek(at)
+            v = fh.read(1)[0]
+            fh.seek(at)
+            fh.write(bytes([v ^ 0x10]))
+
+    def spy(fd, offsets, lengths, new, old=None, **kw):
+        passes.append(old is not None and new is not None)
+        return real_write(fd, offsets, lengths, new, old, **kw)
+
+    monkeypatch.setattr(copyregions, "write_ranges", spy)
+    monkeypatch.setattr(fingerprint, "ranges_hold", lambda *a: pytest.fail("the copy's ranges checked twice"))
+    out = tmp_path / "again.npz"
+    inject_file(src, str(out), hash_files="regions", seed=3, count=8)  # untouched copy: one pass that checks
+    assert passes == [True] and _bytes(str(out)) == _bytes(str(tmp_path / "probe.npz"))
+    monkeypatch.setattr(copyregions, "kernel_copy", meddle)
+    out = tmp_path / "out.npz"
+    with pytest.raises(LogMismatchError, match="changed while it was being copied") as exc:
+        inject_file(src, str(out), hash_files="regions", seed=3, count=8)
+    assert "\n" not in str(exc.value) and passes == [True, True]
+    assert not out.exists() and not os.path.exists(str(out) + ".fflog")
+    assert sorted(os.listdir(tmp_path)) == sorted(["m.npz", "probe.npz", "probe.npz.fflog", "again.npz",
+                                                   "again.npz.fflog"])  # no temporary left
+
+
+@pytest.mark.parametrize("fmt", ["npz", "hdf5-gzip"])
+def test_the_numpy_pass_writes_what_the_native_one_does(fmt, tmp_path, monkeypatch):
+    """Without the native module (an installation without a C compiler) the same output and log, byte for
+    byte, and revert and replay work the same."""
+    require("fastflip.kernels._cython")
+    from fastflip.files import rangeio
+
+    src, _ = _make(fmt, tmp_path)
+    got, built = {}, rangeio._NATIVE
+    for native in (True, False):
+        monkeypatch.setattr(rangeio, "_NATIVE", built if native else None)
+        assert rangeio.native_available() == native
+        out = str(tmp_path / f"out-{native}")
+        res = inject_file(src, out, hash_files="regions", seed=5, count=3000)
+        u = InjectionLog.load(res.log_path).undo
+        again = str(tmp_path / f"again-{native}")
+        replay(res.log_path, src, again)
+        got[native] = (_bytes(out), u.offsets.tolist(), u.lengths.tolist(), u.data, u.new_data, _bytes(again))
+        revert(res.log_path, out)
+        assert _bytes(out) == _bytes(src)
+    assert got[True] == got[False]
+    assert got[True][0] != _bytes(src) and got[True][0] == got[True][5]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, ContextManager
 
-from .formats import may_be_keras
+from .formats import is_zip, may_be_keras
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,14 +32,8 @@ def is_keras_archive(path: str | os.PathLike[str]) -> bool:
     """The answer of :func:`fastflip.files.keras_archive.is_keras_archive` (a zip that is not a torch.save file or
     ``.npz``) without importing it: False for a file whose content is another format, else whether it is a zip
     (a ``.keras`` archive, or a damaged or foreign zip that the archive code refuses in one line)."""
-    if not may_be_keras(path):  # the content says another format (its zip directory listed once, if a zip)
-        return False
-    import zipfile  # a .keras archive, or content that does not decide: the answer keras_archive gives
-
-    try:
-        return zipfile.is_zipfile(path)
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError):  # as keras_archive: not an archive it reads
-        return False
+    # the content says another format (its zip directory listed once, if a zip); else keras_archive's pre-check
+    return may_be_keras(path) and is_zip(path)
 
 
 def read_archive(path: str | os.PathLike[str], **options: Any) -> ContextManager[Path]:

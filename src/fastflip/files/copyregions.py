@@ -5,9 +5,10 @@ Layer: ``files`` (may import core, kernels and files; imported by live and above
 Copy mode (a new file, or ``--in-place`` through a copy) with ``hash_files="regions"`` (the CLI's ``--evidence
 regions``): the input is copied file to file in the kernel (:func:`fastflip.files.h5apply.kernel_copy`: its
 bytes never pass through this process), then the plan's words, the zip CRC fields and the re-encoded chunks are
-written into the copy (a page per site), and the log holds what :mod:`fastflip.files.fingerprint` describes:
-every touched byte range with its old and new bytes, the size, and the head/tail fingerprints of the input and of
-the output. No whole-file hash is taken of either, so the cost is the copy's.
+checked and written into the copy in one pass over the touched ranges (:mod:`fastflip.files.rangeio`), and the
+log holds what :mod:`fastflip.files.fingerprint` describes: every touched byte range with its old and new bytes,
+the size, and the head/tail fingerprints of the input and of the output. No whole-file hash is taken of either,
+so the cost is the copy's.
 
 Only patches that keep every byte where it is qualify (raw storage, chunks and members re-encoded at their size);
 a plan that needs the HDF5 library's read-modify-write (other filters, compact data) or a member that changes
@@ -24,11 +25,12 @@ import numpy as np
 from ..core.plan import Plan
 from ..errors import LogMismatchError, OptionError
 from . import hashcache
-from .fingerprint import check_regions, fingerprints, ranges_hold
-from .h5apply import kernel_copy, write_words_to_file
-from .inplace import predict_patches, raw_positions
+from .fingerprint import check_regions, fingerprints
+from .h5apply import kernel_copy
+from .inplace import predict_patches
 from .layout import Tensor
-from .patches import patch_undo, write_patches
+from .patches import patch_undo
+from .rangeio import GAP, write_ranges
 from .routes import ChunkPatches, SiteRoute
 
 __all__ = ["write_copy_regions", "refuse_moving_bytes"]
@@ -52,30 +54,26 @@ def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Ten
     ``finish(None, None, old, new, undo, fingerprint=(input, output))``, which stages the log.
 
     Every byte written is worked out from ``src`` first (:func:`fastflip.files.inplace.predict_patches`), with the
-    input's fingerprint; the words are stored in the copy natively (a page per site), the CRC fields and chunks as
-    byte patches. Before ``finish``: the copy is checked to have held the logged old bytes in every touched range,
-    the input unchanged since the start (its size, times and inode), and the copy to be the output the log
-    describes (its windows and every touched range).
+    input's fingerprint. The copy is then checked once: one pass over the touched ranges
+    (:func:`fastflip.files.rangeio.write_ranges`, native where built) reads each range, compares it with the
+    logged old bytes and writes the logged new bytes (words, zip CRC fields and re-encoded chunks alike), and
+    refuses at the first range that differs. Before ``finish``: the input unchanged since the start (its size,
+    times and inode), and the copy's size and head/tail windows those of the output the log describes (the
+    touched ranges hold the new bytes this pass wrote in full).
     """
     st0 = os.stat(src)
-    raw, old, new, crcs, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
+    _, old, new, _, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
     patches = sorted(patches)
     undo = patch_undo(patches, st0.st_size)
     fp_in, fp_out = fingerprints(src, algorithm, patches)
     kernel_copy(src, tmp, writeback=writeback)
-    changed = f"{src} changed while it was being copied; nothing was written"
-    encoded = crcs + cp.patches  # zip CRC fields and re-encoded chunks; the words are written natively
-    held = patch_undo(encoded, st0.st_size)
-    if not ranges_hold(tmp, held.offsets, held.lengths, held.data):  # the old bytes the log keeps are the input's
-        raise LogMismatchError(changed)
-    sites = [SiteRoute(r.tensor, r.positions[r.offsets >= 0], r.offsets[r.offsets >= 0]) for r in raw]
-    prev, _ = write_words_to_file(tmp, plan, by_name, new, sites)  # returns the words the copy held before
-    pos = raw_positions(sites)
-    if not np.array_equal(prev[pos], old[pos]):
-        raise LogMismatchError(changed)
-    write_patches(tmp, encoded)
-    if not hashcache.same_state(st0, os.stat(src)):
-        raise LogMismatchError(changed)
+    fd = os.open(tmp, os.O_RDWR)
+    try:  # the copy is private: ranges a page apart are one read and one write
+        bad = write_ranges(fd, undo.offsets, undo.lengths, undo.new_data, undo.data, gap=GAP)
+    finally:
+        os.close(fd)
+    if bad >= 0 or not hashcache.same_state(st0, os.stat(src)):  # the logged old bytes are not the input's
+        raise LogMismatchError(f"{src} changed while it was being copied; nothing was written")
     fp = {"algorithm": algorithm, "input": fp_in, "output": fp_out}
-    check_regions(tmp, fp, undo, "output", f"the new copy of {src}")  # and the copy is the output it describes
+    check_regions(tmp, fp, undo, "output", f"the new copy of {src}", ranges=False)  # the output it describes
     return None, None, old, new, finish(None, None, old, new, undo, fingerprint=(fp_in, fp_out))

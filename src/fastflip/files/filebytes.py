@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import LogMismatchError
 from . import hashcache, hashing
+from .rangeio import write_ranges
 
 __all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo",
            "byte_diff"]
@@ -148,14 +149,9 @@ class ByteUndo:
     new_size: int = -1  # altered file size (-1: unknown, redo impossible)
 
     def _write(self, path: str, data: bytes, limit: int, size: int) -> None:
-        with open(path, "r+b") as fh:
-            pos = 0
-            for off, ln in zip(self.offsets.tolist(), self.lengths.tolist()):
-                n = max(0, min(ln, limit - off))
-                if n:
-                    fh.seek(off)
-                    fh.write(data[pos : pos + n])
-                pos += n
+        with open(path, "r+b") as fh:  # each range's bytes that lie before ``limit``, in one pass
+            write_ranges(fh.fileno(), self.offsets, np.clip(np.minimum(self.lengths, limit - self.offsets), 0, None),
+                         data)
             fh.truncate(size)
             fh.flush()
             os.fsync(fh.fileno())

@@ -47,6 +47,7 @@ from . import hashing
 from .filebytes import overlay_patches
 from .fileio import atomic_output, deferred_signals
 from .h5apply import kernel_copy
+from .rangeio import GAP, write_ranges
 
 __all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "ranges_hold", "revert_regions",
            "replay_regions"]
@@ -109,14 +110,11 @@ def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, 
 
 def ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:
     """Whether the file holds ``data`` (concatenated) in the byte ranges (``offsets``, ``lengths``)."""
-    pos = 0
-    with open(path, "rb") as fh:
-        for off, ln in zip(offsets.tolist(), lengths.tolist()):
-            fh.seek(off)
-            if fh.read(ln) != data[pos : pos + ln]:
-                return False
-            pos += ln
-    return True
+    fd = os.open(path, os.O_RDONLY)
+    try:  # one pass that only reads: every range compared, none written
+        return write_ranges(fd, offsets, lengths, None, data, gap=GAP) < 0
+    finally:
+        os.close(fd)
 
 
 _NOT_CHANGED = "; nothing was changed"
@@ -124,10 +122,11 @@ _FIX = ("; give the file this log's injection wrote, or --no-verify (verify=Fals
         "bytes of the touched ranges anyway")
 
 
-def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str, fix: str = "") -> None:
+def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str, fix: str = "",
+                  ranges: bool = True) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged ``side`` ("input" or
-    "output") as far as region evidence tells: size, head/tail fingerprint, and the bytes of every touched range.
-    ``fix`` ends the message of a fingerprint or range that differs (what the user can do)."""
+    "output") as far as region evidence tells: size, head/tail fingerprint, and (``ranges``) the bytes of every
+    touched range. ``fix`` ends the message of a fingerprint or range that differs (what the user can do)."""
     want = fp[side]
     got = fingerprint(path, fp["algorithm"], int(want["head_len"]), int(want["tail_len"]))
     what = "output this log describes" if side == "output" else "logged input"
@@ -136,7 +135,7 @@ def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subjec
         raise LogMismatchError(f"{subject} is not the {what} (size {got['size']}, logged {want['size']}){done}")
     if got != want:
         raise LogMismatchError(f"{subject} is not the {what} (head/tail fingerprint differs){done}{fix}")
-    if not ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
+    if ranges and not ranges_hold(path, undo.offsets, undo.lengths, undo.new_data if side == "output" else undo.data):
         raise LogMismatchError(f"{subject} is not the {what} (the bytes of a touched range differ){done}{fix}")
 
 

@@ -58,6 +58,7 @@ from .fileio import Staging, atomic_output
 from .formats import (  # torch.save files and .npz are zips too
     FormatError,
     detect_format,
+    is_zip,
 )
 from .formats.zipraw import stored_entries
 from .paths import make_temp_dir
@@ -150,12 +151,8 @@ def is_keras_archive(path: str | os.PathLike) -> bool:
 
 def _is_keras(path: str | os.PathLike, names: list[str] | None) -> bool:
     """:func:`is_keras_archive`, given the entry names when the caller has listed them already."""
-    try:
-        if not zipfile.is_zipfile(path):
-            return False
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+    if not is_zip(path):
         return False
-
     try:
         return detect_format(path, zip_names=names) == "keras"
     except FormatError:

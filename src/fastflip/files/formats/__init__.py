@@ -51,7 +51,7 @@ from ...errors import FormatError, InputFileError, NotHDF5Error, UnsafeInputErro
 from ...core.records import Layout
 
 __all__ = ["FORMATS", "FormatError", "UnsafeInputError", "detect_format", "read_layout", "supported_formats_line",
-           "may_be_keras"]
+           "may_be_keras", "is_zip"]
 
 FORMATS = ("hdf5", "torch", "torch-legacy", "safetensors", "npy", "npz", "keras")
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -149,6 +149,19 @@ def may_be_keras(path: str | os.PathLike[str]) -> bool:
         return detect_format(path) == "keras"
     except (FormatError, InputFileError):
         return True
+
+
+def is_zip(path: str | os.PathLike[str]) -> bool:
+    """Whether ``zipfile`` reads ``path`` as a zip (its end record found); False where ``zipfile.is_zipfile`` says
+    no or raises (an unreadable path, a directory, a ZIP64 locator that names several disks): no archive the
+    ``.keras`` code reads. The one zip pre-check of :func:`fastflip.files.archives.is_keras_archive` (after
+    :func:`may_be_keras`) and :mod:`fastflip.files.keras_archive`."""
+    import zipfile  # only for content that may be a .keras archive: a command on another format imports no zip code
+
+    try:
+        return zipfile.is_zipfile(path)
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return False
 
 
 def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
