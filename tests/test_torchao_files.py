@@ -294,3 +294,17 @@ def test_legacy_format_file_judged_by_torch_load(tmp_path):
     out = str(tmp_path / "out.pt")
     assert main(["inject", path, "-o", out, "--role", "weight", *_OPTS]) == 0
     assert not (p := judge(torch_view(path), torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+
+
+def test_optional_activation_tensors_listed_with_their_roles(tmp_path):
+    """An Int8Tensor's optional tensors (act_pre_scale, as smoothing flows set it) are flattened by the framework
+    once set: fastflip lists them too, act_pre_scale with role scale."""
+    torch = require("torch")
+    sd = _quantized("int8-weight-only").state_dict()
+    sd["0.weight"].act_pre_scale = torch.linspace(0.5, 1.5, 64)
+    path = str(tmp_path / "smooth.pt")
+    torch.save(sd, path)
+    assert "act_pre_scale" in torch.load(path, weights_only=True)["0.weight"].__tensor_flatten__()[0]
+    by = {t.path: t for t in read_layout(path).tensors}
+    assert set(by) == set(torch_view(path))
+    assert (by["/0.weight.act_pre_scale"].role, by["/0.weight.act_pre_scale"].layer) == ("scale", "0")
