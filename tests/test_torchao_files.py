@@ -308,3 +308,59 @@ def test_optional_activation_tensors_listed_with_their_roles(tmp_path):
     by = {t.path: t for t in read_layout(path).tensors}
     assert set(by) == set(torch_view(path))
     assert (by["/0.weight.act_pre_scale"].role, by["/0.weight.act_pre_scale"].layer) == ("scale", "0")
+
+
+def _no_scale(sd, torch):
+    del sd["0.weight"].__dict__["scale"]
+
+
+def _tensor_in_attribute(sd, torch):
+    sd["0.weight"].block_size = [1, torch.zeros(2)]
+
+
+def _name_taken(sd, torch):
+    sd["0.weight.qdata"] = torch.zeros(2)
+
+
+@pytest.mark.parametrize("change, match", [
+    (_no_scale, r"Int8Tensor record lacks its tensor 'scale'"),
+    (_tensor_in_attribute, r"Int8Tensor record holds list in attribute 'block_size'.*fastflip\.live"),
+    (_name_taken, r"tensor /0\.weight\.qdata is named twice"),
+])
+def test_state_fastflip_cannot_mirror_is_refused(change, match, tmp_path):
+    """A state torch.load still reads but whose inner tensors fastflip could not name as __tensor_flatten__ does
+    (a required tensor missing, a tensor inside a non-tensor attribute, an inner name taken by another key) is
+    refused in one line, never listed wrongly."""
+    torch = require("torch")
+    sd = _quantized("int8-weight-only").state_dict()
+    change(sd, torch)
+    path = str(tmp_path / "odd.pt")
+    torch.save(sd, path)
+    torch.load(path, weights_only=True)  # the framework reads it
+    with pytest.raises(FormatError, match=match):
+        read_layout(path)
+
+
+def test_non_strided_wrapper_refused(saved, tmp_path):
+    """A wrapper of another layout than torch.strided is refused, not read as a strided one."""
+    bad = _with_pickle(saved("int8-weight-only"), str(tmp_path / "bad.pt"),
+                       lambda d: d.replace(b"torch.strided", b"torch._mkldnn"))
+    with pytest.raises(FormatError, match=r"Int8Tensor record with layout"):
+        read_layout(bad)
+
+
+def test_one_subclass_under_two_keys_is_one_tensor_with_aliases(tmp_path):
+    """One quantized weight saved under two keys (the pickle's memo): its inner tensors are listed once with both
+    names as aliases, and the framework, whose two keys are one object, reads the change through both."""
+    torch = require("torch")
+    sd = _quantized("int8-weight-only").state_dict()
+    sd["tied.weight"] = sd["0.weight"]
+    path = str(tmp_path / "tied.pt")
+    torch.save(sd, path)
+    by = {t.path: t for t in read_layout(path).tensors}
+    assert by["/0.weight.qdata"].aliases == ("/0.weight.qdata", "/tied.weight.qdata") and "/tied.weight.qdata" not in by
+    out = str(tmp_path / "out.pt")
+    assert main(["inject", path, "-o", out, "--include", "*0.weight.qdata", *_OPTS]) == 0
+    expect = torch_view(path)
+    assert np.shares_memory(expect["/0.weight.qdata"], expect["/tied.weight.qdata"])
+    assert not (p := judge(expect, torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]

@@ -276,8 +276,12 @@ def restricted_loads(data: bytes | BinaryIO, where: str, legacy: bool = False) -
         scan_pickle(data, where)
     try:
         return RestrictedUnpickler(data, where, legacy).load()
-    except (FormatError, UnsafeInputError):
+    except UnsafeInputError:
         raise
+    except FormatError as exc:  # a record's own check: name the file
+        if str(exc).startswith(where):
+            raise
+        raise FormatError(f"{where}: {exc}") from None
     except Exception as exc:  # any malformed pickle (MemoryError included): one line
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
 
@@ -323,15 +327,15 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
-    return obj, records_of(obj), entries, prefix, order
+    return obj, records_of(obj, path), entries, prefix, order
 
 
-def records_of(obj: Any) -> list[tuple[str, TensorRecord]]:
+def records_of(obj: Any, where: str = "the file") -> list[tuple[str, TensorRecord]]:
     """[(key path, record)] of every tensor in an unpickled object, in walk order; a torchao tensor subclass as
     its inner tensors (``<key path>.<name>``, :mod:`.torchsub`)."""
     found = walk_tensors(obj, lambda o: isinstance(o, (TensorRecord, SubclassRecord)),
                          parts=lambda o: getattr(o, "parts", ()))
-    return inner_records(found)
+    return inner_records(found, where)
 
 
 def read_torch_layout(path: str) -> Layout:

@@ -278,9 +278,9 @@ def from_type(ret: Any, new_type: Any, state: Any, is_tensor: Callable[[Any], bo
     return SubclassRecord(ret.cls, ret.dtype, ret.shape, inner)
 
 
-def inner_records(found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+def inner_records(found: Iterable[tuple[str, Any]], where: str) -> list[tuple[str, Any]]:
     """``found`` ([(key path, record)]) with each :class:`SubclassRecord` replaced by its inner tensors, named
-    ``<key path>.<name>`` (``/0.weight.qdata``).
+    ``<key path>.<name>`` (``/0.weight.qdata``); ``where`` names the file in an error.
 
     Raises
     ------
@@ -296,6 +296,6 @@ def inner_records(found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     owner: dict[str, Any] = {}
     for path, rec in out:
         if owner.setdefault(path, rec.identity) != rec.identity:
-            raise FormatError(f"tensor {path} is named twice (a subclass's inner tensor and another key); "
+            raise FormatError(f"{where}: tensor {path} is named twice (a subclass's inner tensor and another key); "
                               "rename the key and save again")
     return out
