@@ -364,3 +364,16 @@ def test_one_subclass_under_two_keys_is_one_tensor_with_aliases(tmp_path):
     expect = torch_view(path)
     assert np.shares_memory(expect["/0.weight.qdata"], expect["/tied.weight.qdata"])
     assert not (p := judge(expect, torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+
+
+def test_self_referencing_attribute_read_once(saved, tmp_path):
+    """A non-tensor attribute (block_size) made a list holding itself 1,000 times: fastflip looks for hidden tensors
+    in each container once, so it lists the same tensors as for the original file instead of walking 1000**k paths."""
+    import re
+
+    src = saved("int8-weight-only")
+    bad = _with_pickle(src, str(tmp_path / "self.pt"),
+                       lambda d: re.sub(rb"\]q(.)\(K\x01K@e", lambda m: b"]q" + m[1] + b"(" + (b"h" + m[1]) * 1000 + b"e", d,
+                                        count=1))
+    assert _bytes(bad) != _bytes(src)
+    assert [t.path for t in read_layout(bad).tensors] == [t.path for t in read_layout(src).tensors]

@@ -214,18 +214,23 @@ def subclass_global(module: str, name: str, where: str, previous: tuple[str, str
     return None
 
 
-def _holds_tensor(value: Any, is_tensor: Callable[[Any], bool], depth: int = 0) -> bool:
-    """Whether a tensor record (or a subclass) lies anywhere inside a non-tensor attribute value."""
-    if is_tensor(value) or isinstance(value, (SubclassRecord, _Wrapper)):
-        return True
-    if depth > 16:
-        return True  # deeper than any torchao config: not read
-    if isinstance(value, _AttrValue):
-        value = value.__dict__["_parts"]
-    if isinstance(value, dict):
-        value = [*value.keys(), *value.values()]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_holds_tensor(v, is_tensor, depth + 1) for v in value)
+def _holds_tensor(value: Any, is_tensor: Callable[[Any], bool]) -> bool:
+    """Whether a tensor record (or a subclass) lies anywhere inside a non-tensor attribute value (each container
+    visited once)."""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if is_tensor(v) or isinstance(v, (SubclassRecord, _Wrapper)):
+            return True
+        if not isinstance(v, (_AttrValue, dict, list, tuple, set, frozenset)) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, _AttrValue):
+            stack.append(v.__dict__["_parts"])
+        elif isinstance(v, dict):
+            stack.extend((*v.keys(), *v.values()))
+        else:
+            stack.extend(v)
     return False
 
 
