@@ -222,6 +222,22 @@ def test_other_subclass_refused_in_one_line_naming_it(cls, saved, tmp_path):
     assert _bytes(bad) == before and sorted(os.listdir(tmp_path)) == ["bad.pt"]
 
 
+def test_other_torchao_subclass_after_a_read_one_refused_by_name(tmp_path):
+    """An NF4Tensor saved after an Int8Tensor (its wrapper rebuild then comes from the pickle's memo, not named
+    before the class): still refused in one line naming it."""
+    torch = require("torch")
+    require("torchao.quantization")
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    sd = _quantized("int8-weight-only").state_dict()
+    sd["nf4.weight"] = to_nf4(torch.randn(64, 64), 64, 64)
+    path = str(tmp_path / "mixed.pt")
+    torch.save(sd, path)
+    assert type(torch.load(path, weights_only=True)["nf4.weight"]).__name__ == "NF4Tensor"
+    with pytest.raises(UnsafeInputError, match=r"tensor subclass torchao\..*\.NF4Tensor, .*fastflip\.live"):
+        read_layout(path)
+
+
 def test_tensor_the_class_does_not_flatten_is_refused(tmp_path):
     """An Int8Tensor carrying an extra tensor attribute: torch.load sets it, __tensor_flatten__ does not return it;
     fastflip refuses the file (naming the class and the attribute) instead of listing a tensor the subclass
@@ -254,13 +270,16 @@ def test_read_classes_are_the_frameworks_safe_globals():
     whose data tensor names are the reader's."""
     torch = require("torch")
     require("torchao.quantization")
+    require("torchao.prototype.mx_formats")  # registers its subclasses on import
     from torchao.utils import TorchAOBaseTensor, _torchao_base_tensor__setstate__
 
-    from fastflip.files.formats.torchsub import ATTRIBUTE_CLASSES, READ_CLASSES
+    from fastflip.files.formats.torchsub import ATTRIBUTE_CLASSES, OTHER_SUBCLASSES, READ_CLASSES
 
     safe = {f"{g.__module__}.{g.__qualname__}": g for g in torch.serialization.get_safe_globals()
             if isinstance(g, type)}
     assert set(READ_CLASSES) | ATTRIBUTE_CLASSES <= set(safe), sorted((set(READ_CLASSES) | ATTRIBUTE_CLASSES) - set(safe))
+    subclasses = {name for name, g in safe.items() if issubclass(g, torch.Tensor)}  # as registered so far
+    assert subclasses <= set(READ_CLASSES) | OTHER_SUBCLASSES, subclasses - set(READ_CLASSES) - OTHER_SUBCLASSES
     for name, (required, optional) in READ_CLASSES.items():
         cls = safe[name]
         # torch.load calls __setstate__: torchao's sets each state entry with setattr (torch._utils._set_obj_state)

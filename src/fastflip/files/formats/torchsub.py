@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable
 from ...errors import FormatError, UnsafeInputError
 from .bounds import checked_ints
 
-__all__ = ["READ_CLASSES", "ATTRIBUTE_CLASSES", "SubclassRecord", "subclass_globals", "subclass_global",
+__all__ = ["READ_CLASSES", "ATTRIBUTE_CLASSES", "OTHER_SUBCLASSES", "SubclassRecord", "subclass_globals", "subclass_global",
            "from_type", "inner_records"]
 
 # class (module.qualname as pickled) -> (tensors it always flattens, tensors it flattens when not None)
@@ -72,6 +72,24 @@ ATTRIBUTE_CLASSES = frozenset({
     "torchao.quantization.quantize_.workflows.intx.intx_unpacked_to_int8_tensor."
     "IntxUnpackedToInt8TensorActivationQuantization",
     "torchao.float8.inference.Float8MMConfig",
+})
+# the other tensor subclasses torch and torchao register as safe: refused by name wherever the pickle names them
+OTHER_SUBCLASSES = frozenset({
+    "torch.distributed.tensor.DTensor", "torch.nested._internal.nested_tensor.NestedTensor",
+    "torchao.float8.float8_training_tensor.Float8TrainingTensor",
+    "torchao.float8.fsdp_utils.WeightWithDynamicFloat8CastTensor",
+    "torchao.optim.subclass_4bit.OptimState4bit", "torchao.optim.subclass_8bit.OptimState8bit",
+    "torchao.optim.subclass_fp8.OptimStateFp8",
+    "torchao.prototype.quantization.gguf.gguf_quantized_tensor.GGUFQuantizedTensor",
+    "torchao.prototype.mx_formats.mx_tensor.MXTensor", "torchao.prototype.mx_formats.nvfp4_tensor.NVFP4Tensor",
+    "torchao.quantization.Int4PlainInt32Tensor", "torchao.quantization.Int4PreshuffledTensor",
+    "torchao.quantization.Int4Tensor", "torchao.quantization.Int4TilePackedTo4dTensor",
+    "torchao.quantization.IntxOpaqueTensor",
+    "torchao.quantization.quantize_.workflows.float8.float8_sparse_2x4_1d_data_1d_metadata_tensor."
+    "Float8Sparse2x4_1DData1DMetadataTensor",
+    "torchao.quantization.quantize_.workflows.float8.float8_sparse_2x4_2d_data_2d_metadata_tensor."
+    "Float8Sparse2x4_2DData2DMetadataTensor",
+    "torchao.quantization.quantize_.workflows.nf4.nf4_tensor.NF4Tensor",
 })
 _WRAPPER = ("torch._utils", "_rebuild_wrapper_subclass")
 _FIX = "inject the loaded model with fastflip.live (docs/live.md)"
@@ -192,7 +210,8 @@ def subclass_globals(dtype_type: type) -> dict[tuple[str, str], Any]:
 def subclass_global(module: str, name: str, where: str, previous: tuple[str, str] | None) -> Any:
     """The stand-in for ``module.name`` when it is a class of :data:`READ_CLASSES` or
     :data:`ATTRIBUTE_CLASSES`; None for a name that is not a tensor subclass; a one-line refusal for a tensor
-    subclass fastflip does not read (one named right after ``_rebuild_wrapper_subclass``, as torch pickles it).
+    subclass fastflip does not read (one of :data:`OTHER_SUBCLASSES`, or any class named right after
+    ``_rebuild_wrapper_subclass``, as torch pickles a subclass the first time).
 
     Raises
     ------
@@ -207,7 +226,7 @@ def subclass_global(module: str, name: str, where: str, previous: tuple[str, str
                 f"{where}: the pickle holds {full}, which torch.load(weights_only=True) reads only where torchao "
                 "is installed (importing it registers the class as safe); install torchao to inject this file")
         return _SubclassType(full) if full in READ_CLASSES else _attr_type(full)
-    if previous == _WRAPPER:
+    if previous == _WRAPPER or full in OTHER_SUBCLASSES:
         raise UnsafeInputError(
             f"{where}: the pickle holds tensor subclass {full}, which fastflip does not read from files (it reads "
             f"torchao's {_READ_SHORT}); {_FIX}")
