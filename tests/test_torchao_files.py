@@ -10,6 +10,8 @@ them; revert must give back the original bytes.
 
 from __future__ import annotations
 
+import collections
+import io
 import os
 import shutil
 import subprocess
@@ -396,3 +398,63 @@ def test_self_referencing_attribute_read_once(saved, tmp_path):
                                         count=1))
     assert _bytes(bad) != _bytes(src)
     assert [t.path for t in read_layout(bad).tensors] == [t.path for t in read_layout(src).tensors]
+
+
+class _Inert:
+    """Whatever the pickle builds, for :func:`_storage_types` (which only wants the persistent ids)."""
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+
+def _storage_types(pkl):
+    """{storage key: storage class name} of a torch.save pickle we wrote ourselves (stdlib unpickler, nothing run)."""
+    import pickle
+
+    types = {}
+
+    class Reader(pickle.Unpickler):
+        def find_class(self, module, name):
+            if (module, name) == ("collections", "OrderedDict"):
+                return collections.OrderedDict
+            return name if name.endswith("Storage") else _Inert
+
+        def persistent_load(self, pid):
+            types[pid[2]] = pid[1]
+
+    Reader(io.BytesIO(pkl)).load()
+    return types
+
+
+def test_big_endian_archive_judged_by_torch_load(saved, tmp_path):
+    """The archive as a big-endian machine writes it (byteorder 'big', each storage's words swapped at its own
+    width: int8 qdata as is, float32 scales and biases swapped): scales are listed as '>f4', and torch.load, which
+    swaps them back, reads exactly the logged changes."""
+    src = saved("int8-dynamic")
+    big = str(tmp_path / "big.pt")
+    widths = {"FloatStorage": 4, "CharStorage": 1}
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(big, "w") as zout:
+        pkl = next(n for n in zin.namelist() if n.endswith("/data.pkl"))
+        types = _storage_types(zin.read(pkl))
+        assert set(types.values()) == set(widths)
+        for info in zin.infolist():
+            data = zin.read(info)
+            head, _, key = info.filename.rpartition("/")
+            if key == "byteorder":
+                data = b"big"
+            elif head.endswith("/data") and key in types:
+                w = widths[types[key]]
+                data = np.frombuffer(data, f"<u{w}").astype(f">u{w}").tobytes()
+            zout.writestr(info, data)
+    by = {t.path: t for t in read_layout(big).tensors}
+    assert by["/0.weight.scale"].dtype.str == ">f4" and by["/0.weight.qdata"].dtype.str == "|i1"
+    assert not compare_readings(torch_view(src), torch_view(big))
+    out = str(tmp_path / "out.pt")
+    assert main(["inject", big, "-o", out, "--role", "scale", *_OPTS]) == 0  # float32 words, swapped in the file
+    assert not (p := judge(torch_view(big), torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
