@@ -49,8 +49,8 @@ from typing import Any, Callable, Iterable
 from ...errors import FormatError, UnsafeInputError
 from .bounds import checked_ints
 
-__all__ = ["READ_CLASSES", "ATTRIBUTE_CLASSES", "OTHER_SUBCLASSES", "SubclassRecord", "subclass_globals", "subclass_global",
-           "from_type", "inner_records"]
+__all__ = ["READ_CLASSES", "ATTRIBUTE_CLASSES", "OTHER_SUBCLASSES", "SubclassRecord", "subclass_globals",
+           "subclass_global", "from_type", "inner_records"]
 
 # class (module.qualname as pickled) -> (tensors it always flattens, tensors it flattens when not None)
 READ_CLASSES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -193,7 +193,7 @@ def subclass_globals(dtype_type: type) -> dict[tuple[str, str], Any]:
         shape = checked_ints(size, f"a {cls.name} record", "shape")
         checked_ints(stride, f"a {cls.name} record", "stride")
         checked_ints((storage_offset,), f"a {cls.name} record", "storage offset")
-        return _Wrapper(cls.name, getattr(dtype, "name"), shape)
+        return _Wrapper(cls.name, dtype.name, shape)
 
     def device_ok(args: tuple[Any, ...]) -> bool:
         return isinstance(args[0], str) and len(args) <= 2 and all(isinstance(a, int) for a in args[1:])
