@@ -12,6 +12,7 @@ them; revert must give back the original bytes.
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import os
 import shutil
@@ -83,16 +84,13 @@ def saved(tmp_path_factory):
     """``torch.save(model.state_dict())`` of each quantized model, made once on first use: {id: path}."""
     root = tmp_path_factory.mktemp("torchao")
     torch = require("torch")
-    cache = {}
 
+    @functools.cache
     def get(key):
-        if key not in cache:
-            model = _quantized(key)
-            sub = CONFIGS[key][3]
-            assert any(type(v).__name__ == sub for v in model.state_dict().values())  # torchao made its subclass
-            cache[key] = str(root / f"{key}.pt")
-            torch.save(model.state_dict(), cache[key])
-        return cache[key]
+        state = _quantized(key).state_dict()
+        assert any(type(v).__name__ == CONFIGS[key][3] for v in state.values())  # torchao made its subclass
+        torch.save(state, root / f"{key}.pt")
+        return str(root / f"{key}.pt")
 
     return get
 
