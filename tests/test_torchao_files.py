@@ -41,6 +41,8 @@ CONFIGS = {
     "int8-dynamic": ("Int8DynamicActivationInt8WeightConfig", {}, "float32", "Int8Tensor"),
     "int8-weight-only-bf16": ("Int8WeightOnlyConfig", {}, "bfloat16", "Int8Tensor"),
     "intx-int4": ("IntxWeightOnlyConfig", {"weight_dtype": "int4"}, "float32", "IntxUnpackedToInt8Tensor"),
+    "intx-int4-dynamic": ("Int8DynamicActivationIntxWeightConfig", {"weight_dtype": "int4"}, "float32",
+                          "IntxUnpackedToInt8Tensor"),
     "float8-weight-only": ("Float8WeightOnlyConfig", {}, "bfloat16", "Float8Tensor"),
     "gpt2-int8": ("Int8WeightOnlyConfig", {}, "float32", "Int8Tensor"),
 }
@@ -149,7 +151,7 @@ def test_inject_judged_by_torch_load_and_reverted(key, saved, tmp_path):
         assert _bytes(changed) == before
 
 
-@pytest.mark.parametrize("key", ["int8-weight-only", "int8-dynamic", "float8-weight-only", "gpt2-int8"])
+@pytest.mark.parametrize("key", ["int8-weight-only", "int8-dynamic", "intx-int4", "float8-weight-only", "gpt2-int8"])
 def test_loaded_model_computes_with_the_flipped_word(key, saved, tmp_path):
     """A high bit of one qdata word flipped in the file: the model of the same config loaded from it
     (load_state_dict(assign=True)) computes exactly what the clean model computes with that word set by hand,
