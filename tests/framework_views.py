@@ -67,7 +67,8 @@ def st_torch_view(path: str) -> dict[str, np.ndarray]:
 
 
 def torch_view(path: str) -> dict[str, np.ndarray]:
-    """``torch.load(weights_only=True)``, nested containers flattened; bfloat16 and float8 as their stored words."""
+    """``torch.load(weights_only=True)``, nested containers flattened (a tensor subclass as its ``__tensor_flatten__``
+    inner tensors, ``/<key>.<name>``); bfloat16 and float8 as their stored words."""
     from test_formats_torch import torch_load
 
     return torch_load(path)

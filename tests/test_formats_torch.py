@@ -36,7 +36,10 @@ def _words(t):  # a torch tensor's stored words as numpy, whatever the dtype
 def _flat(obj, prefix=""):
     torch = require("torch")
     out = {}
-    if isinstance(obj, torch.Tensor):
+    if hasattr(obj, "__tensor_flatten__"):  # a tensor subclass (torchao): its inner tensors, <key>.<name>
+        for name in obj.__tensor_flatten__()[0]:
+            out.update(_flat(getattr(obj, name), f"{prefix}.{name}" if prefix else f"/{name}"))
+    elif isinstance(obj, torch.Tensor):
         out[prefix] = _words(obj)
     elif isinstance(obj, dict):
         for k, v in obj.items():

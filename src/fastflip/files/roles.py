@@ -79,8 +79,9 @@ _STEP_NAMES = {"iter", "iteration", "iterations", "step", "num_batches_tracked",
 _QUANT_ROLES = {"qweight": "weight", "weight_packed": "weight", "qdata": "weight",
                 "scales": "scale", "weight_scale": "scale", "weight_scale_inv": "scale", "input_scale": "scale",
                 "qzeros": "zero", "zero_point": "zero", "zero_points": "zero", "weight_zero_point": "zero",
-                "input_zero_point": "zero"}
-_QUANT_INNER = {"qdata", "scale", "zero_point"}
+                "input_zero_point": "zero", "act_quant_scale": "scale", "act_pre_scale": "scale",
+                "act_quant_zero_point": "zero"}
+_QUANT_INNER = {"qdata", "scale", "zero_point", "act_quant_scale", "act_quant_zero_point", "act_pre_scale"}
 
 T = TypeVar("T", Layout, list)
 

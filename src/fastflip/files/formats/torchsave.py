@@ -60,6 +60,7 @@ from .bounds import checked_ints, checked_numel
 from .naming import label_tensors, optimizer_layers
 from .picklescan import scan_pickle, walk_tensors
 from .torchquant import QUANT_DTYPES, QUANT_STORAGES, quantized_globals
+from .torchsub import SubclassRecord, from_type, inner_records, subclass_global, subclass_globals
 from .zipraw import ZipEntry, entry_data, stored_entries
 
 __all__ = ["RestrictedUnpickler", "TensorRecord", "StorageRef", "restricted_loads", "read_torch_layout",
@@ -172,7 +173,7 @@ def _rebuild_parameter(data: Any, *rest: Any) -> Any:
 def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any = None) -> Any:
     if not callable(func) or not isinstance(args, tuple):
         raise FormatError("malformed tensor-subclass record")
-    return func(*args)
+    return from_type(func(*args), new_type, state, lambda v: isinstance(v, TensorRecord))  # torchao's subclasses
 
 
 def _codecs_encode(text: Any, encoding: Any = "latin1") -> bytes:
@@ -209,6 +210,7 @@ _ALLOWED: dict[tuple[str, str], Any] = {
 _ALLOWED.update({("torch", k): _StorageType(v, k) for k, v in _STORAGE_TYPES.items()})
 _ALLOWED.update({("torch", k): _DType(k) for k in TORCH_DTYPES})
 _ALLOWED.update(quantized_globals(_rebuild_v2))
+_ALLOWED.update(subclass_globals(_DType))
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -225,20 +227,20 @@ class RestrictedUnpickler(pickle.Unpickler):
         self.where = where
         self.legacy = legacy
         self.storages: dict[str, StorageRef] = {}
+        self.previous: tuple[str, str] | None = None  # the global asked for before (a subclass follows its rebuild)
 
     def find_class(self, module: str, name: str) -> Any:
+        previous, self.previous = self.previous, (module, name)
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
             pass
+        found = subclass_global(module, name, self.where, previous)  # torchao's classes, or a one-line refusal
+        if found is not None:
+            return found
         if module == "torch" and name.endswith("Storage"):
             raise FormatError(f"{self.where}: tensors of storage type torch.{name} are not supported "
                               "(float, int, bool, bfloat16, float8 and qint8/quint8/qint32 tensors are)")
-        if (module, name) == ("torch._utils", "_rebuild_wrapper_subclass"):  # torchao's quantized tensors, DTensor
-            raise UnsafeInputError(
-                f"{self.where}: the pickle holds a tensor subclass (torch._utils._rebuild_wrapper_subclass, e.g. "
-                "torchao's quantized weights), which fastflip does not rebuild; inject the loaded model with "
-                "fastflip.live (docs/live.md) or save its plain tensors")
         raise UnsafeInputError(
             f"{self.where}: the pickle asks for {module}.{name}, which fastflip does not run (only tensors and plain "
             "containers are read); save a state_dict (torch.save(model.state_dict(), f)) instead")
@@ -274,8 +276,12 @@ def restricted_loads(data: bytes | BinaryIO, where: str, legacy: bool = False) -
         scan_pickle(data, where)
     try:
         return RestrictedUnpickler(data, where, legacy).load()
-    except (FormatError, UnsafeInputError):
+    except UnsafeInputError:
         raise
+    except FormatError as exc:  # a record's own check: name the file
+        if str(exc).startswith(where):
+            raise
+        raise FormatError(f"{where}: {exc}") from None
     except Exception as exc:  # any malformed pickle (MemoryError included): one line
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
 
@@ -321,12 +327,15 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
-    return obj, records_of(obj), entries, prefix, order
+    return obj, records_of(obj, path), entries, prefix, order
 
 
-def records_of(obj: Any) -> list[tuple[str, TensorRecord]]:
-    """[(key path, record)] of every tensor in an unpickled object, in walk order."""
-    return walk_tensors(obj, lambda o: isinstance(o, TensorRecord), parts=lambda o: o.parts)
+def records_of(obj: Any, where: str = "the file") -> list[tuple[str, TensorRecord]]:
+    """[(key path, record)] of every tensor in an unpickled object, in walk order; a torchao tensor subclass as
+    its inner tensors (``<key path>.<name>``, :mod:`.torchsub`)."""
+    found = walk_tensors(obj, lambda o: isinstance(o, (TensorRecord, SubclassRecord)),
+                         parts=lambda o: getattr(o, "parts", ()))
+    return inner_records(found, where)
 
 
 def read_torch_layout(path: str) -> Layout:
