@@ -8,7 +8,7 @@ directory with whole-file evidence, a new file with region evidence, in place, i
 judged only by the framework's reading: ``from_pretrained`` and ``safetensors`` for a directory,
 ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change, from their logged
 old word to their logged new word (:func:`framework_judge.judge`); tied weights change together as the framework
-shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
+shows them; ``fastflip revert`` gives back the original bytes.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from conftest import require
 from fastflip.cli import main
 from fastflip.files.log import InjectionLog
-from framework_judge import compare_readings, copy_reading, judge
+from framework_judge import copy_reading, judge
 from framework_views import st_torch_view, state_dict_view, torch_view
 from hf_helpers import build, model_class, same_tree, save_sharded
 
@@ -163,11 +163,10 @@ def _refused(capsys, rc, before, src, *absent):
     return err
 
 
-def _revert_and_check(log_path, target, original, view):
-    """``fastflip revert`` gives back ``original``'s bytes, which the framework reads as it read ``original``."""
+def _revert_and_check(log_path, target, original):
+    """``fastflip revert`` gives back ``original``'s bytes (so every framework reads it as it read ``original``)."""
     assert main(["revert", log_path, target, "-q"]) == 0
     assert _same(target, original)
-    assert not (p := compare_readings(view(original), view(target))), p[:8]
 
 
 @pytest.mark.parametrize("key", sorted(DIRS))
@@ -192,8 +191,7 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
             hit = {r["tensor"] for r in log.records()}
             assert hit == {"/transformer.wte.weight"} and "=/lm_head.weight" in expect
         assert _same(src, before)
-        _revert_and_check(out + ".fflog", out, src, _st_view)
-        assert not compare_readings(_pretrained_view(name, src, names), _pretrained_view(name, out, names))
+        _revert_and_check(out + ".fflog", out, src)
     work = _work(src, tmp_path, "work")
     capsys.readouterr()
     refusals = ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"), "drop --evidence regions"),
@@ -215,7 +213,7 @@ def test_save_pretrained_directory_in_place_judged_by_from_pretrained(key, made,
     log = InjectionLog.load(work + ".fflog")
     assert not (p := judge(copy_reading(files), _st_view(work), log)), p[:8]
     assert not (p := judge(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)), p[:8]
-    _revert_and_check(work + ".fflog", work, src, _st_view)
+    _revert_and_check(work + ".fflog", work, src)
 
 
 @pytest.mark.parametrize("key", sorted(FILES))
@@ -240,7 +238,7 @@ def test_torch_save_state_dict_judged_by_torch_load(key, mode, made, tmp_path):
         assert np.shares_memory(expect["/lm_head.weight"], expect["/transformer.wte.weight"])
     assert not (p := judge(expect, torch_view(out), log)), p[:8]
     assert _bytes(src) == before
-    _revert_and_check(out + ".fflog", out, src, torch_view)
+    _revert_and_check(out + ".fflog", out, src)
 
 
 def test_torchao_int8_state_dict_is_refused_in_one_line(tmp_path, capsys):
