@@ -18,7 +18,7 @@ import numpy as np
 from conftest import require
 
 __all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view",
-           "big_endian_archive", "state_dict_view"]
+           "big_endian_archive", "state_dict_view", "assert_valid_zip"]
 
 
 def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None) -> dict:
@@ -103,3 +103,12 @@ def state_dict_view(state_dict: dict) -> dict[str, np.ndarray]:
     from test_formats_torch import _flat
 
     return _flat(state_dict)
+
+
+def assert_valid_zip(path: str | os.PathLike[str]) -> None:
+    """``zipfile``'s reading of a zip container (``torch.save``, ``.npz``, ``.keras``): a zip whose every entry
+    matches its CRC-32 (``torch.load`` and ``np.load`` do not check them)."""
+    assert zipfile.is_zipfile(path), f"{path}: not a zip archive"
+    with zipfile.ZipFile(path) as z:
+        bad = z.testzip()
+    assert bad is None, f"{path}: entry {bad} does not match its CRC-32"
