@@ -16,7 +16,7 @@ from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
 from fastflip.files.layout import read_layout
-from framework_judge import judge
+from framework_judge import assert_judged
 from framework_views import assert_valid_zip
 
 MODELS = ["flip", "random-bits:2", "adjacent:3", "stuck-at-1", "zero", "random-value"]
@@ -50,8 +50,7 @@ def check_format(src: str, load: Callable[[str], Mapping[str, np.ndarray]], tmp:
         want = {t.path: original[t.path].astype(t.dtype).copy() for t in lay.tensors}
         old, new = reference.apply_plan(want, res.log.plan)
         assert np.array_equal(old, res.log.old_words) and np.array_equal(new, res.log.new_words)
-        problems = judge(dict(load(src)), load(out), res.log)  # from the log alone, aliases as the library shares them
-        assert not problems, (fmt, model, problems[:8])
+        assert_judged(dict(load(src)), load(out), res.log, what=(fmt, model))  # aliases as the library shares them
         if fmt in ZIPPED:
             assert_valid_zip(out)
         rep = replay(res.log_path, src, os.path.join(tmp, f"rep{i}.{fmt}"))
@@ -102,8 +101,7 @@ def check_direct_regions(src: str, load: Callable[[str], Mapping[str, np.ndarray
             continue
         done += 1
         assert res.log.manifest["evidence"] == "regions" and res.log.manifest["input"]["hash"] is None
-        problems = judge(expect, load(work), res.log)
-        assert not problems, (fmt, model, problems[:8])
+        assert_judged(expect, load(work), res.log, what=(fmt, model))
         if fmt in ZIPPED:
             assert_valid_zip(work)
         assert revert(res.log_path, work).evidence == "regions"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import require
-from framework_judge import judge
+from framework_judge import assert_judged
 from framework_views import h5_view, st_numpy_view
 from fastflip import Sampling
 from fastflip.files import filebytes, fileio, h5apply
@@ -45,12 +45,6 @@ def _copy(src, dst, count=3, block=4096):
     return h_out, old, new, ref
 
 
-def _judged(view, src, out, log):
-    """The framework reads ``out`` as ``src`` with exactly the logged sites at their logged new words."""
-    problems = judge(view(src), view(out), log)
-    assert not problems, problems[:8]
-
-
 def _counting(monkeypatch, fail: int | None = None) -> list[int]:
     calls: list[int] = []
     real = os.copy_file_range
@@ -73,7 +67,7 @@ def test_untouched_blocks_are_copied_in_the_kernel(tmp_path, monkeypatch):
     h_out, old, new, ref = _copy(src, str(tmp_path / "b.h5"))
     blocks = -(-os.path.getsize(src) // 4096)
     assert 0 < len(calls) < blocks  # most blocks in the kernel, the touched ones written from the buffer
-    _judged(h5_view, src, str(tmp_path / "b.h5"), ref.log)
+    assert_judged(h5_view(src), h5_view(str(tmp_path / "b.h5")), ref.log)
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
     assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
@@ -96,7 +90,7 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
     assert len(calls) == 1  # refused once
-    _judged(h5_view, src, out, ref.log)
+    assert_judged(h5_view(src), h5_view(out), ref.log)
     assert open(out, "rb").read() == open(out + ".ref", "rb").read()
     assert h_out == filebytes.hash_file(out, "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
@@ -127,7 +121,7 @@ def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, d
     monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
     out = str(tmp_path / "b.h5")
     res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
-    _judged(h5_view, src, out, res.log)
+    assert_judged(h5_view(src), h5_view(out), res.log)
     if not durable:
         assert spans == []
         return
@@ -217,7 +211,7 @@ def _hashed_output(tmp_path, gzip=False):
                              compression="gzip", shuffle=True)
     res = inject_file(src, str(tmp_path / "b.h5"), sampling=Sampling(count=20), seed=3, hash_algorithm="sha256",
                       selection={"include": ["g"]} if gzip else None)
-    _judged(h5_view, src, res.output, res.log)
+    assert_judged(h5_view(src), h5_view(res.output), res.log)
     return src, res
 
 
@@ -259,7 +253,7 @@ def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
     total = count_reads(monkeypatch)
     again = replay(res.log_path, src, str(tmp_path / "c.h5"))
     assert total["bytes"] <= os.path.getsize(src) + 4096  # once (before: the input, then the copy: twice)
-    _judged(h5_view, src, again.output, res.log)  # the replay, read by h5py, is the logged change
+    assert_judged(h5_view(src), h5_view(again.output), res.log)  # the replay, read by h5py, is the logged change
     assert open(again.output, "rb").read() == open(res.output, "rb").read()
 
 
@@ -301,7 +295,7 @@ def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     touched = res.log.manifest["checkpoint_dir"]["shards"]
     assert len(touched) == 2
-    assert not (p := judge(expect, _dir_view(d), res.log)), p[:8]
+    assert_judged(expect, _dir_view(d), res.log)
     size = sum(os.path.getsize(os.path.join(d, n)) for n in touched)
     total = count_reads(monkeypatch)
     assert revert_dir(res.log_path, d).verified
@@ -391,7 +385,7 @@ def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
     assert handed == [[]]  # nothing replaced
     old = os.stat(out)
     res = inject_file(src, out, sampling=Sampling(count=1), seed=2)
-    _judged(h5_view, src, out, res.log)
+    assert_judged(h5_view(src), h5_view(out), res.log)
     (fd,), = handed[1:]
     try:
         st = os.fstat(fd)

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from conftest import require
 from fastflip.cli import main
 from fastflip.files.log import InjectionLog
-from framework_judge import changed_sites, judge
+from framework_judge import assert_judged, changed_sites, judge
 from framework_views import (assert_valid_zip, big_endian_archive, h5_view, keras_view, np_view, st_numpy_view,
                              st_torch_view, torch_view)
 
@@ -197,7 +197,7 @@ def _differential(fmt, bases, capsys, seed, count, model, bits):
         copied = view(out)
         if zipped:
             assert_valid_zip(out)
-        assert not (p := judge(view(base), copied, copy_log, require_change=False)), p[:8]
+        assert_judged(view(base), copied, copy_log, require_change=False)
         assert _read(src) == raw
         rc = main(["inject", work, "--in-place", "--direct", *opts])
         if rc != 0:
@@ -211,7 +211,7 @@ def _differential(fmt, bases, capsys, seed, count, model, bits):
         if zipped:
             assert_valid_zip(work)
         # one plan (_same_plan) judged against one reading of the input: the framework reads both results alike
-        assert not (p := judge(view(base), direct, direct_log, require_change=False)), p[:8]
+        assert_judged(view(base), direct, direct_log, require_change=False)
         assert (_read(work) != raw) == (changed_sites(direct_log) > 0)
         assert main(["revert", work + ".fflog", work, "-q"]) == 0
         assert _read(work) == raw
@@ -303,7 +303,7 @@ def test_keras_archive_copy_read_by_keras_and_direct_refused(keras_file, capsys,
     opts = ["--seed", str(seed), "--count", "6", "--model", model, "-q"]
     assert main(["inject", base, "-o", out, *opts]) == 0
     log = InjectionLog.load(out + ".fflog")
-    assert not (p := judge(keras_view(base, kdir), keras_view(out, kdir), log)), p[:8]
+    assert_judged(keras_view(base, kdir), keras_view(out, kdir), log)
     work = str(tmp_path / "work.keras")
     shutil.copyfile(base, work)
     capsys.readouterr()
@@ -326,7 +326,7 @@ def test_direct_refused_on_a_checkpoint_directory(bases, capsys, tmp_path):
     assert main(["inject", d, "-o", out, "--seed", "1", "--count", "3", "-q"]) == 0
     log = InjectionLog.load(out + ".fflog")
     got = st_numpy_view(os.path.join(out, "model.safetensors"))
-    assert not (p := judge(st_numpy_view(os.path.join(d, "model.safetensors")), got, log)), p[:8]
+    assert_judged(st_numpy_view(os.path.join(d, "model.safetensors")), got, log)
 
 
 @pytest.mark.framework
@@ -345,7 +345,7 @@ def test_scaled_words_of_formats_numpy_lacks(model, tmp_path):
                   "e5": torch.randn(64).to(torch.float8_e5m2)}, src)
     res = inject_file(src, out, seed=1, count=60, model=model)
     assert {t.format for t in res.log.plan.tensors} == {"bfloat16", "float8_e4m3fn", "float8_e5m2"}
-    assert not (p := judge(st_torch_view(src), st_torch_view(out), res.log)), p[:8]
+    assert_judged(st_torch_view(src), st_torch_view(out), res.log)
     got = st_torch_view(out)
     site = res.log.plan.tensors[int(res.log.plan.tensor[0])].name
     got[site].reshape(-1)[int(res.log.plan.index[0])] ^= 1  # the file and the log agree on a word the rule does not give

@@ -24,7 +24,7 @@ import pytest
 from conftest import require
 from fastflip.cli import main
 from fastflip.files.log import InjectionLog
-from framework_judge import copy_reading, judge
+from framework_judge import assert_judged, copy_reading
 from framework_views import st_torch_view, state_dict_view, torch_view
 from hf_helpers import build, model_class, same_tree, save_sharded
 
@@ -184,9 +184,9 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
         shutil.rmtree(out, ignore_errors=True)
         assert main(["inject", src, "-o", out, *extra, *_OPTS, "--force"]) == 0
         log = InjectionLog.load(out + ".fflog")
-        assert not (p := judge(copy_reading(files), _st_view(out), log)), p[:8]
+        assert_judged(copy_reading(files), _st_view(out), log)
         expect = _pretrained_view(name, src, names)
-        assert not (p := judge(expect, _pretrained_view(name, out, names), log)), p[:8]
+        assert_judged(expect, _pretrained_view(name, out, names), log)
         if extra:
             hit = {r["tensor"] for r in log.records()}
             assert hit == {"/transformer.wte.weight"} and "=/lm_head.weight" in expect
@@ -211,8 +211,8 @@ def test_save_pretrained_directory_in_place_judged_by_from_pretrained(key, made,
     work = _work(src, tmp_path, "work")
     assert main(["inject", work, "--in-place", *_OPTS]) == 0
     log = InjectionLog.load(work + ".fflog")
-    assert not (p := judge(copy_reading(files), _st_view(work), log)), p[:8]
-    assert not (p := judge(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)), p[:8]
+    assert_judged(copy_reading(files), _st_view(work), log)
+    assert_judged(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)
     _revert_and_check(work + ".fflog", work, src)
 
 
@@ -236,7 +236,7 @@ def test_torch_save_state_dict_judged_by_torch_load(key, mode, made, tmp_path):
     expect = torch_view(src)
     if wte:
         assert np.shares_memory(expect["/lm_head.weight"], expect["/transformer.wte.weight"])
-    assert not (p := judge(expect, torch_view(out), log)), p[:8]
+    assert_judged(expect, torch_view(out), log)
     assert _bytes(src) == before
     _revert_and_check(out + ".fflog", out, src)
 
