@@ -15,9 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import snapshot
 from framework_judge import assert_judged
-from framework_views import h5_view, st_numpy_view
+from format_builders import write_checkpoint_dir
+from framework_views import dir_view, h5_view, st_numpy_view
 from fastflip import Sampling
 from fastflip.files import filebytes, fileio, h5apply
 from fastflip.files.h5apply import copy_apply, route_sites
@@ -260,47 +261,20 @@ def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ revert_dir
 
 
-def _checkpoint_dir(root):
-    import json
-
-    require("safetensors")
-    from safetensors.numpy import save_file
-
-    os.makedirs(root)
-    save_file({"a": np.linspace(-1, 1, 1 << 14, dtype="<f4")}, os.path.join(root, "model-1.safetensors"))
-    save_file({"b": np.linspace(-2, 2, 1 << 14, dtype="<f4")}, os.path.join(root, "model-2.safetensors"))
-    with open(os.path.join(root, "model.safetensors.index.json"), "w") as fh:
-        json.dump({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}, fh)
-    return root
-
-
-def _tree(root):
-    return {f: open(os.path.join(root, f), "rb").read() for f in sorted(os.listdir(root))}
-
-
-def _dir_view(root):
-    """safetensors' reading of every shard of a checkpoint directory (the index keeps the names unique)."""
-    out = {}
-    for f in sorted(os.listdir(root)):
-        if f.endswith(".safetensors"):
-            out.update(st_numpy_view(os.path.join(root, f)))
-    return out
-
-
 def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
-    before, expect = _tree(d), _dir_view(d)
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
+    before, expect = snapshot(d), dir_view(d, st_numpy_view)
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     touched = res.log.manifest["checkpoint_dir"]["shards"]
     assert len(touched) == 2
-    assert_judged(expect, _dir_view(d), res.log)
+    assert_judged(expect, dir_view(d, st_numpy_view), res.log)
     size = sum(os.path.getsize(os.path.join(d, n)) for n in touched)
     total = count_reads(monkeypatch)
     assert revert_dir(res.log_path, d).verified
     assert total["bytes"] <= size + 4096  # once a shard (before: three times)
-    assert _tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
@@ -309,7 +283,7 @@ def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
 
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
     shutil.copytree(d, str(tmp_path / "orig"))
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     first = sorted(res.log.manifest["checkpoint_dir"]["shards"])[0]
@@ -318,7 +292,7 @@ def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
     out = revert_dir(res.log_path, d)
     assert out.sites == len(res.log) - res.log.manifest["checkpoint_dir"]["shards"][first]["sites"]
     assert os.stat(os.path.join(d, first)).st_ino == ino  # not rewritten
-    assert _tree(d) == _tree(str(tmp_path / "orig"))
+    assert snapshot(d) == snapshot(str(tmp_path / "orig"))
     assert not [f for f in os.listdir(d) if ".fastflip-" in f]
 
 
@@ -328,19 +302,19 @@ def test_revert_dir_without_hashes_needs_no_verify(tmp_path, capsys):
     from fastflip.errors import LogMismatchError
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
-    before = _tree(d)
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
+    before = snapshot(d)
     res = inject_dir(d, in_place=True, atomic=False, hash_files=False, log_path=False, seed=2,
                      sampling=Sampling(count=40))
     with pytest.raises(LogMismatchError, match="--no-verify"):
         revert_dir(res.log, d)
-    assert _tree(d) != before
+    assert snapshot(d) != before
     lp = str(tmp_path / "m.fflog")
     res.log.save(lp)
     assert main(["revert", lp, d, "-q"]) == 2
     assert "--no-verify" in capsys.readouterr().err
     assert main(["revert", lp, d, "--no-verify", "-q"]) == 0
-    assert _tree(d) == before
+    assert snapshot(d) == before
 
 
 # ------------------------------------------------------------------ CLI start-up

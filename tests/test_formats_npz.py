@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
+from conftest import assert_refused, snapshot
 from fastflip.core import reference
 from fastflip.cli import main
 from fastflip.errors import OptionError
@@ -218,11 +219,10 @@ def _member_spots(path, name):
 
 
 def _refused(tmp_path, capsys, p, msg):
-    out = tmp_path / "refused.npz"
-    code = main(["inject", str(p), "-o", str(out), "--count", "5", "--seed", "1"])
-    err = capsys.readouterr().err.strip()
-    assert code != 0 and len(err.splitlines()) == 1 and msg in err, err
-    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.startswith(".fastflip") or "tmp" in f]
+    before = snapshot(tmp_path)
+    rc = main(["inject", str(p), "-o", str(tmp_path / "refused.npz"), "--count", "5", "--seed", "1"])
+    err = assert_refused(capsys, rc, tmp_path, before)
+    assert msg in err, err
 
 
 def test_refusals(tmp_path, capsys, monkeypatch):
