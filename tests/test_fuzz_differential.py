@@ -340,9 +340,12 @@ class Worker:
         return total
 
     def close(self) -> None:
+        """End the child: every batch has answered, so nothing is lost (its exit with PyTorch loaded is slow)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.stdin.close()
+            self.proc.kill()
             self.proc.wait(60)
+            self.proc.stdin.close()
+            self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
