@@ -113,3 +113,43 @@ def gpu_available() -> bool:
 @pytest.fixture
 def require_extra():
     return require
+
+
+
+@pytest.fixture(scope="session")
+def keras() -> ModuleType:
+    """Keras, with TensorFlow's start-up chatter off (a test needing it takes this fixture)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    return require("keras")
+
+
+def snapshot(path: str | os.PathLike[str]) -> bytes | dict[str, bytes]:
+    """A file's bytes, or every file under a directory (relative path -> bytes): compare one taken before a
+    command with one taken after to show that nothing was written, renamed or left behind."""
+    p = os.fspath(path)
+    if not os.path.isdir(p):
+        with open(p, "rb") as fh:
+            return fh.read()
+    out = {}
+    for root, _, names in os.walk(p):
+        for n in names:
+            full = os.path.join(root, n)
+            with open(full, "rb") as fh:
+                out[os.path.relpath(full, p)] = fh.read()
+    return out
+
+
+def assert_refused(capsys: pytest.CaptureFixture, rc: int, where: str | os.PathLike[str],
+                   before: bytes | dict[str, bytes], command: str = "inject") -> str:
+    """A CLI command refused as a user error: exit 2, one line on stderr (``fastflip COMMAND: error: ...``), and
+    ``where`` (the input, or the directory holding it and the asked-for outputs) as :func:`snapshot` found it
+    ``before``: input untouched, no output, no log, no temporary. Returns the line."""
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith(f"fastflip {command}: error: "), (rc, err)
+    after = snapshot(where)
+    if isinstance(before, dict) and isinstance(after, dict):
+        assert after == before, (f"{where} changed: {sorted(set(after) ^ set(before))} added or removed, "
+                                 f"{sorted(k for k in set(after) & set(before) if after[k] != before[k])} changed")
+    else:
+        assert after == before, f"{where} changed"
+    return err

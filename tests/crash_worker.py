@@ -29,12 +29,13 @@ import dataclasses
 import glob
 import json
 import os
-import shutil
 import signal
 import sys
 import time
 
 import numpy as np
+
+from format_builders import copy_checkpoint
 
 COUNT = 40  # flips per injection
 _DEFERRED = {signal.SIGINT, signal.SIGTERM}
@@ -129,14 +130,6 @@ def _hook(how: str, at: int, sig: int) -> list[int]:
     return calls
 
 
-def _copy(src: str, dst: str) -> None:
-    """A fresh copy of the original checkpoint: a file, or a directory tree."""
-    if os.path.isdir(src):
-        shutil.copytree(src, dst)
-    else:
-        shutil.copyfile(src, dst)
-
-
 def _child(trial: dict, src: str, out: str, report: str | None) -> None:
     code = 1
     null = os.open(os.devnull, os.O_WRONLY)  # the parent's stdout carries the trial results only
@@ -164,7 +157,7 @@ def _child(trial: dict, src: str, out: str, report: str | None) -> None:
 
 def _run(trial: dict, original: str, ext: str, unit: float, report: str | None = None) -> tuple[int, float]:
     src = os.path.join(trial["dir"], "in" + ext)
-    _copy(original, src)
+    copy_checkpoint(original, src)
     if trial["mode"] == "revert":
         assert _inject("direct", src, "") == 0
     sys.stdout.flush()
@@ -202,7 +195,7 @@ def main() -> None:
     for mode in modes:  # everything an injection imports, imported here once, before the forks
         warm = os.path.join(root, "warm-" + mode)
         os.makedirs(warm)
-        _copy(spec["file"], os.path.join(warm, "in" + ext))
+        copy_checkpoint(spec["file"], os.path.join(warm, "in" + ext))
         _inject(mode, os.path.join(warm, "in" + ext), os.path.join(warm, "out" + ext))
     unit, counts = {}, {}
     for mode in modes:  # per mode: the duration of one uninterrupted injection, in a child like the trials

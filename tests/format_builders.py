@@ -7,7 +7,9 @@ Pure NumPy/h5py, plus safetensors or torch where the format needs them (``requir
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import zipfile
 from typing import Any, Mapping
 
@@ -16,9 +18,10 @@ import numpy as np
 
 from conftest import require
 
-__all__ = ["EXTENSION", "write_checkpoint"]
+__all__ = ["EXTENSION", "INDEX", "write_checkpoint", "write_checkpoint_dir", "copy_checkpoint"]
 
 EXTENSION = {"hdf5": "h5", "safetensors": "safetensors", "npz": "npz", "torch": "pt", "keras": "keras"}
+INDEX = "model.safetensors.index.json"  # a sharded checkpoint directory's index
 
 
 def write_checkpoint(fmt: str, path: str | os.PathLike[str], tensors: Mapping[str, np.ndarray], *,
@@ -57,3 +60,34 @@ def write_checkpoint(fmt: str, path: str | os.PathLike[str], tensors: Mapping[st
     else:
         raise ValueError(f"no builder for format {fmt!r}")
     return p
+
+
+def copy_checkpoint(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> str:
+    """A fresh copy of a checkpoint (a file, or a directory tree) at ``dst``; ``dst`` as a string."""
+    d = os.fspath(dst)
+    (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, d)
+    return d
+
+
+def write_checkpoint_dir(d: str | os.PathLike[str], n_shards: int = 3, rows: int = 64) -> str:
+    """A ``save_pretrained``-style checkpoint directory at ``d``: ``n_shards`` safetensors shards (a ``rows`` x 32
+    weight and a bias, float32, drawn from a fixed seed), the index naming each tensor's shard, and a
+    ``config.json``; ``d`` as a string."""
+    require("safetensors")
+    from safetensors.numpy import save_file
+
+    d = os.fspath(d)
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    weight_map = {}
+    for k in range(1, n_shards + 1):
+        shard = f"model-{k:05d}-of-{n_shards:05d}.safetensors"
+        tensors = {f"layer{k}.weight": rng.standard_normal((rows, 32)).astype("f4"),
+                   f"layer{k}.bias": rng.standard_normal(32).astype("f4")}
+        save_file(tensors, os.path.join(d, shard))
+        weight_map.update(dict.fromkeys(tensors, shard))
+    with open(os.path.join(d, INDEX), "w") as fh:
+        json.dump({"metadata": {}, "weight_map": weight_map}, fh)
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        fh.write('{"model_type": "tiny"}')
+    return d

@@ -11,7 +11,7 @@ sharing memory (tied weights, views into one storage) then see the change exactl
 Typical use::
 
     expect = load(src)                          # the framework's reading of the input (changed by judge)
-    assert not judge(expect, load(out), res.log)  # exactly the logged sites changed, as logged; nothing else
+    assert_judged(expect, load(out), res.log)   # exactly the logged sites changed, as logged; nothing else
 
 In place, take the reading before the inject (it must not map the file: the loaders of :mod:`framework_views`
 read into memory).
@@ -24,7 +24,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["logical_words", "apply_logged", "compare_readings", "copy_reading", "changed_sites", "judge"]
+__all__ = ["logical_words", "apply_logged", "compare_readings", "copy_reading", "changed_sites", "judge",
+           "assert_judged"]
 
 
 def _word_dtype(a: np.ndarray) -> np.dtype:
@@ -187,3 +188,10 @@ def judge(expect: dict[str, np.ndarray], got: Mapping[str, np.ndarray], log: Any
     element bit-identical, and (``require_change``) some logged site must change its word."""
     problems = [] if changed_sites(log) or not require_change else ["no logged site changes its word"]
     return problems + apply_logged(expect, log) + compare_readings(expect, got)
+
+
+def assert_judged(expect: dict[str, np.ndarray], got: Mapping[str, np.ndarray], log: Any,
+                  require_change: bool = True, what: object = None) -> None:
+    """Assert that :func:`judge` finds no problem; the message holds the first eight (after ``what``, if given)."""
+    problems = judge(expect, got, log, require_change)
+    assert not problems, problems[:8] if what is None else (what, problems[:8])

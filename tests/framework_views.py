@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import os
 import zipfile
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from conftest import require
 
 __all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view",
-           "big_endian_archive", "state_dict_view"]
+           "big_endian_archive", "state_dict_view", "assert_valid_zip", "dir_view"]
 
 
 def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None) -> dict:
@@ -74,6 +75,19 @@ def torch_view(path: str) -> dict[str, np.ndarray]:
     return torch_load(path)
 
 
+def dir_view(d: str, safetensors: Callable[[str], dict[str, np.ndarray]] = st_torch_view) -> dict[str, np.ndarray]:
+    """Every weight file of a checkpoint directory (``save_pretrained``'s) read by the framework that wrote it:
+    ``*.safetensors`` by ``safetensors`` (:func:`st_torch_view`, or :func:`st_numpy_view` without PyTorch),
+    ``*.bin`` shards by ``torch.load(weights_only=True)``; names are unique across the files (the index's)."""
+    out: dict[str, np.ndarray] = {}
+    for f in sorted(os.listdir(d)):
+        if f.endswith((".safetensors", ".bin")):
+            part = (safetensors if f.endswith(".safetensors") else torch_view)(os.path.join(d, f))
+            assert not set(part) & set(out), f"{f}: names another file holds too"
+            out.update(part)
+    return out
+
+
 def keras_view(path: str, tmp: str) -> dict[str, np.ndarray]:
     """Keras's reading of a ``.keras`` archive: ``keras.saving.load_model``, then the weights as Keras saves them
     again (``model.save`` into ``tmp``), named by their path in ``model.weights.h5``."""
@@ -104,3 +118,12 @@ def state_dict_view(state_dict: dict) -> dict[str, np.ndarray]:
     from test_formats_torch import _flat
 
     return _flat(state_dict)
+
+
+def assert_valid_zip(path: str | os.PathLike[str]) -> None:
+    """``zipfile``'s reading of a zip container (``torch.save``, ``.npz``, ``.keras``): a zip whose every entry
+    matches its CRC-32 (``torch.load`` and ``np.load`` do not check them)."""
+    assert zipfile.is_zipfile(path), f"{path}: not a zip archive"
+    with zipfile.ZipFile(path) as z:
+        bad = z.testzip()
+    assert bad is None, f"{path}: entry {bad} does not match its CRC-32"

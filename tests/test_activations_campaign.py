@@ -13,7 +13,7 @@ from conftest import require
 from fastflip.campaign import Campaign, load_campaign
 from fastflip.campaign.sweep import campaign_cells, sweep
 from fastflip.campaign.trials import CRITICAL, DUE, MASKED, SDC, TrialRunner
-from fastflip.errors import OptionError
+from fastflip.errors import OptionError, SelectionError
 
 pytestmark = pytest.mark.framework
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -117,7 +117,7 @@ def test_activation_sweep_stores_and_a_bad_definition_is_refused(tmp_path) -> No
     bad = c.to_dict()
     bad.pop("base_dir")
     bad["select"] = {"layers": ["fc9"]}
-    with pytest.raises(Exception, match="matches no layer.*its layers: fc1, act, fc2"):
+    with pytest.raises(SelectionError, match="matches no layer.*its layers: fc1, act, fc2"):
         campaign_cells(Campaign.from_dict(bad, base_dir=c.base_dir))
     with pytest.raises(OptionError, match="kind = 'activations' needs factory"):
         Campaign.from_dict({**bad, "target": {"checkpoint": "x.h5", "kind": "activations"}})

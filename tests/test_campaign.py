@@ -240,7 +240,7 @@ def test_builtin_accuracy_evaluator():
         campaign_cells(c)
     c = make(evaluator={"function": None, "builtin": "accuracy", "data": "campaign_helpers:heldout"},
              target={"factory": "campaign_helpers:weights"})
-    with pytest.raises(Exception):  # a dict is not callable: the golden run fails clearly
+    with pytest.raises(OptionError, match=r"cannot run a dict; give \[evaluator\] function instead"):
         TrialRunner(c, campaign_cells(c))
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from fastflip.cli import main
+from fastflip.errors import OptionError
 from fastflip.files.filebytes import sha256_file
 from fastflip.files.log import InjectionLog
 from h5fixtures import keras_legacy_like
@@ -129,7 +130,7 @@ def test_old_config_percentage_and_probability(ckpt, tmp_path, capsys):
     m5 = map_old_config({"use_random_locations": False, "locations_to_corrupt": ["a/"]}, ["<f4"],
                         names=["/a/b", "/a/c", "/b/a"])
     assert m5.kwargs["selection"].regex == ("^/a/b$", "^/a/c$")  # prefixes expand to every dataset below
-    with pytest.raises(Exception, match="incompatible"):
+    with pytest.raises(OptionError, match="are incompatible settings; keep one"):
         map_old_config({"burst": 3, "scaling_factor": 2}, ["<f4"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("hdf5_file: x\nnot_a_key: 1\n")

@@ -15,9 +15,10 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import require
-from framework_judge import judge
-from framework_views import h5_view, st_numpy_view
+from conftest import snapshot
+from framework_judge import assert_judged
+from format_builders import write_checkpoint_dir
+from framework_views import dir_view, h5_view, st_numpy_view
 from fastflip import Sampling
 from fastflip.files import filebytes, fileio, h5apply
 from fastflip.files.h5apply import copy_apply, route_sites
@@ -45,12 +46,6 @@ def _copy(src, dst, count=3, block=4096):
     return h_out, old, new, ref
 
 
-def _judged(view, src, out, log):
-    """The framework reads ``out`` as ``src`` with exactly the logged sites at their logged new words."""
-    problems = judge(view(src), view(out), log)
-    assert not problems, problems[:8]
-
-
 def _counting(monkeypatch, fail: int | None = None) -> list[int]:
     calls: list[int] = []
     real = os.copy_file_range
@@ -73,7 +68,7 @@ def test_untouched_blocks_are_copied_in_the_kernel(tmp_path, monkeypatch):
     h_out, old, new, ref = _copy(src, str(tmp_path / "b.h5"))
     blocks = -(-os.path.getsize(src) // 4096)
     assert 0 < len(calls) < blocks  # most blocks in the kernel, the touched ones written from the buffer
-    _judged(h5_view, src, str(tmp_path / "b.h5"), ref.log)
+    assert_judged(h5_view(src), h5_view(str(tmp_path / "b.h5")), ref.log)
     assert open(tmp_path / "b.h5", "rb").read() == open(str(tmp_path / "b.h5.ref"), "rb").read()
     assert h_out == filebytes.hash_file(str(tmp_path / "b.h5"), "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
@@ -96,7 +91,7 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
     assert len(calls) == 1  # refused once
-    _judged(h5_view, src, out, ref.log)
+    assert_judged(h5_view(src), h5_view(out), ref.log)
     assert open(out, "rb").read() == open(out + ".ref", "rb").read()
     assert h_out == filebytes.hash_file(out, "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
@@ -127,7 +122,7 @@ def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, d
     monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
     out = str(tmp_path / "b.h5")
     res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
-    _judged(h5_view, src, out, res.log)
+    assert_judged(h5_view(src), h5_view(out), res.log)
     if not durable:
         assert spans == []
         return
@@ -217,7 +212,7 @@ def _hashed_output(tmp_path, gzip=False):
                              compression="gzip", shuffle=True)
     res = inject_file(src, str(tmp_path / "b.h5"), sampling=Sampling(count=20), seed=3, hash_algorithm="sha256",
                       selection={"include": ["g"]} if gzip else None)
-    _judged(h5_view, src, res.output, res.log)
+    assert_judged(h5_view(src), h5_view(res.output), res.log)
     return src, res
 
 
@@ -259,54 +254,27 @@ def test_replay_of_a_logged_delta_reads_the_input_once(tmp_path, monkeypatch):
     total = count_reads(monkeypatch)
     again = replay(res.log_path, src, str(tmp_path / "c.h5"))
     assert total["bytes"] <= os.path.getsize(src) + 4096  # once (before: the input, then the copy: twice)
-    _judged(h5_view, src, again.output, res.log)  # the replay, read by h5py, is the logged change
+    assert_judged(h5_view(src), h5_view(again.output), res.log)  # the replay, read by h5py, is the logged change
     assert open(again.output, "rb").read() == open(res.output, "rb").read()
 
 
 # ------------------------------------------------------------------ revert_dir
 
 
-def _checkpoint_dir(root):
-    import json
-
-    require("safetensors")
-    from safetensors.numpy import save_file
-
-    os.makedirs(root)
-    save_file({"a": np.linspace(-1, 1, 1 << 14, dtype="<f4")}, os.path.join(root, "model-1.safetensors"))
-    save_file({"b": np.linspace(-2, 2, 1 << 14, dtype="<f4")}, os.path.join(root, "model-2.safetensors"))
-    with open(os.path.join(root, "model.safetensors.index.json"), "w") as fh:
-        json.dump({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}, fh)
-    return root
-
-
-def _tree(root):
-    return {f: open(os.path.join(root, f), "rb").read() for f in sorted(os.listdir(root))}
-
-
-def _dir_view(root):
-    """safetensors' reading of every shard of a checkpoint directory (the index keeps the names unique)."""
-    out = {}
-    for f in sorted(os.listdir(root)):
-        if f.endswith(".safetensors"):
-            out.update(st_numpy_view(os.path.join(root, f)))
-    return out
-
-
 def test_revert_dir_reads_each_shard_once(tmp_path, monkeypatch):
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
-    before, expect = _tree(d), _dir_view(d)
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
+    before, expect = snapshot(d), dir_view(d, st_numpy_view)
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     touched = res.log.manifest["checkpoint_dir"]["shards"]
     assert len(touched) == 2
-    assert not (p := judge(expect, _dir_view(d), res.log)), p[:8]
+    assert_judged(expect, dir_view(d, st_numpy_view), res.log)
     size = sum(os.path.getsize(os.path.join(d, n)) for n in touched)
     total = count_reads(monkeypatch)
     assert revert_dir(res.log_path, d).verified
     assert total["bytes"] <= size + 4096  # once a shard (before: three times)
-    assert _tree(d) == before
+    assert snapshot(d) == before
 
 
 def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
@@ -315,7 +283,7 @@ def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
 
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
     shutil.copytree(d, str(tmp_path / "orig"))
     res = inject_dir(d, in_place=True, seed=2, sampling=Sampling(count=40))
     first = sorted(res.log.manifest["checkpoint_dir"]["shards"])[0]
@@ -324,7 +292,7 @@ def test_revert_dir_leaves_a_shard_already_restored(tmp_path):
     out = revert_dir(res.log_path, d)
     assert out.sites == len(res.log) - res.log.manifest["checkpoint_dir"]["shards"][first]["sites"]
     assert os.stat(os.path.join(d, first)).st_ino == ino  # not rewritten
-    assert _tree(d) == _tree(str(tmp_path / "orig"))
+    assert snapshot(d) == snapshot(str(tmp_path / "orig"))
     assert not [f for f in os.listdir(d) if ".fastflip-" in f]
 
 
@@ -334,19 +302,19 @@ def test_revert_dir_without_hashes_needs_no_verify(tmp_path, capsys):
     from fastflip.errors import LogMismatchError
     from fastflip.files.sharded import inject_dir, revert_dir
 
-    d = _checkpoint_dir(str(tmp_path / "m"))
-    before = _tree(d)
+    d = write_checkpoint_dir(tmp_path / "m", n_shards=2, rows=512)
+    before = snapshot(d)
     res = inject_dir(d, in_place=True, atomic=False, hash_files=False, log_path=False, seed=2,
                      sampling=Sampling(count=40))
     with pytest.raises(LogMismatchError, match="--no-verify"):
         revert_dir(res.log, d)
-    assert _tree(d) != before
+    assert snapshot(d) != before
     lp = str(tmp_path / "m.fflog")
     res.log.save(lp)
     assert main(["revert", lp, d, "-q"]) == 2
     assert "--no-verify" in capsys.readouterr().err
     assert main(["revert", lp, d, "--no-verify", "-q"]) == 0
-    assert _tree(d) == before
+    assert snapshot(d) == before
 
 
 # ------------------------------------------------------------------ CLI start-up
@@ -391,7 +359,7 @@ def test_the_replaced_output_is_freed_after_the_commit(tmp_path, monkeypatch):
     assert handed == [[]]  # nothing replaced
     old = os.stat(out)
     res = inject_file(src, out, sampling=Sampling(count=1), seed=2)
-    _judged(h5_view, src, out, res.log)
+    assert_judged(h5_view(src), h5_view(out), res.log)
     (fd,), = handed[1:]
     try:
         st = os.fstat(fd)

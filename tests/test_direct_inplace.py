@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from format_builders import EXTENSION, write_checkpoint
-from framework_judge import apply_logged, copy_reading, judge, logical_words
+from framework_judge import apply_logged, assert_judged, copy_reading, logical_words
 from framework_views import h5_view, np_view, st_numpy_view, torch_view
 from fastflip import Sampling
 from fastflip.cli import main
@@ -73,8 +73,7 @@ def test_direct_inject_and_revert_by_regions(fmt, tmp_path):
     m = log.manifest
     assert m["evidence"] == "regions" and m["input"]["hash"] is None and m["output"]["hash"] is None
     assert m["fingerprint"]["input"]["size"] == len(orig) and m["undo"]["ranges"] >= 1
-    problems = judge(expect, view(src), log)
-    assert not problems, problems[:8]
+    assert_judged(expect, view(src), log)
     r = revert(res.log_path, src)
     assert r.evidence == "regions" and r.verified and _bytes(src) == orig
 
@@ -233,7 +232,7 @@ def test_cli_direct(tmp_path, capsys):
     expect = h5_view(src)
     assert main(["inject", src, "--in-place", "--direct", "--count", "10", "--seed", "1"]) == 0
     assert "wrote" in capsys.readouterr().out
-    assert not (p := judge(expect, h5_view(src), InjectionLog.load(src + ".fflog"))), p[:8]
+    assert_judged(expect, h5_view(src), InjectionLog.load(src + ".fflog"))
     assert main(["revert", src + ".fflog", src]) == 0
     assert "touched byte ranges, size and head/tail fingerprint" in capsys.readouterr().out and _bytes(src) == orig
     assert main(["inject", src, "--in-place", "--direct", "--verify-file", "--count", "10", "--seed", "2"]) == 0

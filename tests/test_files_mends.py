@@ -175,9 +175,10 @@ def test_cli_refuses_regions_for_a_directory_in_the_library_s_line(tmp_path, cap
     """``inject DIR --evidence regions``: the library's refusal is the CLI's one line, naming the fix; nothing is
     written."""
     from fastflip.cli import main
-    from test_sharded_commit import make_dir, shards
+    from format_builders import write_checkpoint_dir
+    from test_sharded_commit import shards
 
-    src = make_dir(str(tmp_path / "model"), n_shards=2, rows=8)
+    src = write_checkpoint_dir(str(tmp_path / "model"), n_shards=2, rows=8)
     before = shards(src)
     where = ["--in-place"] if in_place else ["-o", str(tmp_path / "out")]
     assert main(["inject", src, *where, "--evidence", "regions", "--count", "2", "--seed", "1"]) == 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import h5py
 import numpy as np
 import pytest
@@ -101,12 +99,6 @@ def test_torch_save_inject_load(torch, tmp_path, selection, bits):
 
 
 # ---------------------------------------------------------------------------- Keras
-
-
-@pytest.fixture(scope="module")
-def keras():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return require("keras")
 
 
 def _keras_model(keras):

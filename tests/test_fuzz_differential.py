@@ -19,7 +19,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import struct
+import subprocess
+import sys
+import tempfile
+import threading
 import zipfile
 
 import h5py
@@ -273,40 +278,95 @@ def _fuzz_format(fmt: str, tmp: str, n: int, seed0: int) -> Tally:
     return _fuzz(kind, base, view, tmp, n, seed0)
 
 
-def _worker(fmt: str, tmp: str, n: int, seed0: int) -> None:  # run in a child process by _run_isolated
-    t = _fuzz_format(fmt, tmp, n, seed0)
-    print("TALLY " + json.dumps(t.__dict__), flush=True)
+def _serve() -> None:  # the child process of Worker: one batch of cases per line on stdin
+    for line in sys.stdin:
+        fmt, tmp, n, seed0 = json.loads(line)
+        t = _fuzz_format(fmt, tmp, n, seed0)
+        print("TALLY " + json.dumps(t.__dict__), flush=True)
 
 
-def _run_isolated(fmt: str, tmp_path, n: int, seed0: int) -> Tally:
-    """The cases in child processes: a library that crashes on a mutated file (HDF5 can) fails its case, not the
-    test session; the run goes on from the next seed."""
-    import subprocess
-    import sys
+class Worker:
+    """Runs batches of cases in one child process, kept for the module (one import of fastflip and the frameworks,
+    not one a format and tier): a library that crashes on a mutated file (HDF5 can) fails its case, not the test
+    session; a fresh child goes on from the next seed."""
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    total, seed, end = Tally(), seed0, seed0 + n
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
-    while seed < end:
-        code = f"import test_fuzz_differential as T; T._worker({fmt!r}, {str(tmp_path)!r}, {end - seed}, {seed})"
-        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-        done = [int(x.split()[1]) for x in p.stdout.splitlines() if x.startswith("SEED ")]
-        tally = [x for x in p.stdout.splitlines() if x.startswith("TALLY ")]
-        if tally:
-            for k, v in json.loads(tally[0][6:]).items():
-                setattr(total, k, getattr(total, k) + v)
-            break
-        last = done[-1] if done else seed
-        total.cases += last - seed + 1
-        total.failures.append(f"{fmt} seed {last}: the process died (rc {p.returncode}): {p.stderr[-300:]!r}")
-        seed = last + 1
-    return total
+    def __init__(self, tmp: str) -> None:
+        self.tmp, self.proc, self.log = tmp, None, os.path.join(tmp, "worker.stderr")
+
+    def _start(self) -> subprocess.Popen:
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([here] + sys.path))
+        with open(self.log, "wb") as err:  # not a pipe: warnings never block the child
+            return subprocess.Popen([sys.executable, "-c", "import test_fuzz_differential as T; T._serve()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+
+    def _batch(self, fmt: str, tmp: str, n: int, seed0: int) -> tuple[list[int], dict | None]:
+        """(the seeds begun, the tally or None where the child died or ran past 900 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = self._start()
+        watchdog = threading.Timer(900, self.proc.kill)
+        watchdog.start()
+        try:
+            self.proc.stdin.write(json.dumps([fmt, tmp, n, seed0]) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pass
+        done = []
+        try:
+            for line in self.proc.stdout:
+                if line.startswith("SEED "):
+                    done.append(int(line.split()[1]))
+                elif line.startswith("TALLY "):
+                    return done, json.loads(line[6:])
+        finally:
+            watchdog.cancel()
+        self.proc.wait()
+        return done, None
+
+    def run(self, fmt: str, tmp: str, n: int, seed0: int) -> Tally:
+        total, seed, end = Tally(), seed0, seed0 + n
+        while seed < end:
+            done, tally = self._batch(fmt, tmp, end - seed, seed)
+            if tally is not None:
+                for k, v in tally.items():
+                    setattr(total, k, getattr(total, k) + v)
+                break
+            last = done[-1] if done else seed
+            total.cases += last - seed + 1
+            with open(self.log, "rb") as fh:
+                err = fh.read()[-300:]
+            total.failures.append(f"{fmt} seed {last}: the process died (rc {self.proc.returncode}): {err!r}")
+            seed = last + 1
+        return total
+
+    def close(self) -> None:
+        """End the child: every batch has answered, so nothing is lost (its exit with PyTorch loaded is slow)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(60)
+            self.proc.stdin.close()
+            self.proc.stdout.close()
 
 
-def _run(fmt: str, tmp_path, n: int, seed0: int) -> Tally:
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    """The module's :class:`Worker`, its files in memory (``/dev/shm``) where the system has it: the cases judge
+    readers, not a disk, and a disk's fsyncs, renames and removals cost more than a case's reading."""
+    shm = "/dev/shm"
+    root = (tempfile.mkdtemp(prefix="fastflip-fuzz-", dir=shm) if os.path.isdir(shm) and os.access(shm, os.W_OK)
+            else str(tmp_path_factory.mktemp("fuzz")))
+    w = Worker(root)
+    yield w
+    w.close()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(worker: Worker, fmt: str, n: int, seed0: int) -> Tally:
     if FORMATS[fmt][3]:
         require(FORMATS[fmt][3])
-    tally = _run_isolated(fmt, tmp_path, n, seed0)
+    tmp = os.path.join(worker.tmp, f"{fmt}-{seed0}")
+    os.makedirs(tmp)
+    tally = worker.run(fmt, tmp, n, seed0)
     assert not tally.failures, (f"{len(tally.failures)} of {tally.cases} cases failed:\n"
                                 + "\n".join(tally.failures[:20]))
     assert tally.refused > 0 and tally.injected > 0  # the mutations reached both answers
@@ -319,13 +379,13 @@ def _params(formats):
 
 
 @pytest.mark.parametrize("fmt", _params(FORMATS))
-def test_differential_fuzz(fmt, tmp_path):
-    _run(fmt, tmp_path, N_CHEAP if fmt in CHEAP else N_DEAR, seed0=1)
+def test_differential_fuzz(fmt, worker):
+    _run(worker, fmt, N_CHEAP if fmt in CHEAP else N_DEAR, seed0=1)
 
 
 # HDF5 itself can crash on crafted metadata (a segfault in its chunk write path, seed 100610 of "hdf5"):
 # the large tier covers the formats whose readers and loaders are fastflip's and the frameworks' own.
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", _params(f for f in FORMATS if f not in ("hdf5", "keras")))
-def test_differential_fuzz_large(fmt, tmp_path):
-    _run(fmt, tmp_path, 1000, seed0=100_000)
+def test_differential_fuzz_large(fmt, worker):
+    _run(worker, fmt, 1000, seed0=100_000)

@@ -258,5 +258,5 @@ def test_lzf_codec_round_trips():
             g = _lzf.grow(z, data, extra)
             assert g is None or (len(g) == len(z) + extra and _lzf.decompress(g, len(data)) == data)
     for bad in (b"\x05ab", b"\x20\x00", b"\xe0"):  # literal past the end, reference before the start, cut short
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not an LZF stream of 10 bytes"):
             _lzf.decompress(bad, 10)

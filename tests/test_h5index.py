@@ -178,7 +178,7 @@ def test_damaged_btree_node_falls_back_to_hdf5(tmp_path):
     with h5py.File(p, "r") as f:  # the native reader refuses a node it cannot read, HDF5 answers
         dsid = f["g/full"].id
         real = h5index._h5chunks.btree1_lookup
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="malformed version-1 B-tree node in the chunk index"):
             real(os.open(p, os.O_RDONLY), base, root + 1, 8, corners, 65535)
         np.testing.assert_array_equal(np.stack([a.astype(np.int64) for a in lookup_chunks(dsid, corners)], 1), want)
 

@@ -9,7 +9,6 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import require
 from flip_helper import flip_bits, words_of
 from fastflip.errors import InputFileError
 from fastflip.files.keras_archive import UnsafeArchiveError, check_archive, edit_archive, read_archive
@@ -98,12 +97,6 @@ def test_edit_keeps_other_entries_and_is_atomic(tmp_path):
 
 
 # ---------------------------------------------------------------------------- real Keras
-
-
-@pytest.fixture(scope="module")
-def keras():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return require("keras")
 
 
 def _model(keras):

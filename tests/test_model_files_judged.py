@@ -9,23 +9,23 @@ directory with whole-file evidence, a new file with region evidence, in place, i
 judged only by the framework's reading: ``from_pretrained`` and ``safetensors`` for a directory,
 ``torch.load(weights_only=True)`` for a ``.pt`` or ``.bin``. Exactly the logged sites change, from their logged
 old word to their logged new word (:func:`framework_judge.judge`); tied weights change together as the framework
-shows them; ``fastflip revert`` gives back the original bytes, which the framework reads as before.
+shows them; ``fastflip revert`` gives back the original bytes.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import assert_refused, require, snapshot
 from fastflip.cli import main
 from fastflip.files.log import InjectionLog
-from framework_judge import compare_readings, copy_reading, judge
-from framework_views import st_torch_view, state_dict_view, torch_view
-from hf_helpers import build, model_class, same_tree, save_sharded
+from framework_judge import assert_judged, copy_reading
+from format_builders import copy_checkpoint
+from framework_views import dir_view, state_dict_view, torch_view
+from hf_helpers import build, model_class, save_sharded
 
 pytestmark = pytest.mark.framework
 
@@ -94,34 +94,6 @@ def made(tmp_path_factory):
     return get
 
 
-def _bytes(path):
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def _same(a, b):
-    return same_tree(a, b) if os.path.isdir(a) else _bytes(a) == _bytes(b)
-
-
-def _work(src, tmp_path, name):
-    """A copy of the saved model to change."""
-    dst = str(tmp_path / name)
-    (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
-    return dst
-
-
-def _st_view(d):
-    """``safetensors`` (or ``torch.load(weights_only=True)`` for ``.bin`` shards) reading of every weight file of a
-    ``save_pretrained`` directory (names unique across shards)."""
-    out = {}
-    for f in sorted(os.listdir(d)):
-        if f.endswith((".safetensors", ".bin")):
-            part = (st_torch_view if f.endswith(".safetensors") else torch_view)(os.path.join(d, f))
-            assert not set(part) & set(out)
-            out.update(part)
-    return out
-
-
 def _load(name, d):
     """``from_pretrained``'s state_dict of ``d`` as a reading in live names (tied tensors share memory)."""
     model = model_class(name).from_pretrained(d, dtype="auto").eval()
@@ -152,31 +124,21 @@ def _pretrained_view(name, d, names):
     return {names[k]: a for k, a in _load(name, d).items()}
 
 
-def _refused(capsys, rc, before, src, *absent):
-    """One line on stderr, exit 2, the input as it was and nothing written."""
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("fastflip inject: error: "), err
-    assert _same(src, before)
-    for p in absent:
-        assert not os.path.exists(p), p
-    return err
-
-
-def _revert_and_check(log_path, target, original, view):
-    """``fastflip revert`` gives back ``original``'s bytes, which the framework reads as it read ``original``."""
+def _revert_and_check(log_path, target, original):
+    """``fastflip revert`` gives back ``original``'s bytes (so every framework reads it as it read ``original``)."""
     assert main(["revert", log_path, target, "-q"]) == 0
-    assert _same(target, original)
-    assert not (p := compare_readings(view(original), view(target))), p[:8]
+    assert snapshot(target) == snapshot(original)
 
 
 @pytest.mark.parametrize("key", sorted(DIRS))
 def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made, tmp_path, capsys):
     """A new directory: safetensors and from_pretrained read exactly the logged changes (lm_head with wte where
-    the model ties them); regions evidence and --direct are refused in one line; revert restores the bytes."""
+    the model ties them); regions evidence is refused in one line; revert restores the bytes. (``--direct`` of a
+    directory: test_framework_differential.test_direct_refusal_is_one_line_in_a_process.)"""
     name = DIRS[key][0]
     src = made(key)
-    before = _work(src, tmp_path, "before")
-    files = _st_view(src)
+    original = snapshot(src)
+    files = dir_view(src)
     names = _live_names(name, src, files)
     out = str(tmp_path / "out")
     wte = ["--include", "*wte*"] if name == "gpt2" else []  # reach the tied tensor on every GPT-2 run
@@ -184,22 +146,20 @@ def test_save_pretrained_directory_new_copy_judged_by_from_pretrained(key, made,
         shutil.rmtree(out, ignore_errors=True)
         assert main(["inject", src, "-o", out, *extra, *_OPTS, "--force"]) == 0
         log = InjectionLog.load(out + ".fflog")
-        assert not (p := judge(copy_reading(files), _st_view(out), log)), p[:8]
+        assert_judged(copy_reading(files), dir_view(out), log)
         expect = _pretrained_view(name, src, names)
-        assert not (p := judge(expect, _pretrained_view(name, out, names), log)), p[:8]
+        assert_judged(expect, _pretrained_view(name, out, names), log)
         if extra:
             hit = {r["tensor"] for r in log.records()}
             assert hit == {"/transformer.wte.weight"} and "=/lm_head.weight" in expect
-        assert _same(src, before)
-        _revert_and_check(out + ".fflog", out, src, _st_view)
-        assert not compare_readings(_pretrained_view(name, src, names), _pretrained_view(name, out, names))
-    work = _work(src, tmp_path, "work")
+        assert snapshot(src) == original
+        _revert_and_check(out + ".fflog", out, src)
+    work = copy_checkpoint(src, tmp_path / "work")
+    before = snapshot(tmp_path)
     capsys.readouterr()
-    refusals = ((["-o", str(tmp_path / "r"), "--evidence", "regions"], str(tmp_path / "r"), "drop --evidence regions"),
-                (["--in-place", "--direct"], work + ".fflog", "drop --direct"))
-    for opts, gone, fix in refusals:
-        err = _refused(capsys, main(["inject", work, *opts, *_OPTS]), before, work, gone, gone + ".fflog")
-        assert fix in err, err  # the library's line may name the API option after the fix
+    rc = main(["inject", work, "-o", str(tmp_path / "r"), "--evidence", "regions", *_OPTS])
+    err = assert_refused(capsys, rc, tmp_path, before)
+    assert "drop --evidence regions" in err, err  # the library's line may name the API option after the fix
 
 
 @pytest.mark.parametrize("key", ["gpt2-sharded", "gpt2-bin-sharded", "vit"])
@@ -207,14 +167,14 @@ def test_save_pretrained_directory_in_place_judged_by_from_pretrained(key, made,
     """In place (through copies): the directory reads as logged, and revert gives back every file's bytes."""
     name = DIRS[key][0]
     src = made(key)
-    files = _st_view(src)
+    files = dir_view(src)
     names = _live_names(name, src, files)
-    work = _work(src, tmp_path, "work")
+    work = copy_checkpoint(src, tmp_path / "work")
     assert main(["inject", work, "--in-place", *_OPTS]) == 0
     log = InjectionLog.load(work + ".fflog")
-    assert not (p := judge(copy_reading(files), _st_view(work), log)), p[:8]
-    assert not (p := judge(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)), p[:8]
-    _revert_and_check(work + ".fflog", work, src, _st_view)
+    assert_judged(copy_reading(files), dir_view(work), log)
+    assert_judged(_pretrained_view(name, src, names), _pretrained_view(name, work, names), log)
+    _revert_and_check(work + ".fflog", work, src)
 
 
 @pytest.mark.parametrize("key", sorted(FILES))
@@ -223,9 +183,9 @@ def test_torch_save_state_dict_judged_by_torch_load(key, mode, made, tmp_path):
     """A state_dict file: torch.load(weights_only=True) reads exactly the logged changes (GPT-2's lm_head with wte:
     one storage), in every mode; revert restores the bytes."""
     src = made(key)
-    before = _bytes(src)
+    before = snapshot(src)
     if mode == "direct":
-        out = _work(src, tmp_path, "work.pt")
+        out = copy_checkpoint(src, tmp_path / "work.pt")
         args = [out, "--in-place", "--direct"]
     else:
         out = str(tmp_path / "out.pt")
@@ -237,9 +197,9 @@ def test_torch_save_state_dict_judged_by_torch_load(key, mode, made, tmp_path):
     expect = torch_view(src)
     if wte:
         assert np.shares_memory(expect["/lm_head.weight"], expect["/transformer.wte.weight"])
-    assert not (p := judge(expect, torch_view(out), log)), p[:8]
-    assert _bytes(src) == before
-    _revert_and_check(out + ".fflog", out, src, torch_view)
+    assert_judged(expect, torch_view(out), log)
+    assert snapshot(src) == before
+    _revert_and_check(out + ".fflog", out, src)
 
 
 @pytest.mark.parametrize("mode", ["copy", "regions", "in-place", "direct"])
@@ -256,9 +216,9 @@ def test_torchao_int8_state_dict_judged_by_torch_load(mode, tmp_path):
     torch.save(m.state_dict(), src)
     loaded = torch.load(src, weights_only=True)
     assert type(loaded["0.weight"]).__name__ == "Int8Tensor" and loaded["0.weight"].qdata.dtype == torch.int8
-    before = _bytes(src)
+    before = snapshot(src)
     if mode in ("in-place", "direct"):
-        out = _work(src, tmp_path, "work.pt")
+        out = copy_checkpoint(src, tmp_path / "work.pt")
         args = [out, "--in-place"] + (["--direct"] if mode == "direct" else [])
     else:
         out = str(tmp_path / "out.pt")
@@ -267,6 +227,6 @@ def test_torchao_int8_state_dict_judged_by_torch_load(mode, tmp_path):
     log = InjectionLog.load(out + ".fflog")
     hit = {r["tensor"].rpartition(".")[2] for r in log.records()}
     assert "qdata" in hit and hit <= {"qdata", "scale", "zero_point", "bias"}, hit
-    assert not (p := judge(torch_view(src), torch_view(out), log)), p[:8]
-    assert _bytes(src) == before or mode in ("in-place", "direct")
-    _revert_and_check(out + ".fflog", out, src, torch_view)
+    assert_judged(torch_view(src), torch_view(out), log)
+    assert snapshot(src) == before  # the in-place modes worked on a copy
+    _revert_and_check(out + ".fflog", out, src)

@@ -29,7 +29,7 @@ from conftest import require
 from fastflip.campaign import Campaign
 from fastflip.campaign.sweep import sweep
 from fastflip.cli import main as cli_main
-from fastflip.errors import InputFileError, OutputError, StoreError
+from fastflip.errors import InputFileError, OptionError, OutputError, StoreError
 from fastflip.experiment.runner import run_experiment
 from fastflip.experiment.outcomes import read_csv
 from fastflip.report import (
@@ -395,7 +395,7 @@ def test_figures_api_returns_matplotlib_figures(store):
     bars = [p for p in o.axes[0].patches]
     assert len(bars) == 5 * len(TRIAL_OUTCOMES)
     assert "5 of 16 cells" in o.axes[0].get_title()
-    with pytest.raises(Exception, match="heatmap kind"):
+    with pytest.raises(OptionError, match="heatmap kind must be one of .*, got 'nope'"):
         heatmap_figure(data, kind="nope")
 
 

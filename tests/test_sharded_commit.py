@@ -10,39 +10,14 @@ import json
 import os
 import signal
 
-import numpy as np
 import pytest
 
-from conftest import require
+from format_builders import INDEX, write_checkpoint_dir
 from fastflip import Sampling
 from fastflip.errors import FileLockedError, OptionError
 from fastflip.files import hashcache
 from fastflip.files.locks import WriterLock
-from fastflip.files.log import InjectionLog
 from fastflip.files.sharded import inject_dir, replay_dir, revert_dir
-
-INDEX = "model.safetensors.index.json"
-
-
-def make_dir(d: str, n_shards: int = 3, rows: int = 64) -> str:
-    """A checkpoint directory of ``n_shards`` safetensors shards (two float32 tensors each) and its index."""
-    require("safetensors")
-    from safetensors.numpy import save_file
-
-    os.makedirs(d)
-    rng = np.random.default_rng(0)
-    weight_map = {}
-    for k in range(1, n_shards + 1):
-        shard = f"model-{k:05d}-of-{n_shards:05d}.safetensors"
-        tensors = {f"layer{k}.weight": rng.standard_normal((rows, 32)).astype("f4"),
-                   f"layer{k}.bias": rng.standard_normal(32).astype("f4")}
-        save_file(tensors, os.path.join(d, shard))
-        weight_map.update(dict.fromkeys(tensors, shard))
-    with open(os.path.join(d, INDEX), "w") as fh:
-        json.dump({"metadata": {}, "weight_map": weight_map}, fh)
-    with open(os.path.join(d, "config.json"), "w") as fh:
-        fh.write('{"model_type": "tiny"}')
-    return d
 
 
 def shards(d: str) -> dict[str, bytes]:
@@ -63,7 +38,7 @@ EVERY_SHARD = Sampling(count=60, bits="0-31")  # seed 3 touches every one of the
 
 @pytest.fixture
 def src(tmp_path):
-    return make_dir(str(tmp_path / "model"))
+    return write_checkpoint_dir(str(tmp_path / "model"))
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import h5py
@@ -15,12 +14,6 @@ from fastflip.errors import OptionError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TOY = str(Path(__file__).with_name("toy_trainer.py"))
-
-
-@pytest.fixture(scope="module")
-def keras():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    return require("keras")
 
 
 @pytest.fixture(scope="module")

@@ -225,7 +225,8 @@ def test_choice_floyd_limits() -> None:
     d = RawDraws(np.random.Philox(1))
     numpy_draw = np.random.Generator(np.random.Philox(1)).choice(FLOYD_MAX, 3, replace=False)
     assert d.choice_floyd(FLOYD_MAX, 3) == numpy_draw.tolist()
-    with pytest.raises(ValueError):
+    refused = rf"choice_floyd covers 0 <= size <= n <= {FLOYD_MAX} \(got n={FLOYD_MAX + 1}, size=3\)"
+    with pytest.raises(ValueError, match=refused):
         d.choice_floyd(FLOYD_MAX + 1, 3)
 
 
