@@ -1,0 +1,134 @@
+"""One verdict for an adversarial checkpoint: fastflip agrees with the framework's own loader, or refuses cleanly.
+
+:func:`verdict` reads the file with the framework (a ``view`` of :mod:`framework_views`: ``{fastflip path: array}``)
+and with fastflip, and requires one of two outcomes:
+
+- **refused**: ``read_layout`` raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
+  and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the input as it was;
+- **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
+  alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage) are the
+  framework's words, element by element; every tensor the framework returned with elements is listed or skipped
+  with a reason; an injection through ``inject_file`` is judged by the framework's reading of the output
+  (:func:`framework_judge.judge`), and the CLI, given the same seed, writes the same bytes.
+
+Used by ``tests/test_attack_*.py``; a case that the framework reads and fastflip reads differently fails here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+from typing import Callable, Mapping
+
+import numpy as np
+
+from fastflip.cli import main
+from fastflip.errors import FastflipError
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
+from framework_judge import judge, logical_words
+
+__all__ = ["verdict", "tree_digest", "cli"]
+
+View = Callable[[str], Mapping[str, np.ndarray]]
+
+
+def tree_digest(path: str) -> str:
+    """sha256 over a file's bytes, or over every file of a directory (names and bytes, sorted)."""
+    h = hashlib.sha256()
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
+    for f in files:
+        h.update(os.path.relpath(f, path).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+def cli(*args: str) -> tuple[int, str]:
+    """(exit status, stderr) of ``fastflip ARGS``, run in this process (``fastflip.cli.main``)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        rc = main(list(args))
+    return rc, err.getvalue()
+
+
+def _refused(path: str, tmp: str, exc: FastflipError) -> str:
+    msg = str(exc)
+    assert msg and "\n" not in msg and len(msg) < 600, msg
+    before = tree_digest(path)
+    for args in (["inspect", path], ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", "1",
+                                     "--count", "3"]):
+        rc, err = cli(*args)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert rc == 2 and len(lines) == 1 and "internal error" not in err, (args[0], rc, err[-800:])
+    assert not os.path.exists(os.path.join(tmp, "cli-out"))
+    assert tree_digest(path) == before
+    return "refused"
+
+
+def _words_at(fh, t) -> np.ndarray:  # type: ignore[no-untyped-def]
+    fh.seek(t.offset)
+    raw = fh.read(t.nbytes)
+    assert len(raw) == t.nbytes, (t.path, "fastflip's bytes run past the end of the file")
+    return logical_words(np.frombuffer(raw, t.dtype))
+
+
+def _sites_agree(path: str, lay, reading: Mapping[str, np.ndarray]) -> None:  # type: ignore[no-untyped-def]
+    listed = {a for t in lay.tensors for a in t.aliases}
+    skipped = {s.path for s in lay.skipped}
+    unlisted = sorted(k for k, v in reading.items() if np.asarray(v).size and k not in listed | skipped)
+    assert not unlisted, f"the framework reads tensors fastflip neither lists nor skips: {unlisted[:6]}"
+    with open(path, "rb") if os.path.isfile(path) else open(os.devnull, "rb") as fh:
+        for t in lay.tensors:
+            for a in t.aliases:
+                assert a in reading, f"fastflip lists {a}, which the framework does not return ({sorted(reading)[:6]})"
+                got = np.asarray(reading[a])
+                assert got.shape == tuple(t.shape) and got.dtype.itemsize == t.itemsize, \
+                    (a, f"fastflip {t.dtype}{t.shape}, the framework {got.dtype}{got.shape}")
+                if t.storage == "contiguous" and os.path.isfile(path):
+                    mine, theirs = _words_at(fh, t), logical_words(got)
+                    bad = np.flatnonzero(mine != theirs)
+                    assert not len(bad), (a, f"{len(bad)} element(s) differ at fastflip's offsets, first "
+                                             f"[{bad[0]}]: {int(mine[bad[0]]):#x} vs the framework's "
+                                             f"{int(theirs[bad[0]]):#x}")
+
+
+def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
+            expect: str | None = None) -> str:
+    """``"agrees"`` or ``"refused"`` (see the module docstring), asserting the contract of either outcome.
+
+    ``expect`` (optional) pins the outcome the case must have.
+    """
+    os.makedirs(tmp, exist_ok=True)
+    try:
+        reading = dict(view(path))  # arrays sharing memory (tied weights, views) keep sharing it
+        fw_error: BaseException | None = None
+    except Exception as exc:  # noqa: BLE001 - any refusal of the framework's loader
+        reading, fw_error = None, exc
+    try:
+        lay = read_layout(path)
+    except FastflipError as exc:
+        out = _refused(path, tmp, exc)
+        assert expect in (None, out), (expect, str(exc))
+        return out
+    assert reading is not None, f"fastflip reads a file the framework refuses ({type(fw_error).__name__}: " \
+                                f"{str(fw_error)[:200]})"
+    _sites_agree(path, lay, reading)
+    total = sum(t.size for t in lay.tensors)
+    if total:
+        before = tree_digest(path)
+        ext = os.path.splitext(path)[1] if os.path.isfile(path) else ""
+        out = os.path.join(tmp, "api-out" + ext)
+        res = inject_file(path, out, seed=seed, sampling={"count": min(count, total)})
+        assert tree_digest(path) == before, "the inject changed its input"
+        problems = judge(dict(reading), view(out), res.log, require_change=False)
+        assert not problems, problems[:6]
+        cli_out = os.path.join(tmp, "cli-out" + ext)
+        rc, err = cli("inject", path, "-o", cli_out, "--seed", str(seed), "--count", str(min(count, total)), "-q")
+        assert rc == 0, err[-800:]
+        assert tree_digest(cli_out) == tree_digest(out), "the CLI and inject_file wrote different bytes"
+    assert expect in (None, "agrees"), (expect, "fastflip read the file")
+    return "agrees"
