@@ -4,7 +4,9 @@
 and with fastflip, and requires one of two outcomes:
 
 - **refused**: ``read_layout`` raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
-  and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the input as it was;
+  and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the
+  input as it was (or, for a file the framework refuses whose every tensor fastflip skips, such as an object
+  array: ``inspect`` lists them as skipped and the injects refuse so);
 - **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
   alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage) are the
   framework's words, element by element; every tensor the framework returned with elements is listed or skipped
@@ -55,12 +57,12 @@ def cli(*args: str) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-def _refused(path: str, tmp: str, exc: FastflipError) -> str:
+def _refused(path: str, tmp: str, exc: FastflipError, inspect: bool = True) -> str:
     msg = str(exc)
     assert msg and "\n" not in msg and len(msg) < 600, msg
     before = tree_digest(path)
-    for args in (["inspect", path], ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", "1",
-                                     "--count", "3"]):
+    inject = ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", "1", "--count", "3"]
+    for args in ([["inspect", path]] if inspect else []) + [inject]:
         rc, err = cli(*args)
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert rc == 2 and len(lines) == 1 and "internal error" not in err, (args[0], rc, err[-800:])
@@ -114,6 +116,14 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
         out = _refused(path, tmp, exc)
         assert expect in (None, out), (expect, str(exc))
         return out
+    if reading is None and not lay.tensors:  # all skipped (an object array): listed, but an inject must refuse
+        try:
+            inject_file(path, os.path.join(tmp, "api-out"), seed=seed, sampling={"count": 1})
+        except FastflipError as exc:
+            assert not os.path.exists(os.path.join(tmp, "api-out"))
+            out = _refused(path, tmp, exc, inspect=False)
+            assert expect in (None, out), (expect, str(exc))
+            return out
     assert reading is not None, f"fastflip reads a file the framework refuses ({type(fw_error).__name__}: " \
                                 f"{str(fw_error)[:200]})"
     _sites_agree(path, lay, reading)

@@ -14,7 +14,10 @@ and a depth bound.
 Examples
 --------
 >>> import pickle
->>> scan_pickle(pickle.dumps({"a": [1, 2]}), "ok.pt")
+>>> scan_pickle(pickle.dumps({"a": [1, 2]}, protocol=2), "ok.pt") <= TORCH_OPCODES
+True
+>>> sorted(scan_pickle(pickle.dumps({"a": [1, 2]}, protocol=4), "ok.pt") - TORCH_OPCODES)
+['FRAME', 'MEMOIZE', 'SHORT_BINUNICODE']
 >>> bomb = b"\\x80\\x04]r\\x00\\x00\\x00\\x08." # an empty list stored at memo index 2**27
 >>> try:
 ...     scan_pickle(bomb, "bomb.pt")
