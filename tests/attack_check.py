@@ -6,11 +6,12 @@ and with fastflip, and requires one of two outcomes:
 - **refused**: ``read_layout`` raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
   and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the
   input as it was (or, for a file the framework refuses whose every tensor fastflip skips, such as an object
-  array: ``inspect`` lists them as skipped and the injects refuse so);
+  array: ``inspect`` lists them as skipped and the injects refuse so; or a tensor fastflip lists but never writes,
+  such as HDF5 external storage: ``inject_file`` and the CLI refuse the sites drawn there);
 - **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
   alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage) are the
   framework's words, element by element; every tensor the framework returned with elements is listed or skipped
-  with a reason; an injection through ``inject_file`` is judged by the framework's reading of the output
+  with a reason; an injection through ``inject_file`` (``inject_dir`` for a checkpoint directory) is judged by the framework's reading of the output
   (:func:`framework_judge.judge`), and the CLI, given the same seed, writes the same bytes.
 
 Used by ``tests/test_attack_*.py``; a case that the framework reads and fastflip reads differently fails here.
@@ -28,8 +29,10 @@ import numpy as np
 
 from fastflip.cli import main
 from fastflip.errors import FastflipError
+from fastflip.files.formats.hfdir import is_checkpoint_dir
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
+from fastflip.files.sharded import inject_dir
 from framework_judge import judge, logical_words
 
 __all__ = ["verdict", "tree_digest", "cli"]
@@ -57,11 +60,11 @@ def cli(*args: str) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-def _refused(path: str, tmp: str, exc: FastflipError, inspect: bool = True) -> str:
+def _refused(path: str, tmp: str, exc: FastflipError, inspect: bool = True, seed: int = 1, count: int = 3) -> str:
     msg = str(exc)
     assert msg and "\n" not in msg and len(msg) < 600, msg
     before = tree_digest(path)
-    inject = ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", "1", "--count", "3"]
+    inject = ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", str(seed), "--count", str(count)]
     for args in ([["inspect", path]] if inspect else []) + [inject]:
         rc, err = cli(*args)
         lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -132,7 +135,14 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
         before = tree_digest(path)
         ext = os.path.splitext(path)[1] if os.path.isfile(path) else ""
         out = os.path.join(tmp, "api-out" + ext)
-        res = inject_file(path, out, seed=seed, sampling={"count": min(count, total)})
+        inject = inject_dir if is_checkpoint_dir(path) else inject_file
+        try:
+            res = inject(path, out, seed=seed, sampling={"count": min(count, total)})
+        except FastflipError as exc:  # listed, but refused where a site lands (external storage)
+            assert not os.path.exists(out) and tree_digest(path) == before
+            got = _refused(path, tmp, exc, inspect=False, seed=seed, count=min(count, total))
+            assert expect in (None, got), (expect, str(exc))
+            return got
         assert tree_digest(path) == before, "the inject changed its input"
         problems = judge(dict(reading), view(out), res.log, require_change=False)
         assert not problems, problems[:6]
