@@ -226,6 +226,16 @@ def test_untyped_storage_by_another_name_refused(tmp_path):
     assert verdict(path, _view, str(tmp_path / "w"), expect="refused")
 
 
+def test_untyped_storage_shared_by_two_dtypes_agrees(tmp_path):
+    """A uint32 tensor named onto the uint16 tensor's untyped storage: torch reinterprets the bytes; fastflip lists
+    the first and skips the second as a view inside it."""
+    torch = require("torch")
+    src = _save(str(tmp_path / "two.pt"), {"a": torch.tensor([1, 2, 300, 4], dtype=torch.uint16),
+                                           "b": torch.tensor([5, 70000], dtype=torch.uint32)})
+    path = _patch_pickle(src, str(tmp_path / "shared.pt"), b"X\x01\x00\x00\x001", b"X\x01\x00\x00\x000")
+    assert verdict(path, _view, str(tmp_path / "w"), expect="agrees")
+
+
 def test_big_endian_untyped_storage_refused(tmp_path):
     """torch swaps a big-endian storage by its element: an untyped storage's bytes stay as they are, so its uint16
     words read otherwise than fastflip's big-endian words."""
