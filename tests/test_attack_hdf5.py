@@ -108,6 +108,10 @@ AGREE = {
     "integers of every width and order": lambda f: [f.create_dataset(d, data=np.arange(5, dtype=d))
                                                     for d in ["<u1", "<i2", ">u4", ">i8", "<u8"]],
     "bool": lambda f: f.create_dataset("b", data=np.array([True, False, True])),
+    "bool holding the bytes 2 and 255": lambda f: f.create_dataset("b", data=np.array([True, False, True])).id.write(
+        h5py.h5s.ALL, h5py.h5s.ALL, np.array([0, 2, 255], dtype="u1"), mtype=h5py.h5t.STD_U8LE),
+    "a group reached by two hard links": lambda f: (f.create_dataset("g/a", data=A), f.__setitem__("g2", f["g"]),
+                                                    f.create_dataset("g/sub/b", data=ONES)),
     "scalar, null and 0-element": lambda f: (f.create_dataset("s", data=np.float32(2.5)),
                                              f.create_dataset("n", data=h5py.Empty("f4")),
                                              f.create_dataset("z", shape=(0, 3), dtype="f4")),

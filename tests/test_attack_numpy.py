@@ -36,6 +36,11 @@ def _header(d: dict, pad_to: int = 64) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h
 
 
+def _version(npy: bytes, major: int, minor: int) -> bytes:
+    """``npy`` with its magic's format version bytes set to ``major.minor``."""
+    return npy[:6] + bytes([major, minor]) + npy[8:]
+
+
 def _write(tmp_path, name: str, data: bytes) -> str:  # type: ignore[no-untyped-def]
     p = str(tmp_path / name)
     with open(p, "wb") as fh:
@@ -74,6 +79,11 @@ NPY = {  # case -> (file bytes, expected verdict)
     "shape a list": (_header({"descr": "<f4", "fortran_order": False, "shape": [3, 4]}) + A.tobytes(), "refused"),
     "shape holding True": (_header({"descr": "<f4", "fortran_order": False, "shape": (True, 4)}) + A.tobytes(),
                            "refused"),
+    # np.load refuses these; fastflip used to read them
+    "header version 1.1": (_version(_npy(A), 1, 1), "refused"),
+    "header version 2.1": (_version(_npy(A, (2, 0)), 2, 1), "refused"),
+    "a header over 10,000 bytes": (_header({"descr": "<f4", "fortran_order": False, "shape": (3, 4)},
+                                           pad_to=16384) + A.tobytes(), "refused"),
 }
 
 
@@ -160,6 +170,8 @@ NPZ = {  # case -> (archive bytes, expected verdict)
     "a member cut short": (_zip([("a.npy", _npy(A)[:-4], S)]), "refused"),
     "no members": (_zip([]), "refused"),
     "bytes before the archive": (b"\0" * 64 + _savez(False), "refused"),
+    "a stored member of header version 1.1": (_zip([("a.npy", _version(_npy(A), 1, 1), S)]), "refused"),
+    "a deflated member of header version 1.1": (_zip([("a.npy", _version(_npy(A), 1, 1), Z)]), "refused"),
 }
 
 
