@@ -45,7 +45,7 @@ SAFETENSORS_DTYPES = {
     "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "|u1", "BOOL": "|b1",
     "F8_E4M3": "|u1", "F8_E5M2": "|u1", "F8_E8M0": "|u1",
 }
-_MAX_HEADER = 100_000_000  # the safetensors library's MAX_HEADER_SIZE
+_MAX_HEADER = 100 << 20
 #: Bits of an element of the dtypes the safetensors library knows and fastflip skips (sizes still checked as it does).
 _OTHER_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "C64": 64}
 
