@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import io
+import struct
 import zipfile
 
 import numpy as np
@@ -17,7 +18,8 @@ import pytest
 
 from attack_check import verdict
 from conftest import require
-from framework_views import big_endian_archive, torch_view
+from framework_views import big_endian_archive, state_dict_view, torch_view
+from hostile_files import SRef, T, torch_pickle, torch_zip_bytes
 
 pytestmark = pytest.mark.framework
 
@@ -252,3 +254,40 @@ def test_two_tensors_under_one_key_path_refused(obj, tmp_path):
     saved = {1: a, "1": b} if obj == "int and str keys" else {"a/b": a, "a": {"b": b}}
     path = _save(str(tmp_path / "k.pt"), saved)
     assert verdict(path, _view, str(tmp_path / "w"), expect="refused")
+
+
+F32 = np.arange(16, dtype="<f4").tobytes()
+
+
+@pytest.mark.parametrize("stride", [(1,), (4, 1, 1)], ids=["fewer strides", "more strides"])
+def test_strides_not_one_a_dimension_refused(stride, tmp_path):
+    """torch refuses a record whose strides do not match its dimensions; fastflip skipped it as non-contiguous and
+    read the rest of a file torch does not load."""
+    rec = {"w": T(SRef("0", 16), 0, (4,), (1,)), "v": T(SRef("0", 16), 0, (2, 4), stride)}
+    path = str(tmp_path / "s.pt")
+    with open(path, "wb") as fh:
+        fh.write(torch_zip_bytes(torch_pickle(rec), {"0": F32}))
+    assert verdict(path, _view, str(tmp_path / "w"), expect="refused")
+
+
+def _located(tmp_path, location: bytes) -> str:
+    path = str(tmp_path / "loc.pt")
+    with open(path, "wb") as fh:
+        pkl = torch_pickle({"w": T(SRef("0", 16), 0, (16,), (1,))})
+        fh.write(torch_zip_bytes(pkl.replace(b"X\x03\x00\x00\x00cpu", b"X" + struct.pack("<I", len(location))
+                                             + location), {"0": F32}))
+    return path
+
+
+def test_storage_on_a_device_torch_does_not_restore_refused(tmp_path):
+    assert verdict(_located(tmp_path, b"xyz"), _view, str(tmp_path / "w"), expect="refused")
+
+
+def test_storage_saved_on_cuda_agrees_with_map_location_cpu(tmp_path):
+    """A checkpoint saved on a GPU: read as torch.load(weights_only=True, map_location="cpu") reads it."""
+    torch = require("torch")
+
+    def view(p: str) -> dict[str, np.ndarray]:
+        return state_dict_view(torch.load(p, weights_only=True, map_location="cpu"))
+
+    assert verdict(_located(tmp_path, b"cuda:0"), view, str(tmp_path / "w"), expect="agrees")

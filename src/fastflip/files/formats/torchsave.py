@@ -82,6 +82,7 @@ _STORAGE_TYPES = {
     "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
     "ByteStorage": "uint8", "BoolStorage": "bool",
 }
+_LOCATION = re.compile(r"(cpu|(cuda|mps|xpu)(:[0-9]+)?)\Z")  # a storage's device, as torch.load restores it
 TORCH_DTYPES.update(QUANT_DTYPES)  # quantized tensors as their integer words (see .torchquant)
 _STORAGE_TYPES.update(QUANT_STORAGES)
 
@@ -154,19 +155,26 @@ def _offset(x: Any) -> int:
     return checked_ints((x,), "a tensor record", "storage offset")[0]
 
 
+def _shape_strides(size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A record's shape and strides, one stride a dimension (torch refuses another count)."""
+    shape, strides = _ints(size, "shape"), _ints(stride, "stride")
+    if len(shape) != len(strides):
+        raise FormatError(f"a tensor record declares {len(shape)} dimensions and {len(strides)} strides (torch.load "
+                          "refuses it); the file is damaged or crafted")
+    return shape, strides
+
+
 def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or storage.dtype is None:
         raise FormatError("tensor record without a typed storage")
-    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
-                        storage.dtype)
+    return TensorRecord(storage, _offset(storage_offset), *_shape_strides(size, stride), storage.dtype)
 
 
 def _rebuild_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = None,
                 hooks: Any = None, dtype: Any = None, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or not isinstance(dtype, _DType):
         raise FormatError("tensor record (v3) without a storage and a dtype")
-    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
-                        dtype.name)
+    return TensorRecord(storage, _offset(storage_offset), *_shape_strides(size, stride), dtype.name)
 
 
 def _rebuild_parameter(data: Any, *rest: Any) -> Any:
@@ -248,6 +256,9 @@ class RestrictedUnpickler(pickle.Unpickler):
                 and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[4], int)
                 and not isinstance(pid[4], bool)):
             raise FormatError(f"{self.where}: unexpected persistent id in the pickle: {str(pid)[:80]}")
+        if not (isinstance(pid[3], str) and _LOCATION.match(pid[3])):  # torch restores no other place
+            raise FormatError(f"{self.where}: storage {pid[2][:40]!r} is saved on device {str(pid[3])[:40]!r}; "
+                              "fastflip reads storages saved on cpu, cuda, mps or xpu")
         if self.legacy and pid[5] is not None:  # torch's tensor would be a view into the storage: not applied here
             raise FormatError(f"{self.where}: storage {pid[2][:40]!r} is saved as a view of another storage (legacy "
                               "view metadata), which fastflip does not read; load and re-save the file with torch.save")
