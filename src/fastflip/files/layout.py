@@ -114,12 +114,30 @@ def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str 
         return f"stored type of {tid.get_size()} bytes does not match {dt}"
     if dt.kind == "f" and (
         tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize] or tid.get_ebias() != _IEEE_EBIAS[dt.itemsize]
+        or tid.get_norm() != h5py.h5t.NORM_IMPLIED
     ):
         return "non-IEEE floating-point type"
+    if isinstance(tid, h5py.h5t.TypeAtomicID) and (tid.get_precision() != 8 * dt.itemsize or tid.get_offset()):
+        return (f"a type of {tid.get_precision()} significant bits at bit {tid.get_offset()} of its {dt.itemsize} "
+                "bytes (h5py reads values other than the stored words)")
     if shape is None:
         return "null dataspace"
     if 0 in shape:
         return "empty"
+    return None
+
+
+def _lossy_reason(dsid: Any) -> str | None:
+    """Why a dataset whose filters include scale-offset is not a tensor: h5py would not read back a flip written
+    through it (None for the lossless kind: integers at the minimum bits, ``scaleoffset=0``)."""
+    from h5py import h5z
+
+    dcpl = dsid.get_create_plist()
+    for i in range(dcpl.get_nfilters()):
+        code, _flags, values = dcpl.get_filter(i)[:3]
+        if code == h5z.FILTER_SCALEOFFSET and tuple(values[:2]) != (2, 0):  # (H5Z_SO_INT, minimum bits)
+            return ("scale-offset filter that keeps a set number of bits or digits (lossy: a flip written through it "
+                    "is rounded away)")
     return None
 
 
@@ -304,6 +322,9 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
                     continue
                 assert shape is not None
                 storage, offset, chunks, filters = _storage(dsid)
+                if "scaleoffset" in filters and (reason := _lossy_reason(dsid)) is not None:
+                    skipped.append(Skipped(aliases[0], reason))
+                    continue
                 size = math.prod(shape)  # Python ints: no overflow whatever the declared shape
                 if size * dtype.itemsize >= MAX_BYTES:
                     skipped.append(Skipped(aliases[0], f"declares {size} elements ({size * dtype.itemsize} bytes), "

@@ -22,6 +22,8 @@ from .bounds import checked_numel
 
 __all__ = ["npy_header"]
 
+_MAX_HEADER = 10_000  # np.load's max_header_size without allow_pickle: a longer header it refuses
+
 
 def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, ...], int]:  # type: ignore[no-untyped-def]
     """(dtype, fortran_order, shape, header length) of the ``.npy`` stream at ``fh``'s position."""
@@ -45,9 +47,9 @@ def npy_header(fh, limit: int, where: str) -> tuple[np.dtype, bool, tuple[int, .
 def _read_header(fh) -> tuple[Any, bool, np.dtype]:  # type: ignore[no-untyped-def]
     from numpy.lib import format as npf
 
-    major, _ = npf.read_magic(fh)
-    if major == 1:
-        return npf.read_array_header_1_0(fh, max_header_size=1 << 20)
-    if major in (2, 3):
-        return npf.read_array_header_2_0(fh, max_header_size=1 << 20)
-    raise ValueError(f"npy format version {major}")
+    version = npf.read_magic(fh)
+    if version == (1, 0):
+        return npf.read_array_header_1_0(fh, max_header_size=_MAX_HEADER)
+    if version in ((2, 0), (3, 0)):
+        return npf.read_array_header_2_0(fh, max_header_size=_MAX_HEADER)
+    raise ValueError(f"npy format version {version[0]}.{version[1]} (np.load reads 1.0, 2.0 and 3.0)")

@@ -14,7 +14,10 @@ and a depth bound.
 Examples
 --------
 >>> import pickle
->>> scan_pickle(pickle.dumps({"a": [1, 2]}), "ok.pt")
+>>> scan_pickle(pickle.dumps({"a": [1, 2]}, protocol=2), "ok.pt") <= TORCH_OPCODES
+True
+>>> sorted(scan_pickle(pickle.dumps({"a": [1, 2]}, protocol=4), "ok.pt") - TORCH_OPCODES)
+['FRAME', 'MEMOIZE', 'SHORT_BINUNICODE']
 >>> bomb = b"\\x80\\x04]r\\x00\\x00\\x00\\x08." # an empty list stored at memo index 2**27
 >>> try:
 ...     scan_pickle(bomb, "bomb.pt")
@@ -31,16 +34,24 @@ from typing import Any, Callable, Sequence
 
 from ...errors import FormatError
 
-__all__ = ["MAX_OPS", "MAX_NODES", "MAX_DEPTH", "scan_pickle", "walk_tensors"]
+__all__ = ["MAX_OPS", "MAX_NODES", "MAX_DEPTH", "TORCH_OPCODES", "scan_pickle", "walk_tensors"]
 
 MAX_OPS = 50_000_000  # opcodes of one pickle (a state_dict of 100,000 tensors takes about 3 million)
 MAX_NODES = 10_000_000  # container entries visited by the walk
 MAX_DEPTH = 64  # nesting of containers
 _PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+#: The opcodes ``torch.load(weights_only=True)`` reads (``torch._weights_only_unpickler``: the pickle protocol 2 that
+#: ``torch.save`` writes); a pickle holding any other (``pickle_protocol=4``'s FRAME, STACK_GLOBAL, ...) it refuses.
+TORCH_OPCODES = frozenset((
+    "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK", "TUPLE", "TUPLE1",
+    "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT", "EMPTY_SET",
+    "BININT", "BININT1", "BININT2", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET",
+    "LONG_BINGET", "BINPUT", "LONG_BINPUT", "LONG1", "PROTO", "STOP"))
 
 
-def scan_pickle(data: Any, where: str) -> None:
-    """Refuse (one line) a pickle whose opcodes would make the unpickler allocate beyond its size.
+def scan_pickle(data: Any, where: str) -> frozenset[str]:
+    """Refuse (one line) a pickle whose opcodes would make the unpickler allocate beyond its size; return the names
+    of the opcodes it holds (for :data:`TORCH_OPCODES`).
 
     ``data`` is the pickle's bytes or a binary stream at its start (left after its STOP).
 
@@ -52,7 +63,7 @@ def scan_pickle(data: Any, where: str) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # a crafted STRING argument's escapes
-            _scan(data, where)
+            return _scan(data, where)
     except FormatError:
         raise
     except (ValueError, OverflowError, MemoryError, EOFError, UnicodeError) as exc:
@@ -60,15 +71,18 @@ def scan_pickle(data: Any, where: str) -> None:
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {first})") from None
 
 
-def _scan(data: Any, where: str) -> None:
+def _scan(data: Any, where: str) -> frozenset[str]:
     n = 0
+    ops: set[str] = set()
     for op, arg, _pos in pickletools.genops(data if isinstance(data, (bytes, bytearray)) else _Capped(data)):
         n += 1
+        ops.add(op.name)
         if n > MAX_OPS:
             raise FormatError(f"{where}: the pickle holds more than {MAX_OPS} opcodes; refusing it")
         if op.name in _PUTS and not (isinstance(arg, int) and 0 <= arg <= n):
             raise FormatError(f"{where}: the pickle stores memo entry {arg} after {n} opcodes (a pickler "
                               "numbers them in order); the file is damaged or crafted")
+    return frozenset(ops)
 
 
 class _Capped:

@@ -4,8 +4,9 @@ Layer: ``files`` (may import core, kernels and files; imported by live and above
 
 Each header entry ``{"dtype", "shape", "data_offsets": [begin, end]}`` places a tensor
 at ``8 + header_length + begin`` in the file. The header is checked before anything is
-used: the sizes match dtype and shape, every range lies inside the file, and no two
-ranges overlap (a header claiming overlapping ranges is refused). BF16 and the float8
+used, as the ``safetensors`` library checks it: the sizes match dtype and shape, the ranges tile the data buffer
+(no overlap, no gap, nothing after the last), the dtypes are the library's, ``__metadata__`` maps strings to
+strings, and the header is strict JSON (no NaN, no lone surrogate escape). BF16 and the float8
 types are listed as their unsigned words (``<u2``, ``|u1``) with their ``format`` (BF16, F8_E4M3, F8_E5M2). The ``safetensors``
 package is not needed to read or inject; it is used by :mod:`fastflip.frameworks.convert` and tests.
 
@@ -45,6 +46,8 @@ SAFETENSORS_DTYPES = {
     "F8_E4M3": "|u1", "F8_E5M2": "|u1", "F8_E8M0": "|u1",
 }
 _MAX_HEADER = 100 << 20
+#: Bits of an element of the dtypes the safetensors library knows and fastflip skips (sizes still checked as it does).
+_OTHER_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "C64": 64}
 
 
 def read_safetensors_header(path: str) -> tuple[int, dict]:
@@ -59,7 +62,8 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
             raise FormatError(f"{path}: safetensors header length {n} points outside the file ({size} bytes)")
         text = fh.read(n)
     try:
-        header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        json.dumps(header, ensure_ascii=False).encode("utf-8")  # a lone surrogate escape ("\ud800") is not UTF-8
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
@@ -67,7 +71,12 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
     if not isinstance(header, dict):
         raise FormatError(f"{path}: safetensors header is not a JSON object")
     base = 8 + n
+    meta = header.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise FormatError(f"{path}: safetensors __metadata__ is not a map of strings to strings (the safetensors "
+                          "library refuses it); the file is damaged or crafted")
     ranges = []
+    spans = []
     for name, e in header.items():
         if name == "__metadata__":
             continue
@@ -84,15 +93,36 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
         b, end = offs
         if end < b or base + end > size:
             raise FormatError(f"{path}: tensor {name!r} claims bytes [{b}, {end}) of the data buffer, outside the file")
-        if dtype in SAFETENSORS_DTYPES and end - b != numel * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize:
+        bits = 8 * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize if dtype in SAFETENSORS_DTYPES else \
+            _OTHER_BITS.get(dtype)
+        if bits is None:
+            raise FormatError(f"{path}: tensor {name[:80]!r} has dtype {dtype[:20]!r}, which the safetensors library "
+                              "does not know; the file is damaged or crafted")
+        if 8 * (end - b) != numel * bits:
             raise FormatError(f"{path}: tensor {name!r}: {end - b} bytes do not hold {dtype} {list(e['shape'])}")
         if end > b:
             ranges.append((b, end, name))
+        spans.append((b, end, name))
     ranges.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
         if b1 < e0:
             raise FormatError(f"{path}: safetensors header claims overlapping ranges for {n0!r} and {n1!r}")
+    at = 0
+    for b, end, name in sorted(spans):  # the library's rule: the tensors tile the data buffer, in offset order
+        if b != at:
+            raise FormatError(f"{path}: tensor {name[:80]!r} starts at byte {b} of the data buffer, not at {at} where "
+                              "the tensor before it ends (the safetensors library refuses gaps); the file is damaged "
+                              "or crafted")
+        at = end
+    if base + at != size:
+        raise FormatError(f"{path}: the safetensors data buffer holds {size - base} bytes, its tensors {at} (the "
+                          "safetensors library refuses a buffer they do not cover exactly); the file is damaged or "
+                          "crafted")
     return base, header
+
+
+def _no_constant(name: str) -> None:
+    raise FormatError(f"safetensors header holds {name}, which is not JSON; the file is damaged or crafted")
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -23,7 +23,10 @@ unpickled (:mod:`.picklescan`: opcodes, memo indexes; the walk visits each conta
 records are immutable (pickle's BUILD on one is refused), every shape, stride and offset is checked one
 number at a time (:mod:`.bounds`), a storage named twice with different types, a storage entry whose size
 differs from its persistent id, and (legacy files) a storage saved as a view are refused; duplicate or
-overlapping archive entries are refused by :mod:`.zipraw`.
+overlapping archive entries are refused by :mod:`.zipraw`. The archive is named as torch names it (the folder of
+the directory's first entry; records found ignoring letter case, so names that differ only in case are refused),
+its ``byteorder``, ``version`` and ``.storage_alignment`` records are checked as torch checks them, and a pickle
+holding an opcode or global torch's weights-only unpickler refuses is refused.
 
 bfloat16 and float8 tensors have no NumPy dtype here: they are listed as their
 unsigned words (``<u2``, ``|u1``), exactly as stored (bit 0 = the word's LSB), with
@@ -47,6 +50,7 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import re
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -58,7 +62,7 @@ from ...core.records import natural_key as _natural_key
 from ...errors import FormatError, UnsafeInputError
 from .bounds import checked_ints, checked_numel
 from .naming import label_tensors, optimizer_layers
-from .picklescan import scan_pickle, walk_tensors
+from .picklescan import TORCH_OPCODES, scan_pickle, walk_tensors
 from .torchquant import QUANT_DTYPES, QUANT_STORAGES, quantized_globals
 from .torchsub import SubclassRecord, from_type, inner_records, subclass_global, subclass_globals
 from .zipraw import ZipEntry, entry_data, stored_entries
@@ -79,6 +83,7 @@ _STORAGE_TYPES = {
     "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
     "ByteStorage": "uint8", "BoolStorage": "bool",
 }
+_LOCATION = re.compile(r"(cpu|(cuda|mps|xpu)(:[0-9]+)?)\Z")  # a storage's device, as torch.load restores it
 TORCH_DTYPES.update(QUANT_DTYPES)  # quantized tensors as their integer words (see .torchquant)
 _STORAGE_TYPES.update(QUANT_STORAGES)
 
@@ -151,19 +156,26 @@ def _offset(x: Any) -> int:
     return checked_ints((x,), "a tensor record", "storage offset")[0]
 
 
+def _shape_strides(size: Any, stride: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A record's shape and strides, one stride a dimension (torch refuses another count)."""
+    shape, strides = _ints(size, "shape"), _ints(stride, "stride")
+    if len(shape) != len(strides):
+        raise FormatError(f"a tensor record declares {len(shape)} dimensions and {len(strides)} strides (torch.load "
+                          "refuses it); the file is damaged or crafted")
+    return shape, strides
+
+
 def _rebuild_v2(storage: Any, storage_offset: Any, size: Any, stride: Any, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or storage.dtype is None:
         raise FormatError("tensor record without a typed storage")
-    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
-                        storage.dtype)
+    return TensorRecord(storage, _offset(storage_offset), *_shape_strides(size, stride), storage.dtype)
 
 
 def _rebuild_v3(storage: Any, storage_offset: Any, size: Any, stride: Any, requires_grad: Any = None,
                 hooks: Any = None, dtype: Any = None, *rest: Any) -> TensorRecord:
     if not isinstance(storage, StorageRef) or not isinstance(dtype, _DType):
         raise FormatError("tensor record (v3) without a storage and a dtype")
-    return TensorRecord(storage, _offset(storage_offset), _ints(size, "shape"), _ints(stride, "stride"),
-                        dtype.name)
+    return TensorRecord(storage, _offset(storage_offset), *_shape_strides(size, stride), dtype.name)
 
 
 def _rebuild_parameter(data: Any, *rest: Any) -> Any:
@@ -196,16 +208,11 @@ _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch", "Tensor"): _Inert,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
     ("builtins", "complex"): complex,
-    ("builtins", "slice"): slice,
     ("__builtin__", "set"): set,  # protocol-2 names (find_class sees them unmapped)
-    ("__builtin__", "frozenset"): frozenset,
     ("__builtin__", "complex"): complex,
-    ("__builtin__", "slice"): slice,
     ("_codecs", "encode"): _codecs_encode,
     ("torch.storage", "UntypedStorage"): _StorageType(None, "UntypedStorage"),
-    ("torch", "UntypedStorage"): _StorageType(None, "UntypedStorage"),
 }
 _ALLOWED.update({("torch", k): _StorageType(v, k) for k, v in _STORAGE_TYPES.items()})
 _ALLOWED.update({("torch", k): _DType(k) for k in TORCH_DTYPES})
@@ -251,6 +258,9 @@ class RestrictedUnpickler(pickle.Unpickler):
                 and isinstance(pid[1], _StorageType) and isinstance(pid[2], str) and isinstance(pid[4], int)
                 and not isinstance(pid[4], bool)):
             raise FormatError(f"{self.where}: unexpected persistent id in the pickle: {str(pid)[:80]}")
+        if not (isinstance(pid[3], str) and _LOCATION.match(pid[3])):  # torch restores no other place
+            raise FormatError(f"{self.where}: storage {pid[2][:40]!r} is saved on device {str(pid[3])[:40]!r}; "
+                              "fastflip reads storages saved on cpu, cuda, mps or xpu")
         if self.legacy and pid[5] is not None:  # torch's tensor would be a view into the storage: not applied here
             raise FormatError(f"{self.where}: storage {pid[2][:40]!r} is saved as a view of another storage (legacy "
                               "view metadata), which fastflip does not read; load and re-save the file with torch.save")
@@ -268,14 +278,14 @@ def restricted_loads(data: bytes | BinaryIO, where: str, legacy: bool = False) -
     :class:`TensorRecord`), after :func:`~fastflip.files.formats.picklescan.scan_pickle` bounded it."""
     if not isinstance(data, bytes):  # a stream: scan the next pickle, then unpickle exactly its bytes
         start = data.tell()
-        scan_pickle(data, where)
+        ops = scan_pickle(data, where)
         end = data.tell()
         data.seek(start)
         data = data.read(end - start)
     else:
-        scan_pickle(data, where)
+        ops = scan_pickle(data, where)
     try:
-        return RestrictedUnpickler(data, where, legacy).load()
+        obj = RestrictedUnpickler(data, where, legacy).load()
     except UnsafeInputError:
         raise
     except FormatError as exc:  # a record's own check: name the file
@@ -284,6 +294,11 @@ def restricted_loads(data: bytes | BinaryIO, where: str, legacy: bool = False) -
         raise FormatError(f"{where}: {exc}") from None
     except Exception as exc:  # any malformed pickle (MemoryError included): one line
         raise FormatError(f"{where}: the pickle cannot be read ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not ops <= TORCH_OPCODES:  # checked after the globals, so a pickle that would run code is named for that
+        raise FormatError(f"{where}: the pickle uses opcode {min(ops - TORCH_OPCODES)}, which torch.load(weights_only="
+                          "True) does not read (torch.save's pickle_protocol above 2?); re-save it with the default "
+                          "protocol")
+    return obj
 
 
 def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -299,13 +314,47 @@ def _contiguous(rec: TensorRecord) -> bool:
         len(rec.stride) == len(rec.shape)
 
 
+_MAX_FILE_VERSION = 10  # the newest archive version torch.load reads (kMaxSupportedFileFormatVersion)
+
+
 def _archive(path: str) -> tuple[str, dict[str, ZipEntry]]:
+    """(entry prefix, entries) of a torch.save archive, named as torch.load names them: the prefix is the folder of
+    the directory's first entry, and a record is looked up by its name in any letter case."""
     entries = stored_entries(path)
     pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1] or \
         (["data.pkl"] if "data.pkl" in entries else [])
     if len(pkl) != 1:
         raise FormatError(f"{path}: not a torch.save archive (needs exactly one <name>/data.pkl entry)")
-    return pkl[0][: -len("data.pkl")], entries
+    first = next(iter(entries))
+    prefix = pkl[0][: -len("data.pkl")]
+    if "/" not in first or first[: first.index("/") + 1] != prefix:
+        raise FormatError(f"{path}: the archive's first entry {first[:80]!r} is not in the folder of its data.pkl "
+                          f"({prefix[:80]!r}), so torch.load reads no data.pkl there; the file is damaged or crafted")
+    folded: dict[str, str] = {}
+    for name in entries:  # torch (miniz) finds records by name ignoring letter case: two such names are ambiguous
+        other = folded.setdefault(name.lower(), name)
+        if other != name:
+            raise FormatError(f"{path}: zip entries {other[:80]!r} and {name[:80]!r} differ only in letter case, and "
+                              "torch.load may read either for both; the file is damaged or crafted")
+    return prefix, entries
+
+
+def _version_checked(path: str, prefix: str, entries: dict[str, ZipEntry], fh: BinaryIO) -> None:
+    """Refuse an archive whose records torch.load refuses before reading a tensor: no ``version`` record or one it
+    cannot parse (a decimal number from 1 to :data:`_MAX_FILE_VERSION`), an unparsable ``.storage_alignment``."""
+    version = entries.get(prefix + "version")
+    text = entry_data(path, version, fh)[1][:64] if version is not None and version.size <= 64 else b""
+    m = re.match(rb"[ \t\n\v\f\r]*\+?([0-9]+)", text)
+    if m is None or not 1 <= int(m.group(1)) <= _MAX_FILE_VERSION:
+        raise FormatError(f"{path}: the archive's version record is missing or reads {text[:20]!r} (torch.load reads "
+                          f"versions 1 to {_MAX_FILE_VERSION}); the file is damaged or crafted")
+    align = entries.get(prefix + ".storage_alignment")
+    if align is not None:
+        try:
+            int(entry_data(path, align, fh)[1][:64] if align.size <= 64 else b"")
+        except ValueError:
+            raise FormatError(f"{path}: the archive's .storage_alignment record is not an integer (torch.load refuses "
+                              "it); the file is damaged or crafted") from None
 
 
 def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[str, ZipEntry], str, str]:
@@ -320,13 +369,15 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     try:  # the entries of the directory parse already made (formats/zipraw.py), checked by their CRC-32
         with open(path, "rb") as fh:
             data = entry_data(path, pkl, fh)[1]
-            order = entry_data(path, entries[prefix + "byteorder"], fh)[1].decode("ascii", "replace").strip() \
-                if prefix + "byteorder" in entries else "little"
+            order = entry_data(path, entries[prefix + "byteorder"], fh)[1].decode("ascii", "replace") \
+                if prefix + "byteorder" in entries else "little"  # exactly: torch.load refuses "little\n"
     except (OSError, MemoryError) as exc:
         raise FormatError(f"{path}: damaged torch.save archive ({str(exc)[:120]}); nothing was read") from None
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
+    with open(path, "rb") as fh:
+        _version_checked(path, prefix, entries, fh)
     return obj, records_of(obj, path), entries, prefix, order
 
 
@@ -363,9 +414,14 @@ def read_torch_layout(path: str) -> Layout:
     return layout_from_records(path, obj, recs, storages, order, "torch")
 
 
+def storage_itemsize(ref: StorageRef) -> int:
+    """The bytes of one element of a storage (1 for an untyped storage)."""
+    return int(TORCH_DTYPES[ref.dtype][-1]) if ref.dtype in TORCH_DTYPES else 1
+
+
 def storage_nbytes(ref: StorageRef) -> int:
     """The bytes of a storage as its persistent id declares them (element count x element size)."""
-    return ref.numel * (int(TORCH_DTYPES[ref.dtype][-1]) if ref.dtype in TORCH_DTYPES else 1)
+    return ref.numel * storage_itemsize(ref)
 
 
 def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]],
@@ -375,8 +431,12 @@ def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]
     skipped: list[Skipped] = []
     groups: dict[tuple[Any, ...], list[str]] = {}
     first: dict[tuple[Any, ...], TensorRecord] = {}
+    owner: dict[str, tuple[Any, ...]] = {}
     for kp, rec in recs:
         key = rec.identity
+        if owner.setdefault(kp, key) != key:  # one name for two tensors: a selection, a log would name either
+            raise FormatError(f"{path}: two different tensors are saved under the key path {kp[:80]!r} (keys such "
+                              "as 1 and '1', or 'a/b' and a['b']); rename one and re-save the file")
         groups.setdefault(key, []).append(kp)
         first.setdefault(key, rec)
     spans: list[tuple[str, int, int, str]] = []  # (storage key, start byte, end byte, path) of listed tensors
@@ -390,6 +450,10 @@ def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]
             continue
         dt = np.dtype(TORCH_DTYPES[rec.dtype])
         if order == "big" and dt.itemsize > 1:
+            if storage_itemsize(rec.storage) != dt.itemsize:  # torch swaps a storage's words by its own element
+                raise FormatError(f"{path}: tensor {name} ({rec.dtype}) lies in a big-endian archive on a storage of "
+                                  f"{storage_itemsize(rec.storage)}-byte elements, whose bytes torch.load swaps by "
+                                  "that width, not the tensor's; load and re-save it on a big-endian machine")
             dt = dt.newbyteorder(">")
         if rec.storage.key not in storages:
             raise FormatError(f"{path}: tensor {name} names storage {rec.storage.key!r}, which the file lacks")
