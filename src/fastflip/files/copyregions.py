@@ -3,7 +3,7 @@
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
 Copy mode (a new file, or ``--in-place`` through a copy) with ``hash_files="regions"`` (the CLI's ``--evidence
-regions``): the input is copied file to file in the kernel (:func:`fastflip.files.h5apply.kernel_copy`: its
+regions``): the input is copied file to file in the kernel (:func:`fastflip.files.filebytes.kernel_copy`: its
 bytes never pass through this process), then the plan's words, the zip CRC fields and the re-encoded chunks are
 written into the copy (a page per site), and the log holds what :mod:`fastflip.files.fingerprint` describes:
 every touched byte range with its old and new bytes, the size, and the head/tail fingerprints of the input and of
@@ -25,7 +25,8 @@ from ..core.plan import Plan
 from ..errors import LogMismatchError, OptionError
 from . import hashcache
 from .fingerprint import check_regions, fingerprints, ranges_hold
-from .h5apply import kernel_copy, write_words_to_file
+from .filebytes import kernel_copy
+from .h5apply import write_words_to_file
 from .inplace import predict_patches, raw_positions
 from .layout import Tensor
 from .patches import patch_undo, write_patches
