@@ -210,15 +210,21 @@ class PhiloxWords:
         return out
 
 
+_PLAIN_PLANS = [0]  # keyed_words answered in plain Python so far in this process
+_PLAIN_MAX = 8  # after that many, NumPy's Philox (imported once) is faster for every later plan
+
+
 def keyed_words(seed: int, stream: Sequence[int] = ()) -> Any:
     """The raw-word source of :func:`keyed_generator` ``(seed, stream)`` (its ``random_raw``, same words).
 
-    Once ``numpy.random`` is loaded (a campaign, a harness drawing trial after trial) it is that generator's
-    Philox (about 20 µs for a trial's words); before (a one-shot command), :class:`PhiloxWords`, so that the
-    command never imports ``numpy.random`` (tens of ms) for the few words it draws.
+    The first few calls of a process that has not loaded ``numpy.random`` (a one-shot command plans once)
+    get :class:`PhiloxWords`, so that the command never imports ``numpy.random`` (tens of ms) for the few words
+    it draws; every other call (a campaign, a harness drawing trial after trial: about 20 µs a trial against
+    some 50 µs in plain Python) gets that generator's Philox.
     """
-    if "numpy.random" in sys.modules:
+    if "numpy.random" in sys.modules or _PLAIN_PLANS[0] >= _PLAIN_MAX:
         return keyed_generator(seed, stream).bit_generator
     if int(seed) < 0:
         raise OptionError(f"seed must be a non-negative integer (got {seed})")
+    _PLAIN_PLANS[0] += 1
     return PhiloxWords(seed_state([seed, *stream], 2))
