@@ -103,6 +103,30 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
 
 
+def test_kernel_copy_refused_part_way(tmp_path, monkeypatch):
+    """The kernel copies the first clean span, then refuses (EXDEV): the background copy reads the rest through a
+    buffer; the output and its hash are the same."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range on this system")
+    src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    ref, routes = _reference(src, out, count=6)
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if len(calls) > 1:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return real(fd_in, fd_out, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
+    assert len(calls) == 2  # refused once, not asked again
+    assert open(out, "rb").read() == open(out + ".ref", "rb").read()
+    assert h_out == filebytes.hash_file(out, "sha256", cache=False)
+    assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
+
+
 def test_kernel_copy_other_errors_are_not_swallowed(tmp_path, monkeypatch):
     """A real I/O failure while copying is not retried through a buffer: it surfaces."""
     if not hasattr(os, "copy_file_range"):
