@@ -9,6 +9,7 @@ write is judged by the frameworks' own loaders (h5py, safetensors) against chang
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 
 import h5py
@@ -20,7 +21,7 @@ from framework_judge import assert_judged
 from format_builders import write_checkpoint_dir
 from framework_views import dir_view, h5_view, st_numpy_view
 from fastflip import Sampling
-from fastflip.files import filebytes, fileio, h5apply
+from fastflip.files import filebytes, fileio, h5apply, hashing
 from fastflip.files.h5apply import copy_apply, route_sites
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
@@ -97,6 +98,30 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
 
 
+def test_kernel_copy_refused_part_way(tmp_path, monkeypatch):
+    """The kernel copies the first clean span, then refuses (EXDEV): the background copy reads the rest through a
+    buffer; the output and its hash are the same."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range on this system")
+    src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    ref, routes = _reference(src, out, count=6)
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if len(calls) > 1:
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return real(fd_in, fd_out, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
+    assert len(calls) == 2  # refused once, not asked again
+    assert open(out, "rb").read() == open(out + ".ref", "rb").read()
+    assert h_out == filebytes.hash_file(out, "sha256", cache=False)
+    assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)
+
+
 def test_kernel_copy_other_errors_are_not_swallowed(tmp_path, monkeypatch):
     """A real I/O failure while copying is not retried through a buffer: it surfaces."""
     if not hasattr(os, "copy_file_range"):
@@ -113,13 +138,71 @@ def test_length_changing_patches_keep_the_buffered_copy():
     assert not h5apply._kernel_copy_ok(np.array([False, True]))
 
 
+class _Counting:
+    """sha256 that adds the bytes it is fed to ``fed[0]``; ``copy`` only when ``copyable``."""
+
+    def __init__(self, fed, copyable, h=None):
+        self.fed, self.copyable, self.h = fed, copyable, h or hashlib.sha256()
+        if copyable:
+            self.copy = lambda: _Counting(self.fed, True, self.h.copy())
+
+    def update(self, data):
+        self.fed[0] += memoryview(data).nbytes
+        self.h.update(data)
+
+    def hexdigest(self):
+        return self.h.hexdigest()
+
+
+@pytest.fixture
+def counting():
+    """Two test algorithms counting the bytes hashed: one whose hashers copy their state, one whose do not."""
+    fed = [0]
+    for name, copyable in (("test-count", True), ("test-count-nocopy", False)):
+        hashing.register(hashing.Algorithm(name, 64, None, None, lambda c=copyable: _Counting(fed, c)))
+    yield fed
+    hashing.unregister("test-count")
+    hashing.unregister("test-count-nocopy")
+
+
+def test_the_output_hash_shares_the_inputs_prefix(tmp_path, counting):
+    """The bytes before the first changed block are hashed once: the output's hash starts as a copy of the
+    input's there; both digests are those of the files."""
+    src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    ref, routes = _reference(src, out, count=1)
+    first = int(min(r.offsets.min() for r in routes)) // 4096 * 4096
+    assert first > 0
+    size = os.path.getsize(src)
+    h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, routes, block=4096, algorithm="test-count",
+                                   cached_input=False)
+    assert counting[0] == size + (size - first)  # the prefix once, the rest twice
+    assert (h_in, h_out) == (filebytes.hash_file(src, "sha256", cache=False),
+                             filebytes.hash_file(out, "sha256", cache=False))
+    _judged(h5_view, src, out, ref.log)
+    counting[0] = 0  # a hasher that cannot copy its state: both hashes fed from the start, the same digests
+    again = copy_apply(src, out + ".2", ref.log.plan, routes, block=4096, algorithm="test-count-nocopy",
+                       cached_input=False)
+    assert counting[0] == 2 * size and again[:2] == (h_in, h_out)
+
+
+def test_a_copy_that_changes_nothing_hashes_the_file_once(tmp_path, counting):
+    """No site on the raw path (all left to h5py, or none): the output is the input, hashed once."""
+    src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    ref, _ = _reference(src, out, count=1)
+    h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, [], block=4096, algorithm="test-count",
+                                   cached_input=False)
+    assert counting[0] == os.path.getsize(src)
+    assert open(out, "rb").read() == open(src, "rb").read()
+    assert h_in == h_out == filebytes.hash_file(src, "sha256", cache=False)
+
+
 @pytest.mark.parametrize("durable", [True, False])
 def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, durable):
     """A durable new file asks the kernel to write each block back as soon as it is copied (the fsync at the
     commit then waits for little); every output byte is asked for exactly once. Not durable: never."""
     src = _h5(tmp_path / "a.h5", n=1 << 20)  # 6 MiB: two copy blocks
     spans: list[tuple[int, int]] = []
-    monkeypatch.setattr(h5apply, "start_writeback", lambda fd, at, n: spans.append((at, n)))
+    monkeypatch.setattr(filebytes, "start_writeback", lambda fd, at, n: spans.append((at, n)))
     out = str(tmp_path / "b.h5")
     res = inject_file(src, out, sampling=Sampling(count=3), seed=2, durable=durable)
     assert_judged(h5_view(src), h5_view(out), res.log)

@@ -75,6 +75,24 @@ def test_inject_into_raw_hdf5_imports_no_zip_chunk_or_archive_code(tmp_path: Pat
     assert sorted(mods & set(NOT_FOR_RAW_HDF5)) == []
 
 
+#: Modules a new file from a count of single-bit flips does not need: NumPy's random package (its sites come from
+#: Philox words computed in Python) with what it loads (secrets, hmac, hashlib), thread pools (the copy and the
+#: hash cache use plain threads), and the in-place and region-evidence writers.
+NOT_FOR_A_NEW_FILE = ("numpy.random", "secrets", "hmac", "concurrent.futures", "fastflip.files.copyregions",
+                      "fastflip.files.fingerprint", "fastflip.files.inplace")
+
+
+@pytest.mark.parametrize("model", [None, "stuck-at-1"])
+def test_a_one_flip_new_file_imports_no_numpy_random_nor_in_place_code(tmp_path: Path, raw_h5: str, model) -> None:
+    more = () if model is None else ("--model", model)
+    mods = modules_of(tmp_path, "inject", raw_h5, "-o", tmp_path / "o.h5", "--count", 1, "--seed", 1, *more,
+                      "--force", "-q")
+    assert "fastflip.files.inject" in mods
+    if hashing.default_algorithm() != "sha256":
+        assert "hashlib" not in mods
+    assert sorted(mods & set(NOT_FOR_A_NEW_FILE)) == []
+
+
 def test_revert_and_inspect_of_raw_hdf5_import_no_zip_readers_nor_sha256(tmp_path: Path, raw_h5: str) -> None:
     out = str(tmp_path / "o.h5")
     algo = hashing.default_algorithm()

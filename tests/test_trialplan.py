@@ -317,3 +317,66 @@ def test_both_paths_take_the_amount_from_one_function(mixed: SiteSpace, kw, monk
         assert len(got) == 1
         k, _pairs, _uniform, mode = got[0]
         assert plan.meta["requested_sites"] == k and {m: plan.meta[m] for m in mode} == mode
+
+
+# ---------------------------------------------------------------------- plain-Python Philox words
+
+
+def test_philox_words_are_numpys() -> None:
+    """PhiloxWords gives NumPy's Philox words (keyed as keyed_generator keys it), however they are asked for."""
+    from fastflip.core.seedkey import PhiloxWords
+
+    r = random.Random(5)
+    for _ in range(300):
+        ent = [r.choice([0, 1, r.randrange(1 << 20), r.randrange(1 << 64), r.randrange(1 << 90)])
+               for _ in range(r.randrange(1, 5))]
+        key = seed_state(ent, 2)
+        want = np.random.Philox(key=np.array(key, np.uint64)).random_raw(60).tolist()
+        assert want == keyed_generator(ent[0], ent[1:]).bit_generator.random_raw(60).tolist()
+        words, got = PhiloxWords(key), []
+        while len(got) < 60:
+            got += words.random_raw(min(r.randrange(0, 11), 60 - len(got)))
+        assert got == want
+
+
+_PLANS_WITHOUT_NUMPY_RANDOM = """
+import json, sys
+from fastflip.core.plan import TensorRef
+from fastflip.core.sampling import SiteSpace
+from fastflip.core.spec import Sampling
+space = SiteSpace([TensorRef("a", "<f4", (3, 5)), TensorRef("b", "<f2", (1000,)), TensorRef("c", "bfloat16", (7,)),
+                   TensorRef("d", "<f4", (200, 300))])
+out, loaded = [], []
+for case in json.loads(sys.argv[1]):
+    p = space.plan(Sampling(**case["kw"]), seed=case["seed"], stream=tuple(case["stream"]))
+    out.append([c.tolist() for c in (p.tensor, p.index, p.and_mask, p.or_mask, p.xor_mask, p.bits)])
+    loaded.append("numpy.random" in sys.modules)
+print(json.dumps({"loaded": loaded, "plans": out}))
+"""
+
+
+def test_a_count_plan_without_numpy_random_is_the_same(mixed: SiteSpace) -> None:
+    """A process that never imported numpy.random (a one-shot command) plans a count of pair sites from
+    plain-Python Philox words, without importing it, for its first few plans; then through NumPy's Philox (faster
+    trial after trial). The same plans as the general path's either way."""
+    from fastflip.core.seedkey import _PLAIN_MAX
+
+    import json
+    import subprocess
+    import sys
+
+    r = random.Random(9)
+    cases = [{"kw": {k: v for k, v in {"count": r.choice([1, 1, 2, 5, 40]), "model": m,
+                                       "replace": r.random() < 0.2}.items() if v is not None},
+              "seed": r.choice([0, 1, r.randrange(1 << 20), r.randrange(1 << 63)]),
+              "stream": [r.randrange(1 << 32) for _ in range(r.randrange(0, 3))]}
+             for m in (None, "flip", "stuck-at-0", "stuck-at-1") for _ in range(25)]
+    assert all(Sampling(**c["kw"]).fault_model.pair_sites for c in cases)  # the models drawn as (bit, element) pairs
+    res = subprocess.run([sys.executable, "-c", _PLANS_WITHOUT_NUMPY_RANDOM, json.dumps(cases)], capture_output=True,
+                         text=True, check=True)
+    got = json.loads(res.stdout)
+    assert got["loaded"] == [False] * _PLAIN_MAX + [True] * (len(cases) - _PLAIN_MAX)
+    for case, plan in zip(cases, got["plans"]):
+        want = _general(mixed, Sampling(**case["kw"]), seed=case["seed"], stream=tuple(case["stream"]))
+        assert plan == [c.tolist() for c in (want.tensor, want.index, want.and_mask, want.or_mask, want.xor_mask,
+                                              want.bits)], case

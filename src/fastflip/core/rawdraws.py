@@ -53,12 +53,19 @@ def _lemire(rng: int, draw: Callable[[], int], mask: int, width: int) -> int:
     return m >> width
 
 
+def _words(bitgen: Any, n: int) -> list[int]:
+    """The next ``n`` raw words of ``bitgen`` as Python integers."""
+    words = bitgen.random_raw(n)
+    return words if isinstance(words, list) else words.tolist()
+
+
 class RawDraws:
     """Draws of a Philox bit generator, replayed from its raw words.
 
     Parameters
     ----------
-    bitgen : numpy.random.Philox
+    bitgen : numpy.random.Philox or fastflip.core.seedkey.PhiloxWords
+        (the latter, plain Python words, only ``fresh`` and without :meth:`sync`)
     fresh : bool
         True: just keyed (as :func:`fastflip.core.seedkey.keyed_generator` leaves it: counter 0, empty
         buffers), nothing drawn yet. False: draws go on from its current state (read once, ~2 µs).
@@ -75,13 +82,13 @@ class RawDraws:
             self.start = (int(st["state"]["counter"][0]), [int(b) for b in st["buffer"]], int(st["buffer_pos"]))
             self.half = int(st["uinteger"]) if st["has_uint32"] else None
         # the rest of the buffer, then whole new blocks (sync() takes the last block used from here)
-        self.raw: list[int] = bitgen.random_raw(4 - self.start[2] + _BLOCK).tolist()
+        self.raw: list[int] = _words(bitgen, 4 - self.start[2] + _BLOCK)
         self.pos = 0  # 64-bit words consumed
         self.lost = False
 
     def _next64(self) -> int:
         if self.pos == len(self.raw):
-            self.raw += self.bitgen.random_raw(_BLOCK).tolist()
+            self.raw += _words(self.bitgen, _BLOCK)
         v = self.raw[self.pos]
         self.pos += 1
         return v
@@ -141,7 +148,7 @@ class RawDraws:
     def random(self, size: int) -> list[float]:
         """``Generator.random(size)``."""
         if self.pos + size > len(self.raw):
-            self.raw += self.bitgen.random_raw(_BLOCK + 4 * (size // 4)).tolist()  # whole blocks
+            self.raw += _words(self.bitgen, _BLOCK + 4 * (size // 4))  # whole blocks
         words = self.raw[self.pos: self.pos + size]
         self.pos += size
         return [(w >> 11) * (1.0 / 9007199254740992.0) for w in words]

@@ -24,7 +24,7 @@ import numpy as np
 
 from .plan import Plan, merge_duplicate_elements
 from .rawdraws import FLOYD_MAX, RawDraws
-from .seedkey import keyed_generator
+from .seedkey import keyed_generator, keyed_words
 
 __all__ = ["lean_plan", "pair_units_plan", "LeanTables", "draw_amount"]
 
@@ -155,13 +155,15 @@ def lean_plan(space: Any, sampling: Any, seed: int, stream: Sequence[int], limit
     if any(int(s) < 0 for s in stream):
         return None  # the general path raises NumPy's error
     model, replace, count = sampling.fault_model, sampling.replace, sampling.count
-    rng = keyed_generator(seed, stream)
+    # a count of (bit, element) pairs draws nothing but raw words: computed here, without numpy.random
+    words_only = count is not None and model.pair_sites
+    rng = None if words_only else keyed_generator(seed, stream)
     k, pairs, pair_uniform, mode = draw_amount(space, sampling, rng)
     cap = space._capacity(pairs)
     if not (1 <= k < limits[0] and (replace or k <= limits[1] * cap)):
         return None
     lt = space._lean_tables()
-    d = RawDraws(rng.bit_generator, fresh=count is not None)
+    d = RawDraws(keyed_words(seed, stream) if rng is None else rng.bit_generator, fresh=count is not None)
     keys = _draw_keys(lt, d, k, cap, pairs, replace, pair_uniform)
     if keys is None:
         return None

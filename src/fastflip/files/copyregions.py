@@ -3,7 +3,7 @@
 Layer: ``files`` (may import core, kernels and files; imported by live and above).
 
 Copy mode (a new file, or ``--in-place`` through a copy) with ``hash_files="regions"`` (the CLI's ``--evidence
-regions``): the input is copied file to file in the kernel (:func:`fastflip.files.h5apply.kernel_copy`: its
+regions``): the input is copied file to file in the kernel (:func:`fastflip.files.filebytes.kernel_copy`: its
 bytes never pass through this process), then the plan's words, the zip CRC fields and the re-encoded chunks are
 checked and written into the copy in one pass over the touched ranges (:mod:`fastflip.files.rangeio`), and the
 log holds what :mod:`fastflip.files.fingerprint` describes: every touched byte range with its old and new bytes,
@@ -25,8 +25,8 @@ import numpy as np
 from ..core.plan import Plan
 from ..errors import LogMismatchError, OptionError
 from . import hashcache
+from .filebytes import kernel_copy
 from .fingerprint import check_regions, fingerprints
-from .h5apply import kernel_copy
 from .inplace import predict_patches
 from .layout import Tensor
 from .patches import patch_undo

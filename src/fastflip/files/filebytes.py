@@ -1,9 +1,12 @@
-"""A file's bytes read in blocks: hashes, hashed copies, hashes predicted for patches, byte diffs and undo.
+"""A file's bytes read in blocks: hashes, hashed copies, hashes predicted for patches, byte diffs and undo, and
+copies made in the kernel.
 
 Layer: ``files``. Every pass reads the file once, in blocks of 8 MiB (memory stays flat): :func:`hash_file` (with
 :mod:`fastflip.files.hashcache`), :func:`copy_with_hash`, :func:`hash_with_patches` (the hash now and the hash once
 patched, from one read), and :func:`byte_diff` (the :class:`ByteUndo` that turns an altered copy back into its
-original, or the original into the copy).
+original, or the original into the copy). :class:`SpanCopier` copies byte spans of one file to the same offsets of
+another in the kernel (``os.copy_file_range``: the bytes never pass through this process), falling back to bytes
+the caller holds or to a buffer where the kernel refuses; :func:`kernel_copy` copies a whole file with it.
 
 Examples
 --------
@@ -21,6 +24,7 @@ Examples
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -30,10 +34,11 @@ import numpy as np
 
 from ..errors import LogMismatchError
 from . import hashcache, hashing
+from .fileio import start_writeback
 from .rangeio import write_ranges
 
 __all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo",
-           "byte_diff"]
+           "byte_diff", "SpanCopier", "kernel_copy", "write_at"]
 
 _BLOCK = 8 << 20
 
@@ -201,3 +206,111 @@ def byte_diff(original: str, altered: str) -> ByteUndo:
             (old_chunks if size > new_size else new_chunks).append((fa if size > new_size else fb).read())
     return ByteUndo(np.array(offsets, np.int64), np.array(lengths, np.int64), b"".join(old_chunks), size,
                     b"".join(new_chunks), new_size)
+
+
+# ----------------------------------------------------------------------------------- copies made in the kernel
+
+_PIECE = 16 << 20  # bytes per copy_file_range call (and per writeback request)
+_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
+
+
+def write_at(fd: int, at: int, pieces: Sequence[Any]) -> int:
+    """Write ``pieces`` (buffers) one after the other from offset ``at`` of the file ``fd``; return the bytes
+    written."""
+    start = at
+    for chunk in pieces:
+        mv = memoryview(chunk).cast("B")
+        n = 0
+        while n < len(mv):
+            n += os.pwrite(fd, mv[n:], at + n)
+        at += len(mv)
+    return at - start
+
+
+def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> int:
+    """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another in the kernel
+    (``os.copy_file_range``); the bytes copied before the kernel refused (another file system, an old kernel):
+    ``n`` when it never did."""
+    done = 0
+    while done < n:
+        try:
+            got = os.copy_file_range(fd_in, fd_out, n - done, at + done, at + done)
+        except OSError as exc:
+            if exc.errno not in _NO_KERNEL_COPY:
+                raise
+            return done
+        if not got:
+            raise OSError(errno.EIO, f"the input ended {n - done} bytes early while it was copied")
+        done += got
+    return done
+
+
+class SpanCopier:
+    """Copies byte spans of the open file ``fd_in`` to the same offsets of ``fd_out``.
+
+    Each span goes file to file in the kernel (``os.copy_file_range``) while the kernel accepts; where it refuses
+    (another file system, an old kernel: ``EXDEV``, ``ENOSYS``...), that span's rest and every later span are
+    written from the bytes the caller already holds (``held``: the input is then read once) or read through a
+    buffer; the kernel is not asked again. Other errors (``EIO``, ``ENOSPC``) surface. ``writeback=True`` (an
+    output that will be fsynced) asks the kernel to start writing each span to disk at once
+    (:func:`fastflip.files.fileio.start_writeback`), so the fsync at the commit waits for little.
+    """
+
+    def __init__(self, fd_in: int, fd_out: int, *, writeback: bool = False) -> None:
+        self.fd_in, self.fd_out, self.writeback = fd_in, fd_out, writeback
+        self.in_kernel = hasattr(os, "copy_file_range")
+        self._buf: bytearray | None = None
+
+    def copy(self, at: int, n: int, held: Any = None, *, fall_back: bool = True) -> bool:
+        """Copy the ``n`` bytes at ``at``; ``held`` (a buffer of those bytes, optional) is written where the
+        kernel refuses. With ``fall_back=False`` a refusal leaves the span to the caller: False is returned and
+        nothing is written from here."""
+        done = _copy_range(self.fd_in, self.fd_out, at, n) if self.in_kernel else 0
+        if done < n:
+            self.in_kernel = False
+            if not fall_back:
+                return False
+            if held is not None:
+                write_at(self.fd_out, at + done, [memoryview(held).cast("B")[done:n]])
+            else:
+                self._read_through(at + done, n - done)
+        if self.writeback:
+            start_writeback(self.fd_out, at, n)
+        return True
+
+    def write(self, at: int, pieces: Sequence[Any]) -> None:
+        """Write ``pieces`` from offset ``at`` of the output (changed bytes: never through the kernel copy)."""
+        n = write_at(self.fd_out, at, pieces)
+        if self.writeback:
+            start_writeback(self.fd_out, at, n)
+
+    def _read_through(self, at: int, n: int) -> None:
+        if self._buf is None:
+            self._buf = bytearray(min(_PIECE, n))
+        view = memoryview(self._buf)
+        while n:
+            k = min(n, len(view))
+            got = os.preadv(self.fd_in, [view[:k]], at)
+            if got != k:
+                raise OSError(errno.EIO, f"the input ended {n - got} bytes early while it was copied")
+            write_at(self.fd_out, at, [view[:k]])
+            at, n = at + k, n - k
+
+
+def kernel_copy(src: str, dst: str, *, writeback: bool = False, piece: int = _PIECE) -> int:
+    """Copy the file ``src`` over ``dst`` file to file in the kernel, piece by piece (:class:`SpanCopier`): its
+    bytes never pass through this process where the OS can do that; return the bytes copied.
+
+    Where the OS has no ``copy_file_range``, ``shutil.copyfile`` copies it (its fastest way there).
+    """
+    if not hasattr(os, "copy_file_range"):
+        import shutil  # only on systems without copy_file_range
+
+        shutil.copyfile(src, dst)
+        return os.path.getsize(dst)
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        size = os.fstat(fin.fileno()).st_size
+        copier = SpanCopier(fin.fileno(), fout.fileno(), writeback=writeback)
+        for at in range(0, size, piece):
+            copier.copy(at, min(piece, size - at))
+    return size

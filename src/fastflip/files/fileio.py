@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import signal
 import stat
 import sys
@@ -222,8 +221,11 @@ class Staging:
             self._rename_all(order, backups, aside)
         finally:
             release_later(held)
-        for old in aside:
-            shutil.rmtree(old, ignore_errors=True)
+        if aside:
+            import shutil  # directory outputs replaced: rare
+
+            for old in aside:
+                shutil.rmtree(old, ignore_errors=True)
         self.items = []
 
     def _rename_all(self, order: list[tuple[str, str, bool]], backups: dict[str, str | None],
@@ -265,6 +267,8 @@ class Staging:
     def abort(self) -> None:
         for tmp, _, _ in self.items:
             if os.path.isdir(tmp) and not os.path.islink(tmp):
+                import shutil  # a directory output failed: rare
+
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):
@@ -333,6 +337,8 @@ def _backup(tmp: str, target: str) -> str | None:
         os.link(target, bak)
     except OSError:
         try:
+            import shutil  # a backup asked for
+
             shutil.copy2(target, bak)
         except OSError:
             return None

@@ -46,7 +46,7 @@ from ..errors import LogMismatchError
 from . import hashing
 from .filebytes import overlay_patches
 from .fileio import atomic_output, deferred_signals
-from .h5apply import kernel_copy
+from .filebytes import kernel_copy
 from .rangeio import GAP, write_ranges
 
 __all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "ranges_hold", "revert_regions",
@@ -175,7 +175,7 @@ def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
 
 def replay_regions(lg: Any, src: str, tmp: str) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
-    ranges tell) into ``tmp``: a kernel copy (:func:`fastflip.files.h5apply.kernel_copy`) with the logged new bytes
+    ranges tell) into ``tmp``: a kernel copy (:func:`fastflip.files.filebytes.kernel_copy`) with the logged new bytes
     written over it, checked to be the logged output the same way. No whole-file pass."""
     fp, undo = _evidence(lg, src, "replayed")
     check_regions(src, fp, undo, "input", src, "; give the file this log's injection was made from")

@@ -10,13 +10,13 @@ Two paths, chosen per site, giving identical words (tested):
   words at the computed offsets in one call per tensor: no HDF5 call and no Python
   loop per flip.
   When the output is a new file (the default), the raw sites are applied while the
-  file is copied (:func:`copy_apply`): each block read from the input is hashed,
-  patched in memory by the kernel at the offsets that fall inside it, then hashed
-  again and written by a helper thread while the next block is read — no page
-  faults on a mapped file and one read of the input. A block no site or patch
-  touches is copied file to file in the kernel (``os.copy_file_range``) instead of
-  written from the buffer; where the kernel refuses (another file system), the
-  buffer already read is written: the input is still read once.
+  file is copied (:func:`copy_apply`): the blocks no site or patch touches are copied
+  file to file in the kernel (``os.copy_file_range``) by a background thread, while
+  the input is read once, block by block, and hashed; the touched blocks are patched in
+  memory by the kernel and written at their offsets. The output's hash is a copy of the
+  input's state at the first touched block, continued over the output's bytes: the
+  bytes before it are hashed once. Where the kernel refuses to copy (another file
+  system), the blocks already read are written: the input is still read once.
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -27,11 +27,10 @@ fastflip never writes outside the checkpoint file.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -45,7 +44,7 @@ from ..errors import InputFileError, LogMismatchError, UnsupportedStorageError
 from ..kernels import dispatch as native
 from . import hashcache, hashing
 from .encoded import member_words
-from .fileio import start_writeback
+from .filebytes import SpanCopier
 from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .h5offsets import chunk_address_base
@@ -54,7 +53,7 @@ from .layout import Tensor, open_dataset, open_h5
 from .routes import SiteRoute
 
 __all__ = ["SiteRoute", "RawSites", "route_sites", "read_words", "apply_plan_to_file", "write_words_to_file",
-           "check_storage", "copy_apply", "kernel_copy"]
+           "check_storage", "copy_apply"]
 
 
 def check_storage(tensors: Sequence[Tensor]) -> None:
@@ -329,7 +328,7 @@ def write_words_to_file(path: str, plan: Plan, tensors: Mapping[str, Tensor], wo
     return old, any((r.offsets < 0).any() for r in routes)
 
 
-_BLOCK = 4 << 20  # copy blocks: three buffers of this size (larger ones cost page faults, not speed)
+_BLOCK = 4 << 20  # the copy's read buffer (larger ones cost page faults, not speed)
 
 
 def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[int, bytes, bytes]],
@@ -368,7 +367,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     bytes have another length than its old ones replaces that input range in the output
     (a re-deflated zip member), so the output's length may differ from the input's.
 
-    One pass over the file, block by block, in two threads (see :func:`_copy_buffered`). ``cached_input=False``
+    One read of the file, block by block, beside a kernel copy of its untouched spans (see
+    :func:`_copy_buffered`). ``cached_input=False``
     hashes the input's bytes even when :mod:`fastflip.files.hashcache` knows them (in place: the log is the
     only way back to them). ``writeback=True`` (an output that will be fsynced) starts each written block's
     writeback to disk at once (:func:`fastflip.files.fileio.start_writeback`), so the fsync waits for little.
@@ -398,152 +398,160 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     return h_in, h_out, old_out, new_out
 
 
-def kernel_copy(src: str, dst: str, *, writeback: bool = False, piece: int = 4 * _BLOCK) -> int:
-    """Copy the file ``src`` over ``dst`` file to file in the kernel (``os.copy_file_range``, piece by piece):
-    its bytes never pass through this process where the OS can do that; return the bytes copied.
+def _dirty_spans(raw: RawSites, pstart: np.ndarray, pend: np.ndarray, size: int,
+                 block: int) -> list[tuple[int, int, bool]]:
+    """``[(start, end, dirty)]`` tiling the file ``[0, size)`` in order: dirty spans are the runs of ``block``-aligned
+    blocks that hold a byte of a raw site's word or of a patch (a word is never split between spans)."""
+    s = raw.sites
+    wend = s.offsets + raw.table.itemsizes[s.tensor] if len(raw) else np.zeros(0, np.int64)
+    first = np.concatenate([s.offsets, pstart]) // block
+    last = (np.concatenate([wend, np.maximum(pend, pstart + 1)]) - 1) // block
+    many = np.flatnonzero(last - first > 1)  # a long patch (a re-encoded chunk): every block it covers
+    # a set, not np.unique (which imports numpy.ma: 20 ms of a one-flip command)
+    ks = sorted({*first.tolist(), *last.tolist(), *[k for i in many.tolist() for k in range(first[i], last[i] + 1)]})
+    spans: list[tuple[int, int, bool]] = []
+    at = 0
+    for k in ks:
+        a, b = k * block, min((k + 1) * block, size)
+        if a >= size:
+            break
+        if spans and spans[-1][2] and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b, True)
+            at = b
+            continue
+        if a > at:
+            spans.append((at, a, False))
+        spans.append((a, b, True))
+        at = b
+    if at < size:
+        spans.append((at, size, False))
+    return spans
 
-    ``writeback=True`` (an output that will be fsynced) starts each piece's writeback to disk at once
-    (:func:`fastflip.files.fileio.start_writeback`). Where the kernel refuses a piece (another file system, an
-    old kernel: ``EXDEV``, ``ENOSYS``...), that piece's rest and every later piece are read and written through a
-    buffer. Where the OS has no ``copy_file_range``, ``shutil.copyfile`` copies it (its fastest way there).
-    """
-    if not hasattr(os, "copy_file_range"):
-        import shutil  # only on systems without copy_file_range
 
-        shutil.copyfile(src, dst)
-        return os.path.getsize(dst)
-    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
-        size = os.fstat(fin.fileno()).st_size
-        buf: bytearray | None = None  # the kernel refused once (another file system...): the rest goes through it
-        for at in range(0, size, piece):
-            n = min(piece, size - at)
-            done = 0 if buf is not None else _copy_range(fin.fileno(), fout.fileno(), at, n)
-            if done < n:
-                buf = buf if buf is not None else bytearray(piece)
-                view = memoryview(buf)[: n - done]
-                fin.seek(at + done)
-                got = fin.readinto(view)
-                if got != n - done:
-                    raise OSError(errno.EIO, f"{src} ended {n - done - got} bytes early while it was copied")
-                _write_at(fout, at + done, [view])
-            if writeback:
-                start_writeback(fout.fileno(), at, n)
-    return size
+class _CleanCopy(threading.Thread):
+    """Copies the clean spans (no site, no patch) of the input to the output in the kernel, in the background.
+
+    The first piece tells whether the kernel copies at all (``verdict``; ``ok``): where it refuses, this thread
+    stops and the reader writes the clean spans from the blocks it reads anyway (the input is read once)."""
+
+    def __init__(self, copier: SpanCopier, spans: list[tuple[int, int, bool]], piece: int) -> None:
+        super().__init__(name="fastflip-copy", daemon=True)
+        self.copier, self.piece = copier, piece
+        self.spans = [(a, b) for a, b, dirty in spans if not dirty]
+        self.verdict, self.stop, self.ok = threading.Event(), threading.Event(), False
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            first = True
+            for a, b in self.spans:
+                for at in range(a, b, self.piece):
+                    if self.stop.is_set():
+                        return
+                    n = min(self.piece, b - at)
+                    if first:
+                        first = False
+                        self.ok = self.copier.copy(at, n, fall_back=False)
+                        self.verdict.set()
+                        if not self.ok:
+                            return
+                    else:
+                        self.copier.copy(at, n)
+        except BaseException as exc:  # handed to the reader, raised there
+            self.error = exc
+        finally:
+            self.verdict.set()
+
+    def finish(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise self.error
 
 
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
                    new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256",
                    writeback: bool = False) -> tuple[str, str]:
-    h_in, h_out = hashing.new(algorithm), hashing.new(algorithm)
-    # three threads, three buffers: the main thread reads, hashes and patches block i while one helper
-    # hashes the output bytes and another writes them (of blocks i-1, i-2): the two hash passes and the
-    # write run side by side (the hashes and file I/O release the GIL). A block nothing touched is not written
-    # from the buffer but copied file to file in the kernel (``os.copy_file_range``, where the output keeps the
-    # input's offsets: no patch changes a length): one copy of its bytes fewer.
+    """Copy ``src`` to ``dst`` with the sites applied and the patches written; return (input digest, output
+    digest); the input digest is '' when ``hash_input`` is False.
+
+    The file is cut into clean spans (no site, no patch) and dirty ones (:func:`_dirty_spans`). A background
+    thread copies the clean spans file to file in the kernel (:class:`_CleanCopy`) while this thread reads the
+    input once, block by block, hashes it, patches the dirty blocks in memory and writes them at their offsets.
+    The output's hash is the input's up to the first dirty block (a copy of the hasher's state there: the bytes
+    before it are the same), then follows the output's bytes. Where the kernel refuses to copy, or a patch changes
+    a length (a re-deflated zip member: every later byte moves), every block is written from the buffer read.
+    """
+    hin: Any = hashing.new(algorithm)
+    share = hash_input and hasattr(hin, "copy")  # the output's hash starts as a copy of the input's
+    hout: Any = None if share else hashing.new(algorithm)
+    if not hash_input:
+        hin = None
     in_kernel = _kernel_copy_ok(splice)
-    nbuf = 3
-    bufs = [bytearray(block + 8) for _ in range(nbuf)]
-    pending: list[list[Any]] = [[] for _ in range(nbuf)]
-    base = lo = i = 0
-    with open(src, "rb") as fin, open(dst, "wb") as fout, ThreadPoolExecutor(1) as hasher, \
-            ThreadPoolExecutor(1) as writer:
-
-        def digest(pieces: list[Any]) -> None:
-            for chunk in pieces:
-                h_out.update(chunk)
-
-        def emit(pieces: list[Any]) -> None:
-            for chunk in pieces:
-                fout.write(chunk)
-
-        refused: list[bool] = []  # the kernel refused a copy (another file system...): the held buffer is written
-
-        def copy_span(at: int, held: memoryview) -> None:
-            n = len(held)
-            done = 0 if refused else _copy_range(fin.fileno(), fout.fileno(), at, n)
-            if done < n:
-                refused.append(True)
-                _write_at(fout, at + done, [held[done:]])
-            if writeback:
-                start_writeback(fout.fileno(), at, n)
-
-        def write_span(at: int, pieces: list[Any]) -> None:
-            _write_at(fout, at, pieces)
-            if writeback:
-                start_writeback(fout.fileno(), at, sum(len(memoryview(p).cast("B")) for p in pieces))
-
-        while True:
-            slot = i % nbuf
-            for f in pending[slot]:
-                f.result()  # the helpers are done with this buffer
-            view = memoryview(bufs[slot])
-            got = fin.readinto(view[:block])
-            if not got:
-                break
-            end = base + got
-            hi = raw.stop(lo, end)
-            extra = raw.spill(hi, end)  # a word that starts in this block but ends after it
-            if extra:
-                more = fin.readinto(view[got : got + extra])
-                got += more
-                end += more
-            if hash_input:
-                h_in.update(view[:got])
-            touched = hi > lo
-            if touched:
-                raw.run_block(np.frombuffer(bufs[slot], np.uint8, got), base, lo, hi, "apply", old, new, backend)
-                lo = hi
-            pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
-            if in_kernel and not touched and not ((pstart < end) & (pend > base)).any():
-                out = writer.submit(copy_span, base, view[:got])
-            else:
-                if in_kernel:
-                    out = writer.submit(write_span, base, pieces)
-                else:
-                    out = writer.submit(emit, pieces)
-            pending[slot] = [hasher.submit(digest, pieces), out]
-            base = end
-            i += 1
-        for fs in pending:
-            for f in fs:
-                f.result()
+    buf = bytearray(block + 8)
+    view = memoryview(buf)
+    lo = 0
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        size = os.fstat(fin.fileno()).st_size
+        spans = _dirty_spans(raw, pstart, pend, size, block)
+        copier = SpanCopier(fin.fileno(), fout.fileno(), writeback=writeback)
+        clean = _CleanCopy(copier, spans, max(block, 16 << 20)) if in_kernel else None
+        if clean is not None:
+            clean.start()
+        try:
+            for a, b, dirty in spans:
+                base = a
+                while base < b:
+                    got = fin.readinto(view[: min(block, b - base)])
+                    if not got:
+                        raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
+                    end = base + got
+                    if dirty:
+                        hi = raw.stop(lo, end)
+                        extra = raw.spill(hi, end)  # a word that starts in this block but ends after it
+                        if extra:
+                            more = fin.readinto(view[got : got + extra])
+                            got += more
+                            end += more
+                    if dirty and hout is None:  # the first dirty block: the bytes before it are the input's
+                        hout = hin.copy()
+                    if hin is not None:
+                        hin.update(view[:got])
+                    if dirty:
+                        if hi > lo:
+                            raw.run_block(np.frombuffer(buf, np.uint8, got), base, lo, hi, "apply", old, new,
+                                          backend)
+                            lo = hi
+                        pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
+                    else:
+                        pieces = [view[:got]]
+                    if hout is not None:
+                        for chunk in pieces:
+                            hout.update(chunk)
+                    if not in_kernel:
+                        for chunk in pieces:
+                            fout.write(chunk)
+                    elif dirty:
+                        copier.write(base, pieces)
+                    else:
+                        assert clean is not None
+                        clean.verdict.wait()
+                        if not clean.ok:  # the kernel refused: this block is written from the buffer
+                            copier.copy(base, got, view[:got])
+                    base = end
+        except BaseException:
+            if clean is not None:
+                clean.stop.set()
+                clean.join()
+            raise
+        if clean is not None:
+            clean.finish()
         fout.flush()
-    return h_in.hexdigest(), h_out.hexdigest()
+    if hout is None:  # no byte changed: the output is the input
+        hout = hin
+    return (hin.hexdigest() if hin is not None else ""), hout.hexdigest()
 
 
 def _kernel_copy_ok(splice: np.ndarray) -> bool:
     """Whether blocks may be copied file to file in the kernel: no patch changes a length, and the OS has it."""
     return hasattr(os, "copy_file_range") and not splice.any()
-
-
-_NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
-
-
-def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> int:
-    """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another in the kernel
-    (``os.copy_file_range``); the bytes copied before the kernel refused (another file system, an old kernel):
-    ``n`` when it never did. The caller writes the rest from the buffer that holds them."""
-    done = 0
-    while done < n:
-        try:
-            got = os.copy_file_range(fd_in, fd_out, n - done, at + done, at + done)
-        except OSError as exc:
-            if exc.errno not in _NO_KERNEL_COPY:
-                raise
-            return done
-        if not got:
-            raise OSError(errno.EIO, f"the input ended {n - done} bytes early while it was copied")
-        done += got
-    return done
-
-
-def _write_at(fout: Any, at: int, pieces: list[Any]) -> None:
-    """Write ``pieces`` one after the other from offset ``at`` of the (unbuffered position) output."""
-    fd = fout.fileno()
-    for chunk in pieces:
-        n = 0
-        mv = memoryview(chunk).cast("B")
-        while n < len(mv):
-            n += os.pwrite(fd, mv[n:], at + n)
-        at += len(mv)

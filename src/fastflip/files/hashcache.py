@@ -67,7 +67,6 @@ import tempfile
 import threading
 import time
 import warnings
-from concurrent.futures import Future
 from typing import Any
 
 from .hashing import check_digest
@@ -193,20 +192,38 @@ def prefetch(path: str, algorithm: str = "sha256") -> None:
         st = os.stat(path)
     except OSError:
         return
-    fut: Future[str | None] = Future()
-
-    def run() -> None:
-        try:
-            fut.set_result(_lookup(path, st, algorithm))
-        except BaseException as exc:  # handed to the lookup that takes it
-            fut.set_exception(exc)
-
+    fut = _Prefetch(path, st, algorithm)
     with _PREFETCH_LOCK:
         _PREFETCHED[(os.path.realpath(path), algorithm)] = (_key(st), fut)
     try:
-        threading.Thread(target=run, name="fastflip-hashcache", daemon=True).start()
+        fut.start()
     except RuntimeError:
-        run()
+        fut.run()
+
+
+class _Prefetch(threading.Thread):
+    """A :func:`_lookup` run in a thread; :meth:`result` waits for its answer (or raises its error)."""
+
+    def __init__(self, path: str, st: os.stat_result, algorithm: str) -> None:
+        super().__init__(name="fastflip-hashcache", daemon=True)
+        self.args_ = (path, st, algorithm)
+        self.done = threading.Event()
+        self.value: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = _lookup(*self.args_)
+        except BaseException as exc:  # handed to the lookup that takes it
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def result(self) -> str | None:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def lookup(path: str, st: os.stat_result, algorithm: str = "sha256") -> str | None:

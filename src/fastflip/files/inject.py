@@ -48,12 +48,10 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
 from .archives import edit_archive, is_keras_archive
-from .copyregions import refuse_moving_bytes, write_copy_regions
 from .encoded import encoded_patches, say_h5py_notes
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
-from .inplace import write_in_place, write_unlogged
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
@@ -142,6 +140,9 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
     if in_place and not atomic:
+        from .copyregions import refuse_moving_bytes  # in place and region evidence only: not on a new file's path
+        from .inplace import write_in_place, write_unlogged
+
         refuse_moving_bytes(src, h5_rest, cp, "use atomic=True (the CLI: drop --direct)",
                             "non-atomic in-place injection")
         st_before = os.stat(src)
@@ -153,6 +154,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
         keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return res
     if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass
+        from .copyregions import refuse_moving_bytes, write_copy_regions
+
         refuse_moving_bytes(src, h5_rest, cp, "log whole-file hashes instead (the CLI: drop --evidence regions)")
         return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, finish, algorithm,
                                   writeback=stage.durable)
