@@ -178,7 +178,7 @@ def test_the_output_hash_shares_the_inputs_prefix(tmp_path, counting):
     assert counting[0] == size + (size - first)  # the prefix once, the rest twice
     assert (h_in, h_out) == (filebytes.hash_file(src, "sha256", cache=False),
                              filebytes.hash_file(out, "sha256", cache=False))
-    _judged(h5_view, src, out, ref.log)
+    assert_judged(h5_view(src), h5_view(out), ref.log)
     counting[0] = 0  # a hasher that cannot copy its state: both hashes fed from the start, the same digests
     again = copy_apply(src, out + ".2", ref.log.plan, routes, block=4096, algorithm="test-count-nocopy",
                        cached_input=False)

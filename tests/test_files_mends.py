@@ -142,7 +142,7 @@ def _notes(caught) -> list[str]:
 
 
 def test_h5py_note_only_where_h5py_writes(tmp_path, monkeypatch):
-    """Chunks fastflip cannot re-encode (scale-offset): a direct run and a region-evidence run refuse them with
+    """Chunks fastflip cannot re-encode (lossless scale-offset integers): a direct run and a region-evidence run refuse them with
     their one-line error and no note that h5py would write them; a later copy in the same process that does send
     them through h5py says so."""
     from fastflip.errors import OptionError
@@ -151,7 +151,7 @@ def test_h5py_note_only_where_h5py_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(h5chunks, "_SAID", set())
     src = str(tmp_path / "so.h5")
     with h5py.File(src, "w") as f:
-        f.create_dataset("w", data=np.linspace(-1, 1, 4096, dtype="f4"), chunks=(512,), scaleoffset=3)
+        f.create_dataset("w", data=np.arange(-2048, 2048, dtype="i4"), chunks=(512,), scaleoffset=0)
     before = open(src, "rb").read()
     tries = [dict(dst=None, in_place=True, atomic=False), dict(dst=str(tmp_path / "r.h5"), hash_files="regions")]
     for kw in tries:
