@@ -104,3 +104,25 @@ def test_many_flips_in_place_hold_the_logged_bytes(tmp_path, hash_files):
         pos = np.cumsum(u.lengths) - u.lengths
         for o, ln, p in zip(u.offsets.tolist(), u.lengths.tolist(), pos.tolist()):
             assert u.data[p:p + ln] == before[o:o + ln] and u.new_data[p:p + ln] == after[o:o + ln]
+
+
+def test_prefault_changes_no_byte_and_steps_aside_where_refused(tmp_path, monkeypatch):
+    import mmap
+
+    from fastflip.files import h5apply
+
+    data = np.random.default_rng(4).integers(0, 256, 64 << 10, dtype=np.uint8).tobytes()
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    offs = np.array([5, 4096 + 7, 3 * 4096, 3 * 4096 + 9, len(data) - 1], np.int64)
+    with open(p, "r+b") as fh:
+        mm = mmap.mmap(fh.fileno(), len(data) - 100, flags=mmap.MAP_SHARED)  # not a whole number of pages
+        try:
+            h5apply.prefault_writable(mm, offs[offs < len(mm)])
+            monkeypatch.setattr(h5apply, "_POPULATE_WRITE", 1 << 20)  # advice the kernel refuses (EINVAL)
+            h5apply.prefault_writable(mm, offs[offs < len(mm)])
+            assert h5apply._POPULATE_WRITE is None
+            h5apply.prefault_writable(mm, offs[offs < len(mm)])  # skipped from now on
+        finally:
+            mm.close()
+    assert p.read_bytes() == data
