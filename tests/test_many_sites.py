@@ -126,3 +126,28 @@ def test_prefault_changes_no_byte_and_steps_aside_where_refused(tmp_path, monkey
         finally:
             mm.close()
     assert p.read_bytes() == data
+
+
+def test_manifest_text_reads_back_and_logs_written_before_still_load(tmp_path):
+    import json
+    import zipfile
+
+    from fastflip.files.log import manifest_json
+
+    path = _file(tmp_path / "m.h5")
+    res = inject_file(path, in_place=True, atomic=False, count=300, seed=5, hash_files="regions",
+                      log_path=str(tmp_path / "m.fflog"))
+    with zipfile.ZipFile(res.log_path) as z:
+        text = z.read("manifest.json").decode()
+        members = {n: z.read(n) for n in z.namelist()}
+    assert json.loads(text) == json.loads(json.dumps(res.log.manifest, default=str))
+    assert text.count("\n") > len(res.log.manifest["tensors"])  # a tensor a line: readable as text
+    assert json.loads(manifest_json({})) == {} and json.loads(manifest_json({"a": [], "b": [1, {"c": 2}]})) == {
+        "a": [], "b": [1, {"c": 2}]}
+    # the same log as earlier versions wrote it (manifest indented by json.dumps): read alike
+    old = tmp_path / "old.fflog"
+    with zipfile.ZipFile(old, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, json.dumps(json.loads(text), indent=2) if name == "manifest.json" else data)
+    a, b = InjectionLog.load(res.log_path), InjectionLog.load(old)
+    assert a.manifest == b.manifest and a.records() == b.records() and _as_tuple(a.undo) == _as_tuple(b.undo)
