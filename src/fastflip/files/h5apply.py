@@ -180,19 +180,20 @@ class RawSites:
 
     @classmethod
     def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
-        raw = [r for r in routes if (r.offsets >= 0).any()]
-        keep = [r.offsets >= 0 for r in raw]
-        # tensors in file order: then the concatenation is already sorted when each tensor's offsets are
-        firsts = [int(r.offsets[k][0]) for r, k in zip(raw, keep)]
-        order_t = sorted(range(len(raw)), key=firsts.__getitem__)
-        raw, keep = [raw[i] for i in order_t], [keep[i] for i in order_t]
+        routes = [r for r in routes if len(r.offsets)]
         z = np.zeros(0, np.int64)
-        site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
-        offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
+        site = np.concatenate([r.positions for r in routes]) if routes else z
+        offs = np.concatenate([r.offsets for r in routes]) if routes else z
+        counts = np.array([len(r.offsets) for r in routes], np.int64)
+        keep = offs >= 0
+        with_raw = np.logical_or.reduceat(keep, np.cumsum(counts) - counts) if routes else np.zeros(0, bool)
         # sites are grouped by word type (bfloat16 is not uint16), not by tensor
-        keys = list(dict.fromkeys((r.tensor.dtype, r.tensor.format) for r in raw))
-        code = np.concatenate([np.full(int(k.sum()), keys.index((r.tensor.dtype, r.tensor.format)), np.int64)
-                               for r, k in zip(raw, keep)]) if raw else z
+        keys: dict[tuple[Any, Any], int] = {}
+        per = [keys.setdefault((r.tensor.dtype, r.tensor.format), len(keys)) if w else -1
+               for r, w in zip(routes, with_raw.tolist())]
+        code = np.repeat(np.array(per, np.int64), counts)
+        if not keep.all():
+            site, offs, code = site[keep], offs[keep], code[keep]
         if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
             site, offs, code = site[order], offs[order], code[order]
