@@ -151,3 +151,28 @@ def test_manifest_text_reads_back_and_logs_written_before_still_load(tmp_path):
             z.writestr(name, json.dumps(json.loads(text), indent=2) if name == "manifest.json" else data)
     a, b = InjectionLog.load(res.log_path), InjectionLog.load(old)
     assert a.manifest == b.manifest and a.records() == b.records() and _as_tuple(a.undo) == _as_tuple(b.undo)
+
+
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_prefault_asks_once_per_run_of_pages(monkeypatch, order):
+    import mmap
+
+    from fastflip.files import h5apply
+
+    pg = mmap.PAGESIZE
+    offs = np.array([1, 2, pg + 5, 3 * pg, 3 * pg + 1, 4 * pg + 8, 9 * pg, 16 * pg - 1], np.int64)
+    if order == "shuffled":
+        offs = offs[[5, 0, 7, 2, 1, 4, 6, 3]]
+    asked = []
+
+    class Mapping:  # records the advice instead of giving it
+        def __len__(self):
+            return 16 * pg - 100  # the last page is cut short
+
+        def madvise(self, advice, start, length):
+            asked.append((advice, start, length))
+
+    monkeypatch.setattr(h5apply, "_POPULATE_WRITE", 23)
+    h5apply.prefault_writable(Mapping(), offs)
+    # pages 0-1, 3-4, 9, 15 (to the mapping's end): a call per run of pages, no page twice
+    assert asked == [(23, 0, 2 * pg), (23, 3 * pg, 2 * pg), (23, 9 * pg, pg), (23, 15 * pg, pg - 100)]

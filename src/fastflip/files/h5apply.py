@@ -265,8 +265,10 @@ def prefault_writable(mm: mmap.mmap, offsets: np.ndarray) -> None:
     if _POPULATE_WRITE is None or len(offsets) < 2:
         return
     page = mmap.PAGESIZE
-    pages = np.unique(offsets // page)
-    brk = np.flatnonzero(np.diff(pages) != 1)
+    pages = offsets // page
+    if not bool((pages[1:] >= pages[:-1]).all()):
+        pages = np.sort(pages)
+    brk = np.flatnonzero(np.diff(pages) > 1)  # where a run of pages ends (a page twice stays in its run)
     first = pages[np.r_[0, brk + 1]] * page
     last = (pages[np.r_[brk, len(pages) - 1]] + 1) * page
     size = len(mm)
