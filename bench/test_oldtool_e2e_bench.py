@@ -8,7 +8,16 @@ Every figure is one subprocess run end to end (interpreter start and imports inc
 * ``baseline``: ``python bench/oldtool_baseline.py FILE --flips 20000`` (in place, as the older tool works);
 * ``fastflip new file``: ``python -m fastflip inject FILE -o OUT --count 20000 -q`` (copy, hashes, log, fsyncs);
 * ``fastflip in place --direct``: ``python -m fastflip inject FILE --in-place --direct --count 20000 -q``
-  (the log committed first, fsync'ed, then the 20,000 words written where they lie).
+  (the log committed first, fsync'ed, then the 20,000 words written where they lie);
+* ``floor: import numpy, h5py``: ``python -c "import numpy, h5py"`` in the same environment, the start-up any
+  Python tool reading HDF5 through h5py pays;
+* ``floor: h5py open + list``: that, plus opening the file with h5py and listing its datasets
+  (``visititems``): the least an h5py-based tool does before its first flip.
+
+The ratios fastflip / older tool and fastflip / floor come from the same run. A separate group,
+``oldtool-20000-flips-in-process``, times :func:`fastflip.files.inject.inject_file` itself (the same 20,000 flips,
+in place, direct, region evidence, with a log) in this process, the layout walked afresh each round as a CLI run
+walks it: what a host harness calling fastflip pays, without the interpreter start.
 
 Run (``FASTFLIP_BENCH_DIR`` holds the ~100 MB checkpoints; default: pytest's temporary directory)::
 
@@ -55,7 +64,14 @@ def d(tmp_path_factory):
     src = write_keras_legacy_checkpoint(os.path.join(p, "resnet50.h5"))
     for name in ("old.h5", "direct.h5"):
         shutil.copyfile(src, os.path.join(p, name))
-    run("-m", "fastflip", "inject", "--help")  # bytecode compiled once, outside the timings
+    run("-m", "fastflip", "inject", "--help")  # bytecode compiled once, outside the timings ...
+    warm = os.path.join(p, "warm.h5")  # ... also of the modules the inject path imports lazily
+    shutil.copyfile(src, warm)
+    run("-m", "fastflip", "inject", warm, "--in-place", "--direct", "--count", 10, "--seed", 1, "-q")
+    os.remove(warm)
+    for name in os.listdir(p):
+        if name.startswith("warm.h5"):
+            os.remove(os.path.join(p, name))
     yield p
     shutil.rmtree(p, ignore_errors=True)
 
@@ -83,3 +99,38 @@ def test_fastflip_in_place_direct(benchmark, d):
     benchmark.pedantic(lambda: run("-m", "fastflip", "inject", f, "--in-place", "--direct", "--count", FLIPS,
                                    "--seed", (s := next(seeds)), "--log", f"{f}.{s}.fflog", "-q"),
                        rounds=ROUNDS, iterations=1, warmup_rounds=0)
+
+
+_LIST = ("import sys, numpy, h5py\n"
+         "names = []\n"
+         "with h5py.File(sys.argv[1], 'r') as f:\n"
+         "    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)\n"
+         "assert names\n")
+
+
+@pytest.mark.benchmark(group="oldtool-20000-flips")
+def test_floor_import_numpy_h5py(benchmark):
+    benchmark.pedantic(lambda: run("-c", "import numpy, h5py"), rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=0)
+
+
+@pytest.mark.benchmark(group="oldtool-20000-flips")
+def test_floor_h5py_open_list(benchmark, d):
+    f = os.path.join(d, "resnet50.h5")
+    benchmark.pedantic(lambda: run("-c", _LIST, f), rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=0)
+
+
+@pytest.mark.benchmark(group="oldtool-20000-flips-in-process")
+def test_inject_file_in_process(benchmark, d):
+    from fastflip.files import inject as fi
+
+    seeds = itertools.count(1)
+    f = os.path.join(d, "inproc.h5")
+    shutil.copyfile(os.path.join(d, "resnet50.h5"), f)
+    fi.inject_file(f, in_place=True, atomic=False, count=10, seed=0, hash_files="regions", log_path=f"{f}.0.fflog")
+
+    def once() -> None:
+        s = next(seeds)
+        fi.inject_file(f, in_place=True, atomic=False, count=FLIPS, seed=s, hash_files="regions",
+                       log_path=f"{f}.{s}.fflog")
+
+    benchmark.pedantic(once, setup=fi._LAYOUTS.clear, rounds=max(ROUNDS, 7), iterations=1, warmup_rounds=0)

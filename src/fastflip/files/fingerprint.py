@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import LogMismatchError
 from . import hashing
-from .filebytes import overlay_patches
+from .filebytes import ByteUndo, overlay_patches
 from .fileio import atomic_output, deferred_signals
 from .filebytes import kernel_copy
 from .rangeio import GAP, write_ranges
@@ -97,15 +97,31 @@ def fingerprint(path: str, algorithm: str, head_len: int, tail_len: int) -> dict
     return _record(size, head_len, tail_len, head, tail, algorithm)
 
 
-def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, bytes]]
+def fingerprints(path: str, algorithm: str, patches: Sequence[tuple[int, bytes, bytes]] | ByteUndo
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(fingerprint now, fingerprint once the same-size ``(offset, old, new)`` patches are written): two small reads."""
+    """(fingerprint now, fingerprint once the same-size ``(offset, old, new)`` patches are written): two small reads.
+
+    ``patches`` may be a same-size :class:`~fastflip.files.filebytes.ByteUndo` holding them (old bytes in
+    ``data``, new in ``new_data``): only its ranges that reach into the two windows are looked at."""
     size = os.path.getsize(path)
     head_len, tail_len = head_length(path, size), min(WINDOW, size)
     size, head, tb, tail = _windows(path, head_len, tail_len)
+    if isinstance(patches, ByteUndo):
+        patches = _reaching(patches, [(0, head_len), (tb, size)])
     return (_record(size, head_len, tail_len, head, tail, algorithm),
             _record(size, head_len, tail_len, overlay_patches(0, head, patches), overlay_patches(tb, tail, patches),
                     algorithm))
+
+
+def _reaching(undo: ByteUndo, spans: Sequence[tuple[int, int]]) -> list[tuple[int, bytes, bytes]]:
+    """The ranges of a same-size ``undo`` that overlap one of the byte ``spans`` ``(lo, hi)``, as patches."""
+    ends = undo.offsets + undo.lengths
+    hit = np.zeros(len(ends), bool)
+    for lo, hi in spans:
+        hit |= (undo.offsets < hi) & (ends > lo)
+    starts = np.cumsum(undo.lengths) - undo.lengths  # each range's first byte in data / new_data
+    return [(off, undo.data[s : s + ln], undo.new_data[s : s + ln])
+            for off, ln, s in zip(undo.offsets[hit].tolist(), undo.lengths[hit].tolist(), starts[hit].tolist())]
 
 
 def ranges_hold(path: str, offsets: Any, lengths: Any, data: bytes) -> bool:

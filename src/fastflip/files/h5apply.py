@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -178,19 +179,20 @@ class RawSites:
 
     @classmethod
     def from_routes(cls, routes: list[SiteRoute], plan: Plan, words: np.ndarray | None = None) -> "RawSites":
-        raw = [r for r in routes if (r.offsets >= 0).any()]
-        keep = [r.offsets >= 0 for r in raw]
-        # tensors in file order: then the concatenation is already sorted when each tensor's offsets are
-        firsts = [int(r.offsets[k][0]) for r, k in zip(raw, keep)]
-        order_t = sorted(range(len(raw)), key=firsts.__getitem__)
-        raw, keep = [raw[i] for i in order_t], [keep[i] for i in order_t]
+        routes = [r for r in routes if len(r.offsets)]
         z = np.zeros(0, np.int64)
-        site = np.concatenate([r.positions[k] for r, k in zip(raw, keep)]) if raw else z
-        offs = np.concatenate([r.offsets[k] for r, k in zip(raw, keep)]) if raw else z
+        site = np.concatenate([r.positions for r in routes]) if routes else z
+        offs = np.concatenate([r.offsets for r in routes]) if routes else z
+        counts = np.array([len(r.offsets) for r in routes], np.int64)
+        keep = offs >= 0
+        with_raw = np.logical_or.reduceat(keep, np.cumsum(counts) - counts) if routes else np.zeros(0, bool)
         # sites are grouped by word type (bfloat16 is not uint16), not by tensor
-        keys = list(dict.fromkeys((r.tensor.dtype, r.tensor.format) for r in raw))
-        code = np.concatenate([np.full(int(k.sum()), keys.index((r.tensor.dtype, r.tensor.format)), np.int64)
-                               for r, k in zip(raw, keep)]) if raw else z
+        keys: dict[tuple[Any, Any], int] = {}
+        per = [keys.setdefault((r.tensor.dtype, r.tensor.format), len(keys)) if w else -1
+               for r, w in zip(routes, with_raw.tolist())]
+        code = np.repeat(np.array(per, np.int64), counts)
+        if not keep.all():
+            site, offs, code = site[keep], offs[keep], code[keep]
         if len(offs) > 1 and not bool((offs[1:] > offs[:-1]).all()):
             order = np.argsort(offs, kind="stable")
             site, offs, code = site[order], offs[order], code[order]
@@ -245,6 +247,35 @@ class RawSites:
 
 
 _WINDOW = 32 << 20  # bytes of the file mapped at a time: memory stays bounded whatever the file size
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14+; None once the kernel refused it, or elsewhere)
+_POPULATE_WRITE: int | None = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform == "linux" else None)
+
+
+def prefault_writable(mm: mmap.mmap, offsets: np.ndarray) -> None:
+    """Fault the pages of the shared mapping ``mm`` that hold ``offsets`` (byte offsets into it) in writable,
+    one ``madvise`` call per run of consecutive pages, before the kernels read and then write each word there.
+
+    Without it, a page's first access (the word's read) maps it read-only and the write that follows faults
+    again to make it writable: two faults a page, which for thousands of scattered words cost more than the
+    words themselves. No byte changes (every page with a word is about to be written anyway). Only a hint:
+    where the kernel refuses it (before Linux 5.14), nothing is done.
+    """
+    global _POPULATE_WRITE
+    if _POPULATE_WRITE is None or len(offsets) < 2:
+        return
+    page = mmap.PAGESIZE
+    pages = offsets // page
+    if not bool((pages[1:] >= pages[:-1]).all()):
+        pages = np.sort(pages)
+    brk = np.flatnonzero(np.diff(pages) > 1)  # where a run of pages ends (a page twice stays in its run)
+    first = pages[np.r_[0, brk + 1]] * page
+    last = (pages[np.r_[brk, len(pages) - 1]] + 1) * page
+    size = len(mm)
+    try:
+        for lo, hi in zip(first.tolist(), np.minimum(last, size).tolist()):
+            mm.madvise(_POPULATE_WRITE, lo, hi - lo)
+    except OSError:  # EINVAL: an older kernel; later calls skip it
+        _POPULATE_WRITE = None
 
 
 def _run_raw_mapped(path: str, raw: RawSites, mode: str, old_out: np.ndarray, new_out: np.ndarray,
@@ -270,6 +301,8 @@ def _run_raw_mapped(path: str, raw: RawSites, mode: str, old_out: np.ndarray, ne
             end = min(end + raw.spill(hi, end), fsize)
             mm = mmap.mmap(fd, end - base, flags=mmap.MAP_SHARED, prot=prot, offset=base)
             try:
+                if write:
+                    prefault_writable(mm, raw.sites.offsets[lo:hi] - base)
                 arr = np.frombuffer(mm, dtype=np.uint8)
                 raw.run_block(arr, base, lo, hi, mode, old, new, backend)
                 del arr

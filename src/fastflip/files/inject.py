@@ -55,7 +55,7 @@ from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
-from .patches import crc_patches, expected_new, is_zip_container, patch_undo, without_positions, word_patches
+from .patches import crc_patches, expected_new, is_zip_container, without_positions, word_undo
 from .select import Selection
 from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
 
@@ -184,7 +184,7 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     elif cp.resized:  # a member changed size: every byte after it moved
         undo = byte_diff(src, tmp)
     elif cp.patches:
-        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+        undo = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))
     result = finish(in_hash, out_hash, old, new, undo)  # stages the log: committed before the output
     return in_hash, out_hash, old, new, result
 

@@ -27,10 +27,10 @@ from .fileio import Staging, deferred_signals
 from .fingerprint import fingerprints
 from .h5apply import apply_plan_to_file, read_words, write_words_to_file
 from .layout import Tensor
-from .patches import Patch, crc_patches, expected_new, patch_undo, word_patches, write_patches
+from .patches import Patch, crc_patches, delta_patches, expected_new, word_patches, word_undo, write_patches
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["predict_patches", "raw_positions", "write_in_place", "write_unlogged"]
+__all__ = ["predict_words", "predict_patches", "raw_positions", "write_in_place", "write_unlogged"]
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
@@ -50,23 +50,31 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
     if cp.patches:
         old[cp.handled], new[cp.handled] = cp.old, cp.new
         write_patches(src, cp.patches)
-        undo = patch_undo(cp.patches + crcs + word_patches(routes, old, new), os.path.getsize(src))
+        undo = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))
     return None, None, old, new, finish(None, None, old, new, undo)
 
 
-def predict_patches(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
-                    cp: ChunkPatches, zipped: bool
-                    ) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch], list[Patch]]:
-    """Every byte ``plan`` writes into ``src`` (or a copy of it), worked out from ``src`` without writing:
-    ``(raw, old, new, crcs, patches)`` — the routes with raw-storage sites, the sites' old and new words (plan
-    order; re-encoded chunks' from ``cp``), the zip CRC-field patches (``zipped``), and every same-size
-    ``(offset, old bytes, new bytes)`` patch: ``cp``'s re-encoded chunks, the CRC fields and the raw words."""
+def predict_words(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
+                  cp: ChunkPatches, zipped: bool) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch]]:
+    """The words ``plan`` writes into ``src`` (or a copy of it), worked out from ``src`` without writing:
+    ``(raw, old, new, crcs)`` — the routes with raw-storage sites, the sites' old and new words (plan order;
+    re-encoded chunks' from ``cp``) and the zip CRC-field patches (``zipped``)."""
     raw = [r for r in routes if (r.offsets >= 0).any()]
     old = read_words(src, plan, by_name, raw)
     new = expected_new(plan, routes, old)
     crcs = crc_patches(src, routes, old, new) if zipped else []
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
+    return raw, old, new, crcs
+
+
+def predict_patches(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
+                    cp: ChunkPatches, zipped: bool
+                    ) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch], list[Patch]]:
+    """:func:`predict_words` and every same-size ``(offset, old bytes, new bytes)`` patch the plan writes:
+    ``(raw, old, new, crcs, patches)``, the patches being ``cp``'s re-encoded chunks, the CRC fields and the raw
+    words."""
+    raw, old, new, crcs = predict_words(src, plan, by_name, routes, cp, zipped)
     return raw, old, new, crcs, cp.patches + crcs + word_patches(routes, old, new)
 
 
@@ -79,15 +87,16 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
                     backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
                     ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
-    raw, old, new, crcs, patches = predict_patches(src, plan, by_name, routes, cp, zipped)
+    raw, old, new, crcs = predict_words(src, plan, by_name, routes, cp, zipped)
+    delta = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))  # every byte written, both ways
     regions = hash_files == "regions"  # evidence: the touched byte ranges and a fingerprint, no whole-file pass
-    undo = patch_undo(patches, os.path.getsize(src)) if cp.patches or regions else None
+    undo = delta if cp.patches or regions else None
     in_hash = out_hash = None
     if regions:
-        result = finish(None, None, old, new, undo, fingerprint=fingerprints(src, algorithm, patches))
+        result = finish(None, None, old, new, undo, fingerprint=fingerprints(src, algorithm, delta))
     else:
         if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-            in_hash, out_hash = hash_with_patches(src, patches, algorithm)
+            in_hash, out_hash = hash_with_patches(src, delta_patches(delta, forward=True) or [], algorithm)
         result = finish(in_hash, out_hash, old, new, undo)
     with deferred_signals():  # one section: the log, then the words
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -89,8 +89,35 @@ _IEEE_EBIAS = {2: 15, 4: 127, 8: 1023}
 # the walk
 
 
-def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str | None:
-    """Why a dataset (low-level ``DatasetID``) is not a tensor (None when it is one)."""
+def _skip_reason(tid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str | None:
+    """Why a dataset (its low-level ``TypeID``, its dtype and shape) is not a tensor (None when it is one)."""
+    from h5py import h5t
+
+    if dt.metadata is not None or dt.kind not in "biuf":  # h5py marks strings, vlen, references, enums so
+        reason = _special_dtype(dt)
+        if reason is not None:
+            return reason
+    if not is_supported_dtype(dt):
+        return f"unsupported dtype {dt}"
+    if tid.get_size() != dt.itemsize:
+        return f"stored type of {tid.get_size()} bytes does not match {dt}"
+    if dt.kind == "f" and (
+        tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize] or tid.get_ebias() != _IEEE_EBIAS[dt.itemsize]
+        or tid.get_norm() != h5t.NORM_IMPLIED
+    ):
+        return "non-IEEE floating-point type"
+    if isinstance(tid, h5t.TypeAtomicID) and (tid.get_precision() != 8 * dt.itemsize or tid.get_offset()):
+        return (f"a type of {tid.get_precision()} significant bits at bit {tid.get_offset()} of its {dt.itemsize} "
+                "bytes (h5py reads values other than the stored words)")
+    if shape is None:
+        return "null dataspace"
+    if 0 in shape:
+        return "empty"
+    return None
+
+
+def _special_dtype(dt: np.dtype) -> str | None:
+    """Why a dtype that is not plain numbers (fields, subarrays, or h5py's metadata) is not a tensor."""
     import h5py
 
     if dt.fields is not None:
@@ -107,23 +134,6 @@ def _skip_reason(dsid: Any, dt: np.dtype, shape: tuple[int, ...] | None) -> str 
         return "object dtype"
     if h5py.check_enum_dtype(dt) is not None:
         return "enum dtype (only the boolean enum is a tensor)"
-    if not is_supported_dtype(dt):
-        return f"unsupported dtype {dt}"
-    tid = dsid.get_type()
-    if tid.get_size() != dt.itemsize:
-        return f"stored type of {tid.get_size()} bytes does not match {dt}"
-    if dt.kind == "f" and (
-        tuple(tid.get_fields()) != _IEEE_FIELDS[dt.itemsize] or tid.get_ebias() != _IEEE_EBIAS[dt.itemsize]
-        or tid.get_norm() != h5py.h5t.NORM_IMPLIED
-    ):
-        return "non-IEEE floating-point type"
-    if isinstance(tid, h5py.h5t.TypeAtomicID) and (tid.get_precision() != 8 * dt.itemsize or tid.get_offset()):
-        return (f"a type of {tid.get_precision()} significant bits at bit {tid.get_offset()} of its {dt.itemsize} "
-                "bytes (h5py reads values other than the stored words)")
-    if shape is None:
-        return "null dataspace"
-    if 0 in shape:
-        return "empty"
     return None
 
 
@@ -174,7 +184,8 @@ MAX_DEPTH = 100_000  # groups below the root; deeper groups are reported in ``sk
 
 
 def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: list[Skipped],
-          group_links: list[tuple[str, str]], max_depth: int = MAX_DEPTH) -> None:
+          group_links: list[tuple[str, str]], max_depth: int = MAX_DEPTH,
+          first_seen: Callable[[Any, bytes, int], None] | None = None) -> None:
     """Collect (path, object address) of every dataset link below the root group (low-level h5py API).
 
     Iterative (no recursion limit) and breadth-first with names in order; each group
@@ -183,13 +194,16 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
     (aliases are derived from it afterwards, see :func:`_group_aliases`), and a link back to
     an ancestor (a cycle) is not followed. A doubling chain of hard links thus costs one
     visit per group, not one per path. External and user-defined links are recorded in
-    ``skipped``, never followed.
+    ``skipped``, never followed. ``first_seen(group, link name, address)`` is called for the first link found
+    to each dataset object, with the group it lies in still open (the dataset opens from there, no path
+    traversal).
     """
     from collections import deque
 
     from h5py import h5g, h5l, h5o
 
     seen: dict[int, str] = {root_addr: "/"}
+    described: set[int] = set()
     queue: deque[tuple[Any, str, int]] = deque([(root, "/", 0)])
     while queue:
         gid, prefix, depth = queue.popleft()
@@ -210,6 +224,9 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
                 skipped.append(Skipped(path, "dangling link"))
                 continue
             if otype == h5o.TYPE_DATASET:
+                if first_seen is not None and addr not in described:
+                    described.add(addr)
+                    first_seen(gid, bname, addr)
                 datasets.append((path, addr))
             elif otype == h5o.TYPE_GROUP:
                 if addr in seen:
@@ -288,7 +305,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
     InputFileError, NotHDF5Error
         Missing, unreadable, non-HDF5 or truncated file.
     """
-    from h5py import h5o, h5s
+    from h5py import h5d, h5o
 
     p = os.fspath(path)
     if is_checkpoint_dir(p):  # a Hugging Face directory (or its index): one layout over every shard
@@ -305,50 +322,20 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         try:
             found: list[tuple[str, int]] = []
             group_links: list[tuple[str, str]] = []
-            _walk(f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links)
+            described: dict[int, dict[str, Any] | str] = {}
+            _walk(f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links,
+                  first_seen=lambda gid, name, addr: described.__setitem__(addr, _describe(h5d.open(gid, name), fsize)))
             found = _group_aliases(found, group_links, skipped)
             by_addr: dict[int, list[str]] = {}
             for lpath, addr in found:
                 by_addr.setdefault(addr, []).append(lpath)
-            for paths in by_addr.values():
+            for addr, paths in by_addr.items():
                 aliases = tuple(sorted(set(paths)))
-                dsid = open_dataset(f.id, paths[0])
-                dtype = np.dtype(dsid.dtype)
-                space = dsid.get_space()
-                shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
-                reason = _skip_reason(dsid, dtype, shape)
-                if reason is not None:
-                    skipped.append(Skipped(aliases[0], reason))
-                    continue
-                assert shape is not None
-                storage, offset, chunks, filters = _storage(dsid)
-                if "scaleoffset" in filters and (reason := _lossy_reason(dsid)) is not None:
-                    skipped.append(Skipped(aliases[0], reason))
-                    continue
-                size = math.prod(shape)  # Python ints: no overflow whatever the declared shape
-                if size * dtype.itemsize >= MAX_BYTES:
-                    skipped.append(Skipped(aliases[0], f"declares {size} elements ({size * dtype.itemsize} bytes), "
-                                           f"more than can be addressed (2**60 bytes)"))
-                    continue
-                if storage == "contiguous" and offset is not None and offset + size * dtype.itemsize > fsize:
-                    skipped.append(Skipped(aliases[0], "data lies past the end of the file (damaged or truncated)"))
-                    continue
-                fmt = _format_attr(dsid) if dtype.kind == "u" and dtype.itemsize <= 2 else None
-                tensors.append(
-                    Tensor(
-                        path=aliases[0],
-                        aliases=aliases,
-                        dtype=dtype,
-                        shape=shape,
-                        size=size,
-                        storage=storage,
-                        offset=offset,
-                        chunks=chunks,
-                        filters=filters,
-                        nbytes=size * dtype.itemsize,
-                        format=fmt,
-                    )
-                )
+                d = described[addr]
+                if isinstance(d, str):
+                    skipped.append(Skipped(aliases[0], d))
+                else:
+                    tensors.append(Tensor(path=aliases[0], aliases=aliases, **d))
         except (OSError, RuntimeError, KeyError, ValueError, TypeError, OverflowError) as exc:
             first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise NotHDF5Error(f"{p}: damaged HDF5 file ({first})") from None
@@ -359,6 +346,32 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         if annotate:
             _annotate(layout, f)
     return layout
+
+
+def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str:
+    """A dataset (low-level ``DatasetID``) as the fields of its :class:`Tensor` but its paths (the caller names
+    it once every link to it is known), or why it is not a tensor."""
+    from h5py import h5s
+
+    tid = dsid.get_type()
+    dtype = np.dtype(tid.dtype)
+    space = dsid.get_space()
+    shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
+    reason = _skip_reason(tid, dtype, shape)
+    if reason is not None:
+        return reason
+    assert shape is not None
+    storage, offset, chunks, filters = _storage(dsid)
+    if "scaleoffset" in filters and (reason := _lossy_reason(dsid)) is not None:
+        return reason
+    size = math.prod(shape)  # Python ints: no overflow whatever the declared shape
+    if size * dtype.itemsize >= MAX_BYTES:
+        return f"declares {size} elements ({size * dtype.itemsize} bytes), more than can be addressed (2**60 bytes)"
+    if storage == "contiguous" and offset is not None and offset + size * dtype.itemsize > fsize:
+        return "data lies past the end of the file (damaged or truncated)"
+    fmt = _format_attr(dsid) if dtype.kind == "u" and dtype.itemsize <= 2 else None
+    return {"dtype": dtype, "shape": shape, "size": size, "storage": storage, "offset": offset, "chunks": chunks,
+            "filters": filters, "nbytes": size * dtype.itemsize, "format": fmt}
 
 
 _FORMAT_ATTRS = (b"fastflip_format", b"torch_dtype")

@@ -61,7 +61,7 @@ from ..core.wordrule import words_to_values
 if TYPE_CHECKING:
     import zipfile
 
-__all__ = ["LOG_FORMAT", "InjectionLog", "values_of"]
+__all__ = ["LOG_FORMAT", "InjectionLog", "manifest_json", "values_of"]
 
 LOG_FORMAT = "fastflip-log/1"
 _COLUMNS = ("tensor", "index", "bits", "and_mask", "or_mask", "xor_mask", "scale", "old_word", "new_word",
@@ -162,7 +162,7 @@ class InjectionLog:
         import zipfile  # the log's container, imported when a log is written or read (not by inject --no-log)
 
         with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as z:
-            z.writestr("manifest.json", json.dumps(self.manifest, indent=2, default=_json_default))
+            z.writestr("manifest.json", manifest_json(self.manifest))
             for name, arr in _narrow(self.columns(), self.plan).items():
                 _write_npy(z, f"{name}.npy", arr)
             if self.undo is not None:
@@ -254,6 +254,22 @@ def _read_npy(z: zipfile.ZipFile, name: str, wide: bool = True) -> np.ndarray:
 
 
 _MAX_COLUMN_BYTES = 16 << 30  # a column of 2**31 eight-byte rows; larger is not a log fastflip wrote
+
+
+def manifest_json(manifest: dict[str, Any]) -> str:
+    """The manifest as JSON text for people as well as programs: one top-level key a line, a list one item a line.
+
+    Each value is encoded by the json module's C encoder (``json.dumps(..., indent=2)`` would run its pure-Python
+    encoder over every tensor and option: milliseconds for a log of a few hundred tensors)."""
+    enc = json.JSONEncoder(default=_json_default)
+    lines = []
+    for key, value in manifest.items():
+        if isinstance(value, list) and value:
+            items = ",\n".join("    " + enc.encode(v) for v in value)
+            lines.append(f"  {enc.encode(str(key))}: [\n{items}\n  ]")
+        else:
+            lines.append(f"  {enc.encode(str(key))}: {enc.encode(value)}")
+    return "{\n" + ",\n".join(lines) + "\n}" if lines else "{}"
 
 
 def _json_default(obj: Any) -> Any:

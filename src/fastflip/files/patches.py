@@ -15,7 +15,7 @@ Imports :mod:`fastflip.files.h5apply`, :mod:`fastflip.files.formats` and the wor
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from .routes import SiteRoute
 from .layout import Tensor
 
 __all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
-           "without_positions", "delta_patches", "revert_patches"]
+           "word_undo", "without_positions", "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
 
@@ -42,11 +42,29 @@ def is_zip_container(path: str) -> bool:
         return False
 
 
+def _by_type(routes: Sequence[SiteRoute], key: Callable[[SiteRoute], Hashable], raw_only: bool
+             ) -> list[tuple[SiteRoute, np.ndarray, np.ndarray]]:
+    """The sites of ``routes`` (only those with a file offset: ``raw_only``) grouped by ``key(route)``: one
+    ``(first route of the group, plan positions, offsets)`` per group, so that the word rule and the byte
+    conversions run once per word type rather than once per tensor."""
+    groups: dict[Hashable, list[tuple[SiteRoute, np.ndarray, np.ndarray]]] = {}
+    for r in routes:
+        if raw_only:
+            keep = r.offsets >= 0
+            if not keep.all():
+                if not keep.any():
+                    continue
+                r = SiteRoute(r.tensor, r.positions[keep], r.offsets[keep])
+        groups.setdefault(key(r), []).append((r, r.positions, r.offsets))
+    return [(g[0][0], np.concatenate([p for _, p, _ in g]) if len(g) > 1 else g[0][1],
+             np.concatenate([o for _, _, o in g]) if len(g) > 1 else g[0][2]) for g in groups.values()]
+
+
 def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:
     """The words the plan's rule makes from ``old`` (plan order)."""
     new = np.zeros(len(plan), np.uint64)
-    for r in routes:
-        new[r.positions] = new_words_for(old[r.positions], plan, r.positions, word_type(r.tensor.dtype, r.tensor.format))
+    for r, pos, _ in _by_type(routes, lambda r: (r.tensor.dtype, r.tensor.format), raw_only=False):
+        new[pos] = new_words_for(old[pos], plan, pos, word_type(r.tensor.dtype, r.tensor.format))
     return new
 
 
@@ -93,6 +111,37 @@ def patch_undo(patches: Sequence[Patch], size: int) -> ByteUndo:
     ps = sorted(patches)
     return ByteUndo(np.array([p[0] for p in ps], np.int64), np.array([len(p[1]) for p in ps], np.int64),
                     b"".join(p[1] for p in ps), size, b"".join(p[2] for p in ps), size)
+
+
+def word_undo(routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray, extra: Sequence[Patch],
+              size: int) -> ByteUndo:
+    """``patch_undo(extra + word_patches(routes, old, new), size)``, built from arrays (no Python object per
+    site): the raw-path sites' stored old and new bytes and the same-size ``extra`` patches (zip CRC fields,
+    re-encoded chunks), in offset order."""
+    offs, lens, ob, nb = [], [], [], []
+    for r, pos, at in _by_type(routes, lambda r: r.tensor.dtype, raw_only=True):
+        dt, u = r.tensor.dtype, word_type(r.tensor.dtype).uint
+        offs.append(at.astype(np.int64, copy=False))
+        lens.append(np.full(len(at), dt.itemsize, np.int64))
+        ob.append(from_words(old[pos].astype(u), dt).view(np.uint8))
+        nb.append(from_words(new[pos].astype(u), dt).view(np.uint8))
+    if extra:
+        offs.append(np.array([p[0] for p in extra], np.int64))
+        lens.append(np.array([len(p[1]) for p in extra], np.int64))
+        ob.append(np.frombuffer(b"".join(p[1] for p in extra), np.uint8))
+        nb.append(np.frombuffer(b"".join(p[2] for p in extra), np.uint8))
+    if not offs:
+        return patch_undo([], size)
+    off, ln = np.concatenate(offs), np.concatenate(lens)
+    old_b, new_b = np.concatenate(ob), np.concatenate(nb)
+    if len(off) > 1 and not bool((off[1:] > off[:-1]).all()):
+        order = np.argsort(off, kind="stable")
+        start = np.cumsum(ln) - ln  # each range's first byte in old_b / new_b
+        off, ln = off[order], ln[order]
+        # byte k of the sorted data comes from start[order[i]] + (k - first byte of range i in the sorted data)
+        at = np.repeat(start[order] - (np.cumsum(ln) - ln), ln) + np.arange(int(ln.sum()))
+        old_b, new_b = old_b[at], new_b[at]
+    return ByteUndo(off, ln, old_b.tobytes(), size, new_b.tobytes(), size)
 
 
 def delta_patches(undo: ByteUndo, *, forward: bool) -> list[Patch] | None:
