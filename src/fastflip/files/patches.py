@@ -28,7 +28,7 @@ from .encoded import zip_crc_patches
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
+__all__ = ["is_zip_container", "refuse_damaged_members", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
            "without_positions", "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
@@ -40,6 +40,20 @@ def is_zip_container(path: str) -> bool:
         return detect_format(path) in ("torch", "npz")
     except FormatError:
         return False
+
+
+def refuse_damaged_members(path: str, routes: Sequence[SiteRoute]) -> None:
+    """Refuse an ``.npz`` at ``path`` whose stored members holding a raw site of ``routes`` do not match their
+    CRC-32, as ``np.load`` refuses such a member (deflated members are checked where they are inflated). A
+    ``torch.save`` archive is not checked: ``torch.load`` reads its entries without their CRC-32, and so does
+    fastflip."""
+    if detect_format(path) != "npz":
+        return
+    offs = [r.offsets[r.offsets >= 0] for r in routes]
+    if any(len(o) for o in offs):
+        from .formats.zipcrc import check_stored_crcs  # only for an .npz with stored members to flip
+
+        check_stored_crcs(path, np.concatenate(offs), "np.load")
 
 
 def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:

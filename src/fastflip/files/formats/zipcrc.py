@@ -27,16 +27,18 @@ True
 
 from __future__ import annotations
 
+import mmap
 import struct
+import zlib
 from functools import lru_cache
 from typing import Collection
 
 import numpy as np
 
 from ...errors import FormatError, UnsupportedStorageError
-from .zipraw import ZipEntry, central_records, stored_entries
+from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes"]
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs"]
 
 _POLY = 0xEDB88320
 
@@ -147,6 +149,36 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
         check_patch_bytes(path, fh, patches)
     patches.sort()
     return patches
+
+
+def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -> None:
+    """Refuse the archive at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
+    match its recorded CRC-32 (a reader that checks it, ``reader``, refuses that entry).
+
+    :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
+    would stay damaged after the flips; each entry holding an offset is read once (mapped, not copied), the
+    others not at all.
+
+    Raises
+    ------
+    FormatError
+        An entry whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`).
+    """
+    offsets = np.asarray(offsets, np.int64)
+    if not len(offsets):
+        return
+    entries = sorted((e for e in stored_entries(path).values() if e.stored), key=lambda e: e.offset)
+    starts = np.array([e.offset for e in entries], np.int64)
+    which = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            for i in which[which >= 0].tolist():
+                e = entries[i]
+                if zlib.crc32(view[e.offset:e.offset + e.size]) != e.info.CRC:
+                    raise crc_refusal(path, e.name, reader)
+        finally:
+            view.release()
 
 
 def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]],  # type: ignore[no-untyped-def]

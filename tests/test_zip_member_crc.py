@@ -1,0 +1,137 @@
+"""Zip members whose bytes do not match their recorded CRC-32: fastflip flips only members the framework reads.
+
+``np.load`` (through ``zipfile``) refuses such an ``.npz`` member, and so does Keras a ``.keras`` archive's: fastflip
+refuses them in one line, writing nothing, on every write path (copy, atomic in place, direct in place, region
+evidence), and ``inspect`` refuses such an ``.npz`` too. ``torch.load`` reads a ``torch.save`` archive without
+checking its entries' CRC-32, and so does fastflip.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+
+from conftest import assert_refused, require, snapshot
+from fastflip.cli import main
+from fastflip.errors import FormatError
+from fastflip.files.inject import inject_file
+from fastflip.files.layout import read_layout
+
+A = np.arange(64, dtype="<f4")
+B = np.arange(8, dtype="<f8")
+
+
+def bad_crc(data: bytes, info: zipfile.ZipInfo) -> bytes:
+    """``data`` (a zip archive) with ``info``'s recorded CRC-32 changed in its local header and the directory."""
+    crc, wrong = struct.pack("<I", info.CRC), struct.pack("<I", info.CRC ^ 0x10)
+    assert data.count(crc) == 2  # the local header and the directory record (no other copy of these 4 bytes)
+    return data.replace(crc, wrong)
+
+
+def damaged_npz(tmp_path, member: str = "a.npy", compressed: bool = False) -> str:  # type: ignore[no-untyped-def]
+    """An ``.npz`` of ``a`` and ``b`` whose ``member``'s recorded CRC-32 does not match its bytes."""
+    buf = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buf, a=A, b=B)
+    with zipfile.ZipFile(buf) as z:
+        info = z.getinfo(member)
+    p = tmp_path / "d" / "bad.npz"
+    p.parent.mkdir()
+    p.write_bytes(bad_crc(buf.getvalue(), info))
+    with np.load(p) as z, pytest.raises(zipfile.BadZipFile, match="CRC"):
+        z[member[:-4]]  # np.load refuses the member
+    return str(p)
+
+
+MODES = {
+    "copy": ["-o", "{d}/out.npz"],
+    "in place": ["--in-place"],
+    "in place, direct": ["--in-place", "--direct"],
+    "copy, region evidence": ["-o", "{d}/out.npz", "--evidence", "regions"],
+    "in place, direct, region evidence": ["--in-place", "--direct", "--evidence", "regions"],
+}
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["stored", "deflated"])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_member_failing_its_crc_refused_nothing_written(tmp_path, capsys, mode, compressed):
+    src = damaged_npz(tmp_path, compressed=compressed)
+    d = str(tmp_path / "d")
+    before = snapshot(d)
+    args = [a.format(d=d) for a in MODES[mode]]
+    rc = main(["inject", src, *args, "--include", "/a", "--count", "5", "--seed", "3"])
+    err = assert_refused(capsys, rc, d, before)
+    assert "a.npy" in err and "CRC-32" in err and "np.load refuses" in err and "re-save" in err, err
+
+
+def test_api_refuses_before_writing(tmp_path):
+    src = damaged_npz(tmp_path)
+    before = snapshot(str(tmp_path / "d"))
+    with pytest.raises(FormatError, match="a.npy does not match its recorded CRC-32"):
+        inject_file(src, in_place=True, atomic=False, selection={"include": ["/a"]}, count=3, seed=1,
+                    log_path=False)
+    assert snapshot(str(tmp_path / "d")) == before
+
+
+def test_untouched_damaged_member_left_as_it_was(tmp_path):
+    """Only the members that hold a flip are checked: a damaged member elsewhere is copied as it was (np.load
+    refuses it in the output as in the input) and the flipped member reads as logged."""
+    src = damaged_npz(tmp_path)
+    out = str(tmp_path / "out.npz")
+    res = inject_file(src, out, selection={"include": ["/b"]}, count=3, seed=2)
+    with np.load(out) as z:
+        got = z["b"]
+        with pytest.raises(zipfile.BadZipFile, match="CRC"):
+            z["a"]
+    want = B.copy().view("<u8")
+    want[res.log.plan.index] = res.log.new_words.astype("<u8")
+    assert np.array_equal(got.view("<u8"), want) and not np.array_equal(got, B)
+    with open(src, "rb") as a, open(out, "rb") as b:
+        sa, sb = a.read(), b.read()
+    with zipfile.ZipFile(src) as z:
+        ia = z.getinfo("a.npy")
+    span = slice(ia.header_offset, ia.header_offset + 30 + len(ia.filename) + len(ia.extra) + ia.compress_size)
+    assert sa[span] == sb[span]
+
+
+@pytest.mark.framework
+def test_torch_entry_failing_its_crc_read_like_torch_load(tmp_path):
+    """torch.load does not check an entry's CRC-32: fastflip reads and flips the entry as torch.load reads it."""
+    torch = require("torch")
+    from attack_check import verdict
+    from framework_views import torch_view
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(32, dtype=torch.float32)}, buf)
+    with zipfile.ZipFile(buf) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+    p = tmp_path / "bad.pt"
+    p.write_bytes(bad_crc(buf.getvalue(), info))
+    assert torch.load(p, weights_only=True)["w"].tolist() == list(range(32))
+    assert verdict(str(p), torch_view, str(tmp_path / "w"), expect="agrees") == "agrees"
+
+
+def test_keras_weights_failing_their_crc_refused(tmp_path, capsys):
+    """Keras reads ``model.weights.h5`` through zipfile, which checks its CRC-32: fastflip refuses it too."""
+    h5py = require("h5py")
+    inner = tmp_path / "w.h5"
+    with h5py.File(inner, "w") as f:
+        f.create_dataset("layers/dense/vars/0", data=np.arange(16, dtype="f4"))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("config.json", "{}")
+        z.write(inner, "model.weights.h5")
+    with zipfile.ZipFile(buf) as z:
+        info = z.getinfo("model.weights.h5")
+    d = tmp_path / "d"
+    d.mkdir()
+    src = d / "m.keras"
+    src.write_bytes(bad_crc(buf.getvalue(), info))
+    before = snapshot(str(d))
+    for args in (["-o", str(d / "out.keras")], ["--in-place"]):
+        rc = main(["inject", str(src), *args, "--count", "2", "--seed", "1"])
+        err = assert_refused(capsys, rc, str(d), before)
+        assert "model.weights.h5" in err and "CRC" in err, err
