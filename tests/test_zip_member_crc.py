@@ -97,6 +97,16 @@ def test_untouched_damaged_member_left_as_it_was(tmp_path):
     assert sa[span] == sb[span]
 
 
+def test_inspect_refuses_like_np_load(tmp_path, capsys):
+    src = damaged_npz(tmp_path, member="b.npy")
+    before = snapshot(str(tmp_path / "d"))
+    err = assert_refused(capsys, main(["inspect", src]), str(tmp_path / "d"), before, command="inspect")
+    assert "b.npy" in err and "np.load refuses" in err, err
+    with pytest.raises(FormatError, match="b.npy does not match"):
+        read_layout(src, verify=True)
+    assert [t.path for t in read_layout(src).tensors] == ["/a", "/b"]  # metadata only: the data is not read
+
+
 @pytest.mark.framework
 def test_torch_entry_failing_its_crc_read_like_torch_load(tmp_path):
     """torch.load does not check an entry's CRC-32: fastflip reads and flips the entry as torch.load reads it."""

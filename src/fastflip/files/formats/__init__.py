@@ -164,10 +164,11 @@ def is_zip(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
+def read_layout(path: str | os.PathLike[str], fmt: str | None = None, *, verify: bool = False) -> Layout:
     """The :class:`~fastflip.files.layout.Layout` of a non-HDF5 checkpoint (format detected unless given).
 
     HDF5 files go through :func:`fastflip.files.layout.read_layout` (which calls this for other formats).
+    ``verify``: read an ``.npz``'s members too, refusing one ``np.load`` refuses (a bad CRC-32).
     """
     p = os.fspath(path)
     fmt = fmt or detect_format(p)
@@ -182,7 +183,7 @@ def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
     if fmt in ("npy", "npz"):
         from .numpy_io import read_numpy_layout
 
-        return read_numpy_layout(p, fmt)
+        return read_numpy_layout(p, fmt, verify)
     if fmt == "torch-legacy":
         from .torchlegacy import read_legacy_layout
 

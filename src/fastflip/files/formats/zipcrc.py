@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+import zipfile
 import zlib
 from functools import lru_cache
 from typing import Collection
@@ -38,7 +39,8 @@ import numpy as np
 from ...errors import FormatError, UnsupportedStorageError
 from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs"]
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs",
+           "check_every_crc"]
 
 _POLY = 0xEDB88320
 
@@ -179,6 +181,33 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
                     raise crc_refusal(path, e.name, reader)
         finally:
             view.release()
+
+
+def check_every_crc(path: str, reader: str = "np.load") -> None:
+    """Read every member of the zip at ``path`` as ``zipfile`` reads it (in blocks; the CRC-32 checked at each
+    member's end) and refuse the archive at the first member ``zipfile``, and so ``reader``, refuses: a read of the
+    whole archive, for a listing that must agree with the framework's reading of every member. Members whose
+    compression ``zipfile`` cannot undo are left to the caller (it skips or refuses them).
+
+    Raises
+    ------
+    FormatError
+        A member whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`), or one
+        that does not decompress.
+    """
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            try:
+                with z.open(info) as fh:
+                    while fh.read(1 << 22):
+                        pass
+            except (NotImplementedError, RuntimeError):  # a method zipfile lacks, or encrypted: not read here
+                continue
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+                if "CRC" in str(exc):
+                    raise crc_refusal(path, info.filename, reader) from None
+                raise FormatError(f"{path}: member {info.filename} does not decompress ({str(exc)[:120]}): the "
+                                  f"archive is damaged ({reader} refuses this member); re-save it") from None
 
 
 def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]],  # type: ignore[no-untyped-def]
