@@ -3,7 +3,8 @@
 ``np.load`` (through ``zipfile``) refuses such an ``.npz`` member, and so does Keras a ``.keras`` archive's: fastflip
 refuses them in one line, writing nothing, on every write path (copy, atomic in place, direct in place, region
 evidence), and ``inspect`` refuses such an ``.npz`` too. ``torch.load`` reads a ``torch.save`` archive without
-checking its entries' CRC-32, and so does fastflip.
+checking its entries' CRC-32, and so does fastflip. A zip that is none of the archives fastflip reads is refused
+naming the kind it is taken for and why.
 """
 
 from __future__ import annotations
@@ -145,3 +146,31 @@ def test_keras_weights_failing_their_crc_refused(tmp_path, capsys):
         rc = main(["inject", str(src), *args, "--count", "2", "--seed", "1"])
         err = assert_refused(capsys, rc, str(d), before)
         assert "model.weights.h5" in err and "CRC" in err, err
+
+
+ZIPS = {  # case -> (members, words the refusal says)
+    "an .npz holding a text member": ([("readme.txt", b"hello"), ("b.npy", None)], ("taken for an .npz", "'readme.txt'")),
+    "an .npz member without .npy": ([("a", None), ("b.npy", None)], ("taken for an .npz", "'a'")),
+    "an empty zip": ([], ("empty zip archive",)),
+    "a zip of text files": ([("readme.txt", b"hello")], ("taken for a .keras archive", "model.weights.h5")),
+}
+
+
+@pytest.mark.parametrize("case", list(ZIPS))
+def test_foreign_zip_named_as_what_it_is_taken_for(tmp_path, capsys, case):
+    """A zip fastflip does not read is refused naming the kind it is taken for and why, in every command."""
+    members, words = ZIPS[case]
+    npy = io.BytesIO()
+    np.save(npy, B)
+    d = tmp_path / "d"
+    d.mkdir()
+    src = d / "x.npz"
+    with zipfile.ZipFile(src, "w") as z:
+        for name, data in members:
+            z.writestr(name, npy.getvalue() if data is None else data)
+    before = snapshot(str(d))
+    for command, args in (("inspect", []), ("inject", ["-o", str(d / "out.npz")]), ("inject", ["--in-place"])):
+        err = assert_refused(capsys, main([command, str(src), *args]), str(d), before, command=command)
+        assert all(w in err for w in words), err
+        if "keras" not in words[0]:
+            assert "keras" not in err, err

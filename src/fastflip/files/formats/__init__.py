@@ -91,8 +91,14 @@ def _zip_kind(path: str, names: Sequence[str] | None = None) -> str:
         return "keras"
     if names and all(n.endswith(".npy") for n in names):
         return "npz"
-    raise FormatError(f"{path}: a zip archive but not a torch.save file, .npz or .keras archive; "
-                      f"supported formats: {supported_formats_line()}")
+    if not names:
+        raise FormatError(f"{path}: an empty zip archive (no members): no tensors to read")
+    other = next(n for n in names if not n.endswith(".npy"))
+    if any(n.endswith(".npy") for n in names):
+        raise FormatError(f"{path}: taken for an .npz (a zip of .npy arrays), but its member {other!r} is not a .npy "
+                          "array; fastflip reads .npz archives whose every member is one (save them with np.savez)")
+    raise FormatError(f"{path}: a zip archive but not a torch.save file (no data.pkl), an .npz (no .npy members) or "
+                      f"a .keras archive (no model.weights.h5); supported formats: {supported_formats_line()}")
 
 
 def detect_format(path: str | os.PathLike[str], *, zip_names: Sequence[str] | None = None) -> str:
