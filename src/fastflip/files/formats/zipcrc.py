@@ -27,7 +27,6 @@ True
 
 from __future__ import annotations
 
-import mmap
 import struct
 import zipfile
 import zlib
@@ -43,6 +42,7 @@ __all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_
            "check_every_crc"]
 
 _POLY = 0xEDB88320
+_READ = 1 << 22  # bytes read at a time by check_stored_crcs
 
 
 @lru_cache(maxsize=1)
@@ -158,8 +158,8 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
     match its recorded CRC-32 (a reader that checks it, ``reader``, refuses that entry).
 
     :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
-    would stay damaged after the flips; each entry holding an offset is read once (mapped, not copied), the
-    others not at all.
+    would stay damaged after the flips; each entry holding an offset is read once, in blocks, the others not at
+    all.
 
     Raises
     ------
@@ -172,15 +172,19 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
     entries = sorted((e for e in stored_entries(path).values() if e.stored), key=lambda e: e.offset)
     starts = np.array([e.offset for e in entries], np.int64)
     which = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        view = memoryview(mm)
-        try:
-            for i in which[which >= 0].tolist():
-                e = entries[i]
-                if zlib.crc32(view[e.offset:e.offset + e.size]) != e.info.CRC:
-                    raise crc_refusal(path, e.name, reader)
-        finally:
-            view.release()
+    buf = memoryview(bytearray(min(_READ, max([entries[i].size for i in which[which >= 0].tolist()] or [0]))))
+    with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
+        for i in which[which >= 0].tolist():
+            e = entries[i]
+            fh.seek(e.offset)
+            crc, left = 0, e.size
+            while left:
+                n = fh.readinto(buf[:min(left, len(buf))])
+                if not n:
+                    break
+                crc, left = zlib.crc32(buf[:n], crc), left - n
+            if left or crc != e.info.CRC:
+                raise crc_refusal(path, e.name, reader)
 
 
 def check_every_crc(path: str, reader: str = "np.load") -> None:
