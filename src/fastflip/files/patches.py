@@ -24,7 +24,7 @@ from ..core.plan import Plan
 from ..core.wordrule import new_words_for
 from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
-from .encoded import zip_crc_patches
+from .encoded import check_stored_crcs, zip_crc_patches
 from .routes import SiteRoute
 from .layout import Tensor
 
@@ -51,8 +51,6 @@ def refuse_damaged_members(path: str, routes: Sequence[SiteRoute]) -> None:
         return
     offs = [r.offsets[r.offsets >= 0] for r in routes]
     if any(len(o) for o in offs):
-        from .formats.zipcrc import check_stored_crcs  # only for an .npz with stored members to flip
-
         check_stored_crcs(path, np.concatenate(offs), "np.load")
 
 

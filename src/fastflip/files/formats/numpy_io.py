@@ -34,6 +34,7 @@ from .bounds import checked_numel
 from .naming import label_tensors
 from .npyheader import npy_header
 from .npz_members import member_npy_header
+from .zipcrc import check_every_crc
 from .zipraw import stored_entries
 
 __all__ = ["npy_header", "read_numpy_layout"]
@@ -96,8 +97,6 @@ def read_numpy_layout(path: str, fmt: str, verify: bool = False) -> Layout:
                 if t:
                     tensors.append(t)
         if verify:
-            from .zipcrc import check_every_crc
-
             check_every_crc(path, "np.load")
     tensors.sort(key=lambda t: _natural_key(t.path))
     skipped.sort(key=lambda s: s.path)
