@@ -174,3 +174,37 @@ def test_foreign_zip_named_as_what_it_is_taken_for(tmp_path, capsys, case):
         assert all(w in err for w in words), err
         if "keras" not in words[0]:
             assert "keras" not in err, err
+
+
+def evaluate_npz(path):  # type: ignore[no-untyped-def]
+    """Checkpoint mode on an ``.npz``: np.load reads the (faulty) file (its CRC-32 checked) and it is evaluated."""
+    import campaign_helpers
+
+    with np.load(path) as z:
+        return campaign_helpers.evaluate({k: z[k] for k in ("dense/kernel", "dense/bias", "out/kernel")})
+
+
+def test_campaign_trials_on_npz_restore_crc_fields(tmp_path):
+    """A campaign's trial undoes its flips in its working copy with the members' CRC-32 fields: every trial's file
+    is one np.load reads, and the copy is the checkpoint again, byte for byte, after every trial."""
+    import hashlib
+    import os
+
+    import campaign_helpers
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import DUE, TrialRunner
+
+    np.savez(tmp_path / "model.npz", **campaign_helpers.weights())
+    c = Campaign.from_dict({
+        "name": "npz", "seed": 1, "mode": "checkpoint", "target": {"checkpoint": "model.npz"},
+        "paths": [os.path.dirname(__file__)], "cells": {"bits": ["30", "all"], "group_by": "tensor"},
+        "trials": {"per_cell": 4}, "evaluator": {"function": "test_zip_member_crc:evaluate_npz"}},
+        base_dir=str(tmp_path))
+    runner = TrialRunner(c, campaign_cells(c))
+    copy = runner.targets[None]
+    digest = hashlib.sha256(open(copy, "rb").read()).hexdigest()
+    rows = [runner.run(cid, t) for cid in range(len(runner.cells)) for t in range(4)]
+    assert hashlib.sha256(open(copy, "rb").read()).hexdigest() == digest
+    assert not [r.message for r in rows if r.outcome == DUE and r.message], "np.load refused a trial's file"
+    runner.close()

@@ -25,10 +25,11 @@ from ..core.wordrule import new_words_for
 from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
 from .encoded import check_stored_crcs, zip_crc_patches
+from .h5apply import route_sites, write_words_to_file
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["is_zip_container", "refuse_damaged_members", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
+__all__ = ["is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
            "without_positions", "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
@@ -72,6 +73,17 @@ def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np
     size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in live])
     big = np.concatenate([np.full(int(k.sum()), r.tensor.dtype.byteorder == ">", bool) for r, k in live])
     return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
+
+
+def restore_words(path: str, plan: Plan, by_name: Mapping[str, Tensor], old: np.ndarray, new: np.ndarray,
+                  routes: Sequence[SiteRoute] | None = None, zipped: bool | None = None) -> None:
+    """Write the words ``old`` back at the plan's sites of ``path``, which now hold ``new``, with the zip CRC fields
+    that follow them (``zipped``: a torch.save file or ``.npz``; None: detected): the undo, checking nothing, of an
+    in-place inject without byte undo data, into a file that is the caller's own (a revert, a campaign trial)."""
+    routes = list(routes) if routes is not None else route_sites(path, plan, by_name)
+    write_words_to_file(path, plan, by_name, old, routes)
+    if is_zip_container(path) if zipped is None else zipped:
+        write_patches(path, crc_patches(path, routes, new, old))
 
 
 def write_patches(path: str, patches: Sequence[Patch], *, new: bool = True) -> None:
