@@ -29,8 +29,8 @@ from .h5apply import route_sites, write_words_to_file
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
-           "without_positions", "delta_patches", "revert_patches"]
+__all__ = ["is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches", "expected_new",
+           "write_patches", "word_patches", "patch_undo", "without_positions", "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
 
