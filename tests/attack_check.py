@@ -3,7 +3,7 @@
 :func:`verdict` reads the file with the framework (a ``view`` of :mod:`framework_views`: ``{fastflip path: array}``)
 and with fastflip, and requires one of two outcomes:
 
-- **refused**: ``read_layout`` raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
+- **refused**: ``read_layout(verify=True)`` (what ``fastflip inspect`` reads) raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
   and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the
   input as it was (or, for a file the framework refuses whose every tensor fastflip skips, such as an object
   array: ``inspect`` lists them as skipped and the injects refuse so; or a tensor fastflip lists but never writes,
@@ -116,7 +116,7 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
     except Exception as exc:  # noqa: BLE001 - any refusal of the framework's loader
         reading, fw_error = None, exc
     try:
-        lay = read_layout(path)
+        lay = read_layout(path, verify=True)
     except FastflipError as exc:
         out = _refused(path, tmp, exc)
         assert expect in (None, out), (expect, str(exc))

@@ -17,6 +17,7 @@ import pytest
 
 from attack_check import verdict
 from framework_views import np_view
+from test_zip_member_crc import bad_crc
 
 A = np.arange(12, dtype="<f4").reshape(3, 4)
 B = np.arange(5, dtype=">i8")
@@ -141,6 +142,12 @@ def _savez(compressed: bool) -> bytes:
     return buf.getvalue()
 
 
+def _crc_damaged(data: bytes, name: str) -> bytes:
+    """The archive ``data`` with member ``name``'s recorded CRC-32 no longer that of its bytes."""
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return bad_crc(data, z.getinfo(name))
+
+
 NPZ = {  # case -> (archive bytes, expected verdict)
     "np.savez": (_savez(False), "agrees"),
     "np.savez_compressed": (_savez(True), "agrees"),
@@ -172,6 +179,9 @@ NPZ = {  # case -> (archive bytes, expected verdict)
     "bytes before the archive": (b"\0" * 64 + _savez(False), "refused"),
     "a stored member of header version 1.1": (_zip([("a.npy", _version(_npy(A), 1, 1), S)]), "refused"),
     "a deflated member of header version 1.1": (_zip([("a.npy", _version(_npy(A), 1, 1), Z)]), "refused"),
+    # np.load (zipfile) refuses a member whose bytes do not match its CRC-32; fastflip used to flip it
+    "a stored member failing its CRC-32": (_crc_damaged(_zip([("a.npy", _npy(A), S)]), "a.npy"), "refused"),
+    "a deflated member failing its CRC-32": (_crc_damaged(_zip([("a.npy", _npy(A), Z)]), "a.npy"), "refused"),
 }
 
 

@@ -56,7 +56,7 @@ from .. import live
 from ..core.blockplan import plan_block, plan_sites_block
 from ..errors import FastflipError, OptionError, one_line
 from ..files.formats.hfdir import ShardedLayout
-from ..files.h5apply import write_words_to_file
+from ..files.patches import restore_words
 from ..files.inject import inject_file
 from ..files.layout import open_h5, read_layout
 from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
@@ -187,7 +187,8 @@ class TrialRunner:
             by_name = self._by_name.get(epoch)
             if by_name is None:
                 by_name = self._by_name[epoch] = {t.path: t for t in self.layouts[epoch].tensors}
-            write_words_to_file(path, log.plan, by_name, log.old_words)
+            restore_words(path, log.plan, by_name, log.old_words, log.new_words,  # zip CRC fields too
+                          zipped=self.layouts[epoch].format in ("torch", "npz"))
 
     def _working_copy(self, path: str) -> str:
         if self._workdir is None:

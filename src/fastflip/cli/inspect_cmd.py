@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             layout = read_layout(inner)
         layout.file = f"{args.file} (model.weights.h5 inside the archive)"
     else:
-        layout = read_layout(args.file)
+        layout = read_layout(args.file, verify=True)  # a member np.load refuses is refused, not listed
     sel = selection_from_args(args)
     tensors = layout.tensors if sel.is_all else select(layout.tensors, sel)
     if args.json:

@@ -30,7 +30,8 @@ import numpy as np
 from ..core.plan import Plan
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_crc_patches"]
+__all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_crc_patches",
+           "check_stored_crcs"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -71,6 +72,14 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     from .formats.zipcrc import zip_crc_patches as crcs
 
     return crcs(path, offsets, itemsize, big, old, new)
+
+
+def check_stored_crcs(path: str, offsets: np.ndarray, reader: str) -> None:
+    """:func:`fastflip.files.formats.zipcrc.check_stored_crcs`: refuse a stored zip member holding one of the file
+    ``offsets`` whose bytes do not match its CRC-32."""
+    from .formats.zipcrc import check_stored_crcs as check
+
+    check(path, offsets, reader)
 
 
 def member_array(path: str, key: str) -> np.ndarray:

@@ -55,7 +55,8 @@ from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
-from .patches import crc_patches, expected_new, is_zip_container, without_positions, word_undo
+from .patches import (crc_patches, expected_new, is_zip_container, refuse_damaged_members, without_positions,
+                      word_undo)
 from .select import Selection
 from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
 
@@ -136,6 +137,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     """
     routes = route_sites(src, plan, by_name)
     zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
+    if zipped:  # an .npz member np.load refuses is refused before any byte is written, on every path below
+        refuse_damaged_members(src, routes)
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
     cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write

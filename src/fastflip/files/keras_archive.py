@@ -212,9 +212,12 @@ def _check_entries(path: Path, infos: list[zipfile.ZipInfo]) -> None:
     if dup:
         raise InputFileError(f"{path}: archive holds entry {dup[0]!r} more than once (which copy counts is "
                              "undefined); refusing it")
+    if not names or (WEIGHTS_ENTRY not in names and any(n.endswith(".npy") for n in names)):
+        detect_format(path, zip_names=names)  # empty, or taken for an .npz (with a text member): says so, and why
     if names.count(WEIGHTS_ENTRY) != 1:
         raise InputFileError(
-            f"{path}: a .keras archive needs exactly one {WEIGHTS_ENTRY} entry (found {names.count(WEIGHTS_ENTRY)})"
+            f"{path}: taken for a .keras archive (a zip that is neither a torch.save file nor an .npz), but a .keras "
+            f"archive needs exactly one {WEIGHTS_ENTRY} entry (found {names.count(WEIGHTS_ENTRY)})"
         )
 
 

@@ -290,7 +290,7 @@ def open_dataset(fid: Any, path: str) -> Any:
     return h5d.open(gid, _encode(parts[-1]))
 
 
-def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layout:
+def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: bool = False) -> Layout:
     """Walk an HDF5 file and return its :class:`Layout` (metadata only, data never read).
 
     Parameters
@@ -299,6 +299,11 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
         The HDF5 file (opened read-only).
     annotate : bool
         Fill ``framework``/``layer``/``role`` with :func:`fastflip.files.roles.annotate`.
+    verify : bool
+        Also read the data where the framework's loader checks it as it reads: every member of an ``.npz``,
+        refused (:class:`~fastflip.errors.FormatError`) when ``np.load`` refuses one (a CRC-32 that does not
+        match). A read of the whole archive: ``fastflip inspect`` asks for it; an inject checks only the
+        members it flips.
 
     Raises
     ------
@@ -314,7 +319,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True) -> Layou
 
         fmt = detect_format(p)
         if fmt != "hdf5":
-            return read_other_layout(p, fmt)
+            return read_other_layout(p, fmt, verify=verify)
     with open_h5(p) as f:
         fsize = os.path.getsize(p)
         skipped: list[Skipped] = []

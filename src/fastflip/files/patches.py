@@ -24,12 +24,14 @@ from ..core.plan import Plan
 from ..core.wordrule import new_words_for
 from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
-from .encoded import zip_crc_patches
+from .encoded import check_stored_crcs, zip_crc_patches
+from .h5apply import route_sites, write_words_to_file
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["is_zip_container", "crc_patches", "expected_new", "write_patches", "word_patches", "patch_undo",
-           "word_undo", "without_positions", "delta_patches", "revert_patches"]
+__all__ = ["is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches", "expected_new",
+           "write_patches", "word_patches", "patch_undo", "word_undo", "without_positions", "delta_patches",
+           "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
 
@@ -60,6 +62,18 @@ def _by_type(routes: Sequence[SiteRoute], key: Callable[[SiteRoute], Hashable], 
              np.concatenate([o for _, _, o in g]) if len(g) > 1 else g[0][2]) for g in groups.values()]
 
 
+def refuse_damaged_members(path: str, routes: Sequence[SiteRoute]) -> None:
+    """Refuse an ``.npz`` at ``path`` whose stored members holding a raw site of ``routes`` do not match their
+    CRC-32, as ``np.load`` refuses such a member (deflated members are checked where they are inflated). A
+    ``torch.save`` archive is not checked: ``torch.load`` reads its entries without their CRC-32, and so does
+    fastflip."""
+    if detect_format(path) != "npz":
+        return
+    offs = [r.offsets[r.offsets >= 0] for r in routes]
+    if any(len(o) for o in offs):
+        check_stored_crcs(path, np.concatenate(offs), "np.load")
+
+
 def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:
     """The words the plan's rule makes from ``old`` (plan order)."""
     new = np.zeros(len(plan), np.uint64)
@@ -78,6 +92,17 @@ def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np
     size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in live])
     big = np.concatenate([np.full(int(k.sum()), r.tensor.dtype.byteorder == ">", bool) for r, k in live])
     return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
+
+
+def restore_words(path: str, plan: Plan, by_name: Mapping[str, Tensor], old: np.ndarray, new: np.ndarray,
+                  routes: Sequence[SiteRoute] | None = None, zipped: bool | None = None) -> None:
+    """Write the words ``old`` back at the plan's sites of ``path``, which now hold ``new``, with the zip CRC fields
+    that follow them (``zipped``: a torch.save file or ``.npz``; None: detected): the undo, checking nothing, of an
+    in-place inject without byte undo data, into a file that is the caller's own (a revert, a campaign trial)."""
+    routes = list(routes) if routes is not None else route_sites(path, plan, by_name)
+    write_words_to_file(path, plan, by_name, old, routes)
+    if is_zip_container(path) if zipped is None else zipped:
+        write_patches(path, crc_patches(path, routes, new, old))
 
 
 def write_patches(path: str, patches: Sequence[Patch], *, new: bool = True) -> None:

@@ -30,12 +30,12 @@ from . import hashing
 from .filebytes import copy_with_hash, hash_file, hash_with_patches
 from .fileio import atomic_output, check_input, deferred_signals, fsync_path
 from .fingerprint import revert_regions
-from .h5apply import read_words, route_sites, write_words_to_file
+from .h5apply import read_words, route_sites
 from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
-from .patches import crc_patches, is_zip_container, revert_patches, write_patches
+from .patches import restore_words, revert_patches, write_patches
 
 __all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
 
@@ -163,9 +163,7 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
         if lg.undo is not None:
             lg.undo.apply(path)
         else:
-            write_words_to_file(path, lg.plan, by_name, lg.old_words, routes)
-            if is_zip_container(path):
-                write_patches(path, crc_patches(path, routes, lg.new_words, lg.old_words))
+            restore_words(path, lg.plan, by_name, lg.old_words, lg.new_words, routes)
         digest = hash_file(path, algo, cache=False)  # the bytes produced, never a remembered hash
         if want_in and digest != want_in:
             raise LogMismatchError(f"reverting {src} did not give the logged input back ({algo} differs); nothing was changed")

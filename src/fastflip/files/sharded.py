@@ -84,13 +84,13 @@ from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStor
 from .filebytes import sha256_file
 from .fileio import Staging, staged
 from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
-from .h5apply import read_words, route_sites, write_words_to_file
+from .h5apply import read_words, route_sites
 from .inject import InjectionResult, inject_file
 from .sites import injection_counts, random_seed, sampling_of, site_space
 from .locks import WriterLock
 from .log import InjectionLog
 from .outputs import default_log_path
-from .patches import crc_patches, is_zip_container, write_patches
+from .patches import restore_words
 from .sharecopy import copy_tree, share_copy
 from .paths import resolve_output
 from .revert import RevertResult, revert_into
@@ -363,9 +363,7 @@ def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: Sharded
         path = os.path.join(layout.file, sp.shard)
         by_name = {t.path: t for t in layout.shards[sp.shard].tensors}
         routes = route_sites(path, sp.plan, by_name)
-        write_words_to_file(path, sp.plan, by_name, log.old_words[sp.positions], routes)
-        if is_zip_container(path):
-            write_patches(path, crc_patches(path, routes, log.new_words[sp.positions], log.old_words[sp.positions]))
+        restore_words(path, sp.plan, by_name, log.old_words[sp.positions], log.new_words[sp.positions], routes)
 
 
 def checkpoint_dir_sha256(path: str | os.PathLike[str]) -> str:

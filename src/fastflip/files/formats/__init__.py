@@ -91,8 +91,14 @@ def _zip_kind(path: str, names: Sequence[str] | None = None) -> str:
         return "keras"
     if names and all(n.endswith(".npy") for n in names):
         return "npz"
-    raise FormatError(f"{path}: a zip archive but not a torch.save file, .npz or .keras archive; "
-                      f"supported formats: {supported_formats_line()}")
+    if not names:
+        raise FormatError(f"{path}: an empty zip archive (no members): no tensors to read")
+    other = next(n for n in names if not n.endswith(".npy"))
+    if any(n.endswith(".npy") for n in names):
+        raise FormatError(f"{path}: taken for an .npz (a zip of .npy arrays), but its member {other!r} is not a .npy "
+                          "array; fastflip reads .npz archives whose every member is one (save them with np.savez)")
+    raise FormatError(f"{path}: a zip archive but not a torch.save file (no data.pkl), an .npz (no .npy members) or "
+                      f"a .keras archive (no model.weights.h5); supported formats: {supported_formats_line()}")
 
 
 def detect_format(path: str | os.PathLike[str], *, zip_names: Sequence[str] | None = None) -> str:
@@ -164,10 +170,11 @@ def is_zip(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
+def read_layout(path: str | os.PathLike[str], fmt: str | None = None, *, verify: bool = False) -> Layout:
     """The :class:`~fastflip.files.layout.Layout` of a non-HDF5 checkpoint (format detected unless given).
 
     HDF5 files go through :func:`fastflip.files.layout.read_layout` (which calls this for other formats).
+    ``verify``: read an ``.npz``'s members too, refusing one ``np.load`` refuses (a bad CRC-32).
     """
     p = os.fspath(path)
     fmt = fmt or detect_format(p)
@@ -182,7 +189,7 @@ def read_layout(path: str | os.PathLike[str], fmt: str | None = None) -> Layout:
     if fmt in ("npy", "npz"):
         from .numpy_io import read_numpy_layout
 
-        return read_numpy_layout(p, fmt)
+        return read_numpy_layout(p, fmt, verify)
     if fmt == "torch-legacy":
         from .torchlegacy import read_legacy_layout
 

@@ -70,9 +70,10 @@ def check_rewritable(path: str, e: ZipEntry, fh: Any) -> None:
 
 def read_member(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
     """(the member's stored bytes, its data), checked against the recorded size and CRC-32
-    (:func:`fastflip.files.formats.zipraw.entry_data`) once it is one fastflip can rewrite."""
+    (:func:`fastflip.files.formats.zipraw.entry_data`: a mismatch is refused, as ``np.load`` refuses the member)
+    once it is one fastflip can rewrite."""
     check_rewritable(path, e, fh)
-    return entry_data(path, e, fh)
+    return entry_data(path, e, fh, "np.load")
 
 
 def member_npy_header(path: str, e: ZipEntry, fh: Any) -> tuple[Any, bool, tuple[int, ...], int]:

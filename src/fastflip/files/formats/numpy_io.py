@@ -34,6 +34,7 @@ from .bounds import checked_numel
 from .naming import label_tensors
 from .npyheader import npy_header
 from .npz_members import member_npy_header
+from .zipcrc import check_every_crc
 from .zipraw import stored_entries
 
 __all__ = ["npy_header", "read_numpy_layout"]
@@ -58,8 +59,13 @@ def _tensor(name: str, dt: np.dtype, fortran: bool, shape: tuple[int, ...], offs
     return None
 
 
-def read_numpy_layout(path: str, fmt: str) -> Layout:
-    """Tensors of a ``.npy`` file (one, named ``/array``) or an ``.npz`` archive (``/<member>``)."""
+def read_numpy_layout(path: str, fmt: str, verify: bool = False) -> Layout:
+    """Tensors of a ``.npy`` file (one, named ``/array``) or an ``.npz`` archive (``/<member>``).
+
+    Headers only, unless ``verify``: then every member of an ``.npz`` is read once as ``np.load`` reads it (its
+    CRC-32 checked, :func:`fastflip.files.formats.zipcrc.check_every_crc`) and an archive holding a member
+    ``np.load`` refuses is refused. An inject checks the members it flips instead.
+    """
     tensors: list[Tensor] = []
     skipped: list[Skipped] = []
     if fmt == "npy":
@@ -90,6 +96,8 @@ def read_numpy_layout(path: str, fmt: str) -> Layout:
                 t = _tensor(key, dt, fortran, shape, e.offset + hlen if e.stored else None, skipped)
                 if t:
                     tensors.append(t)
+        if verify:
+            check_every_crc(path, "np.load")
     tensors.sort(key=lambda t: _natural_key(t.path))
     skipped.sort(key=lambda s: s.path)
     return Layout(file=path, tensors=label_tensors(tensors, None), skipped=skipped, framework=None, format=fmt)

@@ -28,17 +28,21 @@ True
 from __future__ import annotations
 
 import struct
+import zipfile
+import zlib
 from functools import lru_cache
 from typing import Collection
 
 import numpy as np
 
 from ...errors import FormatError, UnsupportedStorageError
-from .zipraw import ZipEntry, central_records, stored_entries
+from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes"]
+__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs",
+           "check_every_crc"]
 
 _POLY = 0xEDB88320
+_READ = 1 << 22  # bytes read at a time by check_stored_crcs
 
 
 @lru_cache(maxsize=1)
@@ -147,6 +151,67 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
         check_patch_bytes(path, fh, patches)
     patches.sort()
     return patches
+
+
+def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -> None:
+    """Refuse the archive at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
+    match its recorded CRC-32 (a reader that checks it, ``reader``, refuses that entry).
+
+    :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
+    would stay damaged after the flips; each entry holding an offset is read once, in blocks, the others not at
+    all.
+
+    Raises
+    ------
+    FormatError
+        An entry whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`).
+    """
+    offsets = np.asarray(offsets, np.int64)
+    if not len(offsets):
+        return
+    entries = sorted((e for e in stored_entries(path).values() if e.stored), key=lambda e: e.offset)
+    starts = np.array([e.offset for e in entries], np.int64)
+    which = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
+    buf = memoryview(bytearray(min(_READ, max([entries[i].size for i in which[which >= 0].tolist()] or [0]))))
+    with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
+        for i in which[which >= 0].tolist():
+            e = entries[i]
+            fh.seek(e.offset)
+            crc, left = 0, e.size
+            while left:
+                n = fh.readinto(buf[:min(left, len(buf))])
+                if not n:
+                    break
+                crc, left = zlib.crc32(buf[:n], crc), left - n
+            if left or crc != e.info.CRC:
+                raise crc_refusal(path, e.name, reader)
+
+
+def check_every_crc(path: str, reader: str = "np.load") -> None:
+    """Read every member of the zip at ``path`` as ``zipfile`` reads it (in blocks; the CRC-32 checked at each
+    member's end) and refuse the archive at the first member ``zipfile``, and so ``reader``, refuses: a read of the
+    whole archive, for a listing that must agree with the framework's reading of every member. Members whose
+    compression ``zipfile`` cannot undo are left to the caller (it skips or refuses them).
+
+    Raises
+    ------
+    FormatError
+        A member whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`), or one
+        that does not decompress.
+    """
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            try:
+                with z.open(info) as fh:
+                    while fh.read(1 << 22):
+                        pass
+            except (NotImplementedError, RuntimeError):  # a method zipfile lacks, or encrypted: not read here
+                continue
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+                if "CRC" in str(exc):
+                    raise crc_refusal(path, info.filename, reader) from None
+                raise FormatError(f"{path}: member {info.filename} does not decompress ({str(exc)[:120]}): the "
+                                  f"archive is damaged ({reader} refuses this member); re-save it") from None
 
 
 def check_patch_bytes(path: str, fh, patches: list[tuple[int, bytes, bytes]],  # type: ignore[no-untyped-def]

@@ -33,7 +33,7 @@ from typing import Any
 
 from ...errors import FormatError
 
-__all__ = ["ZipEntry", "stored_entries", "central_records", "directory", "entry_data"]
+__all__ = ["ZipEntry", "stored_entries", "central_records", "directory", "entry_data", "crc_refusal"]
 
 
 @dataclass(frozen=True)
@@ -192,9 +192,17 @@ def central_records(path: str) -> dict[str, int]:
     return out
 
 
-def entry_data(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
+def crc_refusal(path: str, name: str, reader: str = "zipfile") -> FormatError:
+    """The one-line refusal of a member whose bytes do not match its recorded CRC-32, naming the ``reader`` that
+    refuses such a member too (``zipfile`` checks the CRC-32 when it reaches the member's end)."""
+    return FormatError(f"{path}: member {name} does not match its recorded CRC-32: the archive is damaged ({reader} "
+                       "refuses this member); re-save it. Nothing was written")
+
+
+def entry_data(path: str, e: ZipEntry, fh: Any, reader: str = "zipfile") -> tuple[bytes, bytes]:
     """(the entry's stored bytes, its data) of a stored or deflated, unencrypted entry, read through ``fh`` (open on
-    ``path``) without another parse of the directory; the data checked against the recorded size and CRC-32.
+    ``path``) without another parse of the directory; the data checked against the recorded size and CRC-32
+    (a mismatch refused as :func:`crc_refusal` says, naming ``reader``).
 
     Raises
     ------
@@ -224,5 +232,5 @@ def entry_data(path: str, e: ZipEntry, fh: Any) -> tuple[bytes, bytes]:
             raise FormatError(f"{path}: member {e.name} does not inflate to its recorded {info.file_size} bytes; "
                               "the file is damaged, nothing was written")
     if zlib.crc32(data) != info.CRC:
-        raise FormatError(f"{path}: member {e.name} fails its CRC-32 check (damaged file); nothing was written")
+        raise crc_refusal(path, e.name, reader)
     return raw, data
