@@ -321,8 +321,7 @@ def _archive(path: str) -> tuple[str, dict[str, ZipEntry]]:
     """(entry prefix, entries) of a torch.save archive, named as torch.load names them: the prefix is the folder of
     the directory's first entry, and a record is looked up by its name in any letter case."""
     entries = stored_entries(path)
-    pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1] or \
-        (["data.pkl"] if "data.pkl" in entries else [])
+    pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pkl) != 1:
         raise FormatError(f"{path}: not a torch.save archive (needs exactly one <name>/data.pkl entry)")
     first = next(iter(entries))
@@ -368,6 +367,7 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
                           "'little' or 'big')")
     try:  # the entries of the directory parse already made (formats/zipraw.py), checked by their CRC-32
         with open(path, "rb") as fh:
+            _version_checked(path, prefix, entries, fh)  # torch.load reads the version record before data.pkl
             data = entry_data(path, pkl, fh)[1]
             order = entry_data(path, entries[prefix + "byteorder"], fh)[1].decode("ascii", "replace") \
                 if prefix + "byteorder" in entries else "little"  # exactly: torch.load refuses "little\n"
@@ -376,8 +376,6 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
-    with open(path, "rb") as fh:
-        _version_checked(path, prefix, entries, fh)
     return obj, records_of(obj, path), entries, prefix, order
 
 
