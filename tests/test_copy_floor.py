@@ -525,3 +525,34 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
     open(p, "wb").write(bytes(raw))
     with pytest.raises(FastflipError, match="share bytes"):
         read_layout(p)
+
+
+# ------------------------------------------------------------------ a failure in the background kernel copy
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no os.copy_file_range on this system")
+def test_kernel_copy_failure_surfaces_at_once(tmp_path, monkeypatch, capsys):
+    """EIO on the background thread's first kernel copy: the command stops in one line, with no output and no
+    temporary, and the clean blocks are not offered to the kernel again as though it had refused."""
+    from fastflip.cli import main
+
+    src = str(tmp_path / "big.h5")
+    with h5py.File(src, "w") as f:  # three 4 MiB read blocks: one touched, the others clean
+        f.create_dataset("a", data=np.linspace(-2, 2, 3 << 20, dtype="f4"))
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd_in, fd_out, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = main(["inject", src, "-o", str(out / "o.h5"), "--count", "1", "--seed", "1", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(out) == []  # no output, no log, no temporary
+    assert len(calls) == 1

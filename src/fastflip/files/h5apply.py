@@ -569,6 +569,8 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                     else:
                         assert clean is not None
                         clean.verdict.wait()
+                        if clean.error is not None:  # EIO, ENOSPC in the background copy: raised here, at once
+                            clean.finish()
                         if not clean.ok:  # the kernel refused: this block is written from the buffer
                             copier.copy(base, got, view[:got])
                     base = end
