@@ -556,3 +556,30 @@ def test_kernel_copy_failure_surfaces_at_once(tmp_path, monkeypatch, capsys):
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert os.listdir(out) == []  # no output, no log, no temporary
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "blake3"])
+def test_output_hash_on_a_helper_thread_or_not_gives_one_digest(tmp_path, monkeypatch, algorithm):
+    """The output's hash fed from a helper thread (more than two cores) or on the reading thread (two or fewer):
+    the same digests, those of the files written; the helper thread is used only where asked."""
+    if algorithm not in hashing.available():
+        pytest.skip(f"{algorithm} is not installed")
+    import threading
+
+    src = _h5(tmp_path / "a.h5", n=1 << 17)
+    ref, routes = _reference(src, str(tmp_path / "o.h5"), count=6)
+    digests, helpers = [], []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda self: helpers.append(self.name) or real_start(self))
+    for aside in (True, False):
+        monkeypatch.setattr(h5apply, "_hash_aside", lambda aside=aside: aside)
+        out = str(tmp_path / f"o{aside}.h5")
+        helpers.clear()
+        h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, routes, block=4096, cached_input=False,
+                                       algorithm=algorithm)
+        assert any(n.startswith("fastflip-hash") for n in helpers) == aside
+        assert h_out == filebytes.hash_file(out, algorithm, cache=False)
+        assert h_in == filebytes.hash_file(src, algorithm, cache=False)
+        digests.append((h_in, h_out))
+    assert digests[0] == digests[1] and digests[0][0] != digests[0][1]

@@ -512,7 +512,8 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     thread copies the clean spans file to file in the kernel (:class:`_CleanCopy`) while this thread reads the
     input once, block by block, hashes it, patches the dirty blocks in memory and writes them at their offsets.
     The output's hash is the input's up to the first dirty block (a copy of the hasher's state there: the bytes
-    before it are the same), then follows the output's bytes. Where the kernel refuses to copy, or a patch changes
+    before it are the same), then follows the output's bytes, on a helper thread beside the input's hash where
+    the machine has more than two cores (:func:`_hash_aside`). Where the kernel refuses to copy, or a patch changes
     a length (a re-deflated zip member: every later byte moves), every block is written from the buffer read.
     """
     hin: Any = hashing.new(algorithm)
@@ -521,8 +522,15 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     if not hash_input:
         hin = None
     in_kernel = _kernel_copy_ok(splice)
-    buf = bytearray(block + 8)
-    view = memoryview(buf)
+    aside = _hash_aside()  # the output's hash on a helper thread, beside the input's: two buffers in turn
+    bufs = [bytearray(block + 8) for _ in range(2 if aside else 1)]
+    busy: list[Any] = [None] * len(bufs)  # the helper's pending update of each buffer's bytes
+    helper = None
+    if aside:
+        from concurrent.futures import ThreadPoolExecutor  # only on machines with cores to spare
+
+        helper = ThreadPoolExecutor(1, thread_name_prefix="fastflip-hash")
+    k = 0
     lo = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
@@ -535,6 +543,12 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
             for a, b, dirty in spans:
                 base = a
                 while base < b:
+                    k = (k + 1) % len(bufs)
+                    if busy[k] is not None:  # a buffer is read into only once its bytes are hashed
+                        busy[k].result()
+                        busy[k] = None
+                    buf = bufs[k]
+                    view = memoryview(buf)
                     got = fin.readinto(view[: min(block, b - base)])
                     if not got:
                         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
@@ -558,9 +572,10 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                         pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
                     else:
                         pieces = [view[:got]]
-                    if hout is not None:
-                        for chunk in pieces:
-                            hout.update(chunk)
+                    if hout is not None and helper is not None:
+                        busy[k] = helper.submit(_update, hout, pieces)
+                    elif hout is not None:
+                        _update(hout, pieces)
                     if not in_kernel:
                         for chunk in pieces:
                             fout.write(chunk)
@@ -574,17 +589,34 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                         if not clean.ok:  # the kernel refused: this block is written from the buffer
                             copier.copy(base, got, view[:got])
                     base = end
+            for f in busy:
+                if f is not None:
+                    f.result()
         except BaseException:
             if clean is not None:
                 clean.stop.set()
                 clean.join()
             raise
+        finally:
+            if helper is not None:
+                helper.shutdown(cancel_futures=True)
         if clean is not None:
             clean.finish()
         fout.flush()
     if hout is None:  # no byte changed: the output is the input
         hout = hin
     return (hin.hexdigest() if hin is not None else ""), hout.hexdigest()
+
+
+def _hash_aside() -> bool:
+    """Whether the output's hash runs on a helper thread beside the input's: on more than two cores (sha256 and
+    xxh3 hash on one core each; blake3 spreads over all of them anyway)."""
+    return (os.cpu_count() or 1) > 2
+
+
+def _update(h: Any, pieces: Sequence[Any]) -> None:
+    for chunk in pieces:
+        h.update(chunk)
 
 
 def _kernel_copy_ok(splice: np.ndarray) -> bool:
