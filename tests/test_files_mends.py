@@ -283,3 +283,31 @@ def test_new_file_regions_refuses_an_input_changed_before_the_copy(tmp_path, mon
         inject_file(src, str(out), sampling=Sampling(count=6), seed=4, hash_files="regions")
     assert "\n" not in str(exc.value)
     assert not out.exists() and not os.path.exists(str(out) + ".fflog")
+
+
+@needs_kernel_copy
+def test_short_reads_are_read_on(tmp_path, monkeypatch):
+    """A read that returns fewer bytes than asked (a signal, a network file system) is read on, not taken for the
+    end of the file: the buffered copy behind a refused kernel copy, and a checked range write."""
+    import numpy as np
+
+    from fastflip.files.filebytes import kernel_copy
+    from fastflip.files.rangeio import write_ranges
+
+    data = np.random.default_rng(3).integers(0, 256, 300_000, np.uint8).tobytes()
+    src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
+    src.write_bytes(data)
+    real = os.preadv
+    calls: list[int] = []
+
+    def short(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0])[:1000]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    _refusing(monkeypatch, None)
+    kernel_copy(str(src), str(dst))
+    assert dst.read_bytes() == data and len(calls) > 1
+    with open(dst, "r+b", buffering=0) as fh:  # 5000 bytes checked against what they hold, then rewritten
+        bad = write_ranges(fh.fileno(), [10], [5000], bytes(5000), data[10:5010], native=False)
+    assert bad == -1 and dst.read_bytes() == data[:10] + bytes(5000) + data[5010:]

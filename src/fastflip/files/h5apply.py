@@ -16,7 +16,8 @@ Two paths, chosen per site, giving identical words (tested):
   memory by the kernel and written at their offsets. The output's hash is a copy of the
   input's state at the first touched block, continued over the output's bytes: the
   bytes before it are hashed once. Where the kernel refuses to copy (another file
-  system), the blocks already read are written: the input is still read once.
+  system), the blocks already read are written: the input is still read once (where
+  it refuses only part-way, the clean bytes after that point are read a second time).
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -465,7 +466,9 @@ class _CleanCopy(threading.Thread):
     """Copies the clean spans (no site, no patch) of the input to the output in the kernel, in the background.
 
     The first piece tells whether the kernel copies at all (``verdict``; ``ok``): where it refuses, this thread
-    stops and the reader writes the clean spans from the blocks it reads anyway (the input is read once)."""
+    stops and the reader writes the clean spans from the blocks it reads anyway (the input read once). Where the
+    kernel refuses later, part-way, this thread reads the rest of the clean spans through its own buffer
+    (:class:`~fastflip.files.filebytes.SpanCopier`): those bytes are read twice."""
 
     def __init__(self, copier: SpanCopier, spans: list[tuple[int, int, bool]], piece: int) -> None:
         super().__init__(name="fastflip-copy", daemon=True)
