@@ -98,3 +98,16 @@ def test_a_malformed_batch_is_refused_before_anything_is_written(tmp_path):
                 _run(p, b"abcdef", np.array(offs), np.array(lens), new, None, native=native)
             with open(p, "rb") as fh:
                 assert fh.read() == b"abcdef"
+
+
+def test_an_empty_range_past_the_end_in_a_gapped_span_holds(tmp_path):
+    """An empty range past the end of the file holds its (no) old bytes in both passes, also read in one span with
+    the range before it (gap > 0)."""
+    require("fastflip.kernels._cython")
+    p = str(tmp_path / "f")
+    base = bytes(range(100))
+    offs, lens = np.array([10, 200]), np.array([2, 0])
+    for new in (None, b"XY"):
+        got = {native: _run(p, base, offs, lens, new, base[10:12], native=native, gap=4096)
+               for native in (False, True)}
+        assert got[True] == got[False] and got[True][1] == -1, (new, got)
