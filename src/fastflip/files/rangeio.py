@@ -69,6 +69,12 @@ def write_ranges(fd: int, offsets: Any, lengths: Any, new: bytes | None, old: by
     """
     offs = np.ascontiguousarray(offsets, np.int64)
     lens = np.ascontiguousarray(lengths, np.int64)
+    if len(offs) == len(lens) and len(lens) and not lens.all() and (lens >= 0).all():
+        # empty ranges hold and write nothing: left out, a span never reaches one (past the end of the file, the
+        # span's write would lengthen the file by the gap before it)
+        kept = np.flatnonzero(lens)
+        bad = write_ranges(fd, offs[kept], lens[kept], new, old, gap=gap, native=native)
+        return bad if bad < 0 else int(kept[bad])
     fn = _NATIVE if native is None or native else None
     if native and fn is None:
         raise ImportError("fastflip.kernels._cython is not built here")
