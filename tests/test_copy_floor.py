@@ -573,7 +573,7 @@ def test_output_hash_on_a_helper_thread_or_not_gives_one_digest(tmp_path, monkey
     monkeypatch.setattr(threading.Thread, "start",
                         lambda self: helpers.append(self.name) or real_start(self))
     for aside in (True, False):
-        monkeypatch.setattr(h5apply, "_hash_aside", lambda aside=aside: aside)
+        monkeypatch.setattr(h5apply, "_hash_aside", lambda algorithm, aside=aside: aside)
         out = str(tmp_path / f"o{aside}.h5")
         helpers.clear()
         h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, routes, block=4096, cached_input=False,

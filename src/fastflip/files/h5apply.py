@@ -525,14 +525,10 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     if not hash_input:
         hin = None
     in_kernel = _kernel_copy_ok(splice)
-    aside = _hash_aside()  # the output's hash on a helper thread, beside the input's: two buffers in turn
+    aside = _hash_aside(algorithm)  # the output's hash on a helper thread beside the input's: two buffers in turn
     bufs = [bytearray(block + 8) for _ in range(2 if aside else 1)]
     busy: list[Any] = [None] * len(bufs)  # the helper's pending update of each buffer's bytes
-    helper = None
-    if aside:
-        from concurrent.futures import ThreadPoolExecutor  # only on machines with cores to spare
-
-        helper = ThreadPoolExecutor(1, thread_name_prefix="fastflip-hash")
+    helper: hashing.HashThread | None = None
     k = 0
     lo = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
@@ -548,7 +544,7 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                 while base < b:
                     k = (k + 1) % len(bufs)
                     if busy[k] is not None:  # a buffer is read into only once its bytes are hashed
-                        busy[k].result()
+                        helper.wait(busy[k])  # type: ignore[union-attr]
                         busy[k] = None
                     buf = bufs[k]
                     view = memoryview(buf)
@@ -565,6 +561,9 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                             end += more
                     if dirty and hout is None:  # the first dirty block: the bytes before it are the input's
                         hout = hin.copy()
+                    if aside and helper is None and hout is not None:
+                        helper = hashing.HashThread(hout)
+                        helper.start()
                     if hin is not None:
                         hin.update(view[:got])
                     if dirty:
@@ -575,10 +574,11 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                         pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
                     else:
                         pieces = [view[:got]]
-                    if hout is not None and helper is not None:
-                        busy[k] = helper.submit(_update, hout, pieces)
+                    if helper is not None:
+                        busy[k] = helper.hand(pieces)
                     elif hout is not None:
-                        _update(hout, pieces)
+                        for chunk in pieces:
+                            hout.update(chunk)
                     if not in_kernel:
                         for chunk in pieces:
                             fout.write(chunk)
@@ -592,17 +592,15 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                         if not clean.ok:  # the kernel refused: this block is written from the buffer
                             copier.copy(base, got, view[:got])
                     base = end
-            for f in busy:
-                if f is not None:
-                    f.result()
+            if helper is not None:
+                helper.close()
         except BaseException:
             if clean is not None:
                 clean.stop.set()
                 clean.join()
-            raise
-        finally:
             if helper is not None:
-                helper.shutdown(cancel_futures=True)
+                helper.close(check=False)
+            raise
         if clean is not None:
             clean.finish()
         fout.flush()
@@ -611,15 +609,10 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     return (hin.hexdigest() if hin is not None else ""), hout.hexdigest()
 
 
-def _hash_aside() -> bool:
-    """Whether the output's hash runs on a helper thread beside the input's: on more than two cores (sha256 and
-    xxh3 hash on one core each; blake3 spreads over all of them anyway)."""
-    return (os.cpu_count() or 1) > 2
-
-
-def _update(h: Any, pieces: Sequence[Any]) -> None:
-    for chunk in pieces:
-        h.update(chunk)
+def _hash_aside(algorithm: str) -> bool:
+    """Whether the output's hash runs on a helper thread beside the input's: on more than two cores, for a hash on
+    one core (sha256, xxh3; blake3 spreads each update over every core already)."""
+    return algorithm != "blake3" and (os.cpu_count() or 1) > 2
 
 
 def _kernel_copy_ok(splice: np.ndarray) -> bool:
