@@ -36,7 +36,7 @@ CHILD = r"""
 import json, os, resource, sys, time
 import numpy as np
 src, rounds, flips = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-from fastflip.files import copyregions, inject
+from fastflip.files import copyregions, fingerprint
 from fastflip.files.inject import inject_file
 from fastflip.files.replay import replay
 from fastflip.files.revert import revert
@@ -45,7 +45,8 @@ if os.environ.get("REDO_FALLBACK"):  # the NumPy pass of files/rangeio.py, as wi
     rangeio._NATIVE = None
 
 marks = {}
-real_copy, real_call = copyregions.kernel_copy, copyregions.write_copy_regions
+home = copyregions if hasattr(copyregions, "kernel_copy") else fingerprint  # where this tree makes the copy
+real_copy, real_call = home.kernel_copy, copyregions.write_copy_regions
 
 def stamp(key):
     marks[key] = (time.process_time(), time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
@@ -64,7 +65,7 @@ def call(src, tmp, plan, by_name, routes, cp, zipped, finish, *a, **kw):
     stamp("end")
     return r
 
-copyregions.kernel_copy, inject.write_copy_regions = copy, call
+home.kernel_copy, copyregions.write_copy_regions = copy, call  # inject imports it from there at each call
 out = []
 for i in range(rounds + 1):
     dst = src + f".out{os.getpid()}"

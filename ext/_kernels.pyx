@@ -321,7 +321,8 @@ def write_ranges(int fd, const int64_t[::1] offsets, const int64_t[::1] lengths,
                     q = p
                     for r in range(i, j):
                         rel = offsets[r] - start
-                        if verify and (rel + lengths[r] > got or memcmp(buf + rel, od + q, <size_t>lengths[r]) != 0):
+                        if verify and ((lengths[r] and rel + lengths[r] > got) or
+                                       memcmp(buf + rel, od + q, <size_t>lengths[r]) != 0):
                             bad = r
                             break
                         if write:

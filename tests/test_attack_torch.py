@@ -199,6 +199,30 @@ def test_rewritten_archives(case, tmp_path):
     assert verdict(path, _view, str(tmp_path / "w"), expect=expected)
 
 
+def test_data_pkl_at_the_root_refused_for_its_folder(tmp_path):
+    """torch.load needs data.pkl in a folder: the refusal says so, not that the first entry is elsewhere."""
+    from fastflip.errors import FormatError
+    from fastflip.files.formats.torchsave import read_torch_layout
+    path = _rezip(_base(tmp_path), str(tmp_path / "root.pt"), lambda n, d: [(n.split("/", 1)[1], d, STORED)])
+    with pytest.raises(FormatError, match="needs exactly one <name>/data.pkl"):
+        read_torch_layout(path)
+
+
+def test_unreadable_version_record_one_line(tmp_path, monkeypatch):
+    """An OSError while the version record is read is the one-line damaged-archive refusal, not a traceback."""
+    from fastflip.errors import FormatError
+    from fastflip.files.formats import torchsave
+    real = torchsave.entry_data
+
+    def failing(path, entry, fh):  # type: ignore[no-untyped-def]
+        if entry.name.endswith("/version"):
+            raise OSError(5, "Input/output error")
+        return real(path, entry, fh)
+    monkeypatch.setattr(torchsave, "entry_data", failing)
+    with pytest.raises(FormatError, match="damaged torch.save archive.*nothing was read"):
+        torchsave.read_torch_layout(_base(tmp_path))
+
+
 # --------------------------------------------------------------------------------------------
 # the pickle: what torch's weights-only unpickler refuses, fastflip refuses
 

@@ -525,3 +525,61 @@ def test_the_overlap_check_counts_allocated_chunks_not_the_grid(tmp_path, monkey
     open(p, "wb").write(bytes(raw))
     with pytest.raises(FastflipError, match="share bytes"):
         read_layout(p)
+
+
+# ------------------------------------------------------------------ a failure in the background kernel copy
+
+
+@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no os.copy_file_range on this system")
+def test_kernel_copy_failure_surfaces_at_once(tmp_path, monkeypatch, capsys):
+    """EIO on the background thread's first kernel copy: the command stops in one line, with no output and no
+    temporary, and the clean blocks are not offered to the kernel again as though it had refused."""
+    from fastflip.cli import main
+
+    src = str(tmp_path / "big.h5")
+    with h5py.File(src, "w") as f:  # three 4 MiB read blocks: one touched, the others clean
+        f.create_dataset("a", data=np.linspace(-2, 2, 3 << 20, dtype="f4"))
+    calls: list[int] = []
+    real = os.copy_file_range
+
+    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
+        calls.append(count)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd_in, fd_out, count, offset_src, offset_dst)
+
+    monkeypatch.setattr(os, "copy_file_range", fake)
+    out = tmp_path / "out"
+    out.mkdir()
+    rc = main(["inject", src, "-o", str(out / "o.h5"), "--count", "1", "--seed", "1", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert os.listdir(out) == []  # no output, no log, no temporary
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("algorithm", ["sha256", "blake3"])
+def test_output_hash_on_a_helper_thread_or_not_gives_one_digest(tmp_path, monkeypatch, algorithm):
+    """The output's hash fed from a helper thread (more than two cores) or on the reading thread (two or fewer):
+    the same digests, those of the files written; the helper thread is used only where asked."""
+    if algorithm not in hashing.available():
+        pytest.skip(f"{algorithm} is not installed")
+    import threading
+
+    src = _h5(tmp_path / "a.h5", n=1 << 17)
+    ref, routes = _reference(src, str(tmp_path / "o.h5"), count=6)
+    digests, helpers = [], []
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start",
+                        lambda self: helpers.append(self.name) or real_start(self))
+    for aside in (True, False):
+        monkeypatch.setattr(h5apply, "_hash_aside", lambda algorithm, aside=aside: aside)
+        out = str(tmp_path / f"o{aside}.h5")
+        helpers.clear()
+        h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, routes, block=4096, cached_input=False,
+                                       algorithm=algorithm)
+        assert any(n.startswith("fastflip-hash") for n in helpers) == aside
+        assert h_out == filebytes.hash_file(out, algorithm, cache=False)
+        assert h_in == filebytes.hash_file(src, algorithm, cache=False)
+        digests.append((h_in, h_out))
+    assert digests[0] == digests[1] and digests[0][0] != digests[0][1]

@@ -266,20 +266,95 @@ def test_new_file_regions_refuses_an_input_changed_before_the_copy(tmp_path, mon
     """A word of the input rewritten after the prediction, before the kernel copy: refused in one line, and
     neither the output nor its log is left."""
     from fastflip.errors import LogMismatchError
-    from fastflip.files import copyregions
+    from fastflip.files import fingerprint
 
     src = _h5(tmp_path / "in.h5")
     probe = inject_file(src, str(tmp_path / "probe.h5"), sampling=Sampling(count=6), seed=4, hash_files="regions")
     at = int(probe.log.undo.offsets[0])
-    real = copyregions.kernel_copy
+    real = fingerprint.kernel_copy  # the copy of copyregions.write_copy_regions (fingerprint.copy_over_ranges)
 
     def meddle(a, b, **kw):
         _flip_byte(a, at)
         return real(a, b, **kw)
 
-    monkeypatch.setattr(copyregions, "kernel_copy", meddle)
+    monkeypatch.setattr(fingerprint, "kernel_copy", meddle)
     out = tmp_path / "out.h5"
     with pytest.raises(LogMismatchError, match="changed while it was being copied") as exc:
         inject_file(src, str(out), sampling=Sampling(count=6), seed=4, hash_files="regions")
     assert "\n" not in str(exc.value)
     assert not out.exists() and not os.path.exists(str(out) + ".fflog")
+
+
+@needs_kernel_copy
+def test_short_reads_are_read_on(tmp_path, monkeypatch):
+    """A read that returns fewer bytes than asked (a signal, a network file system) is read on, not taken for the
+    end of the file: the buffered copy behind a refused kernel copy, and a checked range write."""
+    import numpy as np
+
+    from fastflip.files.filebytes import kernel_copy
+    from fastflip.files.rangeio import write_ranges
+
+    data = np.random.default_rng(3).integers(0, 256, 300_000, np.uint8).tobytes()
+    src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
+    src.write_bytes(data)
+    real = os.preadv
+    calls: list[int] = []
+
+    def short(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, [memoryview(buffers[0])[:1000]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    _refusing(monkeypatch, None)
+    kernel_copy(str(src), str(dst))
+    assert dst.read_bytes() == data and len(calls) > 1
+    with open(dst, "r+b", buffering=0) as fh:  # 5000 bytes checked against what they hold, then rewritten
+        bad = write_ranges(fh.fileno(), [10], [5000], bytes(5000), data[10:5010], native=False)
+    assert bad == -1 and dst.read_bytes() == data[:10] + bytes(5000) + data[5010:]
+
+
+def test_replay_of_a_regions_log_passes_over_the_touched_ranges_once(tmp_path, monkeypatch):
+    """replay of a region log writes its copy's touched ranges in the one pass that checks them (one range pass,
+    no fsync of its own before the commit's); a source whose touched byte differs is refused, nothing written."""
+    from fastflip.errors import LogMismatchError
+    from fastflip.files import filebytes, fingerprint, rangeio
+
+    src = _h5(tmp_path / "in.h5", n=1 << 20)  # touched bytes between the 1 MiB windows
+    res = inject_file(src, str(tmp_path / "out.h5"), sampling=Sampling(count=6), seed=4, hash_files="regions")
+    passes: list[bool] = []  # one per pass: whether it wrote
+    real = rangeio.write_ranges
+
+    def counted(fd, offsets, lengths, new, old=None, **kw):
+        passes.append(new is not None)
+        return real(fd, offsets, lengths, new, old, **kw)
+
+    for module in (fingerprint, filebytes):
+        monkeypatch.setattr(module, "write_ranges", counted)
+    syncs = _spy_fsync(monkeypatch)
+    again = replay(res.log_path, src, str(tmp_path / "again.h5"), log_path=False)
+    assert passes == [True] and open(again.output, "rb").read() == open(tmp_path / "out.h5", "rb").read()
+    assert syncs and len(syncs) == len(set(syncs))  # the output fsynced once, at the commit
+    lg = res.log
+    k = next(i for i, o in enumerate(lg.undo.offsets.tolist()) if 1 << 20 < o < os.path.getsize(src) - (1 << 20))
+    at = int(lg.undo.offsets[k])
+    with open(src, "r+b") as fh:  # a touched byte outside the head and tail windows
+        fh.seek(at)
+        b = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([b ^ 0xFF]))
+    with pytest.raises(LogMismatchError, match="is not the logged input .*touched range differ"):
+        replay(res.log_path, src, str(tmp_path / "bad.h5"), log_path=False)
+    assert not os.path.exists(tmp_path / "bad.h5")
+
+
+def _spy_fsync(monkeypatch) -> list[int]:
+    """The inodes ``os.fsync`` is called on from now on."""
+    real = os.fsync
+    seen: list[int] = []
+
+    def spy(fd):
+        seen.append(os.fstat(fd).st_ino)
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return seen

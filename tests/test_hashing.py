@@ -188,3 +188,28 @@ def test_cli_hash_option_and_revert_message(h5, tmp_path):
     assert r.returncode == 0 and "sha256" in r.stdout and "matches the logged input" in r.stdout
     r = run("inject", h5, "-o", str(tmp_path / "p.h5"), "--count", "3", "--hash", "md4")
     assert r.returncode == 2 and "unknown hash algorithm 'md4'" in r.stderr
+
+
+def test_hash_thread_hashes_in_order_and_hands_back_an_error():
+    """HashThread: the pieces handed, in order, give hashlib's digest; an update's error is raised at the next
+    wait and at close, which may be called again."""
+    t = hashing.HashThread(hashing.new("sha256"))
+    t.start()
+    parts = [os.urandom(n) for n in (1, 70000, 3, 5000)]
+    for p in parts:
+        t.hand([memoryview(p)])
+    t.close()
+    assert t.h.hexdigest() == hashlib.sha256(b"".join(parts)).hexdigest()
+
+    class Failing:
+        def update(self, data):
+            raise OSError(5, "Input/output error")
+
+    t = hashing.HashThread(Failing())
+    t.start()
+    with pytest.raises(OSError):
+        t.wait(t.hand([b"x"]))
+    with pytest.raises(OSError):
+        t.close()
+    t.close(check=False)  # again: nothing left to stop
+    assert not t.is_alive()

@@ -280,7 +280,7 @@ def test_a_copy_changed_before_its_touched_bytes_are_written_is_refused(where, t
     """A touched range of the copy (a word, or a zip CRC field) changed between the kernel copy and the write: the
     one pass that checks and writes the touched ranges refuses it; neither the output nor its log is left, and
     the copy's touched ranges are read once (no second check of the words or the encoded bytes)."""
-    from fastflip.files import copyregions, fingerprint
+    from fastflip.files import fingerprint
 
     src, _ = _make("npz", tmp_path)
     probe = inject_file(src, str(tmp_path / "probe.npz"), hash_files="regions", seed=3, count=8)
@@ -288,7 +288,7 @@ def test_a_copy_changed_before_its_touched_bytes_are_written_is_refused(where, t
     with zipfile.ZipFile(src) as z:  # a local header's CRC-32 field: 14 bytes into the header
         crcs = {z.getinfo(n).header_offset + 14 for n in z.namelist()} & set(undo.offsets.tolist())
     at = min(crcs) if where == "crc" else int(undo.offsets[-1])
-    real_copy, real_write, passes = copyregions.kernel_copy, copyregions.write_ranges, []
+    real_copy, real_write, passes = fingerprint.kernel_copy, fingerprint.write_ranges, []
 
     def meddle(a, b, **kw):
         real_copy(a, b, **kw)
@@ -302,12 +302,12 @@ def test_a_copy_changed_before_its_touched_bytes_are_written_is_refused(where, t
         passes.append(old is not None and new is not None)
         return real_write(fd, offsets, lengths, new, old, **kw)
 
-    monkeypatch.setattr(copyregions, "write_ranges", spy)
+    monkeypatch.setattr(fingerprint, "write_ranges", spy)
     monkeypatch.setattr(fingerprint, "ranges_hold", lambda *a: pytest.fail("the copy's ranges checked twice"))
     out = tmp_path / "again.npz"
     inject_file(src, str(out), hash_files="regions", seed=3, count=8)  # untouched copy: one pass that checks
     assert passes == [True] and _bytes(str(out)) == _bytes(str(tmp_path / "probe.npz"))
-    monkeypatch.setattr(copyregions, "kernel_copy", meddle)
+    monkeypatch.setattr(fingerprint, "kernel_copy", meddle)
     out = tmp_path / "out.npz"
     with pytest.raises(LogMismatchError, match="changed while it was being copied") as exc:
         inject_file(src, str(out), hash_files="regions", seed=3, count=8)

@@ -98,3 +98,22 @@ def test_a_malformed_batch_is_refused_before_anything_is_written(tmp_path):
                 _run(p, b"abcdef", np.array(offs), np.array(lens), new, None, native=native)
             with open(p, "rb") as fh:
                 assert fh.read() == b"abcdef"
+
+
+def test_an_empty_range_past_the_end_in_a_gapped_span_holds(tmp_path):
+    """An empty range past the end of the file holds its (no) old bytes in both passes, also read in one span with
+    the range before it (gap > 0), and the file keeps its length whatever the gap."""
+    require("fastflip.kernels._cython")
+    p = str(tmp_path / "f")
+    base = bytes(range(100))
+    offs, lens = np.array([10, 200]), np.array([2, 0])
+    for new in (None, b"XY"):
+        got = {(native, gap): _run(p, base, offs, lens, new, base[10:12], native=native, gap=gap)
+               for native in (False, True) for gap in (0, 4096)}
+        want = (base if new is None else base[:10] + new + base[12:], -1)  # the file no longer whatever the gap
+        assert all(v == want for v in got.values()), (new, got)
+    fd = os.open(p, os.O_RDONLY)  # the native pass called as it is, the empty range given to it
+    try:
+        assert rangeio._NATIVE(fd, offs, lens, b"", b"XY", False, True, 4096, 1 << 20) == -1
+    finally:
+        os.close(fd)

@@ -25,12 +25,10 @@ import numpy as np
 from ..core.plan import Plan
 from ..errors import LogMismatchError, OptionError
 from . import hashcache
-from .filebytes import kernel_copy
-from .fingerprint import check_regions, fingerprints
+from .fingerprint import check_regions, copy_over_ranges, fingerprints
 from .inplace import predict_patches
 from .layout import Tensor
 from .patches import patch_undo
-from .rangeio import GAP, write_ranges
 from .routes import ChunkPatches, SiteRoute
 
 __all__ = ["write_copy_regions", "refuse_moving_bytes"]
@@ -66,13 +64,8 @@ def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Ten
     patches = sorted(patches)
     undo = patch_undo(patches, st0.st_size)
     fp_in, fp_out = fingerprints(src, algorithm, patches)
-    kernel_copy(src, tmp, writeback=writeback)
-    fd = os.open(tmp, os.O_RDWR)
-    try:  # the copy is private: ranges a page apart are one read and one write
-        bad = write_ranges(fd, undo.offsets, undo.lengths, undo.new_data, undo.data, gap=GAP)
-    finally:
-        os.close(fd)
-    if bad >= 0 or not hashcache.same_state(st0, os.stat(src)):  # the logged old bytes are not the input's
+    held = copy_over_ranges(src, tmp, undo, writeback=writeback)
+    if not held or not hashcache.same_state(st0, os.stat(src)):  # the logged old bytes are not the input's
         raise LogMismatchError(f"{src} changed while it was being copied; nothing was written")
     fp = {"algorithm": algorithm, "input": fp_in, "output": fp_out}
     check_regions(tmp, fp, undo, "output", f"the new copy of {src}", ranges=False)  # the output it describes

@@ -35,10 +35,10 @@ import numpy as np
 from ..errors import LogMismatchError
 from . import hashcache, hashing
 from .fileio import start_writeback
-from .rangeio import write_ranges
+from .rangeio import read_at, write_at, write_ranges
 
 __all__ = ["sha256_file", "hash_file", "overlay_patches", "hash_with_patches", "copy_with_hash", "ByteUndo",
-           "byte_diff", "SpanCopier", "kernel_copy", "write_at"]
+           "byte_diff", "SpanCopier", "kernel_copy"]
 
 _BLOCK = 8 << 20
 
@@ -214,19 +214,6 @@ _PIECE = 16 << 20  # bytes per copy_file_range call (and per writeback request)
 _NO_KERNEL_COPY = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
-def write_at(fd: int, at: int, pieces: Sequence[Any]) -> int:
-    """Write ``pieces`` (buffers) one after the other from offset ``at`` of the file ``fd``; return the bytes
-    written."""
-    start = at
-    for chunk in pieces:
-        mv = memoryview(chunk).cast("B")
-        n = 0
-        while n < len(mv):
-            n += os.pwrite(fd, mv[n:], at + n)
-        at += len(mv)
-    return at - start
-
-
 def _copy_range(fd_in: int, fd_out: int, at: int, n: int) -> int:
     """Copy ``n`` bytes at offset ``at`` of one file to the same offset of another in the kernel
     (``os.copy_file_range``); the bytes copied before the kernel refused (another file system, an old kernel):
@@ -250,8 +237,8 @@ class SpanCopier:
 
     Each span goes file to file in the kernel (``os.copy_file_range``) while the kernel accepts; where it refuses
     (another file system, an old kernel: ``EXDEV``, ``ENOSYS``...), that span's rest and every later span are
-    written from the bytes the caller already holds (``held``: the input is then read once) or read through a
-    buffer; the kernel is not asked again. Other errors (``EIO``, ``ENOSPC``) surface. ``writeback=True`` (an
+    written from the bytes the caller already holds (``held``) or else read here through a buffer (bytes a caller
+    that also reads the input then reads twice); the kernel is not asked again. Other errors (``EIO``, ``ENOSPC``) surface. ``writeback=True`` (an
     output that will be fsynced) asks the kernel to start writing each span to disk at once
     (:func:`fastflip.files.fileio.start_writeback`), so the fsync at the commit waits for little.
     """
@@ -290,8 +277,8 @@ class SpanCopier:
         view = memoryview(self._buf)
         while n:
             k = min(n, len(view))
-            got = os.preadv(self.fd_in, [view[:k]], at)
-            if got != k:
+            got = read_at(self.fd_in, view[:k], at)
+            if got != k:  # the file ended (a short read is read on)
                 raise OSError(errno.EIO, f"the input ended {n - got} bytes early while it was copied")
             write_at(self.fd_out, at, [view[:k]])
             at, n = at + k, n - k

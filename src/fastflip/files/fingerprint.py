@@ -50,7 +50,7 @@ from .filebytes import kernel_copy
 from .rangeio import GAP, write_ranges
 
 __all__ = ["WINDOW", "fingerprint", "fingerprints", "head_length", "check_regions", "ranges_hold", "revert_regions",
-           "replay_regions"]
+           "replay_regions", "copy_over_ranges"]
 
 WINDOW = 1 << 20  # bytes hashed at each end of the file
 _MAX_HEADER = 256 << 20  # a safetensors header larger than this is not read whole into the fingerprint
@@ -189,15 +189,30 @@ def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
     return fp, undo
 
 
+def copy_over_ranges(src: str, tmp: str, undo: ByteUndo, *, writeback: bool = False) -> bool:
+    """Copy ``src`` to ``tmp`` in the kernel (:func:`fastflip.files.filebytes.kernel_copy`), then write the
+    same-size ``undo``'s new bytes over the copy in one pass over its touched ranges
+    (:func:`fastflip.files.rangeio.write_ranges`), each read and compared with its old bytes first; return whether
+    every range held them (False: the pass stopped at the first that did not, later ones left as copied)."""
+    kernel_copy(src, tmp, writeback=writeback)
+    fd = os.open(tmp, os.O_RDWR)
+    try:  # the copy is private: ranges a page apart are one read and one write
+        return write_ranges(fd, undo.offsets, undo.lengths, undo.new_data, undo.data, gap=GAP) < 0
+    finally:
+        os.close(fd)
+
+
 def replay_regions(lg: Any, src: str, tmp: str) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
-    ranges tell) into ``tmp``: a kernel copy (:func:`fastflip.files.filebytes.kernel_copy`) with the logged new bytes
-    written over it, checked to be the logged output the same way. No whole-file pass."""
+    ranges tell) into ``tmp``: a kernel copy with the logged new bytes written over it in the pass that checks the
+    copy's touched ranges hold the logged old bytes (:func:`copy_over_ranges`), then the copy's size and windows
+    checked to be the logged output's. No whole-file pass; the touched ranges read once."""
     fp, undo = _evidence(lg, src, "replayed")
-    check_regions(src, fp, undo, "input", src, "; give the file this log's injection was made from")
-    kernel_copy(src, tmp)
-    undo.redo(tmp)
-    check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output")
+    fix = "; give the file this log's injection was made from"
+    check_regions(src, fp, undo, "input", src, fix, ranges=False)  # its size and windows, before any write
+    if not copy_over_ranges(src, tmp, undo):
+        raise LogMismatchError(f"{src} is not the logged input (the bytes of a touched range differ){fix}")
+    check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output", ranges=False)
 
 
 def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool = True) -> None:

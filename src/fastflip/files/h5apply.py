@@ -16,7 +16,8 @@ Two paths, chosen per site, giving identical words (tested):
   memory by the kernel and written at their offsets. The output's hash is a copy of the
   input's state at the first touched block, continued over the output's bytes: the
   bytes before it are hashed once. Where the kernel refuses to copy (another file
-  system), the blocks already read are written: the input is still read once.
+  system), the blocks already read are written: the input is still read once (where
+  it refuses only part-way, the clean bytes after that point are read a second time).
 * **hdf5** — filtered chunks (gzip, shuffle, lzf, fletcher32, ...), compact data and
   never-written chunks are changed by reading each touched chunk (or the whole
   compact dataset) through h5py, rewriting the words in NumPy and writing the chunk back.
@@ -465,7 +466,9 @@ class _CleanCopy(threading.Thread):
     """Copies the clean spans (no site, no patch) of the input to the output in the kernel, in the background.
 
     The first piece tells whether the kernel copies at all (``verdict``; ``ok``): where it refuses, this thread
-    stops and the reader writes the clean spans from the blocks it reads anyway (the input is read once)."""
+    stops and the reader writes the clean spans from the blocks it reads anyway (the input read once). Where the
+    kernel refuses later, part-way, this thread reads the rest of the clean spans through its own buffer
+    (:class:`~fastflip.files.filebytes.SpanCopier`): those bytes are read twice."""
 
     def __init__(self, copier: SpanCopier, spans: list[tuple[int, int, bool]], piece: int) -> None:
         super().__init__(name="fastflip-copy", daemon=True)
@@ -512,7 +515,8 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     thread copies the clean spans file to file in the kernel (:class:`_CleanCopy`) while this thread reads the
     input once, block by block, hashes it, patches the dirty blocks in memory and writes them at their offsets.
     The output's hash is the input's up to the first dirty block (a copy of the hasher's state there: the bytes
-    before it are the same), then follows the output's bytes. Where the kernel refuses to copy, or a patch changes
+    before it are the same), then follows the output's bytes, on a helper thread beside the input's hash where
+    the machine has more than two cores (:func:`_hash_aside`). Where the kernel refuses to copy, or a patch changes
     a length (a re-deflated zip member: every later byte moves), every block is written from the buffer read.
     """
     hin: Any = hashing.new(algorithm)
@@ -521,8 +525,11 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     if not hash_input:
         hin = None
     in_kernel = _kernel_copy_ok(splice)
-    buf = bytearray(block + 8)
-    view = memoryview(buf)
+    aside = _hash_aside(algorithm)  # the output's hash on a helper thread beside the input's: two buffers in turn
+    bufs = [bytearray(block + 8) for _ in range(2 if aside else 1)]
+    busy: list[Any] = [None] * len(bufs)  # the helper's pending update of each buffer's bytes
+    helper: hashing.HashThread | None = None
+    k = 0
     lo = 0
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         size = os.fstat(fin.fileno()).st_size
@@ -535,6 +542,12 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
             for a, b, dirty in spans:
                 base = a
                 while base < b:
+                    k = (k + 1) % len(bufs)
+                    if busy[k] is not None:  # a buffer is read into only once its bytes are hashed
+                        helper.wait(busy[k])  # type: ignore[union-attr]
+                        busy[k] = None
+                    buf = bufs[k]
+                    view = memoryview(buf)
                     got = fin.readinto(view[: min(block, b - base)])
                     if not got:
                         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
@@ -548,6 +561,9 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                             end += more
                     if dirty and hout is None:  # the first dirty block: the bytes before it are the input's
                         hout = hin.copy()
+                    if aside and helper is None and hout is not None:
+                        helper = hashing.HashThread(hout)
+                        helper.start()
                     if hin is not None:
                         hin.update(view[:got])
                     if dirty:
@@ -558,7 +574,9 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                         pieces = _patch_block(view, base, end, patches, pstart, pend, splice)
                     else:
                         pieces = [view[:got]]
-                    if hout is not None:
+                    if helper is not None:
+                        busy[k] = helper.hand(pieces)
+                    elif hout is not None:
                         for chunk in pieces:
                             hout.update(chunk)
                     if not in_kernel:
@@ -569,13 +587,19 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                     else:
                         assert clean is not None
                         clean.verdict.wait()
+                        if clean.error is not None:  # EIO, ENOSPC in the background copy: raised here, at once
+                            clean.finish()
                         if not clean.ok:  # the kernel refused: this block is written from the buffer
                             copier.copy(base, got, view[:got])
                     base = end
+            if helper is not None:
+                helper.close()
         except BaseException:
             if clean is not None:
                 clean.stop.set()
                 clean.join()
+            if helper is not None:
+                helper.close(check=False)
             raise
         if clean is not None:
             clean.finish()
@@ -583,6 +607,12 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
     if hout is None:  # no byte changed: the output is the input
         hout = hin
     return (hin.hexdigest() if hin is not None else ""), hout.hexdigest()
+
+
+def _hash_aside(algorithm: str) -> bool:
+    """Whether the output's hash runs on a helper thread beside the input's: on more than two cores, for a hash on
+    one core (sha256, xxh3; blake3 spreads each update over every core already)."""
+    return algorithm != "blake3" and (os.cpu_count() or 1) > 2
 
 
 def _kernel_copy_ok(splice: np.ndarray) -> bool:

@@ -33,13 +33,15 @@ False
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..errors import LogMismatchError, MissingExtraError, OptionError
 
 __all__ = ["Hasher", "Algorithm", "ENV", "register", "unregister", "algorithm", "available", "default_algorithm",
-           "new", "check_digest", "known", "file_entry", "logged_hash", "logged_hashes"]
+           "new", "check_digest", "known", "file_entry", "logged_hash", "logged_hashes", "HashThread"]
 
 ENV = "FASTFLIP_HASH"
 
@@ -215,3 +217,54 @@ def logged_hashes(manifest: Any) -> tuple[str, str | None, str | None]:
                                "give the log the injection wrote")
     algorithm(algo)
     return algo, want_in, want_out
+
+
+class HashThread(threading.Thread):
+    """A hasher updated on its own thread with the buffers handed to it, in the order they are handed: a second
+    hash beside one the caller takes (each runs on its own core).
+
+    >>> t = HashThread(new("sha256")); t.start(); t.wait(t.hand([b"a", b"bc"])); t.close(); t.h.hexdigest()[:16]
+    'ba7816bf8f01cfea'
+    """
+
+    def __init__(self, h: Hasher) -> None:
+        super().__init__(name="fastflip-hash", daemon=True)
+        self.h = h
+        self.error: BaseException | None = None
+        self._todo: queue.SimpleQueue[tuple[Any, threading.Event]] = queue.SimpleQueue()
+
+    def hand(self, pieces: Any) -> threading.Event:
+        """Queue ``pieces`` (buffers) to be hashed; the event returned is set once they are (their buffers may
+        then be reused)."""
+        done = threading.Event()
+        self._todo.put((pieces, done))
+        return done
+
+    def wait(self, done: threading.Event) -> None:
+        """Wait for a hand-over (:meth:`hand`'s event); raise the error an update met, if any."""
+        done.wait()
+        if self.error is not None:
+            raise self.error
+
+    def close(self, check: bool = True) -> None:
+        """Stop the thread once everything handed is hashed (again: nothing); ``check``: raise the error an update
+        met."""
+        if self.is_alive():
+            self.hand(None).wait()
+            self.join()
+        if check and self.error is not None:
+            raise self.error
+
+    def run(self) -> None:
+        while True:
+            pieces, done = self._todo.get()
+            try:
+                if pieces is None:
+                    return
+                if self.error is None:
+                    for chunk in pieces:
+                        self.h.update(chunk)
+            except BaseException as exc:  # handed to the caller at its next wait or close
+                self.error = exc
+            finally:
+                done.set()

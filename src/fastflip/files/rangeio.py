@@ -18,11 +18,11 @@ once), :class:`~fastflip.files.filebytes.ByteUndo` (undo and redo) and
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["GAP", "write_ranges", "native_available"]
+__all__ = ["GAP", "write_ranges", "native_available", "read_at", "write_at"]
 
 SPAN = 1 << 20  # the most bytes the native pass reads at once (its one buffer)
 GAP = 4096  # ranges this close are worth one read: a system call costs about what copying a page does
@@ -69,6 +69,12 @@ def write_ranges(fd: int, offsets: Any, lengths: Any, new: bytes | None, old: by
     """
     offs = np.ascontiguousarray(offsets, np.int64)
     lens = np.ascontiguousarray(lengths, np.int64)
+    if len(offs) == len(lens) and len(lens) and not lens.all() and (lens >= 0).all():
+        # empty ranges hold and write nothing: left out, a span never reaches one (past the end of the file, the
+        # span's write would lengthen the file by the gap before it)
+        kept = np.flatnonzero(lens)
+        bad = write_ranges(fd, offs[kept], lens[kept], new, old, gap=gap, native=native)
+        return bad if bad < 0 else int(kept[bad])
     fn = _NATIVE if native is None or native else None
     if native and fn is None:
         raise ImportError("fastflip.kernels._cython is not built here")
@@ -99,7 +105,7 @@ def _write_ranges_py(fd: int, offs: np.ndarray, lens: np.ndarray, new: bytes | N
     for a, b, gaps in zip(cuts[:-1].tolist(), cuts[1:].tolist(), inner):
         if old is None and not gaps:  # adjacent ranges: their new bytes follow each other
             if data is not None:
-                _pwrite_all(fd, data[posl[a] : posl[b]], at[a])
+                write_at(fd, at[a], [data[posl[a] : posl[b]]])
             continue
         bad = _span(fd, offs[a:b], lens[a:b], pos[a : b + 1], new, old)
         if bad >= 0:
@@ -111,9 +117,8 @@ def _span(fd: int, offs: np.ndarray, lens: np.ndarray, pos: np.ndarray, new: byt
     """One span of :func:`_write_ranges_py` read whole: its ranges checked against ``old`` and written; -1 or the
     first range (of this span) that did not hold its old bytes."""
     start, size, p, total = int(offs[0]), int(offs[-1] + lens[-1] - offs[0]), int(pos[0]), int(pos[-1] - pos[0])
-    buf = bytearray(_pread_all(fd, size, start))
-    got = len(buf)
-    buf += bytes(size - got)  # past the end of the file: missing for a check, zeros for a write
+    buf = bytearray(size)  # past the end of the file: missing for a check, zeros for a write
+    got = read_at(fd, memoryview(buf), start)
     at = np.repeat(offs - start - (pos[:-1] - p), lens) + np.arange(total)  # each range byte's place in buf
     view = np.frombuffer(buf, np.uint8)
     bad, done = -1, total
@@ -125,22 +130,30 @@ def _span(fd: int, offs: np.ndarray, lens: np.ndarray, pos: np.ndarray, new: byt
             done = int(pos[bad] - p)  # the bytes of the ranges before it
     if new is not None:
         view[at[:done]] = np.frombuffer(new, np.uint8, done, p)
-        _pwrite_all(fd, memoryview(buf)[: int(offs[bad]) - start if bad >= 0 else size], start)
+        write_at(fd, start, [memoryview(buf)[: int(offs[bad]) - start if bad >= 0 else size]])
     return bad
 
 
-def _pread_all(fd: int, size: int, at: int) -> bytes:
-    parts = []
-    while size:
-        got = os.pread(fd, size, at)
+def read_at(fd: int, view: memoryview, at: int) -> int:
+    """Fill ``view`` (a writable byte buffer) from offset ``at`` of the file ``fd``, reading again after a short
+    read; return the bytes read: fewer than ``len(view)`` only where the file ends."""
+    done, n = 0, len(view)
+    while done < n:
+        got = os.preadv(fd, [view[done:]], at + done)
         if not got:
             break
-        parts.append(got)
-        size, at = size - len(got), at + len(got)
-    return b"".join(parts)
+        done += got
+    return done
 
 
-def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
-    while len(data):
-        k = os.pwrite(fd, data, at)
-        data, at = data[k:], at + k
+def write_at(fd: int, at: int, pieces: Sequence[Any]) -> int:
+    """Write ``pieces`` (buffers) one after the other from offset ``at`` of the file ``fd``, writing again after a
+    short write; return the bytes written."""
+    start = at
+    for chunk in pieces:
+        mv = memoryview(chunk).cast("B")
+        n = 0
+        while n < len(mv):
+            n += os.pwrite(fd, mv[n:], at + n)
+        at += len(mv)
+    return at - start

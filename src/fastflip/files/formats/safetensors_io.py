@@ -63,7 +63,8 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
         text = fh.read(n)
     try:
         header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-        json.dumps(header, ensure_ascii=False).encode("utf-8")  # a lone surrogate escape ("\ud800") is not UTF-8
+        if b"\\u" in text:  # a lone surrogate ("\ud800") can come only from an escape: it is not UTF-8
+            json.dumps(header, ensure_ascii=False).encode("utf-8")
     except FormatError as exc:
         raise FormatError(f"{path}: {exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError, MemoryError) as exc:
@@ -75,7 +76,6 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
         raise FormatError(f"{path}: safetensors __metadata__ is not a map of strings to strings (the safetensors "
                           "library refuses it); the file is damaged or crafted")
-    ranges = []
     spans = []
     for name, e in header.items():
         if name == "__metadata__":
@@ -100,20 +100,17 @@ def read_safetensors_header(path: str) -> tuple[int, dict]:
                               "does not know; the file is damaged or crafted")
         if 8 * (end - b) != numel * bits:
             raise FormatError(f"{path}: tensor {name!r}: {end - b} bytes do not hold {dtype} {list(e['shape'])}")
-        if end > b:
-            ranges.append((b, end, name))
         spans.append((b, end, name))
-    ranges.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(ranges, ranges[1:]):
-        if b1 < e0:
-            raise FormatError(f"{path}: safetensors header claims overlapping ranges for {n0!r} and {n1!r}")
-    at = 0
+    at, before = 0, ""
     for b, end, name in sorted(spans):  # the library's rule: the tensors tile the data buffer, in offset order
-        if b != at:
+        if b < at:
+            raise FormatError(f"{path}: safetensors header claims overlapping ranges for {before[:80]!r} and "
+                              f"{name[:80]!r}; the file is damaged or crafted")
+        if b > at:
             raise FormatError(f"{path}: tensor {name[:80]!r} starts at byte {b} of the data buffer, not at {at} where "
                               "the tensor before it ends (the safetensors library refuses gaps); the file is damaged "
                               "or crafted")
-        at = end
+        at, before = end, name
     if base + at != size:
         raise FormatError(f"{path}: the safetensors data buffer holds {size - base} bytes, its tensors {at} (the "
                           "safetensors library refuses a buffer they do not cover exactly); the file is damaged or "

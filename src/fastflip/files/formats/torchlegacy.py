@@ -53,7 +53,7 @@ def read_legacy_layout(path: str) -> Any:
             raise FormatError(f"{path}: legacy torch.save file with a malformed storage list")
         if len(set(keys)) != len(keys):  # torch would read the later copy over the earlier one
             raise FormatError(f"{path}: legacy torch.save file lists a storage twice; the file is damaged or crafted")
-        recs = records_of(obj, path)
+        recs = records_of(obj)
         itemsize, declared = {}, {}
         for _, rec in recs:
             if rec.storage.dtype in TORCH_DTYPES:

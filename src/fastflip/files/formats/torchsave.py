@@ -321,8 +321,7 @@ def _archive(path: str) -> tuple[str, dict[str, ZipEntry]]:
     """(entry prefix, entries) of a torch.save archive, named as torch.load names them: the prefix is the folder of
     the directory's first entry, and a record is looked up by its name in any letter case."""
     entries = stored_entries(path)
-    pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1] or \
-        (["data.pkl"] if "data.pkl" in entries else [])
+    pkl = [n for n in entries if n.endswith("/data.pkl") and n.count("/") == 1]
     if len(pkl) != 1:
         raise FormatError(f"{path}: not a torch.save archive (needs exactly one <name>/data.pkl entry)")
     first = next(iter(entries))
@@ -368,6 +367,7 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
                           "'little' or 'big')")
     try:  # the entries of the directory parse already made (formats/zipraw.py), checked by their CRC-32
         with open(path, "rb") as fh:
+            _version_checked(path, prefix, entries, fh)  # torch.load reads the version record before data.pkl
             data = entry_data(path, pkl, fh)[1]
             order = entry_data(path, entries[prefix + "byteorder"], fh)[1].decode("ascii", "replace") \
                 if prefix + "byteorder" in entries else "little"  # exactly: torch.load refuses "little\n"
@@ -376,17 +376,15 @@ def read_records(path: str) -> tuple[Any, list[tuple[str, TensorRecord]], dict[s
     if order not in ("little", "big"):
         raise FormatError(f"{path}: byteorder entry says {order!r} (expected little or big)")
     obj = restricted_loads(data, path)
-    with open(path, "rb") as fh:
-        _version_checked(path, prefix, entries, fh)
-    return obj, records_of(obj, path), entries, prefix, order
+    return obj, records_of(obj), entries, prefix, order
 
 
-def records_of(obj: Any, where: str = "the file") -> list[tuple[str, TensorRecord]]:
+def records_of(obj: Any) -> list[tuple[str, TensorRecord]]:
     """[(key path, record)] of every tensor in an unpickled object, in walk order; a torchao tensor subclass as
     its inner tensors (``<key path>.<name>``, :mod:`.torchsub`)."""
     found = walk_tensors(obj, lambda o: isinstance(o, (TensorRecord, SubclassRecord)),
                          parts=lambda o: getattr(o, "parts", ()))
-    return inner_records(found, where)
+    return inner_records(found)
 
 
 def read_torch_layout(path: str) -> Layout:
@@ -436,7 +434,8 @@ def layout_from_records(path: str, obj: Any, recs: list[tuple[str, TensorRecord]
         key = rec.identity
         if owner.setdefault(kp, key) != key:  # one name for two tensors: a selection, a log would name either
             raise FormatError(f"{path}: two different tensors are saved under the key path {kp[:80]!r} (keys such "
-                              "as 1 and '1', or 'a/b' and a['b']); rename one and re-save the file")
+                              "as 1 and '1', 'a/b' and a['b'], or a key that is also a tensor subclass's inner "
+                              "tensor '<key>.<name>'); rename one and re-save the file")
         groups.setdefault(key, []).append(kp)
         first.setdefault(key, rec)
     spans: list[tuple[str, int, int, str]] = []  # (storage key, start byte, end byte, path) of listed tensors

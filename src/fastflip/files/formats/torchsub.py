@@ -302,14 +302,10 @@ def from_type(ret: Any, new_type: Any, state: Any, is_tensor: Callable[[Any], bo
     return SubclassRecord(ret.cls, ret.dtype, ret.shape, inner)
 
 
-def inner_records(found: Iterable[tuple[str, Any]], where: str) -> list[tuple[str, Any]]:
+def inner_records(found: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """``found`` ([(key path, record)]) with each :class:`SubclassRecord` replaced by its inner tensors, named
-    ``<key path>.<name>`` (``/0.weight.qdata``); ``where`` names the file in an error.
-
-    Raises
-    ------
-    FormatError
-        An inner tensor's name is also the path of another tensor of the file.
+    ``<key path>.<name>`` (``/0.weight.qdata``). An inner tensor's name that is also another tensor's key path is
+    refused where the records become a layout (:func:`.torchsave.layout_from_records`).
     """
     out: list[tuple[str, Any]] = []
     for path, rec in found:
@@ -317,9 +313,4 @@ def inner_records(found: Iterable[tuple[str, Any]], where: str) -> list[tuple[st
             out.extend(((path + "." + n) if path != "/" else "/" + n, t) for n, t in rec.inner)
         else:
             out.append((path, rec))
-    owner: dict[str, Any] = {}
-    for path, rec in out:
-        if owner.setdefault(path, rec.identity) != rec.identity:
-            raise FormatError(f"{where}: tensor {path} is named twice (a subclass's inner tensor and another key); "
-                              "rename the key and save again")
     return out
