@@ -146,10 +146,17 @@ def assert_refused(capsys: pytest.CaptureFixture, rc: int, where: str | os.PathL
     ``before``: input untouched, no output, no log, no temporary. Returns the line."""
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith(f"fastflip {command}: error: "), (rc, err)
+    assert_unchanged(where, before)
+    return err
+
+
+def assert_unchanged(where: str | os.PathLike[str], before: bytes | dict[str, bytes], what: object = None) -> None:
+    """Assert that :func:`snapshot` finds ``where`` as it found it ``before`` (naming the files added, removed or
+    changed, after ``what`` if given)."""
     after = snapshot(where)
     if isinstance(before, dict) and isinstance(after, dict):
-        assert after == before, (f"{where} changed: {sorted(set(after) ^ set(before))} added or removed, "
-                                 f"{sorted(k for k in set(after) & set(before) if after[k] != before[k])} changed")
+        diff = (f"{where} changed: {sorted(set(after) ^ set(before))} added or removed, "
+                f"{sorted(k for k in set(after) & set(before) if after[k] != before[k])} changed")
     else:
-        assert after == before, f"{where} changed"
-    return err
+        diff = f"{where} changed"
+    assert after == before, diff if what is None else (what, diff)
