@@ -33,10 +33,12 @@ OPTIONAL_EXTRAS = frozenset({
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
     "blake3", "xxhash",
 })
-# The hash cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
-_HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
-os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
-atexit.register(shutil.rmtree, _HASH_CACHE, True)
+# The hash cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache,
+# made only where none is set (a child process the tests start inherits its parent's, and leaves no folder).
+if "FASTFLIP_HASH_CACHE" not in os.environ:
+    _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
+    os.environ["FASTFLIP_HASH_CACHE"] = _HASH_CACHE
+    atexit.register(shutil.rmtree, _HASH_CACHE, True)
 
 
 def log_hash(entry: dict) -> str | None:
