@@ -339,7 +339,7 @@ class Worker:
         watchdog = threading.Timer(self.LIMIT, _expire)
         watchdog.start()
         try:
-            proc.stdin.write(json.dumps([fmt, tmp, n, seed0, self.keep]) + "\n")
+            proc.stdin.write(json.dumps([fmt, tmp, n, seed0, self._keep_dir(tmp)]) + "\n")
             proc.stdin.flush()
         except BrokenPipeError:
             pass
@@ -361,6 +361,10 @@ class Worker:
             watchdog.cancel()
         proc.wait()
         return done, "timeout" if timed_out.is_set() else "died"
+
+    def _keep_dir(self, tmp: str) -> str:
+        """Where the inputs of the failing cases run in ``tmp`` (one format and tier) are kept."""
+        return os.path.join(self.keep, os.path.basename(tmp))
 
     def _stderr(self) -> bytes:
         with open(self.log, "rb") as fh:
@@ -386,7 +390,7 @@ class Worker:
             last = done[-1]
             total.cases += 1
             mutated = _work_input(tmp, FORMATS[fmt][0])
-            kept = _keep(mutated, self.keep, fmt, last) if os.path.exists(mutated) else "none"
+            kept = _keep(mutated, self._keep_dir(tmp), fmt, last) if os.path.exists(mutated) else "none"
             total.failures.append(f"{fmt} seed {last}: the process died (rc {self.proc.returncode}; input kept: "
                                   f"{kept}): {self._stderr()[-300:]!r}")
             seed = last + 1
