@@ -416,12 +416,15 @@ def worker(tmp_path_factory):
     readers, not a disk, and a disk's fsyncs, renames and removals cost more than a case's reading. The inputs of
     failing cases are kept in pytest's temporary folder (``fuzz-failed``)."""
     shm = "/dev/shm"
+    keep = str(tmp_path_factory.mktemp("fuzz-failed"))
     root = (tempfile.mkdtemp(prefix="fastflip-fuzz-", dir=shm) if os.path.isdir(shm) and os.access(shm, os.W_OK)
             else str(tmp_path_factory.mktemp("fuzz")))
-    w = Worker(root, str(tmp_path_factory.mktemp("fuzz-failed")))
-    yield w
-    w.close()
-    shutil.rmtree(root, ignore_errors=True)
+    w = Worker(root, keep)
+    try:
+        yield w
+    finally:
+        w.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(worker: Worker, fmt: str, n: int, seed0: int) -> Tally:
