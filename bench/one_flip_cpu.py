@@ -6,7 +6,8 @@ Each round runs the floor (``python -c "import numpy, h5py"`` + ``cp`` of the fi
 
     python bench/one_flip_cpu.py --rounds 11 /tmp/old/src src
 
-The file (4 float32 datasets of 25 MiB, as bench/test_cli_floor_bench.py's ``h5_100``) is made once in ``--dir``.
+The file (4 float32 datasets of 25 MiB: ``h5_noise.write_h5_100``, as bench/test_cli_floor_bench.py's ``h5_100``)
+is made once in ``--dir``.
 Bytecode is cached outside the trees (``PYTHONPYCACHEPREFIX``); ``FASTFLIP_HASH_CACHE=off`` in the environment
 makes every run hash its input too.
 """
@@ -21,15 +22,7 @@ import subprocess
 import sys
 import time
 
-
-def _make(path: str) -> None:
-    import h5py
-    import numpy as np
-
-    with h5py.File(path, "w") as f:
-        for i in range(4):
-            data = np.random.default_rng(i).standard_normal(25 * 2**18, dtype=np.float32) * 0.05
-            f.create_dataset(f"layer{i}/kernel", data=data.reshape(-1, 1024))
+from h5_noise import write_h5_100
 
 
 def _run(cmds: list[list[str]], env: dict[str, str]) -> tuple[float, float, float]:
@@ -49,7 +42,7 @@ def main() -> None:
     os.makedirs(a.dir, exist_ok=True)
     f = os.path.join(a.dir, "m100.h5")
     if not os.path.exists(f):
-        _make(f)
+        write_h5_100(f)
     env0 = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPATH")}
     env0.setdefault("PYTHONPYCACHEPREFIX", os.path.join(a.dir, "pycache"))
     py = sys.executable

@@ -39,6 +39,8 @@ import sys
 import numpy as np
 import pytest
 
+from h5_noise import noise, write_h5_100
+
 GZ_MIB = int(os.environ.get("FASTFLIP_BENCH_GZ_MIB", "800"))
 ST_GIB = float(os.environ.get("FASTFLIP_BENCH_ST_GIB", "4"))
 ROUNDS = int(os.environ.get("FASTFLIP_BENCH_ROUNDS", "3"))
@@ -82,19 +84,9 @@ def d(tmp_path_factory):
     shutil.rmtree(p, ignore_errors=True)
 
 
-def _noise(n: int, seed: int) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(n, dtype=np.float32) * 0.05)
-
-
 @pytest.fixture(scope="module")
 def h5_100(d):
-    import h5py
-
-    p = str(d / "w100.h5")
-    with h5py.File(p, "w") as f:
-        for i in range(4):
-            f.create_dataset(f"layer{i}/kernel", data=_noise(25 * 2**18, i).reshape(-1, 1024))  # 4 x 25 MiB
-    return p
+    return write_h5_100(str(d / "w100.h5"))  # 4 x 25 MiB
 
 
 def _gzip_file(path: str, mib: int) -> str:
@@ -103,7 +95,7 @@ def _gzip_file(path: str, mib: int) -> str:
     per = 16 * 2**18  # 16 MiB datasets, 64 x 64 chunks (16 KiB)
     with h5py.File(path, "w") as f:
         for i in range(max(1, mib // 16)):
-            f.create_dataset(f"layer{i}/kernel", data=_noise(per, i).reshape(-1, 1024), chunks=(64, 64),
+            f.create_dataset(f"layer{i}/kernel", data=noise(per, i).reshape(-1, 1024), chunks=(64, 64),
                              compression="gzip", compression_opts=1, shuffle=True)
     return path
 

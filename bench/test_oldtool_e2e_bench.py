@@ -68,7 +68,6 @@ def d(tmp_path_factory):
     warm = os.path.join(p, "warm.h5")  # ... also of the modules the inject path imports lazily
     shutil.copyfile(src, warm)
     run("-m", "fastflip", "inject", warm, "--in-place", "--direct", "--count", 10, "--seed", 1, "-q")
-    os.remove(warm)
     for name in os.listdir(p):
         if name.startswith("warm.h5"):
             os.remove(os.path.join(p, name))

@@ -3,18 +3,20 @@
 :func:`verdict` reads the file with the framework (a ``view`` of :mod:`framework_views`: ``{fastflip path: array}``)
 and with fastflip, and requires one of two outcomes:
 
-- **refused**: ``read_layout(verify=True)`` (what ``fastflip inspect`` reads) raises a :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect``
-  and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr, write nothing and leave the
-  input as it was (or, for a file the framework refuses whose every tensor fastflip skips, such as an object
-  array: ``inspect`` lists them as skipped and the injects refuse so; or a tensor fastflip lists but never writes,
-  such as HDF5 external storage: ``inject_file`` and the CLI refuse the sites drawn there);
+- **refused**: ``read_layout(verify=True)`` (what ``fastflip inspect`` reads) raises a
+  :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect`` and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr (``fastflip CMD: error:
+  ...``) and leave the input's folder and the work folder as :func:`conftest.snapshot` found them (no output,
+  log, temporary or lock). Also refused: a file the framework refuses whose every tensor fastflip skips (an
+  object array: ``inspect`` lists them as skipped and the injects refuse so), and a tensor fastflip lists but
+  never writes (HDF5 external storage: ``inject_file`` and the CLI refuse the sites drawn there);
 - **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
   alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage) are the
   framework's words, element by element; every tensor the framework returned with elements is listed or skipped
   with a reason; an injection through ``inject_file`` (``inject_dir`` for a checkpoint directory) is judged by
   the framework's reading of the output (:func:`framework_judge.judge`), and the CLI, given the same seed, writes
   what the framework reads alike (not always the same bytes: HDF5 stamps a dataset written through the library
-  with the time).
+  with the time). The tensors fastflip skips are exactly those the case names, and an "agrees" injects at least
+  one element unless the case says the file lists none.
 
 Used by ``tests/test_attack_*.py``; a case that the framework reads and fastflip reads differently fails here.
 """
@@ -22,10 +24,9 @@ Used by ``tests/test_attack_*.py``; a case that the framework reads and fastflip
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import os
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -35,23 +36,12 @@ from fastflip.files.formats.hfdir import is_checkpoint_dir
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
 from fastflip.files.sharded import inject_dir
-from framework_judge import compare_readings, judge, logical_words
+from conftest import assert_unchanged, snapshot
+from framework_judge import assert_judged, compare_readings, logical_words
 
-__all__ = ["verdict", "tree_digest", "cli"]
+__all__ = ["verdict", "cli"]
 
 View = Callable[[str], Mapping[str, np.ndarray]]
-
-
-def tree_digest(path: str) -> str:
-    """sha256 over a file's bytes, or over every file of a directory (names and bytes, sorted)."""
-    h = hashlib.sha256()
-    files = [path] if os.path.isfile(path) else sorted(
-        os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs)
-    for f in files:
-        h.update(os.path.relpath(f, path).encode())
-        with open(f, "rb") as fh:
-            h.update(fh.read())
-    return h.hexdigest()
 
 
 def cli(*args: str) -> tuple[int, str]:
@@ -62,17 +52,32 @@ def cli(*args: str) -> tuple[int, str]:
     return rc, err.getvalue()
 
 
-def _refused(path: str, tmp: str, exc: FastflipError, inspect: bool = True, seed: int = 1, count: int = 3) -> str:
+class _Unchanged:
+    """The input's folder and the work folder as :func:`conftest.snapshot` found them when the verdict began."""
+
+    def __init__(self, path: str, tmp: str) -> None:
+        here, work = os.path.dirname(os.path.abspath(path)), os.path.abspath(tmp)
+        self.where = [here] if work.startswith(here + os.sep) else [here, work]
+        self.before = [snapshot(w) for w in self.where]
+        self.input = snapshot(path)
+
+    def check(self, what: str) -> None:
+        for w, before in zip(self.where, self.before):
+            assert_unchanged(w, before, what)
+
+
+def _refused(path: str, tmp: str, exc: FastflipError, unchanged: _Unchanged, inspect: bool = True, seed: int = 1,
+             count: int = 3) -> str:
     msg = str(exc)
     assert msg and "\n" not in msg and len(msg) < 600, msg
-    before = tree_digest(path)
+    unchanged.check(f"refused ({msg[:200]})")
     inject = ["inject", path, "-o", os.path.join(tmp, "cli-out"), "--seed", str(seed), "--count", str(count)]
     for args in ([["inspect", path]] if inspect else []) + [inject]:
         rc, err = cli(*args)
         lines = [ln for ln in err.splitlines() if ln.strip()]
-        assert rc == 2 and len(lines) == 1 and "internal error" not in err, (args[0], rc, err[-800:])
-    assert not os.path.exists(os.path.join(tmp, "cli-out"))
-    assert tree_digest(path) == before
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"fastflip {args[0]}: error: ") \
+            and "internal error" not in err, (args[0], rc, err[-800:])
+        unchanged.check(f"fastflip {args[0]} refused")
     return "refused"
 
 
@@ -104,12 +109,15 @@ def _sites_agree(path: str, lay, reading: Mapping[str, np.ndarray]) -> None:  # 
 
 
 def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
-            expect: str | None = None) -> str:
+            expect: str | None = None, skipped: Iterable[str] = (), empty: bool = False) -> str:
     """``"agrees"`` or ``"refused"`` (see the module docstring), asserting the contract of either outcome.
 
-    ``expect`` (optional) pins the outcome the case must have.
+    ``expect`` (optional) pins the outcome the case must have. ``skipped``: the paths fastflip must list as
+    skipped (exactly these) when it reads the file. ``empty``: the case lists no tensor (an empty header, only
+    metadata), so "agrees" holds without an injection; otherwise "agrees" needs at least one element to inject.
     """
     os.makedirs(tmp, exist_ok=True)
+    unchanged = _Unchanged(path, tmp)
     try:
         reading = dict(view(path))  # arrays sharing memory (tied weights, views) keep sharing it
         fw_error: BaseException | None = None
@@ -118,36 +126,36 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
     try:
         lay = read_layout(path, verify=True)
     except FastflipError as exc:
-        out = _refused(path, tmp, exc)
+        out = _refused(path, tmp, exc, unchanged)
         assert expect in (None, out), (expect, str(exc))
         return out
+    assert sorted({s.path for s in lay.skipped}) == sorted(set(skipped)), \
+        ("fastflip skips other tensors than the case names", [(s.path, s.reason) for s in lay.skipped])
     if reading is None and not lay.tensors:  # all skipped (an object array): listed, but an inject must refuse
         try:
             inject_file(path, os.path.join(tmp, "api-out"), seed=seed, sampling={"count": 1})
         except FastflipError as exc:
-            assert not os.path.exists(os.path.join(tmp, "api-out"))
-            out = _refused(path, tmp, exc, inspect=False)
+            out = _refused(path, tmp, exc, unchanged, inspect=False)
             assert expect in (None, out), (expect, str(exc))
             return out
     assert reading is not None, f"fastflip reads a file the framework refuses ({type(fw_error).__name__}: " \
                                 f"{str(fw_error)[:200]})"
     _sites_agree(path, lay, reading)
     total = sum(t.size for t in lay.tensors)
+    assert bool(total) != empty, (f"fastflip lists {total} element(s) to inject; the case says it lists "
+                                  f"{'none' if empty else 'some'}")
     if total:
-        before = tree_digest(path)
         ext = os.path.splitext(path)[1] if os.path.isfile(path) else ""
         out = os.path.join(tmp, "api-out" + ext)
         inject = inject_dir if is_checkpoint_dir(path) else inject_file
         try:
             res = inject(path, out, seed=seed, sampling={"count": min(count, total)})
         except FastflipError as exc:  # listed, but refused where a site lands (external storage)
-            assert not os.path.exists(out) and tree_digest(path) == before
-            got = _refused(path, tmp, exc, inspect=False, seed=seed, count=min(count, total))
+            got = _refused(path, tmp, exc, unchanged, inspect=False, seed=seed, count=min(count, total))
             assert expect in (None, got), (expect, str(exc))
             return got
-        assert tree_digest(path) == before, "the inject changed its input"
-        problems = judge(dict(reading), view(out), res.log, require_change=False)
-        assert not problems, problems[:6]
+        assert snapshot(path) == unchanged.input, "the inject changed its input"
+        assert_judged(dict(reading), view(out), res.log, require_change=False)
         cli_out = os.path.join(tmp, "cli-out" + ext)
         rc, err = cli("inject", path, "-o", cli_out, "--seed", str(seed), "--count", str(min(count, total)), "-q")
         assert rc == 0, err[-800:]

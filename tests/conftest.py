@@ -33,10 +33,12 @@ OPTIONAL_EXTRAS = frozenset({
     "sklearn", "scipy", "yaml", "cupy", "safetensors", "pytorchfi", "rich", "chainer", "transformers", "torchao",
     "blake3", "xxhash",
 })
-# The hash cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache.
-_HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
-os.environ.setdefault("FASTFLIP_HASH_CACHE", _HASH_CACHE)
-atexit.register(shutil.rmtree, _HASH_CACHE, True)
+# The hash cache (fastflip.files.hashcache) of this test session: one temporary folder, not the user's ~/.cache,
+# made only where none is set (a child process the tests start inherits its parent's, and leaves no folder).
+if "FASTFLIP_HASH_CACHE" not in os.environ:
+    _HASH_CACHE = tempfile.mkdtemp(prefix="fastflip-test-hashcache-")
+    os.environ["FASTFLIP_HASH_CACHE"] = _HASH_CACHE
+    atexit.register(shutil.rmtree, _HASH_CACHE, True)
 
 
 def log_hash(entry: dict) -> str | None:
@@ -146,10 +148,17 @@ def assert_refused(capsys: pytest.CaptureFixture, rc: int, where: str | os.PathL
     ``before``: input untouched, no output, no log, no temporary. Returns the line."""
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and err.startswith(f"fastflip {command}: error: "), (rc, err)
+    assert_unchanged(where, before)
+    return err
+
+
+def assert_unchanged(where: str | os.PathLike[str], before: bytes | dict[str, bytes], what: object = None) -> None:
+    """Assert that :func:`snapshot` finds ``where`` as it found it ``before`` (naming the files added, removed or
+    changed, after ``what`` if given)."""
     after = snapshot(where)
     if isinstance(before, dict) and isinstance(after, dict):
-        assert after == before, (f"{where} changed: {sorted(set(after) ^ set(before))} added or removed, "
-                                 f"{sorted(k for k in set(after) & set(before) if after[k] != before[k])} changed")
+        diff = (f"{where} changed: {sorted(set(after) ^ set(before))} added or removed, "
+                f"{sorted(k for k in set(after) & set(before) if after[k] != before[k])} changed")
     else:
-        assert after == before, f"{where} changed"
-    return err
+        diff = f"{where} changed"
+    assert after == before, diff if what is None else (what, diff)

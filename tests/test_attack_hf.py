@@ -17,6 +17,7 @@ import pytest
 
 from attack_check import verdict
 from conftest import require
+from format_builders import copy_checkpoint
 
 pytestmark = pytest.mark.framework
 
@@ -162,14 +163,12 @@ CASES = {  # case -> (edit of a copy of the safetensors directory, expected verd
 @pytest.mark.parametrize("case", list(CASES))
 def test_checkpoint_directories(case, saved, tmp_path):
     edit, expected = CASES[case]
-    d = str(tmp_path / "ckpt")
-    shutil.copytree(saved["safetensors"], d)
+    d = copy_checkpoint(saved["safetensors"], tmp_path / "ckpt")
     edit(d, saved["bin"])
     assert verdict(d, _view, str(tmp_path / "w"), expect=expected)
 
 
 def test_bin_shards_and_the_index_file_itself_agree(saved, tmp_path):
-    d = str(tmp_path / "bin")
-    shutil.copytree(saved["bin"], d)
+    d = copy_checkpoint(saved["bin"], tmp_path / "bin")
     assert verdict(d, _view, str(tmp_path / "w1"), expect="agrees")
     assert verdict(_index(d)[0], _view, str(tmp_path / "w2"), expect="agrees")

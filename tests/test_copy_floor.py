@@ -47,18 +47,28 @@ def _copy(src, dst, count=3, block=4096):
     return h_out, old, new, ref
 
 
-def _counting(monkeypatch, fail: int | None = None) -> list[int]:
+def _counting(monkeypatch, fail: int | None = None, after: int = 0) -> list[int]:
+    """The byte counts asked of ``os.copy_file_range``, one per call; with ``fail``, every call after the first
+    ``after`` raises that errno (0: every call)."""
     calls: list[int] = []
     real = os.copy_file_range
 
     def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
         calls.append(count)
-        if fail is not None:
+        if fail is not None and len(calls) > after:
             raise OSError(fail, os.strerror(fail))
         return real(fd_in, fd_out, count, offset_src, offset_dst)
 
     monkeypatch.setattr(os, "copy_file_range", fake)
     return calls
+
+
+def _count_preads(monkeypatch) -> list[int]:
+    """The byte counts asked of ``os.pread`` from now on."""
+    preads: list[int] = []
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: preads.append(n) or real_pread(fd, n, at))
+    return preads
 
 
 @pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="no os.copy_file_range on this system")
@@ -85,9 +95,7 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
     ref, routes = _reference(src, out)
     calls = _counting(monkeypatch, fail=err)
-    preads: list[int] = []
-    real_pread = os.pread
-    monkeypatch.setattr(os, "pread", lambda fd, n, at: preads.append(n) or real_pread(fd, n, at))
+    preads = _count_preads(monkeypatch)
     seen = count_reads(monkeypatch, h5apply, src)
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
@@ -100,23 +108,17 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
 
 def test_kernel_copy_refused_part_way(tmp_path, monkeypatch):
     """The kernel copies the first clean span, then refuses (EXDEV): the background copy reads the rest through a
-    buffer; the output and its hash are the same."""
+    buffer (the input read once); the output and its hash are the same."""
     if not hasattr(os, "copy_file_range"):
         pytest.skip("no os.copy_file_range on this system")
     src, out = _h5(tmp_path / "a.h5"), str(tmp_path / "b.h5")
     ref, routes = _reference(src, out, count=6)
-    calls: list[int] = []
-    real = os.copy_file_range
-
-    def fake(fd_in, fd_out, count, offset_src=None, offset_dst=None):
-        calls.append(count)
-        if len(calls) > 1:
-            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
-        return real(fd_in, fd_out, count, offset_src, offset_dst)
-
-    monkeypatch.setattr(os, "copy_file_range", fake)
+    calls = _counting(monkeypatch, fail=errno.EXDEV, after=1)
+    preads = _count_preads(monkeypatch)
+    seen = count_reads(monkeypatch, h5apply, src)
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert len(calls) == 2  # refused once, not asked again
+    assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once (the kernel copies besides)
     assert open(out, "rb").read() == open(out + ".ref", "rb").read()
     assert h_out == filebytes.hash_file(out, "sha256", cache=False)
     assert np.array_equal(old, ref.log.old_words) and np.array_equal(new, ref.log.new_words)

@@ -231,21 +231,44 @@ def _entries(path: str) -> dict[str, bytes]:
         return {i.filename: z.read(i) for i in z.infolist()}
 
 
-def _fuzz(fmt: str, base: str, view, tmp: str, n: int, seed0: int) -> Tally:
+def _fuzz(fmt: str, base: str, view, tmp: str, n: int, seed0: int, keep: str) -> None:
+    """Run seeds ``seed0 .. seed0 + n - 1``, printing each case as it goes (``SEED``, then any ``FAIL``, then
+    ``CASE``: :meth:`Worker._batch` reads them); a failing case's input is copied into ``keep``."""
     work = os.path.join(tmp, "work")
     os.makedirs(work, exist_ok=True)
     raw = open(base, "rb").read()
     regions = _structure(fmt, base)
-    tally = Tally()
     assert not _case_clean(fmt, base, view, work), "the unmutated file must pass"
-    for k in range(n):
-        print(f"SEED {seed0 + k}", flush=True)
-        rng = np.random.default_rng(seed0 + k)
-        mutated = os.path.join(work, "in" + os.path.splitext(base)[1])
+    for seed in range(seed0, seed0 + n):
+        print(f"SEED {seed}", flush=True)
+        rng = np.random.default_rng(seed)
+        mutated = _work_input(tmp, base)
         with open(mutated, "wb") as fh:
             fh.write(_mutate(raw, regions, rng))
-        _case(fmt, mutated, view, work, seed0 + k, tally)
-    return tally
+        t = Tally()
+        _case(fmt, mutated, view, work, seed, t)
+        if t.failures:
+            kept = _keep(mutated, keep, fmt, seed)
+            for msg in t.failures:
+                print(f"FAIL {seed} " + json.dumps(f"{msg} (input kept: {kept})"), flush=True)
+        print(f"CASE {seed} " + json.dumps({k: getattr(t, k) for k in _COUNTS}), flush=True)
+
+
+#: The per-case counts of a :class:`Tally` the child reports on its ``CASE`` lines.
+_COUNTS = ("refused", "injected", "framework_refuses")
+
+
+def _work_input(tmp: str, base: str) -> str:
+    """Where the child writes the mutated file of the case it runs."""
+    return os.path.join(tmp, "work", "in" + os.path.splitext(base)[1])
+
+
+def _keep(mutated: str, keep: str, fmt: str, seed: int) -> str:
+    """A copy of a failing case's input in ``keep`` (pytest's temporary folder), to reproduce from."""
+    os.makedirs(keep, exist_ok=True)
+    kept = os.path.join(keep, f"{fmt}-seed{seed}{os.path.splitext(mutated)[1]}")
+    shutil.copyfile(mutated, kept)
+    return kept
 
 
 def _case_clean(fmt: str, base: str, view, work: str) -> list[str]:
@@ -269,29 +292,31 @@ FORMATS = {  # format -> (base file name, builder, framework view, extra needed)
 }
 
 
-def _fuzz_format(fmt: str, tmp: str, n: int, seed0: int) -> Tally:
+def _fuzz_format(fmt: str, tmp: str, n: int, seed0: int, keep: str) -> None:
     name, build, view, extra = FORMATS[fmt]
     base = os.path.join(tmp, name)
     if not os.path.exists(base):
         build(base, tmp)
     kind = fmt.split("-")[0] if fmt != "torch-legacy" else fmt
-    return _fuzz(kind, base, view, tmp, n, seed0)
+    _fuzz(kind, base, view, tmp, n, seed0, keep)
 
 
 def _serve() -> None:  # the child process of Worker: one batch of cases per line on stdin
     for line in sys.stdin:
-        fmt, tmp, n, seed0 = json.loads(line)
-        t = _fuzz_format(fmt, tmp, n, seed0)
-        print("TALLY " + json.dumps(t.__dict__), flush=True)
+        _fuzz_format(*json.loads(line))
+        print("END", flush=True)
 
 
 class Worker:
     """Runs batches of cases in one child process, kept for the module (one import of fastflip and the frameworks,
     not one a format and tier): a library that crashes on a mutated file (HDF5 can) fails its case, not the test
-    session; a fresh child goes on from the next seed."""
+    session; a fresh child goes on from the next seed. Failing cases' inputs are copied into ``keep``."""
 
-    def __init__(self, tmp: str) -> None:
-        self.tmp, self.proc, self.log = tmp, None, os.path.join(tmp, "worker.stderr")
+    #: Seconds a batch may run before its child is killed.
+    LIMIT = 900
+
+    def __init__(self, tmp: str, keep: str) -> None:
+        self.tmp, self.keep, self.proc, self.log = tmp, keep, None, os.path.join(tmp, "worker.stderr")
 
     def _start(self) -> subprocess.Popen:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -300,65 +325,106 @@ class Worker:
             return subprocess.Popen([sys.executable, "-c", "import test_fuzz_differential as T; T._serve()"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
 
-    def _batch(self, fmt: str, tmp: str, n: int, seed0: int) -> tuple[list[int], dict | None]:
-        """(the seeds begun, the tally or None where the child died or ran past 900 s)."""
+    def _batch(self, fmt: str, tmp: str, n: int, seed0: int, total: Tally) -> tuple[list[int], str]:
+        """Run seeds ``seed0 ..`` in the child, adding each case's counts and failures to ``total`` as it reports
+        them: (the seeds begun, ``"end"``, ``"died"`` or ``"timeout"`` where it ran past :attr:`LIMIT`)."""
         if self.proc is None or self.proc.poll() is not None:
             self.proc = self._start()
-        watchdog = threading.Timer(900, self.proc.kill)
+        proc, timed_out = self.proc, threading.Event()
+
+        def _expire() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(self.LIMIT, _expire)
         watchdog.start()
         try:
-            self.proc.stdin.write(json.dumps([fmt, tmp, n, seed0]) + "\n")
-            self.proc.stdin.flush()
+            proc.stdin.write(json.dumps([fmt, tmp, n, seed0, self._keep_dir(tmp)]) + "\n")
+            proc.stdin.flush()
         except BrokenPipeError:
             pass
-        done = []
+        done: list[int] = []
         try:
-            for line in self.proc.stdout:
-                if line.startswith("SEED "):
-                    done.append(int(line.split()[1]))
-                elif line.startswith("TALLY "):
-                    return done, json.loads(line[6:])
+            for line in proc.stdout:
+                word, _, rest = line.rstrip("\n").partition(" ")
+                if word == "SEED":
+                    done.append(int(rest))
+                elif word == "FAIL":
+                    total.failures.append(json.loads(rest.split(" ", 1)[1]))
+                elif word == "CASE":
+                    total.cases += 1
+                    for k, v in json.loads(rest.split(" ", 1)[1]).items():
+                        setattr(total, k, getattr(total, k) + v)
+                elif word == "END":
+                    return done, "end"
         finally:
             watchdog.cancel()
-        self.proc.wait()
-        return done, None
+        proc.wait()
+        return done, "timeout" if timed_out.is_set() else "died"
+
+    def _keep_dir(self, tmp: str) -> str:
+        """Where the inputs of the failing cases run in ``tmp`` (one format and tier) are kept."""
+        return os.path.join(self.keep, os.path.basename(tmp))
+
+    def _stderr(self) -> bytes:
+        with open(self.log, "rb") as fh:
+            return fh.read()[-600:]
 
     def run(self, fmt: str, tmp: str, n: int, seed0: int) -> Tally:
+        """Seeds ``seed0 .. seed0 + n - 1`` of ``fmt``; a child that dies part-way fails the seed it ran and a fresh
+        one goes on from the next."""
         total, seed, end = Tally(), seed0, seed0 + n
         while seed < end:
-            done, tally = self._batch(fmt, tmp, end - seed, seed)
-            if tally is not None:
-                for k, v in tally.items():
-                    setattr(total, k, getattr(total, k) + v)
+            done, how = self._batch(fmt, tmp, end - seed, seed, total)
+            if how == "end":
                 break
-            last = done[-1] if done else seed
-            total.cases += last - seed + 1
-            with open(self.log, "rb") as fh:
-                err = fh.read()[-300:]
-            total.failures.append(f"{fmt} seed {last}: the process died (rc {self.proc.returncode}): {err!r}")
+            if how == "timeout":
+                at = done[-1] if done else seed - 1
+                total.failures.append(f"{fmt}: the batch ran past {self.LIMIT} s and was killed (the last seed begun: "
+                                      f"{at}; seeds {at + 1} to {end - 1} not run)")
+                break
+            if not done:  # before its first case: an import, or the unmutated file, failed
+                total.failures.append(f"{fmt}: the process died before its first case "
+                                      f"(rc {self.proc.returncode}): {self._stderr()!r}")
+                break
+            last = done[-1]
+            total.cases += 1
+            mutated = _work_input(tmp, FORMATS[fmt][0])
+            kept = _keep(mutated, self._keep_dir(tmp), fmt, last) if os.path.exists(mutated) else "none"
+            total.failures.append(f"{fmt} seed {last}: the process died (rc {self.proc.returncode}; input kept: "
+                                  f"{kept}): {self._stderr()[-300:]!r}")
             seed = last + 1
         return total
 
     def close(self) -> None:
-        """End the child: every batch has answered, so nothing is lost (its exit with PyTorch loaded is slow)."""
-        if self.proc is not None and self.proc.poll() is None:
+        """End the child: its stdin closed, it leaves its loop and exits (killed only if it has not within a
+        minute)."""
+        if self.proc is None:
+            return
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(60)
-            self.proc.stdin.close()
-            self.proc.stdout.close()
+        self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     """The module's :class:`Worker`, its files in memory (``/dev/shm``) where the system has it: the cases judge
-    readers, not a disk, and a disk's fsyncs, renames and removals cost more than a case's reading."""
+    readers, not a disk, and a disk's fsyncs, renames and removals cost more than a case's reading. The inputs of
+    failing cases are kept in pytest's temporary folder (``fuzz-failed``)."""
     shm = "/dev/shm"
+    keep = str(tmp_path_factory.mktemp("fuzz-failed"))
     root = (tempfile.mkdtemp(prefix="fastflip-fuzz-", dir=shm) if os.path.isdir(shm) and os.access(shm, os.W_OK)
             else str(tmp_path_factory.mktemp("fuzz")))
-    w = Worker(root)
-    yield w
-    w.close()
-    shutil.rmtree(root, ignore_errors=True)
+    w = Worker(root, keep)
+    try:
+        yield w
+    finally:
+        w.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run(worker: Worker, fmt: str, n: int, seed0: int) -> Tally:

@@ -27,7 +27,7 @@ from fastflip.cli import main
 from fastflip.errors import LogMismatchError, OptionError
 from fastflip.files.copyregions import refuse_moving_bytes
 from fastflip.files import hashing
-from fastflip.files.fingerprint import WINDOW
+from fastflip.files.fingerprint import WINDOW, head_length
 from fastflip.files.inject import inject_checkpoint_file, inject_file
 from fastflip.files.log import InjectionLog
 from fastflip.files.replay import replay
@@ -69,15 +69,16 @@ def _bytes(p: str) -> bytes:
         return fh.read()
 
 
-def _windows(data: bytes, fp: dict) -> dict:
-    """The fingerprint record of ``data`` as the log describes one: its size and the hashes (the log's algorithm)
-    of its head and tail windows of the logged lengths."""
+def _windows(data: bytes, src: str, fp: dict) -> dict:
+    """The fingerprint record of ``data`` (the input ``src``, or an output of its size and header) as the log
+    describes one: its size, the window lengths (the head: ``head_length`` of ``src``; the tail: :data:`WINDOW`, or
+    the whole file if smaller) and the windows' hashes (the log's algorithm)."""
     def digest(b: bytes) -> str:
         h = hashing.new(fp["algorithm"])
         h.update(b)
         return h.hexdigest()
 
-    head, tail = fp["input"]["head_len"], fp["input"]["tail_len"]
+    head, tail = head_length(src, len(data)), min(WINDOW, len(data))
     return {"size": len(data), "head_len": head, "tail_len": tail, "head": digest(data[:head]),
             "tail": digest(data[len(data) - tail:])}
 
@@ -95,7 +96,7 @@ def test_new_file_by_regions_is_judged_by_the_framework(fmt, tmp_path):
     assert m["evidence"] == "regions" and m["input"]["hash"] is None and m["output"]["hash"] is None
     assert m["fingerprint"]["input"]["size"] == m["fingerprint"]["output"]["size"] == len(orig)
     fp = m["fingerprint"]
-    assert fp["input"] == _windows(orig, fp) and fp["output"] == _windows(_bytes(out), fp)
+    assert fp["input"] == _windows(orig, src, fp) and fp["output"] == _windows(_bytes(out), src, fp)
     assert fp["input"] != fp["output"]  # some site lies in a window: the output's fingerprint is its own
     assert changed_sites(log) >= 10
     assert_judged(expect, view(out), log)

@@ -28,7 +28,7 @@ from fastflip.cli import main
 from fastflip.errors import FormatError, UnsafeInputError
 from fastflip.files.layout import read_layout
 from fastflip.files.log import InjectionLog
-from framework_judge import compare_readings, copy_reading, judge
+from framework_judge import assert_judged, compare_readings, copy_reading
 from framework_views import torch_view
 
 pytestmark = pytest.mark.framework
@@ -138,14 +138,14 @@ def test_inject_judged_by_torch_load_and_reverted(key, saved, tmp_path):
     assert main(["inject", src, "-o", out, "--role", "weight", "--include", "*.qdata", *_OPTS]) == 0
     log = InjectionLog.load(out + ".fflog")
     assert {r["tensor"].rpartition(".")[2] for r in log.records()} == {"qdata"}
-    assert not (p := judge(torch_view(src), torch_view(out), log)), p[:8]
+    assert_judged(torch_view(src), torch_view(out), log)
     assert _bytes(src) == before
     work = str(tmp_path / "work.pt")
     shutil.copyfile(src, work)
     assert main(["inject", work, "--in-place", "--direct", "--role", "scale", *_OPTS]) == 0
     log = InjectionLog.load(work + ".fflog")
     assert {r["tensor"].rpartition(".")[2] for r in log.records()} == {"scale"}
-    assert not (p := judge(torch_view(src), torch_view(work), log)), p[:8]
+    assert_judged(torch_view(src), torch_view(work), log)
     for changed, log_path in ((out, out + ".fflog"), (work, work + ".fflog")):
         assert main(["revert", log_path, changed, "-q"]) == 0
         assert _bytes(changed) == before
@@ -302,7 +302,7 @@ def test_quantized_checkpoint_dict_nested_names(tmp_path):
     assert "/model/0.weight.qdata" in {t.path for t in read_layout(path).tensors}
     out = str(tmp_path / "out.pt")
     assert main(["inject", path, "-o", out, "--evidence", "regions", *_OPTS]) == 0
-    assert not (p := judge(copy_reading(torch_view(path)), torch_view(out), InjectionLog.load(out + ".fflog"))), p
+    assert_judged(copy_reading(torch_view(path)), torch_view(out), InjectionLog.load(out + ".fflog"))
     assert main(["revert", out + ".fflog", out, "-q"]) == 0
     assert not compare_readings(torch_view(path), torch_view(out))
 
@@ -316,7 +316,7 @@ def test_legacy_format_file_judged_by_torch_load(tmp_path):
     assert {t.path for t in read_layout(path).tensors} == set(torch_view(path))
     out = str(tmp_path / "out.pt")
     assert main(["inject", path, "-o", out, "--role", "weight", *_OPTS]) == 0
-    assert not (p := judge(torch_view(path), torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+    assert_judged(torch_view(path), torch_view(out), InjectionLog.load(out + ".fflog"))
 
 
 def test_optional_activation_tensors_listed_with_their_roles(tmp_path):
@@ -386,7 +386,7 @@ def test_one_subclass_under_two_keys_is_one_tensor_with_aliases(tmp_path):
     assert main(["inject", path, "-o", out, "--include", "*0.weight.qdata", *_OPTS]) == 0
     expect = torch_view(path)
     assert np.shares_memory(expect["/0.weight.qdata"], expect["/tied.weight.qdata"])
-    assert not (p := judge(expect, torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+    assert_judged(expect, torch_view(out), InjectionLog.load(out + ".fflog"))
 
 
 def test_self_referencing_attribute_read_once(saved, tmp_path):
@@ -461,7 +461,7 @@ def test_big_endian_archive_judged_by_torch_load(saved, tmp_path):
     assert not compare_readings(torch_view(src), torch_view(big))
     out = str(tmp_path / "out.pt")
     assert main(["inject", big, "-o", out, "--role", "scale", *_OPTS]) == 0  # float32 words, swapped in the file
-    assert not (p := judge(torch_view(big), torch_view(out), InjectionLog.load(out + ".fflog"))), p[:8]
+    assert_judged(torch_view(big), torch_view(out), InjectionLog.load(out + ".fflog"))
 
 
 def test_mutated_files_read_as_torch_load_reads_them_or_refused(tmp_path):
