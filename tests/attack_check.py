@@ -4,9 +4,9 @@
 and with fastflip, and requires one of two outcomes:
 
 - **refused**: ``read_layout(verify=True)`` (what ``fastflip inspect`` reads) raises a
-  :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect`` and ``fastflip inject -o OUT`` (run in this process) exit 2 with one line on stderr (``fastflip CMD: error:
-  ...``) and leave the input's folder and the work folder as :func:`conftest.snapshot` found them (no output,
-  log, temporary or lock). Also refused: a file the framework refuses whose every tensor fastflip skips (an
+  :class:`~fastflip.errors.FastflipError` of one line; ``fastflip inspect`` and ``fastflip inject -o OUT`` (run
+  in this process) exit 2 with one line on stderr (``fastflip CMD: error: ...``) and leave the input's folder
+  and the work folder as :func:`conftest.snapshot` found them (no output, log, temporary or lock). Also refused: a file the framework refuses whose every tensor fastflip skips (an
   object array: ``inspect`` lists them as skipped and the injects refuse so), and a tensor fastflip lists but
   never writes (HDF5 external storage: ``inject_file`` and the CLI refuse the sites drawn there);
 - **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
