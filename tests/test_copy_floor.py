@@ -21,8 +21,9 @@ from framework_judge import assert_judged
 from format_builders import write_checkpoint_dir
 from framework_views import dir_view, h5_view, st_numpy_view
 from fastflip import Sampling
-from fastflip.files import filebytes, fileio, h5apply, hashing
-from fastflip.files.h5apply import copy_apply, route_sites
+from fastflip.files import copyapply, filebytes, fileio, h5apply, hashing
+from fastflip.files.copyapply import copy_apply
+from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
 
@@ -96,7 +97,7 @@ def test_kernel_copy_falls_back_to_a_buffer(tmp_path, monkeypatch, err):
     ref, routes = _reference(src, out)
     calls = _counting(monkeypatch, fail=err)
     preads = _count_preads(monkeypatch)
-    seen = count_reads(monkeypatch, h5apply, src)
+    seen = count_reads(monkeypatch, copyapply, src)
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once
     assert len(calls) == 1  # refused once
@@ -115,7 +116,7 @@ def test_kernel_copy_refused_part_way(tmp_path, monkeypatch):
     ref, routes = _reference(src, out, count=6)
     calls = _counting(monkeypatch, fail=errno.EXDEV, after=1)
     preads = _count_preads(monkeypatch)
-    seen = count_reads(monkeypatch, h5apply, src)
+    seen = count_reads(monkeypatch, copyapply, src)
     _, h_out, old, new = copy_apply(src, out, ref.log.plan, routes, block=4096)
     assert len(calls) == 2  # refused once, not asked again
     assert seen["bytes"] + sum(preads) == os.path.getsize(src)  # the input read once (the kernel copies besides)
@@ -136,8 +137,8 @@ def test_kernel_copy_other_errors_are_not_swallowed(tmp_path, monkeypatch):
 
 def test_length_changing_patches_keep_the_buffered_copy():
     """A patch that changes a length (a re-deflated zip member) moves every later byte: no kernel copy then."""
-    assert h5apply._kernel_copy_ok(np.array([False, False])) == hasattr(os, "copy_file_range")
-    assert not h5apply._kernel_copy_ok(np.array([False, True]))
+    assert copyapply._kernel_copy_ok(np.array([False, False])) == hasattr(os, "copy_file_range")
+    assert not copyapply._kernel_copy_ok(np.array([False, True]))
 
 
 class _Counting:
@@ -211,7 +212,7 @@ def test_a_durable_copy_starts_writeback_block_by_block(tmp_path, monkeypatch, d
     if not durable:
         assert spans == []
         return
-    if not h5apply._kernel_copy_ok(np.array([], bool)):
+    if not copyapply._kernel_copy_ok(np.array([], bool)):
         pytest.skip("no os.copy_file_range on this system: the buffered copy writes in order")
     spans.sort()
     assert len(spans) > 1
@@ -575,7 +576,7 @@ def test_output_hash_on_a_helper_thread_or_not_gives_one_digest(tmp_path, monkey
     monkeypatch.setattr(threading.Thread, "start",
                         lambda self: helpers.append(self.name) or real_start(self))
     for aside in (True, False):
-        monkeypatch.setattr(h5apply, "_hash_aside", lambda algorithm, aside=aside: aside)
+        monkeypatch.setattr(copyapply, "_hash_aside", lambda algorithm, aside=aside: aside)
         out = str(tmp_path / f"o{aside}.h5")
         helpers.clear()
         h_in, h_out, _, _ = copy_apply(src, out, ref.log.plan, routes, block=4096, cached_input=False,

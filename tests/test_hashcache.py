@@ -13,7 +13,7 @@ import pytest
 from fastflip import Sampling
 from fastflip.errors import LogMismatchError
 from conftest import log_hash
-from fastflip.files import h5apply, hashcache, hashing
+from fastflip.files import copyapply, hashcache, hashing
 from fastflip.files.filebytes import hash_file
 from fastflip.files.inject import inject_file
 from fastflip.files.revert import revert
@@ -72,13 +72,13 @@ def test_second_injection_reuses_the_input_hash(ckpt, tmp_path, cache, monkeypat
     assert len(list(cache.iterdir())) == 1  # remembered
     # the second copy must not hash the input: make the streaming hash of the input impossible to use
     calls = []
-    real = h5apply._copy_buffered
+    real = copyapply._copy_buffered
 
     def spy(*a, **k):
         calls.append(k.get("hash_input"))
         return real(*a, **k)
 
-    monkeypatch.setattr(h5apply, "_copy_buffered", spy)
+    monkeypatch.setattr(copyapply, "_copy_buffered", spy)
     r2 = _inject(ckpt, str(tmp_path / "b.h5"), 2)
     assert calls == [False] and log_hash(r2.log.manifest["input"]) == truth
     assert log_hash(r2.log.manifest["output"]) == _digest(str(tmp_path / "b.h5"))  # outputs are always hashed

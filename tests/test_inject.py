@@ -222,7 +222,8 @@ def test_bad_input_is_refused_cleanly(tmp_path, case):
 @pytest.mark.parametrize("block", [5, 13, 4096])
 def test_streaming_copy_apply_matches_mapped_path_across_block_edges(tmp_path, block):
     """Words that straddle copy blocks (odd block sizes, unaligned offsets) are patched exactly."""
-    from fastflip.files.h5apply import apply_plan_to_file, copy_apply, route_sites
+    from fastflip.files.copyapply import copy_apply
+    from fastflip.files.h5apply import apply_plan_to_file, route_sites
     from fastflip.files.layout import read_layout
 
     src = str(tmp_path / "a.h5")

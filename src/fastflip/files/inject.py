@@ -51,7 +51,8 @@ from .archives import edit_archive, is_keras_archive
 from .encoded import encoded_patches, say_h5py_notes
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
-from .h5apply import apply_plan_to_file, copy_apply, read_words, route_sites
+from .copyapply import copy_apply
+from .h5apply import apply_plan_to_file, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock

@@ -7,7 +7,7 @@ inside an entry change, its CRC fields (local header, data descriptor, central d
 are patched from the words' old and new values alone (:mod:`fastflip.files.formats.zipcrc`),
 so the output is a valid archive that ``zipfile``/``np.load`` accept, and revert restores
 the original bytes exactly. Patches are ``(file offset, old bytes, new bytes)``; the copy
-path applies them while streaming (:func:`fastflip.files.h5apply.copy_apply`), the in-place
+path applies them while streaming (:func:`fastflip.files.copyapply.copy_apply`), the in-place
 paths write them after the words.
 
 Imports :mod:`fastflip.files.h5apply`, :mod:`fastflip.files.formats` and the word rule of :mod:`fastflip.core.wordrule`.
