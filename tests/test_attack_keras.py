@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from attack_check import verdict
+from attack_check import cli, tree_digest, verdict
 from conftest import require
 from framework_views import h5_group_view, keras_view
 
@@ -58,6 +58,16 @@ def _sequential_bn_fit():  # type: ignore[no-untyped-def]
                           keras.layers.Dense(2)])
     m.compile("adam", "mse")
     m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
+    return m
+
+
+def _sequential_bn_built():  # type: ignore[no-untyped-def]
+    """:func:`_sequential_bn_fit`'s model and optimizer, built but not trained (for ``load_weights``)."""
+    keras = _keras()
+    m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                          keras.layers.Dense(2)])
+    m.compile("adam", "mse")
+    m.optimizer.build(m.trainable_variables)
     return m
 
 
@@ -185,3 +195,113 @@ LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequent
 def test_legacy_h5_agrees(saved, name, tmp_path):
     assert verdict(saved[name]["legacy"], legacy_h5_view(str(tmp_path)), str(tmp_path / "v"),
                    expect="agrees") == "agrees"
+
+
+# ---- .keras archives edited by hand ------------------------------------------------------------------------
+
+def _rezip(src: str, dst: str, *, method: int | None = None, drop: tuple[str, ...] = (),
+           extra: tuple[tuple[str, bytes], ...] = (), order: Callable | None = None, prefix: bytes = b"",
+           comment: bytes = b"") -> str:
+    """Write ``src``'s members again into ``dst``: recompressed with ``method``, without ``drop``, with ``extra``
+    members appended, reordered by the key ``order``, behind ``prefix`` bytes, with an archive ``comment``."""
+    with zipfile.ZipFile(src) as z:
+        members = [(i, z.read(i)) for i in z.infolist() if i.filename not in drop]
+    if order is not None:
+        members.sort(key=lambda m: order(m[0].filename))
+    with open(dst, "wb") as fh:
+        fh.write(prefix)
+        with zipfile.ZipFile(fh, "a" if prefix else "w") as z:
+            for info, data in members:
+                z.writestr(info, data, compress_type=info.compress_type if method is None else method)
+            for name, data in extra:
+                z.writestr(name, data)
+            z.comment = comment
+    return dst
+
+
+def _bad_crc(src: str, dst: str, member: str) -> str:
+    """``src`` with one byte of ``member``'s stored data changed (its recorded CRC-32 no longer matches)."""
+    raw = bytearray(open(src, "rb").read())
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo(member)
+        assert info.compress_type == zipfile.ZIP_STORED
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    at = start + info.file_size // 2
+    raw[at] ^= 0x40
+    open(dst, "wb").write(bytes(raw))
+    return dst
+
+
+def _twice(src: str, dst: str) -> str:
+    """``src`` with a second, different ``model.weights.h5`` appended (zipfile warns: duplicate name)."""
+    import warnings
+
+    _rezip(src, dst)
+    with zipfile.ZipFile(src) as z:
+        data = bytearray(z.read("model.weights.h5"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        with zipfile.ZipFile(dst, "a") as z:
+            z.writestr("model.weights.h5", bytes(data))
+    return dst
+
+
+def _cat_prefix(src: str, dst: str) -> str:
+    """``cat stub src > dst``: a prefix the archive's offsets do not count (readers add its length)."""
+    with open(src, "rb") as fh, open(dst, "wb") as out:
+        out.write(b"#!/bin/sh\necho stub\n" * 8 + fh.read())
+    return dst
+
+
+EDITS: dict[str, Callable[[str, str], str]] = {
+    "deflated": lambda s, d: _rezip(s, d, method=zipfile.ZIP_DEFLATED),
+    "bzip2-lzma": lambda s, d: _rezip(s, d, method=zipfile.ZIP_LZMA),
+    "weights-first": lambda s, d: _rezip(s, d, order=lambda n: n != "model.weights.h5"),
+    "extra-members": lambda s, d: _rezip(s, d, extra=(("assets/notes.txt", b"x" * 100),
+                                                       ("variables.h5", b"\x89HDF\r\n\x1a\n" + bytes(64)))),
+    "prefix": lambda s, d: _rezip(s, d, prefix=b"#!/bin/sh\nexit 0\n" + bytes(200)),
+    "comment": lambda s, d: _rezip(s, d, comment=b"a zip comment"),
+    "cat-prefix": lambda s, d: _cat_prefix(s, d),
+    "bad-crc-weights": lambda s, d: _bad_crc(s, d, "model.weights.h5"),
+    "bad-crc-config": lambda s, d: _bad_crc(s, d, "config.json"),
+    "weights-twice": _twice,
+    "no-config": lambda s, d: _rezip(s, d, drop=("config.json",)),
+    "no-weights": lambda s, d: _rezip(s, d, drop=("model.weights.h5",)),
+}
+
+
+# What each edit gives, judged by ``load_weights``: fastflip reads the archive's weights file (as Keras's
+# ``load_weights`` does) and keeps every other member as it was.
+OUTCOME = {"bad-crc-weights": "refused", "weights-twice": "refused", "no-weights": "refused",
+           "bad-crc-config": "refused"}  # listed, but the inject, which copies config.json, refuses it
+NEEDS_CONFIG = {"no-config", "bad-crc-config"}  # load_model reads config.json; fastflip does not
+
+
+@pytest.mark.parametrize("edit", sorted(set(EDITS) - NEEDS_CONFIG))
+def test_edited_archive_load_model(saved, edit, tmp_path):
+    """Judged by ``load_model``: the model and its weights as Keras restores them."""
+    path = EDITS[edit](saved["sequential-bn-fit"]["keras"], str(tmp_path / f"{edit}.keras"))
+    verdict(path, _keras_model_view(str(tmp_path)), str(tmp_path / "v"), expect=OUTCOME.get(edit, "agrees"))
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_edited_archive_load_weights(saved, edit, tmp_path):
+    """Judged by ``load_weights`` (the weights file alone) into the model that wrote the archive."""
+    path = EDITS[edit](saved["sequential-bn-fit"]["keras"], str(tmp_path / f"{edit}.keras"))
+    verdict(path, load_weights_view(_sequential_bn_built, str(tmp_path)), str(tmp_path / "v"),
+            expect=OUTCOME.get(edit, "agrees"))
+
+
+@pytest.mark.parametrize("edit", ["comment", "prefix", "cat-prefix", "deflated", "extra-members"])
+def test_edited_archive_revert_gives_its_bytes(saved, edit, tmp_path):
+    """inject then revert gives the archive's own bytes back: its comment and any prefix before the first
+    entry (a launcher stub, kept with the offsets counted as the archive counted them) included."""
+    path = EDITS[edit](saved["sequential-bn-fit"]["keras"], str(tmp_path / f"{edit}.keras"))
+    out, back = str(tmp_path / "out.keras"), str(tmp_path / "back.keras")
+    assert cli("inject", path, "-o", out, "--seed", "5", "--count", "6", "-q")[0] == 0
+    with zipfile.ZipFile(path) as a, zipfile.ZipFile(out) as b:
+        assert b.comment == a.comment and b.testzip() is None
+    assert open(out, "rb").read(64) == open(path, "rb").read(64)
+    rc, err = cli("revert", out + ".fflog", out, "-o", back)
+    assert rc == 0, err
+    assert tree_digest(back) == tree_digest(path)
