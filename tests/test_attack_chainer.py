@@ -2,8 +2,9 @@
 (tests/attack_check.py).
 
 A small chain (Linear, BatchNormalization with its ``avg_mean``/``avg_var``/``N``, and a ``Linear(None, 2)``
-whose weight is still uninitialised) is saved by ``chainer.serializers.save_npz`` (deflated, and with
-``compression=False``) and ``save_hdf5`` in Chainer's own environment (FASTFLIP_CHAINER_PYTHON, see
+whose weight is still uninitialised), and its Adam optimizer after two updates (``t``, ``m``, ``v`` per
+parameter), are saved by ``chainer.serializers.save_npz`` (deflated, and with ``compression=False``) and
+``save_hdf5`` in Chainer's own environment (FASTFLIP_CHAINER_PYTHON, see
 tests/test_chainer.py). The judge loads a file with ``load_npz``/``load_hdf5`` into a freshly initialised chain
 and saves what it now holds again; that file, read by ``np.load``/h5py, is Chainer's reading.
 """
@@ -47,23 +48,36 @@ SCRIPT = textwrap.dedent('''
         net.bn.N = seed + 2
         return net
 
-    def save(kind, path, net):
-        if kind == "h5":
-            chainer.serializers.save_hdf5(path, net)
+    def optimizer(net, steps):
+        net.lazy(np.ones((1, 3), "f4"))  # Chainer cannot load an Adam state saved for an uninitialised parameter
+        opt = chainer.optimizers.Adam()
+        opt.setup(net)
+        for _ in range(steps):
+            net.cleargrads()
+            for p in net.params():
+                if p.array is not None:
+                    p.grad = np.full_like(p.array, 0.5)
+            opt.update()
+        return opt
+
+    def save(kind, path, obj):
+        if kind.endswith("h5"):
+            chainer.serializers.save_hdf5(path, obj)
         else:
-            chainer.serializers.save_npz(path, net, compression=kind == "npz")
+            chainer.serializers.save_npz(path, obj, compression=kind != "npz-stored")
 
     mode, kind = sys.argv[1:3]
+    target = optimizer if kind.startswith("adam") else (lambda net, steps: net)
     if mode == "save":
-        save(kind, sys.argv[3], make(0))
-    else:  # load into a differently initialised chain, then save what it now holds
-        net = make(5)
-        load = chainer.serializers.load_hdf5 if kind == "h5" else chainer.serializers.load_npz
-        load(sys.argv[3], net)
-        save(kind, sys.argv[4], net)
+        save(kind, sys.argv[3], target(make(0), 2))
+    else:  # load into a differently initialised chain (or optimizer), then save what it now holds
+        obj = target(make(5), 1)
+        load = chainer.serializers.load_hdf5 if kind.endswith("h5") else chainer.serializers.load_npz
+        load(sys.argv[3], obj)
+        save(kind, sys.argv[4], obj)
 ''')
 
-KINDS = {"npz": ".npz", "npz-stored": ".npz", "h5": ".h5"}
+KINDS = {"npz": ".npz", "npz-stored": ".npz", "h5": ".h5", "adam-npz": ".npz", "adam-h5": ".h5"}
 
 
 def _run(exe: str, tmp: str, *args: str) -> None:
@@ -77,13 +91,13 @@ def _run(exe: str, tmp: str, *args: str) -> None:
 
 
 def chainer_view(exe: str, kind: str, tmp: str) -> Callable[[str], dict[str, np.ndarray]]:
-    """Chainer's reading of a file: ``load_npz``/``load_hdf5`` into a fresh chain, saved again, read back
+    """Chainer's reading of a file: ``load_npz``/``load_hdf5`` into a fresh chain (or optimizer), saved again, read back
     (``np.load`` of the numeric members: an uninitialised parameter is saved as an object array, which no
     reading here unpickles; h5py of the datasets with a shape)."""
     def view(path: str) -> dict[str, np.ndarray]:
         again = os.path.join(tmp, "again" + KINDS[kind])
-        _run(exe, tmp, "load", "npz" if kind == "npz-stored" else kind, path, again)
-        if kind == "h5":
+        _run(exe, tmp, "load", kind, path, again)
+        if kind.endswith("h5"):
             return h5_view(again)
         with np.load(again, allow_pickle=True) as z:
             return {"/" + k: z[k] for k in z.files if z[k].dtype != object}
