@@ -52,8 +52,9 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Sequence, TypeVar
 
-from ..core.records import Layout, Tensor, replace
+from ..core.records import Layout, Skipped, Tensor, replace
 from .h5open import open_h5
+from .keras_names import UNREAD_REASON, unread_paths
 
 __all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names",
            "alias_layers"]
@@ -384,6 +385,15 @@ def _keras_legacy_optimizer_layers(tensors: Sequence[Tensor], h5file: Any) -> di
     return out
 
 
+def _skip_unread(layout: Layout, h5file: Any) -> None:
+    """Move the datasets of a legacy Keras file that Keras's loaders never read to ``layout.skipped``."""
+    unread = unread_paths(layout.tensors, h5file)
+    if unread:
+        layout.tensors[:] = [t for t in layout.tensors if t.path not in unread]
+        layout.skipped.extend(Skipped(p, UNREAD_REASON) for p in sorted(unread))
+        layout.skipped.sort(key=lambda s: s.path)
+
+
 def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
@@ -395,6 +405,11 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     h5file : h5py.File, optional
         The open file, for attributes (layer names, layout tags). Without it a Layout's
         file is opened; a bare list is labelled from paths alone.
+
+    Notes
+    -----
+    In a legacy Keras file, a Layout's datasets that no layer's ``weight_names`` names
+    (:func:`fastflip.files.keras_names.unread_paths`) are moved to its ``skipped``: Keras never reads them.
     """
     if isinstance(layout_or_tensors, Layout):
         if h5file is None:
@@ -424,5 +439,7 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     if isinstance(layout_or_tensors, Layout):
         layout_or_tensors.tensors[:] = out
         layout_or_tensors.framework = fw
+        if fw == "keras-legacy" and h5file is not None:
+            _skip_unread(layout_or_tensors, h5file)
         return layout_or_tensors
     return out  # type: ignore[return-value]
