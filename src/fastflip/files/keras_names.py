@@ -74,9 +74,9 @@ def unread_paths(tensors: Sequence[Tensor], h5file: Any) -> set[str]:
             except (KeyError, ValueError, TypeError, OSError, RuntimeError):
                 continue
             if ds is not None and hasattr(ds, "dtype"):
-                read.add(ds.id)
+                read.add(ds.name)  # the path it was reached by: one of the tensor's aliases
     if not read:
         return set()
     prefix = top.name.rstrip("/") + "/"
     return {t.path for t in tensors
-            if all(a.startswith(prefix) for a in t.aliases) and h5file[t.path].id not in read}
+            if all(a.startswith(prefix) for a in t.aliases) and read.isdisjoint(t.aliases)}
