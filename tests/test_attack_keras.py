@@ -52,23 +52,26 @@ def _register():  # type: ignore[no-untyped-def]
     return Sub
 
 
-def _sequential_bn_fit():  # type: ignore[no-untyped-def]
+def _sequential_bn(fit: bool):  # type: ignore[no-untyped-def]
+    """Dense, BatchNormalization, Dense with Adam: one ``fit`` step, or (for ``load_weights``) the optimizer
+    built but not trained."""
     keras = _keras()
     m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
                           keras.layers.Dense(2)])
     m.compile("adam", "mse")
-    m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
+    if fit:
+        m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
+    else:
+        m.optimizer.build(m.trainable_variables)
     return m
+
+
+def _sequential_bn_fit():  # type: ignore[no-untyped-def]
+    return _sequential_bn(True)
 
 
 def _sequential_bn_built():  # type: ignore[no-untyped-def]
-    """:func:`_sequential_bn_fit`'s model and optimizer, built but not trained (for ``load_weights``)."""
-    keras = _keras()
-    m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
-                          keras.layers.Dense(2)])
-    m.compile("adam", "mse")
-    m.optimizer.build(m.trainable_variables)
-    return m
+    return _sequential_bn(False)
 
 
 def _functional_nested_shared():  # type: ignore[no-untyped-def]
