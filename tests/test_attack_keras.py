@@ -117,7 +117,15 @@ def _embedding_attention():  # type: ignore[no-untyped-def]
     return keras.Model(tok, keras.layers.LayerNormalization()(a))
 
 
+def _int8_quantized():  # type: ignore[no-untyped-def]
+    keras = _keras()
+    m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    m.quantize("int8")
+    return m
+
+
 MODELS: dict[str, Callable] = {
+    "int8-quantized": _int8_quantized,
     "sequential-bn-fit": _sequential_bn_fit,
     "functional-nested-shared": _functional_nested_shared,
     "subclassed": _subclassed,
@@ -477,3 +485,35 @@ def test_legacy_optimizer_weights_are_a_known_disagreement(tmp_path):
     with h5py.File(path, "r") as f:
         assert "optimizer_weights" in f
     verdict(path, legacy_h5_view(str(tmp_path)), str(tmp_path / "v"))
+
+
+def test_int8_quantized_roles_follow_keras_variables(tmp_path):
+    """A Keras ``quantize("int8")`` model: the role of each ``vars/<i>`` is that of the variable Keras saves
+    there (an int8 kernel or embedding table is a weight, ``*_scale`` a scale, the bias a bias)."""
+    from fastflip.files.layout import read_layout
+
+    keras = _keras()
+    tok = keras.Input((5,), dtype="int32")
+    x = keras.layers.Embedding(11, 6, name="emb")(tok)
+    x = keras.layers.Dense(4, name="biased")(x)
+    m = keras.Model(tok, keras.layers.Dense(3, use_bias=False, name="plain")(x))
+    m.quantize("int8")
+    path = str(tmp_path / "q.weights.h5")
+    m.save_weights(path)
+    want = {"kernel": "weight", "embeddings": "weight", "bias": "bias", "kernel_scale": "scale",
+            "embeddings_scale": "scale"}
+    roles = {t.path: t.role for t in read_layout(path).tensors}
+    expected = {}
+    for layer in m.layers:
+        store: dict = {}
+        layer.save_own_variables(store)
+        for i, value in store.items():
+            (var,) = [v for v in layer.variables if v.dtype == str(np.asarray(value).dtype)
+                      and tuple(v.shape) == np.shape(value) and np.array_equal(np.asarray(v), value)]
+            expected[f"{i}@{layer.name}"] = want[var.path.rsplit("/", 1)[-1]]
+    got = {}
+    with h5py.File(path, "r") as f:
+        for t_path, role in roles.items():
+            gname = f[t_path.rsplit("/vars/", 1)[0] + "/vars"].attrs["name"]
+            got[f"{t_path.rsplit('/', 1)[-1]}@{gname}"] = role
+    assert got == expected

@@ -297,13 +297,19 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
             for (_, t), r in zip(floats, ("weight", "bias")):
                 roles[t.path] = r
         else:
-            seen_kernel = False
+            # an integer kernel is a quantized one (Keras ``quantize("int8")``): its scale is the last vector
+            quantized = [t for _, t in items if t.dtype.kind in "iu" and len(t.shape) >= 2]
+            for t in quantized:
+                roles[t.path] = "weight"
+            seen_kernel = bool(quantized)
             for _, t in floats:
                 if len(t.shape) >= 2:
                     roles[t.path] = "weight"
                     seen_kernel = True
                 else:
                     roles[t.path] = "bias" if seen_kernel else "weight"
+            if quantized and floats and len(floats[-1][1].shape) == 1:
+                roles[floats[-1][1].path] = "scale"
         for _, t in items:
             out[t.path] = (layer, roles.get(t.path, "other"))
     return out
