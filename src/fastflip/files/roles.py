@@ -10,7 +10,7 @@ scales and zero points) and ``other``.
 Quantized weights: integer weight words are ``weight`` whatever their dtype (GPTQ/AWQ ``qweight``,
 compressed-tensors ``weight_packed``, torchao ``<param>.qdata``); ``scales``, ``weight_scale``,
 ``weight_scale_inv``, ``input_scale`` and a torch key ``<param>.scale`` below a weight or of rank 0 are
-``scale``; ``qzeros``, ``zero_point(s)``, ``weight_zero_point`` are ``zero``. For ``<module>.weight.qdata``
+``scale`` (in a Keras 3 int8-quantized layer, the vector after its integer kernel and bias); ``qzeros``, ``zero_point(s)``, ``weight_zero_point`` are ``zero``. For ``<module>.weight.qdata``
 (a tensor subclass's inner tensor) the layer is the module, as for ``<module>.weight``.
 
 Recognised layouts (the ``framework`` label):
