@@ -517,3 +517,18 @@ def test_int8_quantized_roles_follow_keras_variables(tmp_path):
             gname = f[t_path.rsplit("/vars/", 1)[0] + "/vars"].attrs["name"]
             got[f"{t_path.rsplit('/', 1)[-1]}@{gname}"] = role
     assert got == expected
+
+
+def test_unzipped_keras_directory_names_its_weights_file(tmp_path):
+    """``model.save(d, zipped=False)`` writes a directory Keras loads; fastflip refuses it in one line that names
+    the HDF5 weights file inside, which it reads as Keras's ``load_weights`` does."""
+    keras = _keras()
+    d = str(tmp_path / "unzipped")
+    _sequential_bn_fit().save(d, zipped=False)
+    assert keras.models.load_model(d).weights
+    rc, err = cli("inspect", d)
+    assert rc == 2 and os.path.join(d, "model.weights.h5") in err and "zipped=False" in err, err
+    assert verdict(d, _keras_model_view(str(tmp_path)), str(tmp_path / "v"), expect="refused") == "refused"
+    inner = os.path.join(d, "model.weights.h5")
+    assert verdict(inner, load_weights_view(_sequential_bn_built, str(tmp_path)), str(tmp_path / "w"),
+                   expect="agrees") == "agrees"
