@@ -10,8 +10,8 @@ and with fastflip, and requires one of two outcomes:
   object array: ``inspect`` lists them as skipped and the injects refuse so), and a tensor fastflip lists but
   never writes (HDF5 external storage: ``inject_file`` and the CLI refuse the sites drawn there);
 - **agrees**: the framework reads the file too; every tensor fastflip lists is one the framework returned (every
-  alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage) are the
-  framework's words, element by element; every tensor the framework returned with elements is listed or skipped
+  alias), with its shape and word width, and the bytes at fastflip's offsets (contiguous storage; in a ``.keras``
+  archive, offsets in its ``model.weights.h5``) are the framework's words, element by element; every tensor the framework returned with elements is listed or skipped
   with a reason; an injection through ``inject_file`` (``inject_dir`` for a checkpoint directory) is judged by
   the framework's reading of the output (:func:`framework_judge.judge`), and the CLI, given the same seed, writes
   what the framework reads alike (not always the same bytes: HDF5 stamps a dataset written through the library
@@ -32,8 +32,9 @@ import numpy as np
 
 from fastflip.cli import main
 from fastflip.errors import FastflipError
+from fastflip.files.archives import is_keras_archive, read_archive
 from fastflip.files.formats.hfdir import is_checkpoint_dir
-from fastflip.files.inject import inject_file
+from fastflip.files.inject import inject_checkpoint_file, inject_file
 from fastflip.files.layout import read_layout
 from fastflip.files.sharded import inject_dir
 from conftest import assert_unchanged, snapshot
@@ -108,6 +109,13 @@ def _sites_agree(path: str, lay, reading: Mapping[str, np.ndarray]) -> None:  # 
                                          f"{int(theirs[bad[0]]):#x}")
 
 
+def _suffix(path: str) -> str:
+    """The name ending an output keeps so that the framework reads it alike (``.weights.h5`` for Keras)."""
+    if not os.path.isfile(path):
+        return ""
+    return ".weights.h5" if path.endswith(".weights.h5") else os.path.splitext(path)[1]
+
+
 def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
             expect: str | None = None, skipped: Iterable[str] = (), empty: bool = False) -> str:
     """``"agrees"`` or ``"refused"`` (see the module docstring), asserting the contract of either outcome.
@@ -123,14 +131,18 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
         fw_error: BaseException | None = None
     except Exception as exc:  # noqa: BLE001 - any refusal of the framework's loader
         reading, fw_error = None, exc
-    try:
-        lay = read_layout(path, verify=True)
-    except FastflipError as exc:
-        out = _refused(path, tmp, exc, unchanged)
-        assert expect in (None, out), (expect, str(exc))
-        return out
-    assert sorted({s.path for s in lay.skipped}) == sorted(set(skipped)), \
-        ("fastflip skips other tensors than the case names", [(s.path, s.reason) for s in lay.skipped])
+    with contextlib.ExitStack() as inner:
+        try:  # a .keras archive: the sites are in the model.weights.h5 inside it
+            sites_file = str(inner.enter_context(read_archive(path))) if is_keras_archive(path) else path
+            lay = read_layout(sites_file, verify=True)
+        except FastflipError as exc:
+            out = _refused(path, tmp, exc, unchanged)
+            assert expect in (None, out), (expect, str(exc))
+            return out
+        assert sorted({s.path for s in lay.skipped}) == sorted(set(skipped)), \
+            ("fastflip skips other tensors than the case names", [(s.path, s.reason) for s in lay.skipped])
+        if reading is not None:
+            _sites_agree(sites_file, lay, reading)
     if reading is None and not lay.tensors:  # all skipped (an object array): listed, but an inject must refuse
         try:
             inject_file(path, os.path.join(tmp, "api-out"), seed=seed, sampling={"count": 1})
@@ -140,14 +152,14 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
             return out
     assert reading is not None, f"fastflip reads a file the framework refuses ({type(fw_error).__name__}: " \
                                 f"{str(fw_error)[:200]})"
-    _sites_agree(path, lay, reading)
     total = sum(t.size for t in lay.tensors)
     assert bool(total) != empty, (f"fastflip lists {total} element(s) to inject; the case says it lists "
                                   f"{'none' if empty else 'some'}")
     if total:
-        ext = os.path.splitext(path)[1] if os.path.isfile(path) else ""
+        ext = _suffix(path)
         out = os.path.join(tmp, "api-out" + ext)
-        inject = inject_dir if is_checkpoint_dir(path) else inject_file
+        inject = inject_dir if is_checkpoint_dir(path) else \
+            inject_checkpoint_file if is_keras_archive(path) else inject_file  # a .keras: its archive path
         try:
             res = inject(path, out, seed=seed, sampling={"count": min(count, total)})
         except FastflipError as exc:  # listed, but refused where a site lands (external storage)

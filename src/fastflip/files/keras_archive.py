@@ -11,7 +11,8 @@ fastflip alters the inner HDF5 file and writes a new archive that Keras loads:
 - an archive with an unsafe entry name (``..`` components, absolute paths, drive
   letters, backslashes) is refused as a whole, before anything is unpacked;
 - the new archive keeps every other entry byte for byte, in order, with each
-  entry's compression, and replaces the target atomically (a temporary file beside
+  entry's compression, the archive comment and any bytes before the first entry (offsets
+  counted from where the archive counted them), and replaces the target atomically (a temporary file beside
   it renamed into place), so an error leaves the target untouched;
 - an archive with two entries of one name is refused (which copy a reader takes is
   not defined, so it could not be kept exactly);
@@ -278,18 +279,72 @@ def edit_archive(path: str | os.PathLike, out: str | os.PathLike, *,
             raise OutputError(f"{out}: output directory {out.parent} does not exist; create it first")
         with contextlib.ExitStack() as own:
             tmp_out = stage.add(out) if stage is not None else own.enter_context(atomic_output(out))
-            with zipfile.ZipFile(path) as zin, zipfile.ZipFile(tmp_out, "w") as zout:
-                for info in infos:
-                    new = zipfile.ZipInfo(info.filename, date_time=info.date_time)
-                    new.compress_type = info.compress_type
-                    new.external_attr = info.external_attr
-                    new.comment = info.comment
-                    strip = getattr(zipfile, "_strip_extra", None)  # the writer adds its own zip64 record
-                    new.extra = strip(info.extra, (0x0001,)) if strip is not None else b""
-                    if info.filename == WEIGHTS_ENTRY:
-                        big = os.path.getsize(weights) > 2**31 - 1
-                        with zout.open(new, "w", force_zip64=big) as dst, open(weights, "rb") as src:
-                            shutil.copyfileobj(src, dst, _BLOCK)
-                    else:
-                        with zout.open(new, "w", force_zip64=info.file_size > 2**31 - 1) as dst:
-                            _stream_member(path, zin, info, dst, lim)
+            with zipfile.ZipFile(path) as zin, open(tmp_out, "wb") as raw:
+                _copy_prefix(path, infos, raw)
+                with zipfile.ZipFile(_Shifted(raw, _offset_base(path, zin)), "w") as zout:
+                    zout.comment = zin.comment
+                    _write_members(path, zin, zout, infos, weights, lim)
+
+
+class _Shifted:
+    """A file seen from ``base`` on: the zip writer then records offsets counted as the original archive's were
+    (from its first byte, or from the end of a prefix that was prepended to it)."""
+
+    def __init__(self, fh: IO[bytes], base: int) -> None:
+        self._fh, self._base = fh, base
+
+    def write(self, b: bytes) -> int:
+        return self._fh.write(b)
+
+    def tell(self) -> int:
+        return self._fh.tell() - self._base
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._fh.seek(pos + self._base if whence == 0 else pos, whence) - self._base
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def _offset_base(path: Path, zin: zipfile.ZipFile) -> int:
+    """Where the archive's recorded offsets count from: 0, or the length of a prefix prepended after it was
+    written (``cat stub.sh model.keras``), which readers add to every offset."""
+    end = getattr(zipfile, "_EndRecData", None)
+    if end is None:
+        return 0
+    with open(path, "rb") as fh:
+        rec = end(fh)
+    if not rec:
+        return 0
+    return max(0, int(zin.start_dir) - int(rec[zipfile._ECD_OFFSET]))  # type: ignore[attr-defined]
+
+
+def _copy_prefix(path: Path, infos: list[zipfile.ZipInfo], dst: IO[bytes]) -> None:
+    """Copy the bytes before the archive's first entry (a launcher stub, a self-extractor) to ``dst``."""
+    size = min((i.header_offset for i in infos), default=0)
+    with open(path, "rb") as src:
+        while size > 0:
+            b = src.read(min(size, _BLOCK))
+            if not b:
+                break
+            dst.write(b)
+            size -= len(b)
+
+
+def _write_members(path: Path, zin: zipfile.ZipFile, zout: zipfile.ZipFile, infos: list[zipfile.ZipInfo],
+                   weights: Path, lim: ArchiveLimits) -> None:
+    """Write every entry of ``zin`` to ``zout`` in order, ``model.weights.h5`` from the file ``weights``."""
+    for info in infos:
+        new = zipfile.ZipInfo(info.filename, date_time=info.date_time)
+        new.compress_type = info.compress_type
+        new.external_attr = info.external_attr
+        new.comment = info.comment
+        strip = getattr(zipfile, "_strip_extra", None)  # the writer adds its own zip64 record
+        new.extra = strip(info.extra, (0x0001,)) if strip is not None else b""
+        if info.filename == WEIGHTS_ENTRY:
+            big = os.path.getsize(weights) > 2**31 - 1
+            with zout.open(new, "w", force_zip64=big) as dst, open(weights, "rb") as src:
+                shutil.copyfileobj(src, dst, _BLOCK)
+        else:
+            with zout.open(new, "w", force_zip64=info.file_size > 2**31 - 1) as dst:
+                _stream_member(path, zin, info, dst, lim)

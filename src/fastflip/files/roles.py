@@ -10,7 +10,7 @@ scales and zero points) and ``other``.
 Quantized weights: integer weight words are ``weight`` whatever their dtype (GPTQ/AWQ ``qweight``,
 compressed-tensors ``weight_packed``, torchao ``<param>.qdata``); ``scales``, ``weight_scale``,
 ``weight_scale_inv``, ``input_scale`` and a torch key ``<param>.scale`` below a weight or of rank 0 are
-``scale``; ``qzeros``, ``zero_point(s)``, ``weight_zero_point`` are ``zero``. For ``<module>.weight.qdata``
+``scale`` (in a Keras 3 int8-quantized layer, the vector after its integer kernel and bias); ``qzeros``, ``zero_point(s)``, ``weight_zero_point`` are ``zero``. For ``<module>.weight.qdata``
 (a tensor subclass's inner tensor) the layer is the module, as for ``<module>.weight``.
 
 Recognised layouts (the ``framework`` label):
@@ -52,8 +52,9 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Sequence, TypeVar
 
-from ..core.records import Layout, Tensor, replace
+from ..core.records import Layout, Skipped, Tensor, replace
 from .h5open import open_h5
+from .keras_names import UNREAD_REASON, unread_paths
 
 __all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names",
            "alias_layers"]
@@ -296,13 +297,19 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
             for (_, t), r in zip(floats, ("weight", "bias")):
                 roles[t.path] = r
         else:
-            seen_kernel = False
+            # an integer kernel is a quantized one (Keras ``quantize("int8")``): its scale is the last vector
+            quantized = [t for _, t in items if t.dtype.kind in "iu" and len(t.shape) >= 2]
+            for t in quantized:
+                roles[t.path] = "weight"
+            seen_kernel = bool(quantized)
             for _, t in floats:
                 if len(t.shape) >= 2:
                     roles[t.path] = "weight"
                     seen_kernel = True
                 else:
                     roles[t.path] = "bias" if seen_kernel else "weight"
+            if quantized and floats and len(floats[-1][1].shape) == 1:
+                roles[floats[-1][1].path] = "scale"
         for _, t in items:
             out[t.path] = (layer, roles.get(t.path, "other"))
     return out
@@ -384,6 +391,15 @@ def _keras_legacy_optimizer_layers(tensors: Sequence[Tensor], h5file: Any) -> di
     return out
 
 
+def _skip_unread(layout: Layout, h5file: Any) -> None:
+    """Move the datasets of a legacy Keras file that Keras's loaders never read to ``layout.skipped``."""
+    unread = unread_paths(layout.tensors, h5file)
+    if unread:
+        layout.tensors[:] = [t for t in layout.tensors if t.path not in unread]
+        layout.skipped.extend(Skipped(p, UNREAD_REASON) for p in sorted(unread))
+        layout.skipped.sort(key=lambda s: s.path)
+
+
 def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
@@ -395,6 +411,11 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     h5file : h5py.File, optional
         The open file, for attributes (layer names, layout tags). Without it a Layout's
         file is opened; a bare list is labelled from paths alone.
+
+    Notes
+    -----
+    In a legacy Keras file, a Layout's datasets that no layer's ``weight_names`` names
+    (:func:`fastflip.files.keras_names.unread_paths`) are moved to its ``skipped``: Keras never reads them.
     """
     if isinstance(layout_or_tensors, Layout):
         if h5file is None:
@@ -424,5 +445,7 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     if isinstance(layout_or_tensors, Layout):
         layout_or_tensors.tensors[:] = out
         layout_or_tensors.framework = fw
+        if fw == "keras-legacy" and h5file is not None:
+            _skip_unread(layout_or_tensors, h5file)
         return layout_or_tensors
     return out  # type: ignore[return-value]

@@ -169,6 +169,9 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
         raise FormatError(f"{p}: not a checkpoint directory nor an index file")
     root, index, single = found
     if index is None and single is None:
+        if os.path.isfile(os.path.join(root, "model.weights.h5")):  # Keras model.save(d, zipped=False)
+            raise FormatError(f"{p}: a Keras model saved unzipped (zipped=False); its weights are the HDF5 file "
+                              f"{os.path.join(p, 'model.weights.h5')}: give that file")
         raise FormatError(f"{p}: a directory without a Hugging Face index ({' or '.join(INDEX_FILES)}) or weight "
                           f"file ({' or '.join(SINGLE_FILES)}); give a checkpoint file or a save_pretrained directory")
     wm = _weight_map(root, index) if index is not None else None
