@@ -125,12 +125,12 @@ def verdict(path: str, view: View, tmp: str, *, count: int = 12, seed: int = 7,
     metadata), so "agrees" holds without an injection; otherwise "agrees" needs at least one element to inject.
     """
     os.makedirs(tmp, exist_ok=True)
-    unchanged = _Unchanged(path, tmp)
     try:
         reading = dict(view(path))  # arrays sharing memory (tied weights, views) keep sharing it
         fw_error: BaseException | None = None
     except Exception as exc:  # noqa: BLE001 - any refusal of the framework's loader
         reading, fw_error = None, exc
+    unchanged = _Unchanged(path, tmp)  # after the framework's reading, which may write beside the input (Keras)
     with contextlib.ExitStack() as inner:
         try:  # a .keras archive: the sites are in the model.weights.h5 inside it
             sites_file = str(inner.enter_context(read_archive(path))) if is_keras_archive(path) else path

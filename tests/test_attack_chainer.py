@@ -117,7 +117,8 @@ def saved(chainer_python, tmp_path_factory):  # type: ignore[no-untyped-def]  # 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_chainer_file_agrees(chainer_python, saved, kind, tmp_path):  # noqa: F811
     view = chainer_view(chainer_python, kind, str(tmp_path))
-    assert verdict(saved[kind], view, str(tmp_path / "v"), count=20, expect="agrees") == "agrees"
+    assert verdict(saved[kind], view, str(tmp_path / "v"), count=20, expect="agrees",
+                   skipped=[] if kind.startswith("adam") else ["/lazy/W"]) == "agrees"  # Linear(None): no array
 
 
 # Chainer reads a file into a chain: a member no link asks for is ignored, and a value is cast to the dtype of

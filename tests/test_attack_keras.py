@@ -20,8 +20,8 @@ import h5py
 import numpy as np
 import pytest
 
-from attack_check import cli, tree_digest, verdict
-from conftest import require
+from attack_check import cli, verdict
+from conftest import require, snapshot
 from framework_views import h5_group_view, keras_view
 
 pytestmark = pytest.mark.framework
@@ -184,16 +184,20 @@ def _keras_model_view(tmp: str) -> Callable[[str], dict[str, np.ndarray]]:
     return lambda p: keras_view(p, tmp)
 
 
+# Keras 3 stores a bfloat16 layer's variables as opaque 2-byte words (|V2): fastflip lists them as skipped
+SKIPPED = {"float16-bfloat16-layers": ["/layers/dense_1/vars/0", "/layers/dense_1/vars/1"]}
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_keras_archive_agrees(saved, name, tmp_path):
     assert verdict(saved[name]["keras"], _keras_model_view(str(tmp_path)), str(tmp_path / "v"),
-                   expect="agrees") == "agrees"
+                   expect="agrees", skipped=SKIPPED.get(name, ())) == "agrees"
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_weights_h5_agrees(saved, name, tmp_path):
     assert verdict(saved[name]["weights"], load_weights_view(MODELS[name], str(tmp_path)), str(tmp_path / "v"),
-                   expect="agrees") == "agrees"
+                   expect="agrees", skipped=SKIPPED.get(name, ())) == "agrees"
 
 
 # Keras 3 cannot load these legacy files back itself: a subclassed model ("Model expected 0 layers"), bfloat16
@@ -374,7 +378,7 @@ def test_edited_archive_revert_gives_its_bytes(saved, edit, tmp_path):
             assert [(i.filename, i.date_time, i.compress_type, a.read(i)) for i in a.infolist()] == \
                 [(i.filename, i.date_time, i.compress_type, b.read(i)) for i in b.infolist()]
     else:
-        assert tree_digest(back) == tree_digest(path)
+        assert snapshot(back) == snapshot(path)
 
 
 # ---- what Keras's loaders read otherwise than the file holds ----------------------------------------------
@@ -446,8 +450,9 @@ def test_legacy_dataset_keras_never_reads_is_skipped(saved, case, tmp_path):
     lay = read_layout(path)
     assert [s.reason for s in lay.skipped] and all("weight_names" in s.reason for s in lay.skipped)
     assert len(lay.tensors) == 4
+    unnamed = "/model_weights/ghost/ghost/kernel" if "layer_names" in case else "/model_weights/shared/shared/extra"
     assert verdict(path, _legacy_load_weights_view(MODELS[name], str(tmp_path)), str(tmp_path / "v"),
-                   expect="agrees") == "agrees"
+                   expect="agrees", skipped=[unnamed]) == "agrees"
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError,
