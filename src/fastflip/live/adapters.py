@@ -150,8 +150,33 @@ def _module_of(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
+def _check_overlap(name: str, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+    """Refuse a tensor whose elements share memory (an ``expand``/``broadcast_to`` view, stride 0).
+
+    One word reached as several elements would be flipped once per element (two flips of a bit cancel) and
+    could not be reverted site by site. Dimensions sorted by stride must each step past everything inside
+    them (the usual sufficient test; every layout a framework makes by itself passes it).
+
+    >>> _check_overlap("w", (4, 3), (12, 4), 4)
+    >>> _check_overlap("pos", (1, 8), (0, 8), 8)  # stride 0 on a dimension of size 1: no overlap
+    >>> _check_overlap("e", (4, 3), (0, 4), 4)
+    Traceback (most recent call last):
+    ...
+    fastflip.errors.OptionError: tensor 'e' has elements that share memory (strides (0, 4) for shape (4, 3), an expanded or broadcast view): inject the tensor it expands, or store a copy (.contiguous())
+    """
+    reach = itemsize
+    for n, s in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1), key=lambda d: d[1]):
+        if s < reach:
+            raise OptionError(f"tensor {name!r} has elements that share memory (strides {tuple(strides)} for shape "
+                              f"{tuple(shape)}, an expanded or broadcast view): inject the tensor it expands, or "
+                              "store a copy (.contiguous())")
+        reach = s * (n - 1) + reach
+    return None
+
+
 def _numpy(name: str, arr: np.ndarray) -> LiveTensor:
     _check_dtype(name, arr.dtype)
+    _check_overlap(name, arr.shape, arr.strides, arr.itemsize)
     return LiveTensor(name, arr.dtype, tuple(arr.shape), "cpu", int(arr.ctypes.data), tuple(arr.strides),
                       bool(arr.flags.writeable), obj=arr)
 
@@ -165,9 +190,11 @@ def _torch(name: str, t: Any) -> LiveTensor:
     key = str(t.dtype).replace("torch.", "")
     if key not in TORCH_DTYPES:
         raise OptionError(f"tensor {name!r} has dtype {t.dtype}: only {_SUPPORTED} can be injected")
+    _check_torch_storage(name, t)
     dtype = np.dtype(TORCH_DTYPES[key])
     fmt = format_name(key)
     strides = tuple(int(s) * dtype.itemsize for s in t.stride())
+    _check_overlap(name, tuple(t.shape), strides, dtype.itemsize)
     if t.device.type == "cpu":
         return LiveTensor(name, dtype, tuple(t.shape), "cpu", int(t.data_ptr()), strides, True, obj=t, format=fmt)
     if t.device.type == "cuda":
@@ -176,9 +203,24 @@ def _torch(name: str, t: Any) -> LiveTensor:
     raise OptionError(f"tensor {name!r} is on device {t.device}: only CPU and CUDA tensors are supported")
 
 
+def _check_torch_storage(name: str, t: Any) -> None:
+    """Refuse a torch tensor whose words are not plain memory read as they are stored: an uninitialized
+    parameter of a lazy module, a sparse (or other non-strided) layout, a lazily negated view."""
+    if type(t).__name__.startswith("Uninitialized"):  # torch.nn.parameter.UninitializedParameter / Buffer
+        raise OptionError(f"tensor {name!r} is an uninitialized parameter of a lazy module: run one forward first "
+                          "(it gives the parameter its shape), then build the targets")
+    if str(t.layout) != "torch.strided":
+        raise OptionError(f"tensor {name!r} has layout {t.layout}: only dense tensors can be injected (use "
+                          ".to_dense() for a sparse one)")
+    if t.is_neg():
+        raise OptionError(f"tensor {name!r} is a lazily negated view (its memory holds the negated values): "
+                          "store .resolve_neg() instead")
+
+
 def _cupy(name: str, a: Any) -> LiveTensor:
     dtype = np.dtype(a.dtype)
     _check_dtype(name, dtype)
+    _check_overlap(name, a.shape, a.strides, dtype.itemsize)
     return LiveTensor(name, dtype, tuple(a.shape), "cuda", int(a.data.ptr), tuple(a.strides), True, int(a.device.id), obj=a)
 
 

@@ -80,6 +80,9 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         seen.add(name)
         names.setdefault(id(t), name)
         alias = f"model/{name}"
+        if type(t).__name__.startswith("Uninitialized"):  # a lazy module's parameter has no shape yet
+            out.append(Found(name, t, (alias,), name.rpartition(".")[0] or None, "other", alias))
+            continue
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
         if quantized.is_subclass(t):  # torchao: the inner tensors (qdata, scale, zero_point) are the storage
             outer = module_source(model, name)
