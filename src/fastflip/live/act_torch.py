@@ -9,7 +9,9 @@ targets (``MODULE:softmax``, ``MODULE:cache.key``) and a forward pre-hook on the
 forwards and, at the first one, probes the selected layers' output shapes. The probe runs the same call
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
-stay as they are), the RNG state restored and gradients off. torch is imported by :class:`TorchHooks`.
+stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
+it runs. An output is faulted in place only when it is the call's own new memory (not a view, not an input's
+or one of the model's parameters and buffers), else in a copy. torch is imported by :class:`TorchHooks`.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class TorchHooks(Hooks):
         self.model = model
         self.layers = {n: m for n, m in model.named_modules() if n}
         self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
+        self._held: set[int] | None = None  # storages of the model's parameters and buffers in this forward
 
     _WORD = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
@@ -89,8 +92,19 @@ class TorchHooks(Hooks):
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
+        """True when ``t`` is a view (of an input, of a parameter: ``self.pos[:n]``, a cached buffer's slice), a
+        parameter, or shares its storage with an input or with one of the model's parameters and buffers: a
+        fault written there in place would outlive the forward."""
+        if t._base is not None or isinstance(t, self.torch.nn.Parameter):
+            return True
         ptr = t.untyped_storage().data_ptr()
-        return any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
+        if any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
+            return True
+        if self._held is None:  # the model's own storages, once per forward
+            is_lazy = self.torch.nn.parameter.is_lazy
+            self._held = {x.untyped_storage().data_ptr() for x in (*self.model.parameters(), *self.model.buffers())
+                          if not is_lazy(x) and x.layout == self.torch.strided and not x.is_meta}
+        return ptr in self._held
 
     @contextlib.contextmanager
     def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable) -> Iterator[None]:
@@ -147,8 +161,30 @@ class TorchHooks(Hooks):
         if key not in cache:
             if len(cache) > 16:
                 cache.clear()
-            cache[key] = self._run_probe(names, args, kwargs, autocast)
+            with self._forward_hooks_aside():
+                cache[key] = self._run_probe(names, args, kwargs, autocast)
         return cache[key].copy()
+
+    @contextlib.contextmanager
+    def _forward_hooks_aside(self) -> Iterator[None]:
+        """Every module's forward hooks set aside while the shapes are probed (put back after, in order): hooks
+        that record outputs (feature extraction, statistics) see the forwards the user runs, never the probe.
+        Forward pre-hooks stay: a module may need them to compute (old-style ``weight_norm``, lazy modules)."""
+        from collections import OrderedDict
+
+        attrs = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+        saved = [(m, [m.__dict__.get(a) for a in attrs]) for m in self.model.modules()]
+        for m, _ in saved:
+            for a in attrs:
+                if a in m.__dict__:
+                    m.__dict__[a] = OrderedDict()
+        try:
+            yield
+        finally:
+            for m, values in saved:
+                for a, v in zip(attrs, values):
+                    if v is not None:
+                        m.__dict__[a] = v
 
     def _run_probe(self, names: list[str], args: tuple, kwargs: dict, autocast: bool) -> dict:
         torch = self.torch
@@ -178,6 +214,7 @@ class TorchHooks(Hooks):
         """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
         an output that aliases an input (ReLU(inplace), views) is faulted in a copy."""
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
+            self._held = None
             if not probing():
                 start(lambda: self._probe(names, args, kwargs))
 
