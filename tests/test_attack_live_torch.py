@@ -241,3 +241,45 @@ def test_compiled_module_is_injected_through_its_original_module():
     m = torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 4)))  # not run: compiling is left to the user
     plan = _agrees(m, count=10)
     assert all(t.name.startswith("_orig_mod.") for t in plan.tensors)
+
+
+def _dynamic(torch, seed=0):
+    torch.manual_seed(seed)
+    return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(8, 4)),
+                                                  {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def _packed_words(torch, q):
+    """The int8 weight as torch reads it: the module's weight() and the state_dict's packed entry."""
+    return q[0].weight().int_repr().clone(), q.state_dict()["0._packed_params._packed_params"][0].int_repr().clone()
+
+
+def test_torch_ao_dynamic_flip_shows_in_weight_and_state_dict_at_once():
+    """No forward between inject, the framework's reading and revert: a torch.save of the state_dict after the
+    revert must hold the original words."""
+    torch = require("torch")
+    q = _dynamic(torch)
+    w0, s0 = _packed_words(torch, q)
+    tg = live.targets(q)
+    log = live.inject(tg, fastflip.site(q, "0.weight", (1, 2), bits=6))
+    flipped = w0.clone()
+    flipped.view(torch.uint8)[1, 2] ^= 1 << 6
+    for now in _packed_words(torch, q):
+        assert torch.equal(now, flipped)
+    live.revert(tg, log)
+    for now, then in zip(_packed_words(torch, q), (w0, s0)):
+        assert torch.equal(now, then)
+
+
+def test_torch_ao_dynamic_reloaded_before_inject_takes_the_flip():
+    torch = require("torch")
+    q, other = _dynamic(torch), _dynamic(torch, seed=1)  # other words under the same names
+    tg = live.targets(q)
+    q.load_state_dict(other.state_dict())  # no forward before the injection
+    x = torch.randn(2, 8)
+    log = live.inject(tg, fastflip.site(q, "0.weight", (0, 0), bits=6))
+    assert int(log.old_words[0]) == int(other[0].weight().int_repr()[0, 0]) & 0xFF
+    assert (q[0].weight().int_repr() != other[0].weight().int_repr()).sum() == 1
+    assert not torch.equal(q(x), other(x))
+    live.revert(tg, log)
+    assert torch.equal(q(x), other(x))

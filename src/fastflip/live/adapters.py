@@ -96,6 +96,8 @@ class LiveTensor:
     view_of: str | None = None  # name of the tensor whose memory holds this one
     # what the model holds under this name now (:mod:`fastflip.live.storage`): re-checked before each write
     source: Any = field(default=None, repr=False, compare=False)
+    # for words the model copies before computing (a torch.ao packed weight): brings that copy up to date
+    sync: Any = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -305,7 +307,7 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
         if t.size == 0:  # nothing to flip
             skipped.append(p.name)
             continue
-        t.aliases, t.layer, t.role, t.order, t.source = p.aliases, p.layer, p.role, p.order, p.source
+        t.aliases, t.layer, t.role, t.order, t.source, t.sync = p.aliases, p.layer, p.role, p.order, p.source, p.sync
         out.append(t)
     if refused and out:  # part of the model cannot be injected: say so (nothing is left out silently)
         warnings.warn(f"fastflip: {len(refused)} tensor(s) left out: {refused[0]}"

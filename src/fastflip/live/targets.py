@@ -107,6 +107,8 @@ class Targets(SiteAccess):
         self._map_keys = [f[0].key if a else None for f, a in zip(self._fresh, arrays)]  # type: ignore[index]
         self._objs = [t.obj for t in self.tensors]
         self._lists: tuple[list[int], list[int], list[bool]] | None = None  # for _prepare_small
+        self._syncs = [t.sync for t in self.tensors]  # torch.ao packed weights: repack around each write
+        self._any_sync = any(s is not None for s in self._syncs)
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -131,6 +133,14 @@ class Targets(SiteAccess):
 
     def __len__(self) -> int:
         return len(self.tensors)
+
+    def sync(self, prep: Prepared) -> None:
+        """Bring the model's own copies of the words ``prep`` touches up to date (a ``torch.ao`` packed weight:
+        reloaded from the module when it was replaced, repacked when its words changed); nothing for others.
+        :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` call it before and after writing."""
+        if self._any_sync:
+            for sync in {self._syncs[i] for i in np.unique(prep.sites.tensor).tolist() if self._syncs[i] is not None}:
+                sync()
 
     def refs(self) -> list[TensorRef]:
         """:class:`~fastflip.core.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
