@@ -140,8 +140,9 @@ def test_subclassed_model_calling_one_layer_twice():
 # ------------------------------------------------------------------------------------------- activations
 
 
-def _by_hand(model, layer, call, records):
-    """The model's output with ``layer.call`` wrapped by hand: call ``call`` gets the logged new words."""
+def _by_hand(model, layer, call, records, element=None):
+    """The model's output with ``layer.call`` wrapped by hand: call ``call`` gets the logged new words (in
+    ``element`` of a tuple output when given)."""
     keras = require("keras")
     original = layer.call
     count = {"k": 0}
@@ -152,11 +153,13 @@ def _by_hand(model, layer, call, records):
         count["k"] += 1
         if i != call:
             return out
-        arr = np.array(keras.ops.convert_to_numpy(out))
+        t = out if element is None else out[element]
+        arr = np.array(keras.ops.convert_to_numpy(t))
         words, per = arr.reshape(-1).view(UINT[arr.dtype.itemsize]), arr[0].size
         for r in records:
             words[r["sample"] * per + r["index"]] = r["new"]
-        return keras.ops.convert_to_tensor(arr, dtype=out.dtype)
+        new = keras.ops.convert_to_tensor(arr, dtype=t.dtype)
+        return new if element is None else tuple(new if j == element else o for j, o in enumerate(out))
 
     layer.call = wrapped
     try:
@@ -165,7 +168,7 @@ def _by_hand(model, layer, call, records):
         del layer.call
 
 
-def _activations_agree(model, target, layer, call=0):
+def _activations_agree(model, target, layer, call=0, element=None, count=3):
     keras = require("keras")
 
     def bits(a):
@@ -174,10 +177,10 @@ def _activations_agree(model, target, layer, call=0):
     clean = keras.ops.convert_to_numpy(model(X, training=False))
     before = [v.numpy().copy() for v in model.weights]
     sel = fastflip.Selection(layers=[target])
-    with fastflip.injected_activations(model, seed=7, count=3, bits="exponent-msb", selection=sel) as log:
+    with fastflip.injected_activations(model, seed=7, count=count, bits="exponent-msb", selection=sel) as log:
         got = keras.ops.convert_to_numpy(model(X, training=False))
-    assert len(log) == 12 and len(log.layers) == 1
-    np.testing.assert_array_equal(bits(got), bits(_by_hand(model, layer, call, log.records())))
+    assert len(log) == 4 * count and len(log.layers) == 1
+    np.testing.assert_array_equal(bits(got), bits(_by_hand(model, layer, call, log.records(), element)))
     np.testing.assert_array_equal(bits(keras.ops.convert_to_numpy(model(X, training=False))), bits(clean))
     for v, b in zip(model.weights, before):
         np.testing.assert_array_equal(_words(v.numpy()), _words(b))
@@ -209,3 +212,64 @@ def test_activation_of_a_float16_layer_under_mixed_precision():
                                   keras.layers.Dense(2, name="o", dtype="float32")])
     log = _activations_agree(model, "d", model.layers[0])
     assert log.dtypes == ["<f2"]
+
+
+def test_activation_in_an_element_of_a_tuple_output_and_attention_scores():
+    keras = require("keras")
+    keras.utils.set_random_seed(0)
+
+    class Pair(keras.layers.Layer):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+            self.d = keras.layers.Dense(5, name="pd")
+
+        def call(self, x):
+            y = self.d(x)
+            return y, y * 2
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.pair = Pair(name="pair")
+            self.mha = keras.layers.MultiHeadAttention(2, 4, name="mha")
+            self.o = keras.layers.Dense(2, name="o")
+
+        def call(self, x):
+            a, b = self.pair(keras.ops.reshape(x, (-1, 1, 5)))
+            h, w = self.mha(a, b, return_attention_scores=True)
+            return self.o(keras.ops.reshape(h + a, (-1, 5))) + keras.ops.mean(w)
+
+    model = Net()
+    model(X)
+    assert _activations_agree(model, "pair:out.1", model.pair, element=1).layers == ["pair:out.1"]
+    assert _activations_agree(model, "pair", model.pair, element=0).layers == ["pair:out.0"]
+    log = _activations_agree(model, "mha:out.1", model.mha, element=1, count=2)
+    assert log.shapes == [(2, 1, 1)]
+
+
+def test_errors_raised_inside_a_layer_call_stay_one_line():
+    """Keras rewrites exceptions crossing a layer call into several lines; fastflip's own stay as raised."""
+    keras = require("keras")
+    from fastflip.errors import CapacityError, OptionError
+
+    keras.utils.set_random_seed(0)
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d, self.o = keras.layers.Dense(2, name="d"), keras.layers.Dense(2, name="o")
+
+        def call(self, x):
+            return self.o(self.d(x))
+
+    model = Net()
+    with pytest.raises(CapacityError) as info:
+        with fastflip.injected_activations(model, seed=1, count=3, bits="31", selection=fastflip.Selection(
+                layers=["d"])):
+            model(X)
+    assert "\n" not in str(info.value) and "only 2" in str(info.value)
+    sel = fastflip.Selection(layers=["d"])
+    with pytest.raises(OptionError) as info:  # a changed output shape, found in a layer's call
+        with fastflip.injected_activations(model, seed=1, count=1, bits="31", selection=sel):
+            model(X)
+            model(X[:, None, :])
+    assert "\n" not in str(info.value) and "fixed output shapes" in str(info.value)
