@@ -283,3 +283,15 @@ def test_torch_ao_dynamic_reloaded_before_inject_takes_the_flip():
     assert not torch.equal(q(x), other(x))
     live.revert(tg, log)
     assert torch.equal(q(x), other(x))
+
+
+def test_a_plan_naming_a_left_out_tensor_says_why():
+    torch = require("torch")
+    from fastflip.errors import TensorNotFoundError
+
+    m = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(TensorNotFoundError, match=r"^tensor '0.weight' is an uninitialized parameter of a lazy "
+                                                      r"module: run one forward first .*\(left out of these targets\)$"):
+            fastflip.site(m, "0.weight", (0, 0), bits=3)

@@ -272,8 +272,10 @@ def framework_of(obj: Any) -> str | None:
     return None
 
 
-def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> tuple[list[LiveTensor], list[str]]:
-    """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left out.
+def collect(obj: Any, *, include_optimizer: bool = False,
+            optimizer: Any = None) -> tuple[list[LiveTensor], dict[str, str]]:
+    """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left
+    out, each with why.
 
     In a mapping every tensor must be supported; in a model, tensors that cannot be
     injected (complex, on a ``meta`` device, empty; bfloat16 and float8 are supported) are left out and named in the
@@ -286,7 +288,7 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
         for t, name in zip(out, obj):
             t.source = mapping_source(obj, name)
         label_mapping(out)
-        return merge_shared(out), []
+        return merge_shared(out), {}
     if fw == "torch":
         pairs = frameworks.torch_tensors(obj, optimizer)
     elif fw == "torch-optim":
@@ -296,16 +298,16 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     else:
         raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a torch.nn.Module, a Keras model "
                           "or a mapping name -> tensor")
-    out, skipped, refused = [], [], []
+    out, skipped, refused = [], {}, []
     for p in pairs:
         try:
             t = tensor(p.name, p.value)
         except OptionError as exc:
-            skipped.append(p.name)
+            skipped[p.name] = str(exc)
             refused.append(str(exc))
             continue
         if t.size == 0:  # nothing to flip
-            skipped.append(p.name)
+            skipped[p.name] = f"tensor {p.name!r} has no elements"
             continue
         t.aliases, t.layer, t.role, t.order, t.source, t.sync = p.aliases, p.layer, p.role, p.order, p.source, p.sync
         out.append(t)

@@ -58,9 +58,10 @@ class Targets(SiteAccess):
     or another ``Targets``). ``skipped`` names model tensors of unsupported dtypes.
     """
 
-    def __init__(self, tensors: list[LiveTensor], skipped: list[str] | None = None) -> None:
+    def __init__(self, tensors: list[LiveTensor], skipped: "list[str] | dict[str, str] | None" = None) -> None:
         self.tensors = list(tensors)
         self.skipped = list(skipped or [])
+        self._why = dict(skipped) if isinstance(skipped, dict) else {}  # name -> why it was left out
         # names compare without a leading "/": a layout calls a dataset "/model/w", a live model "model/w"
         self.index = {t.name.lstrip("/"): i for i, t in enumerate(self.tensors)}
         if len(self.index) != len(self.tensors):
@@ -126,7 +127,8 @@ class Targets(SiteAccess):
             return obj
         tensors, skipped = collect(obj, include_optimizer=include_optimizer, optimizer=optimizer)
         if not tensors:
-            left = f" (left out: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})" if skipped else ""
+            names = list(skipped)
+            left = f" (left out: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
             raise SelectionError(f"no tensors to inject in this {type(obj).__name__}{left}; "
                                  "pass a model with float/int tensors or a mapping name -> tensor")
         return cls(tensors, skipped)
@@ -170,6 +172,8 @@ class Targets(SiteAccess):
             With the names that exist.
         """
         i = self.index.get(name.lstrip("/"))
+        if i is None and name.lstrip("/") in self._why:
+            raise TensorNotFoundError(f"{self._why[name.lstrip('/')]} (left out of these targets)")
         if i is None:
             near = difflib.get_close_matches(name.lstrip("/"), list(self.index), n=3)
             hint = f"did you mean {', '.join(near)}? " if near else ""
