@@ -222,3 +222,22 @@ def test_user_forward_hooks_see_only_the_users_forwards_and_their_changes_are_fa
     doubled.a.use = lambda out, x: out
     doubled.a.register_forward_hook(lambda _m, _a, out: out * 2)  # runs first; the fault lands in its output
     _agrees(doubled, "a")
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "submodule.compile()"])
+def test_targets_inside_a_compiled_module_are_refused_before_any_forward(how):
+    """A compiled graph skips the hooks: the block would run fault-free with an empty log."""
+    torch = require("torch")
+    from fastflip.errors import OptionError
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)).eval()
+    if how == "torch.compile(model)":
+        model, target = torch.compile(model), "_orig_mod.0"
+    else:
+        model[0].compile()
+        target = "0"
+    with pytest.raises(OptionError, match=r"^activation target .* runs inside the torch.compile'd .*whose graph skips "
+                                          r"the hooks that fault it: fault the module before compiling it"):
+        with fastflip.injected_activations(model, seed=1, count=1, bits="30",
+                                           selection=fastflip.Selection(layers=[target])):
+            pytest.fail("the block must not run")

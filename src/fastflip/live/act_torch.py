@@ -46,6 +46,23 @@ class TorchHooks(Hooks):
         self.layers = {n: m for n, m in model.named_modules() if n}
         self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this forward
+        # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
+        self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
+                         or getattr(m, "_compiled_call_impl", None) is not None]
+
+    def select(self, selection: Any) -> list[str]:
+        """The selected targets; refused in one line when one runs inside a ``torch.compile``'d module, whose
+        compiled graph would skip the hooks (the block would run with no fault and an empty log)."""
+        names = super().select(selection)
+        for name in names:
+            module = split_target(name)[0]
+            inside = next((c for c in self.compiled if not c or module == c or module.startswith(c + ".")), None)
+            if inside is not None:
+                what = f"module {inside!r}" if inside else "model"
+                raise OptionError(f"activation target {name} runs inside the torch.compile'd {what}, whose graph skips "
+                                  "the hooks that fault it: fault the module before compiling it "
+                                  "(torch.compile(m)._orig_mod is m)")
+        return names
 
     _WORD = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
