@@ -241,3 +241,36 @@ def test_targets_inside_a_compiled_module_are_refused_before_any_forward(how):
         with fastflip.injected_activations(model, seed=1, count=1, bits="30",
                                            selection=fastflip.Selection(layers=[target])):
             pytest.fail("the block must not run")
+
+
+def test_nested_blocks_on_one_model_each_log_the_users_forwards_only():
+    """The inner block's shape probe is not a forward of the outer block (and the other way round)."""
+    torch = require("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 6), torch.nn.Tanh(),
+                                torch.nn.Linear(6, 2)).eval()
+    x = torch.randn(4, 6)
+
+    def block(layer, seed):
+        return fastflip.injected_activations(model, seed=seed, count=2, bits="30",
+                                             selection=fastflip.Selection(layers=[layer]))
+
+    with torch.no_grad(), block("0", 1) as outer, block("2", 2) as inner:
+        got = model(x)
+    assert (outer.forwards, len(outer), inner.forwards, len(inner)) == (1, 8, 1, 8)
+    hooks = []
+    for layer, log in ((0, outer), (2, inner)):
+        records = log.records()
+
+        def hook(_m, _a, out, records=records):
+            out = out.clone()
+            for r in records:
+                _bits(out)[r["sample"] * 6 + r["index"]] = int(np.array([r["new"]], np.uint32).view(np.int32)[0])
+            return out
+
+        hooks.append(model[layer].register_forward_hook(hook))
+    with torch.no_grad():
+        by_hand = model(x)
+    for h in hooks:
+        h.remove()
+    assert torch.equal(_bits(got), _bits(by_hand))
