@@ -73,6 +73,20 @@ def _policy(name):
         keras.mixed_precision.set_global_policy(old)
 
 
+def _dense_pair(keras, units, twice=False):
+    """A subclassed model: Dense ``d`` (``units`` wide; called twice when ``twice``), then Dense ``o``."""
+    class Pair(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.d, self.o = keras.layers.Dense(units, name="d"), keras.layers.Dense(2, name="o")
+
+        def call(self, x):
+            h = self.d(x)
+            return self.o(self.d(h) if twice else h)
+
+    return Pair()
+
+
 def _functional_shared(keras):
     inp = keras.Input((5,))
     shared = keras.layers.Dense(5, name="shared")
@@ -124,15 +138,7 @@ def test_subclassed_model_calling_one_layer_twice():
     keras = require("keras")
     keras.utils.set_random_seed(0)
 
-    class Twice(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.d, self.o = keras.layers.Dense(5, name="d"), keras.layers.Dense(2, name="o")
-
-        def call(self, x):
-            return self.o(self.d(self.d(x)))
-
-    model = Twice()
+    model = _dense_pair(keras, 5, twice=True)
     model(X)
     assert _weights_agree(model, count=20) == {"d/kernel", "d/bias", "o/kernel", "o/bias"}
 
@@ -253,15 +259,7 @@ def test_errors_raised_inside_a_layer_call_stay_one_line():
     from fastflip.errors import CapacityError, OptionError
 
     keras.utils.set_random_seed(0)
-    class Net(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.d, self.o = keras.layers.Dense(2, name="d"), keras.layers.Dense(2, name="o")
-
-        def call(self, x):
-            return self.o(self.d(x))
-
-    model = Net()
+    model = _dense_pair(keras, 2)
     with pytest.raises(CapacityError) as info:
         with fastflip.injected_activations(model, seed=1, count=3, bits="31", selection=fastflip.Selection(
                 layers=["d"])):
