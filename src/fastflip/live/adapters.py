@@ -211,10 +211,11 @@ def _check_torch_storage(name: str, t: Any) -> None:
     if type(t).__name__.startswith("Uninitialized"):  # torch.nn.parameter.UninitializedParameter / Buffer
         raise OptionError(f"tensor {name!r} is an uninitialized parameter of a lazy module: run one forward first "
                           "(it gives the parameter its shape), then build the targets")
-    if str(t.layout) != "torch.strided":
-        raise OptionError(f"tensor {name!r} has layout {t.layout}: only dense tensors can be injected (use "
+    layout = getattr(t, "layout", None)  # (read defensively: tensor-like objects may lack these)
+    if layout is not None and str(layout) != "torch.strided":
+        raise OptionError(f"tensor {name!r} has layout {layout}: only dense tensors can be injected (use "
                           ".to_dense() for a sparse one)")
-    if t.is_neg():
+    if getattr(t, "is_neg", lambda: False)():
         raise OptionError(f"tensor {name!r} is a lazily negated view (its memory holds the negated values): "
                           "store .resolve_neg() instead")
 
