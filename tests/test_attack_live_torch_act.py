@@ -274,3 +274,16 @@ def test_nested_blocks_on_one_model_each_log_the_users_forwards_only():
     for h in hooks:
         h.remove()
     assert torch.equal(_bits(got), _bits(by_hand))
+
+
+@pytest.mark.parametrize("target", ["layers.0.linear1", "layers.1.self_attn", "layers.0"])
+def test_torch_transformer_encoder_layers_and_native_attention(target):
+    """nn.TransformerEncoder in eval mode (its fused fast path when no hook is present) and nn.MultiheadAttention
+    returning ``(out, None)``: the faulted output equals a hand-written hook's."""
+    torch = require("torch")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    setter = (lambda out, t: (t, out[1])) if target.endswith("self_attn") else (lambda out, t: t)
+    log = _agrees(model, target, setter, x=torch.randn(4, 5, 8))
+    assert log.layers == [target + (":out.0" if target.endswith("self_attn") else "")]
