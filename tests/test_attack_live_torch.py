@@ -295,3 +295,35 @@ def test_a_plan_naming_a_left_out_tensor_says_why():
         with pytest.raises(TensorNotFoundError, match=r"^tensor '0.weight' is an uninitialized parameter of a lazy "
                                                       r"module: run one forward first .*\(left out of these targets\)$"):
             fastflip.site(m, "0.weight", (0, 0), bits=3)
+
+
+@pytest.mark.parametrize("layout", ["dtype view", "overlapping slices"])
+def test_tensors_sharing_memory_with_other_word_widths_or_partly(layout):
+    """A buffer that is ``weight.view(torch.int16)``, or two parameters on overlapping slices of one storage: one
+    stored byte never takes two sites of one plan (the second flip would make the revert impossible)."""
+    torch = require("torch")
+    from fastflip.errors import PlanMismatchError
+
+    torch.manual_seed(0)
+    m = torch.nn.Module()
+    base = torch.randn(6)
+    if layout == "dtype view":
+        m.a = torch.nn.Parameter(base)
+        m.register_buffer("b", m.a.detach().view(torch.int16))
+        assert live.targets(m).get("b").view_of == "a"  # one storage: drawn plans sample it once, as `a`
+        twice = [("a", 0, 3), ("b", 0, 3)]
+    else:
+        m.a, m.b = torch.nn.Parameter(base[0:4]), torch.nn.Parameter(base[2:6])
+        twice = [("a", 2, 3), ("b", 0, 5)]
+    tg = live.targets(m)
+    before = _reading(m)
+    with pytest.raises(PlanMismatchError, match="hits stored bytes twice"):
+        live.inject(tg, fastflip.site(m, twice))
+    for seed in range(40):  # drawn plans: each is refused whole or reverts bit for bit
+        try:
+            log = live.inject(tg, live.plan_for(tg, seed=seed, count=6))
+        except PlanMismatchError:
+            continue
+        live.revert(tg, log)
+        for k, v in _reading(m).items():
+            np.testing.assert_array_equal(v, before[k], err_msg=k)

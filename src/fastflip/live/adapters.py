@@ -339,8 +339,9 @@ def merge_shared(tensors: list[LiveTensor]) -> list[LiveTensor]:
 
     Tensors with the same address, dtype, shape and strides are one tensor (the
     first name stays, the others join its aliases). A tensor whose bytes lie inside
-    a contiguous tensor of the same word width is a view of it: kept for plans that
-    name it, marked ``view_of``, left out of sampling.
+    a contiguous tensor is a view of it (also with another word width: a buffer
+    ``w.view(torch.int16)`` of a float32 parameter): kept for plans that name it,
+    marked ``view_of``, left out of sampling.
     """
     out: list[LiveTensor] = []
     by_key: dict[tuple[Any, ...], LiveTensor] = {}
@@ -361,7 +362,6 @@ def merge_shared(tensors: list[LiveTensor]) -> list[LiveTensor]:
     for t in mem:
         if (base is not None and base.kind == t.kind and base.device == t.device
                 and t.ptr + t.extent <= base.ptr + base.extent and base.contiguous
-                and t.dtype.itemsize == base.dtype.itemsize and (t.ptr - base.ptr) % t.dtype.itemsize == 0
                 and min(t.strides, default=t.dtype.itemsize) >= 0):
             t.view_of = base.name
             continue

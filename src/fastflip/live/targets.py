@@ -69,7 +69,8 @@ class Targets(SiteAccess):
         for i, t in enumerate(self.tensors):  # aliases (tied names, checkpoint paths) reach the same tensor
             for a in t.aliases:
                 self.index.setdefault(a.lstrip("/"), i)
-        self._has_views = any(t.view_of for t in self.tensors)
+        # views, or tensors sharing memory in any other way: a plan is checked for sites whose bytes overlap
+        self._has_views = any(t.view_of for t in self.tensors) or _overlapping(self.tensors)
         for t in self.tensors:
             if t.kind != "tf" and any(s < 0 for s in t.strides):
                 raise OptionError(f"tensor {t.name!r} has negative strides: pass a contiguous array")
@@ -270,16 +271,11 @@ class Targets(SiteAccess):
             for i in np.unique(tid[strided]):
                 pos = np.flatnonzero(tid == i)
                 offsets[pos] = self.tensors[int(i)].byte_offsets(idx[pos])
-        if n > 1 and self._has_views:  # a view and its base share memory: compare addresses, not (tensor, index)
-            where = np.array([t.ptr for t in self.tensors], dtype=np.int64)[tid] + offsets
-            dev = self._device[tid] * 4 + self._kind[tid]
-            order = np.lexsort((where, dev))
-            same = (where[order][1:] == where[order][:-1]) & (dev[order][1:] == dev[order][:-1])
-            same &= self._kind[tid][order][1:] != 2
-            if same.any():
-                t = self.tensors[int(tid[order][1:][np.flatnonzero(same)[0]])]
-                raise PlanMismatchError(f"tensor {t.name!r}: the plan hits a stored element twice (through a view or "
-                                        "alias); merge duplicate sites first")
+        if n > 1 and self._has_views:  # tensors share memory: compare the sites' bytes, not (tensor, index)
+            twice = self._overlapping_site(tid, offsets)
+            if twice is not None:
+                raise PlanMismatchError(f"tensor {self.tensors[twice].name!r}: the plan hits stored bytes twice (through "
+                                        "a view or alias, or tensors sharing memory); merge duplicate sites first")
         kinds = None if self._all_cpu else self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
         if not bitwise:
@@ -355,6 +351,22 @@ class Targets(SiteAccess):
                                        "load_state_dict(assign=True); nothing was changed")
         raise StaleTargetError("a tensor's storage changed since these targets were built; rebuild them")
 
+    def _overlapping_site(self, tid: np.ndarray, offsets: np.ndarray) -> int | None:
+        """The target id of a site whose word overlaps an earlier site's word in memory (same device), or None."""
+        mem = np.flatnonzero(self._kind[tid] != 2)  # TensorFlow variables have no address
+        tid, offsets = tid[mem], offsets[mem]
+        start = np.array([t.ptr for t in self.tensors], dtype=np.int64)[tid] + offsets
+        end = start + self.table.itemsizes[tid].astype(np.int64)
+        dev = self._device[tid] * 4 + self._kind[tid]
+        for d in np.unique(dev):
+            pos = np.flatnonzero(dev == d)
+            order = pos[np.argsort(start[pos], kind="stable")]
+            reach = np.maximum.accumulate(end[order])
+            hit = np.flatnonzero(start[order][1:] < reach[:-1])
+            if len(hit):
+                return int(tid[order][hit[0] + 1])
+        return None
+
     def _prepare_small(self, plan: Plan, mapping: np.ndarray) -> Prepared | None:
         """:meth:`_prepare` of a trial's few sites on contiguous CPU tensors, with the same checks on Python
         integers (a NumPy call per check costs more than the check); None leaves errors and scale plans to it."""
@@ -396,3 +408,13 @@ def _freshness(t: LiveTensor) -> tuple[Callable[[], Any], Callable[[Any], Any], 
         return t.source, keyof, keyof(t.obj)
     except Exception:  # a tensor kind whose storage cannot be described: nothing to compare with
         return None
+
+
+def _overlapping(tensors: list[LiveTensor]) -> bool:
+    """Whether the memory of two of ``tensors`` (CPU or one CUDA device) overlaps: views, dtype views, two
+    slices of one storage."""
+    spans = sorted((t.kind, t.device, t.ptr, t.ptr + t.extent) for t in tensors if t.kind != "tf" and t.size)
+    for (k0, d0, _, end0), (k1, d1, start1, _) in zip(spans, spans[1:]):
+        if (k0, d0) == (k1, d1) and start1 < end0:
+            return True
+    return False
