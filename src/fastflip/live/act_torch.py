@@ -32,6 +32,7 @@ from .adapters import TORCH_DTYPES
 __all__ = ["TorchHooks"]
 
 _PROBES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {call signature: shapes}
+_OURS: set[int] = set()  # ids of every module hook fastflip's activation blocks have registered now
 
 
 class TorchHooks(Hooks):
@@ -46,6 +47,7 @@ class TorchHooks(Hooks):
         self.layers = {n: m for n, m in model.named_modules() if n}
         self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this forward
+        self._own: set[int] = set()  # ids of the hooks of this faulting block
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
                          or getattr(m, "_compiled_call_impl", None) is not None]
@@ -124,9 +126,11 @@ class TorchHooks(Hooks):
         return ptr in self._held
 
     @contextlib.contextmanager
-    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable) -> Iterator[None]:
+    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable,
+                own: set[int] | None = None) -> Iterator[None]:
         """Model pre/post hooks, forward hooks on the module targets and an :class:`OpWatch` for the functional
-        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output)."""
+        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output).
+        The hooks' ids are in :data:`_OURS` while they are registered (and in ``own`` when given)."""
         watch = OpWatch(self.torch, self.layers, names, on_output)
 
         def start(m: Any, args: tuple, kwargs: dict) -> None:
@@ -140,10 +144,15 @@ class TorchHooks(Hooks):
         try:
             handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
             with watch.active():
+                ids = {h.id for h in (*handles, *watch.handles)}
+                _OURS.update(ids)
+                if own is not None:
+                    own.update(ids)
                 yield
         finally:
             for h in handles:
                 h.remove()
+            _OURS.difference_update({h.id for h in (*handles, *watch.handles)})
 
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
@@ -178,30 +187,35 @@ class TorchHooks(Hooks):
         if key not in cache:
             if len(cache) > 16:
                 cache.clear()
-            with self._forward_hooks_aside():
+            with self._forward_hooks_aside(self._own):
                 cache[key] = self._run_probe(names, args, kwargs, autocast)
         return cache[key].copy()
 
     @contextlib.contextmanager
-    def _forward_hooks_aside(self) -> Iterator[None]:
-        """Every module's forward hooks set aside while the shapes are probed (put back after, in order): hooks
-        that record outputs (feature extraction, statistics) see the forwards the user runs, never the probe.
-        Forward pre-hooks stay: a module may need them to compute (old-style ``weight_norm``, lazy modules)."""
+    def _forward_hooks_aside(self, keep: set[int]) -> Iterator[None]:
+        """While the shapes are probed, every module's forward hooks are set aside except this block's own
+        (``keep``; its functional-target watch needs them), and so are the forward pre-hooks of other fastflip
+        blocks on the model; everything is put back after, in order. Hooks that record outputs (feature
+        extraction, statistics) and an enclosing ``injected_activations`` block see the forwards the user
+        runs, never the probe. The user's forward pre-hooks stay: a module may need them to compute
+        (old-style ``weight_norm``)."""
         from collections import OrderedDict
 
-        attrs = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
-        saved = [(m, [m.__dict__.get(a) for a in attrs]) for m in self.model.modules()]
-        for m, _ in saved:
-            for a in attrs:
-                if a in m.__dict__:
-                    m.__dict__[a] = OrderedDict()
+        post = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+        pre = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+        others = _OURS - keep
+        saved = []
+        for m in self.model.modules():
+            for attr, drop in [*((a, lambda k: k not in keep) for a in post), *((a, others.__contains__) for a in pre)]:
+                hooks = m.__dict__.get(attr)
+                if hooks and any(drop(k) for k in hooks):
+                    saved.append((m, attr, hooks))
+                    m.__dict__[attr] = OrderedDict((k, v) for k, v in hooks.items() if not drop(k))
         try:
             yield
         finally:
-            for m, values in saved:
-                for a, v in zip(attrs, values):
-                    if v is not None:
-                        m.__dict__[a] = v
+            for m, attr, hooks in reversed(saved):
+                m.__dict__[attr] = hooks
 
     def _run_probe(self, names: list[str], args: tuple, kwargs: dict, autocast: bool) -> dict:
         torch = self.torch
@@ -239,4 +253,5 @@ class TorchHooks(Hooks):
             if not probing():
                 log.forwards += 1
 
-        return self._hooked(names, pre, post, fault)
+        self._own.clear()
+        return self._hooked(names, pre, post, fault, own=self._own)
