@@ -89,12 +89,16 @@ def test_parametrized_weight_is_flipped_in_its_original():
     assert torch.equal(m[0].weight, w)
 
 
-@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
-def test_weight_and_spectral_norm_parametrizations(kind):
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm", "prune"])
+def test_weight_and_spectral_norm_parametrizations_and_pruning(kind):
     torch = require("torch")
-    from torch.nn.utils import parametrizations
+    from torch.nn.utils import parametrizations, prune
 
-    m = torch.nn.Sequential(getattr(parametrizations, kind)(torch.nn.Linear(4, 4)))
+    if kind == "prune":  # weight_orig and the weight_mask buffer are what the state_dict holds
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        prune.l1_unstructured(m[0], "weight", amount=0.5)
+    else:
+        m = torch.nn.Sequential(getattr(parametrizations, kind)(torch.nn.Linear(4, 4)))
     plan = _agrees(m, count=20)
     assert all(t.name.startswith("0.") for t in plan.tensors)
 
