@@ -331,3 +331,22 @@ def test_tensors_sharing_memory_with_other_word_widths_or_partly(layout):
         live.revert(tg, log)
         for k, v in _reading(m).items():
             np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+
+def test_torch_ao_dynamic_reloaded_with_another_scheme_makes_old_targets_refuse():
+    torch = require("torch")
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    def dynamic(qconfig):
+        return torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(8, 4)),
+                                                      {torch.nn.Linear: qconfig}, dtype=torch.qint8)
+
+    q, other = dynamic(default_dynamic_qconfig), dynamic(per_channel_dynamic_qconfig)
+    tg = live.targets(q)
+    q.load_state_dict(other.state_dict())  # per-tensor -> per-channel: the kept words are another tensor now
+    with pytest.raises(StaleTargetError, match="'0.weight' has another storage"):
+        live.inject(tg, fastflip.site(q, "0.weight", (0, 0), bits=6))
+    assert torch.equal(q[0].weight().int_repr(), other[0].weight().int_repr())
+    tg = live.targets(q)  # rebuilt: fine again
+    live.revert(tg, live.inject(tg, fastflip.site(q, "0.weight", (0, 0), bits=6)))
+    assert torch.equal(q[0].weight().int_repr(), other[0].weight().int_repr())
