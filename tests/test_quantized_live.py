@@ -163,7 +163,7 @@ def test_quantize_dynamic_int8_flip_equals_flip_by_hand_and_reverts(per_channel)
     flipped = words0.clone()
     flipped.view(torch.uint8)[1, 3] ^= 1 << 6
     assert int(log.old_words[0]) == int(words0[1, 3]) & 0xFF
-    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)  # packed until the next forward
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), flipped)  # repacked at once
     y1 = q(x)
     assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), flipped)
     _set_words(torch, twin[0], flipped)

@@ -20,7 +20,7 @@ import numpy as np
 from ..core.plan import TensorRef
 from ..errors import OptionError, SelectionError
 from ..files.select import dtype_matcher
-from .act_targets import Recorded, base_of, choose, output_name, pick, replace, split_target
+from .act_targets import CACHE_PARTS, Recorded, base_of, choose, output_name, pick, replace, split_target
 
 __all__ = ["FORMATS", "Hooks", "UINT", "call_name", "format_dtype", "label", "listing"]
 
@@ -221,7 +221,8 @@ class Hooks:
             rec.errors[call_name(name, k)] = str(exc)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
-        """Whether output ``t`` shares memory with one of the call's inputs (then it is faulted in a copy)."""
+        """Whether output ``t`` may share memory with something that outlives the call (one of its inputs, the
+        model's own parameters and buffers): then it is faulted in a copy."""
         return False
 
     def _fault_output(self, st: dict[str, Any], name: str, out: Any, args: tuple = ()) -> Any:
@@ -255,5 +256,7 @@ class Hooks:
                               f"but {ref.shape} {label(_ref_dtype(ref))} when its sites were drawn: activation sites need "
                               "fixed output shapes and dtypes (use one input shape per block, or forward= to fault "
                               "one forward)")
-        new = self.write(t, li, sites, st["log"], self._aliases(t, args))
+        # a KV cache's tensors are faulted where they are stored (later steps read the fault); any other output
+        # is faulted in place only when it is the call's own new memory
+        new = self.write(t, li, sites, st["log"], what not in CACHE_PARTS and self._aliases(t, args))
         return None if new is None else replace(out, key, new)

@@ -17,11 +17,23 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..errors import OptionError
+from ..errors import FastflipError, OptionError
 from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_targets import Recorded, split_target
 
 __all__ = ["KerasHooks"]
+
+
+@contextlib.contextmanager
+def _as_raised() -> Iterator[None]:
+    """fastflip's own errors leave Keras layer calls as raised, in one line: Keras rewrites the message of an
+    exception crossing a layer call (the layer's name and arguments, on several lines) unless the exception
+    is marked as described already."""
+    try:
+        yield
+    except FastflipError as exc:
+        exc._keras_call_info_injected = True  # type: ignore[attr-defined]
+        raise
 
 
 def _after(hook: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
@@ -29,7 +41,8 @@ def _after(hook: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
     def make(call: Callable) -> Callable:
         def wrapper(*a: Any, **k: Any) -> Any:
             out = call(*a, **k)
-            res = hook(out)
+            with _as_raised():
+                res = hook(out)
             return out if res is None else res
         return wrapper
     return make
@@ -178,7 +191,8 @@ class KerasHooks(Hooks):
             def wrapper(*a: Any, **k: Any) -> Any:
                 if depth[0] or probing():
                     return call(*a, **k)
-                start(lambda: self._probe(names, call, a, k))
+                with _as_raised():
+                    start(lambda: self._probe(names, call, a, k))
                 depth[0] += 1
                 try:
                     out = call(*a, **k)

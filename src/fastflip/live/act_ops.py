@@ -56,6 +56,7 @@ class OpWatch:
                 self.targets.setdefault(module, set()).add(what)
         self.ops = {w for ws in self.targets.values() for w in ws if w not in CACHE_PARTS}
         self.stack: list[str] = []
+        self.handles: list[Any] = []  # the module hooks while active (their ids tell fastflip's hooks apart)
 
     def reset(self) -> None:
         """Forget the running modules (at the start of each forward of the model)."""
@@ -124,7 +125,7 @@ class OpWatch:
                         del cache.update
             return hook
 
-        handles = []
+        handles = self.handles = []
         try:
             for name in self.targets:
                 layer = self.layers[name]

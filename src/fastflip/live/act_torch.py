@@ -9,7 +9,9 @@ targets (``MODULE:softmax``, ``MODULE:cache.key``) and a forward pre-hook on the
 forwards and, at the first one, probes the selected layers' output shapes. The probe runs the same call
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
-stay as they are), the RNG state restored and gradients off. torch is imported by :class:`TorchHooks`.
+stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
+it runs. An output is faulted in place only when it is the call's own new memory (not a view, not an input's
+or one of the model's parameters and buffers), else in a copy. torch is imported by :class:`TorchHooks`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .adapters import TORCH_DTYPES
 __all__ = ["TorchHooks"]
 
 _PROBES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # model -> {call signature: shapes}
+_OURS: set[int] = set()  # ids of every module hook fastflip's activation blocks have registered now
 
 
 class TorchHooks(Hooks):
@@ -43,6 +46,25 @@ class TorchHooks(Hooks):
         self.model = model
         self.layers = {n: m for n, m in model.named_modules() if n}
         self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
+        self._held: set[int] | None = None  # storages of the model's parameters and buffers in this forward
+        self._own: set[int] = set()  # ids of the hooks of this faulting block
+        # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
+        self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
+                         or getattr(m, "_compiled_call_impl", None) is not None]
+
+    def select(self, selection: Any) -> list[str]:
+        """The selected targets; refused in one line when one runs inside a ``torch.compile``'d module, whose
+        compiled graph would skip the hooks (the block would run with no fault and an empty log)."""
+        names = super().select(selection)
+        for name in names:
+            module = split_target(name)[0]
+            inside = next((c for c in self.compiled if not c or module == c or module.startswith(c + ".")), None)
+            if inside is not None:
+                what = f"module {inside!r}" if inside else "model"
+                raise OptionError(f"activation target {name} runs inside the torch.compile'd {what}, whose graph skips "
+                                  "the hooks that fault it: fault the module before compiling it "
+                                  "(torch.compile(m)._orig_mod is m)")
+        return names
 
     _WORD = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
@@ -89,13 +111,26 @@ class TorchHooks(Hooks):
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
+        """True when ``t`` is a view (of an input, of a parameter: ``self.pos[:n]``, a cached buffer's slice), a
+        parameter, or shares its storage with an input or with one of the model's parameters and buffers: a
+        fault written there in place would outlive the forward."""
+        if t._base is not None or isinstance(t, self.torch.nn.Parameter):
+            return True
         ptr = t.untyped_storage().data_ptr()
-        return any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args)
+        if any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
+            return True
+        if self._held is None:  # the model's own storages, once per forward
+            is_lazy = self.torch.nn.parameter.is_lazy
+            self._held = {x.untyped_storage().data_ptr() for x in (*self.model.parameters(), *self.model.buffers())
+                          if not is_lazy(x) and x.layout == self.torch.strided and not x.is_meta}
+        return ptr in self._held
 
     @contextlib.contextmanager
-    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable) -> Iterator[None]:
+    def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable,
+                own: set[int] | None = None) -> Iterator[None]:
         """Model pre/post hooks, forward hooks on the module targets and an :class:`OpWatch` for the functional
-        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output)."""
+        ones, each output handed to ``on_output(target, output, args)`` (its return value replaces the output).
+        The hooks' ids are in :data:`_OURS` while they are registered (and in ``own`` when given)."""
         watch = OpWatch(self.torch, self.layers, names, on_output)
 
         def start(m: Any, args: tuple, kwargs: dict) -> None:
@@ -109,10 +144,15 @@ class TorchHooks(Hooks):
         try:
             handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
             with watch.active():
+                ids = {h.id for h in (*handles, *watch.handles)}
+                _OURS.update(ids)
+                if own is not None:
+                    own.update(ids)
                 yield
         finally:
             for h in handles:
                 h.remove()
+            _OURS.difference_update({h.id for h in (*handles, *watch.handles)})
 
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
@@ -147,8 +187,35 @@ class TorchHooks(Hooks):
         if key not in cache:
             if len(cache) > 16:
                 cache.clear()
-            cache[key] = self._run_probe(names, args, kwargs, autocast)
+            with self._forward_hooks_aside(self._own):
+                cache[key] = self._run_probe(names, args, kwargs, autocast)
         return cache[key].copy()
+
+    @contextlib.contextmanager
+    def _forward_hooks_aside(self, keep: set[int]) -> Iterator[None]:
+        """While the shapes are probed, every module's forward hooks are set aside except this block's own
+        (``keep``; its functional-target watch needs them), and so are the forward pre-hooks of other fastflip
+        blocks on the model; everything is put back after, in order. Hooks that record outputs (feature
+        extraction, statistics) and an enclosing ``injected_activations`` block see the forwards the user
+        runs, never the probe. The user's forward pre-hooks stay: a module may need them to compute
+        (old-style ``weight_norm``)."""
+        from collections import OrderedDict
+
+        post = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+        pre = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
+        others = _OURS - keep
+        saved = []
+        for m in self.model.modules():
+            for attr, drop in [*((a, lambda k: k not in keep) for a in post), *((a, others.__contains__) for a in pre)]:
+                hooks = m.__dict__.get(attr)
+                if hooks and any(drop(k) for k in hooks):
+                    saved.append((m, attr, hooks))
+                    m.__dict__[attr] = OrderedDict((k, v) for k, v in hooks.items() if not drop(k))
+        try:
+            yield
+        finally:
+            for m, attr, hooks in reversed(saved):
+                m.__dict__[attr] = hooks
 
     def _run_probe(self, names: list[str], args: tuple, kwargs: dict, autocast: bool) -> dict:
         torch = self.torch
@@ -178,6 +245,7 @@ class TorchHooks(Hooks):
         """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
         an output that aliases an input (ReLU(inplace), views) is faulted in a copy."""
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
+            self._held = None
             if not probing():
                 start(lambda: self._probe(names, args, kwargs))
 
@@ -185,4 +253,5 @@ class TorchHooks(Hooks):
             if not probing():
                 log.forwards += 1
 
-        return self._hooked(names, pre, post, fault)
+        self._own.clear()
+        return self._hooked(names, pre, post, fault, own=self._own)

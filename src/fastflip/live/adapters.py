@@ -96,6 +96,8 @@ class LiveTensor:
     view_of: str | None = None  # name of the tensor whose memory holds this one
     # what the model holds under this name now (:mod:`fastflip.live.storage`): re-checked before each write
     source: Any = field(default=None, repr=False, compare=False)
+    # for words the model copies before computing (a torch.ao packed weight): brings that copy up to date
+    sync: Any = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
@@ -150,8 +152,33 @@ def _module_of(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
+def _check_overlap(name: str, shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> None:
+    """Refuse a tensor whose elements share memory (an ``expand``/``broadcast_to`` view, stride 0).
+
+    One word reached as several elements would be flipped once per element (two flips of a bit cancel) and
+    could not be reverted site by site. Dimensions sorted by stride must each step past everything inside
+    them (the usual sufficient test; every layout a framework makes by itself passes it).
+
+    >>> _check_overlap("w", (4, 3), (12, 4), 4)
+    >>> _check_overlap("pos", (1, 8), (0, 8), 8)  # stride 0 on a dimension of size 1: no overlap
+    >>> _check_overlap("e", (4, 3), (0, 4), 4)
+    Traceback (most recent call last):
+    ...
+    fastflip.errors.OptionError: tensor 'e' has elements that share memory (strides (0, 4) for shape (4, 3), an expanded or broadcast view): inject the tensor it expands, or store a copy (.contiguous())
+    """
+    reach = itemsize
+    for n, s in sorted(((n, abs(s)) for n, s in zip(shape, strides) if n > 1), key=lambda d: d[1]):
+        if s < reach:
+            raise OptionError(f"tensor {name!r} has elements that share memory (strides {tuple(strides)} for shape "
+                              f"{tuple(shape)}, an expanded or broadcast view): inject the tensor it expands, or "
+                              "store a copy (.contiguous())")
+        reach = s * (n - 1) + reach
+    return None
+
+
 def _numpy(name: str, arr: np.ndarray) -> LiveTensor:
     _check_dtype(name, arr.dtype)
+    _check_overlap(name, arr.shape, arr.strides, arr.itemsize)
     return LiveTensor(name, arr.dtype, tuple(arr.shape), "cpu", int(arr.ctypes.data), tuple(arr.strides),
                       bool(arr.flags.writeable), obj=arr)
 
@@ -165,9 +192,11 @@ def _torch(name: str, t: Any) -> LiveTensor:
     key = str(t.dtype).replace("torch.", "")
     if key not in TORCH_DTYPES:
         raise OptionError(f"tensor {name!r} has dtype {t.dtype}: only {_SUPPORTED} can be injected")
+    _check_torch_storage(name, t)
     dtype = np.dtype(TORCH_DTYPES[key])
     fmt = format_name(key)
     strides = tuple(int(s) * dtype.itemsize for s in t.stride())
+    _check_overlap(name, tuple(t.shape), strides, dtype.itemsize)
     if t.device.type == "cpu":
         return LiveTensor(name, dtype, tuple(t.shape), "cpu", int(t.data_ptr()), strides, True, obj=t, format=fmt)
     if t.device.type == "cuda":
@@ -176,9 +205,25 @@ def _torch(name: str, t: Any) -> LiveTensor:
     raise OptionError(f"tensor {name!r} is on device {t.device}: only CPU and CUDA tensors are supported")
 
 
+def _check_torch_storage(name: str, t: Any) -> None:
+    """Refuse a torch tensor whose words are not plain memory read as they are stored: an uninitialized
+    parameter of a lazy module, a sparse (or other non-strided) layout, a lazily negated view."""
+    if type(t).__name__.startswith("Uninitialized"):  # torch.nn.parameter.UninitializedParameter / Buffer
+        raise OptionError(f"tensor {name!r} is an uninitialized parameter of a lazy module: run one forward first "
+                          "(it gives the parameter its shape), then build the targets")
+    layout = getattr(t, "layout", None)  # (read defensively: tensor-like objects may lack these)
+    if layout is not None and str(layout) != "torch.strided":
+        raise OptionError(f"tensor {name!r} has layout {layout}: only dense tensors can be injected (use "
+                          ".to_dense() for a sparse one)")
+    if getattr(t, "is_neg", lambda: False)():
+        raise OptionError(f"tensor {name!r} is a lazily negated view (its memory holds the negated values): "
+                          "store .resolve_neg() instead")
+
+
 def _cupy(name: str, a: Any) -> LiveTensor:
     dtype = np.dtype(a.dtype)
     _check_dtype(name, dtype)
+    _check_overlap(name, a.shape, a.strides, dtype.itemsize)
     return LiveTensor(name, dtype, tuple(a.shape), "cuda", int(a.data.ptr), tuple(a.strides), True, int(a.device.id), obj=a)
 
 
@@ -228,8 +273,10 @@ def framework_of(obj: Any) -> str | None:
     return None
 
 
-def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> tuple[list[LiveTensor], list[str]]:
-    """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left out.
+def collect(obj: Any, *, include_optimizer: bool = False,
+            optimizer: Any = None) -> tuple[list[LiveTensor], dict[str, str]]:
+    """Named live tensors of a mapping, a PyTorch module / optimizer or a Keras model/layer; and the names left
+    out, each with why.
 
     In a mapping every tensor must be supported; in a model, tensors that cannot be
     injected (complex, on a ``meta`` device, empty; bfloat16 and float8 are supported) are left out and named in the
@@ -242,7 +289,7 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
         for t, name in zip(out, obj):
             t.source = mapping_source(obj, name)
         label_mapping(out)
-        return merge_shared(out), []
+        return merge_shared(out), {}
     if fw == "torch":
         pairs = frameworks.torch_tensors(obj, optimizer)
     elif fw == "torch-optim":
@@ -252,18 +299,18 @@ def collect(obj: Any, *, include_optimizer: bool = False, optimizer: Any = None)
     else:
         raise OptionError(f"cannot find tensors in a {type(obj).__name__}: pass a torch.nn.Module, a Keras model "
                           "or a mapping name -> tensor")
-    out, skipped, refused = [], [], []
+    out, skipped, refused = [], {}, []
     for p in pairs:
         try:
             t = tensor(p.name, p.value)
         except OptionError as exc:
-            skipped.append(p.name)
+            skipped[p.name] = str(exc)
             refused.append(str(exc))
             continue
         if t.size == 0:  # nothing to flip
-            skipped.append(p.name)
+            skipped[p.name] = f"tensor {p.name!r} has no elements"
             continue
-        t.aliases, t.layer, t.role, t.order, t.source = p.aliases, p.layer, p.role, p.order, p.source
+        t.aliases, t.layer, t.role, t.order, t.source, t.sync = p.aliases, p.layer, p.role, p.order, p.source, p.sync
         out.append(t)
     if refused and out:  # part of the model cannot be injected: say so (nothing is left out silently)
         warnings.warn(f"fastflip: {len(refused)} tensor(s) left out: {refused[0]}"
@@ -292,8 +339,9 @@ def merge_shared(tensors: list[LiveTensor]) -> list[LiveTensor]:
 
     Tensors with the same address, dtype, shape and strides are one tensor (the
     first name stays, the others join its aliases). A tensor whose bytes lie inside
-    a contiguous tensor of the same word width is a view of it: kept for plans that
-    name it, marked ``view_of``, left out of sampling.
+    a contiguous tensor is a view of it (also with another word width: a buffer
+    ``w.view(torch.int16)`` of a float32 parameter): kept for plans that name it,
+    marked ``view_of``, left out of sampling.
     """
     out: list[LiveTensor] = []
     by_key: dict[tuple[Any, ...], LiveTensor] = {}
@@ -314,7 +362,6 @@ def merge_shared(tensors: list[LiveTensor]) -> list[LiveTensor]:
     for t in mem:
         if (base is not None and base.kind == t.kind and base.device == t.device
                 and t.ptr + t.extent <= base.ptr + base.extent and base.contiguous
-                and t.dtype.itemsize == base.dtype.itemsize and (t.ptr - base.ptr) % t.dtype.itemsize == 0
                 and min(t.strides, default=t.dtype.itemsize) >= 0):
             t.view_of = base.name
             continue

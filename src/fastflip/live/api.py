@@ -149,7 +149,9 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
         raise OptionError(f"plan must be a fastflip.core.plan.Plan, got {type(plan).__name__}")
     tg = tensors if isinstance(tensors, Targets) else targets(tensors)
     prep = tg.prepare(plan)
+    tg.sync(prep)  # a packed weight reloaded since the targets were built: its current words first
     old, new = tg.apply(plan, prep, backend)
+    tg.sync(prep)  # the model reads the new words at once (state_dict, weight(), the next forward)
     return LiveLog(plan, old, new)
 
 
@@ -166,6 +168,7 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
     prep = tg.prepare(log.plan)
     if len(log.old_words) != len(log.plan) or len(log.new_words) != len(log.plan):
         raise LogMismatchError("the log's word columns do not match its plan")
+    tg.sync(prep)
     current = tg.read(prep, backend)
     differs = current != log.new_words
     if differs.any():
@@ -177,6 +180,7 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
             f"holds {int(current[i]):#x}, the log says {int(log.new_words[i]):#x}); nothing was reverted"
         )
     tg.write(prep, log.old_words, backend, checked=True)  # read() just checked the storages
+    tg.sync(prep)
 
 
 _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")

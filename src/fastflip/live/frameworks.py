@@ -55,6 +55,7 @@ class Found:
     role: str | None = None
     order: str | None = None
     source: Any = None  # what the model holds under this name now (:mod:`fastflip.live.storage`)
+    sync: Any = None  # for a copy the model computes from (torch.ao packed weights): call around every write
 
 
 def _kind(dtype_name: str) -> str:
@@ -80,6 +81,9 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         seen.add(name)
         names.setdefault(id(t), name)
         alias = f"model/{name}"
+        if type(t).__name__.startswith("Uninitialized"):  # a lazy module's parameter has no shape yet
+            out.append(Found(name, t, (alias,), name.rpartition(".")[0] or None, "other", alias))
+            continue
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
         if quantized.is_subclass(t):  # torchao: the inner tensors (qdata, scale, zero_point) are the storage
             outer = module_source(model, name)
@@ -87,8 +91,8 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
                     for n, v, r in quantized.subclass_tensors(name, t, role)]
             continue
         out.append(Found(name, t.detach(), (alias,), layer, role, alias, module_source(model, name)))
-    for n, v, layer, r, aliases in quantized.packed_tensors(model):  # torch.ao packed int8 modules
-        out.append(Found(n, v, aliases, layer, r, aliases[0]))
+    for n, v, layer, r, aliases, source, sync in quantized.packed_tensors(model):  # torch.ao packed int8 modules
+        out.append(Found(n, v, aliases, layer, r, aliases[0], source, sync))
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
             raise OptionError(f"optimizer= takes a torch.optim optimizer, not a {type(optimizer).__name__}")

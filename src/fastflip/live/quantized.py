@@ -16,13 +16,15 @@ torchao tensor subclasses (``Int8Tensor`` of ``Int8WeightOnlyConfig`` / ``Int8Dy
     address reaches. fastflip unpacks it once (``_weight_bias()``) and keeps that quantized tensor on the
     module: its words (``<module>.weight``, role ``weight``, int8 for ``qint8``), its bias (``<module>.bias``)
     and, for per-channel quantization, its scales and zero points (``<module>.weight.scale``,
-    ``<module>.weight.zero_point``) become live tensors. A forward pre-hook writes them back
-    (``set_weight_bias``) before any forward that follows a change to those words, so the module computes
-    with exactly the flipped (or reverted) words; the check costs one comparison of the weight's words
-    per forward. A per-tensor scale and zero point are numbers inside the quantizer, not storage: they
+    ``<module>.weight.zero_point``) become live tensors. :func:`fastflip.live.inject` and
+    :func:`~fastflip.live.revert` write them back (``set_weight_bias``, through the targets' ``sync``) around
+    each write, so the module's ``weight()``, its ``state_dict()`` and its next forward show exactly the
+    flipped (or reverted) words at once; a forward pre-hook also writes them back before any forward that
+    follows another change to those words (one comparison of the weight's words per forward). A per-tensor scale and zero point are numbers inside the quantizer, not storage: they
     cannot be flipped live (in a saved state_dict they are pickle numbers too). If the module's packed
-    parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place from them at the
-    next forward (rebuild the targets if the new weight's shape, dtype or quantization scheme differ).
+    parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place from them before
+    the next write or forward (a new weight of another shape, dtype or quantization scheme makes the old
+    targets refuse: rebuild them).
 
 Examples
 --------
@@ -148,6 +150,11 @@ def _qparams(w: Any) -> dict[str, Any]:
     return {"weight.scale": w.q_per_channel_scales(), "weight.zero_point": w.q_per_channel_zero_points()}
 
 
+def _part_source(holder: _Unpacked, key: str) -> Any:
+    """The tensor ``holder`` keeps under ``key`` now (a reload of another kind replaces it)."""
+    return lambda: holder.parts.get(key)
+
+
 # module -> its holder; weak, so a copy of the module (deepcopy, pickle) carries no holder and computes with its
 # own packed parameters until targets are built on it
 _HOLDERS: "weakref.WeakKeyDictionary[Any, _Unpacked]" = weakref.WeakKeyDictionary()
@@ -167,8 +174,11 @@ def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...]]]:
-    """``(name, tensor, layer, role, aliases)`` of the unpacked parameters of every packed quantized module in ``model``.
+def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]]:
+    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every packed quantized
+    module in ``model``: ``source()`` is the tensor the module's holder keeps under that name now, ``sync()``
+    brings holder and module together (call it before and after writing the words, so that the module, its
+    ``weight()`` and its ``state_dict`` show the change at once, not at the next forward).
 
     The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
@@ -187,4 +197,5 @@ def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tupl
                  "weight.scale": f"{saved}/0/scale", "weight.zero_point": f"{saved}/0/zero_point"}
         for key, t in holder.parts.items():
             role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
-            yield prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key])
+            yield (prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key]),
+                   _part_source(holder, key), holder.sync)

@@ -58,9 +58,10 @@ class Targets(SiteAccess):
     or another ``Targets``). ``skipped`` names model tensors of unsupported dtypes.
     """
 
-    def __init__(self, tensors: list[LiveTensor], skipped: list[str] | None = None) -> None:
+    def __init__(self, tensors: list[LiveTensor], skipped: "list[str] | dict[str, str] | None" = None) -> None:
         self.tensors = list(tensors)
         self.skipped = list(skipped or [])
+        self._why = dict(skipped) if isinstance(skipped, dict) else {}  # name -> why it was left out
         # names compare without a leading "/": a layout calls a dataset "/model/w", a live model "model/w"
         self.index = {t.name.lstrip("/"): i for i, t in enumerate(self.tensors)}
         if len(self.index) != len(self.tensors):
@@ -68,7 +69,8 @@ class Targets(SiteAccess):
         for i, t in enumerate(self.tensors):  # aliases (tied names, checkpoint paths) reach the same tensor
             for a in t.aliases:
                 self.index.setdefault(a.lstrip("/"), i)
-        self._has_views = any(t.view_of for t in self.tensors)
+        # views, or tensors sharing memory in any other way: a plan is checked for sites whose bytes overlap
+        self._has_views = any(t.view_of for t in self.tensors) or _overlapping(self.tensors)
         for t in self.tensors:
             if t.kind != "tf" and any(s < 0 for s in t.strides):
                 raise OptionError(f"tensor {t.name!r} has negative strides: pass a contiguous array")
@@ -107,6 +109,8 @@ class Targets(SiteAccess):
         self._map_keys = [f[0].key if a else None for f, a in zip(self._fresh, arrays)]  # type: ignore[index]
         self._objs = [t.obj for t in self.tensors]
         self._lists: tuple[list[int], list[int], list[bool]] | None = None  # for _prepare_small
+        self._syncs = [t.sync for t in self.tensors]  # torch.ao packed weights: repack around each write
+        self._any_sync = any(s is not None for s in self._syncs)
 
     @classmethod
     def from_tensors(cls, obj: Any, *, include_optimizer: bool = False, optimizer: Any = None) -> "Targets":
@@ -124,13 +128,22 @@ class Targets(SiteAccess):
             return obj
         tensors, skipped = collect(obj, include_optimizer=include_optimizer, optimizer=optimizer)
         if not tensors:
-            left = f" (left out: {', '.join(skipped[:5])}{', ...' if len(skipped) > 5 else ''})" if skipped else ""
+            names = list(skipped)
+            left = f" (left out: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
             raise SelectionError(f"no tensors to inject in this {type(obj).__name__}{left}; "
                                  "pass a model with float/int tensors or a mapping name -> tensor")
         return cls(tensors, skipped)
 
     def __len__(self) -> int:
         return len(self.tensors)
+
+    def sync(self, prep: Prepared) -> None:
+        """Bring the model's own copies of the words ``prep`` touches up to date (a ``torch.ao`` packed weight:
+        reloaded from the module when it was replaced, repacked when its words changed); nothing for others.
+        :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` call it before and after writing."""
+        if self._any_sync:
+            for sync in {self._syncs[i] for i in np.unique(prep.sites.tensor).tolist() if self._syncs[i] is not None}:
+                sync()
 
     def refs(self) -> list[TensorRef]:
         """:class:`~fastflip.core.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
@@ -160,6 +173,8 @@ class Targets(SiteAccess):
             With the names that exist.
         """
         i = self.index.get(name.lstrip("/"))
+        if i is None and name.lstrip("/") in self._why:
+            raise TensorNotFoundError(f"{self._why[name.lstrip('/')]} (left out of these targets)")
         if i is None:
             near = difflib.get_close_matches(name.lstrip("/"), list(self.index), n=3)
             hint = f"did you mean {', '.join(near)}? " if near else ""
@@ -256,16 +271,11 @@ class Targets(SiteAccess):
             for i in np.unique(tid[strided]):
                 pos = np.flatnonzero(tid == i)
                 offsets[pos] = self.tensors[int(i)].byte_offsets(idx[pos])
-        if n > 1 and self._has_views:  # a view and its base share memory: compare addresses, not (tensor, index)
-            where = np.array([t.ptr for t in self.tensors], dtype=np.int64)[tid] + offsets
-            dev = self._device[tid] * 4 + self._kind[tid]
-            order = np.lexsort((where, dev))
-            same = (where[order][1:] == where[order][:-1]) & (dev[order][1:] == dev[order][:-1])
-            same &= self._kind[tid][order][1:] != 2
-            if same.any():
-                t = self.tensors[int(tid[order][1:][np.flatnonzero(same)[0]])]
-                raise PlanMismatchError(f"tensor {t.name!r}: the plan hits a stored element twice (through a view or "
-                                        "alias); merge duplicate sites first")
+        if n > 1 and self._has_views:  # tensors share memory: compare the sites' bytes, not (tensor, index)
+            twice = self._overlapping_site(tid, offsets)
+            if twice is not None:
+                raise PlanMismatchError(f"tensor {self.tensors[twice].name!r}: the plan hits stored bytes twice (through "
+                                        "a view or alias, or tensors sharing memory); merge duplicate sites first")
         kinds = None if self._all_cpu else self._kind[tid]
         bitwise = plan.scale is None or bool(np.isnan(plan.scale).all())
         if not bitwise:
@@ -341,6 +351,22 @@ class Targets(SiteAccess):
                                        "load_state_dict(assign=True); nothing was changed")
         raise StaleTargetError("a tensor's storage changed since these targets were built; rebuild them")
 
+    def _overlapping_site(self, tid: np.ndarray, offsets: np.ndarray) -> int | None:
+        """The target id of a site whose word overlaps an earlier site's word in memory (same device), or None."""
+        mem = np.flatnonzero(self._kind[tid] != 2)  # TensorFlow variables have no address
+        tid, offsets = tid[mem], offsets[mem]
+        start = np.array([t.ptr for t in self.tensors], dtype=np.int64)[tid] + offsets
+        end = start + self.table.itemsizes[tid].astype(np.int64)
+        dev = self._device[tid] * 4 + self._kind[tid]
+        for d in np.unique(dev):
+            pos = np.flatnonzero(dev == d)
+            order = pos[np.argsort(start[pos], kind="stable")]
+            reach = np.maximum.accumulate(end[order])
+            hit = np.flatnonzero(start[order][1:] < reach[:-1])
+            if len(hit):
+                return int(tid[order][hit[0] + 1])
+        return None
+
     def _prepare_small(self, plan: Plan, mapping: np.ndarray) -> Prepared | None:
         """:meth:`_prepare` of a trial's few sites on contiguous CPU tensors, with the same checks on Python
         integers (a NumPy call per check costs more than the check); None leaves errors and scale plans to it."""
@@ -382,3 +408,13 @@ def _freshness(t: LiveTensor) -> tuple[Callable[[], Any], Callable[[Any], Any], 
         return t.source, keyof, keyof(t.obj)
     except Exception:  # a tensor kind whose storage cannot be described: nothing to compare with
         return None
+
+
+def _overlapping(tensors: list[LiveTensor]) -> bool:
+    """Whether the memory of two of ``tensors`` (CPU or one CUDA device) overlaps: views, dtype views, two
+    slices of one storage."""
+    spans = sorted((t.kind, t.device, t.ptr, t.ptr + t.extent) for t in tensors if t.kind != "tf" and t.size)
+    for (k0, d0, _, end0), (k1, d1, start1, _) in zip(spans, spans[1:]):
+        if (k0, d0) == (k1, d1) and start1 < end0:
+            return True
+    return False
