@@ -201,10 +201,6 @@ def test_overlapping_hdf5_datasets_refused_at_inject(tmp_path):
 # resource exhaustion from tiny files
 
 
-def _torch_zip_of(pkl: bytes) -> bytes:
-    return raw_zip([Entry("archive/data.pkl", pkl), Entry("archive/byteorder", b"little")])
-
-
 def test_dag_of_shared_lists_is_walked_once(tmp_path):
     node: list = [T(SRef("0", 16), 0, (16,), (1,))]
     for _ in range(40):  # 2**40 paths, 41 lists
@@ -218,7 +214,7 @@ def test_dag_of_shared_lists_is_walked_once(tmp_path):
 
 def test_memo_index_bomb_refused(tmp_path):
     pkl = b"\x80\x02}r\x00\x00\x00\x08."  # an empty dict stored at memo index 2**27
-    p = _write(tmp_path, "memo.pt", _torch_zip_of(pkl))
+    p = _write(tmp_path, "memo.pt", torch_zip_bytes(pkl, {}))
     with pytest.raises(FormatError, match="memo entry 134217728"):
         read_layout(p)
 
