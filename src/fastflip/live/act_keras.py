@@ -95,7 +95,7 @@ class KerasHooks(Hooks):
                               "float8 and integer outputs; deselect it")
         return tuple(int(s) for s in out.shape[1:]), npdt.str
 
-    def write(self, out: Any, li: int, sites: Any, log: Any, alias: bool = False) -> Any:
+    def write(self, out: Any, li: int, sites: Any, log: Any, alias: Callable[[], bool] | None = None) -> Any:
         import keras
 
         arr = np.array(out)
