@@ -29,6 +29,7 @@ from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
 from .act_targets import Recorded, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
+from .frameworks import is_lazy
 
 __all__ = ["TorchHooks"]
 
@@ -131,7 +132,6 @@ class TorchHooks(Hooks):
         """The storages of the model's parameters and buffers, built once per faulting block (again at each forward
         while a lazy module's parameters have no storage yet: ``self._lazy``)."""
         torch = self.torch
-        is_lazy = torch.nn.parameter.is_lazy
         held = [*self.model.parameters(), *self.model.buffers()]
         self._lazy = any(is_lazy(x) for x in held)
         return {x.untyped_storage().data_ptr() for x in held
