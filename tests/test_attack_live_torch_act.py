@@ -210,6 +210,39 @@ def test_output_that_is_the_models_own_tensor_is_faulted_in_a_copy(held):
     _agrees(_net(torch, Table()), "a", forwards=2)
 
 
+def test_models_storages_are_gathered_once_per_block_and_afresh_in_the_next():
+    """The storages an output is compared with (the model's parameters and buffers) are gathered once per block,
+    not in every forward; a parameter replaced between blocks is still caught (its fault is in a copy)."""
+    torch = require("torch")
+
+    class Table(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(4, 6))
+
+        def forward(self, x):
+            return self.table
+
+        @staticmethod
+        def use(out, x):
+            return x * out
+
+    model = _net(torch, Table())
+    calls = {"n": 0}
+    buffers = model.buffers
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return buffers(*a, **k)
+
+    model.buffers = counted
+    _agrees(model, "a", forwards=3)
+    assert calls["n"] == 1
+    model.a.table = torch.nn.Parameter(torch.randn(4, 6))
+    _agrees(model, "a", forwards=2)
+    assert calls["n"] == 2
+
+
 def test_user_forward_hooks_see_only_the_users_forwards_and_their_changes_are_faulted():
     torch = require("torch")
     model = _net(torch, torch.nn.Linear(6, 6))

@@ -236,3 +236,59 @@ def test_quantize_dynamic_copies_after_targets_stay_independent():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own TypedStorage notice while unpickling
         assert torch.equal(pickle.loads(pickle.dumps(q))[0](x), y0)
+
+
+def test_quantize_dynamic_inject_and_revert_repack_once_and_compare_nothing(monkeypatch):
+    """Each of inject and revert repacks a touched module once, right after writing, and compares no words (the
+    write says they changed); the module shows the change at once."""
+    torch = _torch()
+    import fastflip.live.quantized as quantized
+
+    q = _dynamic(torch)
+    tg = targets(q)
+    words0 = q[0]._packed_params._weight_bias()[0].int_repr().clone()
+    counts = {"equal": 0, "repack": 0}
+    equal, repack = torch.equal, quantized._Unpacked._repack
+
+    def counted_equal(*a):
+        counts["equal"] += 1
+        return equal(*a)
+
+    def counted_repack(self):
+        counts["repack"] += 1
+        return repack(self)
+
+    monkeypatch.setattr(torch, "equal", counted_equal)
+    monkeypatch.setattr(quantized._Unpacked, "_repack", counted_repack)
+    log = inject(tg, _flip(tg, "0.weight", 5, 2))
+    assert counts == {"equal": 0, "repack": 1}
+    assert int(q[0]._packed_params._weight_bias()[0].int_repr().view(torch.uint8).reshape(-1)[5]) == (
+        int(words0.view(torch.uint8).reshape(-1)[5]) ^ 4)
+    revert(tg, log)
+    assert counts == {"equal": 0, "repack": 2}
+    monkeypatch.undo()
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)
+
+
+def test_quantize_dynamic_failed_repack_after_inject_puts_the_words_back(monkeypatch):
+    """A repack that raises after the words were written leaves the model as it was (the old words back in the
+    kept tensors, the module and its forward), with the error raised."""
+    torch = _torch()
+    import fastflip.live.quantized as quantized
+
+    q = _dynamic(torch)
+    x = torch.randn(5, 8)
+    y0 = q(x)
+    tg = targets(q)
+    words0 = tg.get("0.weight").obj.clone()
+
+    def broken(self):
+        raise RuntimeError("repack failed")
+
+    monkeypatch.setattr(quantized._Unpacked, "_repack", broken)
+    with pytest.raises(RuntimeError, match="repack failed"):
+        inject(tg, _flip(tg, "0.weight", 5, 2))
+    monkeypatch.undo()
+    assert torch.equal(tg.get("0.weight").obj, words0)
+    assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)
+    assert torch.equal(q(x), y0)

@@ -256,7 +256,9 @@ class Hooks:
                               f"but {ref.shape} {label(_ref_dtype(ref))} when its sites were drawn: activation sites need "
                               "fixed output shapes and dtypes (use one input shape per block, or forward= to fault "
                               "one forward)")
-        # a KV cache's tensors are faulted where they are stored (later steps read the fault); any other output
-        # is faulted in place only when it is the call's own new memory
-        new = self.write(t, li, sites, st["log"], what not in CACHE_PARTS and self._aliases(t, args))
+        # a KV cache's tensors are faulted where they are stored (later steps read the fault) when they are
+        # contiguous and need no gradient, else in a copy (as any output); any other output is faulted in place
+        # only when it is the call's own new memory (the alias test runs only for a call that has sites)
+        alias = None if what in CACHE_PARTS else lambda: self._aliases(t, args)
+        new = self.write(t, li, sites, st["log"], alias)
         return None if new is None else replace(out, key, new)

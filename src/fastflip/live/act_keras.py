@@ -24,16 +24,11 @@ from .act_targets import Recorded, split_target
 __all__ = ["KerasHooks"]
 
 
-@contextlib.contextmanager
-def _as_raised() -> Iterator[None]:
-    """fastflip's own errors leave Keras layer calls as raised, in one line: Keras rewrites the message of an
-    exception crossing a layer call (the layer's name and arguments, on several lines) unless the exception
-    is marked as described already."""
-    try:
-        yield
-    except FastflipError as exc:
-        exc._keras_call_info_injected = True  # type: ignore[attr-defined]
-        raise
+def _as_raised(exc: FastflipError) -> None:
+    """Mark one of fastflip's own errors so that it leaves Keras layer calls as raised, in one line: Keras rewrites
+    the message of an exception crossing a layer call (the layer's name and arguments, on several lines) unless
+    the exception is marked as described already."""
+    exc._keras_call_info_injected = True  # type: ignore[attr-defined]
 
 
 def _after(hook: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
@@ -41,8 +36,11 @@ def _after(hook: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
     def make(call: Callable) -> Callable:
         def wrapper(*a: Any, **k: Any) -> Any:
             out = call(*a, **k)
-            with _as_raised():
+            try:
                 res = hook(out)
+            except FastflipError as exc:
+                _as_raised(exc)
+                raise
             return out if res is None else res
         return wrapper
     return make
@@ -95,7 +93,7 @@ class KerasHooks(Hooks):
                               "float8 and integer outputs; deselect it")
         return tuple(int(s) for s in out.shape[1:]), npdt.str
 
-    def write(self, out: Any, li: int, sites: Any, log: Any, alias: bool = False) -> Any:
+    def write(self, out: Any, li: int, sites: Any, log: Any, alias: Callable[[], bool] | None = None) -> Any:
         import keras
 
         arr = np.array(out)
@@ -191,8 +189,11 @@ class KerasHooks(Hooks):
             def wrapper(*a: Any, **k: Any) -> Any:
                 if depth[0] or probing():
                     return call(*a, **k)
-                with _as_raised():
+                try:
                     start(lambda: self._probe(names, call, a, k))
+                except FastflipError as exc:
+                    _as_raised(exc)
+                    raise
                 depth[0] += 1
                 try:
                     out = call(*a, **k)

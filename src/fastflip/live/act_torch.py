@@ -10,8 +10,9 @@ forwards and, at the first one, probes the selected layers' output shapes. The p
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
 stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
-it runs. An output is faulted in place only when it is the call's own new memory (not a view, not an input's
-or one of the model's parameters and buffers), else in a copy. torch is imported by :class:`TorchHooks`.
+it runs. An output is faulted in place only when it is the call's own new memory (its storage is not an
+input's nor one of the model's parameters' and buffers', which are gathered once per block), else in a copy.
+torch is imported by :class:`TorchHooks`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
 from .act_targets import Recorded, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
+from .frameworks import is_lazy
 
 __all__ = ["TorchHooks"]
 
@@ -46,7 +48,8 @@ class TorchHooks(Hooks):
         self.model = model
         self.layers = {n: m for n, m in model.named_modules() if n}
         self.leaves = [n for n, m in self.layers.items() if not any(True for _ in m.children())]
-        self._held: set[int] | None = None  # storages of the model's parameters and buffers in this forward
+        self._held: set[int] | None = None  # storages of the model's parameters and buffers in this block
+        self._lazy = False  # some parameter was lazy when _held was built
         self._own: set[int] = set()  # ids of the hooks of this faulting block
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
@@ -84,8 +87,11 @@ class TorchHooks(Hooks):
                               "float8 and integer outputs; deselect it")
         return tuple(int(s) for s in out.shape[1:]), np.dtype(dt).str
 
-    def write(self, out: Any, li: int, sites: Any, log: Any, alias: bool = False) -> Any:
-        """Fault ``out`` in place when that is safe, else return a faulted copy (the hook's new output)."""
+    def write(self, out: Any, li: int, sites: Any, log: Any, alias: Callable[[], bool] | None = None) -> Any:
+        """Fault ``out`` in place when that is safe, else return a faulted copy (the hook's new output).
+
+        ``alias()``, asked only when this call has sites, says whether ``out`` may share memory with something
+        that outlives the call (then it is faulted in a copy)."""
         torch = self.torch
         batch = int(out.shape[0])
         wdt = getattr(torch, self._WORD[out.element_size()])
@@ -104,26 +110,32 @@ class TorchHooks(Hooks):
         n = sites.refs[li].size
         pos = torch.from_numpy(sample * n + index).to(out.device)
         vals = torch.from_numpy(new.astype(udt).view(self._WORD[out.element_size()])).to(out.device).view(out.dtype)
-        if out.is_contiguous() and not alias and not (torch.is_grad_enabled() and out.requires_grad):
+        if (out.is_contiguous() and not (torch.is_grad_enabled() and out.requires_grad)
+                and not (alias is not None and alias())):
             out.view(-1)[pos] = vals
             return None
         # out of place: keeps autograd whole (no gradient through a faulted element) and never writes into an input
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
-        """True when ``t`` is a view (of an input, of a parameter: ``self.pos[:n]``, a cached buffer's slice), a
-        parameter, or shares its storage with an input or with one of the model's parameters and buffers: a
-        fault written there in place would outlive the forward."""
-        if t._base is not None or isinstance(t, self.torch.nn.Parameter):
-            return True
+        """True when ``t`` shares its storage with an input or with one of the model's parameters and buffers
+        (views of them included: a view shares its base's storage): a fault written there in place would outlive
+        the forward."""
         ptr = t.untyped_storage().data_ptr()
         if any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
             return True
-        if self._held is None:  # the model's own storages, once per forward
-            is_lazy = self.torch.nn.parameter.is_lazy
-            self._held = {x.untyped_storage().data_ptr() for x in (*self.model.parameters(), *self.model.buffers())
-                          if not is_lazy(x) and x.layout == self.torch.strided and not x.is_meta}
+        if self._held is None:
+            self._held = self._storages()
         return ptr in self._held
+
+    def _storages(self) -> set[int]:
+        """The storages of the model's parameters and buffers, built once per faulting block (again at each forward
+        while a lazy module's parameters have no storage yet: ``self._lazy``)."""
+        torch = self.torch
+        held = [*self.model.parameters(), *self.model.buffers()]
+        self._lazy = any(is_lazy(x) for x in held)
+        return {x.untyped_storage().data_ptr() for x in held
+                if not is_lazy(x) and x.layout == torch.strided and not x.is_meta}
 
     @contextlib.contextmanager
     def _hooked(self, names: list[str], pre: Callable, post: Callable, on_output: Callable,
@@ -243,9 +255,10 @@ class TorchHooks(Hooks):
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
                         fault: Callable[..., Any], log: Any) -> ContextManager[None]:
         """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
-        an output that aliases an input (ReLU(inplace), views) is faulted in a copy."""
+        an output sharing storage with an input (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
-            self._held = None
+            if self._lazy:  # a lazy module gets its parameters in a forward: their storages are new
+                self._held = None
             if not probing():
                 start(lambda: self._probe(names, args, kwargs))
 
@@ -254,4 +267,5 @@ class TorchHooks(Hooks):
                 log.forwards += 1
 
         self._own.clear()
+        self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
         return self._hooked(names, pre, post, fault, own=self._own)

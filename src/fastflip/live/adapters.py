@@ -208,7 +208,7 @@ def _torch(name: str, t: Any) -> LiveTensor:
 def _check_torch_storage(name: str, t: Any) -> None:
     """Refuse a torch tensor whose words are not plain memory read as they are stored: an uninitialized
     parameter of a lazy module, a sparse (or other non-strided) layout, a lazily negated view."""
-    if type(t).__name__.startswith("Uninitialized"):  # torch.nn.parameter.UninitializedParameter / Buffer
+    if frameworks.is_lazy(t):  # torch.nn.parameter.UninitializedParameter / Buffer
         raise OptionError(f"tensor {name!r} is an uninitialized parameter of a lazy module: run one forward first "
                           "(it gives the parameter its shape), then build the targets")
     layout = getattr(t, "layout", None)  # (read defensively: tensor-like objects may lack these)

@@ -144,6 +144,9 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     DeviceError
         The CUDA kernels cannot be compiled (no NVRTC; before anything is changed), or a launch failed
         (the parts of the plan already flipped on other devices or the CPU are written back first).
+
+    A ``torch.ao`` packed module is repacked right after the write, so that its ``weight()`` and ``state_dict``
+    show the change at once; when that repack raises, the old words are written back before the error is raised.
     """
     if not isinstance(plan, Plan):
         raise OptionError(f"plan must be a fastflip.core.plan.Plan, got {type(plan).__name__}")
@@ -151,7 +154,13 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     prep = tg.prepare(plan)
     tg.sync(prep)  # a packed weight reloaded since the targets were built: its current words first
     old, new = tg.apply(plan, prep, backend)
-    tg.sync(prep)  # the model reads the new words at once (state_dict, weight(), the next forward)
+    try:
+        tg.sync(prep, written=True)  # the model reads the new words at once (state_dict, weight(), the next forward)
+    except BaseException:  # the model is never left changed without its log: the old words go back
+        tg.write(prep, old, backend, checked=True)
+        with contextlib.suppress(Exception):  # modules repacked before the failure take their old words again
+            tg.sync(prep, written=True)
+        raise
     return LiveLog(plan, old, new)
 
 
@@ -180,7 +189,7 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
             f"holds {int(current[i]):#x}, the log says {int(log.new_words[i]):#x}); nothing was reverted"
         )
     tg.write(prep, log.old_words, backend, checked=True)  # read() just checked the storages
-    tg.sync(prep)
+    tg.sync(prep, written=True)
 
 
 _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")

@@ -41,7 +41,7 @@ from ..files.roles import label_path
 from . import quantized
 from .storage import attribute_source, inner_source, module_source, optimizer_source
 
-__all__ = ["Found", "torch_tensors", "torch_optimizer_tensors", "keras_tensors"]
+__all__ = ["Found", "is_lazy", "torch_tensors", "torch_optimizer_tensors", "keras_tensors"]
 
 
 @dataclass
@@ -69,6 +69,14 @@ def _kind(dtype_name: str) -> str:
 # ---------------------------------------------------------------------------------- PyTorch
 
 
+def is_lazy(t: Any) -> bool:
+    """Whether ``t`` is an uninitialized parameter or buffer of a lazy module (no shape and no storage yet);
+    torch is imported here, for a torch tensor only."""
+    from torch.nn.parameter import is_lazy as lazy
+
+    return bool(lazy(t))
+
+
 def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
     """Parameters and buffers of a ``torch.nn.Module`` (every name of tied ones), and optimizer state."""
     out: list[Found] = []
@@ -81,7 +89,7 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
         seen.add(name)
         names.setdefault(id(t), name)
         alias = f"model/{name}"
-        if type(t).__name__.startswith("Uninitialized"):  # a lazy module's parameter has no shape yet
+        if is_lazy(t):  # a lazy module's parameter has no shape yet
             out.append(Found(name, t, (alias,), name.rpartition(".")[0] or None, "other", alias))
             continue
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))

@@ -116,15 +116,26 @@ class _Unpacked:
         same = w.dtype == old.dtype and w.shape == old.shape and (b is None) == (self.bias is None)
         return same and (not w.is_quantized or w.qscheme() == old.qscheme())
 
-    def sync(self) -> None:
-        """Repack when the kept words changed; take the module's words when its packed parameters were replaced."""
+    def sync(self, written: bool = False) -> None:
+        """Bring holder and module together around a write by fastflip: before it (``written`` false), take the
+        module's words when its packed parameters were replaced (``load_state_dict``); after it, repack the kept
+        words at once (the write changed them), so that ``weight()`` and ``state_dict`` show the change."""
+        if self.params._packed_params is not self.packed:  # replaced: take the new words
+            self._load()
+        elif written:
+            self._repack()
+
+    def refresh(self) -> None:
+        """Before a forward: take the module's words when it was reloaded, repack when the kept words changed."""
         import torch
 
-        if self.params._packed_params is not self.packed:  # replaced (load_state_dict): take the new words
+        if self.params._packed_params is not self.packed:
             self._load()
-            return
-        if all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
-            return
+        elif not all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+            self._repack()
+
+    def _repack(self) -> None:
+        """Pack the kept words into the module and remember them as packed."""
         self.params.set_weight_bias(self.weight, self.bias)
         self.packed = self.params._packed_params
         for k, v in self.parts.items():
@@ -164,7 +175,7 @@ def _before_forward(module: Any, args: Any) -> None:
     """Forward pre-hook of a packed module that fastflip reaches (a plain function: copies stay picklable)."""
     holder = _HOLDERS.get(module)
     if holder is not None:
-        holder.sync()
+        holder.refresh()
 
 
 def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
@@ -177,8 +188,8 @@ def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
 def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]]:
     """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every packed quantized
     module in ``model``: ``source()`` is the tensor the module's holder keeps under that name now, ``sync()``
-    brings holder and module together (call it before and after writing the words, so that the module, its
-    ``weight()`` and its ``state_dict`` show the change at once, not at the next forward).
+    brings holder and module together (call it before writing the words, and ``sync(written=True)`` after, so that
+    the module, its ``weight()`` and its ``state_dict`` show the change at once, not at the next forward).
 
     The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The

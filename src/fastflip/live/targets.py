@@ -137,13 +137,14 @@ class Targets(SiteAccess):
     def __len__(self) -> int:
         return len(self.tensors)
 
-    def sync(self, prep: Prepared) -> None:
+    def sync(self, prep: Prepared, written: bool = False) -> None:
         """Bring the model's own copies of the words ``prep`` touches up to date (a ``torch.ao`` packed weight:
-        reloaded from the module when it was replaced, repacked when its words changed); nothing for others.
-        :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` call it before and after writing."""
+        reloaded from the module when it was replaced; repacked when ``written``, after the words were written);
+        nothing for others. :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` call it before writing
+        and, with ``written=True``, after."""
         if self._any_sync:
             for sync in {self._syncs[i] for i in np.unique(prep.sites.tensor).tolist() if self._syncs[i] is not None}:
-                sync()
+                sync(written)
 
     def refs(self) -> list[TensorRef]:
         """:class:`~fastflip.core.plan.TensorRef` of every tensor, to build a ``SiteSpace`` from a live model.
