@@ -186,7 +186,8 @@ def test_module_called_twice_faults_the_call_named_and_modulelist_blocks():
     _agrees(Twice().eval(), "blocks.1", forwards=2)
 
 
-@pytest.mark.parametrize("held", ["parameter slice", "parameter", "buffer slice", "buffer"])
+@pytest.mark.parametrize("held", ["parameter slice", "parameter", "buffer slice", "buffer", "attribute slice",
+                                  "attribute"])
 def test_output_that_is_the_models_own_tensor_is_faulted_in_a_copy(held):
     """A module returning (a view of) its own parameter or buffer (learned positions, a cached rotary table):
     the fault must not be written into the model, and each forward is faulted afresh."""
@@ -197,8 +198,10 @@ def test_output_that_is_the_models_own_tensor_is_faulted_in_a_copy(held):
             super().__init__()
             if held.startswith("parameter"):
                 self.table = torch.nn.Parameter(torch.randn(4, 6))
-            else:
+            elif held.startswith("buffer"):
                 self.register_buffer("table", torch.randn(4, 6))
+            else:  # a plain attribute: a table cached without register_buffer
+                self.table = torch.randn(4, 6)
 
         def forward(self, x):
             return self.table[: x.shape[0]].to(x.dtype) if held.endswith("slice") else self.table

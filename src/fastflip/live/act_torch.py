@@ -118,9 +118,9 @@ class TorchHooks(Hooks):
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
-        """True when ``t`` shares its storage with an input or with one of the model's parameters and buffers
-        (views of them included: a view shares its base's storage): a fault written there in place would outlive
-        the forward."""
+        """True when ``t`` shares its storage with an input or with one of the model's parameters, buffers and
+        plain tensor attributes (views of them included: a view shares its base's storage): a fault written there
+        in place would outlive the forward."""
         ptr = t.untyped_storage().data_ptr()
         if any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
             return True
@@ -129,10 +129,12 @@ class TorchHooks(Hooks):
         return ptr in self._held
 
     def _storages(self) -> set[int]:
-        """The storages of the model's parameters and buffers, built once per faulting block (again at each forward
-        while a lazy module's parameters have no storage yet: ``self._lazy``)."""
+        """The storages of the model's parameters, buffers and plain tensor attributes of its modules (a table
+        cached as ``self.table = ...``), built once per faulting block (again at each forward while a lazy module's
+        parameters have no storage yet: ``self._lazy``)."""
         torch = self.torch
         held = [*self.model.parameters(), *self.model.buffers()]
+        held += [v for m in self.model.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
         self._lazy = any(is_lazy(x) for x in held)
         return {x.untyped_storage().data_ptr() for x in held
                 if not is_lazy(x) and x.layout == torch.strided and not x.is_meta}
