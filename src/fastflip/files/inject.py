@@ -56,8 +56,8 @@ from .h5apply import apply_plan_to_file, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
-from .patches import (crc_patches, expected_new, is_zip_container, refuse_damaged_members, without_positions,
-                      word_undo)
+from .patches import (crc_patches, expected_new, refuse_damaged_members, without_positions, word_undo,
+                      zip_format)
 from .select import Selection
 from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
 
@@ -137,8 +137,9 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     trial's fast path) there is nothing to commit first, and the words are simply written.
     """
     routes = route_sites(src, plan, by_name)
-    zipped = is_zip_container(src)  # torch.save / .npz: entry CRCs follow the words
-    if zipped:  # an .npz member np.load refuses is refused before any byte is written, on every path below
+    fmt = zip_format(src)
+    zipped = fmt is not None  # torch.save / .npz: entry CRCs follow the words
+    if fmt == "npz":  # a member np.load refuses is refused before any byte is written, on every path below
         refuse_damaged_members(src, routes)
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
     cp = encoded_patches(src, plan, routes, zipped)

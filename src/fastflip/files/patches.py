@@ -29,19 +29,26 @@ from .h5apply import route_sites, write_words_to_file
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches", "expected_new",
-           "write_patches", "word_patches", "patch_undo", "word_undo", "without_positions", "delta_patches",
-           "revert_patches"]
+__all__ = ["zip_format", "is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches",
+           "expected_new", "write_patches", "word_patches", "patch_undo", "word_undo", "without_positions",
+           "delta_patches", "revert_patches"]
 
 Patch = tuple[int, bytes, bytes]
 
 
-def is_zip_container(path: str) -> bool:
-    """True for torch.save files and .npz archives (zip containers of raw tensor data)."""
+def zip_format(path: str) -> str | None:
+    """``"torch"`` or ``"npz"`` for a torch.save file or an .npz archive (zip containers of raw tensor data), else
+    None."""
     try:
-        return detect_format(path) in ("torch", "npz")
+        fmt = detect_format(path)
     except FormatError:
-        return False
+        return None
+    return fmt if fmt in ("torch", "npz") else None
+
+
+def is_zip_container(path: str) -> bool:
+    """True for torch.save files and .npz archives (:func:`zip_format`)."""
+    return zip_format(path) is not None
 
 
 def _by_type(routes: Sequence[SiteRoute], key: Callable[[SiteRoute], Hashable], raw_only: bool
@@ -63,12 +70,10 @@ def _by_type(routes: Sequence[SiteRoute], key: Callable[[SiteRoute], Hashable], 
 
 
 def refuse_damaged_members(path: str, routes: Sequence[SiteRoute]) -> None:
-    """Refuse an ``.npz`` at ``path`` whose stored members holding a raw site of ``routes`` do not match their
-    CRC-32, as ``np.load`` refuses such a member (deflated members are checked where they are inflated). A
-    ``torch.save`` archive is not checked: ``torch.load`` reads its entries without their CRC-32, and so does
-    fastflip."""
-    if detect_format(path) != "npz":
-        return
+    """Refuse the ``.npz`` at ``path`` (the caller knows it is one: :func:`zip_format`) when a stored member holding
+    a raw site of ``routes`` does not match its CRC-32, as ``np.load`` refuses such a member (deflated members are
+    checked where they are inflated). A ``torch.save`` archive is not checked: ``torch.load`` reads its entries
+    without their CRC-32, and so does fastflip."""
     offs = [r.offsets[r.offsets >= 0] for r in routes]
     if any(len(o) for o in offs):
         check_stored_crcs(path, np.concatenate(offs), "np.load")

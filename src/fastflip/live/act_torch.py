@@ -10,8 +10,9 @@ forwards and, at the first one, probes the selected layers' output shapes. The p
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
 stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
-it runs. An output is faulted in place only when it is the call's own new memory (its storage is not an
-input's nor one of the model's parameters' and buffers', which are gathered once per block), else in a copy.
+it runs. An output is faulted in place only when it is the call's own new memory (not a view, and its storage not
+an input's nor one of the model's parameters', buffers' and tensor attributes', gathered once per block), else
+in a copy.
 torch is imported by :class:`TorchHooks`.
 """
 
@@ -118,9 +119,10 @@ class TorchHooks(Hooks):
         return out.reshape(-1).index_put((pos,), vals).view(out.shape)
 
     def _aliases(self, t: Any, args: tuple) -> bool:
-        """True when ``t`` shares its storage with an input or with one of the model's parameters, buffers and
-        plain tensor attributes (views of them included: a view shares its base's storage): a fault written there
-        in place would outlive the forward."""
+        """True when ``t`` is a view, or shares its storage with an input or with one of the model's parameters,
+        buffers and plain tensor attributes: a fault written there in place could outlive the forward."""
+        if t._base is not None:  # a view: of what (a cache in a dict, a buffer replaced in this block) is not known
+            return True
         ptr = t.untyped_storage().data_ptr()
         if any(isinstance(a, self.torch.Tensor) and a.untyped_storage().data_ptr() == ptr for a in args):
             return True

@@ -172,6 +172,10 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
     LogMismatchError
         Some site does not hold the logged new word (the tensors changed since, or the
         log belongs elsewhere); nothing is written.
+
+    A ``torch.ao`` packed module is repacked right after the write; when that repack raises, the old words are
+    back in the weight it keeps and the module repacks them at its next forward (a second revert refuses: no site
+    holds the new word any more).
     """
     tg = tensors if isinstance(tensors, Targets) else targets(tensors)
     prep = tg.prepare(log.plan)

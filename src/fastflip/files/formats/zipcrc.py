@@ -36,6 +36,7 @@ from typing import Collection
 import numpy as np
 
 from ...errors import FormatError, UnsupportedStorageError
+from ..rangeio import read_at
 from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
 
 __all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs",
@@ -176,10 +177,9 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
     with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
         for i in which[which >= 0].tolist():
             e = entries[i]
-            fh.seek(e.offset)
             crc, left = 0, e.size
             while left:
-                n = fh.readinto(buf[:min(left, len(buf))])
+                n = read_at(fh.fileno(), buf[:min(left, len(buf))], e.offset + e.size - left)
                 if not n:
                     break
                 crc, left = zlib.crc32(buf[:n], crc), left - n
