@@ -187,7 +187,7 @@ def test_module_called_twice_faults_the_call_named_and_modulelist_blocks():
 
 
 @pytest.mark.parametrize("held", ["parameter slice", "parameter", "buffer slice", "buffer", "attribute slice",
-                                  "attribute"])
+                                  "attribute", "dict slice"])
 def test_output_that_is_the_models_own_tensor_is_faulted_in_a_copy(held):
     """A module returning (a view of) its own parameter or buffer (learned positions, a cached rotary table):
     the fault must not be written into the model, and each forward is faulted afresh."""
@@ -200,11 +200,14 @@ def test_output_that_is_the_models_own_tensor_is_faulted_in_a_copy(held):
                 self.table = torch.nn.Parameter(torch.randn(4, 6))
             elif held.startswith("buffer"):
                 self.register_buffer("table", torch.randn(4, 6))
-            else:  # a plain attribute: a table cached without register_buffer
+            elif held.startswith("attribute"):  # a plain attribute: a table cached without register_buffer
                 self.table = torch.randn(4, 6)
+            else:  # a cache kept in a dict: only its views' _base tells that they are not the call's own memory
+                self.cache = {"table": torch.randn(4, 6)}
 
         def forward(self, x):
-            return self.table[: x.shape[0]].to(x.dtype) if held.endswith("slice") else self.table
+            table = self.cache["table"] if held.startswith("dict") else self.table
+            return table[: x.shape[0]].to(x.dtype) if held.endswith("slice") else table
 
         @staticmethod
         def use(out, x):
