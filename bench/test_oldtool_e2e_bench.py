@@ -9,6 +9,8 @@ Every figure is one subprocess run end to end (interpreter start and imports inc
 * ``fastflip new file``: ``python -m fastflip inject FILE -o OUT --count 20000 -q`` (copy, hashes, log, fsyncs);
 * ``fastflip in place --direct``: ``python -m fastflip inject FILE --in-place --direct --count 20000 -q``
   (the log committed first, fsync'ed, then the 20,000 words written where they lie);
+* ``floor: python`` and ``floor: import numpy``: ``python -c pass`` and ``python -c "import numpy"``: the
+  interpreter alone, and the least any tool built on NumPy pays (50× the older tool's loop must fit in its time);
 * ``floor: import numpy, h5py``: ``python -c "import numpy, h5py"`` in the same environment, the start-up any
   Python tool reading HDF5 through h5py pays;
 * ``floor: h5py open + list``: that, plus opening the file with h5py and listing its datasets
@@ -105,6 +107,16 @@ _LIST = ("import sys, numpy, h5py\n"
          "with h5py.File(sys.argv[1], 'r') as f:\n"
          "    f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)\n"
          "assert names\n")
+
+
+@pytest.mark.benchmark(group="oldtool-20000-flips")
+def test_floor_python(benchmark):
+    benchmark.pedantic(lambda: run("-c", "pass"), rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=0)
+
+
+@pytest.mark.benchmark(group="oldtool-20000-flips")
+def test_floor_import_numpy(benchmark):
+    benchmark.pedantic(lambda: run("-c", "import numpy"), rounds=max(ROUNDS, 5), iterations=1, warmup_rounds=0)
 
 
 @pytest.mark.benchmark(group="oldtool-20000-flips")
