@@ -13,32 +13,19 @@ from __future__ import annotations
 
 import os
 import subprocess
-import textwrap
 from typing import Callable
 
 import numpy as np
 import pytest
 
 from attack_check import verdict
+from chainer_helpers import chainer_script
 from framework_views import h5_view
 from test_chainer import chainer_python  # noqa: F401 - the fixture: Chainer's interpreter, or a skip
 
 pytestmark = pytest.mark.framework
 
-SCRIPT = textwrap.dedent('''
-    import sys
-    import numpy as np
-    import chainer
-    import chainer.links as L
-
-    class Net(chainer.Chain):
-        def __init__(self):
-            super().__init__()
-            with self.init_scope():
-                self.fc = L.Linear(4, 3)
-                self.bn = L.BatchNormalization(3)
-                self.lazy = L.Linear(None, 2)
-
+SCRIPT = chainer_script({"fc": "L.Linear(4, 3)", "bn": "L.BatchNormalization(3)", "lazy": "L.Linear(None, 2)"}, '''
     def make(seed):
         np.random.seed(seed)
         net = Net()

@@ -13,31 +13,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import textwrap
 
 import h5py
 import numpy as np
 import pytest
 
+from chainer_helpers import chainer_script
 from flip_helper import words_of
 
 pytestmark = pytest.mark.framework
 
-SCRIPT = textwrap.dedent('''
-    import sys
-    import numpy as np
-    import chainer
-    import chainer.functions as F
-    import chainer.links as L
-
-    class Net(chainer.Chain):
-        def __init__(self):
-            super().__init__()
-            with self.init_scope():
-                self.conv1 = L.Convolution2D(1, 4, 3)
-                self.bn1 = L.BatchNormalization(4)
-                self.fc = L.Linear(144, 10)
-
+SCRIPT = chainer_script({"conv1": "L.Convolution2D(1, 4, 3)", "bn1": "L.BatchNormalization(4)",
+                         "fc": "L.Linear(144, 10)"}, '''
         def forward(self, x):
             return self.fc(F.relu(self.bn1(self.conv1(x))))
 

@@ -176,6 +176,34 @@ def test_hard_link_cycle_and_group_alias(tmp_path):
     assert t.path == "/a/b/w"
 
 
+def test_hard_linked_dataset_is_described_once_and_listed_once(tmp_path, monkeypatch):
+    """A dataset reached by several hard links (in other groups, and through a second link to a group) is one
+    tensor whose aliases are every path, described once; a hard-linked dataset that is not a tensor is skipped
+    once, under its first path."""
+    import fastflip.files.layout as layout
+
+    path = str(tmp_path / "hard.h5")
+    with h5py.File(path, "w") as f:
+        f["b/w"] = np.arange(6, dtype="<f4").reshape(2, 3)
+        f["a/w_again"] = f["b/w"]
+        f["w_top"] = f["b/w"]
+        f["c"] = f["a"]  # a second link to a group: /c/w_again reaches the dataset too
+        f["b/text"] = np.array([b"x"], dtype="S1")  # not a tensor
+        f["a/text_again"] = f["b/text"]
+        f["single"] = np.zeros(2, "<i2")
+    calls = []
+    describe = layout._describe
+    monkeypatch.setattr(layout, "_describe", lambda dsid, fsize: calls.append(dsid.id) or describe(dsid, fsize))
+    lay = read_layout(path)
+    assert len(calls) == 3
+    assert [(t.path, t.aliases) for t in lay.tensors] == [
+        ("/a/w_again", ("/a/w_again", "/b/w", "/c/w_again", "/w_top")), ("/single", ("/single",))]
+    with h5py.File(path, "r") as f:
+        t = lay.tensor("/b/w")
+        assert (t.shape, t.dtype, t.offset) == ((2, 3), np.dtype("<f4"), f["b/w"].id.get_offset())
+    assert [s.path for s in lay.skipped] == ["/a/text_again"]
+
+
 def test_layout_never_reads_data(tmp_path, monkeypatch):
     path = str(tmp_path / "z.h5")
     hf.storage_zoo(path)

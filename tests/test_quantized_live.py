@@ -272,9 +272,10 @@ def test_quantize_dynamic_inject_and_revert_repack_once_and_compare_nothing(monk
 
 def test_quantize_dynamic_failed_repack_after_inject_puts_the_words_back(monkeypatch):
     """A repack that raises after the words were written leaves the model as it was (the old words back in the
-    kept tensors, the module and its forward), with the error raised."""
+    kept tensors, the module and its forward), with the error raised in one line naming the module."""
     torch = _torch()
     import fastflip.live.quantized as quantized
+    from fastflip.errors import RepackError
 
     q = _dynamic(torch)
     x = torch.randn(5, 8)
@@ -286,9 +287,67 @@ def test_quantize_dynamic_failed_repack_after_inject_puts_the_words_back(monkeyp
         raise RuntimeError("repack failed")
 
     monkeypatch.setattr(quantized._Unpacked, "_repack", broken)
-    with pytest.raises(RuntimeError, match="repack failed"):
+    with pytest.raises(RepackError, match=r"^torch.ao module '0': repacking its written words failed "
+                                          r"\(RuntimeError: repack failed\)"):
         inject(tg, _flip(tg, "0.weight", 5, 2))
     monkeypatch.undo()
     assert torch.equal(tg.get("0.weight").obj, words0)
     assert torch.equal(q[0]._packed_params._weight_bias()[0].int_repr(), words0)
+    assert torch.equal(q(x), y0)
+
+
+def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(monkeypatch):
+    """A revert whose repack raises leaves the model as the inject left it, bit for bit (the kept words, every
+    touched module's packed weight and bias, its state_dict and forward; a module repacked before the failure
+    takes the injected words again), raises one line naming the module and the cause, and can be retried."""
+    torch = _torch()
+    from fastflip.errors import RepackError
+
+    q = _dynamic(torch)
+    x = torch.randn(5, 8)
+    y0 = q(x)
+    tg = targets(q)
+    log = inject(tg, Plan.from_sites([tg.get("0.weight").ref(), tg.get("2.weight").ref()], [0, 1], [5, 7],
+                                     xor_mask=[1 << 2, 1 << 6]))
+    y1 = q(x)
+
+    def plain(v):
+        """``v`` with every quantized tensor as its words and quantizer (compared bit for bit below)."""
+        if isinstance(v, (tuple, list)):
+            return [plain(u) for u in v]
+        if isinstance(v, torch.Tensor) and v.is_quantized:
+            return [v.int_repr(), torch.tensor([v.q_scale(), v.q_zero_point()], dtype=torch.float64)]
+        return v.clone() if isinstance(v, torch.Tensor) else v
+
+    def state():
+        return [plain([t.obj for t in tg.tensors]), plain([q[i]._packed_params._weight_bias() for i in (0, 2)]),
+                plain(list(q.state_dict().items()))]
+
+    def same(a, b):
+        if isinstance(a, list):
+            return len(a) == len(b) and all(same(u, v) for u, v in zip(a, b))
+        if isinstance(a, torch.Tensor):
+            return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+        return a == b
+
+    injected = state()
+    cls = type(q[0]._packed_params)
+    pack, names, first = cls.set_weight_bias, {id(q[0]._packed_params): "0", id(q[2]._packed_params): "2"}, []
+
+    def second_fails(self, w, b):  # the first module repacked succeeds (and is rolled back), the other fails
+        first.append(first[0] if first else self)
+        if self is not first[0]:
+            raise RuntimeError("repack failed\nengine detail")
+        return pack(self, w, b)
+
+    monkeypatch.setattr(cls, "set_weight_bias", second_fails)
+    with pytest.raises(RepackError) as e:
+        revert(tg, log)
+    victim = next(n for k, n in names.items() if k != id(first[0]))
+    assert str(e.value) == (f"torch.ao module {victim!r}: repacking its written words failed "
+                            "(RuntimeError: repack failed); its words from before this call are kept")
+    assert same(state(), injected)
+    assert torch.equal(q(x), y1)  # no repack pending: the forward runs with the set_weight_bias still failing
+    monkeypatch.undo()
+    revert(tg, log)  # the log still applies
     assert torch.equal(q(x), y0)

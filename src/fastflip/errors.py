@@ -18,6 +18,7 @@ __all__ = [
     "FastflipError",
     "MissingExtraError",
     "DeviceError",
+    "RepackError",
     "OptionError",
     "InputFileError",
     "NotHDF5Error",
@@ -132,6 +133,11 @@ class MissingExtraError(FastflipError, ImportError):
 
 class DeviceError(FastflipError, RuntimeError):
     """A GPU kernel could not be compiled or launched (no NVRTC, a CUDA error); nothing stays flipped."""
+
+
+class RepackError(FastflipError, RuntimeError):
+    """A ``torch.ao`` packed module refused its new words (its repack raised); the model keeps its state from
+    before the call that wrote them (names the module and the cause)."""
 
 
 class FormatError(NotHDF5Error):

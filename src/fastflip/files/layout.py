@@ -185,8 +185,9 @@ MAX_DEPTH = 100_000  # groups below the root; deeper groups are reported in ``sk
 
 def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: list[Skipped],
           group_links: list[tuple[str, str]], max_depth: int = MAX_DEPTH,
-          first_seen: Callable[[Any, bytes, int], None] | None = None) -> None:
-    """Collect (path, object address) of every dataset link below the root group (low-level h5py API).
+          describe: Callable[[Any, bytes], Any] | None = None) -> dict[int, Any]:
+    """Collect (path, object address) of every dataset link below the root group (low-level h5py API); return
+    ``describe(group, link name)`` of each dataset object by address (empty without ``describe``).
 
     Iterative (no recursion limit) and breadth-first with names in order; each group
     *object* is walked once, by address, under the first path that reaches it — a group
@@ -194,16 +195,16 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
     (aliases are derived from it afterwards, see :func:`_group_aliases`), and a link back to
     an ancestor (a cycle) is not followed. A doubling chain of hard links thus costs one
     visit per group, not one per path. External and user-defined links are recorded in
-    ``skipped``, never followed. ``first_seen(group, link name, address)`` is called for the first link found
-    to each dataset object, with the group it lies in still open (the dataset opens from there, no path
-    traversal).
+    ``skipped``, never followed. ``describe`` is called once per dataset object, for the first link found to it,
+    with the group it lies in still open (the dataset opens from there, no path traversal); the other links to
+    the object (hard links) are listed in ``datasets`` but not described again.
     """
     from collections import deque
 
     from h5py import h5g, h5l, h5o
 
     seen: dict[int, str] = {root_addr: "/"}
-    described: set[int] = set()
+    described: dict[int, Any] = {}
     queue: deque[tuple[Any, str, int]] = deque([(root, "/", 0)])
     while queue:
         gid, prefix, depth = queue.popleft()
@@ -224,9 +225,8 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
                 skipped.append(Skipped(path, "dangling link"))
                 continue
             if otype == h5o.TYPE_DATASET:
-                if first_seen is not None and addr not in described:
-                    described.add(addr)
-                    first_seen(gid, bname, addr)
+                if describe is not None and addr not in described:
+                    described[addr] = describe(gid, bname)
                 datasets.append((path, addr))
             elif otype == h5o.TYPE_GROUP:
                 if addr in seen:
@@ -239,6 +239,7 @@ def _walk(root: Any, root_addr: int, datasets: list[tuple[str, int]], skipped: l
                     seen[addr] = path
                     queue.append((h5g.open(gid, bname), path, depth + 1))
         del gid  # close the group before the next one
+    return described
 
 
 MAX_ALIASES = 16  # paths listed per dataset; more (hard-link chains) are reported in ``skipped``
@@ -327,9 +328,9 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
         try:
             found: list[tuple[str, int]] = []
             group_links: list[tuple[str, str]] = []
-            described: dict[int, dict[str, Any] | str] = {}
-            _walk(f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links,
-                  first_seen=lambda gid, name, addr: described.__setitem__(addr, _describe(h5d.open(gid, name), fsize)))
+            described: dict[int, dict[str, Any] | str] = _walk(
+                f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links,
+                describe=lambda gid, name: _describe(h5d.open(gid, name), fsize))
             found = _group_aliases(found, group_links, skipped)
             by_addr: dict[int, list[str]] = {}
             for lpath, addr in found:

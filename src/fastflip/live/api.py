@@ -41,6 +41,7 @@ from ..core.configcheck import check_keys
 from ..core.spec import SAMPLING_KEYS, Sampling
 from ..files.select import Selection, select
 from ..core.wordrule import WordCounts, became_nonfinite
+from .siteaccess import Prepared
 from .targets import Targets
 
 __all__ = ["LiveLog", "inject", "revert", "injected", "tensor_refs", "targets", "select_live", "plan_for"]
@@ -144,9 +145,12 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     DeviceError
         The CUDA kernels cannot be compiled (no NVRTC; before anything is changed), or a launch failed
         (the parts of the plan already flipped on other devices or the CPU are written back first).
+    RepackError
+        A ``torch.ao`` packed module touched by the plan could not be repacked after the write (names the module
+        and the cause); the old words are written back first, so the model is left as it was.
 
     A ``torch.ao`` packed module is repacked right after the write, so that its ``weight()`` and ``state_dict``
-    show the change at once; when that repack raises, the old words are written back before the error is raised.
+    show the change at once.
     """
     if not isinstance(plan, Plan):
         raise OptionError(f"plan must be a fastflip.core.plan.Plan, got {type(plan).__name__}")
@@ -154,14 +158,21 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
     prep = tg.prepare(plan)
     tg.sync(prep)  # a packed weight reloaded since the targets were built: its current words first
     old, new = tg.apply(plan, prep, backend)
+    _sync_or_write_back(tg, prep, old, backend)  # never left changed without its log: a failed repack puts back old
+    return LiveLog(plan, old, new)
+
+
+def _sync_or_write_back(tg: Targets, prep: Prepared, before: np.ndarray, backend: str) -> None:
+    """After a write: repack the touched ``torch.ao`` modules, so that the model reads the written words at once
+    (``state_dict``, ``weight()``, the next forward). When a repack raises, the words ``before`` the write go back
+    (in the kept tensors and in every module repacked before the failure) and the error is raised."""
     try:
-        tg.sync(prep, written=True)  # the model reads the new words at once (state_dict, weight(), the next forward)
-    except BaseException:  # the model is never left changed without its log: the old words go back
-        tg.write(prep, old, backend, checked=True)
-        with contextlib.suppress(Exception):  # modules repacked before the failure take their old words again
+        tg.sync(prep, written=True)
+    except BaseException:
+        tg.write(prep, before, backend, checked=True)
+        with contextlib.suppress(Exception):  # modules repacked before the failure take the words before again
             tg.sync(prep, written=True)
         raise
-    return LiveLog(plan, old, new)
 
 
 def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
@@ -172,10 +183,13 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
     LogMismatchError
         Some site does not hold the logged new word (the tensors changed since, or the
         log belongs elsewhere); nothing is written.
+    RepackError
+        A ``torch.ao`` packed module touched by the log could not be repacked after the write (names the module
+        and the cause); the logged new words are written back first, so the model, its modules and the log stay
+        as they were before the call (the revert can be tried again).
 
-    A ``torch.ao`` packed module is repacked right after the write; when that repack raises, the old words are
-    back in the weight it keeps and the module repacks them at its next forward (a second revert refuses: no site
-    holds the new word any more).
+    A ``torch.ao`` packed module is repacked right after the write, so that its ``weight()`` and ``state_dict``
+    show the reverted words at once.
     """
     tg = tensors if isinstance(tensors, Targets) else targets(tensors)
     prep = tg.prepare(log.plan)
@@ -193,7 +207,7 @@ def revert(tensors: Any, log: LiveLog, *, backend: str = "auto") -> None:
             f"holds {int(current[i]):#x}, the log says {int(log.new_words[i]):#x}); nothing was reverted"
         )
     tg.write(prep, log.old_words, backend, checked=True)  # read() just checked the storages
-    tg.sync(prep, written=True)
+    _sync_or_write_back(tg, prep, log.new_words, backend)
 
 
 _SELECTION_KEYS = ("include", "exclude", "regex", "dtypes", "roles", "layers")

@@ -35,7 +35,9 @@ Examples
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from ..errors import RepackError, one_line
 
 __all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors"]
 
@@ -120,19 +122,23 @@ class _Unpacked:
         """Bring holder and module together around a write by fastflip: before it (``written`` false), take the
         module's words when its packed parameters were replaced (``load_state_dict``); after it, repack the kept
         words at once (the write changed them), so that ``weight()`` and ``state_dict`` show the change."""
-        if self.params._packed_params is not self.packed:  # replaced: take the new words
-            self._load()
-        elif written:
+        if not self._take_reloaded() and written:
             self._repack()
 
     def refresh(self) -> None:
         """Before a forward: take the module's words when it was reloaded, repack when the kept words changed."""
         import torch
 
-        if self.params._packed_params is not self.packed:
-            self._load()
-        elif not all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+        if not self._take_reloaded() and not all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
             self._repack()
+
+    def _take_reloaded(self) -> bool:
+        """Take the module's words when its packed parameters were replaced since they were last packed or
+        unpacked here (``load_state_dict``); true when they were."""
+        if self.params._packed_params is self.packed:
+            return False
+        self._load()
+        return True
 
     def _repack(self) -> None:
         """Pack the kept words into the module and remember them as packed."""
@@ -159,6 +165,21 @@ def _qparams(w: Any) -> dict[str, Any]:
     if not w.is_quantized or w.qscheme() == torch.per_tensor_affine:
         return {}
     return {"weight.scale": w.q_per_channel_scales(), "weight.zero_point": w.q_per_channel_zero_points()}
+
+
+def _named_sync(holder: _Unpacked, name: str) -> Callable[[bool], None]:
+    """``holder.sync`` for the targets' module ``name``, as :func:`fastflip.live.inject` and
+    :func:`~fastflip.live.revert` call it: a reload or repack that raises becomes a :class:`RepackError` of one
+    line naming the module and the cause (those callers put the words from before the call back first). One
+    callable per module, shared by its tensors, so that a write syncs each module once."""
+    def sync(written: bool = False) -> None:
+        try:
+            holder.sync(written)
+        except Exception as e:
+            step = "repacking its written words" if written else "reloading its packed parameters"
+            raise RepackError(f"torch.ao module {name!r}: {step} failed ({type(e).__name__}: {one_line(e)}); "
+                              "its words from before this call are kept") from e
+    return sync
 
 
 def _part_source(holder: _Unpacked, key: str) -> Any:
@@ -206,7 +227,8 @@ def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tupl
         saved = f"{prefix}_packed_params._packed_params"
         files = {"weight": f"{saved}/0", "bias": f"{saved}/1",
                  "weight.scale": f"{saved}/0/scale", "weight.zero_point": f"{saved}/0/zero_point"}
+        sync = _named_sync(holder, name or type(module).__name__)
         for key, t in holder.parts.items():
             role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
             yield (prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key]),
-                   _part_source(holder, key), holder.sync)
+                   _part_source(holder, key), sync)
