@@ -74,7 +74,7 @@ def main() -> None:
             times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for r in range(a.rounds):
                 for on in (True, False):
-                    inject_mod.refuse_damaged_members = checked if on else (lambda path, routes: None)
+                    inject_mod.refuse_damaged_members = checked if on else (lambda *args: None)
                     out = None if kw.get("in_place") else os.path.join(a.dir, "out.npz")
                     c0, w0 = time.process_time(), time.perf_counter()
                     inject_file(src, out, count=10, seed=100 + r, log_path=os.path.join(a.dir, "run.fflog"),

@@ -153,17 +153,19 @@ class ByteUndo:
     new_data: bytes = b""  # altered bytes of all ranges that lie inside the altered file
     new_size: int = -1  # altered file size (-1: unknown, redo impossible)
 
-    def _write(self, path: str, data: bytes, limit: int, size: int) -> None:
+    def _write(self, path: str, data: bytes, limit: int, size: int, durable: bool = True) -> None:
         with open(path, "r+b") as fh:  # each range's bytes that lie before ``limit``, in one pass
             write_ranges(fh.fileno(), self.offsets, np.clip(np.minimum(self.lengths, limit - self.offsets), 0, None),
                          data)
             fh.truncate(size)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
 
-    def apply(self, path: str) -> None:
-        """Undo: the original bytes again."""
-        self._write(path, self.data, self.size, self.size)
+    def apply(self, path: str, durable: bool = True) -> None:
+        """Undo: the original bytes again (``durable=False``: not fsynced, for a scratch copy such as a campaign's
+        working copy)."""
+        self._write(path, self.data, self.size, self.size, durable)
 
     def redo(self, path: str) -> None:
         """Redo: the altered bytes again (on a copy of the original)."""

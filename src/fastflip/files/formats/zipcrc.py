@@ -30,6 +30,7 @@ from __future__ import annotations
 import struct
 import zipfile
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Collection
 
@@ -37,13 +38,47 @@ import numpy as np
 
 from ...errors import FormatError, UnsupportedStorageError
 from ..rangeio import read_at
-from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
+from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs",
-           "check_every_crc"]
+__all__ = ["ZipIndex", "zip_index", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes",
+           "check_stored_crcs", "check_every_crc"]
 
 _POLY = 0xEDB88320
 _READ = 1 << 22  # bytes read at a time by check_stored_crcs
+
+
+@dataclass(frozen=True)
+class ZipIndex:
+    """One reading of a zip's central directory and local headers, for the CRC work of one inject (the check of the
+    touched members, the CRC-field patches): ``entries`` in data order, ``starts`` their data offsets, ``records``
+    each entry's central-directory record (:func:`fastflip.files.formats.zipraw.central_records`). Valid while the
+    file's directory and headers stay as read: the words an inject writes and their CRC fields keep every offset."""
+
+    entries: list[ZipEntry]
+    starts: np.ndarray
+    records: dict[str, int]
+
+    def holding(self, offsets: np.ndarray) -> np.ndarray:
+        """Index into ``entries`` of the entry whose data starts at or before each absolute file offset (-1:
+        before the first)."""
+        return np.searchsorted(self.starts, np.asarray(offsets, np.int64), side="right") - 1
+
+
+def zip_index(path: str) -> ZipIndex:
+    """The :class:`ZipIndex` of the zip at ``path``: its directory read once (:func:`zipraw.directory`).
+
+    Raises
+    ------
+    FormatError
+        A damaged or crafted archive (:func:`fastflip.files.formats.zipraw.stored_entries`,
+        :func:`~fastflip.files.formats.zipraw.central_records`).
+    """
+    try:
+        listing = directory(path)
+    except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
+    entries = sorted(stored_entries(path, listing=listing).values(), key=lambda e: e.offset)
+    return ZipIndex(entries, np.array([e.offset for e in entries], np.int64), central_records(path, listing))
 
 
 @lru_cache(maxsize=1)
@@ -127,21 +162,21 @@ def _stored_delta_bytes(old: np.ndarray, new: np.ndarray, itemsize: np.ndarray, 
 
 
 def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
-                    new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
+                    new: np.ndarray, index: ZipIndex | None = None) -> list[tuple[int, bytes, bytes]]:
     """(file offset, old 4 bytes, new 4 bytes) of every CRC field that changes when the words at
-    absolute ``offsets`` change from ``old`` to ``new`` (native-order word values)."""
-    entries = sorted(stored_entries(path).values(), key=lambda e: e.offset)
-    starts = np.array([e.offset for e in entries], np.int64)
+    absolute ``offsets`` change from ``old`` to ``new`` (native-order word values); ``index``: the caller's
+    :func:`zip_index` of ``path`` (else it is read here)."""
+    index = index if index is not None else zip_index(path)
+    entries, cd = index.entries, index.records
     offsets = np.asarray(offsets, np.int64)
-    which = np.searchsorted(starts, offsets, side="right") - 1
+    which = index.holding(offsets)
     deltas = _stored_delta_bytes(old, new, np.asarray(itemsize), np.asarray(big, bool))
-    cd = central_records(path)
     patches: list[tuple[int, bytes, bytes]] = []
     with open(path, "rb") as fh:
         for i in np.unique(which).tolist():
             e = entries[i]
             at = np.flatnonzero(which == i)
-            if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
+            if i < 0 or (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
                 raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
             dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
             if not dcrc:
@@ -154,13 +189,14 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return patches
 
 
-def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -> None:
-    """Refuse the archive at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
-    match its recorded CRC-32 (a reader that checks it, ``reader``, refuses that entry).
+def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> None:
+    """Refuse the ``.npz`` at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
+    match its recorded CRC-32 (``np.load`` refuses that entry); ``index``: the caller's :func:`zip_index` of
+    ``path`` (else it is read here).
 
     :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
-    would stay damaged after the flips; each entry holding an offset is read once, in blocks, the others not at
-    all.
+    would stay damaged after the flips; each stored entry holding an offset is read once, in blocks, the others
+    not at all (a deflated entry is checked where it is inflated).
 
     Raises
     ------
@@ -170,13 +206,12 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
     offsets = np.asarray(offsets, np.int64)
     if not len(offsets):
         return
-    entries = sorted((e for e in stored_entries(path).values() if e.stored), key=lambda e: e.offset)
-    starts = np.array([e.offset for e in entries], np.int64)
-    which = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
-    buf = memoryview(bytearray(min(_READ, max([entries[i].size for i in which[which >= 0].tolist()] or [0]))))
+    index = index if index is not None else zip_index(path)
+    which = np.unique(index.holding(offsets))
+    touched = [e for e in (index.entries[i] for i in which[which >= 0].tolist()) if e.stored]
+    buf = memoryview(bytearray(min(_READ, max([e.size for e in touched] or [0]))))
     with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
-        for i in which[which >= 0].tolist():
-            e = entries[i]
+        for e in touched:
             crc, left = 0, e.size
             while left:
                 n = read_at(fh.fileno(), buf[:min(left, len(buf))], e.offset + e.size - left)
@@ -184,7 +219,7 @@ def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -
                     break
                 crc, left = zlib.crc32(buf[:n], crc), left - n
             if left or crc != e.info.CRC:
-                raise crc_refusal(path, e.name, reader)
+                raise crc_refusal(path, e.name, "np.load")
 
 
 def check_every_crc(path: str, reader: str = "np.load") -> None:
