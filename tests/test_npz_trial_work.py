@@ -139,3 +139,61 @@ def test_inject_reads_zip_directory_once(tmp_path, monkeypatch, mode):
     assert int((got.view("<u4") != a.view("<u4")).sum()) == 5
     revert(res.log_path, out)
     assert open(out, "rb").read() == original
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["copy", "atomic in place"])
+def test_copy_checks_members_on_its_one_read(tmp_path, monkeypatch, in_place):
+    """A new file (or an atomic in-place copy) checks the flipped members' CRC-32 on the bytes its copy reads anyway:
+    the check reads nothing itself, and a damaged member is still refused with no output, log or temporary left."""
+    from conftest import snapshot
+
+    d = tmp_path / "d"
+    d.mkdir()
+    src = str(d / "m.npz")
+    a = np.arange(1 << 15, dtype="<f4")
+    np.savez(src, a=a, b=np.ones(16, "<f8"))
+    out = None if in_place else str(d / "out.npz")
+    read = _Count(monkeypatch, "read_at", zipcrc)
+    inject_file(src, out, in_place=in_place, selection={"include": ["/a"]}, count=3, seed=4, log_path=False)
+    assert read.total == 0, f"the member check read {read.total} bytes beside the copy"
+    with zipfile.ZipFile(out or src) as z:
+        assert z.testzip() is None
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo("a.npy")
+    with open(src, "rb") as fh:
+        damaged = bad_crc(fh.read(), info)
+    with open(src, "wb") as fh:
+        fh.write(damaged)
+    before = snapshot(str(d))
+    with pytest.raises(FormatError, match="a.npy does not match its recorded CRC-32"):
+        inject_file(src, out, in_place=in_place, selection={"include": ["/a"]}, count=3, seed=5)
+    assert snapshot(str(d)) == before
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096, 1 << 20])
+def test_member_crcs_fed_in_any_pieces(tmp_path, piece):
+    """The members' CRC-32 fed in pieces that cut them anywhere (a copy's blocks) is zipfile's: a sound archive
+    passes, one with a member whose recorded CRC-32 is wrong is refused naming it, an untouched member is not read."""
+    src = tmp_path / "m.npz"
+    np.savez(src, a=np.arange(3000, dtype="<f4"), b=np.arange(5, dtype="<i2"), c=np.ones(700, "<f8"))
+    data = src.read_bytes()
+    entries = zipraw.stored_entries(str(src))
+    offsets = np.array([entries["a.npy"].offset + 8, entries["c.npy"].offset], np.int64)
+
+    def fed(path: str) -> zipcrc.MemberCrcs:
+        crcs = zipcrc.MemberCrcs.holding(path, offsets)
+        raw = memoryview(open(path, "rb").read())
+        for at in range(0, len(raw), piece):
+            crcs.feed(at, raw[at : at + piece])
+        return crcs
+
+    good = fed(str(src))
+    assert [e.name for e in good.entries] == ["a.npy", "c.npy"]
+    good.verify()
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(bad_crc(data, entries["c.npy"].info))
+    with pytest.raises(FormatError, match="c.npy does not match its recorded CRC-32"):
+        fed(str(bad)).verify()
+    other = tmp_path / "other.npz"
+    other.write_bytes(bad_crc(data, entries["b.npy"].info))
+    fed(str(other)).verify()  # b.npy holds no offset: not the check's business

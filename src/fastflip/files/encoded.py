@@ -31,10 +31,10 @@ from ..core.plan import Plan
 from .routes import ChunkPatches, SiteRoute
 
 if TYPE_CHECKING:
-    from .formats.zipcrc import ZipIndex
+    from .formats.zipcrc import MemberCrcs, ZipIndex
 
 __all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_index", "zip_crc_patches",
-           "check_stored_crcs"]
+           "member_crcs"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -85,12 +85,12 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new, index)
 
 
-def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> None:
-    """:func:`fastflip.files.formats.zipcrc.check_stored_crcs`: refuse an ``.npz`` whose stored member holding one
-    of the file ``offsets`` does not match its CRC-32."""
-    from .formats.zipcrc import check_stored_crcs as check
+def member_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> MemberCrcs:
+    """:meth:`fastflip.files.formats.zipcrc.MemberCrcs.holding`: the CRC-32 check of the stored zip members holding
+    one of the file ``offsets``, to be fed by a copy's pass over the file or read by itself."""
+    from .formats.zipcrc import MemberCrcs as Crcs
 
-    check(path, offsets, index)
+    return Crcs.holding(path, offsets, index)
 
 
 def member_array(path: str, key: str) -> np.ndarray:

@@ -56,8 +56,7 @@ from .h5apply import apply_plan_to_file, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
-from .patches import (crc_patches, expected_new, refuse_damaged_members, without_positions, word_undo,
-                      zip_format)
+from .patches import crc_patches, expected_new, member_check, without_positions, word_undo, zip_format
 from .select import Selection
 from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
 
@@ -147,8 +146,12 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     zipped = fmt is not None  # torch.save / .npz: entry CRCs follow the words
     # the raw sites' members and CRC fields, read once for every use below (None: no zip, or no raw site in it)
     zindex = zip_index(src) if zipped and any((r.offsets >= 0).any() for r in routes) else None
-    if fmt == "npz" and zindex is not None and not members_checked:
-        refuse_damaged_members(src, routes, zindex)  # a member np.load refuses: refused before any byte is written
+    # a member np.load refuses is refused before the output is written; a new file's copy reads every input byte
+    # anyway and checks the members on the way (the copy is a temporary, removed when the member is refused)
+    check = member_check(src, routes, zindex) if fmt == "npz" and zindex is not None and not members_checked else None
+    streamed = not (in_place and not atomic) and hash_files != "regions"  # copy_apply below reads every byte
+    if check is not None and not streamed:
+        check.check()
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
     cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
@@ -181,7 +184,9 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
                                              cached_input=cached_input and not in_place, algorithm=algorithm,
-                                             writeback=stage.durable)
+                                             writeback=stage.durable, member_crcs=check)
+    if check is not None:
+        check.verify()  # before the log is staged: the refusal leaves no output, no log
     if zindex is not None and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     undo = None

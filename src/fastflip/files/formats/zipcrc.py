@@ -40,7 +40,7 @@ from ...errors import FormatError, UnsupportedStorageError
 from ..rangeio import read_at
 from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
-__all__ = ["ZipIndex", "zip_index", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes",
+__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes",
            "check_stored_crcs", "check_every_crc"]
 
 _POLY = 0xEDB88320
@@ -189,6 +189,76 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return patches
 
 
+class MemberCrcs:
+    """The CRC-32 of the stored entries of a zip that hold some file offsets, worked out from their bytes as a
+    reader hands them over (:meth:`feed`, in file order: a copy's one pass over the file, or :meth:`read`), then
+    compared with the recorded ones (:meth:`verify`): ``np.load`` refuses an entry that does not match it."""
+
+    def __init__(self, path: str, entries: list[ZipEntry]) -> None:
+        self.path, self.entries = path, entries
+        self.crcs, self.seen = [0] * len(entries), [0] * len(entries)
+        self._at = 0  # the first entry not yet fed in full
+
+    @classmethod
+    def holding(cls, path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> "MemberCrcs":
+        """The stored entries of the zip at ``path`` that hold one of the absolute file ``offsets`` (deflated ones
+        are checked where they are inflated); ``index``: the caller's :func:`zip_index` (else it is read here)."""
+        offsets = np.asarray(offsets, np.int64)
+        if not len(offsets):
+            return cls(path, [])
+        index = index if index is not None else zip_index(path)
+        which = np.unique(index.holding(offsets))
+        return cls(path, [e for e in (index.entries[i] for i in which[which >= 0].tolist()) if e.stored])
+
+    def feed(self, base: int, data: memoryview) -> None:
+        """The file's bytes ``data`` from offset ``base``; successive calls hand over increasing offsets."""
+        end = base + len(data)
+        while self._at < len(self.entries):
+            e = self.entries[self._at]
+            if e.offset >= end:
+                return
+            lo, hi = max(e.offset, base), min(e.offset + e.size, end)
+            if hi > lo:
+                self.crcs[self._at] = zlib.crc32(data[lo - base : hi - base], self.crcs[self._at])
+                self.seen[self._at] += hi - lo
+            if e.offset + e.size > end:
+                return
+            self._at += 1
+
+    def read(self) -> None:
+        """Read each entry from the file once, in blocks, and :meth:`feed` it."""
+        if not self.entries:
+            return
+        buf = memoryview(bytearray(min(_READ, max([e.size for e in self.entries] or [0]))))
+        with open(self.path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
+            for e in self.entries:
+                at = e.offset
+                while at < e.offset + e.size:
+                    n = read_at(fh.fileno(), buf[:min(e.offset + e.size - at, len(buf))], at)
+                    if not n:
+                        break
+                    self.feed(at, buf[:n])
+                    at += n
+
+    def verify(self) -> None:
+        """Refuse the archive at the first entry whose bytes, as fed, are not its recorded CRC-32 (or were not all
+        fed: a file truncated meanwhile).
+
+        Raises
+        ------
+        FormatError
+            :func:`fastflip.files.formats.zipraw.crc_refusal` of that entry (``np.load`` refuses it).
+        """
+        for e, crc, n in zip(self.entries, self.crcs, self.seen):
+            if n != e.size or crc != e.info.CRC:
+                raise crc_refusal(self.path, e.name, "np.load")
+
+    def check(self) -> None:
+        """:meth:`read`, then :meth:`verify`: the entries read from the file by themselves."""
+        self.read()
+        self.verify()
+
+
 def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> None:
     """Refuse the ``.npz`` at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
     match its recorded CRC-32 (``np.load`` refuses that entry); ``index``: the caller's :func:`zip_index` of
@@ -203,23 +273,7 @@ def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = N
     FormatError
         An entry whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`).
     """
-    offsets = np.asarray(offsets, np.int64)
-    if not len(offsets):
-        return
-    index = index if index is not None else zip_index(path)
-    which = np.unique(index.holding(offsets))
-    touched = [e for e in (index.entries[i] for i in which[which >= 0].tolist()) if e.stored]
-    buf = memoryview(bytearray(min(_READ, max([e.size for e in touched] or [0]))))
-    with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
-        for e in touched:
-            crc, left = 0, e.size
-            while left:
-                n = read_at(fh.fileno(), buf[:min(left, len(buf))], e.offset + e.size - left)
-                if not n:
-                    break
-                crc, left = zlib.crc32(buf[:n], crc), left - n
-            if left or crc != e.info.CRC:
-                raise crc_refusal(path, e.name, "np.load")
+    MemberCrcs.holding(path, offsets, index).check()
 
 
 def check_every_crc(path: str, reader: str = "np.load") -> None:
