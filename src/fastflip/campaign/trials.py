@@ -326,7 +326,7 @@ class TrialRunner:
                 raw = self._raw_cells[cell_id] = all(by_path[n].raw_writable for n in self.cells[cell_id].tensors)
             # raw storage: rewrite the words where they lie; filtered chunks: re-encode through a temporary copy
             inject = inject_dir if isinstance(self.layouts[epoch], ShardedLayout) else inject_file
-            checked = {} if inject is inject_dir else {"members_checked": True}  # the copy's .npz members: at its making
+            checked = {} if inject is inject_dir else {"members_checked": True}  # .npz members: when the copy was made
             res = inject(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
                          log_path=False, hash_files=False, **checked)
             try:

@@ -138,8 +138,8 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     A zip container's directory and local headers are read once here (:func:`~fastflip.files.encoded.zip_index`)
     and serve the member check and every CRC-field patch below. ``members_checked``: the caller has checked the
     stored ``.npz`` members these sites lie in against their CRC-32 since they last changed other than through
-    fastflip's words and CRC fields (a campaign's own working copy: :func:`fastflip.files.patches.refuse_damaged_tensors`
-    when it was made), so they are not read again here.
+    fastflip's words and CRC fields (a campaign's own working copy, when it was made:
+    :func:`fastflip.files.patches.refuse_damaged_tensors`), so they are not read again here.
     """
     routes = route_sites(src, plan, by_name)
     fmt = zip_format(src)
@@ -185,10 +185,10 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
                                              cached_input=cached_input and not in_place, algorithm=algorithm,
                                              writeback=stage.durable, member_crcs=check)
-    if check is not None:
-        check.verify()  # before the log is staged: the refusal leaves no output, no log
     if zindex is not None and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
+    if check is not None:
+        check.verify()  # before the log is staged: the refusal leaves no output, no log
     undo = None
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new

@@ -40,8 +40,8 @@ from ...errors import FormatError, UnsupportedStorageError
 from ..rangeio import read_at
 from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
-__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes",
-           "check_stored_crcs", "check_every_crc"]
+__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at",
+           "check_patch_bytes", "check_stored_crcs", "check_every_crc"]
 
 _POLY = 0xEDB88320
 _READ = 1 << 22  # bytes read at a time by check_stored_crcs
