@@ -197,3 +197,45 @@ def test_member_crcs_fed_in_any_pieces(tmp_path, piece):
     other = tmp_path / "other.npz"
     other.write_bytes(bad_crc(data, entries["b.npy"].info))
     fed(str(other)).verify()  # b.npy holds no offset: not the check's business
+
+
+def evaluate_pt(path):  # type: ignore[no-untyped-def]
+    """The trial's file as zipfile (every entry's CRC-32) and torch.load (weights only) read it, then the small MLP."""
+    import torch
+
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None
+    sd = torch.load(path, weights_only=True)
+    return campaign_helpers.evaluate({k: sd[k].numpy() for k in ("dense/kernel", "dense/bias", "out/kernel")})
+
+
+@pytest.mark.framework
+def test_campaign_trials_on_torch_save_undo_their_bytes(tmp_path):
+    """A torch.save checkpoint's trials write the words and the entries' CRC-32 fields and undo exactly those bytes:
+    every trial's file is one torch.load and zipfile read, the working copy byte for byte the checkpoint after each."""
+    from conftest import require
+
+    torch = require("torch")
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import DUE, TrialRunner
+
+    torch.save({k: torch.from_numpy(v) for k, v in campaign_helpers.weights().items()}, tmp_path / "model.pt")
+    c = Campaign.from_dict({
+        "name": "pt", "seed": 2, "mode": "checkpoint", "target": {"checkpoint": "model.pt"}, "paths": [HERE],
+        "cells": {"bits": ["30", "all"], "group_by": "tensor"}, "trials": {"per_cell": TRIALS},
+        "evaluator": {"function": "test_npz_trial_work:evaluate_pt"}}, base_dir=str(tmp_path))
+    runner = TrialRunner(c, campaign_cells(c))
+    try:
+        copy = runner.targets[None]
+        original = open(copy, "rb").read()
+        rows = []
+        for cid in range(len(runner.cells)):
+            for t in range(TRIALS):
+                rows.append(runner.run(cid, t))
+                assert open(copy, "rb").read() == original, (cid, t)
+                with zipfile.ZipFile(copy) as z:
+                    assert z.testzip() is None
+        assert not [r.message for r in rows if r.outcome == DUE and r.message], "torch.load refused a trial's file"
+    finally:
+        runner.close()
