@@ -239,3 +239,41 @@ def test_campaign_trials_on_torch_save_undo_their_bytes(tmp_path):
         assert not [r.message for r in rows if r.outcome == DUE and r.message], "torch.load refused a trial's file"
     finally:
         runner.close()
+
+
+DIRECT = {"whole-file hashes": {"log_path": None}, "no hashes": {"hash_files": False, "log_path": False},
+          "region evidence": {"hash_files": "regions", "log_path": None}}
+
+
+@pytest.mark.parametrize("evidence", list(DIRECT))
+def test_direct_in_place_checks_members_once(tmp_path, monkeypatch, evidence):
+    """Direct in place, the flipped members are read for their CRC-32 once: on the whole-file hash pass where there
+    is one (the check reads nothing itself), else by the check; a sound file is injected and reverts bit for bit, a
+    damaged member is refused with the file and the folder as they were."""
+    from conftest import snapshot
+    from fastflip.files.revert import revert
+
+    d = tmp_path / "d"
+    d.mkdir()
+    src = str(d / "m.npz")
+    a = np.arange(1 << 15, dtype="<f4")
+    np.savez(src, a=a, b=np.ones(16, "<f8"))
+    original = open(src, "rb").read()
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo("a.npy")
+    kw = DIRECT[evidence]
+    read = _Count(monkeypatch, "read_at", zipcrc)
+    res = inject_file(src, in_place=True, atomic=False, selection={"include": ["/a"]}, count=3, seed=4, **kw)
+    assert read.total == (0 if evidence == "whole-file hashes" else a.nbytes + 128), read.total
+    with zipfile.ZipFile(src) as z:
+        assert z.testzip() is None
+    if res.log_path:
+        revert(res.log_path, src)
+        assert open(src, "rb").read() == original
+        os.remove(res.log_path)
+    with open(src, "wb") as fh:
+        fh.write(bad_crc(original, info))
+    before = snapshot(str(d))
+    with pytest.raises(FormatError, match="a.npy does not match its recorded CRC-32"):
+        inject_file(src, in_place=True, atomic=False, selection={"include": ["/a"]}, count=3, seed=5, **kw)
+    assert snapshot(str(d)) == before

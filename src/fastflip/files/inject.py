@@ -146,12 +146,14 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     zipped = fmt is not None  # torch.save / .npz: entry CRCs follow the words
     # the raw sites' members and CRC fields, read once for every use below (None: no zip, or no raw site in it)
     zindex = zip_index(src) if zipped and any((r.offsets >= 0).any() for r in routes) else None
-    # a member np.load refuses is refused before the output is written; a new file's copy reads every input byte
-    # anyway and checks the members on the way (the copy is a temporary, removed when the member is refused)
+    # a member np.load refuses is refused before the output (or the log) is written; a pass that reads every byte
+    # anyway checks the members on the way: a new file's copy (a temporary, removed when refused), a direct
+    # in-place inject's whole-file hash
     check = member_check(src, routes, zindex) if fmt == "npz" and zindex is not None and not members_checked else None
-    streamed = not (in_place and not atomic) and hash_files != "regions"  # copy_apply below reads every byte
+    streamed = hash_files is True if in_place and not atomic else hash_files != "regions"
     if check is not None and not streamed:
         check.check()
+        check = None  # done
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
     cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
@@ -163,10 +165,11 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
                             "non-atomic in-place injection")
         st_before = os.stat(src)
         if not evidence:
-            res = write_unlogged(src, plan, by_name, routes, cp, zindex, backend, hash_files, finish, algorithm)
+            res = write_unlogged(src, plan, by_name, routes, cp, zindex, backend, hash_files, finish, algorithm,
+                                 check)
         else:
             res = write_in_place(src, plan, by_name, routes, cp, zindex, backend, hash_files, finish, stage,
-                                 algorithm)
+                                 algorithm, check)
         keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return res
     if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass

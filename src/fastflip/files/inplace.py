@@ -37,8 +37,8 @@ __all__ = ["predict_words", "predict_patches", "raw_positions", "write_in_place"
 
 
 def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: ZipIndex | None,
-                    backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256"
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+                    backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256",
+                    member_crcs: Any = None) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place with no log file (the log stays in memory).
 
     With ``hash_files=True`` the file's hash now and the hash it will have come from one read, as in
@@ -49,7 +49,8 @@ def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
     every byte written, so the caller's undo (a campaign trial's) writes them back without working them out
     again."""
     if hash_files is True:
-        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, True, finish, Staging(), algorithm)
+        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, True, finish, Staging(), algorithm,
+                              member_crcs)
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
     crcs = crc_patches(src, routes, old, new, zipped) if zipped else []
@@ -94,9 +95,12 @@ def raw_positions(raw: Sequence[SiteRoute]) -> np.ndarray:
 
 
 def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: ZipIndex | None,
-                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
+                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256",
+                    member_crcs: Any = None) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write.
+
+    ``member_crcs`` (a :class:`fastflip.files.formats.zipcrc.MemberCrcs`, with ``hash_files=True``) is fed by the
+    whole-file hash pass and verified before the log is made: the ``.npz`` members are checked on that one read."""
     raw, old, new, crcs = predict_words(src, plan, by_name, routes, cp, zipped)
     delta = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))  # every byte written, both ways
     regions = hash_files == "regions"  # evidence: the touched byte ranges and a fingerprint, no whole-file pass
@@ -106,7 +110,10 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         result = finish(None, None, old, new, undo, fingerprint=fingerprints(src, algorithm, delta))
     else:
         if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-            in_hash, out_hash = hash_with_patches(src, delta_patches(delta, forward=True) or [], algorithm)
+            in_hash, out_hash = hash_with_patches(src, delta_patches(delta, forward=True) or [], algorithm,
+                                                  feed=member_crcs)
+        if member_crcs is not None:
+            member_crcs.verify()  # before the log: a refused member leaves the file and its logs as they were
         result = finish(in_hash, out_hash, old, new, undo)
     with deferred_signals():  # one section: the log, then the words
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)
