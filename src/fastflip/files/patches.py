@@ -32,9 +32,7 @@ from .layout import Tensor
 if TYPE_CHECKING:
     from .formats.zipcrc import MemberCrcs, ZipIndex
 
-__all__ = ["zip_format", "is_zip_container", "member_check", "refuse_damaged_tensors",
-           "restore_words",
-           "crc_patches",
+__all__ = ["zip_format", "is_zip_container", "member_check", "refuse_damaged_tensors", "restore_words", "crc_patches",
            "expected_new", "write_patches", "word_patches", "patch_undo", "word_undo", "without_positions",
            "delta_patches", "revert_patches"]
 
@@ -86,10 +84,9 @@ def member_check(path: str, routes: Sequence[SiteRoute], index: ZipIndex | None 
 
 def refuse_damaged_tensors(path: str, tensors: Sequence[Tensor]) -> None:
     """Refuse the ``.npz`` at ``path`` when a stored member holding one of ``tensors`` does not match its CRC-32, as
-    ``np.load`` refuses such a member (:func:`member_check`, each member read once): the one
-    check of a working copy whose later injects into these tensors skip it (``inject_file(members_checked=True)``:
-    a campaign's trials). Tensors without raw storage (deflated members) are left to the inflating reader, as
-    there."""
+    ``np.load`` refuses such a member (as :func:`member_check`, each member read once): the one check of a working
+    copy whose later injects into these tensors skip it (``inject_file(members_checked=True)``: a campaign's
+    trials). Tensors without raw storage (deflated members) are left to the inflating reader, as there."""
     offs = [t.offset for t in tensors if t.raw_writable and t.offset is not None and t.nbytes]
     member_crcs(path, np.array(offs, np.int64)).check()
 

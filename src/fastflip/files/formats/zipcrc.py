@@ -44,7 +44,7 @@ __all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches"
            "check_patch_bytes", "check_stored_crcs", "check_every_crc"]
 
 _POLY = 0xEDB88320
-_READ = 1 << 22  # bytes read at a time by check_stored_crcs
+_READ = 1 << 22  # bytes read at a time by MemberCrcs.read
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class ZipIndex:
 
 
 def zip_index(path: str) -> ZipIndex:
-    """The :class:`ZipIndex` of the zip at ``path``: its directory read once (:func:`zipraw.directory`).
+    """The :class:`ZipIndex` of the zip at ``path``: its directory read once (:func:`fastflip.files.formats.zipraw.directory`).
 
     Raises
     ------
