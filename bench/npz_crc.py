@@ -1,7 +1,7 @@
 """The cost of checking the CRC-32 of the ``.npz`` members an inject flips: 10 flips into a 100 MB ``np.savez`` file.
 
 For each write path (copy, atomic in place, direct in place, each with region evidence where it applies) the same
-10-flip injects run with the check and with it switched off (``fastflip.files.inject.refuse_damaged_members``
+10-flip injects run with the check and with it switched off (``fastflip.files.inject.member_check``
 replaced by a no-op), interleaved round by round in one process; the medians of wall and CPU time (user + sys,
 ``time.process_time``) are printed side by side, with the bytes the check reads (the touched members) and the time of
 the check alone. Two files: one member of 100 MB (every flip lands in it: the check reads the whole file) and ten
@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import fastflip.files.inject as inject_mod
-from fastflip.files.formats.zipcrc import check_stored_crcs
+from fastflip.files.formats.zipcrc import MemberCrcs, check_stored_crcs
 from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/npzcrc")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
-    checked = inject_mod.refuse_damaged_members
+    checked = inject_mod.member_check
     for members in (1, 10):
         src = os.path.join(a.dir, f"m{members}.npz")
         if not os.path.exists(src):
@@ -74,13 +74,13 @@ def main() -> None:
             times: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for r in range(a.rounds):
                 for on in (True, False):
-                    inject_mod.refuse_damaged_members = checked if on else (lambda path, routes: None)
+                    inject_mod.member_check = checked if on else (lambda path, *args: MemberCrcs(path, []))
                     out = None if kw.get("in_place") else os.path.join(a.dir, "out.npz")
                     c0, w0 = time.process_time(), time.perf_counter()
                     inject_file(src, out, count=10, seed=100 + r, log_path=os.path.join(a.dir, "run.fflog"),
                                 durable=False, **kw)
                     times[on].append((time.perf_counter() - w0, time.process_time() - c0))
-            inject_mod.refuse_damaged_members = checked
+            inject_mod.member_check = checked
             med = {on: (statistics.median(t[0] for t in v), statistics.median(t[1] for t in v))
                    for on, v in times.items()}
             print(f"  {mode:36s} wall {med[False][0] * 1e3:7.0f} -> {med[True][0] * 1e3:7.0f} ms   "

@@ -56,7 +56,7 @@ from .. import live
 from ..core.blockplan import plan_block, plan_sites_block
 from ..errors import FastflipError, OptionError, one_line
 from ..files.formats.hfdir import ShardedLayout
-from ..files.patches import restore_words
+from ..files.patches import refuse_damaged_tensors, restore_words
 from ..files.inject import inject_file
 from ..files.layout import open_h5, read_layout
 from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
@@ -158,6 +158,9 @@ class TrialRunner:
                 tensors = target_tensors(campaign, e)
                 self.targets[e] = self._working_copy(campaign.checkpoint_path(e))
                 self.layouts[e] = read_layout(self.targets[e])
+                if self.layouts[e].format == "npz":  # once per copy: its trials write only words, CRCs and undos
+                    names = {t.path for t in tensors}
+                    refuse_damaged_tensors(self.targets[e], [t for t in self.layouts[e].tensors if t.path in names])
                 self.golden[e] = answer_from(self.evaluate(self.targets[e]), self.returns)
             refs_by_epoch[e] = {t.path: t.ref() for t in tensors}
         for e, g in self.golden.items():
@@ -181,8 +184,8 @@ class TrialRunner:
         without its whole-file hashes and layout walk (the copy is ours; its layout is known)."""
         if isinstance(self.layouts[epoch], ShardedLayout):  # a checkpoint directory: each shard's words
             restore_dir(path, log, self.layouts[epoch])
-        elif log.undo is not None:  # re-encoded chunks: restore their bytes
-            log.undo.apply(path)
+        elif log.undo is not None:  # every byte the trial wrote: words, zip CRC fields, re-encoded chunks
+            log.undo.apply(path, durable=False)  # the copy is scratch: nothing to fsync
         else:
             by_name = self._by_name.get(epoch)
             if by_name is None:
@@ -323,8 +326,9 @@ class TrialRunner:
                 raw = self._raw_cells[cell_id] = all(by_path[n].raw_writable for n in self.cells[cell_id].tensors)
             # raw storage: rewrite the words where they lie; filtered chunks: re-encode through a temporary copy
             inject = inject_dir if isinstance(self.layouts[epoch], ShardedLayout) else inject_file
+            checked = {} if inject is inject_dir else {"members_checked": True}  # .npz members: when the copy was made
             res = inject(target, in_place=True, atomic=not raw, plan=plan, layout=self.layouts[epoch],
-                         log_path=False, hash_files=False)
+                         log_path=False, hash_files=False, **checked)
             try:
                 j = self._judge(self.evaluate(target), epoch)
             except Exception as exc:

@@ -59,7 +59,8 @@ def _patch_block(view: memoryview, base: int, end: int, patches: Sequence[tuple[
 
 def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend: str = "auto",
                block: int = _BLOCK, patches: Sequence[tuple[int, bytes, bytes]] = (), cached_input: bool = True,
-               algorithm: str = "sha256", writeback: bool = False) -> tuple[str, str, np.ndarray, np.ndarray]:
+               algorithm: str = "sha256", writeback: bool = False, member_crcs: Any = None
+               ) -> tuple[str, str, np.ndarray, np.ndarray]:
     """Copy ``src`` to ``dst`` applying the plan's raw sites on the way; return
     (input digest, output digest before any hdf5-path edit, old words, new words), hashed with
     ``algorithm`` (:mod:`fastflip.files.hashing`).
@@ -75,6 +76,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     hashes the input's bytes even when :mod:`fastflip.files.hashcache` knows them (in place: the log is the
     only way back to them). ``writeback=True`` (an output that will be fsynced) starts each written block's
     writeback to disk at once (:func:`fastflip.files.fileio.start_writeback`), so the fsync waits for little.
+    ``member_crcs`` (a :class:`fastflip.files.formats.zipcrc.MemberCrcs`) is fed the input's bytes as they are read,
+    before any is changed: the caller verifies the zip members' CRC-32 without reading them again.
     """
     pstart = np.array([p[0] for p in patches], np.int64)
     pend = np.array([p[0] + len(p[1]) for p in patches], np.int64)
@@ -88,7 +91,8 @@ def copy_apply(src: str, dst: str, plan: Plan, routes: list[SiteRoute], backend:
     known = hashcache.lookup(src, st0, algorithm) if cached_input else None
     h_in, h_out = _copy_buffered(src, dst, raw, patches, pstart, pend, splice, backend, old, new,
                                  block=max(1, min(block, st0.st_size)),  # small files: small buffers
-                                 hash_input=known is None, algorithm=algorithm, writeback=writeback)
+                                 hash_input=known is None, algorithm=algorithm, writeback=writeback,
+                                 member_crcs=member_crcs)
     if not hashcache.same_state(st0, os.stat(src)):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
     if known is None:
@@ -176,7 +180,7 @@ class _CleanCopy(threading.Thread):
 def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[int, bytes, bytes]],
                    pstart: np.ndarray, pend: np.ndarray, splice: np.ndarray, backend: str, old: np.ndarray,
                    new: np.ndarray, *, block: int, hash_input: bool = True, algorithm: str = "sha256",
-                   writeback: bool = False) -> tuple[str, str]:
+                   writeback: bool = False, member_crcs: Any = None) -> tuple[str, str]:
     """Copy ``src`` to ``dst`` with the sites applied and the patches written; return (input digest, output
     digest); the input digest is '' when ``hash_input`` is False.
 
@@ -228,6 +232,8 @@ def _copy_buffered(src: str, dst: str, raw: RawSites, patches: Sequence[tuple[in
                             more = fin.readinto(view[got : got + extra])
                             got += more
                             end += more
+                    if member_crcs is not None:  # the input's bytes, before the sites change them
+                        member_crcs.feed(base, view[:got])
                     if dirty and hout is None:  # the first dirty block: the bytes before it are the input's
                         hout = hin.copy()
                     if aside and helper is None and hout is not None:

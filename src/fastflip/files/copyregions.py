@@ -46,7 +46,7 @@ def refuse_moving_bytes(src: str, h5_rest: Sequence[SiteRoute], cp: ChunkPatches
 
 
 def write_copy_regions(src: str, tmp: str, plan: Plan, by_name: Mapping[str, Tensor], routes: list[SiteRoute],
-                       cp: ChunkPatches, zipped: bool, finish: Any, algorithm: str,
+                       cp: ChunkPatches, zipped: Any, finish: Any, algorithm: str,
                        writeback: bool = False) -> tuple[None, None, np.ndarray, np.ndarray, Any]:
     """Write ``src`` with ``plan`` applied to ``tmp`` (kernel copy, then the touched bytes) and call
     ``finish(None, None, old, new, undo, fingerprint=(input, output))``, which stages the log.

@@ -23,15 +23,18 @@ HDF5 file imports no zip reader and no chunk codec.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..core.plan import Plan
 from .routes import ChunkPatches, SiteRoute
 
-__all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_crc_patches",
-           "check_stored_crcs"]
+if TYPE_CHECKING:
+    from .formats.zipcrc import MemberCrcs, ZipIndex
+
+__all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_index", "zip_crc_patches",
+           "member_crcs"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -66,20 +69,28 @@ def member_words(path: str, plan: Plan, routes: Sequence[SiteRoute], out: np.nda
     read(path, plan, routes, out)
 
 
+def zip_index(path: str) -> ZipIndex:
+    """:func:`fastflip.files.formats.zipcrc.zip_index`: the zip's directory and local headers, read once for an
+    inject's CRC work."""
+    from .formats.zipcrc import zip_index as index
+
+    return index(path)
+
+
 def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
-                    new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
+                    new: np.ndarray, index: ZipIndex | None = None) -> list[tuple[int, bytes, bytes]]:
     """:func:`fastflip.files.formats.zipcrc.zip_crc_patches`: the CRC fields of a zip container that change."""
     from .formats.zipcrc import zip_crc_patches as crcs
 
-    return crcs(path, offsets, itemsize, big, old, new)
+    return crcs(path, offsets, itemsize, big, old, new, index)
 
 
-def check_stored_crcs(path: str, offsets: np.ndarray, reader: str) -> None:
-    """:func:`fastflip.files.formats.zipcrc.check_stored_crcs`: refuse a stored zip member holding one of the file
-    ``offsets`` whose bytes do not match its CRC-32."""
-    from .formats.zipcrc import check_stored_crcs as check
+def member_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> MemberCrcs:
+    """:meth:`fastflip.files.formats.zipcrc.MemberCrcs.holding`: the CRC-32 check of the stored zip members holding
+    one of the file ``offsets``, to be fed by a copy's pass over the file or read by itself."""
+    from .formats.zipcrc import MemberCrcs as Crcs
 
-    check(path, offsets, reader)
+    return Crcs.holding(path, offsets, index)
 
 
 def member_array(path: str, key: str) -> np.ndarray:

@@ -86,11 +86,13 @@ def overlay_patches(base: int, data: bytes, patches: Sequence[tuple[int, bytes, 
 
 
 def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algorithm: str = "sha256", *,
-                      copy_to: str | None = None) -> tuple[str, str]:
+                      copy_to: str | None = None, feed: Any = None) -> tuple[str, str]:
     """(digest of the file now, digest it will have once each same-size ``(offset, old, new)`` patch is
     written), from one read of its bytes (the cache is not used: the file is about to change).
 
-    ``copy_to``: the bytes read are also written, unpatched, to that file (a copy about to be patched).
+    ``copy_to``: the bytes read are also written, unpatched, to that file (a copy about to be patched). ``feed``:
+    its ``feed(offset, bytes)`` is handed the bytes read, unpatched, in file order (a zip members' CRC-32 check,
+    :class:`fastflip.files.formats.zipcrc.MemberCrcs`).
     """
     ps = sorted(patches)
     starts = np.array([p[0] for p in ps], np.int64)
@@ -109,6 +111,8 @@ def hash_with_patches(path: str, patches: "list[tuple[int, bytes, bytes]]", algo
             for f in pending:
                 f.result()
             pending = [helper.submit(out.write, b)] if out is not None else []
+            if feed is not None:
+                feed.feed(base, memoryview(b))
             h_in.update(b)
             end = base + len(b)
             hit = np.flatnonzero((starts < end) & (ends > base)).tolist()
@@ -153,17 +157,19 @@ class ByteUndo:
     new_data: bytes = b""  # altered bytes of all ranges that lie inside the altered file
     new_size: int = -1  # altered file size (-1: unknown, redo impossible)
 
-    def _write(self, path: str, data: bytes, limit: int, size: int) -> None:
+    def _write(self, path: str, data: bytes, limit: int, size: int, durable: bool = True) -> None:
         with open(path, "r+b") as fh:  # each range's bytes that lie before ``limit``, in one pass
             write_ranges(fh.fileno(), self.offsets, np.clip(np.minimum(self.lengths, limit - self.offsets), 0, None),
                          data)
             fh.truncate(size)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
 
-    def apply(self, path: str) -> None:
-        """Undo: the original bytes again."""
-        self._write(path, self.data, self.size, self.size)
+    def apply(self, path: str, durable: bool = True) -> None:
+        """Undo: the original bytes again (``durable=False``: not fsynced, for a scratch copy such as a campaign's
+        working copy)."""
+        self._write(path, self.data, self.size, self.size, durable)
 
     def redo(self, path: str) -> None:
         """Redo: the altered bytes again (on a copy of the original)."""

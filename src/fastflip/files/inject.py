@@ -48,7 +48,7 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError
 from . import hashcache, hashing
 from .archives import edit_archive, is_keras_archive
-from .encoded import encoded_patches, say_h5py_notes
+from .encoded import encoded_patches, say_h5py_notes, zip_index
 from .filebytes import byte_diff, hash_file, sha256_file
 from .fileio import Staging, check_input, staged
 from .copyapply import copy_apply
@@ -56,8 +56,7 @@ from .h5apply import apply_plan_to_file, read_words, route_sites
 from .layout import Layout, Tensor, read_layout
 from .log import InjectionLog
 from .outputs import default_log_path, log_target, output_target, refuse_dir, writer_lock
-from .patches import (crc_patches, expected_new, refuse_damaged_members, without_positions, word_undo,
-                      zip_format)
+from .patches import crc_patches, expected_new, member_check, without_positions, word_undo, zip_format
 from .select import Selection
 from .sites import PLAN_FIELDS, injection_counts, random_seed, sampling_of, site_space
 
@@ -127,7 +126,7 @@ def keep_layout(path: str, before: os.stat_result) -> None:
 
 def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, by_name: Mapping[str, Tensor],
                backend: str, hash_files: bool | str, finish: Any, stage: Staging, evidence: bool = True,
-               cached_input: bool = True, algorithm: str = "sha256"
+               cached_input: bool = True, algorithm: str = "sha256", members_checked: bool = False
            ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Apply ``plan`` to a copy of ``src`` staged (in ``stage``) to become ``target``; ``finish(...)`` writes the
     evidence (the log) before anything is committed.
@@ -135,12 +134,26 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
     Non-atomic in place, the log (with the predicted output hash and the undo data) is committed first,
     then the file is changed with SIGINT/SIGTERM deferred; without ``evidence`` (no log file: a campaign
     trial's fast path) there is nothing to commit first, and the words are simply written.
+
+    A zip container's directory and local headers are read once here (:func:`~fastflip.files.encoded.zip_index`)
+    and serve the member check and every CRC-field patch below. ``members_checked``: the caller has checked the
+    stored ``.npz`` members these sites lie in against their CRC-32 since they last changed other than through
+    fastflip's words and CRC fields (a campaign's own working copy, when it was made:
+    :func:`fastflip.files.patches.refuse_damaged_tensors`), so they are not read again here.
     """
     routes = route_sites(src, plan, by_name)
     fmt = zip_format(src)
     zipped = fmt is not None  # torch.save / .npz: entry CRCs follow the words
-    if fmt == "npz":  # a member np.load refuses is refused before any byte is written, on every path below
-        refuse_damaged_members(src, routes)
+    # the raw sites' members and CRC fields, read once for every use below (None: no zip, or no raw site in it)
+    zindex = zip_index(src) if zipped and any((r.offsets >= 0).any() for r in routes) else None
+    # a member np.load refuses is refused before the output (or the log) is written; a pass that reads every byte
+    # anyway checks the members on the way: a new file's copy (a temporary, removed when refused), a direct
+    # in-place inject's whole-file hash
+    check = member_check(src, routes, zindex) if fmt == "npz" and zindex is not None and not members_checked else None
+    streamed = hash_files is True if in_place and not atomic else hash_files != "regions"
+    if check is not None and not streamed:
+        check.check()
+        check = None  # done
     # filtered HDF5 chunks and deflated .npz members fastflip can re-encode: byte patches worked out from the input
     cp = encoded_patches(src, plan, routes, zipped)
     h5_rest = without_positions(routes, cp.handled)  # left for h5py read-modify-write
@@ -152,30 +165,33 @@ def write_plan(src: str, target: str, in_place: bool, atomic: bool, plan: Plan, 
                             "non-atomic in-place injection")
         st_before = os.stat(src)
         if not evidence:
-            res = write_unlogged(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, algorithm)
+            res = write_unlogged(src, plan, by_name, routes, cp, zindex, backend, hash_files, finish, algorithm,
+                                 check)
         else:
-            res = write_in_place(src, plan, by_name, routes, cp, zipped, backend, hash_files, finish, stage,
-                                 algorithm)
+            res = write_in_place(src, plan, by_name, routes, cp, zindex, backend, hash_files, finish, stage,
+                                 algorithm, check)
         keep_layout(src, st_before)  # only tensor bytes changed: the next run needs no walk of the file
         return res
     if hash_files == "regions":  # a kernel copy and the touched bytes: no whole-file pass
         from .copyregions import refuse_moving_bytes, write_copy_regions
 
         refuse_moving_bytes(src, h5_rest, cp, "log whole-file hashes instead (the CLI: drop --evidence regions)")
-        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zipped, finish, algorithm,
+        return write_copy_regions(src, stage.add(target), plan, by_name, routes, cp, zindex, finish, algorithm,
                                   writeback=stage.durable)
     patches = list(cp.patches)
     crcs: list[tuple[int, bytes, bytes]] = []
-    if zipped:  # CRC fields precede and follow the data: work them out before streaming
+    if zindex is not None:  # CRC fields precede and follow the data: work them out before streaming
         old0 = read_words(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()])
-        crcs = crc_patches(src, routes, old0, expected_new(plan, routes, old0))
+        crcs = crc_patches(src, routes, old0, expected_new(plan, routes, old0), zindex)
         patches += crcs
     tmp = stage.add(target)
     in_hash, out_hash, old, new = copy_apply(src, tmp, plan, routes, backend, patches=sorted(patches),
                                              cached_input=cached_input and not in_place, algorithm=algorithm,
-                                             writeback=stage.durable)
-    if zipped and not np.array_equal(old, old0):
+                                             writeback=stage.durable, member_crcs=check)
+    if zindex is not None and not np.array_equal(old, old0):
         raise LogMismatchError(f"{src} changed while it was being read; nothing was written")
+    if check is not None:
+        check.verify()  # before the log is staged: the refusal leaves no output, no log
     undo = None
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
@@ -215,6 +231,7 @@ def inject_file(
     overwrite: bool = True,
     lock: bool = True,
     cached_input: bool = True,
+    members_checked: bool = False,
     **shorthand: Any,
 ) -> InjectionResult:
     """Flip bits in an HDF5 file; return the result with its log.
@@ -270,6 +287,11 @@ def inject_file(
         Copy mode may take the input's sha256 from :mod:`fastflip.files.hashcache` (default); ``False`` hashes
         its bytes, for an input that the caller is about to replace with the output (a shard of a checkpoint
         directory injected in place). In place the bytes are always hashed.
+    members_checked : bool
+        The caller has checked the ``.npz`` members the plan's sites lie in against their CRC-32
+        (:func:`fastflip.files.patches.refuse_damaged_tensors`) and nothing but fastflip's injects and their
+        exact undos has written them since (a campaign's own working copy): they are not read again. Default
+        False: each stored member a flip lands in is read once and refused when ``np.load`` would refuse it.
 
     Notes
     -----
@@ -286,14 +308,14 @@ def inject_file(
     with writer_lock(src, "inject --in-place", in_place and lock):
         return _inject_locked(src, dst, in_place, atomic, selection, sampling, shorthand, seed, stream, log_path, plan,
                               layout, backend, hash_files, durable, extra_manifest, overwrite, cached_input,
-                              hashing.algorithm(hash_algorithm or hashing.default_algorithm()).name)
+                              hashing.algorithm(hash_algorithm or hashing.default_algorithm()).name, members_checked)
 
 
 def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: Any, sampling: Any,
                    shorthand: Mapping[str, Any], seed: int | None, stream: Sequence[int], log_path: Any,
                    plan: Plan | None, layout: Layout | None, backend: str, hash_files: bool | str, durable: bool,
                    extra_manifest: Mapping[str, Any] | None, overwrite: bool, cached_input: bool = True,
-                   algo: str = "sha256") -> InjectionResult:
+                   algo: str = "sha256", members_checked: bool = False) -> InjectionResult:
     target = output_target(src, dst, in_place, overwrite)
     if cached_input and not in_place and hash_files != "regions":
         # the copy's input-hash lookup, answered while the layout and plan are made (region evidence hashes none)
@@ -355,7 +377,8 @@ def _inject_locked(src: str, dst: Any, in_place: bool, atomic: bool, selection: 
 
     with staged(durable) as stage:
         _, _, _, _, log = write_plan(src, target, in_place, atomic, plan, by_name, backend, hash_files, finish,
-                                     stage, evidence=lp is not None, cached_input=cached_input, algorithm=algo)
+                                     stage, evidence=lp is not None, cached_input=cached_input, algorithm=algo,
+                                     members_checked=members_checked)
     return InjectionResult(target, log, lp, dict(log.manifest["counts"]))
 
 

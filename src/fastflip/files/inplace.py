@@ -16,7 +16,7 @@ bytes) and a fingerprint (:mod:`fastflip.files.fingerprint`): the cost follows t
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -30,46 +30,57 @@ from .layout import Tensor
 from .patches import Patch, crc_patches, delta_patches, expected_new, word_patches, word_undo, write_patches
 from .routes import ChunkPatches, SiteRoute
 
+if TYPE_CHECKING:
+    from .formats.zipcrc import ZipIndex
+
 __all__ = ["predict_words", "predict_patches", "raw_positions", "write_in_place", "write_unlogged"]
 
 
-def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256"
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+def write_unlogged(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: ZipIndex | None,
+                    backend: str, hash_files: bool | str, finish: Any, algorithm: str = "sha256",
+                    member_crcs: Any = None) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
     """Non-atomic in place with no log file (the log stays in memory).
 
     With ``hash_files=True`` the file's hash now and the hash it will have come from one read, as in
     :func:`write_in_place` (with nothing staged to commit first); otherwise the plan is applied, then described
-    (a fingerprint, ``"regions"``, would guard nothing without a log file)."""
+    (a fingerprint, ``"regions"``, would guard nothing without a log file). ``zipped``: the
+    :func:`~fastflip.files.encoded.zip_index` of a zip container (its CRC fields follow the words), else None.
+    Where bytes besides the words are written (CRC fields, re-encoded members or chunks) the log's undo holds
+    every byte written, so the caller's undo (a campaign trial's) writes them back without working them out
+    again."""
     if hash_files is True:
-        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, True, finish, Staging(), algorithm)
+        return write_in_place(src, plan, by_name, routes, cp, zipped, backend, True, finish, Staging(), algorithm,
+                              member_crcs)
     old, new, _ = apply_plan_to_file(src, plan, by_name, [r for r in routes if (r.offsets >= 0).any()], backend)
     undo = None
-    crcs = crc_patches(src, routes, old, new) if zipped else []
+    crcs = crc_patches(src, routes, old, new, zipped) if zipped else []
     write_patches(src, crcs)
     if cp.patches:
         old[cp.handled], new[cp.handled] = cp.old, cp.new
         write_patches(src, cp.patches)
+    if cp.patches or crcs:
         undo = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))
     return None, None, old, new, finish(None, None, old, new, undo)
 
 
 def predict_words(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
-                  cp: ChunkPatches, zipped: bool) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch]]:
+                  cp: ChunkPatches, zipped: ZipIndex | None
+                  ) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch]]:
     """The words ``plan`` writes into ``src`` (or a copy of it), worked out from ``src`` without writing:
     ``(raw, old, new, crcs)`` — the routes with raw-storage sites, the sites' old and new words (plan order;
-    re-encoded chunks' from ``cp``) and the zip CRC-field patches (``zipped``)."""
+    re-encoded chunks' from ``cp``) and the zip CRC-field patches (``zipped``: the container's
+    :func:`~fastflip.files.encoded.zip_index`; None: not a zip container)."""
     raw = [r for r in routes if (r.offsets >= 0).any()]
     old = read_words(src, plan, by_name, raw)
     new = expected_new(plan, routes, old)
-    crcs = crc_patches(src, routes, old, new) if zipped else []
+    crcs = crc_patches(src, routes, old, new, zipped) if zipped else []
     if len(cp.handled):
         old[cp.handled], new[cp.handled] = cp.old, cp.new
     return raw, old, new, crcs
 
 
 def predict_patches(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Sequence[SiteRoute],
-                    cp: ChunkPatches, zipped: bool
+                    cp: ChunkPatches, zipped: ZipIndex | None
                     ) -> tuple[list[SiteRoute], np.ndarray, np.ndarray, list[Patch], list[Patch]]:
     """:func:`predict_words` and every same-size ``(offset, old bytes, new bytes)`` patch the plan writes:
     ``(raw, old, new, crcs, patches)``, the patches being ``cp``'s re-encoded chunks, the CRC fields and the raw
@@ -83,10 +94,13 @@ def raw_positions(raw: Sequence[SiteRoute]) -> np.ndarray:
     return np.concatenate([r.positions[r.offsets >= 0] for r in raw]) if raw else np.zeros(0, np.int64)
 
 
-def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: bool,
-                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256"
-                    ) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
-    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write."""
+def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: Any, cp: Any, zipped: ZipIndex | None,
+                    backend: str, hash_files: bool | str, finish: Any, stage: Staging, algorithm: str = "sha256",
+                    member_crcs: Any = None) -> tuple[str | None, str | None, np.ndarray, np.ndarray, Any]:
+    """Non-atomic in place: predict every byte the plan writes, commit the log (and its undo data), then write.
+
+    ``member_crcs`` (a :class:`fastflip.files.formats.zipcrc.MemberCrcs`, with ``hash_files=True``) is fed by the
+    whole-file hash pass and verified before the log is made: the ``.npz`` members are checked on that one read."""
     raw, old, new, crcs = predict_words(src, plan, by_name, routes, cp, zipped)
     delta = word_undo(routes, old, new, cp.patches + crcs, os.path.getsize(src))  # every byte written, both ways
     regions = hash_files == "regions"  # evidence: the touched byte ranges and a fingerprint, no whole-file pass
@@ -96,7 +110,10 @@ def write_in_place(src: str, plan: Plan, by_name: Mapping[str, Tensor], routes: 
         result = finish(None, None, old, new, undo, fingerprint=fingerprints(src, algorithm, delta))
     else:
         if hash_files:  # one read of the file: its hash now and the hash it will have once the patches are written
-            in_hash, out_hash = hash_with_patches(src, delta_patches(delta, forward=True) or [], algorithm)
+            in_hash, out_hash = hash_with_patches(src, delta_patches(delta, forward=True) or [], algorithm,
+                                                  feed=member_crcs)
+        if member_crcs is not None:
+            member_crcs.verify()  # before the log: a refused member leaves the file and its logs as they were
         result = finish(in_hash, out_hash, old, new, undo)
     with deferred_signals():  # one section: the log, then the words
         stage.commit()  # the evidence is durable before the file changes (the data need not be: it follows)

@@ -15,7 +15,7 @@ Imports :mod:`fastflip.files.h5apply`, :mod:`fastflip.files.formats` and the wor
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,12 +24,15 @@ from ..core.plan import Plan
 from ..core.wordrule import new_words_for
 from .filebytes import ByteUndo
 from .formats import FormatError, detect_format
-from .encoded import check_stored_crcs, zip_crc_patches
+from .encoded import member_crcs, zip_crc_patches
 from .h5apply import route_sites, write_words_to_file
 from .routes import SiteRoute
 from .layout import Tensor
 
-__all__ = ["zip_format", "is_zip_container", "refuse_damaged_members", "restore_words", "crc_patches",
+if TYPE_CHECKING:
+    from .formats.zipcrc import MemberCrcs, ZipIndex
+
+__all__ = ["zip_format", "is_zip_container", "member_check", "refuse_damaged_tensors", "restore_words", "crc_patches",
            "expected_new", "write_patches", "word_patches", "patch_undo", "word_undo", "without_positions",
            "delta_patches", "revert_patches"]
 
@@ -69,14 +72,23 @@ def _by_type(routes: Sequence[SiteRoute], key: Callable[[SiteRoute], Hashable], 
              np.concatenate([o for _, _, o in g]) if len(g) > 1 else g[0][2]) for g in groups.values()]
 
 
-def refuse_damaged_members(path: str, routes: Sequence[SiteRoute]) -> None:
-    """Refuse the ``.npz`` at ``path`` (the caller knows it is one: :func:`zip_format`) when a stored member holding
-    a raw site of ``routes`` does not match its CRC-32, as ``np.load`` refuses such a member (deflated members are
-    checked where they are inflated). A ``torch.save`` archive is not checked: ``torch.load`` reads its entries
-    without their CRC-32, and so does fastflip."""
+def member_check(path: str, routes: Sequence[SiteRoute], index: ZipIndex | None = None) -> MemberCrcs:
+    """The CRC-32 check of the stored members of the ``.npz`` at ``path`` (the caller knows it is one:
+    :func:`zip_format`) that hold a raw site of ``routes``, as ``np.load`` checks them (deflated members are checked
+    where they are inflated): fed by a copy's one pass over the file, or read by itself (``.check()``);
+    ``index``: the caller's :func:`fastflip.files.encoded.zip_index` of ``path``. A ``torch.save`` archive is not
+    checked: ``torch.load`` reads its entries without their CRC-32, and so does fastflip."""
     offs = [r.offsets[r.offsets >= 0] for r in routes]
-    if any(len(o) for o in offs):
-        check_stored_crcs(path, np.concatenate(offs), "np.load")
+    return member_crcs(path, np.concatenate(offs) if offs else np.zeros(0, np.int64), index)
+
+
+def refuse_damaged_tensors(path: str, tensors: Sequence[Tensor]) -> None:
+    """Refuse the ``.npz`` at ``path`` when a stored member holding one of ``tensors`` does not match its CRC-32, as
+    ``np.load`` refuses such a member (as :func:`member_check`, each member read once): the one check of a working
+    copy whose later injects into these tensors skip it (``inject_file(members_checked=True)``: a campaign's
+    trials). Tensors without raw storage (deflated members) are left to the inflating reader, as there."""
+    offs = [t.offset for t in tensors if t.raw_writable and t.offset is not None and t.nbytes]
+    member_crcs(path, np.array(offs, np.int64)).check()
 
 
 def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:
@@ -87,8 +99,10 @@ def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np
     return new
 
 
-def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray) -> list[Patch]:
-    """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``."""
+def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np.ndarray,
+                index: ZipIndex | None = None) -> list[Patch]:
+    """CRC-field patches of the zip container at ``path`` for words changing from ``old`` to ``new``; ``index``: the
+    caller's :func:`fastflip.files.encoded.zip_index` of ``path`` (else it is read here)."""
     live = [(r, r.offsets >= 0) for r in routes if (r.offsets >= 0).any()]  # stored entries (raw path) only
     if not live:
         return []
@@ -96,7 +110,7 @@ def crc_patches(path: str, routes: Sequence[SiteRoute], old: np.ndarray, new: np
     offs = np.concatenate([r.offsets[k] for r, k in live])
     size = np.concatenate([np.full(int(k.sum()), r.tensor.itemsize, np.int64) for r, k in live])
     big = np.concatenate([np.full(int(k.sum()), r.tensor.dtype.byteorder == ">", bool) for r, k in live])
-    return zip_crc_patches(path, offs, size, big, old[pos], new[pos])
+    return zip_crc_patches(path, offs, size, big, old[pos], new[pos], index)
 
 
 def restore_words(path: str, plan: Plan, by_name: Mapping[str, Tensor], old: np.ndarray, new: np.ndarray,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import struct
 import zipfile
 import zlib
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Collection
 
@@ -37,13 +38,47 @@ import numpy as np
 
 from ...errors import FormatError, UnsupportedStorageError
 from ..rangeio import read_at
-from .zipraw import ZipEntry, central_records, crc_refusal, stored_entries
+from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
-__all__ = ["crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at", "check_patch_bytes", "check_stored_crcs",
-           "check_every_crc"]
+__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at",
+           "check_patch_bytes", "check_stored_crcs", "check_every_crc"]
 
 _POLY = 0xEDB88320
-_READ = 1 << 22  # bytes read at a time by check_stored_crcs
+_READ = 1 << 22  # bytes read at a time by MemberCrcs.read
+
+
+@dataclass(frozen=True)
+class ZipIndex:
+    """One reading of a zip's central directory and local headers, for the CRC work of one inject (the check of the
+    touched members, the CRC-field patches): ``entries`` in data order, ``starts`` their data offsets, ``records``
+    each entry's central-directory record (:func:`fastflip.files.formats.zipraw.central_records`). Valid while the
+    file's directory and headers stay as read: the words an inject writes and their CRC fields keep every offset."""
+
+    entries: list[ZipEntry]
+    starts: np.ndarray
+    records: dict[str, int]
+
+    def holding(self, offsets: np.ndarray) -> np.ndarray:
+        """Index into ``entries`` of the entry whose data starts at or before each absolute file offset (-1:
+        before the first)."""
+        return np.searchsorted(self.starts, np.asarray(offsets, np.int64), side="right") - 1
+
+
+def zip_index(path: str) -> ZipIndex:
+    """The :class:`ZipIndex` of the zip at ``path``: its directory read once (:func:`fastflip.files.formats.zipraw.directory`).
+
+    Raises
+    ------
+    FormatError
+        A damaged or crafted archive (:func:`fastflip.files.formats.zipraw.stored_entries`,
+        :func:`~fastflip.files.formats.zipraw.central_records`).
+    """
+    try:
+        listing = directory(path)
+    except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise FormatError(f"{path}: damaged or truncated zip archive ({exc}); nothing was read") from None
+    entries = sorted(stored_entries(path, listing=listing).values(), key=lambda e: e.offset)
+    return ZipIndex(entries, np.array([e.offset for e in entries], np.int64), central_records(path, listing))
 
 
 @lru_cache(maxsize=1)
@@ -127,21 +162,21 @@ def _stored_delta_bytes(old: np.ndarray, new: np.ndarray, itemsize: np.ndarray, 
 
 
 def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
-                    new: np.ndarray) -> list[tuple[int, bytes, bytes]]:
+                    new: np.ndarray, index: ZipIndex | None = None) -> list[tuple[int, bytes, bytes]]:
     """(file offset, old 4 bytes, new 4 bytes) of every CRC field that changes when the words at
-    absolute ``offsets`` change from ``old`` to ``new`` (native-order word values)."""
-    entries = sorted(stored_entries(path).values(), key=lambda e: e.offset)
-    starts = np.array([e.offset for e in entries], np.int64)
+    absolute ``offsets`` change from ``old`` to ``new`` (native-order word values); ``index``: the caller's
+    :func:`zip_index` of ``path`` (else it is read here)."""
+    index = index if index is not None else zip_index(path)
+    entries, cd = index.entries, index.records
     offsets = np.asarray(offsets, np.int64)
-    which = np.searchsorted(starts, offsets, side="right") - 1
+    which = index.holding(offsets)
     deltas = _stored_delta_bytes(old, new, np.asarray(itemsize), np.asarray(big, bool))
-    cd = central_records(path)
     patches: list[tuple[int, bytes, bytes]] = []
     with open(path, "rb") as fh:
         for i in np.unique(which).tolist():
             e = entries[i]
             at = np.flatnonzero(which == i)
-            if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
+            if i < 0 or (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
                 raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
             dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
             if not dcrc:
@@ -154,37 +189,91 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return patches
 
 
-def check_stored_crcs(path: str, offsets: np.ndarray, reader: str = "np.load") -> None:
-    """Refuse the archive at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
-    match its recorded CRC-32 (a reader that checks it, ``reader``, refuses that entry).
+class MemberCrcs:
+    """The CRC-32 of the stored entries of a zip that hold some file offsets, worked out from their bytes as a
+    reader hands them over (:meth:`feed`, in file order: a copy's one pass over the file, or :meth:`read`), then
+    compared with the recorded ones (:meth:`verify`): ``np.load`` refuses an entry that does not match it."""
+
+    def __init__(self, path: str, entries: list[ZipEntry]) -> None:
+        self.path, self.entries = path, entries
+        self.crcs, self.seen = [0] * len(entries), [0] * len(entries)
+        self._at = 0  # the first entry not yet fed in full
+
+    @classmethod
+    def holding(cls, path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> "MemberCrcs":
+        """The stored entries of the zip at ``path`` that hold one of the absolute file ``offsets`` (deflated ones
+        are checked where they are inflated); ``index``: the caller's :func:`zip_index` (else it is read here)."""
+        offsets = np.asarray(offsets, np.int64)
+        if not len(offsets):
+            return cls(path, [])
+        index = index if index is not None else zip_index(path)
+        which = np.unique(index.holding(offsets))
+        return cls(path, [e for e in (index.entries[i] for i in which[which >= 0].tolist()) if e.stored])
+
+    def feed(self, base: int, data: memoryview) -> None:
+        """The file's bytes ``data`` from offset ``base``; successive calls hand over increasing offsets."""
+        end = base + len(data)
+        while self._at < len(self.entries):
+            e = self.entries[self._at]
+            if e.offset >= end:
+                return
+            lo, hi = max(e.offset, base), min(e.offset + e.size, end)
+            if hi > lo:
+                self.crcs[self._at] = zlib.crc32(data[lo - base : hi - base], self.crcs[self._at])
+                self.seen[self._at] += hi - lo
+            if e.offset + e.size > end:
+                return
+            self._at += 1
+
+    def read(self) -> None:
+        """Read each entry from the file once, in blocks, and :meth:`feed` it."""
+        if not self.entries:
+            return
+        buf = memoryview(bytearray(min(_READ, max([e.size for e in self.entries] or [0]))))
+        with open(self.path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
+            for e in self.entries:
+                at = e.offset
+                while at < e.offset + e.size:
+                    n = read_at(fh.fileno(), buf[:min(e.offset + e.size - at, len(buf))], at)
+                    if not n:
+                        break
+                    self.feed(at, buf[:n])
+                    at += n
+
+    def verify(self) -> None:
+        """Refuse the archive at the first entry whose bytes, as fed, are not its recorded CRC-32 (or were not all
+        fed: a file truncated meanwhile).
+
+        Raises
+        ------
+        FormatError
+            :func:`fastflip.files.formats.zipraw.crc_refusal` of that entry (``np.load`` refuses it).
+        """
+        for e, crc, n in zip(self.entries, self.crcs, self.seen):
+            if n != e.size or crc != e.info.CRC:
+                raise crc_refusal(self.path, e.name, "np.load")
+
+    def check(self) -> None:
+        """:meth:`read`, then :meth:`verify`: the entries read from the file by themselves."""
+        self.read()
+        self.verify()
+
+
+def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> None:
+    """Refuse the ``.npz`` at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
+    match its recorded CRC-32 (``np.load`` refuses that entry); ``index``: the caller's :func:`zip_index` of
+    ``path`` (else it is read here).
 
     :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
-    would stay damaged after the flips; each entry holding an offset is read once, in blocks, the others not at
-    all.
+    would stay damaged after the flips; each stored entry holding an offset is read once, in blocks, the others
+    not at all (a deflated entry is checked where it is inflated).
 
     Raises
     ------
     FormatError
         An entry whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`).
     """
-    offsets = np.asarray(offsets, np.int64)
-    if not len(offsets):
-        return
-    entries = sorted((e for e in stored_entries(path).values() if e.stored), key=lambda e: e.offset)
-    starts = np.array([e.offset for e in entries], np.int64)
-    which = np.unique(np.searchsorted(starts, offsets, side="right") - 1)
-    buf = memoryview(bytearray(min(_READ, max([entries[i].size for i in which[which >= 0].tolist()] or [0]))))
-    with open(path, "rb", buffering=0) as fh:  # read, not mapped: a file truncated meanwhile is a short read
-        for i in which[which >= 0].tolist():
-            e = entries[i]
-            crc, left = 0, e.size
-            while left:
-                n = read_at(fh.fileno(), buf[:min(left, len(buf))], e.offset + e.size - left)
-                if not n:
-                    break
-                crc, left = zlib.crc32(buf[:n], crc), left - n
-            if left or crc != e.info.CRC:
-                raise crc_refusal(path, e.name, reader)
+    MemberCrcs.holding(path, offsets, index).check()
 
 
 def check_every_crc(path: str, reader: str = "np.load") -> None:

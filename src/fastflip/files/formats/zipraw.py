@@ -87,11 +87,12 @@ def directory(path: str) -> tuple[list[zipfile.ZipInfo], int]:
     return infos, start
 
 
-def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, ZipEntry]:
+def stored_entries(path: str, zf: zipfile.ZipFile | None = None,
+                   listing: tuple[list[zipfile.ZipInfo], int] | None = None) -> dict[str, ZipEntry]:
     """Every member of the zip at ``path`` with the absolute offset of its data.
 
-    ``zf``, the caller's :class:`zipfile.ZipFile` open on ``path``, saves reading the central
-    directory again (else it is :func:`directory`'s parse).
+    ``zf``, the caller's :class:`zipfile.ZipFile` open on ``path``, or ``listing``, the caller's
+    :func:`directory` of it, saves reading the central directory again (else it is :func:`directory`'s parse).
 
     Raises
     ------
@@ -103,7 +104,8 @@ def stored_entries(path: str, zf: zipfile.ZipFile | None = None) -> dict[str, Zi
     out: dict[str, ZipEntry] = {}
     try:
         with open(path, "rb") as fh:
-            infos, start_dir = directory(path) if zf is None else (zf.infolist(), int(zf.start_dir))  # type: ignore[attr-defined]
+            infos, start_dir = (listing if listing is not None else directory(path) if zf is None
+                                else (zf.infolist(), int(zf.start_dir)))  # type: ignore[attr-defined]
             for info in infos:
                 if not 0 <= info.header_offset <= fsize - 30:
                     raise FormatError(f"{path}: zip entry {info.filename!r} has its local header at "
@@ -164,8 +166,9 @@ def _check_disjoint(path: str, fh, entries: list[ZipEntry], start_dir: int) -> N
                           "or crafted")
 
 
-def central_records(path: str) -> dict[str, int]:
-    """Absolute file offset of each entry's central-directory record (its CRC-32 is at +16).
+def central_records(path: str, listing: tuple[list[zipfile.ZipInfo], int] | None = None) -> dict[str, int]:
+    """Absolute file offset of each entry's central-directory record (its CRC-32 is at +16); ``listing``: the
+    caller's :func:`directory` of ``path`` (else it is read here).
 
     Raises
     ------
@@ -173,7 +176,7 @@ def central_records(path: str) -> dict[str, int]:
         A record whose lengths run it past the directory, or that names another entry than ``zipfile`` reads
         there (the two readings of the directory must agree before any field of it is patched).
     """
-    infos, pos = directory(path)
+    infos, pos = listing if listing is not None else directory(path)
     out: dict[str, int] = {}
     with open(path, "rb") as fh:
         for info in infos:
