@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 import fastflip.files.inject as inject_mod
-from fastflip.files.formats.zipcrc import MemberCrcs, check_stored_crcs
+from fastflip.files.formats.zipcrc import MemberCrcs
 from fastflip.files.h5apply import route_sites
 from fastflip.files.inject import inject_file
 from fastflip.files.layout import read_layout
@@ -42,7 +42,7 @@ def _make(path: str, members: int) -> None:
 
 
 def _touched_bytes(path: str, seed: int) -> tuple[int, float]:
-    """(bytes of the members a 10-flip plan touches, seconds of check_stored_crcs on them)."""
+    """(bytes of the members a 10-flip plan touches, seconds of MemberCrcs.holding(...).check() on them)."""
     res = inject_file(path, path + ".probe", count=10, seed=seed, log_path=False, hash_files=False)
     os.remove(path + ".probe")
     lay = read_layout(path)
@@ -52,7 +52,7 @@ def _touched_bytes(path: str, seed: int) -> tuple[int, float]:
     starts = np.array([e.offset for e in entries])
     which = np.unique(np.searchsorted(starts, offs, side="right") - 1)
     t0 = time.perf_counter()
-    check_stored_crcs(path, offs)
+    MemberCrcs.holding(path, offs).check()
     return sum(entries[i].size for i in which), time.perf_counter() - t0
 
 

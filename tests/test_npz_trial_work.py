@@ -108,6 +108,7 @@ def test_campaign_on_damaged_member_refused_before_first_trial(tmp_path):
         TrialRunner(c, campaign_cells(c))
     msg = str(exc.value)
     assert "dense/bias.npy" in msg and "CRC-32" in msg and "np.load refuses" in msg and "\n" not in msg, msg
+    assert msg.startswith(str(tmp_path / "bad.npz")), msg  # the user's file, not the campaign's scratch copy
 
 
 @pytest.mark.parametrize("mode", ["copy", "direct", "in place", "copy, regions"])

@@ -41,7 +41,7 @@ from ..rangeio import read_at
 from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
 __all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at",
-           "check_patch_bytes", "check_stored_crcs", "check_every_crc"]
+           "check_patch_bytes", "check_every_crc"]
 
 _POLY = 0xEDB88320
 _READ = 1 << 22  # bytes read at a time by MemberCrcs.read
@@ -174,9 +174,11 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     patches: list[tuple[int, bytes, bytes]] = []
     with open(path, "rb") as fh:
         for i in np.unique(which).tolist():
+            if i < 0:
+                raise UnsupportedStorageError(f"{path}: a changed word lies outside every stored entry")
             e = entries[i]
             at = np.flatnonzero(which == i)
-            if i < 0 or (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
+            if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
                 raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
             dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
             if not dcrc:
@@ -257,23 +259,6 @@ class MemberCrcs:
         """:meth:`read`, then :meth:`verify`: the entries read from the file by themselves."""
         self.read()
         self.verify()
-
-
-def check_stored_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> None:
-    """Refuse the ``.npz`` at ``path`` when a stored entry holding one of the absolute file ``offsets`` does not
-    match its recorded CRC-32 (``np.load`` refuses that entry); ``index``: the caller's :func:`zip_index` of
-    ``path`` (else it is read here).
-
-    :func:`zip_crc_patches` derives the new CRC-32 from the recorded one, so an entry that does not match it
-    would stay damaged after the flips; each stored entry holding an offset is read once, in blocks, the others
-    not at all (a deflated entry is checked where it is inflated).
-
-    Raises
-    ------
-    FormatError
-        An entry whose bytes do not match its CRC-32 (:func:`fastflip.files.formats.zipraw.crc_refusal`).
-    """
-    MemberCrcs.holding(path, offsets, index).check()
 
 
 def check_every_crc(path: str, reader: str = "np.load") -> None:
