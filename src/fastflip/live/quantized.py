@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import RepackError, one_line
 
-__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors"]
+__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors", "unreached_packed"]
 
 
 def inner_role(attr: str, parent_role: str) -> str:
@@ -79,11 +79,53 @@ def subclass_tensors(name: str, t: Any, role: str, depth: int = 0) -> Iterator[t
 # ---------------------------------------------------------------------------------- torch.ao packed modules
 
 
+class _Access:
+    """How fastflip reaches one supported packed module (``params``: the parameter holder it packs through, None
+    when the module packs its own weight): ``unpack()`` returns ``(weight, bias)``, ``repack(weight,
+    bias)`` packs them, ``packed()`` is the engine object the module holds now (a new one after each repack or
+    reload), ``saved`` the key of the weight in a saved ``state_dict`` and ``half`` whether the engine keeps a float16
+    weight (``quantize_dynamic(..., dtype=torch.float16)``: its words are offered as float16)."""
+
+    def __init__(self, params: Any, unpack: Callable[[], Any], repack: Callable[[Any, Any], None],
+                 packed: Callable[[], Any], saved: str, bias: str | None, half: bool = False) -> None:
+        self.params, self.unpack, self.repack, self.packed = params, unpack, repack, packed
+        self.saved, self.saved_bias, self.half = saved, bias, half
+
+
+def _access(module: Any, prefix: str) -> _Access | None:
+    """The :class:`_Access` of a supported packed module (``prefix``: its path and a dot); None for any other.
+
+    Supported: modules holding ``LinearPackedParams`` (dynamic and static ``Linear``, int8 and float16), modules
+    packing their own weight (static ``Conv1d/2d/3d``, ``ConvTranspose``) and ``EmbeddingPackedParams``
+    (quantized ``Embedding`` / ``EmbeddingBag``): each unpacks and repacks its words, quantizer and bias bit for bit.
+    """
+    params = getattr(module, "_packed_params", None)
+    if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):  # LinearPackedParams
+        saved = f"{prefix}_packed_params._packed_params"
+        return _Access(params, lambda: params._weight_bias(), lambda w, b: params.set_weight_bias(w, b),
+                       lambda: params._packed_params,
+                       f"{saved}/0", f"{saved}/1", str(getattr(params, "dtype", "")) == "torch.float16")
+    if hasattr(params, "_weight") and hasattr(params, "set_weight") and hasattr(params, "_packed_weight"):
+        return _Access(params, lambda: (params._weight(), None), lambda w, _b: params.set_weight(w),
+                       lambda: params._packed_weight, f"{prefix}_packed_params._packed_weight", None)
+    if _is_script_object(params) and hasattr(module, "_weight_bias") and hasattr(module, "set_weight_bias"):
+        ref = weakref.ref(module)  # the holder is the value of a weak mapping keyed by this module
+        return _Access(None, lambda: ref()._weight_bias(), lambda w, b: ref().set_weight_bias(w, b),
+                       lambda: ref()._packed_params,
+                       f"{prefix}weight", f"{prefix}bias")
+    return None
+
+
+def _is_script_object(v: Any) -> bool:
+    """Whether ``v`` is a TorchScript object (a quantized engine's packed parameters: no address reaches them)."""
+    return type(v).__name__ == "ScriptObject" and type(v).__module__.startswith("torch")
+
+
 class _Unpacked:
     """The unpacked weight (and bias) of one packed module; :func:`_before_forward` repacks it after a change."""
 
-    def __init__(self, module: Any) -> None:
-        self.params = module._packed_params
+    def __init__(self, access: _Access) -> None:
+        self.access = access
         self.weight: Any = None
         self.bias: Any = None
         self.parts: dict[str, Any] = {}
@@ -93,7 +135,9 @@ class _Unpacked:
         """Unpack the module's packed parameters into this holder (in place when the layout is unchanged)."""
         import torch  # only reached for a torch module
 
-        w, b = self.params._weight_bias()
+        w, b = self.access.unpack()
+        if self.access.half:  # the engine keeps float16 and unpacks it to float32 exactly
+            w = w.detach().to(torch.float16)
         if self.weight is not None and self._same_kind(w, b):  # keep the addresses the targets hold
             self.parts["weight"].copy_(_words(w))
             for key, value in _qparams(w).items():
@@ -107,10 +151,10 @@ class _Unpacked:
                     old.untyped_storage(), old.storage_offset(), old.shape, old.stride())
         else:
             self.weight, self.bias = w, (None if b is None else b.detach().clone())
-            self.parts = {"weight": _words(w), **_qparams(w)}
+            self.parts = {"weight": _words(self.weight), **_qparams(w)}
             if self.bias is not None:
                 self.parts["bias"] = self.bias
-        self.packed = self.params._packed_params
+        self.packed = self.access.packed()
         self.snapshot = {k: v.clone() for k, v in self.parts.items()}
 
     def _same_kind(self, w: Any, b: Any) -> bool:
@@ -135,15 +179,25 @@ class _Unpacked:
     def _take_reloaded(self) -> bool:
         """Take the module's words when its packed parameters were replaced since they were last packed or
         unpacked here (``load_state_dict``); true when they were."""
-        if self.params._packed_params is self.packed:
+        if self.access.packed() is self.packed:
             return False
         self._load()
         return True
 
     def _repack(self) -> None:
-        """Pack the kept words into the module and remember them as packed."""
-        self.params.set_weight_bias(self.weight, self.bias)
-        self.packed = self.params._packed_params
+        """Pack the kept words into the module and remember them as packed.
+
+        Raises
+        ------
+        ValueError
+            A float16 word is ±Inf or NaN: the engine would saturate it to ±65504 (the module cannot hold it).
+        """
+        w = self.weight
+        if self.access.half:
+            _check_finite_half(w)
+            w = w.float()  # a new tensor: the engine's saturation pass writes into what it is given
+        self.access.repack(w, self.bias)
+        self.packed = self.access.packed()
         for k, v in self.parts.items():
             self.snapshot[k].copy_(v)
 
@@ -156,6 +210,18 @@ def _words(w: Any) -> Any:
         return w.detach()
     words = {torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32}[w.dtype]
     return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+
+
+def _check_finite_half(w: Any) -> None:
+    """Refuse a float16 weight holding ±Inf or NaN (``ValueError`` naming the first such word and element)."""
+    import torch
+
+    bad = torch.nonzero(~torch.isfinite(w).reshape(-1))
+    if len(bad):
+        i = int(bad[0])
+        word = int(w.reshape(-1)[i : i + 1].view(torch.int16)) & 0xFFFF
+        raise ValueError(f"float16 word {word:#06x} at element {i} of its weight is not finite, and the engine's "
+                         "float16 packing saturates it to +-65504, so the module cannot hold it")
 
 
 def _qparams(w: Any) -> dict[str, Any]:
@@ -199,36 +265,70 @@ def _before_forward(module: Any, args: Any) -> None:
         holder.refresh()
 
 
-def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
+def _packed_modules(model: Any) -> Iterator[tuple[str, Any, _Access]]:
+    """``(name, module, access)`` of the supported packed modules of ``model`` (a module's parameter holder, which
+    comes after it, is not one of them)."""
+    holders: set[int] = set()
     for name, module in model.named_modules():
-        params = getattr(module, "_packed_params", None)
-        if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):
-            yield name, module
+        access = None if id(module) in holders else _access(module, f"{name}." if name else "")
+        if access is not None:
+            holders.add(id(access.params))
+            yield name, module, access
 
 
 def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]]:
-    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every packed quantized
-    module in ``model``: ``source()`` is the tensor the module's holder keeps under that name now, ``sync()``
-    brings holder and module together (call it before writing the words, and ``sync(written=True)`` after, so that
-    the module, its ``weight()`` and its ``state_dict`` show the change at once, not at the next forward).
+    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every supported packed
+    quantized module in ``model`` (see :func:`_access`): ``source()`` is the tensor the module's holder keeps under
+    that name now, ``sync()`` brings holder and module together (call it before writing the words, and
+    ``sync(written=True)`` after, so that the module, its ``weight()`` and its ``state_dict`` show the change at
+    once, not at the next forward).
 
     The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
-    aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for the
-    weight, ``.../1`` for the bias), so a plan sampled from the saved file applies to the live module.
+    aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for a
+    ``Linear``'s weight, ``.../1`` for its bias; ``<module>.weight`` for a convolution's), so a plan sampled from the
+    saved file applies to the live module.
     """
-    for name, module in _packed_modules(model):
+    for name, module, access in _packed_modules(model):
         holder = _HOLDERS.get(module)
         if holder is None:
-            holder = _HOLDERS[module] = _Unpacked(module)
+            holder = _HOLDERS[module] = _Unpacked(access)
             if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
                 module.register_forward_pre_hook(_before_forward)
         prefix = f"{name}." if name else ""
-        saved = f"{prefix}_packed_params._packed_params"
-        files = {"weight": f"{saved}/0", "bias": f"{saved}/1",
-                 "weight.scale": f"{saved}/0/scale", "weight.zero_point": f"{saved}/0/zero_point"}
+        files = {"weight": access.saved, "bias": access.saved_bias,
+                 "weight.scale": f"{access.saved}/scale", "weight.zero_point": f"{access.saved}/zero_point"}
         sync = _named_sync(holder, name or type(module).__name__)
         for key, t in holder.parts.items():
             role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
-            yield (prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key]),
-                   _part_source(holder, key), sync)
+            aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key]) if a != prefix + key))
+            yield prefix + key, t, name or None, role, aliases, _part_source(holder, key), sync
+
+
+def unreached_packed(model: Any) -> Iterator[tuple[str, str]]:
+    """``(name, why)`` of every packed engine object in ``model`` that fastflip does not reach (the weights of
+    dynamic-quantized ``LSTM``/``GRU`` and their cells, or any other module keeping a TorchScript object), named
+    by the ``state_dict`` key that saves it, so that targets list them as left out instead of dropping them."""
+    modules = dict(model.named_modules())
+    reached = {i for _n, m, a in _packed_modules(model) for i in (id(m), id(a.params))}
+    for name, module in modules.items():
+        if id(module) in reached:
+            continue
+        for attr, value in vars(module).items():
+            if _is_script_object(value):
+                key = f"{name}.{attr}" if name else attr
+                owner = _quantized_owner(modules, name)
+                what = f"torch.ao module {owner or type(model).__name__!r} ({type(modules[owner]).__name__})"
+                yield key, (f"{what} keeps {key!r} packed by the quantized engine, which fastflip cannot unpack and "
+                            "repack bit for bit; it is left out (quantize only Linear, Conv and Embedding layers to "
+                            "inject into them)")
+
+
+def _quantized_owner(modules: dict[str, Any], name: str) -> str:
+    """The outermost module on the path to ``name`` (itself included) that is a ``torch.ao`` quantized module."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts) + 1):
+        path = ".".join(parts[:i])
+        if type(modules[path]).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+            return path
+    return name
