@@ -136,8 +136,7 @@ class _Unpacked:
         import torch  # only reached for a torch module
 
         w, b = self.access.unpack()
-        if self.access.half:  # the engine keeps float16 and unpacks it to float32 exactly
-            w = w.detach().to(torch.float16)
+        w = w.detach().to(torch.float16) if self.access.half else _owned(w)  # float16: unpacked to float32 exactly
         if self.weight is not None and self._same_kind(w, b):  # keep the addresses the targets hold
             self.parts["weight"].copy_(_words(w))
             for key, value in _qparams(w).items():
@@ -200,6 +199,19 @@ class _Unpacked:
         self.packed = self.access.packed()
         for k, v in self.parts.items():
             self.snapshot[k].copy_(v)
+
+
+def _owned(w: Any) -> Any:
+    """A quantized ``w`` over memory of its own: an engine may unpack its scales and zero points as views of the
+    packed object (``EmbeddingPackedParams`` does), which the next repack frees."""
+    import torch
+
+    if not w.is_quantized:
+        return w.detach()
+    if w.qscheme() == torch.per_tensor_affine:
+        return torch._make_per_tensor_quantized_tensor(w.int_repr(), w.q_scale(), w.q_zero_point())
+    return torch._make_per_channel_quantized_tensor(w.int_repr(), w.q_per_channel_scales().clone(),
+                                                    w.q_per_channel_zero_points().clone(), w.q_per_channel_axis())
 
 
 def _words(w: Any) -> Any:
@@ -320,8 +332,7 @@ def unreached_packed(model: Any) -> Iterator[tuple[str, str]]:
                 owner = _quantized_owner(modules, name)
                 what = f"torch.ao module {owner or type(model).__name__!r} ({type(modules[owner]).__name__})"
                 yield key, (f"{what} keeps {key!r} packed by the quantized engine, which fastflip cannot unpack and "
-                            "repack bit for bit; it is left out (quantize only Linear, Conv and Embedding layers to "
-                            "inject into them)")
+                            "repack bit for bit (quantized Linear, Conv and Embedding layers can be injected)")
 
 
 def _quantized_owner(modules: dict[str, Any], name: str) -> str:
