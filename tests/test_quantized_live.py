@@ -557,3 +557,27 @@ def test_packed_weights_fastflip_cannot_reach_are_listed_as_left_out():
         tg.get("1._packed_weight_hh")
     with pytest.raises(SelectionError, match=r"left out: 0._all_weight_values.0.param\)"):
         targets(lstm_only)
+
+
+@pytest.mark.parametrize("kind", ["float16", "conv", "embedding"])
+def test_packed_reload_refreshes_the_kept_words_of_every_kind(kind):
+    """``load_state_dict`` of another model's weights: the kept words follow (float16 words, conv and embedding
+    words), the forward is the other model's, and a flip after it applies to the loaded words and reverts."""
+    torch = _torch()
+    build = {"float16": lambda: _float16_dynamic(torch, [0.5]),
+             "conv": lambda: _static(torch, torch.nn.Conv2d(2, 3, 3), "x86", (4, 2, 6, 6)),
+             "embedding": lambda: _embedding(torch)}[kind]
+    x = {"float16": torch.randn(2, 8), "conv": torch.randn(2, 2, 6, 6), "embedding": torch.tensor([[0, 3]])}[kind]
+    q, other = build(), build()
+    tg = targets(q)
+    name = "0.weight" if kind != "conv" else "1.weight"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q.load_state_dict(other.state_dict())
+    y = other(x)
+    assert torch.equal(q(x), y) and not torch.equal(tg.get(name).obj, targets(build()).get(name).obj)
+    assert torch.equal(_bits(torch, tg.get(name).obj), _bits(torch, targets(other).get(name).obj))
+    log = inject(tg, _flip(tg, name, 1, 6))
+    assert not torch.equal(q(x), y)
+    revert(tg, log)
+    assert torch.equal(q(x), y)
