@@ -11,20 +11,27 @@ torchao tensor subclasses (``Int8Tensor`` of ``Int8WeightOnlyConfig`` / ``Int8Dy
     (``weight``). The inner tensors *are* the storage the subclass computes from: a flip in ``qdata``
     changes the dequantized weight ``(qdata - zero_point) * scale`` the next forward uses, exactly; a
     revert restores the words bit for bit. Nested subclasses are flattened recursively.
-``torch.ao.quantization.quantize_dynamic`` / static quantized ``Linear`` (packed int8 parameters)
-    The module's ``_packed_params`` hold the weight in the quantized engine's own packed layout, which no
-    address reaches. fastflip unpacks it once (``_weight_bias()``) and keeps that quantized tensor on the
-    module: its words (``<module>.weight``, role ``weight``, int8 for ``qint8``), its bias (``<module>.bias``)
-    and, for per-channel quantization, its scales and zero points (``<module>.weight.scale``,
-    ``<module>.weight.zero_point``) become live tensors. :func:`fastflip.live.inject` and
-    :func:`~fastflip.live.revert` write them back (``set_weight_bias``, through the targets' ``sync``) around
-    each write, so the module's ``weight()``, its ``state_dict()`` and its next forward show exactly the
-    flipped (or reverted) words at once; a forward pre-hook also writes them back before any forward that
-    follows another change to those words (one comparison of the weight's words per forward). A per-tensor scale and zero point are numbers inside the quantizer, not storage: they
-    cannot be flipped live (in a saved state_dict they are pickle numbers too). If the module's packed
-    parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place from them before
-    the next write or forward (a new weight of another shape, dtype or quantization scheme makes the old
-    targets refuse: rebuild them).
+``torch.ao`` packed modules (``Linear``, static ``Conv*`` / ``ConvTranspose*``, ``Embedding`` / ``EmbeddingBag``)
+    The module's packed parameters hold the weight in the quantized engine's own layout, which no address
+    reaches. fastflip unpacks it once and keeps that tensor on the module: its words (``<module>.weight``, role
+    ``weight``; int8 for ``qint8``, uint8 for ``quint8``, **float16** for ``quantize_dynamic(...,
+    dtype=torch.float16)``, whose engine packs float16), its bias (``<module>.bias``) and, for per-channel
+    quantization, its scales and zero points (``<module>.weight.scale``, ``<module>.weight.zero_point``) become
+    live tensors; each supported kind unpacks and repacks them bit for bit (:func:`_access`).
+    :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` write them back (through the targets'
+    ``sync``) around each write, so the module's ``weight()``, its ``state_dict()`` and its next forward show
+    exactly the flipped (or reverted) words at once; a forward pre-hook also writes them back before any forward
+    that follows another change to those words (one comparison of the weight's words per forward). The float16
+    engine saturates ±Inf and NaN to ±65504: a write that makes a float16 word non-finite is refused (the repack
+    raises, and the callers put the words from before back). A per-tensor scale and zero point are numbers inside
+    the quantizer, not storage: they cannot be flipped live (in a saved state_dict they are pickle numbers too).
+    If the module's packed parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place
+    from them before the next write or forward (a new weight of another shape, dtype or quantization scheme
+    makes the old targets refuse: rebuild them).
+Packed weights no supported kind reaches (dynamic-quantized ``LSTM`` / ``GRU`` and their cells)
+    Any module holding the engine's TorchScript object that :func:`_access` does not know: :func:`unreached_packed`
+    names each by its ``state_dict`` key with why, so that the targets list it in
+    ``skipped`` instead of dropping it silently.
 
 Examples
 --------
