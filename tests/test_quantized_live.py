@@ -361,10 +361,10 @@ def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(m
 # ---------------------------------------------------------------------------------- float16 dynamic Linear
 
 
-def _float16_dynamic(torch, values):
-    """``quantize_dynamic(..., dtype=torch.float16)`` of one Linear(8, 4) whose first weight row starts with
-    ``values``."""
-    m = torch.nn.Sequential(torch.nn.Linear(8, 4))
+def _float16_dynamic(torch, values, features=(8, 4)):
+    """``quantize_dynamic(..., dtype=torch.float16)`` of one ``Linear(*features)`` whose first weight row starts
+    with ``values``."""
+    m = torch.nn.Sequential(torch.nn.Linear(*features))
     with torch.no_grad():
         m[0].weight[0, : len(values)] = torch.tensor(values)
     with warnings.catch_warnings():
@@ -381,7 +381,8 @@ def _xor_bit(t, index, bit):
 
 def _bits(torch, t):
     """``t``'s words as integers (compares -0.0, NaN payloads and all, bit for bit)."""
-    return t.detach().contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).clone()
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(words).clone()
 
 
 def test_quantize_dynamic_float16_every_bit_of_a_word_is_what_the_module_computes_with():
@@ -410,6 +411,26 @@ def test_quantize_dynamic_float16_every_bit_of_a_word_is_what_the_module_compute
         revert(tg, log)
         assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0)), bit
         assert torch.equal(q(x), y0), bit
+
+
+def test_quantize_dynamic_float16_holds_every_finite_word_exactly():
+    """Every finite float16 word (subnormals and -0.0 included), written at once, is the packed weight bit for bit,
+    and the revert gives the old weight back bit for bit: the engine's packing keeps each of them."""
+    torch = _torch()
+    q = _float16_dynamic(torch, [], (248, 256))  # room for the 63488 finite words
+    w0 = q[0]._packed_params._weight_bias()[0].clone()
+    tg = targets(q)
+    words = np.arange(1 << 16, dtype=np.uint64)
+    words = words[(words & 0x7C00) != 0x7C00]  # exponent all ones: Inf and NaN, refused (test below)
+    plan = Plan.from_sites([tg.get("0.weight").ref()], np.zeros(len(words), np.int32), np.arange(len(words)),
+                           and_mask=np.zeros(len(words), np.uint64), or_mask=words)
+    log = inject(tg, plan)
+    packed = _bits(torch, q[0]._packed_params._weight_bias()[0].half()).reshape(-1).numpy().view(np.uint16)
+    assert np.array_equal(packed, words.astype(np.uint16))
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, torch.from_numpy(
+        words.astype(np.uint16).view(np.float16).astype(np.float32)).reshape(256, 248)))
+    revert(tg, log)
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0))
 
 
 @pytest.mark.parametrize("value, bit, word", [(1.5, 14, 0x7E00), (65504.0, 10, 0x7FFF), (-1.0, 14, 0xFC00)])
