@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -557,25 +558,32 @@ def test_quantized_embedding_flips_equal_flips_by_hand_and_revert(name, index, b
 
 
 def test_packed_weights_fastflip_cannot_reach_are_listed_as_left_out():
-    """A dynamic-quantized LSTM's (and LSTMCell's) packed weights are named in ``skipped`` with why (and one warning
+    """A dynamic-quantized LSTM's (and LSTMCell's) packed weights and a 4-bit EmbeddingBag's are named in
+    ``skipped`` with why (and one warning
     says so); a model holding nothing else is refused listing them; asking for one says why it was left out."""
     torch = _torch()
     from fastflip.errors import SelectionError, TensorNotFoundError
 
     tq = torch.ao.quantization
-    m = torch.nn.Sequential(torch.nn.LSTM(4, 3), torch.nn.LSTMCell(4, 3), torch.nn.Linear(3, 2))
+    m = torch.nn.Sequential(torch.nn.LSTM(4, 3), torch.nn.LSTMCell(4, 3), torch.nn.Linear(3, 2),
+                            torch.nn.EmbeddingBag(10, 4))
+    m[3].qconfig = tq.float_qparams_weight_only_qconfig_4bit  # quint4x2: two words to a byte
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         q = tq.quantize_dynamic(m, {torch.nn.LSTM, torch.nn.LSTMCell, torch.nn.Linear}, dtype=torch.qint8)
+        q = tq.convert(tq.prepare(q.eval()), inplace=False)
         lstm_only = tq.quantize_dynamic(torch.nn.Sequential(torch.nn.LSTM(4, 3)), {torch.nn.LSTM})
-    with pytest.warns(UserWarning, match=r"fastflip: 3 tensor\(s\) left out: torch.ao module '0' \(LSTM\) keeps "
+    with pytest.warns(UserWarning, match=r"fastflip: 4 tensor\(s\) left out: torch.ao module '0' \(LSTM\) keeps "
                                          r"'0._all_weight_values.0.param' packed"):
         tg = targets(q)
     assert [t.name for t in tg.tensors] == ["2.weight", "2.bias"]
-    assert tg.skipped == ["0._all_weight_values.0.param", "1._packed_weight_ih", "1._packed_weight_hh"]
-    with pytest.raises(TensorNotFoundError, match=r"^torch.ao module '1' \(LSTMCell\) keeps '1._packed_weight_hh' "
-                                                  r"packed .* \(left out of these targets\)$"):
-        tg.get("1._packed_weight_hh")
+    assert tg.skipped == ["0._all_weight_values.0.param", "1._packed_weight_ih", "1._packed_weight_hh",
+                          "3._packed_params._packed_weight"]
+    for key, owner in (("1._packed_weight_hh", "'1' (LSTMCell)"), ("3._packed_params._packed_weight",
+                                                                      "'3' (EmbeddingBag)")):
+        with pytest.raises(TensorNotFoundError, match=rf"^torch.ao module {re.escape(owner)} keeps '{key}' packed "
+                                                      r".* \(left out of these targets\)$"):
+            tg.get(key)
     with pytest.raises(SelectionError, match=r"left out: 0._all_weight_values.0.param\)"):
         targets(lstm_only)
 

@@ -104,22 +104,26 @@ def _access(module: Any, prefix: str) -> _Access | None:
 
     Supported: modules holding ``LinearPackedParams`` (dynamic and static ``Linear``, int8 and float16), modules
     packing their own weight (static ``Conv1d/2d/3d``, ``ConvTranspose``) and ``EmbeddingPackedParams``
-    (quantized ``Embedding`` / ``EmbeddingBag``): each unpacks and repacks its words, quantizer and bias bit for bit.
+    (8-bit quantized ``Embedding`` / ``EmbeddingBag``): each unpacks and repacks its words, quantizer and bias bit
+    for bit. 4-bit embeddings (``quint4x2``) are not supported (their words are packed two to a byte).
     """
     params = getattr(module, "_packed_params", None)
+    dtype = str(getattr(params, "dtype", "torch.qint8"))  # of the packed weight (a 4-bit one is not reached)
     if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):  # LinearPackedParams
+        if dtype not in ("torch.qint8", "torch.float16"):
+            return None
         saved = f"{prefix}_packed_params._packed_params"
         return _Access(params, lambda: params._weight_bias(), lambda w, b: params.set_weight_bias(w, b),
-                       lambda: params._packed_params,
-                       f"{saved}/0", f"{saved}/1", str(getattr(params, "dtype", "")) == "torch.float16")
+                       lambda: params._packed_params, f"{saved}/0", f"{saved}/1", dtype == "torch.float16")
     if hasattr(params, "_weight") and hasattr(params, "set_weight") and hasattr(params, "_packed_weight"):
+        if dtype != "torch.quint8":
+            return None
         return _Access(params, lambda: (params._weight(), None), lambda w, _b: params.set_weight(w),
                        lambda: params._packed_weight, f"{prefix}_packed_params._packed_weight", None)
     if _is_script_object(params) and hasattr(module, "_weight_bias") and hasattr(module, "set_weight_bias"):
         ref = weakref.ref(module)  # the holder is the value of a weak mapping keyed by this module
         return _Access(None, lambda: ref()._weight_bias(), lambda w, b: ref().set_weight_bias(w, b),
-                       lambda: ref()._packed_params,
-                       f"{prefix}weight", f"{prefix}bias")
+                       lambda: ref()._packed_params, f"{prefix}weight", f"{prefix}bias")
     return None
 
 
