@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -137,15 +138,21 @@ def _dynamic(torch, per_channel=False):
         return tq.quantize_dynamic(m, spec, dtype=torch.qint8)
 
 
+def _quantized_like(torch, w, words=None, scales=None):
+    """The quantized tensor ``w`` with its integer ``words`` and/or per-channel ``scales`` replaced (torch's own API:
+    the fault applied by hand)."""
+    words = w.int_repr() if words is None else words
+    if w.qscheme() == torch.per_tensor_affine:
+        return torch._make_per_tensor_quantized_tensor(words, w.q_scale(), w.q_zero_point())
+    return torch._make_per_channel_quantized_tensor(
+        words, w.q_per_channel_scales() if scales is None else scales, w.q_per_channel_zero_points(),
+        w.q_per_channel_axis())
+
+
 def _set_words(torch, module, words):
     """Give ``module`` the int8 weight ``words`` by torch's own API (the fault applied by hand)."""
     w, b = module._packed_params._weight_bias()
-    if w.qscheme() == torch.per_tensor_affine:
-        new = torch._make_per_tensor_quantized_tensor(words, w.q_scale(), w.q_zero_point())
-    else:
-        new = torch._make_per_channel_quantized_tensor(words, w.q_per_channel_scales(),
-                                                       w.q_per_channel_zero_points(), w.q_per_channel_axis())
-    module._packed_params.set_weight_bias(new, b)
+    module._packed_params.set_weight_bias(_quantized_like(torch, w, words), b)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
@@ -188,8 +195,7 @@ def test_quantize_dynamic_per_channel_scale_and_bias_are_targets():
     y1 = q[0](x)
     scales = w0.q_per_channel_scales().clone()
     scales.view(torch.int64)[2] ^= 1 << 52  # by hand: the same flip, through torch's own API
-    twin[0]._packed_params.set_weight_bias(torch._make_per_channel_quantized_tensor(
-        w0.int_repr(), scales, w0.q_per_channel_zero_points(), w0.q_per_channel_axis()), b0)
+    twin[0]._packed_params.set_weight_bias(_quantized_like(torch, w0, scales=scales), b0)
     assert torch.equal(q[0]._packed_params._weight_bias()[0].q_per_channel_scales(), scales)
     assert torch.equal(y1, twin[0](x)) and not torch.equal(y1[:, 2], y0[:, 2])
     revert(tg, log)
@@ -351,3 +357,256 @@ def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(m
     monkeypatch.undo()
     revert(tg, log)  # the log still applies
     assert torch.equal(q(x), y0)
+
+
+# ---------------------------------------------------------------------------------- float16 dynamic Linear
+
+
+def _float16_dynamic(torch, values, features=(8, 4)):
+    """``quantize_dynamic(..., dtype=torch.float16)`` of one ``Linear(*features)`` whose first weight row starts
+    with ``values``."""
+    m = torch.nn.Sequential(torch.nn.Linear(*features))
+    with torch.no_grad():
+        m[0].weight[0, : len(values)] = torch.tensor(values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.float16)
+
+
+def _xor_bit(t, index, bit):
+    """Flip ``bit`` of flat element ``index`` of the plain CPU tensor ``t`` in place (the fault by hand)."""
+    flat = t.detach().numpy().reshape(-1).view(f"u{t.element_size()}")
+    flat[index] ^= flat.dtype.type(1 << bit)
+    return t
+
+
+def _bits(torch, t):
+    """``t``'s words as integers (compares -0.0, NaN payloads and all, bit for bit)."""
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(words).clone()
+
+
+def test_quantize_dynamic_float16_every_bit_of_a_word_is_what_the_module_computes_with():
+    """The weight is offered as the float16 words the packed module holds; each of the 16 bits of a word, flipped,
+    is the packed weight and the forward of that word flipped by hand (the exponent's top bit included), and each
+    revert gives the packed weight back bit for bit."""
+    torch = _torch()
+    q = _float16_dynamic(torch, [0.7])  # exponent 0b01110: no single flip makes it Inf or NaN
+    x = torch.randn(3, 8)
+    y0 = q(x)
+    w0, b0 = (v.clone() for v in q[0]._packed_params._weight_bias())
+    tg = targets(q)
+    t = tg.get("0.weight")
+    assert (t.dtype, t.role, t.layer) == (np.float16, "weight", "0")
+    assert torch.equal(_bits(torch, t.obj), _bits(torch, w0.half()))
+    twin = copy.deepcopy(q)
+    for bit in range(16):
+        log = inject(tg, _flip(tg, "0.weight", 0, bit))
+        by_hand = _xor_bit(w0.half(), 0, bit)
+        assert int(log.new_words[0]) == int(_bits(torch, by_hand)[0, 0]) & 0xFFFF
+        assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, by_hand.float())), bit
+        twin[0]._packed_params.set_weight_bias(by_hand.float(), b0)
+        y1 = q(x)
+        assert torch.equal(y1, twin(x)) and not torch.equal(y1[:, 0], y0[:, 0]), bit
+        torch.testing.assert_close(y1, torch.nn.functional.linear(x, by_hand.float(), b0), rtol=1e-3, atol=1e-3)
+        revert(tg, log)
+        assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0)), bit
+        assert torch.equal(q(x), y0), bit
+
+
+def test_quantize_dynamic_float16_holds_every_finite_word_exactly():
+    """Every finite float16 word (subnormals and -0.0 included), written at once, is the packed weight bit for bit,
+    and the revert gives the old weight back bit for bit: the engine's packing keeps each of them."""
+    torch = _torch()
+    q = _float16_dynamic(torch, [], (248, 256))  # room for the 63488 finite words
+    w0 = q[0]._packed_params._weight_bias()[0].clone()
+    tg = targets(q)
+    words = np.arange(1 << 16, dtype=np.uint64)
+    words = words[(words & 0x7C00) != 0x7C00]  # exponent all ones: Inf and NaN, refused (test below)
+    plan = Plan.from_sites([tg.get("0.weight").ref()], np.zeros(len(words), np.int32), np.arange(len(words)),
+                           and_mask=np.zeros(len(words), np.uint64), or_mask=words)
+    log = inject(tg, plan)
+    packed = _bits(torch, q[0]._packed_params._weight_bias()[0].half()).reshape(-1).numpy().view(np.uint16)
+    assert np.array_equal(packed, words.astype(np.uint16))
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, torch.from_numpy(
+        words.astype(np.uint16).view(np.float16).astype(np.float32)).reshape(256, 248)))
+    revert(tg, log)
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0))
+
+
+@pytest.mark.parametrize("value, bit, word", [(1.5, 14, 0x7E00), (65504.0, 10, 0x7FFF), (-1.0, 14, 0xFC00)])
+def test_quantize_dynamic_float16_non_finite_word_is_refused_and_nothing_changes(value, bit, word):
+    """A flip that makes a float16 word Inf or NaN (which the engine's packing would saturate to +-65504) is
+    refused in one line naming the module and the word; the kept words, the packed weight and the forward stay
+    as they were, and the next flip still applies."""
+    torch = _torch()
+    from fastflip.errors import RepackError
+
+    q = _float16_dynamic(torch, [0.25, value])
+    x = torch.randn(3, 8)
+    y0 = q(x)
+    w0 = q[0]._packed_params._weight_bias()[0].clone()
+    tg = targets(q)
+    kept = _bits(torch, tg.get("0.weight").obj)
+    with pytest.raises(RepackError, match=rf"^torch.ao module '0': repacking its written words failed \(ValueError: "
+                                          rf"float16 word {word:#06x} at element 1 of its weight is not finite"):
+        inject(tg, _flip(tg, "0.weight", 1, bit))
+    assert torch.equal(_bits(torch, tg.get("0.weight").obj), kept)
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0))
+    assert torch.equal(q(x), y0)
+    log = inject(tg, _flip(tg, "0.weight", 0, 14))  # 0.25 -> 16384.0: finite, held exactly
+    assert float(q[0]._packed_params._weight_bias()[0][0, 0]) == 16384.0
+    revert(tg, log)
+    assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0))
+
+
+# ---------------------------------------------------------------------------------- static Conv, Embedding, LSTM
+
+
+def _static(torch, layer, qconfig, shape):
+    """``layer`` statically quantized between a QuantStub and a DeQuantStub (prepare, calibrate, convert)."""
+    tq = torch.ao.quantization
+    m = torch.nn.Sequential(tq.QuantStub(), layer, tq.DeQuantStub()).eval()
+    m.qconfig = tq.get_default_qconfig(qconfig)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = tq.prepare(m)
+        p(torch.randn(*shape))
+        return tq.convert(p)
+
+
+@pytest.mark.parametrize("qconfig", ["x86", "qnnpack"])  # per-channel and per-tensor weights
+def test_static_conv_weight_scale_and_bias_flips_equal_flips_by_hand_and_revert(qconfig):
+    torch = _torch()
+    c = _static(torch, torch.nn.Conv2d(2, 3, 3), qconfig, (4, 2, 6, 6))
+    conv = c[1]
+    x = torch.randn(2, 2, 6, 6)
+    y0 = c(x)
+    w0, b0 = conv._weight_bias()
+    tg = targets(c)
+    t = tg.get("1.weight")
+    assert (t.dtype, t.role, t.layer, t.shape) == (np.int8, "weight", "1", (3, 2, 3, 3))
+    assert tg.get("1.bias").role == "bias" and not tg.skipped
+    per_channel = w0.qscheme() != torch.per_tensor_affine
+    assert ("1.weight.scale" in tg.index) == per_channel
+    sites = [("1.weight", 1 * 18 + 4, 6), ("1.bias", 2, 31)] + [("1.weight.scale", 1, 52)] * per_channel
+    for name, index, bit in sites:
+        log = inject(tg, _flip(tg, name, index, bit))
+        twin = copy.deepcopy(c)
+        words, bias = w0.int_repr().clone(), b0.clone()
+        scales = w0.q_per_channel_scales().clone() if per_channel else None
+        _xor_bit({"1.weight": words, "1.bias": bias, "1.weight.scale": scales}[name], index, bit)
+        twin[1].set_weight_bias(_quantized_like(torch, w0, words, scales), bias)  # the fault, by hand
+        w1, b1 = conv._weight_bias()
+        assert torch.equal(w1.int_repr(), words) and torch.equal(_bits(torch, b1), _bits(torch, bias)), name
+        y1 = c(x)
+        assert torch.equal(y1, twin(x)) and not torch.equal(y1, y0), name
+        revert(tg, log)
+        w2, b2 = conv._weight_bias()
+        assert torch.equal(w2.int_repr(), w0.int_repr()) and torch.equal(_bits(torch, b2), _bits(torch, b0))
+        if per_channel:
+            assert torch.equal(_bits(torch, w2.q_per_channel_scales()), _bits(torch, w0.q_per_channel_scales()))
+        assert torch.equal(c(x), y0), name
+
+
+def _embedding(torch):
+    tq = torch.ao.quantization
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4)).eval()
+    m[0].qconfig = tq.float_qparams_weight_only_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tq.convert(tq.prepare(m))
+
+
+@pytest.mark.parametrize("name, index, bit", [("0.weight", 2 * 4 + 1, 7), ("0.weight.scale", 2, 23),
+                                              ("0.weight.zero_point", 2, 30)])
+def test_quantized_embedding_flips_equal_flips_by_hand_and_revert(name, index, bit):
+    """A model holding only a quantized Embedding has its packed words, scales and zero points as targets; each
+    flip is the packed weight and the lookup of the same flip given through torch's own API."""
+    torch = _torch()
+    e = _embedding(torch)
+    ids = torch.tensor([[2, 5], [2, 0]])
+    y0 = e(ids)
+    w0 = e[0]._packed_params._weight()  # its scales and zero points are views of the packed object: copy them now
+    words0, scales0, zeros0 = (v.clone() for v in (w0.int_repr(), w0.q_per_channel_scales(),
+                                                  w0.q_per_channel_zero_points()))
+    tg = targets(e)
+    assert {t.name: (t.dtype, t.role) for t in tg.tensors} == {
+        "0.weight": (np.uint8, "weight"), "0.weight.scale": (np.float32, "scale"),
+        "0.weight.zero_point": (np.float32, "zero")}
+    log = inject(tg, _flip(tg, name, index, bit))
+    words, scales, zeros = words0.clone(), scales0.clone(), zeros0.clone()
+    _xor_bit({"0.weight": words, "0.weight.scale": scales, "0.weight.zero_point": zeros}[name], index, bit)
+    twin = copy.deepcopy(e)
+    twin[0]._packed_params.set_weight(torch._make_per_channel_quantized_tensor(words, scales, zeros, 0))
+    w1 = e[0]._packed_params._weight()
+    assert torch.equal(w1.int_repr(), words)
+    assert torch.equal(_bits(torch, w1.q_per_channel_scales()), _bits(torch, scales))
+    assert torch.equal(_bits(torch, w1.q_per_channel_zero_points()), _bits(torch, zeros))
+    y1 = e(ids)
+    assert torch.equal(y1, twin(ids)) and not torch.equal(y1, y0)
+    assert torch.equal(y1[0, 1], y0[0, 1])  # only row 2 changed
+    revert(tg, log)
+    w2 = e[0]._packed_params._weight()
+    assert torch.equal(w2.int_repr(), words0)
+    assert torch.equal(_bits(torch, w2.q_per_channel_scales()), _bits(torch, scales0))
+    assert torch.equal(_bits(torch, w2.q_per_channel_zero_points()), _bits(torch, zeros0))
+    for key, v in (("0.weight", words0), ("0.weight.scale", scales0), ("0.weight.zero_point", zeros0)):
+        # the kept tensors are fastflip's own memory, not views of a packed object a repack freed
+        assert torch.equal(_bits(torch, tg.get(key).obj), _bits(torch, v)), key
+    assert torch.equal(e(ids), y0)
+
+
+def test_packed_weights_fastflip_cannot_reach_are_listed_as_left_out():
+    """A dynamic-quantized LSTM's (and LSTMCell's) packed weights and a 4-bit EmbeddingBag's are named in
+    ``skipped`` with why (and one warning
+    says so); a model holding nothing else is refused listing them; asking for one says why it was left out."""
+    torch = _torch()
+    from fastflip.errors import SelectionError, TensorNotFoundError
+
+    tq = torch.ao.quantization
+    m = torch.nn.Sequential(torch.nn.LSTM(4, 3), torch.nn.LSTMCell(4, 3), torch.nn.Linear(3, 2),
+                            torch.nn.EmbeddingBag(10, 4))
+    m[3].qconfig = tq.float_qparams_weight_only_qconfig_4bit  # quint4x2: two words to a byte
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = tq.quantize_dynamic(m, {torch.nn.LSTM, torch.nn.LSTMCell, torch.nn.Linear}, dtype=torch.qint8)
+        q = tq.convert(tq.prepare(q.eval()), inplace=False)
+        lstm_only = tq.quantize_dynamic(torch.nn.Sequential(torch.nn.LSTM(4, 3)), {torch.nn.LSTM})
+    with pytest.warns(UserWarning, match=r"fastflip: 4 tensor\(s\) left out: torch.ao module '0' \(LSTM\) keeps "
+                                         r"'0._all_weight_values.0.param' packed"):
+        tg = targets(q)
+    assert [t.name for t in tg.tensors] == ["2.weight", "2.bias"]
+    assert tg.skipped == ["0._all_weight_values.0.param", "1._packed_weight_ih", "1._packed_weight_hh",
+                          "3._packed_params._packed_weight"]
+    for key, owner in (("1._packed_weight_hh", "'1' (LSTMCell)"), ("3._packed_params._packed_weight",
+                                                                      "'3' (EmbeddingBag)")):
+        with pytest.raises(TensorNotFoundError, match=rf"^torch.ao module {re.escape(owner)} keeps '{key}' packed "
+                                                      r".* \(left out of these targets\)$"):
+            tg.get(key)
+    with pytest.raises(SelectionError, match=r"left out: 0._all_weight_values.0.param\)"):
+        targets(lstm_only)
+
+
+@pytest.mark.parametrize("kind", ["float16", "conv", "embedding"])
+def test_packed_reload_refreshes_the_kept_words_of_every_kind(kind):
+    """``load_state_dict`` of another model's weights: the kept words follow (float16 words, conv and embedding
+    words), the forward is the other model's, and a flip after it applies to the loaded words and reverts."""
+    torch = _torch()
+    build = {"float16": lambda: _float16_dynamic(torch, [0.5]),
+             "conv": lambda: _static(torch, torch.nn.Conv2d(2, 3, 3), "x86", (4, 2, 6, 6)),
+             "embedding": lambda: _embedding(torch)}[kind]
+    x = {"float16": torch.randn(2, 8), "conv": torch.randn(2, 2, 6, 6), "embedding": torch.tensor([[0, 3]])}[kind]
+    q, other = build(), build()
+    tg = targets(q)
+    name = "0.weight" if kind != "conv" else "1.weight"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q.load_state_dict(other.state_dict())
+    y = other(x)
+    assert torch.equal(q(x), y) and not torch.equal(tg.get(name).obj, targets(build()).get(name).obj)
+    assert torch.equal(_bits(torch, tg.get(name).obj), _bits(torch, targets(other).get(name).obj))
+    log = inject(tg, _flip(tg, name, 1, 6))
+    assert not torch.equal(q(x), y)
+    revert(tg, log)
+    assert torch.equal(q(x), y)

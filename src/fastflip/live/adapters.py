@@ -301,6 +301,10 @@ def collect(obj: Any, *, include_optimizer: bool = False,
                           "or a mapping name -> tensor")
     out, skipped, refused = [], {}, []
     for p in pairs:
+        if p.why is not None:  # known to the walk and not injectable (a torch.ao engine's packed weights)
+            skipped[p.name] = p.why
+            refused.append(p.why)
+            continue
         try:
             t = tensor(p.name, p.value)
         except OptionError as exc:

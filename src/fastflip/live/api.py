@@ -147,7 +147,8 @@ def inject(tensors: Any, plan: Plan, *, backend: str = "auto") -> LiveLog:
         (the parts of the plan already flipped on other devices or the CPU are written back first).
     RepackError
         A ``torch.ao`` packed module touched by the plan could not be repacked after the write (names the module
-        and the cause); the old words are written back first, so the model is left as it was.
+        and the cause: e.g. a float16 word made Inf or NaN, which the float16 engine cannot hold); the old words
+        are written back first, so the model is left as it was.
 
     A ``torch.ao`` packed module is repacked right after the write, so that its ``weight()`` and ``state_dict``
     show the change at once.

@@ -56,6 +56,7 @@ class Found:
     order: str | None = None
     source: Any = None  # what the model holds under this name now (:mod:`fastflip.live.storage`)
     sync: Any = None  # for a copy the model computes from (torch.ao packed weights): call around every write
+    why: str | None = None  # set: not injectable, listed in the targets' ``skipped`` with this reason
 
 
 def _kind(dtype_name: str) -> str:
@@ -99,8 +100,9 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
                     for n, v, r in quantized.subclass_tensors(name, t, role)]
             continue
         out.append(Found(name, t.detach(), (alias,), layer, role, alias, module_source(model, name)))
-    for n, v, layer, r, aliases, source, sync in quantized.packed_tensors(model):  # torch.ao packed int8 modules
+    for n, v, layer, r, aliases, source, sync in quantized.packed_tensors(model):  # torch.ao packed modules
         out.append(Found(n, v, aliases, layer, r, aliases[0], source, sync))
+    out += [Found(n, None, why=why) for n, why in quantized.unreached_packed(model)]
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
             raise OptionError(f"optimizer= takes a torch.optim optimizer, not a {type(optimizer).__name__}")

@@ -11,20 +11,27 @@ torchao tensor subclasses (``Int8Tensor`` of ``Int8WeightOnlyConfig`` / ``Int8Dy
     (``weight``). The inner tensors *are* the storage the subclass computes from: a flip in ``qdata``
     changes the dequantized weight ``(qdata - zero_point) * scale`` the next forward uses, exactly; a
     revert restores the words bit for bit. Nested subclasses are flattened recursively.
-``torch.ao.quantization.quantize_dynamic`` / static quantized ``Linear`` (packed int8 parameters)
-    The module's ``_packed_params`` hold the weight in the quantized engine's own packed layout, which no
-    address reaches. fastflip unpacks it once (``_weight_bias()``) and keeps that quantized tensor on the
-    module: its words (``<module>.weight``, role ``weight``, int8 for ``qint8``), its bias (``<module>.bias``)
-    and, for per-channel quantization, its scales and zero points (``<module>.weight.scale``,
-    ``<module>.weight.zero_point``) become live tensors. :func:`fastflip.live.inject` and
-    :func:`~fastflip.live.revert` write them back (``set_weight_bias``, through the targets' ``sync``) around
-    each write, so the module's ``weight()``, its ``state_dict()`` and its next forward show exactly the
-    flipped (or reverted) words at once; a forward pre-hook also writes them back before any forward that
-    follows another change to those words (one comparison of the weight's words per forward). A per-tensor scale and zero point are numbers inside the quantizer, not storage: they
-    cannot be flipped live (in a saved state_dict they are pickle numbers too). If the module's packed
-    parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place from them before
-    the next write or forward (a new weight of another shape, dtype or quantization scheme makes the old
-    targets refuse: rebuild them).
+``torch.ao`` packed modules (``Linear``, static ``Conv*`` / ``ConvTranspose*``, ``Embedding`` / ``EmbeddingBag``)
+    The module's packed parameters hold the weight in the quantized engine's own layout, which no address
+    reaches. fastflip unpacks it once and keeps that tensor on the module: its words (``<module>.weight``, role
+    ``weight``; int8 for ``qint8``, uint8 for ``quint8``, **float16** for ``quantize_dynamic(...,
+    dtype=torch.float16)``, whose engine packs float16), its bias (``<module>.bias``) and, for per-channel
+    quantization, its scales and zero points (``<module>.weight.scale``, ``<module>.weight.zero_point``) become
+    live tensors; each supported kind unpacks and repacks them bit for bit (:func:`_access`).
+    :func:`fastflip.live.inject` and :func:`~fastflip.live.revert` write them back (through the targets'
+    ``sync``) around each write, so the module's ``weight()``, its ``state_dict()`` and its next forward show
+    exactly the flipped (or reverted) words at once; a forward pre-hook also writes them back before any forward
+    that follows another change to those words (one comparison of the weight's words per forward). The float16
+    engine saturates ±Inf and NaN to ±65504: a write that makes a float16 word non-finite is refused (the repack
+    raises, and the callers put the words from before back). A per-tensor scale and zero point are numbers inside
+    the quantizer, not storage: they cannot be flipped live (in a saved state_dict they are pickle numbers too).
+    If the module's packed parameters are replaced (``load_state_dict``), the kept tensor is refreshed in place
+    from them before the next write or forward (a new weight of another shape, dtype or quantization scheme
+    makes the old targets refuse: rebuild them).
+Packed weights no supported kind reaches (dynamic-quantized ``LSTM`` / ``GRU`` and their cells)
+    Any module holding the engine's TorchScript object that :func:`_access` does not know: :func:`unreached_packed`
+    names each by its ``state_dict`` key with why, so that the targets list it in
+    ``skipped`` instead of dropping it silently.
 
 Examples
 --------
@@ -39,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import RepackError, one_line
 
-__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors"]
+__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors", "unreached_packed"]
 
 
 def inner_role(attr: str, parent_role: str) -> str:
@@ -79,11 +86,57 @@ def subclass_tensors(name: str, t: Any, role: str, depth: int = 0) -> Iterator[t
 # ---------------------------------------------------------------------------------- torch.ao packed modules
 
 
+class _Access:
+    """How fastflip reaches one supported packed module (``params``: the parameter holder it packs through, None
+    when the module packs its own weight): ``unpack()`` returns ``(weight, bias)``, ``repack(weight,
+    bias)`` packs them, ``packed()`` is the engine object the module holds now (a new one after each repack or
+    reload), ``saved`` the key of the weight in a saved ``state_dict`` and ``half`` whether the engine keeps a float16
+    weight (``quantize_dynamic(..., dtype=torch.float16)``: its words are offered as float16)."""
+
+    def __init__(self, params: Any, unpack: Callable[[], Any], repack: Callable[[Any, Any], None],
+                 packed: Callable[[], Any], saved: str, bias: str | None, half: bool = False) -> None:
+        self.params, self.unpack, self.repack, self.packed = params, unpack, repack, packed
+        self.saved, self.saved_bias, self.half = saved, bias, half
+
+
+def _access(module: Any, prefix: str) -> _Access | None:
+    """The :class:`_Access` of a supported packed module (``prefix``: its path and a dot); None for any other.
+
+    Supported: modules holding ``LinearPackedParams`` (dynamic and static ``Linear``, int8 and float16), modules
+    packing their own weight (static ``Conv1d/2d/3d``, ``ConvTranspose``) and ``EmbeddingPackedParams``
+    (8-bit quantized ``Embedding`` / ``EmbeddingBag``): each unpacks and repacks its words, quantizer and bias bit
+    for bit. 4-bit embeddings (``quint4x2``) are not supported (their words are packed two to a byte).
+    """
+    params = getattr(module, "_packed_params", None)
+    dtype = str(getattr(params, "dtype", "torch.qint8"))  # of the packed weight (a 4-bit one is not reached)
+    if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):  # LinearPackedParams
+        if dtype not in ("torch.qint8", "torch.float16"):
+            return None
+        saved = f"{prefix}_packed_params._packed_params"
+        return _Access(params, lambda: params._weight_bias(), lambda w, b: params.set_weight_bias(w, b),
+                       lambda: params._packed_params, f"{saved}/0", f"{saved}/1", dtype == "torch.float16")
+    if hasattr(params, "_weight") and hasattr(params, "set_weight") and hasattr(params, "_packed_weight"):
+        if dtype != "torch.quint8":
+            return None
+        return _Access(params, lambda: (params._weight(), None), lambda w, _b: params.set_weight(w),
+                       lambda: params._packed_weight, f"{prefix}_packed_params._packed_weight", None)
+    if _is_script_object(params) and hasattr(module, "_weight_bias") and hasattr(module, "set_weight_bias"):
+        ref = weakref.ref(module)  # the holder is the value of a weak mapping keyed by this module
+        return _Access(None, lambda: ref()._weight_bias(), lambda w, b: ref().set_weight_bias(w, b),
+                       lambda: ref()._packed_params, f"{prefix}weight", f"{prefix}bias")
+    return None
+
+
+def _is_script_object(v: Any) -> bool:
+    """Whether ``v`` is a TorchScript object (a quantized engine's packed parameters: no address reaches them)."""
+    return type(v).__name__ == "ScriptObject" and type(v).__module__.startswith("torch")
+
+
 class _Unpacked:
     """The unpacked weight (and bias) of one packed module; :func:`_before_forward` repacks it after a change."""
 
-    def __init__(self, module: Any) -> None:
-        self.params = module._packed_params
+    def __init__(self, access: _Access) -> None:
+        self.access = access
         self.weight: Any = None
         self.bias: Any = None
         self.parts: dict[str, Any] = {}
@@ -93,7 +146,8 @@ class _Unpacked:
         """Unpack the module's packed parameters into this holder (in place when the layout is unchanged)."""
         import torch  # only reached for a torch module
 
-        w, b = self.params._weight_bias()
+        w, b = self.access.unpack()
+        w = w.detach().to(torch.float16) if self.access.half else _owned(w)  # float16: unpacked to float32 exactly
         if self.weight is not None and self._same_kind(w, b):  # keep the addresses the targets hold
             self.parts["weight"].copy_(_words(w))
             for key, value in _qparams(w).items():
@@ -107,10 +161,10 @@ class _Unpacked:
                     old.untyped_storage(), old.storage_offset(), old.shape, old.stride())
         else:
             self.weight, self.bias = w, (None if b is None else b.detach().clone())
-            self.parts = {"weight": _words(w), **_qparams(w)}
+            self.parts = {"weight": _words(self.weight), **_qparams(w)}
             if self.bias is not None:
                 self.parts["bias"] = self.bias
-        self.packed = self.params._packed_params
+        self.packed = self.access.packed()
         self.snapshot = {k: v.clone() for k, v in self.parts.items()}
 
     def _same_kind(self, w: Any, b: Any) -> bool:
@@ -135,17 +189,40 @@ class _Unpacked:
     def _take_reloaded(self) -> bool:
         """Take the module's words when its packed parameters were replaced since they were last packed or
         unpacked here (``load_state_dict``); true when they were."""
-        if self.params._packed_params is self.packed:
+        if self.access.packed() is self.packed:
             return False
         self._load()
         return True
 
     def _repack(self) -> None:
-        """Pack the kept words into the module and remember them as packed."""
-        self.params.set_weight_bias(self.weight, self.bias)
-        self.packed = self.params._packed_params
+        """Pack the kept words into the module and remember them as packed.
+
+        Raises
+        ------
+        ValueError
+            A float16 word is ±Inf or NaN: the engine would saturate it to ±65504 (the module cannot hold it).
+        """
+        w = self.weight
+        if self.access.half:
+            _check_finite_half(w)
+            w = w.float()  # a new tensor: the engine's saturation pass writes into what it is given
+        self.access.repack(w, self.bias)
+        self.packed = self.access.packed()
         for k, v in self.parts.items():
             self.snapshot[k].copy_(v)
+
+
+def _owned(w: Any) -> Any:
+    """A quantized ``w`` over memory of its own: an engine may unpack its scales and zero points as views of the
+    packed object (``EmbeddingPackedParams`` does), which the next repack frees."""
+    import torch
+
+    if not w.is_quantized:
+        return w.detach()
+    if w.qscheme() == torch.per_tensor_affine:
+        return torch._make_per_tensor_quantized_tensor(w.int_repr(), w.q_scale(), w.q_zero_point())
+    return torch._make_per_channel_quantized_tensor(w.int_repr(), w.q_per_channel_scales().clone(),
+                                                    w.q_per_channel_zero_points().clone(), w.q_per_channel_axis())
 
 
 def _words(w: Any) -> Any:
@@ -156,6 +233,18 @@ def _words(w: Any) -> Any:
         return w.detach()
     words = {torch.qint8: torch.int8, torch.quint8: torch.uint8, torch.qint32: torch.int32}[w.dtype]
     return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
+
+
+def _check_finite_half(w: Any) -> None:
+    """Refuse a float16 weight holding ±Inf or NaN (``ValueError`` naming the first such word and element)."""
+    import torch
+
+    bad = torch.nonzero(~torch.isfinite(w).reshape(-1))
+    if len(bad):
+        i = int(bad[0])
+        word = int(w.reshape(-1)[i : i + 1].view(torch.int16)) & 0xFFFF
+        raise ValueError(f"float16 word {word:#06x} at element {i} of its weight is not finite, and the engine's "
+                         "float16 packing saturates it to +-65504, so the module cannot hold it")
 
 
 def _qparams(w: Any) -> dict[str, Any]:
@@ -199,36 +288,69 @@ def _before_forward(module: Any, args: Any) -> None:
         holder.refresh()
 
 
-def _packed_modules(model: Any) -> Iterator[tuple[str, Any]]:
+def _packed_modules(model: Any) -> Iterator[tuple[str, Any, _Access]]:
+    """``(name, module, access)`` of the supported packed modules of ``model`` (a module's parameter holder, which
+    comes after it, is not one of them)."""
+    holders: set[int] = set()
     for name, module in model.named_modules():
-        params = getattr(module, "_packed_params", None)
-        if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):
-            yield name, module
+        access = None if id(module) in holders else _access(module, f"{name}." if name else "")
+        if access is not None:
+            holders.add(id(access.params))
+            yield name, module, access
 
 
 def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]]:
-    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every packed quantized
-    module in ``model``: ``source()`` is the tensor the module's holder keeps under that name now, ``sync()``
-    brings holder and module together (call it before writing the words, and ``sync(written=True)`` after, so that
-    the module, its ``weight()`` and its ``state_dict`` show the change at once, not at the next forward).
+    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every supported packed
+    quantized module in ``model`` (see :func:`_access`): ``source()`` is the tensor the module's holder keeps under
+    that name now, ``sync()`` brings holder and module together (call it before writing the words, and
+    ``sync(written=True)`` after, so that the module, its ``weight()`` and its ``state_dict`` show the change at
+    once, not at the next forward).
 
     The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
-    aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for the
-    weight, ``.../1`` for the bias), so a plan sampled from the saved file applies to the live module.
+    aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for a
+    ``Linear``'s weight, ``.../1`` for its bias; ``<module>.weight`` for a convolution's), so a plan sampled from the
+    saved file applies to the live module.
     """
-    for name, module in _packed_modules(model):
+    for name, module, access in _packed_modules(model):
         holder = _HOLDERS.get(module)
         if holder is None:
-            holder = _HOLDERS[module] = _Unpacked(module)
+            holder = _HOLDERS[module] = _Unpacked(access)
             if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
                 module.register_forward_pre_hook(_before_forward)
         prefix = f"{name}." if name else ""
-        saved = f"{prefix}_packed_params._packed_params"
-        files = {"weight": f"{saved}/0", "bias": f"{saved}/1",
-                 "weight.scale": f"{saved}/0/scale", "weight.zero_point": f"{saved}/0/zero_point"}
+        files = {"weight": access.saved, "bias": access.saved_bias,
+                 "weight.scale": f"{access.saved}/scale", "weight.zero_point": f"{access.saved}/zero_point"}
         sync = _named_sync(holder, name or type(module).__name__)
         for key, t in holder.parts.items():
             role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
-            yield (prefix + key, t, name or None, role, (f"model/{prefix}{key}", files[key]),
-                   _part_source(holder, key), sync)
+            aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key]) if a != prefix + key))
+            yield prefix + key, t, name or None, role, aliases, _part_source(holder, key), sync
+
+
+def unreached_packed(model: Any) -> Iterator[tuple[str, str]]:
+    """``(name, why)`` of every packed engine object in ``model`` that fastflip does not reach (the weights of
+    dynamic-quantized ``LSTM``/``GRU`` and their cells, or any other module keeping a TorchScript object), named
+    by the ``state_dict`` key that saves it, so that targets list them as left out instead of dropping them."""
+    modules = dict(model.named_modules())
+    reached = {i for _n, m, a in _packed_modules(model) for i in (id(m), id(a.params))}
+    for name, module in modules.items():
+        if id(module) in reached:
+            continue
+        for attr, value in vars(module).items():
+            if _is_script_object(value):
+                key = f"{name}.{attr}" if name else attr
+                owner = _quantized_owner(modules, name)
+                what = f"torch.ao module {owner or type(model).__name__!r} ({type(modules[owner]).__name__})"
+                yield key, (f"{what} keeps {key!r} packed by the quantized engine, which fastflip cannot unpack and "
+                            "repack bit for bit (quantized Linear, Conv and Embedding layers can be injected)")
+
+
+def _quantized_owner(modules: dict[str, Any], name: str) -> str:
+    """The outermost module on the path to ``name`` (itself included) that is a ``torch.ao`` quantized module."""
+    parts = name.split(".") if name else []
+    for i in range(len(parts) + 1):
+        path = ".".join(parts[:i])
+        if type(modules[path]).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+            return path
+    return name
