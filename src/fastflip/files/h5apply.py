@@ -125,6 +125,15 @@ def _chunk_groups(t: Tensor, idx: np.ndarray) -> list[tuple[tuple[slice, ...], n
     return out
 
 
+def _words_block(values: Any, dtype: np.dtype) -> np.ndarray:
+    """A copy of values read through h5py as ``dtype``: opaque words (a Keras bfloat16 variable, read by h5py as
+    raw bytes) are taken as they are stored, numbers converted."""
+    values = np.asarray(values)
+    if values.dtype.kind == "V":
+        return np.array(values.view(dtype), copy=True)
+    return np.array(values, dtype=dtype, copy=True)
+
+
 def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.ndarray | None,
               old_out: np.ndarray, new_out: np.ndarray) -> None:
     """Read (mode 'read'), apply the plan ('apply') or store given words ('write') through h5py."""
@@ -135,7 +144,7 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
     ds = f[t.path]  # type: ignore[index]
     pos = route.positions[sel]
     for region, at, local in _chunk_groups(t, plan.index[pos]):
-        block = np.array(ds[region] if region else ds[()], dtype=t.dtype, copy=True)
+        block = _words_block(ds[region] if region else ds[()], t.dtype)
         flat = block.reshape(-1)
         old = to_words(flat[local]).astype(np.uint64)
         site = pos[at]
@@ -146,10 +155,11 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
                else words[site])  # type: ignore[index]
         new_out[site] = new
         flat[local] = from_words(new.astype(word_type(t.dtype).uint), t.dtype)
+        stored = block.view(ds.dtype) if ds.dtype.kind == "V" else block
         if region:
-            ds[region] = block
+            ds[region] = stored
         else:
-            ds[()] = block.reshape(())
+            ds[()] = stored.reshape(())
 
 
 @dataclass
