@@ -23,7 +23,7 @@ import pytest
 from attack_check import cli, verdict
 from conftest import require, snapshot
 from framework_judge import assert_judged, compare_readings
-from framework_views import h5_group_view, keras_view
+from framework_views import h5_group_view, h5_view, keras_view
 
 pytestmark = pytest.mark.framework
 
@@ -577,3 +577,113 @@ def test_bfloat16_flip_is_read_by_keras_as_logged_and_reverts_bit_for_bit(saved,
     assert not compare_readings(view(again), view(out))
     assert cli("revert", out + ".fflog", out, "-o", back)[0] == 0
     assert snapshot(back) == snapshot(src)
+
+
+def _bf16_bias(f: h5py.File) -> np.ndarray:
+    """The bfloat16 bias's stored words (uint16), its dataset removed (an edit writes it again)."""
+    words = f[BF16_BIAS][()].view("<u2")
+    del f[BF16_BIAS]
+    return words
+
+
+def _rewrite_bias(data: np.ndarray, attr: object = "bfloat16") -> Callable[[h5py.File], None]:
+    """An edit: the bfloat16 bias stored again as ``data`` (a function of its words), with ``dtype=attr``."""
+    def edit(f: h5py.File) -> None:
+        words = _bf16_bias(f)
+        f.create_dataset(BF16_BIAS, data=data(words)).attrs["dtype"] = attr
+    return edit
+
+
+def _set_attr(value: object, path: str = BF16_BIAS) -> Callable[[h5py.File], None]:
+    def edit(f: h5py.File) -> None:
+        f[path].attrs["dtype"] = value
+    return edit
+
+
+def _tagged_opaque(f: h5py.File) -> None:
+    """The bfloat16 bias as opaque 2-byte words with an HDF5 tag (Keras writes them untagged)."""
+    from h5py import h5d, h5s, h5t
+
+    words = _bf16_bias(f)
+    tid = h5t.create(h5t.OPAQUE, 2)
+    tid.set_tag(b"bf16")
+    dsid = h5d.create(f[os.path.dirname(BF16_BIAS)].id, b"1", tid, h5s.create_simple(words.shape))
+    dsid.write(h5s.ALL, h5s.ALL, words.view("V2"), mtype=tid)
+    h5py.Dataset(dsid).attrs["dtype"] = "bfloat16"
+
+
+def _fixed_ascii(f: h5py.File) -> None:
+    f[BF16_BIAS].attrs["dtype"] = np.array("bfloat16", dtype=h5py.string_dtype("ascii", 8))
+
+
+# dtype="bfloat16" where Keras's loader cannot read the dataset as bfloat16 ("no conversion path"), or an
+# attribute Keras's comparison does not take for "bfloat16" on opaque words ("No cast function available"):
+# (the dataset edited, the edit)
+KERAS_UNREADABLE: dict[str, tuple[str, Callable[[h5py.File], None]]] = {
+    "attr-on-float16": ("/layers/dense/vars/1", _set_attr("bfloat16", "/layers/dense/vars/1")),
+    "attr-on-float32": (BF16_BIAS, _rewrite_bias(lambda w: (w.astype("<u4") << 16).view("<f4"))),
+    "attr-on-uint16": (BF16_BIAS, _rewrite_bias(lambda w: w)),
+    "attr-on-int16": (BF16_BIAS, _rewrite_bias(lambda w: w.view("<i2"))),
+    "attr-on-4-byte-opaque": (BF16_BIAS, _rewrite_bias(lambda w: w.astype("<u4").view("V4"))),
+    "opaque-tagged": (BF16_BIAS, _tagged_opaque),
+    "attr-float16-on-opaque": (BF16_BIAS, _set_attr("float16")),
+    "attr-bytes-on-opaque": (BF16_BIAS, _set_attr(np.bytes_(b"bfloat16"))),
+    "attr-fixed-ascii-on-opaque": (BF16_BIAS, _fixed_ascii),
+    "attr-two-strings-on-opaque": (BF16_BIAS, _set_attr(["bfloat16", "bfloat16"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KERAS_UNREADABLE))
+def test_bfloat16_attribute_keras_cannot_read_is_skipped_never_flipped(saved, case, tmp_path):
+    """Keras's ``load_weights`` refuses the file (pinned: should Keras read it one day, this fails); fastflip lists
+    every other tensor, skips the edited one with Keras's reason, and an inject of every element never touches it."""
+    from fastflip.files.layout import read_layout
+    from fastflip.files.log import InjectionLog
+
+    target, edit = KERAS_UNREADABLE[case]
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, edit)
+    with pytest.raises(ValueError, match="could not be loaded"):
+        load_weights_view(_float16_layers, str(tmp_path))(path)
+    lay = read_layout(path)
+    assert [(s.path, "Keras" in s.reason or "|V2" in s.reason) for s in lay.skipped] == [(target, True)], lay.skipped
+    assert len(lay.tensors) == 3
+    out = str(tmp_path / "out.weights.h5")
+    total = sum(t.size for t in lay.tensors)
+    assert cli("inject", path, "-o", out, "--seed", "2", "--count", str(total), "-q")[0] == 0
+    assert target not in {t.name for t in InjectionLog.load(out + ".fflog").plan.tensors}
+    with h5py.File(path, "r") as a, h5py.File(out, "r") as b:
+        assert _stored(a[target]) == _stored(b[target])
+
+
+def _stored(ds: h5py.Dataset) -> bytes:
+    """A dataset's elements in its own stored type (a tagged opaque type has no conversion to h5py's)."""
+    from h5py import h5s
+
+    tid = ds.id.get_type()
+    buf = np.empty(ds.shape, f"V{tid.get_size()}")
+    ds.id.read(h5s.ALL, h5s.ALL, buf, mtype=tid)
+    return buf.tobytes()
+
+
+def test_bfloat16_attribute_as_a_one_string_list_is_read_as_keras_reads_it(saved, tmp_path):
+    """``dtype = ["bfloat16"]`` (an array of one string): Keras's comparison takes it for "bfloat16", so does
+    fastflip."""
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, _set_attr(["bfloat16"]))
+    assert verdict(path, load_weights_view(_float16_layers, str(tmp_path)), str(tmp_path / "v"), count=38,
+                   expect="agrees") == "agrees"
+
+
+def _plain(f: h5py.File) -> None:
+    """The Keras layout renamed away (``layers`` → ``model``): a plain HDF5 file holding Keras's datasets."""
+    f.move("layers", "model")
+
+
+def test_bfloat16_attribute_in_a_plain_hdf5_file_is_read_as_h5py_reads_it(saved, tmp_path):
+    """Outside Keras's weights layout nothing reads the attribute: h5py reads the opaque words as raw bytes, so
+    fastflip skips them (with the reason) and lists the rest as h5py reads it."""
+    from fastflip.files.layout import read_layout
+
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, _plain)
+    skipped = ["/model/dense_1/vars/0", "/model/dense_1/vars/1"]
+    assert all("opaque" in s.reason for s in read_layout(path).skipped)
+    assert verdict(path, h5_view, str(tmp_path / "v"), expect="agrees", skipped=skipped) == "agrees"
