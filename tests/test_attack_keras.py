@@ -551,19 +551,43 @@ BF16 = "float16-bfloat16-layers"
 BF16_BIAS = "/layers/dense_1/vars/1"
 
 
-def _bf16_view(kind: str, tmp: str) -> Callable[[str], dict[str, np.ndarray]]:
-    return _keras_model_view(tmp) if kind == "keras" else load_weights_view(_float16_layers, tmp)
+def _bf16_compact(f: h5py.File) -> None:
+    """The bfloat16 variables stored again with compact layout (their bytes in the object header), as Keras
+    writes them otherwise (opaque words, ``dtype="bfloat16"``)."""
+    from h5py import h5d, h5p, h5s
+
+    for path in ("/layers/dense_1/vars/0", BF16_BIAS):
+        ds = f[path]
+        words, tid = ds[()], ds.id.get_type()
+        del f[path]
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        dcpl.set_layout(h5d.COMPACT)
+        new = h5d.create(f[os.path.dirname(path)].id, os.path.basename(path).encode(), tid,
+                         h5s.create_simple(words.shape), dcpl=dcpl)
+        new.write(h5s.ALL, h5s.ALL, words)
+        h5py.Dataset(new).attrs["dtype"] = "bfloat16"
 
 
-@pytest.mark.parametrize("kind", ["keras", "weights"])
+def _bf16_source(saved, kind: str, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """The bfloat16 model's file: as Keras saved it, its archive's weights gzip-chunked, its bfloat16 datasets
+    compact (the last two are written through HDF5, not at byte offsets)."""
+    if kind == "keras-gzip-chunked":
+        return _gzip_weights(saved[BF16]["keras"], str(tmp_path / "gz.keras"))
+    if kind == "weights-compact":
+        return _edited_copy(saved[BF16]["weights"], tmp_path, _bf16_compact)
+    return saved[BF16][kind]
+
+
+@pytest.mark.parametrize("kind", ["keras", "weights", "keras-gzip-chunked", "weights-compact"])
 def test_bfloat16_flip_is_read_by_keras_as_logged_and_reverts_bit_for_bit(saved, kind, tmp_path):
     """Flips drawn only in the bfloat16 layer: Keras (``load_model`` / ``load_weights``) reads exactly the logged
     bfloat16 words back and nothing else changed; replay gives what Keras read; revert gives the input's bytes."""
+    from fastflip.files.diff import diff_files
     from fastflip.files.log import InjectionLog
 
-    src = saved[BF16][kind]
-    ext = ".keras" if kind == "keras" else ".weights.h5"
-    view = _bf16_view(kind, str(tmp_path))
+    src = _bf16_source(saved, kind, tmp_path)
+    ext = ".keras" if kind.startswith("keras") else ".weights.h5"
+    view = _keras_model_view(str(tmp_path)) if ext == ".keras" else load_weights_view(_float16_layers, str(tmp_path))
     before = view(src)
     out, back, again = (str(tmp_path / (n + ext)) for n in ("out", "back", "replayed"))
     rc, err = cli("inject", src, "-o", out, "--seed", "11", "--count", "6", "--dtype", "bfloat16", "-q")
@@ -572,6 +596,8 @@ def test_bfloat16_flip_is_read_by_keras_as_logged_and_reverts_bit_for_bit(saved,
     assert {(t.name, t.format) for t in log.plan.tensors} <= {("/layers/dense_1/vars/0", "bfloat16"),
                                                               (BF16_BIAS, "bfloat16")}
     assert_judged(before, view(out), log)  # Keras holds the logged new words at the logged elements, else unchanged
+    changed = {(r["tensor"], r["index"]) for r in log.records() if r["old_word"] != r["new_word"]}
+    assert sum(t.n_diff for t in diff_files(src, out).tensors) == len(changed)
     rc, err = cli("replay", out + ".fflog", src, "-o", again)
     assert rc == 0, err
     assert not compare_readings(view(again), view(out))

@@ -40,6 +40,7 @@ from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .h5offsets import chunk_address_base
 from .h5open import open_read_only
+from .keras_dtypes import stored_words
 from .layout import Tensor, open_dataset
 from .routes import SiteRoute
 
@@ -125,15 +126,6 @@ def _chunk_groups(t: Tensor, idx: np.ndarray) -> list[tuple[tuple[slice, ...], n
     return out
 
 
-def _words_block(values: Any, dtype: np.dtype) -> np.ndarray:
-    """A copy of values read through h5py as ``dtype``: opaque words (a Keras bfloat16 variable, read by h5py as
-    raw bytes) are taken as they are stored, numbers converted."""
-    values = np.asarray(values)
-    if values.dtype.kind == "V":
-        return np.array(values.view(dtype), copy=True)
-    return np.array(values, dtype=dtype, copy=True)
-
-
 def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.ndarray | None,
               old_out: np.ndarray, new_out: np.ndarray) -> None:
     """Read (mode 'read'), apply the plan ('apply') or store given words ('write') through h5py."""
@@ -144,7 +136,7 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
     ds = f[t.path]  # type: ignore[index]
     pos = route.positions[sel]
     for region, at, local in _chunk_groups(t, plan.index[pos]):
-        block = _words_block(ds[region] if region else ds[()], t.dtype)
+        block = np.array(stored_words(ds[region] if region else ds[()], t.dtype), dtype=t.dtype, copy=True)
         flat = block.reshape(-1)
         old = to_words(flat[local]).astype(np.uint64)
         site = pos[at]

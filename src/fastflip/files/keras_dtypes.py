@@ -36,7 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS"]
+__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS",
+           "stored_words", "WordsView"]
 
 KERAS_DTYPE_ATTR = b"dtype"
 BF16_WORDS = np.dtype(np.uint16)  # native order: the bytes land unchanged in an ml_dtypes.bfloat16 array
@@ -122,3 +123,26 @@ def keras_tensor(fields: Mapping[str, Any]) -> "dict[str, Any]":
     """The :class:`~fastflip.core.records.Tensor` fields of a dataset that Keras reads as bfloat16, from those
     worked out for its words (``fields``: native-order ``uint16`` words)."""
     return {**fields, "format": "bfloat16"}
+
+
+def stored_words(values: Any, dtype: np.dtype) -> np.ndarray:
+    """Values read through h5py as ``dtype``: opaque words of its width (h5py's raw bytes of a Keras bfloat16
+    variable) are viewed as they are stored (no copy); other values are returned as h5py read them.
+
+    >>> stored_words(np.array([0x3F80], "<u2").view("V2"), np.dtype("<u2")).tolist()
+    [16256]
+    """
+    values = np.asarray(values)
+    if values.dtype.kind == "V" and values.dtype.itemsize == np.dtype(dtype).itemsize:
+        return values.view(dtype)
+    return values
+
+
+class WordsView:
+    """An h5py dataset sliced as :func:`stored_words` (``view[sl]``): a Keras bfloat16 variable as uint16 words."""
+
+    def __init__(self, ds: Any, dtype: np.dtype) -> None:
+        self._ds, self._dtype = ds, dtype
+
+    def __getitem__(self, sl: Any) -> np.ndarray:
+        return stored_words(self._ds[sl], self._dtype)
