@@ -36,6 +36,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .roles import detect_framework
+
 __all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS",
            "stored_words", "WordsView"]
 
@@ -113,8 +115,6 @@ def settle(described: "dict[str, Any] | str | KerasReading", paths: "tuple[str, 
 def keras3_layout(paths: "list[str]", h5file: Any) -> bool:
     """True when the dataset ``paths`` (and the root attributes of the open file ``h5file``) follow the Keras 3
     weights layout (:func:`fastflip.files.roles.detect_framework` says ``keras3``)."""
-    from .roles import detect_framework
-
     attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
     return detect_framework(paths, attrs) == "keras3"
 
