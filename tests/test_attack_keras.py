@@ -110,6 +110,21 @@ def _float16_layers():  # type: ignore[no-untyped-def]
                              keras.layers.Dense(2, dtype="bfloat16")])
 
 
+def _bfloat16_policy_fit():  # type: ignore[no-untyped-def]
+    """Dense, BatchNormalization, Dense under the ``"bfloat16"`` policy after one Adam step: every layer
+    variable and optimizer moment a bfloat16 variable."""
+    keras = _keras()
+    try:
+        keras.mixed_precision.set_global_policy("bfloat16")
+        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2)])
+        m.compile("adam", "mse")
+        m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return m
+
+
 def _embedding_attention():  # type: ignore[no-untyped-def]
     keras = _keras()
     tok = keras.Input((5,), dtype="int32")
@@ -132,6 +147,7 @@ MODELS: dict[str, Callable] = {
     "subclassed": _subclassed,
     "mixed-float16": _mixed_float16,
     "float16-bfloat16-layers": _float16_layers,
+    "bfloat16-policy-fit": _bfloat16_policy_fit,
     "embedding-attention": _embedding_attention,
 }
 
@@ -205,7 +221,7 @@ def test_weights_h5_agrees(saved, name, tmp_path):
 # Keras 3 cannot load these legacy files back itself: a subclassed model ("Model expected 0 layers"), bfloat16
 # weights (stored as opaque 2-byte words: "No cast function available"; fastflip skips them as |V2), and a model
 # compiled with a string loss ("Could not deserialize 'keras.metrics.mse'").
-LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit"})
+LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit", "bfloat16-policy-fit"})
 
 
 @pytest.mark.parametrize("name", LEGACY)
@@ -713,3 +729,21 @@ def test_bfloat16_attribute_in_a_plain_hdf5_file_is_read_as_h5py_reads_it(saved,
     skipped = ["/model/dense_1/vars/0", "/model/dense_1/vars/1"]
     assert all("opaque" in s.reason for s in read_layout(path).skipped)
     assert verdict(path, h5_view, str(tmp_path / "v"), expect="agrees", skipped=skipped) == "agrees"
+
+
+def test_bfloat16_roles_are_those_of_the_layer(saved):
+    """A bfloat16 model's variables get the roles of float ones: kernel, bias, batch-norm statistics, Adam
+    moments (the iteration counter stays int64, the learning rate float32)."""
+    from fastflip.files.layout import read_layout
+
+    lay = read_layout(saved["bfloat16-policy-fit"]["weights"])
+    assert lay.skipped == []
+    roles = {t.path.rsplit("/", 3)[-3] + "/" + t.path.rsplit("/", 1)[-1]: (t.format or t.dtype.str, t.role)
+             for t in lay.tensors if not t.path.startswith("/optimizer/")}
+    bf = "bfloat16"
+    assert roles == {"dense/0": (bf, "weight"), "dense/1": (bf, "bias"), "dense_1/0": (bf, "weight"),
+                     "dense_1/1": (bf, "bias"), "batch_normalization/0": (bf, "weight"),
+                     "batch_normalization/1": (bf, "bias"), "batch_normalization/2": (bf, "bn-statistic"),
+                     "batch_normalization/3": (bf, "bn-statistic")}
+    opt = [(t.format or t.dtype.str, t.role) for t in lay.tensors if t.path.startswith("/optimizer/")]
+    assert sorted(set(opt)) == [("<f4", "other"), ("<i8", "step-counter"), (bf, "optimizer-moment")]
