@@ -747,3 +747,46 @@ def test_bfloat16_roles_are_those_of_the_layer(saved):
                      "batch_normalization/3": (bf, "bn-statistic")}
     opt = [(t.format or t.dtype.str, t.role) for t in lay.tensors if t.path.startswith("/optimizer/")]
     assert sorted(set(opt)) == [("<f4", "other"), ("<i8", "step-counter"), (bf, "optimizer-moment")]
+
+
+_BF16_EVAL = '''
+import numpy as np
+
+KEYS = ["/layers/dense_1/vars/0", "/layers/dense_1/vars/1"]
+
+
+def _metric(values):
+    return {"metric": float(sum(np.nansum(np.abs(v.astype(np.float64))) for v in values))}
+
+
+def memory(w):
+    import ml_dtypes
+    return _metric([np.asarray(w[k]).view(ml_dtypes.bfloat16) for k in KEYS])
+
+
+def checkpoint(path):  # read as Keras's loader reads a bfloat16 variable
+    import h5py, ml_dtypes
+    with h5py.File(path, "r") as f:
+        return _metric([np.array(f[k], dtype=ml_dtypes.bfloat16) for k in KEYS])
+'''
+
+
+def test_bfloat16_campaign_in_memory_and_checkpoint_modes_agree(saved, tmp_path):
+    """A campaign over the bfloat16 variables of a ``.weights.h5``: flipped in memory (the evaluator gets their
+    uint16 words) and flipped in the file (read as Keras reads it), the same sites give the same outcomes."""
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import sweep
+    from test_campaign import results
+
+    (tmp_path / "kbf16_eval.py").write_text(_BF16_EVAL)
+    rows = {}
+    for mode in ("checkpoint", "memory"):
+        camp = Campaign.from_dict({
+            "name": mode, "seed": 5, "mode": mode, "paths": [str(tmp_path)],
+            "target": {"checkpoint": saved[BF16]["weights"]}, "select": {"dtypes": ["bfloat16"]},
+            "cells": {"bits": ["exponent-msb", "0"], "group_by": "tensor"}, "trials": {"per_cell": 3},
+            "evaluator": {"function": f"kbf16_eval:{mode}"}}, base_dir=str(tmp_path))
+        assert sweep(camp, str(tmp_path / f"{mode}.db"), workers=0, progress=False).complete
+        rows[mode] = results(tmp_path / f"{mode}.db")
+    assert len(rows["memory"]) == 10 and rows["memory"] == rows["checkpoint"]
+    assert {r[3].split("[")[0] for r in rows["memory"]} == {"/layers/dense_1/vars/0", BF16_BIAS}
