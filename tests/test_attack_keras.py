@@ -790,3 +790,17 @@ def test_bfloat16_campaign_in_memory_and_checkpoint_modes_agree(saved, tmp_path)
         rows[mode] = results(tmp_path / f"{mode}.db")
     assert len(rows["memory"]) == 10 and rows["memory"] == rows["checkpoint"]
     assert {r[3].split("[")[0] for r in rows["memory"]} == {"/layers/dense_1/vars/0", BF16_BIAS}
+
+
+def test_legacy_h5_bfloat16_weights_stay_skipped(saved, tmp_path):
+    """A legacy ``.h5`` (``model.save("m.h5")``) stores bfloat16 weights as opaque words without Keras 3's
+    ``dtype`` attribute; Keras 3 cannot load the file back, and fastflip skips exactly those datasets."""
+    from fastflip.files.layout import read_layout
+
+    path = saved[BF16]["legacy"]
+    with pytest.raises(ValueError, match="No cast function"):
+        legacy_h5_view(str(tmp_path))(path)
+    lay = read_layout(path)
+    assert lay.skipped and all(s.reason.startswith("unsupported dtype |V2") for s in lay.skipped)
+    assert sorted(s.path.rsplit("/", 1)[-1] for s in lay.skipped) == ["bias", "kernel"]
+    assert all(t.dtype.str == "<f2" for t in lay.tensors if not t.path.startswith("/optimizer_weights"))
