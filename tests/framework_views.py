@@ -19,11 +19,25 @@ import numpy as np
 from conftest import require
 
 __all__ = ["h5_view", "np_view", "st_numpy_view", "st_torch_view", "torch_view", "keras_view", "h5_group_view",
+           "keras_h5_value",
            "big_endian_archive", "state_dict_view", "assert_valid_zip", "dir_view"]
 
 
-def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None) -> dict:
-    """Every numeric dataset under every hard link of ``g``; the names of one dataset share one array."""
+def keras_h5_value(ds: h5py.Dataset) -> np.ndarray | None:
+    """A dataset as Keras 3's weights loader reads it (``H5IOStore.__getitem__``): ``np.array(ds,
+    dtype=ml_dtypes.bfloat16)`` when its ``dtype`` attribute equals ``"bfloat16"`` (here as its uint16 words, as
+    readings hold a format NumPy lacks); None for any other dataset (h5py's reading applies)."""
+    if "dtype" in ds.attrs and ds.attrs["dtype"] == "bfloat16":
+        import ml_dtypes
+
+        return np.array(ds, dtype=ml_dtypes.bfloat16).view(np.uint16)
+    return None
+
+
+def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen: dict | None = None, *,
+                  keras: bool = False) -> dict:
+    """Every numeric dataset under every hard link of ``g``; the names of one dataset share one array. ``keras``:
+    a dataset is read as Keras 3's weights loader reads it (:func:`keras_h5_value`: bfloat16 variables)."""
     out = {} if out is None else out
     seen = {} if seen is None else seen
     for name in g:
@@ -31,7 +45,9 @@ def h5_group_view(g: h5py.Group, prefix: str = "", out: dict | None = None, seen
             continue
         obj = g[name]
         if isinstance(obj, h5py.Group):
-            h5_group_view(obj, f"{prefix}/{name}", out, seen)
+            h5_group_view(obj, f"{prefix}/{name}", out, seen, keras=keras)
+        elif keras and obj.shape is not None and (words := keras_h5_value(obj)) is not None:
+            out[f"{prefix}/{name}"] = seen.setdefault(obj.id, words)
         elif obj.dtype.kind in "fiub" and obj.shape is not None:
             if obj.id not in seen:
                 seen[obj.id] = obj[()]
@@ -96,7 +112,7 @@ def keras_view(path: str, tmp: str) -> dict[str, np.ndarray]:
     again = os.path.join(tmp, "keras-view.keras")
     model.save(again)
     with zipfile.ZipFile(again) as z, h5py.File(io.BytesIO(z.read("model.weights.h5")), "r") as f:
-        return h5_group_view(f)
+        return h5_group_view(f, keras=True)
 
 
 def big_endian_archive(little: str, big: str, itemsize: int = 4) -> None:

@@ -22,7 +22,8 @@ import pytest
 
 from attack_check import cli, verdict
 from conftest import require, snapshot
-from framework_views import h5_group_view, keras_view
+from framework_judge import assert_judged, compare_readings
+from framework_views import h5_group_view, h5_view, keras_view
 
 pytestmark = pytest.mark.framework
 
@@ -109,6 +110,21 @@ def _float16_layers():  # type: ignore[no-untyped-def]
                              keras.layers.Dense(2, dtype="bfloat16")])
 
 
+def _bfloat16_policy_fit():  # type: ignore[no-untyped-def]
+    """Dense, BatchNormalization, Dense under the ``"bfloat16"`` policy after one Adam step: every layer
+    variable and optimizer moment a bfloat16 variable."""
+    keras = _keras()
+    try:
+        keras.mixed_precision.set_global_policy("bfloat16")
+        m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
+                              keras.layers.Dense(2)])
+        m.compile("adam", "mse")
+        m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return m
+
+
 def _embedding_attention():  # type: ignore[no-untyped-def]
     keras = _keras()
     tok = keras.Input((5,), dtype="int32")
@@ -131,6 +147,7 @@ MODELS: dict[str, Callable] = {
     "subclassed": _subclassed,
     "mixed-float16": _mixed_float16,
     "float16-bfloat16-layers": _float16_layers,
+    "bfloat16-policy-fit": _bfloat16_policy_fit,
     "embedding-attention": _embedding_attention,
 }
 
@@ -139,7 +156,7 @@ def _save_weights_view(model, tmp: str) -> dict[str, np.ndarray]:  # type: ignor
     again = os.path.join(tmp, "again.weights.h5")
     model.save_weights(again)
     with h5py.File(again, "r") as f:
-        return h5_group_view(f)
+        return h5_group_view(f, keras=True)
 
 
 def load_weights_view(make: Callable, tmp: str) -> Callable[[str], dict[str, np.ndarray]]:
@@ -184,8 +201,9 @@ def _keras_model_view(tmp: str) -> Callable[[str], dict[str, np.ndarray]]:
     return lambda p: keras_view(p, tmp)
 
 
-# Keras 3 stores a bfloat16 layer's variables as opaque 2-byte words (|V2): fastflip lists them as skipped
-SKIPPED = {"float16-bfloat16-layers": ["/layers/dense_1/vars/0", "/layers/dense_1/vars/1"]}
+# Keras 3 stores a bfloat16 layer's variables as opaque 2-byte words (|V2) marked dtype="bfloat16": fastflip lists
+# them as bfloat16, as Keras's loader reads them, so no case skips a tensor
+SKIPPED: dict[str, list[str]] = {}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -203,7 +221,7 @@ def test_weights_h5_agrees(saved, name, tmp_path):
 # Keras 3 cannot load these legacy files back itself: a subclassed model ("Model expected 0 layers"), bfloat16
 # weights (stored as opaque 2-byte words: "No cast function available"; fastflip skips them as |V2), and a model
 # compiled with a string loss ("Could not deserialize 'keras.metrics.mse'").
-LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit"})
+LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit", "bfloat16-policy-fit"})
 
 
 @pytest.mark.parametrize("name", LEGACY)
@@ -537,3 +555,252 @@ def test_unzipped_keras_directory_names_its_weights_file(tmp_path):
     inner = os.path.join(d, "model.weights.h5")
     assert verdict(inner, load_weights_view(_sequential_bn_built, str(tmp_path)), str(tmp_path / "w"),
                    expect="agrees") == "agrees"
+
+
+# ---- bfloat16 variables: opaque 2-byte words that Keras's loader reads as bfloat16 -------------------------
+# Keras 3 writes a bfloat16 variable as an HDF5 dataset of opaque 2-byte words (|V2) with the attribute
+# dtype="bfloat16", and its loader reads such a dataset (compared as Keras compares the attribute) into an
+# ml_dtypes.bfloat16 array. fastflip lists it as bfloat16 words; a dataset Keras's loader cannot read so is skipped
+# with the reason, never flipped.
+
+BF16 = "float16-bfloat16-layers"
+BF16_BIAS = "/layers/dense_1/vars/1"
+
+
+def _bf16_compact(f: h5py.File) -> None:
+    """The bfloat16 variables stored again with compact layout (their bytes in the object header), as Keras
+    writes them otherwise (opaque words, ``dtype="bfloat16"``)."""
+    from h5py import h5d, h5p, h5s
+
+    for path in ("/layers/dense_1/vars/0", BF16_BIAS):
+        ds = f[path]
+        words, tid = ds[()], ds.id.get_type()
+        del f[path]
+        dcpl = h5p.create(h5p.DATASET_CREATE)
+        dcpl.set_layout(h5d.COMPACT)
+        new = h5d.create(f[os.path.dirname(path)].id, os.path.basename(path).encode(), tid,
+                         h5s.create_simple(words.shape), dcpl=dcpl)
+        new.write(h5s.ALL, h5s.ALL, words)
+        h5py.Dataset(new).attrs["dtype"] = "bfloat16"
+
+
+def _bf16_source(saved, kind: str, tmp_path) -> str:  # type: ignore[no-untyped-def]
+    """The bfloat16 model's file: as Keras saved it, its archive's weights gzip-chunked, its bfloat16 datasets
+    compact (the last two are written through HDF5, not at byte offsets)."""
+    if kind == "keras-gzip-chunked":
+        return _gzip_weights(saved[BF16]["keras"], str(tmp_path / "gz.keras"))
+    if kind == "weights-compact":
+        return _edited_copy(saved[BF16]["weights"], tmp_path, _bf16_compact)
+    return saved[BF16][kind]
+
+
+@pytest.mark.parametrize("kind", ["keras", "weights", "keras-gzip-chunked", "weights-compact"])
+def test_bfloat16_flip_is_read_by_keras_as_logged_and_reverts_bit_for_bit(saved, kind, tmp_path):
+    """Flips drawn only in the bfloat16 layer: Keras (``load_model`` / ``load_weights``) reads exactly the logged
+    bfloat16 words back and nothing else changed; replay gives what Keras read; revert gives the input's bytes."""
+    from fastflip.files.diff import diff_files
+    from fastflip.files.log import InjectionLog
+
+    src = _bf16_source(saved, kind, tmp_path)
+    ext = ".keras" if kind.startswith("keras") else ".weights.h5"
+    view = _keras_model_view(str(tmp_path)) if ext == ".keras" else load_weights_view(_float16_layers, str(tmp_path))
+    before = view(src)
+    out, back, again = (str(tmp_path / (n + ext)) for n in ("out", "back", "replayed"))
+    rc, err = cli("inject", src, "-o", out, "--seed", "11", "--count", "6", "--dtype", "bfloat16", "-q")
+    assert rc == 0, err
+    log = InjectionLog.load(out + ".fflog")
+    assert {(t.name, t.format) for t in log.plan.tensors} <= {("/layers/dense_1/vars/0", "bfloat16"),
+                                                              (BF16_BIAS, "bfloat16")}
+    assert_judged(before, view(out), log)  # Keras holds the logged new words at the logged elements, else unchanged
+    changed = {(r["tensor"], r["index"]) for r in log.records() if r["old_word"] != r["new_word"]}
+    assert sum(t.n_diff for t in diff_files(src, out).tensors) == len(changed)
+    rc, err = cli("replay", out + ".fflog", src, "-o", again)
+    assert rc == 0, err
+    assert not compare_readings(view(again), view(out))
+    assert cli("revert", out + ".fflog", out, "-o", back)[0] == 0
+    assert snapshot(back) == snapshot(src)
+
+
+def _bf16_bias(f: h5py.File) -> np.ndarray:
+    """The bfloat16 bias's stored words (uint16), its dataset removed (an edit writes it again)."""
+    words = f[BF16_BIAS][()].view("<u2")
+    del f[BF16_BIAS]
+    return words
+
+
+def _rewrite_bias(data: np.ndarray, attr: object = "bfloat16") -> Callable[[h5py.File], None]:
+    """An edit: the bfloat16 bias stored again as ``data`` (a function of its words), with ``dtype=attr``."""
+    def edit(f: h5py.File) -> None:
+        words = _bf16_bias(f)
+        f.create_dataset(BF16_BIAS, data=data(words)).attrs["dtype"] = attr
+    return edit
+
+
+def _set_attr(value: object, path: str = BF16_BIAS) -> Callable[[h5py.File], None]:
+    def edit(f: h5py.File) -> None:
+        f[path].attrs["dtype"] = value
+    return edit
+
+
+def _tagged_opaque(f: h5py.File) -> None:
+    """The bfloat16 bias as opaque 2-byte words with an HDF5 tag (Keras writes them untagged)."""
+    from h5py import h5d, h5s, h5t
+
+    words = _bf16_bias(f)
+    tid = h5t.create(h5t.OPAQUE, 2)
+    tid.set_tag(b"bf16")
+    dsid = h5d.create(f[os.path.dirname(BF16_BIAS)].id, b"1", tid, h5s.create_simple(words.shape))
+    dsid.write(h5s.ALL, h5s.ALL, words.view("V2"), mtype=tid)
+    h5py.Dataset(dsid).attrs["dtype"] = "bfloat16"
+
+
+def _fixed_ascii(f: h5py.File) -> None:
+    f[BF16_BIAS].attrs["dtype"] = np.array("bfloat16", dtype=h5py.string_dtype("ascii", 8))
+
+
+# dtype="bfloat16" where Keras's loader cannot read the dataset as bfloat16 ("no conversion path"), or an
+# attribute Keras's comparison does not take for "bfloat16" on opaque words ("No cast function available"):
+# (the dataset edited, the edit)
+KERAS_UNREADABLE: dict[str, tuple[str, Callable[[h5py.File], None]]] = {
+    "attr-on-float16": ("/layers/dense/vars/1", _set_attr("bfloat16", "/layers/dense/vars/1")),
+    "attr-on-float32": (BF16_BIAS, _rewrite_bias(lambda w: (w.astype("<u4") << 16).view("<f4"))),
+    "attr-on-uint16": (BF16_BIAS, _rewrite_bias(lambda w: w)),
+    "attr-on-int16": (BF16_BIAS, _rewrite_bias(lambda w: w.view("<i2"))),
+    "attr-on-4-byte-opaque": (BF16_BIAS, _rewrite_bias(lambda w: w.astype("<u4").view("V4"))),
+    "opaque-tagged": (BF16_BIAS, _tagged_opaque),
+    "attr-float16-on-opaque": (BF16_BIAS, _set_attr("float16")),
+    "attr-bytes-on-opaque": (BF16_BIAS, _set_attr(np.bytes_(b"bfloat16"))),
+    "attr-fixed-ascii-on-opaque": (BF16_BIAS, _fixed_ascii),
+    "attr-two-strings-on-opaque": (BF16_BIAS, _set_attr(["bfloat16", "bfloat16"])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(KERAS_UNREADABLE))
+def test_bfloat16_attribute_keras_cannot_read_is_skipped_never_flipped(saved, case, tmp_path):
+    """Keras's ``load_weights`` refuses the file (pinned: should Keras read it one day, this fails); fastflip lists
+    every other tensor, skips the edited one with Keras's reason, and an inject of every element never touches it."""
+    from fastflip.files.layout import read_layout
+    from fastflip.files.log import InjectionLog
+
+    target, edit = KERAS_UNREADABLE[case]
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, edit)
+    with pytest.raises(ValueError, match="could not be loaded"):
+        load_weights_view(_float16_layers, str(tmp_path))(path)
+    lay = read_layout(path)
+    assert [(s.path, "Keras" in s.reason or "|V2" in s.reason) for s in lay.skipped] == [(target, True)], lay.skipped
+    assert len(lay.tensors) == 3
+    out = str(tmp_path / "out.weights.h5")
+    total = sum(t.size for t in lay.tensors)
+    assert cli("inject", path, "-o", out, "--seed", "2", "--count", str(total), "-q")[0] == 0
+    assert target not in {t.name for t in InjectionLog.load(out + ".fflog").plan.tensors}
+    with h5py.File(path, "r") as a, h5py.File(out, "r") as b:
+        assert _stored(a[target]) == _stored(b[target])
+
+
+def _stored(ds: h5py.Dataset) -> bytes:
+    """A dataset's elements in its own stored type (a tagged opaque type has no conversion to h5py's)."""
+    from h5py import h5s
+
+    tid = ds.id.get_type()
+    buf = np.empty(ds.shape, f"V{tid.get_size()}")
+    ds.id.read(h5s.ALL, h5s.ALL, buf, mtype=tid)
+    return buf.tobytes()
+
+
+def test_bfloat16_attribute_as_a_one_string_list_is_read_as_keras_reads_it(saved, tmp_path):
+    """``dtype = ["bfloat16"]`` (an array of one string): Keras's comparison takes it for "bfloat16", so does
+    fastflip."""
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, _set_attr(["bfloat16"]))
+    assert verdict(path, load_weights_view(_float16_layers, str(tmp_path)), str(tmp_path / "v"), count=38,
+                   expect="agrees") == "agrees"
+
+
+def _plain(f: h5py.File) -> None:
+    """The Keras layout renamed away (``layers`` → ``model``): a plain HDF5 file holding Keras's datasets."""
+    f.move("layers", "model")
+
+
+def test_bfloat16_attribute_in_a_plain_hdf5_file_is_read_as_h5py_reads_it(saved, tmp_path):
+    """Outside Keras's weights layout nothing reads the attribute: h5py reads the opaque words as raw bytes, so
+    fastflip skips them (with the reason) and lists the rest as h5py reads it."""
+    from fastflip.files.layout import read_layout
+
+    path = _edited_copy(saved[BF16]["weights"], tmp_path, _plain)
+    skipped = ["/model/dense_1/vars/0", "/model/dense_1/vars/1"]
+    assert all("opaque" in s.reason for s in read_layout(path).skipped)
+    assert verdict(path, h5_view, str(tmp_path / "v"), expect="agrees", skipped=skipped) == "agrees"
+
+
+def test_bfloat16_roles_are_those_of_the_layer(saved):
+    """A bfloat16 model's variables get the roles of float ones: kernel, bias, batch-norm statistics, Adam
+    moments (the iteration counter stays int64, the learning rate float32)."""
+    from fastflip.files.layout import read_layout
+
+    lay = read_layout(saved["bfloat16-policy-fit"]["weights"])
+    assert lay.skipped == []
+    roles = {t.path.rsplit("/", 3)[-3] + "/" + t.path.rsplit("/", 1)[-1]: (t.format or t.dtype.str, t.role)
+             for t in lay.tensors if not t.path.startswith("/optimizer/")}
+    bf = "bfloat16"
+    assert roles == {"dense/0": (bf, "weight"), "dense/1": (bf, "bias"), "dense_1/0": (bf, "weight"),
+                     "dense_1/1": (bf, "bias"), "batch_normalization/0": (bf, "weight"),
+                     "batch_normalization/1": (bf, "bias"), "batch_normalization/2": (bf, "bn-statistic"),
+                     "batch_normalization/3": (bf, "bn-statistic")}
+    opt = [(t.format or t.dtype.str, t.role) for t in lay.tensors if t.path.startswith("/optimizer/")]
+    assert sorted(set(opt)) == [("<f4", "other"), ("<i8", "step-counter"), (bf, "optimizer-moment")]
+
+
+_BF16_EVAL = '''
+import numpy as np
+
+KEYS = ["/layers/dense_1/vars/0", "/layers/dense_1/vars/1"]
+
+
+def _metric(values):
+    return {"metric": float(sum(np.nansum(np.abs(v.astype(np.float64))) for v in values))}
+
+
+def memory(w):
+    import ml_dtypes
+    return _metric([np.asarray(w[k]).view(ml_dtypes.bfloat16) for k in KEYS])
+
+
+def checkpoint(path):  # read as Keras's loader reads a bfloat16 variable
+    import h5py, ml_dtypes
+    with h5py.File(path, "r") as f:
+        return _metric([np.array(f[k], dtype=ml_dtypes.bfloat16) for k in KEYS])
+'''
+
+
+def test_bfloat16_campaign_in_memory_and_checkpoint_modes_agree(saved, tmp_path):
+    """A campaign over the bfloat16 variables of a ``.weights.h5``: flipped in memory (the evaluator gets their
+    uint16 words) and flipped in the file (read as Keras reads it), the same sites give the same outcomes."""
+    from fastflip.campaign import Campaign
+    from fastflip.campaign.sweep import sweep
+    from test_campaign import results
+
+    (tmp_path / "kbf16_eval.py").write_text(_BF16_EVAL)
+    rows = {}
+    for mode in ("checkpoint", "memory"):
+        camp = Campaign.from_dict({
+            "name": mode, "seed": 5, "mode": mode, "paths": [str(tmp_path)],
+            "target": {"checkpoint": saved[BF16]["weights"]}, "select": {"dtypes": ["bfloat16"]},
+            "cells": {"bits": ["exponent-msb", "0"], "group_by": "tensor"}, "trials": {"per_cell": 3},
+            "evaluator": {"function": f"kbf16_eval:{mode}"}}, base_dir=str(tmp_path))
+        assert sweep(camp, str(tmp_path / f"{mode}.db"), workers=0, progress=False).complete
+        rows[mode] = results(tmp_path / f"{mode}.db")
+    assert len(rows["memory"]) == 10 and rows["memory"] == rows["checkpoint"]
+    assert {r[3].split("[")[0] for r in rows["memory"]} == {"/layers/dense_1/vars/0", BF16_BIAS}
+
+
+def test_legacy_h5_bfloat16_weights_stay_skipped(saved, tmp_path):
+    """A legacy ``.h5`` (``model.save("m.h5")``) stores bfloat16 weights as opaque words without Keras 3's
+    ``dtype`` attribute; Keras 3 cannot load the file back, and fastflip skips exactly those datasets."""
+    from fastflip.files.layout import read_layout
+
+    path = saved[BF16]["legacy"]
+    with pytest.raises(ValueError, match="No cast function"):
+        legacy_h5_view(str(tmp_path))(path)
+    lay = read_layout(path)
+    assert lay.skipped and all(s.reason.startswith("unsupported dtype |V2") for s in lay.skipped)
+    assert sorted(s.path.rsplit("/", 1)[-1] for s in lay.skipped) == ["bias", "kernel"]
+    assert all(t.dtype.str == "<f2" for t in lay.tensors if not t.path.startswith("/optimizer_weights"))

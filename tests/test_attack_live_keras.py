@@ -134,6 +134,35 @@ def test_mixed_precision_variables(policy):
     _weights_agree(model, count=30, bits="exponent")
 
 
+BF16_EXPONENT = sum(1 << b for b in range(7, 15))
+
+
+@pytest.mark.parametrize("how", ["layer-dtype", "bfloat16-policy", "mixed_bfloat16-policy"])
+def test_bfloat16_variables_are_flipped_in_the_words_keras_holds(how):
+    """A bfloat16 variable (a layer's ``dtype="bfloat16"``, the ``"bfloat16"`` policy) is listed as bfloat16 words:
+    ``bits="exponent"`` flips bfloat16's exponent bits (7-14), ``variable.numpy()`` shows exactly the logged words,
+    the revert gives every variable back bit for bit. Under ``mixed_bfloat16`` the variables stay float32."""
+    keras = require("keras")
+    keras.utils.set_random_seed(0)
+    with _policy({"layer-dtype": "float32", "bfloat16-policy": "bfloat16",
+                  "mixed_bfloat16-policy": "mixed_bfloat16"}[how]):
+        model = keras.Sequential([keras.Input((5,)),
+                                  keras.layers.Dense(4, name="d", dtype="bfloat16" if how == "layer-dtype" else None),
+                                  keras.layers.Dense(2, name="o")])
+    bf16 = {v.path.split("/", 1)[-1] for v in model.weights if str(v.dtype) == "bfloat16"}
+    assert bf16 == {"layer-dtype": {"d/kernel", "d/bias"}, "bfloat16-policy": {"d/kernel", "d/bias", "o/kernel",
+                                                                               "o/bias"},
+                    "mixed_bfloat16-policy": set()}[how]
+    tg = live.targets(model)
+    plan = live.plan_for(tg, seed=3, count=40, bits="exponent")
+    assert {t.name: t.format for t in plan.tensors} == {n: "bfloat16" if n in bf16 else None
+                                                        for n in ("d/kernel", "d/bias", "o/kernel", "o/bias")}
+    for j in range(len(plan)):
+        if plan.tensors[int(plan.tensor[j])].format:
+            assert int(plan.bits[j]) & ~BF16_EXPONENT == 0, hex(int(plan.bits[j]))
+    assert _weights_agree(model, count=40, bits="exponent") >= bf16
+
+
 def test_subclassed_model_calling_one_layer_twice():
     keras = require("keras")
     keras.utils.set_random_seed(0)
@@ -218,6 +247,16 @@ def test_activation_of_a_float16_layer_under_mixed_precision():
                                   keras.layers.Dense(2, name="o", dtype="float32")])
     log = _activations_agree(model, "d", model.layers[0])
     assert log.dtypes == ["<f2"]
+
+
+def test_activation_of_a_bfloat16_layer():
+    """A bfloat16 layer's output (a layer's ``dtype="bfloat16"``) is faulted in its bfloat16 words."""
+    keras = require("keras")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, name="d", dtype="bfloat16"),
+                              keras.layers.Dense(2, name="o")])
+    log = _activations_agree(model, "d", model.layers[0])
+    assert log.dtypes == ["bfloat16"]
 
 
 def test_activation_in_an_element_of_a_tuple_output_and_attention_scores():

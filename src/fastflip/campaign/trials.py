@@ -48,7 +48,7 @@ import os
 import shutil
 import socket
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from ..errors import FastflipError, FormatError, OptionError, one_line
 from ..files.formats.hfdir import ShardedLayout
 from ..files.patches import refuse_damaged_tensors, restore_words
 from ..files.inject import inject_file
+from ..files.keras_dtypes import stored_words
 from ..files.layout import open_h5, read_layout
 from ..files.sharded import copy_checkpoint_dir, inject_dir, is_checkpoint_dir, restore_dir
 from ..live.activations import injected_activations
@@ -150,7 +151,7 @@ class TrialRunner:
                     tensors = target_tensors(campaign, e, obj)
                 else:
                     tensors = target_tensors(campaign, e)
-                    obj = self._read_checkpoint(campaign.checkpoint_path(e), [t.path for t in tensors])
+                    obj = self._read_checkpoint(campaign.checkpoint_path(e), {t.path: t.dtype for t in tensors})
                 self.targets[e] = obj
                 self.live[e] = live.targets(obj)
                 self.golden[e] = answer_from(self.evaluate(obj), self.returns)
@@ -178,9 +179,11 @@ class TrialRunner:
         self._batcher: Any = False  # built on the first run_many (None: trials run one by one)
 
     @staticmethod
-    def _read_checkpoint(path: str, names: Sequence[str]) -> dict[str, np.ndarray]:
+    def _read_checkpoint(path: str, dtypes: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:
+        """The selected datasets in memory, each as its tensor's stored words (a Keras bfloat16 variable, which
+        h5py reads as opaque bytes, as uint16 words)."""
         with open_h5(path) as f:
-            return {n: np.array(f[n][()]) for n in names}
+            return {n: np.array(stored_words(f[n][()], dt)) for n, dt in dtypes.items()}
 
     def _restore(self, path: str, log: Any, epoch: int | None) -> None:
         """Undo one injection in the worker's own copy: the revert of :func:`fastflip.files.revert.revert`

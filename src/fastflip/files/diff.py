@@ -34,6 +34,7 @@ import numpy as np
 from ..core.dtypes import to_words
 from ..core.floatformats import FORMATS, decode
 from .archives import is_keras_archive, read_archive
+from .keras_dtypes import WordsView
 from .encoded import member_array
 from .layout import Layout, Tensor, open_h5, read_layout
 from .oldcompare import OldComparator
@@ -283,7 +284,7 @@ def _datasets(layout: Layout) -> Iterator[Any]:
                          if t.storage == "contiguous" else member_array(layout.file, t.path))  # deflated .npz member
         return
     with open_h5(layout.file) as f:
-        yield lambda t: f[t.path]
+        yield lambda t: WordsView(f[t.path], t.dtype) if t.format else f[t.path]  # a Keras bfloat16 variable
 
 
 def diff_files(

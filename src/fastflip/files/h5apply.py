@@ -40,6 +40,7 @@ from .formats import detect_format
 from .h5index import tensor_element_offsets
 from .h5offsets import chunk_address_base
 from .h5open import open_read_only
+from .keras_dtypes import stored_words
 from .layout import Tensor, open_dataset
 from .routes import SiteRoute
 
@@ -135,7 +136,7 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
     ds = f[t.path]  # type: ignore[index]
     pos = route.positions[sel]
     for region, at, local in _chunk_groups(t, plan.index[pos]):
-        block = np.array(ds[region] if region else ds[()], dtype=t.dtype, copy=True)
+        block = np.array(stored_words(ds[region] if region else ds[()], t.dtype), dtype=t.dtype, copy=True)
         flat = block.reshape(-1)
         old = to_words(flat[local]).astype(np.uint64)
         site = pos[at]
@@ -146,10 +147,11 @@ def _h5_sites(f: "object", route: SiteRoute, plan: Plan, mode: str, words: np.nd
                else words[site])  # type: ignore[index]
         new_out[site] = new
         flat[local] = from_words(new.astype(word_type(t.dtype).uint), t.dtype)
+        stored = block.view(ds.dtype) if ds.dtype.kind == "V" else block
         if region:
-            ds[region] = block
+            ds[region] = stored
         else:
-            ds[()] = block.reshape(())
+            ds[()] = stored.reshape(())
 
 
 @dataclass

@@ -63,6 +63,7 @@ from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
+from .keras_dtypes import BF16_WORDS, KerasReading, keras3_layout, keras_reading, keras_tensor, settle
 from .roles import annotate as _annotate
 from ..errors import NotHDF5Error
 
@@ -328,16 +329,18 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
         try:
             found: list[tuple[str, int]] = []
             group_links: list[tuple[str, str]] = []
-            described: dict[int, dict[str, Any] | str] = _walk(
+            described: dict[int, dict[str, Any] | str | KerasReading] = _walk(
                 f.id, int(h5o.get_info(f.id).addr), found, skipped, group_links,
                 describe=lambda gid, name: _describe(h5d.open(gid, name), fsize))
             found = _group_aliases(found, group_links, skipped)
             by_addr: dict[int, list[str]] = {}
             for lpath, addr in found:
                 by_addr.setdefault(addr, []).append(lpath)
+            keras3 = any(isinstance(d, KerasReading) for d in described.values()) and \
+                keras3_layout([p for p, _ in found], f)
             for addr, paths in by_addr.items():
                 aliases = tuple(sorted(set(paths)))
-                d = described[addr]
+                d = settle(described[addr], aliases, keras3)
                 if isinstance(d, str):
                     skipped.append(Skipped(aliases[0], d))
                 else:
@@ -354,13 +357,26 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
     return layout
 
 
-def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str:
+def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str | KerasReading:
     """A dataset (low-level ``DatasetID``) as the fields of its :class:`Tensor` but its paths (the caller names
-    it once every link to it is known), or why it is not a tensor."""
+    it once every link to it is known), or why it is not a tensor; both readings (h5py's and Keras's) when its
+    ``dtype`` attribute makes Keras's weights loader read it otherwise (:mod:`fastflip.files.keras_dtypes`)."""
+    keras = keras_reading(dsid)
+    plain = _describe_as(dsid, fsize)
+    if keras != "bfloat16":
+        return plain if keras is None else KerasReading(plain, keras)
+    words = _describe_as(dsid, fsize, BF16_WORDS)
+    return KerasReading(plain if not isinstance(plain, str) else f"{plain} (opaque words: h5py reads raw bytes; "
+                        "Keras reads them as bfloat16 only in its .weights.h5 layout, under vars/)",
+                        keras_tensor(words) if isinstance(words, dict) else words)
+
+
+def _describe_as(dsid: Any, fsize: int, words: np.dtype | None = None) -> dict[str, Any] | str:
+    """:func:`_describe` of h5py's reading, or of the dataset read as ``words`` (a dtype of its width)."""
     from h5py import h5s
 
     tid = dsid.get_type()
-    dtype = np.dtype(tid.dtype)
+    dtype = np.dtype(tid.dtype) if words is None else words
     space = dsid.get_space()
     shape = None if space.get_simple_extent_type() == h5s.NULL else tuple(int(s) for s in space.shape)
     reason = _skip_reason(tid, dtype, shape)

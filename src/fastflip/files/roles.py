@@ -251,6 +251,11 @@ def label_names(names: Sequence[str], ndims: Sequence[int], kinds: Sequence[str]
     return [label_path(p, fw, n, k) for p, n, k in zip(paths, ndims, kinds)]
 
 
+def _kind(t: Tensor) -> str:
+    """A tensor's NumPy kind, ``'f'`` for a float format held in unsigned words (a Keras bfloat16 variable)."""
+    return "f" if t.format else t.dtype.kind
+
+
 def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str | None, str]]:
     """(layer, role) for Keras 3 ``.../vars/<i>`` tensors, using sibling shapes and group attrs."""
     groups: dict[str, list[tuple[int, Tensor]]] = {}
@@ -278,15 +283,15 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
         is_opt = gpath == "/optimizer" or gpath.startswith("/optimizer/") or cls.endswith("optimizer")
         if is_opt:
             for i, t in items:
-                if t.dtype.kind in "iu" and len(t.shape) == 0:
+                if _kind(t) in "iu" and len(t.shape) == 0:
                     role = "step-counter"
-                elif len(t.shape) == 0 or t.dtype.kind != "f":
+                elif len(t.shape) == 0 or _kind(t) != "f":
                     role = "other"
                 else:
                     role = "optimizer-moment"
                 out[t.path] = (None, role)
             continue
-        floats = [(i, t) for i, t in items if t.dtype.kind == "f" and len(t.shape) >= 1]
+        floats = [(i, t) for i, t in items if _kind(t) == "f" and len(t.shape) >= 1]
         roles: dict[str, str] = {}
         if "batch_norm" in cls and len(floats) >= 2:
             *affine, mean, var = floats
@@ -298,7 +303,7 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
                 roles[t.path] = r
         else:
             # an integer kernel is a quantized one (Keras ``quantize("int8")``): its scale is the last vector
-            quantized = [t for _, t in items if t.dtype.kind in "iu" and len(t.shape) >= 2]
+            quantized = [t for _, t in items if _kind(t) in "iu" and len(t.shape) >= 2]
             for t in quantized:
                 roles[t.path] = "weight"
             seen_kernel = bool(quantized)
