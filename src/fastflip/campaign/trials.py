@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import live
 from ..core.blockplan import plan_block, plan_sites_block
-from ..errors import FastflipError, FormatError, OptionError, one_line
+from ..errors import FastflipError, OptionError, one_line
 from ..files.formats.hfdir import ShardedLayout
 from ..files.patches import refuse_damaged_tensors, restore_words
 from ..files.inject import inject_file
@@ -161,10 +161,8 @@ class TrialRunner:
                 self.layouts[e] = read_layout(self.targets[e])
                 if self.layouts[e].format == "npz":  # once per copy: its trials write only words, CRCs and undos
                     names = {t.path for t in tensors}
-                    try:
-                        refuse_damaged_tensors(self.targets[e], [t for t in self.layouts[e].tensors if t.path in names])
-                    except FormatError as exc:  # named as the user's checkpoint, not as the scratch copy
-                        raise type(exc)(str(exc).replace(self.targets[e], campaign.checkpoint_path(e))) from None
+                    refuse_damaged_tensors(self.targets[e], [t for t in self.layouts[e].tensors if t.path in names],
+                                           label=campaign.checkpoint_path(e))  # the user's file, not the copy
                 self.golden[e] = answer_from(self.evaluate(self.targets[e]), self.returns)
             refs_by_epoch[e] = {t.path: t.ref() for t in tensors}
         for e, g in self.golden.items():

@@ -82,13 +82,16 @@ def member_check(path: str, routes: Sequence[SiteRoute], index: ZipIndex | None 
     return member_crcs(path, np.concatenate(offs) if offs else np.zeros(0, np.int64), index)
 
 
-def refuse_damaged_tensors(path: str, tensors: Sequence[Tensor]) -> None:
+def refuse_damaged_tensors(path: str, tensors: Sequence[Tensor], label: str | None = None) -> None:
     """Refuse the ``.npz`` at ``path`` when a stored member holding one of ``tensors`` does not match its CRC-32, as
     ``np.load`` refuses such a member (as :func:`member_check`, each member read once): the one check of a working
     copy whose later injects into these tensors skip it (``inject_file(members_checked=True)``: a campaign's
-    trials). Tensors without raw storage (deflated members) are left to the inflating reader, as there."""
+    trials), named in the refusal as ``label`` (default ``path``: the file the copy was made of). Tensors without
+    raw storage (deflated members) are left to the inflating reader, as there."""
     offs = [t.offset for t in tensors if t.raw_writable and t.offset is not None and t.nbytes]
-    member_crcs(path, np.array(offs, np.int64)).check()
+    check = member_crcs(path, np.array(offs, np.int64))
+    check.label = label or path
+    check.check()
 
 
 def expected_new(plan: Plan, routes: Sequence[SiteRoute], old: np.ndarray) -> np.ndarray:

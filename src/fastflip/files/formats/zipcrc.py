@@ -194,10 +194,11 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
 class MemberCrcs:
     """The CRC-32 of the stored entries of a zip that hold some file offsets, worked out from their bytes as a
     reader hands them over (:meth:`feed`, in file order: a copy's one pass over the file, or :meth:`read`), then
-    compared with the recorded ones (:meth:`verify`): ``np.load`` refuses an entry that does not match it."""
+    compared with the recorded ones (:meth:`verify`): ``np.load`` refuses an entry that does not match it.
+    ``label``: the file a refusal names (default ``path``; a campaign names the checkpoint its scratch copy is of)."""
 
     def __init__(self, path: str, entries: list[ZipEntry]) -> None:
-        self.path, self.entries = path, entries
+        self.path, self.entries, self.label = path, entries, path
         self.crcs, self.seen = [0] * len(entries), [0] * len(entries)
         self._at = 0  # the first entry not yet fed in full
 
@@ -253,7 +254,7 @@ class MemberCrcs:
         """
         for e, crc, n in zip(self.entries, self.crcs, self.seen):
             if n != e.size or crc != e.info.CRC:
-                raise crc_refusal(self.path, e.name, "np.load")
+                raise crc_refusal(self.label, e.name, "np.load")
 
     def check(self) -> None:
         """:meth:`read`, then :meth:`verify`: the entries read from the file by themselves."""
