@@ -302,6 +302,37 @@ def test_quantize_dynamic_failed_repack_after_inject_puts_the_words_back(monkeyp
     assert torch.equal(q(x), y0)
 
 
+def _bits(torch, t):
+    """``t``'s words as integers (compares -0.0, NaN payloads and all, bit for bit)."""
+    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.detach().contiguous().view(words).clone()
+
+def _plain(torch, v):
+    """``v`` (a tensor, quantized or not, a tuple or list of them, or a number) as integer tensors and numbers that
+    :func:`_same` compares bit for bit (a quantized tensor: its words, scales and zero points)."""
+    if isinstance(v, (tuple, list)):
+        return [_plain(torch, u) for u in v]
+    if isinstance(v, torch.Tensor) and v.is_quantized:
+        if v.qscheme() == torch.per_tensor_affine:
+            return [v.int_repr(), _bits(torch, torch.tensor([v.q_scale()], dtype=torch.float64)), v.q_zero_point()]
+        return [v.int_repr()] + [_bits(torch, t) for t in (v.q_per_channel_scales(), v.q_per_channel_zero_points())]
+    return _bits(torch, v) if isinstance(v, torch.Tensor) else v
+
+
+def _same(a, b):
+    """Whether two :func:`_plain` values are the same, bit for bit."""
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(_same(u, v) for u, v in zip(a, b))
+    if hasattr(a, "dtype") and hasattr(b, "dtype"):
+        return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+    return a == b
+
+
+def _state(torch, module):
+    """``module``'s ``state_dict``, bit for bit (see :func:`_plain`)."""
+    return _plain(torch, list(module.state_dict().items()))
+
+
 def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(monkeypatch):
     """A revert whose repack raises leaves the model as the inject left it, bit for bit (the kept words, every
     touched module's packed weight and bias, its state_dict and forward; a module repacked before the failure
@@ -317,24 +348,9 @@ def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(m
                                      xor_mask=[1 << 2, 1 << 6]))
     y1 = q(x)
 
-    def plain(v):
-        """``v`` with every quantized tensor as its words and quantizer (compared bit for bit below)."""
-        if isinstance(v, (tuple, list)):
-            return [plain(u) for u in v]
-        if isinstance(v, torch.Tensor) and v.is_quantized:
-            return [v.int_repr(), torch.tensor([v.q_scale(), v.q_zero_point()], dtype=torch.float64)]
-        return v.clone() if isinstance(v, torch.Tensor) else v
-
     def state():
-        return [plain([t.obj for t in tg.tensors]), plain([q[i]._packed_params._weight_bias() for i in (0, 2)]),
-                plain(list(q.state_dict().items()))]
-
-    def same(a, b):
-        if isinstance(a, list):
-            return len(a) == len(b) and all(same(u, v) for u, v in zip(a, b))
-        if isinstance(a, torch.Tensor):
-            return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-        return a == b
+        return [_plain(torch, [t.obj for t in tg.tensors]),
+                _plain(torch, [q[i]._packed_params._weight_bias() for i in (0, 2)]), _state(torch, q)]
 
     injected = state()
     cls = type(q[0]._packed_params)
@@ -352,7 +368,7 @@ def test_quantize_dynamic_failed_repack_after_revert_leaves_the_injected_state(m
     victim = next(n for k, n in names.items() if k != id(first[0]))
     assert str(e.value) == (f"torch.ao module {victim!r}: repacking its written words failed "
                             "(RuntimeError: repack failed); its words from before this call are kept")
-    assert same(state(), injected)
+    assert _same(state(), injected)
     assert torch.equal(q(x), y1)  # no repack pending: the forward runs with the set_weight_bias still failing
     monkeypatch.undo()
     revert(tg, log)  # the log still applies
@@ -379,11 +395,6 @@ def _xor_bit(t, index, bit):
     flat[index] ^= flat.dtype.type(1 << bit)
     return t
 
-
-def _bits(torch, t):
-    """``t``'s words as integers (compares -0.0, NaN payloads and all, bit for bit)."""
-    words = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    return t.detach().contiguous().view(words).clone()
 
 
 def test_quantize_dynamic_float16_every_bit_of_a_word_is_what_the_module_computes_with():
@@ -610,3 +621,61 @@ def test_packed_reload_refreshes_the_kept_words_of_every_kind(kind):
     assert not torch.equal(q(x), y)
     revert(tg, log)
     assert torch.equal(q(x), y)
+
+
+
+def _set_bits(tg, name, index, word):
+    """A plan setting the bits of ``word`` in flat element ``index`` of the live tensor ``name``."""
+    return Plan.from_sites([tg.get(name).ref()], [0], [index], or_mask=[word])
+
+
+@pytest.mark.parametrize("kind", ["bias", "scale", "embedding scale"])
+def test_packed_nan_part_is_repacked_once_not_at_every_forward(kind, monkeypatch):
+    """A write that makes a float part NaN (a bias, a float64 per-channel scale, an embedding's float32 scale) is
+    packed once, by the inject; later forwards find the kept words unchanged (NaN compares by its bits) and repack
+    nothing; the forward is a twin's given the same words through torch's own API; the revert is bit for bit."""
+    torch = _torch()
+    if kind == "embedding scale":
+        q, x, name, index, word = _embedding(torch), torch.tensor([[2, 5]]), "0.weight.scale", 2, 0x7FC00000
+        setter = "set_weight"
+    else:
+        q, x = _dynamic(torch, per_channel=kind == "scale"), torch.randn(3, 8)
+        name, index, word = ("0.bias", 1, 0x7FC00000) if kind == "bias" else ("0.weight.scale", 1, 0x7FF8 << 48)
+        setter = "set_weight_bias"
+    twin, y0, state0 = copy.deepcopy(q), q[0](x), _state(torch, q)
+    tg = targets(q)
+    log = inject(tg, _set_bits(tg, name, index, word))
+    count, cls = [], type(q[0]._packed_params)
+    pack = getattr(cls, setter)
+
+    def counted(self, *a):
+        count.append(1)
+        return pack(self, *a)
+
+    monkeypatch.setattr(cls, setter, counted)
+    ys = [q[0](x) for _ in range(5)]
+    assert count == []  # the inject packed it; the forwards found nothing to repack
+    monkeypatch.undo()
+    if kind == "embedding scale":  # the same NaN, given by hand through torch's own API
+        w = twin[0]._packed_params._weight()
+        scales = w.q_per_channel_scales().clone()
+        scales.view(torch.int32)[index] |= word
+        twin[0]._packed_params.set_weight(torch._make_per_channel_quantized_tensor(
+            w.int_repr(), scales, w.q_per_channel_zero_points().clone(), 0))
+    else:
+        w, b = twin[0]._packed_params._weight_bias()
+        if kind == "bias":
+            b = b.clone()
+            b.view(torch.int32)[index] |= word
+        else:
+            scales = w.q_per_channel_scales().clone()
+            scales.view(torch.int64)[index] |= word
+            w = _quantized_like(torch, w, scales=scales)
+        twin[0]._packed_params.set_weight_bias(w, b)
+    y1 = twin[0](x)
+    assert torch.isnan(y1).any()
+    for y in ys:
+        assert torch.equal(_bits(torch, y), _bits(torch, y1))
+    revert(tg, log)
+    assert _same(_state(torch, q), state0)
+    assert torch.equal(q[0](x), y0)

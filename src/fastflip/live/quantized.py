@@ -165,7 +165,7 @@ class _Unpacked:
             if self.bias is not None:
                 self.parts["bias"] = self.bias
         self.packed = self.access.packed()
-        self.snapshot = {k: v.clone() for k, v in self.parts.items()}
+        self.snapshot = {k: _bit_view(v).clone() for k, v in self.parts.items()}
 
     def _same_kind(self, w: Any, b: Any) -> bool:
         old = self.weight
@@ -180,10 +180,13 @@ class _Unpacked:
             self._repack()
 
     def refresh(self) -> None:
-        """Before a forward: take the module's words when it was reloaded, repack when the kept words changed."""
+        """Before a forward: take the module's words when it was reloaded, repack when the kept words changed (their
+        bits are compared, so a NaN left by a flip is unchanged, not repacked at every forward)."""
         import torch
 
-        if not self._take_reloaded() and not all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+        if self._take_reloaded():
+            return
+        if not all(torch.equal(_bit_view(v), self.snapshot[k]) for k, v in self.parts.items()):
             self._repack()
 
     def _take_reloaded(self) -> bool:
@@ -209,7 +212,7 @@ class _Unpacked:
         self.access.repack(w, self.bias)
         self.packed = self.access.packed()
         for k, v in self.parts.items():
-            self.snapshot[k].copy_(v)
+            self.snapshot[k].copy_(_bit_view(v))
 
 
 def _owned(w: Any) -> Any:
@@ -235,6 +238,14 @@ def _words(w: Any) -> Any:
     return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
 
 
+def _bit_view(t: Any) -> Any:
+    """The plain tensor ``t`` as signed integers of its element size (its words: equal bits compare equal, NaN
+    included)."""
+    import torch
+
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def _check_finite_half(w: Any) -> None:
     """Refuse a float16 weight holding ±Inf or NaN (``ValueError`` naming the first such word and element)."""
     import torch
@@ -242,7 +253,7 @@ def _check_finite_half(w: Any) -> None:
     bad = torch.nonzero(~torch.isfinite(w).reshape(-1))
     if len(bad):
         i = int(bad[0])
-        word = int(w.reshape(-1)[i : i + 1].view(torch.int16)) & 0xFFFF
+        word = int(_bit_view(w.reshape(-1)[i : i + 1])) & 0xFFFF
         raise ValueError(f"float16 word {word:#06x} at element {i} of its weight is not finite, and the engine's "
                          "float16 packing saturates it to +-65504, so the module cannot hold it")
 
