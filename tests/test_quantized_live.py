@@ -445,6 +445,32 @@ def test_quantize_dynamic_float16_holds_every_finite_word_exactly():
     assert torch.equal(_bits(torch, q[0]._packed_params._weight_bias()[0]), _bits(torch, w0))
 
 
+
+def test_quantize_dynamic_float16_weight_is_not_the_saved_files_float32_weight(tmp_path):
+    """torch saves a float16 Linear's weight as float32 (``.../0`` in the file): other words than the float16 ones
+    offered live, so the live weight claims no file alias and a plan drawn from the file is refused naming the
+    tensor; the bias is float32 in both and keeps its file alias."""
+    torch = _torch()
+    from fastflip.errors import TensorNotFoundError
+    from fastflip.files.layout import read_layout
+
+    q = _float16_dynamic(torch, [0.5])
+    torch.save(q.state_dict(), tmp_path / "q.pt")
+    saved = {t.name: t for t in read_layout(tmp_path / "q.pt").tensors}
+    key = "0._packed_params._packed_params/0"
+    assert np.dtype(saved["/" + key].dtype) == np.float32
+    tg = targets(q)
+    assert tg.get("0.weight").dtype == np.float16 and tg.get("0.weight").aliases == ("model/0.weight",)
+    assert tg.get("0._packed_params._packed_params/1") is tg.get("0.bias")
+    with pytest.raises(TensorNotFoundError, match=rf"^no tensor '{re.escape(key)}' here"):
+        tg.get(key)
+    x = torch.randn(2, 8)
+    y0 = q(x)
+    with pytest.raises(TensorNotFoundError, match=rf"names tensor '/{re.escape(key)}', which these tensors lack"):
+        inject(tg, Plan.from_sites([saved["/" + key].ref()], [0], [0], xor_mask=[1]))
+    assert torch.equal(tg.get("0.weight").obj, q[0]._packed_params._weight_bias()[0].half()) and torch.equal(q(x), y0)
+
+
 @pytest.mark.parametrize("value, bit, word", [(1.5, 14, 0x7E00), (65504.0, 10, 0x7FFF), (-1.0, 14, 0xFC00)])
 def test_quantize_dynamic_float16_non_finite_word_is_refused_and_nothing_changes(value, bit, word):
     """A flip that makes a float16 word Inf or NaN (which the engine's packing would saturate to +-65504) is

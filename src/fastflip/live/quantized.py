@@ -321,7 +321,8 @@ def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tupl
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
     aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for a
     ``Linear``'s weight, ``.../1`` for its bias; ``<module>.weight`` for a convolution's), so a plan sampled from the
-    saved file applies to the live module.
+    saved file applies to the live module. A float16 ``Linear``'s weight has no file alias: torch saves it as
+    float32, other words than the float16 ones offered live, so a plan drawn from the file does not apply to it.
     """
     for name, module, access in _packed_modules(model):
         holder = _HOLDERS.get(module)
@@ -330,12 +331,13 @@ def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tupl
             if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
                 module.register_forward_pre_hook(_before_forward)
         prefix = f"{name}." if name else ""
-        files = {"weight": access.saved, "bias": access.saved_bias,
+        files = {"weight": None if access.half else access.saved, "bias": access.saved_bias,
                  "weight.scale": f"{access.saved}/scale", "weight.zero_point": f"{access.saved}/zero_point"}
         sync = _named_sync(holder, name or type(module).__name__)
         for key, t in holder.parts.items():
             role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
-            aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key]) if a != prefix + key))
+            aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key])
+                                          if a not in (None, prefix + key)))
             yield prefix + key, t, name or None, role, aliases, _part_source(holder, key), sync
 
 
