@@ -512,7 +512,7 @@ def _static(torch, layer, qconfig, shape):
         return tq.convert(p)
 
 
-@pytest.mark.parametrize("qconfig", ["x86", "qnnpack"])  # per-channel and per-tensor weights
+@pytest.mark.parametrize("qconfig", ["x86", "qnnpack"], ids=["per-channel", "per-tensor"])  # the default engine
 def test_static_conv_weight_scale_and_bias_flips_equal_flips_by_hand_and_revert(qconfig):
     torch = _torch()
     c = _static(torch, torch.nn.Conv2d(2, 3, 3), qconfig, (4, 2, 6, 6))
@@ -546,9 +546,10 @@ def test_static_conv_weight_scale_and_bias_flips_equal_flips_by_hand_and_revert(
         assert torch.equal(c(x), y0), name
 
 
-def _embedding(torch):
+def _embedding(torch, layer=None):
+    """A quantized 8-bit ``Embedding(10, 4)`` (or ``layer``) in a Sequential (``float_qparams_weight_only_qconfig``)."""
     tq = torch.ao.quantization
-    m = torch.nn.Sequential(torch.nn.Embedding(10, 4)).eval()
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4) if layer is None else layer).eval()
     m[0].qconfig = tq.float_qparams_weight_only_qconfig
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -592,6 +593,84 @@ def test_quantized_embedding_flips_equal_flips_by_hand_and_revert(name, index, b
         # the kept tensors are fastflip's own memory, not views of a packed object a repack freed
         assert torch.equal(_bits(torch, tg.get(key).obj), _bits(torch, v)), key
     assert torch.equal(e(ids), y0)
+
+
+
+def _packed_case(torch, kind):
+    """``(model, input, layer, unpack, repack)`` of one packed module kind: ``unpack(module)`` is its ``(weight,
+    bias)`` as torch unpacks it, ``repack(module, weight, bias)`` gives it those through torch's own API."""
+    if kind == "EmbeddingBag":
+        q = _embedding(torch, torch.nn.EmbeddingBag(10, 4, mode="sum"))
+        return (q, torch.tensor([[0, 2], [4, 1]]), "0", lambda m: (m._packed_params._weight(), None),
+                lambda m, w, _b: m._packed_params.set_weight(w))
+    layer, qconfig, shape = {"Conv1d": (torch.nn.Conv1d(2, 3, 3), "x86", (2, 2, 8)),
+                             "Conv3d": (torch.nn.Conv3d(2, 3, 2), "x86", (2, 2, 4, 4, 4)),
+                             "ConvTranspose2d": (torch.nn.ConvTranspose2d(2, 3, 3), "qnnpack", (2, 2, 5, 5))}[kind]
+    return (_static(torch, layer, qconfig, shape), torch.randn(*shape), "1", lambda m: m._weight_bias(),
+            lambda m, w, b: m.set_weight_bias(w, b))
+
+
+def _by_hand(torch, w, b, part, index, bit):
+    """``(w, b)`` with ``bit`` of flat element ``index`` of ``part`` flipped (``weight``, ``bias``, ``weight.scale``,
+    ``weight.zero_point``), rebuilt through torch's own API."""
+    if w.qscheme() == torch.per_tensor_affine:
+        parts = {"weight": w.int_repr().clone()}
+    else:
+        parts = {"weight": w.int_repr().clone(), "weight.scale": w.q_per_channel_scales().clone(),
+                 "weight.zero_point": w.q_per_channel_zero_points().clone()}
+    parts["bias"] = None if b is None else b.detach().clone()
+    _xor_bit(parts[part], index, bit)
+    if w.qscheme() == torch.per_tensor_affine:
+        return torch._make_per_tensor_quantized_tensor(parts["weight"], w.q_scale(), w.q_zero_point()), parts["bias"]
+    return torch._make_per_channel_quantized_tensor(parts["weight"], parts["weight.scale"], parts["weight.zero_point"],
+                                                    w.q_per_channel_axis()), parts["bias"]
+
+
+@pytest.mark.parametrize("kind", ["Conv1d", "Conv3d", "ConvTranspose2d", "EmbeddingBag"])
+def test_packed_module_kinds_flip_every_part_as_by_hand_and_revert_bit_for_bit(kind):
+    """Each live part of a static Conv1d/Conv3d (per-channel), a ConvTranspose2d (per-tensor: torch quantizes it
+    no other way) and an 8-bit EmbeddingBag, flipped, is the module's unpacked state of the same flip made by hand,
+    bit for bit, and the forward of a twin given that state through torch's own API; each revert gives the
+    state_dict back bit for bit."""
+    torch = _torch()
+    q, x, layer, unpack, repack = _packed_case(torch, kind)
+    module = q[int(layer)]
+    y0, state0, pristine = q(x), _state(torch, q), copy.deepcopy(q)
+    w0, b0 = (_plain(torch, v) for v in unpack(module))
+    tg = targets(q)
+    parts = [t for t in tg.tensors if t.layer == layer]
+    expect = {"weight"} | ({"bias"} if kind != "EmbeddingBag" else set()) | (
+        {"weight.scale", "weight.zero_point"} if kind != "ConvTranspose2d" else set())
+    assert {t.name[len(layer) + 1:] for t in parts} == expect and not tg.skipped
+    bits = {np.dtype(np.int8): 6, np.dtype(np.uint8): 6, np.dtype(np.float32): 22, np.dtype(np.float64): 51}
+    for t in parts:
+        bit = bits.get(np.dtype(t.dtype), 1)
+        log = inject(tg, _flip(tg, t.name, 1, bit))
+        twin = copy.deepcopy(pristine)
+        w, b = _by_hand(torch, *unpack(twin[int(layer)]), t.name[len(layer) + 1:], 1, bit)
+        repack(twin[int(layer)], w, b)
+        assert _same(_plain(torch, unpack(module)), _plain(torch, (w, b))), t.name
+        assert torch.equal(q(x), twin(x)) and (t.role != "weight" or not torch.equal(q(x), y0)), t.name
+        revert(tg, log)
+        assert _same(_state(torch, q), state0), t.name
+        assert _same(_plain(torch, unpack(module)), [w0, b0]) and torch.equal(q(x), y0), t.name
+
+
+def test_static_conv_failed_repack_is_one_line_and_changes_nothing():
+    """A flip the engine cannot pack (bit 62 of a float64 per-channel scale: too large for its float32) is refused
+    with RepackError in one line naming the module and the cause; the state_dict and the forward are unchanged."""
+    torch = _torch()
+    from fastflip.errors import RepackError
+
+    c = _static(torch, torch.nn.Conv2d(2, 3, 3), "x86", (4, 2, 6, 6))
+    x = torch.randn(2, 2, 6, 6)
+    y0, state0 = c(x), _state(torch, c)
+    tg = targets(c)
+    with pytest.raises(RepackError) as e:
+        inject(tg, _flip(tg, "1.weight.scale", 1, 62))
+    assert re.fullmatch(r"torch.ao module '1': repacking its written words failed \(RuntimeError: [^\n]+\); its "
+                        r"words from before this call are kept", str(e.value))
+    assert _same(_state(torch, c), state0) and torch.equal(c(x), y0)
 
 
 def test_packed_weights_fastflip_cannot_reach_are_listed_as_left_out():
