@@ -704,6 +704,55 @@ def test_packed_weights_fastflip_cannot_reach_are_listed_as_left_out():
         targets(lstm_only)
 
 
+
+def test_targets_walk_the_modules_once_for_packed_weights(monkeypatch):
+    """Building targets looks at each module once for packed weights: the reached modules and the ones listed as
+    left out come from the same walk."""
+    torch = _torch()
+    import fastflip.live.quantized as quantized
+
+    tq = torch.ao.quantization
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = tq.quantize_dynamic(torch.nn.Sequential(torch.nn.LSTM(4, 3), torch.nn.Linear(3, 2)),
+                                {torch.nn.LSTM, torch.nn.Linear})
+    seen, access = [], quantized._access
+
+    def counted(module, prefix):
+        seen.append(id(module))
+        return access(module, prefix)
+
+    monkeypatch.setattr(quantized, "_access", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the LSTM's packed weights, left out
+        tg = targets(q)
+    assert [t.name for t in tg.tensors] == ["1.weight", "1.bias"] and tg.skipped == ["0._all_weight_values.0.param"]
+    assert sorted(seen) == sorted(set(seen)) and id(q[1]) in seen and id(q[1]._packed_params) not in seen
+
+
+def test_a_torchscript_object_outside_torch_ao_is_left_out_as_what_it_is():
+    """A TorchScript object held by a module that is no torch.ao quantized module (a custom holder) is listed as
+    left out by its attribute path, named as a TorchScript object of its class, not as a torch.ao packed weight."""
+    torch = _torch()
+    from fastflip.errors import TensorNotFoundError
+
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            w = torch.quantize_per_tensor(torch.randn(2, 2), 0.1, 0, torch.qint8)
+            self.blob = torch.ops.quantized.linear_prepack(w, None)
+
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), Holder())
+    with pytest.warns(UserWarning, match=r"fastflip: 1 tensor\(s\) left out: module '1' \(Holder\) holds '1.blob', "
+                                         r"a TorchScript object of class \S+LinearPackedParamsBase whose contents "
+                                         r"fastflip cannot reach"):
+        tg = targets(m)
+    assert [t.name for t in tg.tensors] == ["0.weight", "0.bias"] and tg.skipped == ["1.blob"]
+    with pytest.raises(TensorNotFoundError, match=r"^module '1' \(Holder\) holds '1.blob', a TorchScript object "
+                                                  r"of class \S+ whose contents fastflip cannot reach \(left out"):
+        tg.get("1.blob")
+
+
 @pytest.mark.parametrize("kind", ["float16", "conv", "embedding"])
 def test_packed_reload_refreshes_the_kept_words_of_every_kind(kind):
     """``load_state_dict`` of another model's weights: the kept words follow (float16 words, conv and embedding
