@@ -108,7 +108,7 @@ def _access(module: Any, prefix: str) -> _Access | None:
     for bit. 4-bit embeddings (``quint4x2``) are not supported (their words are packed two to a byte).
     """
     params = getattr(module, "_packed_params", None)
-    dtype = str(getattr(params, "dtype", "torch.qint8"))  # of the packed weight (a 4-bit one is not reached)
+    dtype = str(getattr(params, "dtype", None))  # of the packed weight (a 4-bit one is not reached)
     if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):  # LinearPackedParams
         if dtype not in ("torch.qint8", "torch.float16"):
             return None
