@@ -100,9 +100,10 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
                     for n, v, r in quantized.subclass_tensors(name, t, role)]
             continue
         out.append(Found(name, t.detach(), (alias,), layer, role, alias, module_source(model, name)))
-    for n, v, layer, r, aliases, source, sync in quantized.packed_tensors(model):  # torch.ao packed modules
-        out.append(Found(n, v, aliases, layer, r, aliases[0], source, sync))
-    out += [Found(n, None, why=why) for n, why in quantized.unreached_packed(model)]
+    packed, unreached = quantized.packed(model)  # torch.ao packed modules
+    out += [Found(n, v, aliases, layer, r, aliases[0], source, sync)
+            for n, v, layer, r, aliases, source, sync in packed]
+    out += [Found(n, None, why=why) for n, why in unreached]
     if optimizer is not None and optimizer is not False:
         if type(optimizer).__module__.split(".")[0] != "torch" and not hasattr(optimizer, "param_groups"):
             raise OptionError(f"optimizer= takes a torch.optim optimizer, not a {type(optimizer).__name__}")

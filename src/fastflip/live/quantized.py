@@ -29,9 +29,9 @@ torchao tensor subclasses (``Int8Tensor`` of ``Int8WeightOnlyConfig`` / ``Int8Dy
     from them before the next write or forward (a new weight of another shape, dtype or quantization scheme
     makes the old targets refuse: rebuild them).
 Packed weights no supported kind reaches (dynamic-quantized ``LSTM`` / ``GRU`` and their cells)
-    Any module holding the engine's TorchScript object that :func:`_access` does not know: :func:`unreached_packed`
-    names each by its ``state_dict`` key with why, so that the targets list it in
-    ``skipped`` instead of dropping it silently.
+    Any module holding the engine's TorchScript object that :func:`_access` does not know: :func:`packed`
+    names each by its ``state_dict`` key with why (any other TorchScript object a module holds, by its attribute
+    path), so that the targets list it in ``skipped`` instead of dropping it silently.
 
 Examples
 --------
@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import RepackError, one_line
 
-__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed_tensors", "unreached_packed"]
+__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed"]
 
 
 def inner_role(attr: str, parent_role: str) -> str:
@@ -108,7 +108,7 @@ def _access(module: Any, prefix: str) -> _Access | None:
     for bit. 4-bit embeddings (``quint4x2``) are not supported (their words are packed two to a byte).
     """
     params = getattr(module, "_packed_params", None)
-    dtype = str(getattr(params, "dtype", "torch.qint8"))  # of the packed weight (a 4-bit one is not reached)
+    dtype = str(getattr(params, "dtype", None))  # of the packed weight (a 4-bit one is not reached)
     if hasattr(params, "_weight_bias") and hasattr(params, "set_weight_bias"):  # LinearPackedParams
         if dtype not in ("torch.qint8", "torch.float16"):
             return None
@@ -165,7 +165,7 @@ class _Unpacked:
             if self.bias is not None:
                 self.parts["bias"] = self.bias
         self.packed = self.access.packed()
-        self.snapshot = {k: v.clone() for k, v in self.parts.items()}
+        self.snapshot = {k: _bit_view(v).clone() for k, v in self.parts.items()}
 
     def _same_kind(self, w: Any, b: Any) -> bool:
         old = self.weight
@@ -180,10 +180,13 @@ class _Unpacked:
             self._repack()
 
     def refresh(self) -> None:
-        """Before a forward: take the module's words when it was reloaded, repack when the kept words changed."""
+        """Before a forward: take the module's words when it was reloaded, repack when the kept words changed (their
+        bits are compared, so a NaN left by a flip is unchanged, not repacked at every forward)."""
         import torch
 
-        if not self._take_reloaded() and not all(torch.equal(v, self.snapshot[k]) for k, v in self.parts.items()):
+        if self._take_reloaded():
+            return
+        if not all(torch.equal(_bit_view(v), self.snapshot[k]) for k, v in self.parts.items()):
             self._repack()
 
     def _take_reloaded(self) -> bool:
@@ -209,7 +212,7 @@ class _Unpacked:
         self.access.repack(w, self.bias)
         self.packed = self.access.packed()
         for k, v in self.parts.items():
-            self.snapshot[k].copy_(v)
+            self.snapshot[k].copy_(_bit_view(v))
 
 
 def _owned(w: Any) -> Any:
@@ -235,6 +238,14 @@ def _words(w: Any) -> Any:
     return torch.empty(0, dtype=words).set_(w.untyped_storage(), w.storage_offset(), w.shape, w.stride())
 
 
+def _bit_view(t: Any) -> Any:
+    """The plain tensor ``t`` as signed integers of its element size (its words: equal bits compare equal, NaN
+    included)."""
+    import torch
+
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def _check_finite_half(w: Any) -> None:
     """Refuse a float16 weight holding ±Inf or NaN (``ValueError`` naming the first such word and element)."""
     import torch
@@ -242,7 +253,7 @@ def _check_finite_half(w: Any) -> None:
     bad = torch.nonzero(~torch.isfinite(w).reshape(-1))
     if len(bad):
         i = int(bad[0])
-        word = int(w.reshape(-1)[i : i + 1].view(torch.int16)) & 0xFFFF
+        word = int(_bit_view(w.reshape(-1)[i : i + 1])) & 0xFFFF
         raise ValueError(f"float16 word {word:#06x} at element {i} of its weight is not finite, and the engine's "
                          "float16 packing saturates it to +-65504, so the module cannot hold it")
 
@@ -288,69 +299,82 @@ def _before_forward(module: Any, args: Any) -> None:
         holder.refresh()
 
 
-def _packed_modules(model: Any) -> Iterator[tuple[str, Any, _Access]]:
-    """``(name, module, access)`` of the supported packed modules of ``model`` (a module's parameter holder, which
-    comes after it, is not one of them)."""
-    holders: set[int] = set()
-    for name, module in model.named_modules():
-        access = None if id(module) in holders else _access(module, f"{name}." if name else "")
-        if access is not None:
-            holders.add(id(access.params))
-            yield name, module, access
+def packed(model: Any) -> tuple[list[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]],
+                                  list[tuple[str, str]]]:
+    """The packed weights of ``model``, from one walk of its modules: ``(tensors, unreached)``.
 
-
-def packed_tensors(model: Any) -> Iterator[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]]:
-    """``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every supported packed
-    quantized module in ``model`` (see :func:`_access`): ``source()`` is the tensor the module's holder keeps under
-    that name now, ``sync()`` brings holder and module together (call it before writing the words, and
+    ``tensors`` are ``(name, tensor, layer, role, aliases, source, sync)`` of the unpacked parameters of every
+    supported packed quantized module (see :func:`_access`): ``source()`` is the tensor the module's holder keeps
+    under that name now, ``sync()`` brings holder and module together (call it before writing the words, and
     ``sync(written=True)`` after, so that the module, its ``weight()`` and its ``state_dict`` show the change at
-    once, not at the next forward).
+    once, not at the next forward). ``unreached`` are ``(name, why)`` of every TorchScript object that no supported
+    module holds (the packed weights of dynamic-quantized ``LSTM``/``GRU`` and their cells, a 4-bit embedding's,
+    any other module's), so that targets list them as left out instead of dropping them.
 
     The first call on a module unpacks it and installs the repacking pre-hook; later calls reuse that
     holder, so every :class:`~fastflip.live.targets.Targets` of the model reaches the same words. The
     aliases are the key paths of a saved state_dict (``<module>._packed_params._packed_params/0`` for a
     ``Linear``'s weight, ``.../1`` for its bias; ``<module>.weight`` for a convolution's), so a plan sampled from the
-    saved file applies to the live module.
+    saved file applies to the live module. A float16 ``Linear``'s weight has no file alias: torch saves it as
+    float32, other words than the float16 ones offered live, so a plan drawn from the file does not apply to it.
     """
-    for name, module, access in _packed_modules(model):
-        holder = _HOLDERS.get(module)
-        if holder is None:
-            holder = _HOLDERS[module] = _Unpacked(access)
-            if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
-                module.register_forward_pre_hook(_before_forward)
-        prefix = f"{name}." if name else ""
-        files = {"weight": access.saved, "bias": access.saved_bias,
-                 "weight.scale": f"{access.saved}/scale", "weight.zero_point": f"{access.saved}/zero_point"}
-        sync = _named_sync(holder, name or type(module).__name__)
-        for key, t in holder.parts.items():
-            role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
-            aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key]) if a != prefix + key))
-            yield prefix + key, t, name or None, role, aliases, _part_source(holder, key), sync
-
-
-def unreached_packed(model: Any) -> Iterator[tuple[str, str]]:
-    """``(name, why)`` of every packed engine object in ``model`` that fastflip does not reach (the weights of
-    dynamic-quantized ``LSTM``/``GRU`` and their cells, or any other module keeping a TorchScript object), named
-    by the ``state_dict`` key that saves it, so that targets list them as left out instead of dropping them."""
     modules = dict(model.named_modules())
-    reached = {i for _n, m, a in _packed_modules(model) for i in (id(m), id(a.params))}
+    reached: set[int] = set()  # the supported modules and their parameter holders (which come after them)
+    tensors: list[tuple[str, Any, str | None, str, tuple[str, ...], Any, Any]] = []
     for name, module in modules.items():
-        if id(module) in reached:
-            continue
-        for attr, value in vars(module).items():
-            if _is_script_object(value):
-                key = f"{name}.{attr}" if name else attr
-                owner = _quantized_owner(modules, name)
-                what = f"torch.ao module {owner or type(model).__name__!r} ({type(modules[owner]).__name__})"
-                yield key, (f"{what} keeps {key!r} packed by the quantized engine, which fastflip cannot unpack and "
-                            "repack bit for bit (quantized Linear, Conv and Embedding layers can be injected)")
+        access = None if id(module) in reached else _access(module, f"{name}." if name else "")
+        if access is not None:
+            reached.update((id(module), id(access.params)))
+            tensors += _unpacked_tensors(name, module, access)
+    unreached = [(f"{name}.{attr}" if name else attr, _unreached_why(modules, name, attr, value))
+                 for name, module in modules.items() if id(module) not in reached
+                 for attr, value in vars(module).items() if _is_script_object(value)]
+    return tensors, unreached
 
 
-def _quantized_owner(modules: dict[str, Any], name: str) -> str:
-    """The outermost module on the path to ``name`` (itself included) that is a ``torch.ao`` quantized module."""
+def _unpacked_tensors(name: str, module: Any, access: _Access) -> Iterator[tuple[str, Any, str | None, str,
+                                                                               tuple[str, ...], Any, Any]]:
+    """The live tensors of the supported packed module ``name`` (see :func:`packed`), unpacking it on first use."""
+    holder = _HOLDERS.get(module)
+    if holder is None:
+        holder = _HOLDERS[module] = _Unpacked(access)
+        if _before_forward not in module._forward_pre_hooks.values():  # a copy already has it
+            module.register_forward_pre_hook(_before_forward)
+    prefix = f"{name}." if name else ""
+    files = {"weight": None if access.half else access.saved, "bias": access.saved_bias,
+             "weight.scale": f"{access.saved}/scale", "weight.zero_point": f"{access.saved}/zero_point"}
+    sync = _named_sync(holder, name or type(module).__name__)
+    for key, t in holder.parts.items():
+        role = inner_role(key.rpartition(".")[2], "bias" if key == "bias" else "weight")
+        aliases = tuple(dict.fromkeys(a for a in (f"model/{prefix}{key}", files[key])
+                                      if a not in (None, prefix + key)))
+        yield prefix + key, t, name or None, role, aliases, _part_source(holder, key), sync
+
+
+def _unreached_why(modules: dict[str, Any], name: str, attr: str, value: Any) -> str:
+    """Why the TorchScript object ``value`` at ``<name>.<attr>`` is left out: inside a ``torch.ao`` quantized module
+    it is that module's packed weight, saved under this key; elsewhere, an object of that class fastflip cannot see
+    into (not necessarily saved in the ``state_dict``)."""
+    key = f"{name}.{attr}" if name else attr
+    owner = _quantized_owner(modules, name)
+    if owner is not None:
+        return (f"torch.ao module {owner or type(modules['']).__name__!r} ({type(modules[owner]).__name__}) keeps "
+                f"{key!r} packed by the quantized engine, which fastflip cannot unpack and repack bit for bit "
+                "(quantized Linear, Conv and Embedding layers can be injected)")
+    try:
+        kind = f" of class {value._type().qualified_name()}"
+    except Exception:  # a TorchScript object without a class type to name
+        kind = ""
+    return (f"module {name or type(modules['']).__name__!r} ({type(modules[name]).__name__}) holds {key!r}, a "
+            f"TorchScript object{kind} whose contents fastflip cannot reach")
+
+
+def _quantized_owner(modules: dict[str, Any], name: str) -> str | None:
+    """The outermost module on the path to ``name`` (itself included) that is a ``torch.ao`` quantized module; None
+    when there is none."""
     parts = name.split(".") if name else []
     for i in range(len(parts) + 1):
         path = ".".join(parts[:i])
         if type(modules[path]).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
             return path
-    return name
+    return None
