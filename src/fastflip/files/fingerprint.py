@@ -173,10 +173,27 @@ def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
                 return False
             restore.append((off, now, old))
             pos += ln
+    return _windows_after(path, fp, restore)
+
+
+def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]]) -> bool:
+    """Whether ``path``'s head and tail windows, with the ``(offset, now, old)`` patches' old bytes laid over them,
+    hash to the logged input's fingerprint: what a revert will give, known before it writes."""
+    want = fp["input"]
     head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
     size, head, tail_at, tail = _windows(path, head_len, tail_len)
     return _record(size, head_len, tail_len, overlay_patches(0, head, restore), overlay_patches(tail_at, tail, restore),
                    fp["algorithm"]) == dict(want)
+
+
+def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
+    """Whether writing the same-size ``undo``'s old bytes into ``path`` (the logged output) gives the logged input's
+    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written."""
+    if int(fp["input"]["size"]) != int(undo.size):
+        return False
+    size = os.path.getsize(path)
+    spans = [(0, int(fp["input"]["head_len"])), (max(0, size - int(fp["input"]["tail_len"])), size)]
+    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)])
 
 
 def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
@@ -217,7 +234,9 @@ def replay_regions(lg: Any, src: str, tmp: str) -> None:
 
 def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool = True) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged output, or that output
-    half-written by a killed run (:func:`_torn`); without ``verify``, only unless it has the logged size."""
+    half-written by a killed run (:func:`_torn`), and the log's original bytes give the logged input's size and
+    head/tail fingerprint (checked before anything is written); without ``verify``, only unless it has the logged
+    size."""
     if not verify:
         if os.path.getsize(path) != int(fp["output"]["size"]):
             check_regions(path, fp, undo, "output", subject)  # the size message
@@ -227,6 +246,10 @@ def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str,
     except LogMismatchError:
         if not _torn(path, fp, undo):
             raise
+        return  # a torn file: _torn proved its restored windows are the logged input's
+    if not _reverts_to_input(path, fp, undo):
+        raise LogMismatchError(f"{subject}: the log's original bytes do not give the logged input (size or head/tail "
+                               f"fingerprint); the log was changed after the injection{_NOT_CHANGED}")
 
 
 def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool) -> bool:
