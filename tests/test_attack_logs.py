@@ -50,7 +50,8 @@ def _run(capsys: pytest.CaptureFixture, *args: object) -> int:
     return main([os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args])
 
 
-def _inject(capsys: pytest.CaptureFixture, src: str, mode: str, tmp: os.PathLike[str]) -> tuple[str, str]:
+def _inject(capsys: pytest.CaptureFixture, src: str, mode: str, tmp: os.PathLike[str], count: int = 6
+            ) -> tuple[str, str]:
     """(injected file, its log): ``file`` (-o, whole-file hashes), ``regions`` (-o --evidence regions) or
     ``direct`` (--in-place --direct on a copy)."""
     out, lp = os.path.join(tmp, "out" + os.path.splitext(src)[1]), os.path.join(tmp, "out.fflog")
@@ -60,7 +61,7 @@ def _inject(capsys: pytest.CaptureFixture, src: str, mode: str, tmp: os.PathLike
         args = [out, "--in-place", "--direct"]
     else:
         args = [src, "-o", out] + (["--evidence", "regions"] if mode == "regions" else [])
-    assert _run(capsys, "inject", *args, "--seed", 5, "--count", 6, "--log", lp, "-q") == 0
+    assert _run(capsys, "inject", *args, "--seed", 5, "--count", count, "--log", lp, "-q") == 0
     return out, lp
 
 
@@ -115,3 +116,46 @@ def test_region_log_with_edited_old_bytes_is_refused_before_the_revert_writes(fm
     _assert_reads_as(fmt, out, src)
     with open(out, "rb") as a, open(src, "rb") as b:
         assert a.read() == b.read()
+
+
+def _flip_old_byte_of_middle_range(m: dict[str, bytes]) -> None:
+    """The old bytes of a touched range between the head and tail windows (neither fingerprint sees them)."""
+    offs, lens = (np.load(io.BytesIO(m[n])) for n in ("undo_offsets.npy", "undo_lengths.npy"))
+    i = next(k for k, o in enumerate(offs.tolist()) if (1 << 20) + 64 < o < 2 << 20)
+    b = bytearray(m["undo_data.bin"])
+    b[int(lens[:i].sum())] ^= 0x07
+    m["undo_data.bin"] = bytes(b)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_region_log_edited_between_the_fingerprint_windows_is_refused(fmt, tmp_path, capsys):
+    """Old bytes edited in a range between the first and last MiB: the fingerprints cannot see it, so the revert
+    wrote them and said it restored the file. The log's own old and new words, at the sites' offsets in the file,
+    must be what its ranges hold."""
+    src = _build(fmt, tmp_path, rows=(3 << 20) // 32)
+    out, lp = _inject(capsys, src, "regions", tmp_path, count=60)  # some of them between the windows
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), _flip_old_byte_of_middle_range)
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "revert", bad, out), tmp_path, before, "revert")
+    assert "do not hold its recorded old and new words" in err
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    _assert_reads_as(fmt, out, src)
+
+
+# ------------------------------------------------------------------ 2. `fastflip log` of a log without file entries
+
+
+@pytest.mark.parametrize("entry", [None, {"size": 5}], ids=["null", "no-path"])
+def test_log_shows_a_log_whose_input_entry_is_null_or_has_no_path(entry, tmp_path, capsys):
+    """``input`` may be null (the format allows it): ``fastflip log`` ended in an internal error."""
+    src = _build("npz", tmp_path)
+    _, lp = _inject(capsys, src, "file", tmp_path)
+
+    def edit(m: dict[str, bytes]) -> None:
+        j = json.loads(m["manifest.json"])
+        j["input"] = entry
+        m["manifest.json"] = json.dumps(j).encode()
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), edit)
+    assert _run(capsys, "log", bad) == 0
+    shown = capsys.readouterr().out
+    assert "input  None sha256 None" in shown and "output " in shown

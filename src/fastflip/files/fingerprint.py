@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -264,22 +264,28 @@ def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, veri
     return True
 
 
-def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True) -> bool:
+def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True,
+                   also: Callable[[str], None] | None = None) -> bool:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
     half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
     the logged original bytes of the touched ranges into a file of the logged size whatever it holds, and still
     checks the result. Returns whether the result was checked to be the logged input (always True with
-    ``verify``: a failed check raises)."""
+    ``verify``: a failed check raises). ``also`` (given the path checked) runs after the checks of the file and
+    before the write: a further check of the log that may raise."""
     fp, undo = _evidence(lg, src, "reverted")
     after = f"reverting {src} did not give the logged input back: {src}"
     if direct:
         _check_revertible(src, fp, undo, src, verify)
+        if also is not None:
+            also(src)
         with deferred_signals():
             undo.apply(src)
         return _gives_input(src, fp, undo, after, verify)
     with atomic_output(target) as tmp:
         kernel_copy(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
+        if also is not None:
+            also(tmp)
         undo.apply(tmp)
         return _gives_input(tmp, fp, undo, after, verify)
