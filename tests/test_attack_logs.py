@@ -159,3 +159,23 @@ def test_log_shows_a_log_whose_input_entry_is_null_or_has_no_path(entry, tmp_pat
     assert _run(capsys, "log", bad) == 0
     shown = capsys.readouterr().out
     assert "input  None sha256 None" in shown and "output " in shown
+
+
+# ------------------------------------------------------------------ 3. revert twice, revert after replay
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "torch"])
+def test_a_second_revert_says_the_file_is_already_the_input(fmt, tmp_path, capsys):
+    """Reverting a file twice (whole-file hashes) is refused in one line that says what happened (it used to say
+    only that the file is not the logged output); a replay of the log is reverted by it again."""
+    src = _build(fmt, tmp_path, compression="gzip", chunks=True) if fmt == "hdf5" else _build(fmt, tmp_path)
+    out, lp = _inject(capsys, src, "file", tmp_path)
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    _assert_reads_as(fmt, out, src)
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "revert", lp, out), tmp_path, before, "revert")
+    assert "is already the logged input" in err
+    again = str(tmp_path / ("again" + _EXT[fmt]))
+    assert _run(capsys, "replay", lp, out, "-o", again, "-q") == 0  # ``out`` holds the original bytes again
+    assert _run(capsys, "revert", lp, again, "-q") == 0
+    _assert_reads_as(fmt, again, src)
