@@ -142,6 +142,45 @@ def test_region_log_edited_between_the_fingerprint_windows_is_refused(fmt, tmp_p
     _assert_reads_as(fmt, out, src)
 
 
+def _stray_range(file: str, at: int) -> Callable[[dict[str, bytes]], None]:
+    """One more touched range, 4 bytes at offset ``at``: its altered bytes those ``file`` holds, its original
+    bytes other ones."""
+    def edit(m: dict[str, bytes]) -> None:
+        with open(file, "rb") as fh:
+            fh.seek(at)
+            now = fh.read(4)
+        j = json.loads(m["manifest.json"])
+        j["undo"]["ranges"] += 1
+        m["manifest.json"] = json.dumps(j).encode()
+        for name, value in (("undo_offsets", at), ("undo_lengths", 4)):
+            a = np.load(io.BytesIO(m[name + ".npy"]))
+            buf = io.BytesIO()
+            np.save(buf, np.append(a, np.array(value, a.dtype)))
+            m[name + ".npy"] = buf.getvalue()
+        m["undo_data.bin"] += bytes(b ^ 0x55 for b in now)
+        m["redo_data.bin"] += now
+    return edit
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "torch"])
+def test_region_log_with_an_added_range_between_the_windows_is_refused(fmt, tmp_path, capsys):
+    """A range added to the log where no site lies, its altered bytes those the file holds (so the file passes as
+    the logged output) and its original bytes junk: the revert wrote the junk into the middle of a tensor and said
+    it restored the file. Every byte the ranges change must be a recorded word or a zip CRC field."""
+    src = _build(fmt, tmp_path, rows=(3 << 20) // 32)
+    out, lp = _inject(capsys, src, "regions", tmp_path)
+    with zipfile.ZipFile(lp) as z:
+        taken = [(o, o + n) for o, n in zip(np.load(io.BytesIO(z.read("undo_offsets.npy"))).tolist(),
+                                            np.load(io.BytesIO(z.read("undo_lengths.npy"))).tolist())]
+    at = next(a for a in range((3 << 19), 2 << 20, 4) if all(b <= a or a + 4 <= lo for lo, b in taken))
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), _stray_range(out, at))
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "revert", bad, out), tmp_path, before, "revert")
+    assert "that are none of its recorded words" in err
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    _assert_reads_as(fmt, out, src)
+
+
 # ------------------------------------------------------------------ 2. `fastflip log` of a log without file entries
 
 

@@ -35,7 +35,8 @@ from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
-from .patches import restore_words, revert_patches, word_patches, write_patches
+from .logwords import check_log_words
+from .patches import restore_words, revert_patches, write_patches
 
 __all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
 
@@ -106,7 +107,7 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
             proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify,
-                                    also=(lambda path: _check_region_words(lg, path, src)) if verify else None)
+                                    also=(lambda path: check_log_words(lg, path, src)) if verify else None)
         return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
@@ -114,37 +115,6 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
                               log_inputs=log_files(log), want_in=want_in, want_out=want_out, algorithm=algo)
     with writer_lock(src, "revert", out is None):
         return _revert_locked(lg, src, out, atomic is not False, overwrite, log_files(log), want_in, want_out, algo)
-
-
-def _check_region_words(lg: InjectionLog, path: str, src: str) -> None:
-    """Refuse, before anything is written, a log with region evidence whose touched byte ranges disagree with its
-    own records: at every site stored raw in ``src`` (its byte offsets from the file's layout), the ranges' original
-    bytes must be the logged old word and their altered bytes the logged new word (an unchanged word lies in no
-    range). The fingerprint covers the first and last MiB only; this covers every word between them. ``path`` is
-    the file read for its layout (``src`` or a copy of it), ``src`` the name the message gives."""
-    undo = lg.undo
-    if undo is None:
-        return  # refused by revert_regions with its own message
-    routes = route_sites(path, lg.plan, {t.path: t for t in read_layout(path).tensors})
-    patches = word_patches(routes, lg.old_words, lg.new_words)
-    if not patches:
-        return
-    pos = np.concatenate([np.arange(off, off + len(old), dtype=np.int64) for off, old, _ in patches])
-    want_old = np.frombuffer(b"".join(p[1] for p in patches), np.uint8)
-    want_new = np.frombuffer(b"".join(p[2] for p in patches), np.uint8)
-    got_old, got_new = want_new.copy(), want_new.copy()  # a byte in no range: unchanged
-    if len(undo.offsets):
-        order = np.argsort(undo.offsets, kind="stable")
-        offs, lens = undo.offsets[order], undo.lengths[order]
-        first = (np.cumsum(undo.lengths) - undo.lengths)[order]  # each range's first byte in data / new_data
-        i = np.clip(np.searchsorted(offs, pos, "right") - 1, 0, None)
-        inside = (pos >= offs[i]) & (pos < offs[i] + lens[i])
-        at = (first[i] + pos - offs[i])[inside]
-        got_old[inside] = np.frombuffer(undo.data, np.uint8)[at]
-        got_new[inside] = np.frombuffer(undo.new_data, np.uint8)[at]
-    if not (np.array_equal(got_old, want_old) and np.array_equal(got_new, want_new)):
-        raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
-                               "the log was changed after the injection; nothing was changed")
 
 
 def _require_hashes(src: str, verify: bool, want_in: str | None, want_out: str | None) -> None:

@@ -1,0 +1,86 @@
+"""A region-evidence log's byte ranges checked against its own records before a revert writes them.
+
+Layer: ``files`` (may import core, kernels and files; imported by live and above).
+
+A log with region evidence (:mod:`fastflip.files.fingerprint`) is verified by the file's size, the hashes of its
+first and last MiB and the bytes of its touched ranges; the log itself is not signed. A log whose original bytes
+were edited after the injection would have those bytes written wherever its ranges point. :func:`check_log_words`
+refuses one, before anything is written, when its ranges disagree with its per-site records: at every site stored
+raw (its byte offset read from the file's layout) the ranges' original and altered bytes must be the recorded old
+and new word, and where every site is stored raw, every byte the ranges change must be one of those words or a
+zip CRC field that follows them. Sites in compressed storage (re-encoded HDF5 chunks, re-deflated ``.npz``
+members) are not checked here: their bytes are not words.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import LogMismatchError
+from .filebytes import ByteUndo
+from .h5apply import route_sites
+from .layout import read_layout
+from .patches import revert_patches, word_patches
+
+__all__ = ["check_log_words"]
+
+
+def _bytes_of(patches: Sequence[tuple[int, bytes, bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(file offset, first version, second version) of every byte of ``(offset, first, second)`` patches."""
+    pos = np.concatenate([np.arange(off, off + len(a), dtype=np.int64) for off, a, _ in patches])
+    return (pos, np.frombuffer(b"".join(p[1] for p in patches), np.uint8),
+            np.frombuffer(b"".join(p[2] for p in patches), np.uint8))
+
+
+def _ranges_at(undo: ByteUndo, pos: np.ndarray, unchanged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(original, altered) bytes the log's ranges hold at the file offsets ``pos``; ``unchanged`` where no range
+    covers one."""
+    got_old, got_new = unchanged.copy(), unchanged.copy()
+    if len(undo.offsets):
+        order = np.argsort(undo.offsets, kind="stable")
+        offs, lens = undo.offsets[order], undo.lengths[order]
+        first = (np.cumsum(undo.lengths) - undo.lengths)[order]  # each range's first byte in data / new_data
+        i = np.clip(np.searchsorted(offs, pos, "right") - 1, 0, None)
+        inside = (pos >= offs[i]) & (pos < offs[i] + lens[i])
+        at = (first[i] + pos - offs[i])[inside]
+        got_old[inside] = np.frombuffer(undo.data, np.uint8)[at]
+        got_new[inside] = np.frombuffer(undo.new_data, np.uint8)[at]
+    return got_old, got_new
+
+
+def _changed_bytes(undo: ByteUndo) -> np.ndarray:
+    """The file offsets at which the same-size ``undo``'s original and altered bytes differ."""
+    if not len(undo.offsets):
+        return np.zeros(0, np.int64)
+    pos = np.concatenate([np.arange(o, o + n, dtype=np.int64)
+                          for o, n in zip(undo.offsets.tolist(), undo.lengths.tolist())])
+    return pos[np.frombuffer(undo.data, np.uint8) != np.frombuffer(undo.new_data, np.uint8)]
+
+
+def check_log_words(lg: Any, path: str, src: str) -> None:
+    """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless the region log ``lg``'s byte ranges are
+    its recorded words at the raw sites of ``path`` (the logged output, or a copy of it), and, where every site is
+    stored raw, change no other byte than those words and their zip CRC fields. ``src`` is the name the message
+    gives."""
+    undo = lg.undo
+    if undo is None:
+        return  # refused by the revert with its own message
+    routes = route_sites(path, lg.plan, {t.path: t for t in read_layout(path).tensors})
+    words = word_patches(routes, lg.old_words, lg.new_words)
+    if words:
+        pos, want_old, want_new = _bytes_of(words)
+        got_old, got_new = _ranges_at(undo, pos, want_new)  # a word in no range: unchanged
+        if not (np.array_equal(got_old, want_old) and np.array_equal(got_new, want_new)):
+            raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
+                                   "the log was changed after the injection; nothing was changed")
+    if any((r.offsets < 0).any() for r in routes):
+        return  # compressed storage: its re-encoded bytes are not words
+    every = revert_patches(path, None, routes, lg.new_words, lg.old_words) or []  # the words and their zip CRCs
+    allowed = _bytes_of(every)[0] if every else np.zeros(0, np.int64)
+    stray = np.setdiff1d(_changed_bytes(undo), allowed)
+    if len(stray):
+        raise LogMismatchError(f"{src}: the log's touched byte ranges change {len(stray)} byte(s) that are none of its "
+                               f"recorded words (first at offset {int(stray[0])}); the log was changed after the "
+                               "injection; nothing was changed")
