@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import zipfile
 from typing import Callable
 
@@ -218,3 +219,89 @@ def test_a_second_revert_says_the_file_is_already_the_input(fmt, tmp_path, capsy
     assert _run(capsys, "replay", lp, out, "-o", again, "-q") == 0  # ``out`` holds the original bytes again
     assert _run(capsys, "revert", lp, again, "-q") == 0
     _assert_reads_as(fmt, again, src)
+
+
+# ------------------------------------------------------------------ 4. kills during revert and replay
+
+
+def _killed(argv: list[str], how: str, at: int) -> None:
+    """Run ``fastflip ARGV`` in a forked child that SIGKILLs itself just before its ``at``-th ``os.replace`` /
+    ``os.rename`` (``how`` "replace") or ``os.fsync`` ("fsync"), or just after the ``-at``-th (``at`` < 0)."""
+    from crash_worker import _around
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            calls = [0]
+            if how == "replace":
+                os.replace, os.rename = (_around(os.replace, at, signal.SIGKILL, calls),
+                                         _around(os.rename, at, signal.SIGKILL, calls))
+            else:
+                os.fsync = _around(os.fsync, at, signal.SIGKILL, calls)
+            code = main(argv) or 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def _points(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object]) -> dict[str, int]:
+    """How many renames and fsyncs an uninterrupted ``run()`` makes."""
+    counts = {"replace": 0, "fsync": 0}
+
+    def counting(real: Callable, how: str) -> Callable:
+        def wrapped(*a: object, **kw: object) -> object:
+            counts[how] += 1
+            return real(*a, **kw)
+        return wrapped
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", counting(os.replace, "replace"))
+        m.setattr(os, "rename", counting(os.rename, "replace"))
+        m.setattr(os, "fsync", counting(os.fsync, "fsync"))
+        run()
+    return counts
+
+
+@pytest.mark.parametrize("fmt,mode", [("npz", "file"), ("hdf5", "file"), ("npz", "regions"), ("safetensors", "direct")])
+def test_revert_and_replay_killed_at_every_rename_and_fsync(fmt, mode, tmp_path, capsys, monkeypatch):
+    """SIGKILL before and after each rename and fsync of ``revert LOG FILE`` (in place) and ``replay LOG IN -o
+    NEW``: the file is the injected one or the original, bit for bit; a second revert completes it or says in
+    one line that it already is the original; the new file of a killed replay is absent or the logged output."""
+    src = _build(fmt, tmp_path)
+    out, lp = _inject(capsys, src, mode, tmp_path)
+    original, injected = snapshot(src), snapshot(out)  # (direct: ``out`` is a copy injected in place)
+    new = str(tmp_path / ("new" + _EXT[fmt]))
+
+    def reset(path: str, data: bytes) -> None:
+        with open(path, "wb") as fh:
+            fh.write(data)
+    pristine = str(tmp_path / ("pristine" + _EXT[fmt]))
+    reset(pristine, original)
+    reset(out, injected)
+    revert_points = _points(monkeypatch, lambda: main(["revert", lp, out, "-q"]))
+    replay_points = _points(monkeypatch, lambda: main(["replay", lp, pristine, "-o", new, "-q"]))
+    assert snapshot(out) == original and snapshot(new) == injected
+    assert sum(revert_points.values()) and sum(replay_points.values())  # points to kill at
+    for how in ("replace", "fsync"):
+        for at in [k for n in range(1, revert_points[how] + 1) for k in (n, -n)]:
+            reset(out, injected)
+            _killed(["revert", lp, out, "-q"], how, at)
+            now = snapshot(out)
+            assert now in (injected, original), (how, at, "revert left a third state")
+            rc = _run(capsys, "revert", lp, out)
+            err = capsys.readouterr().err.strip()
+            if now == injected or mode != "file":  # a region log also takes back a file already reverted
+                assert rc == 0, (how, at, err)
+            else:
+                assert rc == 2 and len(err.splitlines()) == 1 and "is already the logged input" in err, (how, at, err)
+            assert snapshot(out) == original
+            _assert_reads_as(fmt, out, pristine)
+        for at in [k for n in range(1, replay_points[how] + 1) for k in (n, -n)]:
+            os.unlink(new)
+            _killed(["replay", lp, pristine, "-o", new, "-q"], how, at)
+            assert not os.path.exists(new) or snapshot(new) == injected, (how, at, "replay left a third state")
+            assert _run(capsys, "replay", lp, pristine, "-o", new, "--force", "-q") == 0
+            assert snapshot(new) == injected and snapshot(pristine) == original
