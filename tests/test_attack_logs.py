@@ -182,6 +182,26 @@ def test_region_log_with_an_added_range_between_the_windows_is_refused(fmt, tmp_
     _assert_reads_as(fmt, out, src)
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "npz"])
+def test_replay_of_a_region_log_with_edited_new_bytes_between_the_windows_is_refused(fmt, tmp_path, capsys):
+    """The altered bytes of a range between the first and last MiB edited: replay wrote them and said the output
+    was the logged one (its fingerprint cannot see them); nothing is written now."""
+    src = _build(fmt, tmp_path, rows=(3 << 20) // 32)
+    out, lp = _inject(capsys, src, "regions", tmp_path, count=60)
+
+    def edit(m: dict[str, bytes]) -> None:
+        m["undo_data.bin"], m["redo_data.bin"] = m["redo_data.bin"], m["undo_data.bin"]
+        _flip_old_byte_of_middle_range(m)
+        m["undo_data.bin"], m["redo_data.bin"] = m["redo_data.bin"], m["undo_data.bin"]
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), edit)
+    new = tmp_path / ("new" + _EXT[fmt])
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "replay", bad, src, "-o", new), tmp_path, before, "replay")
+    assert "do not hold its recorded old and new words" in err and "nothing was written" in err
+    assert _run(capsys, "replay", lp, src, "-o", new, "-q") == 0
+    assert snapshot(new) == snapshot(out)
+
+
 # ------------------------------------------------------------------ 2. `fastflip log` of a log without file entries
 
 

@@ -219,14 +219,17 @@ def copy_over_ranges(src: str, tmp: str, undo: ByteUndo, *, writeback: bool = Fa
         os.close(fd)
 
 
-def replay_regions(lg: Any, src: str, tmp: str) -> None:
+def replay_regions(lg: Any, src: str, tmp: str, also: Callable[[str], None] | None = None) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
     ranges tell) into ``tmp``: a kernel copy with the logged new bytes written over it in the pass that checks the
     copy's touched ranges hold the logged old bytes (:func:`copy_over_ranges`), then the copy's size and windows
-    checked to be the logged output's. No whole-file pass; the touched ranges read once."""
+    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``also`` (given ``src``)
+    runs after the input's checks and before the copy: a further check of the log that may raise."""
     fp, undo = _evidence(lg, src, "replayed")
     fix = "; give the file this log's injection was made from"
     check_regions(src, fp, undo, "input", src, fix, ranges=False)  # its size and windows, before any write
+    if also is not None:
+        also(src)
     if not copy_over_ranges(src, tmp, undo):
         raise LogMismatchError(f"{src} is not the logged input (the bytes of a touched range differ){fix}")
     check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output", ranges=False)

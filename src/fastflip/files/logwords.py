@@ -59,14 +59,15 @@ def _changed_bytes(undo: ByteUndo) -> np.ndarray:
     return pos[np.frombuffer(undo.data, np.uint8) != np.frombuffer(undo.new_data, np.uint8)]
 
 
-def check_log_words(lg: Any, path: str, src: str) -> None:
+def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless the region log ``lg``'s byte ranges are
-    its recorded words at the raw sites of ``path`` (the logged output, or a copy of it), and, where every site is
-    stored raw, change no other byte than those words and their zip CRC fields. ``src`` is the name the message
-    gives."""
+    its recorded words at the raw sites of ``path`` (the logged ``side``, "output" for a revert or "input" for a
+    replay, or a copy of it), and, where every site is stored raw, change no other byte than those words and their
+    zip CRC fields. ``src`` is the name the message gives."""
     undo = lg.undo
     if undo is None:
-        return  # refused by the revert with its own message
+        return  # refused by the revert or replay with its own message
+    done = "nothing was changed" if side == "output" else "nothing was written"
     routes = route_sites(path, lg.plan, {t.path: t for t in read_layout(path).tensors})
     words = word_patches(routes, lg.old_words, lg.new_words)
     if words:
@@ -74,13 +75,14 @@ def check_log_words(lg: Any, path: str, src: str) -> None:
         got_old, got_new = _ranges_at(undo, pos, want_new)  # a word in no range: unchanged
         if not (np.array_equal(got_old, want_old) and np.array_equal(got_new, want_new)):
             raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
-                                   "the log was changed after the injection; nothing was changed")
+                                   f"the log was changed after the injection; {done}")
     if any((r.offsets < 0).any() for r in routes):
         return  # compressed storage: its re-encoded bytes are not words
-    every = revert_patches(path, None, routes, lg.new_words, lg.old_words) or []  # the words and their zip CRCs
+    now, then = (lg.new_words, lg.old_words) if side == "output" else (lg.old_words, lg.new_words)
+    every = revert_patches(path, None, routes, now, then) or []  # the words and their zip CRCs, ``path``'s first
     allowed = _bytes_of(every)[0] if every else np.zeros(0, np.int64)
     stray = np.setdiff1d(_changed_bytes(undo), allowed)
     if len(stray):
         raise LogMismatchError(f"{src}: the log's touched byte ranges change {len(stray)} byte(s) that are none of its "
                                f"recorded words (first at offset {int(stray[0])}); the log was changed after the "
-                               "injection; nothing was changed")
+                               f"injection; {done}")
