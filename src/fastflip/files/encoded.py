@@ -74,6 +74,24 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new)
 
 
+def zip_crc_fields(path: str, offsets: np.ndarray) -> np.ndarray:
+    """File offsets of every byte of the CRC-32 fields (central directory, local header, data descriptor) of the
+    stored zip entries that hold the file ``offsets``: where they lie by the directory, whatever they hold now (a
+    direct injection killed part-way may have written some of them)."""
+    from .formats.zipcrc import descriptor_at
+    from .formats.zipraw import central_records, stored_entries
+
+    entries = sorted(stored_entries(path).values(), key=lambda e: e.offset)
+    which = np.unique(np.searchsorted(np.array([e.offset for e in entries], np.int64), offsets, "right") - 1)
+    cd = central_records(path)
+    spots: list[int] = []
+    with open(path, "rb") as fh:
+        for e in (entries[i] for i in which.tolist() if i >= 0):
+            desc = descriptor_at(fh, e)
+            spots += [cd[e.name] + 16, e.info.header_offset + 14] + ([] if desc is None else [desc])
+    return (np.array(spots, np.int64).reshape(-1, 1) + np.arange(4)).ravel()
+
+
 def check_stored_crcs(path: str, offsets: np.ndarray, reader: str) -> None:
     """:func:`fastflip.files.formats.zipcrc.check_stored_crcs`: refuse a stored zip member holding one of the file
     ``offsets`` whose bytes do not match its CRC-32."""

@@ -19,10 +19,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import LogMismatchError
+from .encoded import zip_crc_fields
 from .filebytes import ByteUndo
 from .h5apply import route_sites
 from .layout import read_layout
-from .patches import revert_patches, word_patches
+from .patches import is_zip_container, word_patches
 
 __all__ = ["check_log_words"]
 
@@ -61,9 +62,9 @@ def _changed_bytes(undo: ByteUndo) -> np.ndarray:
 
 def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless the region log ``lg``'s byte ranges are
-    its recorded words at the raw sites of ``path`` (the logged ``side``, "output" for a revert or "input" for a
-    replay, or a copy of it), and, where every site is stored raw, change no other byte than those words and their
-    zip CRC fields. ``src`` is the name the message gives."""
+    its recorded words at the raw sites of ``path`` (the logged output for a revert, ``side`` "output", or the
+    logged input for a replay, "input"; or a copy of it), and, where every site is stored raw, change no other byte
+    than those words and their zip CRC fields. ``src`` is the name the message gives."""
     undo = lg.undo
     if undo is None:
         return  # refused by the revert or replay with its own message
@@ -78,9 +79,9 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
                                    f"the log was changed after the injection; {done}")
     if any((r.offsets < 0).any() for r in routes):
         return  # compressed storage: its re-encoded bytes are not words
-    now, then = (lg.new_words, lg.old_words) if side == "output" else (lg.old_words, lg.new_words)
-    every = revert_patches(path, None, routes, now, then) or []  # the words and their zip CRCs, ``path``'s first
-    allowed = _bytes_of(every)[0] if every else np.zeros(0, np.int64)
+    allowed = _bytes_of(words)[0] if words else np.zeros(0, np.int64)
+    if words and is_zip_container(path):
+        allowed = np.concatenate([allowed, zip_crc_fields(path, np.array([p[0] for p in words], np.int64))])
     stray = np.setdiff1d(_changed_bytes(undo), allowed)
     if len(stray):
         raise LogMismatchError(f"{src}: the log's touched byte ranges change {len(stray)} byte(s) that are none of its "

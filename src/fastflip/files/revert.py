@@ -157,8 +157,8 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
 
     def check(path: str, digest: str) -> None:
         if want_out and digest != want_out and digest == want_in:
-            raise LogMismatchError(f"{src} is already the logged input ({algo} matches): reverted before, or never "
-                                   "injected; nothing was changed")
+            raise LogMismatchError(f"{src} is not the output this log describes: it is already the logged input "
+                                   f"({algo} matches; reverted before, or never injected); nothing was changed")
         if want_out and digest != want_out:
             raise LogMismatchError(f"{src} is not the output this log describes ({algo} differs); nothing was changed")
         if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
