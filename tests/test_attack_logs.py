@@ -325,3 +325,26 @@ def test_revert_and_replay_killed_at_every_rename_and_fsync(fmt, mode, tmp_path,
             assert not os.path.exists(new) or snapshot(new) == injected, (how, at, "replay left a third state")
             assert _run(capsys, "replay", lp, pristine, "-o", new, "--force", "-q") == 0
             assert snapshot(new) == injected and snapshot(pristine) == original
+
+
+# ------------------------------------------------------------------ 5. a log that inflates to more than a log holds
+
+
+def test_a_manifest_that_declares_more_than_a_log_holds_is_refused_unread(tmp_path, capsys, monkeypatch):
+    """A small .fflog whose manifest.json inflates past the manifest limit (a deflate bomb: here the limit is
+    lowered so the test stays small) is refused in one line; ``json.loads`` read the whole of it before."""
+    from fastflip.files import log as logmod
+
+    src = _build("npz", tmp_path)
+    out, lp = _inject(capsys, src, "file", tmp_path)
+
+    def pad(m: dict[str, bytes]) -> None:
+        j = json.loads(m["manifest.json"])
+        j["padding"] = " " * 5000
+        m["manifest.json"] = json.dumps(j).encode()
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), pad)
+    monkeypatch.setattr(logmod, "_MAX_MANIFEST_BYTES", 4096)
+    before = snapshot(tmp_path)
+    for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
+        err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
+        assert "manifest.json declares" in err
