@@ -18,14 +18,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import LogMismatchError
+from ..errors import FastflipError, LogMismatchError
 from .encoded import zip_crc_fields
 from .filebytes import ByteUndo
-from .h5apply import route_sites
+from .h5apply import read_words, route_sites
 from .layout import read_layout
 from .patches import is_zip_container, word_patches
 
-__all__ = ["check_log_words"]
+__all__ = ["check_log_words", "check_words"]
 
 
 def _bytes_of(patches: Sequence[tuple[int, bytes, bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,14 +60,15 @@ def _changed_bytes(undo: ByteUndo) -> np.ndarray:
     return pos[np.frombuffer(undo.data, np.uint8) != np.frombuffer(undo.new_data, np.uint8)]
 
 
-def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
+def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> bool:
     """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless the region log ``lg``'s byte ranges are
     its recorded words at the raw sites of ``path`` (the logged output for a revert, ``side`` "output", or the
     logged input for a replay, "input"; or a copy of it), and, where every site is stored raw, change no other byte
-    than those words and their zip CRC fields. ``src`` is the name the message gives."""
+    than those words and their zip CRC fields. ``src`` is the name the message gives. Returns whether every site
+    is stored raw (False: the re-encoded bytes of the others are checked only once written, :func:`check_words`)."""
     undo = lg.undo
     if undo is None:
-        return  # refused by the revert or replay with its own message
+        return True  # refused by the revert or replay with its own message
     done = "nothing was changed" if side == "output" else "nothing was written"
     routes = route_sites(path, lg.plan, {t.path: t for t in read_layout(path).tensors})
     words = word_patches(routes, lg.old_words, lg.new_words)
@@ -78,7 +79,7 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
             raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
                                    f"the log was changed after the injection; {done}")
     if any((r.offsets < 0).any() for r in routes):
-        return  # compressed storage: its re-encoded bytes are not words
+        return False  # compressed storage: its re-encoded bytes are not words
     allowed = _bytes_of(words)[0] if words else np.zeros(0, np.int64)
     if words and is_zip_container(path):
         allowed = np.concatenate([allowed, zip_crc_fields(path, np.array([p[0] for p in words], np.int64))])
@@ -87,3 +88,23 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> None:
         raise LogMismatchError(f"{src}: the log's touched byte ranges change {len(stray)} byte(s) that are none of its "
                                f"recorded words (first at offset {int(stray[0])}); the log was changed after the "
                                f"injection; {done}")
+    return True
+
+
+def check_words(lg: Any, path: str, src: str, side: str) -> None:
+    """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless ``path`` (a copy just written by a revert,
+    ``side`` "input", or a replay, "output") holds the log's recorded old (new) word at every site, as the file's
+    own reader decodes them (re-encoded HDF5 chunks and ``.npz`` members too). ``src`` is the name the message
+    gives."""
+    want, which = (lg.old_words, "old") if side == "input" else (lg.new_words, "new")
+    try:
+        same = np.array_equal(read_words(path, lg.plan, {t.path: t for t in read_layout(path).tensors}), want)
+    except (FastflipError, OSError, ValueError) as exc:  # the log's bytes made a chunk or member its reader refuses
+        same, why = False, f" (its reader: {(str(exc).splitlines() or [type(exc).__name__])[0][:120]})"
+    else:
+        why = ""
+    if not same:
+        verb, done = ("reverting", "nothing was changed") if side == "input" else ("replaying onto", "nothing was written")
+        raise LogMismatchError(f"{verb} {src} by the log gives other words than its recorded {which} words{why}; the "
+                               f"log was changed after the injection; {done}")
+

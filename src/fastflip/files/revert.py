@@ -35,7 +35,7 @@ from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
-from .logwords import check_log_words
+from .logwords import check_log_words, check_words
 from .patches import restore_words, revert_patches, write_patches
 
 __all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
@@ -107,7 +107,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
             proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify,
-                                    also=(lambda path: check_log_words(lg, path, src)) if verify else None)
+                                    also=(lambda path: check_log_words(lg, path, src)) if verify else None,
+                                    after=(lambda path: check_words(lg, path, src, "input")) if verify else None)
         return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
