@@ -84,7 +84,9 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     A log with region evidence (``hash_files="regions"``, a direct in-place injection or a new file; see
     :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
     instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
-    ranges are rewritten. The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
+    ranges are rewritten (where every site is stored raw; a log with sites in re-encoded chunks or members is
+    reverted in a copy whose words are read back first). The log's ranges are checked against its own recorded
+    words before anything is written (:mod:`fastflip.files.logwords`). The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
     size that fails those checks gets the logged original bytes of the touched ranges anyway; the result is
     still checked, and ``verified`` says whether it is the logged input (False: written, not proven).
 
