@@ -163,12 +163,15 @@ def _stray_range(file: str, at: int) -> Callable[[dict[str, bytes]], None]:
     return edit
 
 
-@pytest.mark.parametrize("fmt", ["safetensors", "npz", "torch"])
+@pytest.mark.parametrize("fmt", ["safetensors", "npz", "torch", "hdf5-gzip"])
 def test_region_log_with_an_added_range_between_the_windows_is_refused(fmt, tmp_path, capsys):
     """A range added to the log where no site lies, its altered bytes those the file holds (so the file passes as
     the logged output) and its original bytes junk: the revert wrote the junk into the middle of a tensor and said
-    it restored the file. Every byte the ranges change must be a recorded word or a zip CRC field."""
-    src = _build(fmt, tmp_path, rows=(3 << 20) // 32)
+    it restored the file. Every byte the ranges change must be a recorded word, a zip CRC field or a chunk the
+    injection re-encodes (checked in the reverted copy)."""
+    gzip = fmt == "hdf5-gzip"
+    fmt = "hdf5" if gzip else fmt
+    src = _build(fmt, tmp_path, rows=(3 << 20) // 32, **({"chunks": True, "compression": "gzip"} if gzip else {}))
     out, lp = _inject(capsys, src, "regions", tmp_path)
     with zipfile.ZipFile(lp) as z:
         taken = [(o, o + n) for o, n in zip(np.load(io.BytesIO(z.read("undo_offsets.npy"))).tolist(),

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import FastflipError, LogMismatchError
-from .encoded import zip_crc_fields
+from .encoded import encoded_patches, zip_crc_fields
 from .filebytes import ByteUndo
 from .h5apply import read_words, route_sites
 from .layout import read_layout
@@ -60,16 +60,19 @@ def _changed_bytes(undo: ByteUndo) -> np.ndarray:
     return pos[np.frombuffer(undo.data, np.uint8) != np.frombuffer(undo.new_data, np.uint8)]
 
 
-def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> bool:
+def check_log_words(lg: Any, path: str, src: str, side: str = "output", done: str | None = None) -> bool:
     """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless the region log ``lg``'s byte ranges are
-    its recorded words at the raw sites of ``path`` (the logged output for a revert, ``side`` "output", or the
-    logged input for a replay, "input"; or a copy of it), and, where every site is stored raw, change no other byte
-    than those words and their zip CRC fields. ``src`` is the name the message gives. Returns whether every site
-    is stored raw (False: the re-encoded bytes of the others are checked only once written, :func:`check_words`)."""
+    its recorded words at the raw sites of ``path`` and change no other byte than those words, their zip CRC
+    fields and (``path`` the logged input) the re-encoded chunks or members of the other sites as fastflip
+    re-encodes them from ``path``. ``side``: what ``path`` is (or a copy of), the logged "output" (a revert,
+    before it writes) or "input" (a replay, before it copies; a revert's copy once written). ``src`` is the name
+    the message gives, ending with ``done`` (what was left as it was). Returns whether that proved every byte the
+    ranges change (False: ``path`` is the output and some sites are re-encoded; check the copy once written, with
+    :func:`check_words` and this function given ``side`` "input")."""
     undo = lg.undo
     if undo is None:
         return True  # refused by the revert or replay with its own message
-    done = "nothing was changed" if side == "output" else "nothing was written"
+    done = done or ("nothing was changed" if side == "output" else "nothing was written")
     routes = route_sites(path, lg.plan, {t.path: t for t in read_layout(path).tensors})
     words = word_patches(routes, lg.old_words, lg.new_words)
     if words:
@@ -78,12 +81,17 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> bool:
         if not (np.array_equal(got_old, want_old) and np.array_equal(got_new, want_new)):
             raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
                                    f"the log was changed after the injection; {done}")
-    if any((r.offsets < 0).any() for r in routes):
-        return False  # compressed storage: its re-encoded bytes are not words
-    allowed = _bytes_of(words)[0] if words else np.zeros(0, np.int64)
-    if words and is_zip_container(path):
-        allowed = np.concatenate([allowed, zip_crc_fields(path, np.array([p[0] for p in words], np.int64))])
-    stray = np.setdiff1d(_changed_bytes(undo), allowed)
+    encoded = any((r.offsets < 0).any() for r in routes)
+    if encoded and side == "output":
+        return False  # re-encoded from the input's chunks: known once the input is there
+    zipped = is_zip_container(path)
+    allowed = [_bytes_of(words)[0]] if words else []
+    if words and zipped:
+        allowed.append(zip_crc_fields(path, np.array([p[0] for p in words], np.int64)))
+    if encoded:  # the chunks (members) the injection re-encoded, as fastflip re-encodes them from this input
+        allowed += [np.arange(off, off + len(old), dtype=np.int64)
+                    for off, old, _ in encoded_patches(path, lg.plan, routes, zipped).patches]
+    stray = np.setdiff1d(_changed_bytes(undo), np.concatenate(allowed) if allowed else np.zeros(0, np.int64))
     if len(stray):
         raise LogMismatchError(f"{src}: the log's touched byte ranges change {len(stray)} byte(s) that are none of its "
                                f"recorded words (first at offset {int(stray[0])}); the log was changed after the "
@@ -94,9 +102,11 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output") -> bool:
 def check_words(lg: Any, path: str, src: str, side: str) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` (one line) unless ``path`` (a copy just written by a revert,
     ``side`` "input", or a replay, "output") holds the log's recorded old (new) word at every site, as the file's
-    own reader decodes them (re-encoded HDF5 chunks and ``.npz`` members too). ``src`` is the name the message
-    gives."""
+    own reader decodes them (re-encoded HDF5 chunks and ``.npz`` members too), and (a revert) the log's ranges
+    change no byte but those the injection re-encodes from that input (:func:`check_log_words`). ``src`` is the
+    name the message gives."""
     want, which = (lg.old_words, "old") if side == "input" else (lg.new_words, "new")
+    verb, done = ("reverting", "nothing was changed") if side == "input" else ("replaying onto", "nothing was written")
     try:
         same = np.array_equal(read_words(path, lg.plan, {t.path: t for t in read_layout(path).tensors}), want)
     except (FastflipError, OSError, ValueError) as exc:  # the log's bytes made a chunk or member its reader refuses
@@ -104,7 +114,7 @@ def check_words(lg: Any, path: str, src: str, side: str) -> None:
     else:
         why = ""
     if not same:
-        verb, done = ("reverting", "nothing was changed") if side == "input" else ("replaying onto", "nothing was written")
         raise LogMismatchError(f"{verb} {src} by the log gives other words than its recorded {which} words{why}; the "
                                f"log was changed after the injection; {done}")
-
+    if side == "input":
+        check_log_words(lg, path, src, "input", done)
