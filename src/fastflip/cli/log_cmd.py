@@ -44,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     c = m.get("counts", {})
     print(f"{args.log}: fastflip {m.get('fastflip_version')} {m.get('created')} seed {m.get('seed')}")
     for key, pad in (("input", " "), ("output", "")):
-        algo, digest = logged_hash(m[key])
-        print(f"{key}{pad} {m[key]['path']} {algo} {digest}")
+        entry = m.get(key) if isinstance(m.get(key), dict) else {}  # a log may hold none (null): shown as None
+        algo, digest = logged_hash(entry)
+        print(f"{key}{pad} {entry.get('path')} {algo} {digest}")
     print(f"options {json.dumps(m.get('options', {}), sort_keys=True)}")
     print(f"counts {json.dumps(c, sort_keys=True)}")
     rows = list(log.iter_csv_rows())

@@ -85,6 +85,21 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new, index)
 
 
+def zip_crc_fields(path: str, offsets: np.ndarray) -> np.ndarray:
+    """File offsets of every byte of the CRC-32 fields (central directory, local header, data descriptor) of the
+    stored zip entries that hold the file ``offsets``: where they lie by the directory, whatever they hold now (a
+    direct injection killed part-way may have written some of them)."""
+    from .formats.zipcrc import descriptor_at, zip_index
+
+    index = zip_index(path)
+    spots: list[int] = []
+    with open(path, "rb") as fh:
+        for e in (index.entries[i] for i in np.unique(index.holding(offsets)).tolist() if i >= 0):
+            desc = descriptor_at(fh, e)
+            spots += [index.records[e.name] + 16, e.info.header_offset + 14] + ([] if desc is None else [desc])
+    return (np.array(spots, np.int64).reshape(-1, 1) + np.arange(4)).ravel()
+
+
 def member_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> MemberCrcs:
     """:meth:`fastflip.files.formats.zipcrc.MemberCrcs.holding`: the CRC-32 check of the stored zip members holding
     one of the file ``offsets``, to be fed by a copy's pass over the file or read by itself."""

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -173,10 +173,27 @@ def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
                 return False
             restore.append((off, now, old))
             pos += ln
+    return _windows_after(path, fp, restore)
+
+
+def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]]) -> bool:
+    """Whether ``path``'s head and tail windows, with the ``(offset, now, old)`` patches' old bytes laid over them,
+    hash to the logged input's fingerprint: what a revert will give, known before it writes."""
+    want = fp["input"]
     head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
     size, head, tail_at, tail = _windows(path, head_len, tail_len)
     return _record(size, head_len, tail_len, overlay_patches(0, head, restore), overlay_patches(tail_at, tail, restore),
                    fp["algorithm"]) == dict(want)
+
+
+def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
+    """Whether writing the same-size ``undo``'s old bytes into ``path`` (the logged output) gives the logged input's
+    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written."""
+    if int(fp["input"]["size"]) != int(undo.size):
+        return False
+    size = os.path.getsize(path)
+    spans = [(0, int(fp["input"]["head_len"])), (max(0, size - int(fp["input"]["tail_len"])), size)]
+    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)])
 
 
 def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
@@ -202,22 +219,31 @@ def copy_over_ranges(src: str, tmp: str, undo: ByteUndo, *, writeback: bool = Fa
         os.close(fd)
 
 
-def replay_regions(lg: Any, src: str, tmp: str) -> None:
+def replay_regions(lg: Any, src: str, tmp: str, also: Callable[[str], object] | None = None,
+                   after: Callable[[str], None] | None = None) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
     ranges tell) into ``tmp``: a kernel copy with the logged new bytes written over it in the pass that checks the
     copy's touched ranges hold the logged old bytes (:func:`copy_over_ranges`), then the copy's size and windows
-    checked to be the logged output's. No whole-file pass; the touched ranges read once."""
+    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``also`` (given ``src``)
+    runs after the input's checks and before the copy, ``after`` (given ``tmp``) once the copy is written: further
+    checks of the log that may raise."""
     fp, undo = _evidence(lg, src, "replayed")
     fix = "; give the file this log's injection was made from"
     check_regions(src, fp, undo, "input", src, fix, ranges=False)  # its size and windows, before any write
+    if also is not None:
+        also(src)
     if not copy_over_ranges(src, tmp, undo):
         raise LogMismatchError(f"{src} is not the logged input (the bytes of a touched range differ){fix}")
     check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output", ranges=False)
+    if after is not None:
+        after(tmp)
 
 
 def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool = True) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged output, or that output
-    half-written by a killed run (:func:`_torn`); without ``verify``, only unless it has the logged size."""
+    half-written by a killed run (:func:`_torn`), and the log's original bytes give the logged input's size and
+    head/tail fingerprint (checked before anything is written); without ``verify``, only unless it has the logged
+    size."""
     if not verify:
         if os.path.getsize(path) != int(fp["output"]["size"]):
             check_regions(path, fp, undo, "output", subject)  # the size message
@@ -227,6 +253,10 @@ def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str,
     except LogMismatchError:
         if not _torn(path, fp, undo):
             raise
+        return  # a torn file: _torn proved its restored windows are the logged input's
+    if not _reverts_to_input(path, fp, undo):
+        raise LogMismatchError(f"{subject}: the log's original bytes do not give the logged input (size or head/tail "
+                               f"fingerprint); the log was changed after the injection{_NOT_CHANGED}")
 
 
 def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, verify: bool) -> bool:
@@ -241,22 +271,32 @@ def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, veri
     return True
 
 
-def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True) -> bool:
+def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True,
+                   also: Callable[[str], bool] | None = None, after: Callable[[str], None] | None = None) -> bool:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
     half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
     the logged original bytes of the touched ranges into a file of the logged size whatever it holds, and still
     checks the result. Returns whether the result was checked to be the logged input (always True with
-    ``verify``: a failed check raises)."""
+    ``verify``: a failed check raises).
+
+    ``also`` (given the path checked) runs after the checks of the file and before the write: a further check of
+    the log that may raise, and returns whether it proved what the write gives; where it did not, a ``direct``
+    revert is made in a copy instead, which ``after`` (given the copy, once written) checks before the rename."""
     fp, undo = _evidence(lg, src, "reverted")
-    after = f"reverting {src} did not give the logged input back: {src}"
+    message = f"reverting {src} did not give the logged input back: {src}"
     if direct:
         _check_revertible(src, fp, undo, src, verify)
-        with deferred_signals():
-            undo.apply(src)
-        return _gives_input(src, fp, undo, after, verify)
+        if also is None or also(src):
+            with deferred_signals():
+                undo.apply(src)
+            return _gives_input(src, fp, undo, message, verify)
     with atomic_output(target) as tmp:
         kernel_copy(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
+        if also is not None:
+            also(tmp)
         undo.apply(tmp)
-        return _gives_input(tmp, fp, undo, after, verify)
+        if after is not None:
+            after(tmp)
+        return _gives_input(tmp, fp, undo, message, verify)

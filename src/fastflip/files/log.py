@@ -179,7 +179,7 @@ class InjectionLog:
         p = check_input(path)
         try:
             with zipfile.ZipFile(p) as z:
-                manifest = json.loads(z.read("manifest.json"))
+                manifest = json.loads(_read_member(z, "manifest.json", _MAX_MANIFEST_BYTES))
                 if not isinstance(manifest, dict) or manifest.get("format") != LOG_FORMAT:
                     fmt = manifest.get("format") if isinstance(manifest, dict) else None
                     raise LogMismatchError(f"{p}: not a {LOG_FORMAT} log (format {fmt!r:.40})")
@@ -243,17 +243,24 @@ def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
         fh.write(memoryview(arr).cast("B") if arr.size else b"")
 
 
-def _read_npy(z: zipfile.ZipFile, name: str, wide: bool = True) -> np.ndarray:
+def _read_member(z: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """The bytes of member ``name``, refused (ValueError) when it declares more than ``limit`` (a log's small
+    archive may inflate to gigabytes)."""
     info = z.getinfo(name)
-    if info.file_size > _MAX_COLUMN_BYTES:
-        raise ValueError(f"{name} declares {info.file_size} bytes")
+    if info.file_size > limit:
+        raise ValueError(f"{name} declares {info.file_size} bytes, more than a log fastflip writes holds")
     with z.open(info) as fh:
-        arr = np.lib.format.read_array(io.BytesIO(fh.read(_MAX_COLUMN_BYTES + 1)), allow_pickle=False)
+        return fh.read(limit + 1)
+
+
+def _read_npy(z: zipfile.ZipFile, name: str, wide: bool = True) -> np.ndarray:
+    arr = np.lib.format.read_array(io.BytesIO(_read_member(z, name, _MAX_COLUMN_BYTES)), allow_pickle=False)
     w = _WIDE.get(name[:-4])
     return arr.astype(w) if wide and w is not None and arr.dtype != w else arr
 
 
 _MAX_COLUMN_BYTES = 16 << 30  # a column of 2**31 eight-byte rows; larger is not a log fastflip wrote
+_MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists tensors and options: a million tensors take a fraction of this
 
 
 def manifest_json(manifest: dict[str, Any]) -> str:

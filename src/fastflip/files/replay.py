@@ -32,6 +32,7 @@ from .h5apply import read_words
 from .inject import InjectionResult, write_plan
 from .archives import edit_archive
 from .layout import read_layout
+from .logwords import check_log_words, check_words
 from .log import InjectionLog
 from .outputs import (default_log_path, in_container, load_log, log_files, log_target, output_target, refuse_dir,
                       writer_lock)
@@ -93,7 +94,8 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
 
     if lg.manifest.get("evidence") == "regions" and not want_in:  # region evidence: checked by regions, no hash
         with atomic_output(target) as tmp:
-            replay_regions(lg, src, tmp)  # checked: every touched range holds its logged new bytes
+            replay_regions(lg, src, tmp, also=lambda path: check_log_words(lg, path, src, "input"),
+                           after=lambda path: check_words(lg, path, src, "output"))
             new_log = finish(None, None, lg.old_words, lg.new_words, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     if lg.undo is not None and lg.undo.new_size >= 0:

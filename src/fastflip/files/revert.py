@@ -35,6 +35,7 @@ from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
+from .logwords import check_log_words, check_words
 from .patches import restore_words, revert_patches, write_patches
 
 __all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
@@ -83,7 +84,9 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     A log with region evidence (``hash_files="regions"``, a direct in-place injection or a new file; see
     :mod:`fastflip.files.fingerprint`) is checked by its touched byte ranges, size and head/tail fingerprint
     instead of whole-file hashes, and (``atomic`` not True, no ``out``) reverted directly: only the touched
-    ranges are rewritten. The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
+    ranges are rewritten (where every site is stored raw; a log with sites in re-encoded chunks or members is
+    reverted in a copy whose words are read back first). The log's ranges are checked against its own recorded
+    words before anything is written (:mod:`fastflip.files.logwords`). The result says ``evidence="regions"``. With ``verify=False`` a file of the logged
     size that fails those checks gets the logged original bytes of the touched ranges anyway; the result is
     still checked, and ``verified`` says whether it is the logged input (False: written, not proven).
 
@@ -105,7 +108,9 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
-            proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify)
+            proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify,
+                                    also=(lambda path: check_log_words(lg, path, src)) if verify else None,
+                                    after=(lambda path: check_words(lg, path, src, "input")) if verify else None)
         return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
@@ -154,6 +159,9 @@ def _revert_locked(lg: InjectionLog, src: str, out: Any, atomic: bool, overwrite
     routes = route_sites(src, lg.plan, by_name)  # valid for a byte-identical copy too
 
     def check(path: str, digest: str) -> None:
+        if want_out and digest != want_out and digest == want_in:
+            raise LogMismatchError(f"{src} is not the output this log describes: it is already the logged input "
+                                   f"({algo} matches; reverted before, or never injected); nothing was changed")
         if want_out and digest != want_out:
             raise LogMismatchError(f"{src} is not the output this log describes ({algo} differs); nothing was changed")
         if not np.array_equal(read_words(path, lg.plan, by_name, routes), lg.new_words):
