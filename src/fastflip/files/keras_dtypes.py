@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .roles import detect_framework
+from .roles import detect_framework, keras3_written
 
 __all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS",
            "stored_words", "WordsView"]
@@ -113,10 +113,10 @@ def settle(described: "dict[str, Any] | str | KerasReading", paths: "tuple[str, 
 
 
 def keras3_layout(paths: "list[str]", h5file: Any) -> bool:
-    """True when the dataset ``paths`` (and the root attributes of the open file ``h5file``) follow the Keras 3
-    weights layout (:func:`fastflip.files.roles.detect_framework` says ``keras3``)."""
+    """True when the dataset ``paths`` (and the root attributes of the open file ``h5file``) are those of a Keras 3
+    weights file: every dataset a ``vars/<key>`` entry, and no legacy marker."""
     attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
-    return detect_framework(paths, attrs) == "keras3"
+    return keras3_written(paths) and detect_framework(paths, attrs) == "keras3"
 
 
 def keras_tensor(fields: Mapping[str, Any]) -> "dict[str, Any]":

@@ -367,7 +367,8 @@ def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str | KerasReading:
         return plain if keras is None else KerasReading(plain, keras)
     words = _describe_as(dsid, fsize, BF16_WORDS)
     return KerasReading(plain if not isinstance(plain, str) else f"{plain} (opaque words: h5py reads raw bytes; "
-                        "Keras reads them as bfloat16 only in its .weights.h5 layout, under vars/)",
+                        "Keras reads them as bfloat16 only in a file of its weights layout, where every "
+                        "dataset is a vars/<key> entry)",
                         keras_tensor(words) if isinstance(words, dict) else words)
 
 

@@ -17,7 +17,8 @@ Recognised layouts (the ``framework`` label):
 
 ``keras3``
     Keras 3 ``.weights.h5``: ``layers/<class>/vars/<i>`` (the ``vars`` group's ``name``
-    attribute is the layer name) and ``optimizer/vars/<i>``.
+    attribute is the layer name) and ``optimizer/vars/<i>``; or a file whose datasets are all
+    ``vars/<key>`` entries (a subclassed model's ``<attr>/<attr>/vars/<i>``, its own ``vars/<i>``).
 ``keras-legacy``
     Keras/tf.keras HDF5 from ``model.save('x.h5')`` (``model_weights/<layer>/.../kernel:0``,
     ``optimizer_weights/...``) or legacy ``save_weights`` (same without the prefix;
@@ -56,8 +57,8 @@ from ..core.records import Layout, Skipped, Tensor, replace
 from .h5open import open_h5
 from .keras_names import UNREAD_REASON, unread_paths
 
-__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names",
-           "alias_layers"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "keras3_written", "label_path",
+           "label_names", "alias_layers"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "scale", "zero", "other")
 # short names accepted by selections (``--role optimizer``)
@@ -67,7 +68,7 @@ ROLE_ALIASES = {"optimizer": "optimizer-moment", "moment": "optimizer-moment", "
                 "zero-point": "zero", "zero_point": "zero"}
 FRAMEWORKS = ("keras3", "keras-legacy", "torch", "chainer")
 
-_KERAS3_VAR = re.compile(r"^(?P<group>/.*)/vars/(?P<i>\d+)$")
+_KERAS3_VAR = re.compile(r"^(?P<group>(?:/.*)?)/vars/(?P<i>\d+)$")
 _WEIGHT_NAMES = {"kernel", "weight", "weights", "w", "gamma", "embeddings", "alpha", "recurrent_kernel",
                  "depthwise_kernel", "pointwise_kernel", "scale"}
 _BIAS_NAMES = {"bias", "beta", "b", "offset"}
@@ -105,6 +106,22 @@ def _attr_str(value: Any) -> str | None:
     return str(value)
 
 
+def keras3_written(paths: Iterable[str]) -> bool:
+    """True when every dataset path is a ``vars/<key>`` entry, at any depth, root included (``/vars/0``,
+    ``/l/inner/vars/1``): the only datasets Keras 3's weights writer creates (``H5IOStore`` puts each object's
+    variables in a ``vars`` group below the object's path, a subclassed model's included).
+
+    >>> keras3_written(["/vars/0", "/l/inner/vars/1"]), keras3_written(["/layers/d/vars/0", "/notes"])
+    (True, False)
+    """
+    seen = False
+    for p in paths:
+        if p.rsplit("/", 2)[-2:-1] != ["vars"]:
+            return False
+        seen = True
+    return seen
+
+
 def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = None) -> str | None:
     """Name the framework whose layout the dataset paths (and root attributes) follow.
 
@@ -120,7 +137,8 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
     paths = list(paths)
     if "layer_names" in attrs or any(p.startswith("/model_weights/") for p in paths):
         return "keras-legacy"
-    if any(_KERAS3_VAR.match(p) and (p.startswith("/layers/") or p.startswith("/optimizer/")) for p in paths):
+    if keras3_written(paths) or any(_KERAS3_VAR.match(p) and p.startswith(("/layers/", "/optimizer/"))
+                                    for p in paths):
         return "keras3"
     comps = {c for p in paths for c in p.split("/")}
     if any(c.startswith(("optimizer:", "model:")) for c in comps) or comps & {"W", "avg_mean", "avg_var"}:
@@ -267,10 +285,10 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
     for gpath, items in groups.items():
         items.sort(key=lambda it: it[0])
         gname = gpath.rsplit("/", 1)[-1]
-        layer: str | None = gname
+        layer: str | None = gname or None  # ``/vars/<i>``: a subclassed model's own variables
         cls = _strip_counter(gname).lower()
         if h5file is not None:
-            for where in (gpath + "/vars", gpath):
+            for where in (gpath + "/vars", gpath) if gpath else ("/vars",):
                 obj = h5file.get(where)
                 if obj is None:
                     continue
