@@ -165,6 +165,21 @@ def test_keras3_weights_of_a_subclassed_model(tmp_path):
     assert detect_framework(["/vars/0"], {"layer_names": [b"d"]}) == "keras-legacy"
 
 
+def test_framework_counts_the_datasets_fastflip_skips(tmp_path):
+    """The framework of a file, which decides both how its bfloat16 words are read and how its tensors are
+    labelled, comes from every dataset: a skipped string dataset outside ``vars`` makes it no Keras 3 weights file
+    (the bfloat16 words stay h5py's raw bytes), though every listed tensor is a ``vars/<key>`` entry."""
+    p = str(tmp_path / "w.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("l/vars/0", data=np.array([0x3F80], "<u2").view("V2")).attrs["dtype"] = "bfloat16"
+        f["l/vars/1"] = np.zeros(3, "f4")
+        f["meta"] = np.array([b"note"], dtype=h5py.string_dtype())
+    lay = read_layout(p)
+    assert [t.path for t in lay.tensors] == ["/l/vars/1"]
+    assert sorted(s.path for s in lay.skipped) == ["/l/vars/0", "/meta"]
+    assert lay.framework is None and lay.tensors[0].framework is None
+
+
 # ------------------------------------------------------------------ real framework files
 
 

@@ -15,8 +15,9 @@ reads a dataset with a ``dtype`` attribute: as bfloat16 words (an untagged opaqu
 HDF5 copies unchanged into the ``ml_dtypes.bfloat16`` array, in this machine's byte order), or not at all
 (why, in one line: the attribute is compared as Keras compares it, so ``b"bfloat16"`` or a list of two strings
 does not count, and a float32, int16 or tagged opaque dataset has no HDF5 conversion to bfloat16).
-:func:`settle` then picks, per dataset, the reading of the framework that reads the file: Keras's for a
-``vars/<key>`` dataset of a file in the Keras 3 weights layout, h5py's for any other dataset or file.
+:func:`settle` then picks, per dataset, the reading of the framework that reads the file: Keras's in a file its
+weights writer could produce (every dataset a ``vars/<key>`` entry, at any depth, and no legacy marker:
+:func:`fastflip.files.roles.keras3_written`), h5py's in any other file.
 
 Examples
 --------
@@ -36,9 +37,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .roles import detect_framework, keras3_written
 
-__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS",
+__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras_tensor", "BF16_WORDS",
            "stored_words", "WordsView"]
 
 KERAS_DTYPE_ATTR = b"dtype"
@@ -98,25 +98,13 @@ def keras_reading(dsid: Any) -> "str | None":
             "(HDF5 has no conversion to bfloat16)")
 
 
-def _on_vars(paths: "tuple[str, ...]") -> bool:
-    """True when a dataset is a ``vars/<key>`` entry, which Keras's loader reads (one path suffices)."""
-    return any(p.rsplit("/", 2)[-2:-1] == ["vars"] for p in paths)
-
-
-def settle(described: "dict[str, Any] | str | KerasReading", paths: "tuple[str, ...]",
-           keras3: bool) -> "dict[str, Any] | str":
-    """The reading of a dataset reached by ``paths`` that fastflip keeps: Keras's for a ``vars/<key>`` dataset
-    of a file in the Keras 3 weights layout (``keras3``), h5py's otherwise."""
+def settle(described: "dict[str, Any] | str | KerasReading", keras3: bool) -> "dict[str, Any] | str":
+    """The reading of a dataset that fastflip keeps: Keras's in a Keras 3 weights file (``keras3``: every dataset a
+    ``vars/<key>`` entry, :func:`fastflip.files.roles.keras3_written`, and framework ``keras3``), h5py's
+    otherwise."""
     if not isinstance(described, KerasReading):
         return described
-    return described.keras if keras3 and _on_vars(paths) else described.plain
-
-
-def keras3_layout(paths: "list[str]", h5file: Any) -> bool:
-    """True when the dataset ``paths`` (and the root attributes of the open file ``h5file``) are those of a Keras 3
-    weights file: every dataset a ``vars/<key>`` entry, and no legacy marker."""
-    attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
-    return keras3_written(paths) and detect_framework(paths, attrs) == "keras3"
+    return described.keras if keras3 else described.plain
 
 
 def keras_tensor(fields: Mapping[str, Any]) -> "dict[str, Any]":

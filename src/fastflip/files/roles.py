@@ -57,8 +57,8 @@ from ..core.records import Layout, Skipped, Tensor, replace
 from .h5open import open_h5
 from .keras_names import UNREAD_REASON, unread_paths
 
-__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "keras3_written", "label_path",
-           "label_names", "alias_layers"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "file_framework", "keras3_written",
+           "label_path", "label_names", "alias_layers"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "scale", "zero", "other")
 # short names accepted by selections (``--role optimizer``)
@@ -150,6 +150,15 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
     ):
         return "torch"
     return None
+
+
+def file_framework(paths: Iterable[str], h5file: Any = None) -> str | None:
+    """The framework whose layout an HDF5 file follows: :func:`detect_framework` of its dataset paths (every one,
+    each alias included) and the root attributes of the open file ``h5file`` (``fastflip_layout``,
+    ``layer_names``)."""
+    attrs = {} if h5file is None else {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names")
+                                       if k in h5file.attrs}
+    return detect_framework(paths, attrs)
 
 
 def _guess_role(name: str, ndim: int, kind: str) -> str:
@@ -423,7 +432,10 @@ def _skip_unread(layout: Layout, h5file: Any) -> None:
         layout.skipped.sort(key=lambda s: s.path)
 
 
-def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
+_DETECT = "detect"
+
+
+def annotate(layout_or_tensors: T, h5file: Any = None, *, framework: str | None = _DETECT) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
     Parameters
@@ -434,6 +446,10 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     h5file : h5py.File, optional
         The open file, for attributes (layer names, layout tags). Without it a Layout's
         file is opened; a bare list is labelled from paths alone.
+    framework : str or None, optional
+        The file's framework, as :func:`file_framework` names it from every dataset path of the file
+        (:func:`fastflip.files.layout.read_layout` passes the one it read the file by); by default
+        detected from the tensors' paths.
 
     Notes
     -----
@@ -443,14 +459,11 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     if isinstance(layout_or_tensors, Layout):
         if h5file is None:
             with open_h5(layout_or_tensors.file) as f:
-                return annotate(layout_or_tensors, f)
+                return annotate(layout_or_tensors, f, framework=framework)
         tensors = layout_or_tensors.tensors
     else:
         tensors = list(layout_or_tensors)
-    root_attrs: dict[str, Any] = {}
-    if h5file is not None:
-        root_attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
-    fw = detect_framework((p for t in tensors for p in t.aliases), root_attrs)
+    fw = file_framework((p for t in tensors for p in t.aliases), h5file) if framework == _DETECT else framework
     special = _keras3_roles(tensors, h5file) if fw == "keras3" else {}
     opt_layers: dict[str, str] = {}
     if h5file is not None and fw == "torch":
