@@ -33,13 +33,11 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-
-__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras_tensor", "BF16_WORDS",
-           "stored_words", "WordsView"]
+__all__ = ["KerasReading", "keras_reading", "settle", "BF16_WORDS", "stored_words", "WordsView"]
 
 KERAS_DTYPE_ATTR = b"dtype"
 BF16_WORDS = np.dtype(np.uint16)  # native order: the bytes land unchanged in an ml_dtypes.bfloat16 array
@@ -107,12 +105,6 @@ def settle(described: "dict[str, Any] | str | KerasReading", keras3: bool) -> "d
     return described.keras if keras3 else described.plain
 
 
-def keras_tensor(fields: Mapping[str, Any]) -> "dict[str, Any]":
-    """The :class:`~fastflip.core.records.Tensor` fields of a dataset that Keras reads as bfloat16, from those
-    worked out for its words (``fields``: native-order ``uint16`` words)."""
-    return {**fields, "format": "bfloat16"}
-
-
 def stored_words(values: Any, dtype: np.dtype) -> np.ndarray:
     """Values read through h5py as ``dtype``: opaque words of its width (h5py's raw bytes of a Keras bfloat16
     variable) are viewed as they are stored (no copy); other values are returned as h5py read them.
@@ -127,7 +119,8 @@ def stored_words(values: Any, dtype: np.dtype) -> np.ndarray:
 
 
 class WordsView:
-    """An h5py dataset sliced as :func:`stored_words` (``view[sl]``): a Keras bfloat16 variable as uint16 words."""
+    """An h5py dataset sliced as :func:`stored_words` (``view[sl]``): a Keras bfloat16 variable as uint16 words,
+    any other dataset as h5py reads it."""
 
     def __init__(self, ds: Any, dtype: np.dtype) -> None:
         self._ds, self._dtype = ds, dtype

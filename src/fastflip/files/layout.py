@@ -63,7 +63,7 @@ from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
-from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, keras_tensor, settle
+from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, settle
 from .roles import annotate as _annotate, file_framework, keras3_written
 from ..errors import NotHDF5Error
 
@@ -370,7 +370,7 @@ def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str | KerasReading:
     return KerasReading(plain if not isinstance(plain, str) else f"{plain} (opaque words: h5py reads raw bytes; "
                         "Keras reads them as bfloat16 only in a file of its weights layout, where every "
                         "dataset is a vars/<key> entry)",
-                        keras_tensor(words) if isinstance(words, dict) else words)
+                        {**words, "format": "bfloat16"} if isinstance(words, dict) else words)
 
 
 def _describe_as(dsid: Any, fsize: int, words: np.dtype | None = None) -> dict[str, Any] | str:
