@@ -12,6 +12,7 @@ variables read back as Keras writes them again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 from typing import Callable
@@ -91,16 +92,23 @@ def _subclassed():  # type: ignore[no-untyped-def]
     return m
 
 
-def _mixed_float16(fit: bool = False):  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _policy(name: str):  # type: ignore[no-untyped-def]
+    """Keras under the global dtype policy ``name`` (``float32`` again on exit)."""
     keras = _keras()
+    keras.mixed_precision.set_global_policy(name)
     try:
-        keras.mixed_precision.set_global_policy("mixed_float16")
+        yield keras
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _mixed_float16(fit: bool = False):  # type: ignore[no-untyped-def]
+    with _policy("mixed_float16") as keras:
         m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization()])
         if fit:
             m.compile("sgd", "mse")
             m.fit(X, np.ones((4, 4), "f4"), epochs=1, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     return m
 
 
@@ -113,15 +121,11 @@ def _float16_layers():  # type: ignore[no-untyped-def]
 def _bfloat16_policy_fit():  # type: ignore[no-untyped-def]
     """Dense, BatchNormalization, Dense under the ``"bfloat16"`` policy after one Adam step: every layer
     variable and optimizer moment a bfloat16 variable."""
-    keras = _keras()
-    try:
-        keras.mixed_precision.set_global_policy("bfloat16")
+    with _policy("bfloat16") as keras:
         m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
                               keras.layers.Dense(2)])
         m.compile("adam", "mse")
         m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     return m
 
 
