@@ -12,6 +12,7 @@ variables read back as Keras writes them again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
 from typing import Callable
@@ -91,16 +92,23 @@ def _subclassed():  # type: ignore[no-untyped-def]
     return m
 
 
-def _mixed_float16(fit: bool = False):  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def _policy(name: str):  # type: ignore[no-untyped-def]
+    """Keras under the global dtype policy ``name`` (``float32`` again on exit)."""
     keras = _keras()
+    keras.mixed_precision.set_global_policy(name)
     try:
-        keras.mixed_precision.set_global_policy("mixed_float16")
+        yield keras
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _mixed_float16(fit: bool = False):  # type: ignore[no-untyped-def]
+    with _policy("mixed_float16") as keras:
         m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization()])
         if fit:
             m.compile("sgd", "mse")
             m.fit(X, np.ones((4, 4), "f4"), epochs=1, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     return m
 
 
@@ -113,15 +121,54 @@ def _float16_layers():  # type: ignore[no-untyped-def]
 def _bfloat16_policy_fit():  # type: ignore[no-untyped-def]
     """Dense, BatchNormalization, Dense under the ``"bfloat16"`` policy after one Adam step: every layer
     variable and optimizer moment a bfloat16 variable."""
-    keras = _keras()
-    try:
-        keras.mixed_precision.set_global_policy("bfloat16")
+    with _policy("bfloat16") as keras:
         m = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.BatchNormalization(),
                               keras.layers.Dense(2)])
         m.compile("adam", "mse")
         m.fit(X, np.ones((4, 2), "f4"), epochs=1, verbose=0)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
+    return m
+
+
+def _register_bf16():  # type: ignore[no-untyped-def]
+    """Subclassed bfloat16 models, whose ``.weights.h5`` paths follow their attributes, not ``layers/``: a Dense
+    nested in a custom layer (``l/inner/vars/<i>``), and a weight owned by the model itself (``vars/0``) beside
+    a float32 Dense (``d/vars/<i>``)."""
+    keras = _keras()
+
+    class Wrap(keras.layers.Layer):
+        def __init__(self, **kw):  # type: ignore[no-untyped-def]
+            super().__init__(**kw)
+            self.inner = keras.layers.Dense(3, dtype="bfloat16", name="inner")
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            return self.inner(x)
+
+    @keras.saving.register_keras_serializable(package="fastflip_attack")
+    class NestedBf16(keras.Model):
+        def __init__(self, **kw):  # type: ignore[no-untyped-def]
+            super().__init__(**kw)
+            self.l = Wrap(name="l")
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            return self.l(x)
+
+    @keras.saving.register_keras_serializable(package="fastflip_attack")
+    class OwnBf16(keras.Model):
+        def __init__(self, **kw):  # type: ignore[no-untyped-def]
+            super().__init__(**kw)
+            self.w = self.add_weight(shape=(6, 4), initializer="random_normal", dtype="bfloat16", name="w")
+            self.d = keras.layers.Dense(2, name="d")
+
+        def call(self, x):  # type: ignore[no-untyped-def]
+            h = keras.ops.matmul(keras.ops.cast(x, "bfloat16"), self.w)
+            return self.d(keras.ops.cast(h, "float32"))
+
+    return NestedBf16, OwnBf16
+
+
+def _subclassed_bf16(which: int):  # type: ignore[no-untyped-def]
+    m = _register_bf16()[which]()
+    m(X)
     return m
 
 
@@ -145,6 +192,8 @@ MODELS: dict[str, Callable] = {
     "sequential-bn-fit": _sequential_bn_fit,
     "functional-nested-shared": _functional_nested_shared,
     "subclassed": _subclassed,
+    "subclassed-bfloat16-nested": lambda: _subclassed_bf16(0),
+    "subclassed-bfloat16-own-weight": lambda: _subclassed_bf16(1),
     "mixed-float16": _mixed_float16,
     "float16-bfloat16-layers": _float16_layers,
     "bfloat16-policy-fit": _bfloat16_policy_fit,
@@ -221,7 +270,8 @@ def test_weights_h5_agrees(saved, name, tmp_path):
 # Keras 3 cannot load these legacy files back itself: a subclassed model ("Model expected 0 layers"), bfloat16
 # weights (stored as opaque 2-byte words: "No cast function available"; fastflip skips them as |V2), and a model
 # compiled with a string loss ("Could not deserialize 'keras.metrics.mse'").
-LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit", "bfloat16-policy-fit"})
+LEGACY = sorted(set(MODELS) - {"subclassed", "float16-bfloat16-layers", "sequential-bn-fit", "bfloat16-policy-fit",
+                               "subclassed-bfloat16-nested", "subclassed-bfloat16-own-weight"})
 
 
 @pytest.mark.parametrize("name", LEGACY)
@@ -716,8 +766,9 @@ def test_bfloat16_attribute_as_a_one_string_list_is_read_as_keras_reads_it(saved
 
 
 def _plain(f: h5py.File) -> None:
-    """The Keras layout renamed away (``layers`` → ``model``): a plain HDF5 file holding Keras's datasets."""
-    f.move("layers", "model")
+    """Keras's datasets and one outside any ``vars`` group (which Keras's writer never creates): a plain HDF5 file
+    that Keras cannot have written."""
+    f.create_dataset("notes", data=np.arange(3, dtype="f4"))
 
 
 def test_bfloat16_attribute_in_a_plain_hdf5_file_is_read_as_h5py_reads_it(saved, tmp_path):
@@ -726,7 +777,7 @@ def test_bfloat16_attribute_in_a_plain_hdf5_file_is_read_as_h5py_reads_it(saved,
     from fastflip.files.layout import read_layout
 
     path = _edited_copy(saved[BF16]["weights"], tmp_path, _plain)
-    skipped = ["/model/dense_1/vars/0", "/model/dense_1/vars/1"]
+    skipped = ["/layers/dense_1/vars/0", "/layers/dense_1/vars/1"]
     assert all("opaque" in s.reason for s in read_layout(path).skipped)
     assert verdict(path, h5_view, str(tmp_path / "v"), expect="agrees", skipped=skipped) == "agrees"
 

@@ -144,6 +144,42 @@ def test_detect_and_label_path():
     assert label_path("/optimizer_weights/iter", "keras-legacy", 0, "i") == (None, "step-counter")
 
 
+def test_keras3_weights_of_a_subclassed_model(tmp_path):
+    """A file whose datasets are all ``vars/<key>`` entries at any depth (a subclassed model's attribute paths,
+    its own ``vars/<i>``) is a Keras 3 weights file: layers from each ``vars`` group's name, roles by siblings.
+    One dataset outside a ``vars`` group (which Keras's writer never creates) and it is not."""
+    p = str(tmp_path / "sub.weights.h5")
+    with h5py.File(p, "w") as f:
+        f.create_group("vars").attrs["name"] = "model"
+        f["vars/0"] = np.ones((6, 2), "f4")
+        f.create_group("l/inner/vars").attrs["name"] = "inner"
+        f["l/inner/vars/0"], f["l/inner/vars/1"] = np.ones((6, 3), "f4"), np.zeros(3, "f4")
+    lay = read_layout(p)
+    assert lay.framework == "keras3"
+    assert [(t.path, t.layer, t.role) for t in lay.tensors] == [
+        ("/l/inner/vars/0", "inner", "weight"), ("/l/inner/vars/1", "inner", "bias"), ("/vars/0", "model", "weight")]
+    with h5py.File(p, "a") as f:
+        f["notes"] = np.zeros(2, "f4")
+    assert read_layout(p).framework is None
+    assert detect_framework(["/vars/0", "/l/inner/vars/k"]) == "keras3"
+    assert detect_framework(["/vars/0"], {"layer_names": [b"d"]}) == "keras-legacy"
+
+
+def test_framework_counts_the_datasets_fastflip_skips(tmp_path):
+    """The framework of a file, which decides both how its bfloat16 words are read and how its tensors are
+    labelled, comes from every dataset: a skipped string dataset outside ``vars`` makes it no Keras 3 weights file
+    (the bfloat16 words stay h5py's raw bytes), though every listed tensor is a ``vars/<key>`` entry."""
+    p = str(tmp_path / "w.h5")
+    with h5py.File(p, "w") as f:
+        f.create_dataset("l/vars/0", data=np.array([0x3F80], "<u2").view("V2")).attrs["dtype"] = "bfloat16"
+        f["l/vars/1"] = np.zeros(3, "f4")
+        f["meta"] = np.array([b"note"], dtype=h5py.string_dtype())
+    lay = read_layout(p)
+    assert [t.path for t in lay.tensors] == ["/l/vars/1"]
+    assert sorted(s.path for s in lay.skipped) == ["/l/vars/0", "/meta"]
+    assert lay.framework is None and lay.tensors[0].framework is None
+
+
 # ------------------------------------------------------------------ real framework files
 
 

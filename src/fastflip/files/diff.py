@@ -284,7 +284,7 @@ def _datasets(layout: Layout) -> Iterator[Any]:
                          if t.storage == "contiguous" else member_array(layout.file, t.path))  # deflated .npz member
         return
     with open_h5(layout.file) as f:
-        yield lambda t: WordsView(f[t.path], t.dtype) if t.format else f[t.path]  # a Keras bfloat16 variable
+        yield lambda t: WordsView(f[t.path], t.dtype)  # opaque words (a Keras bfloat16 variable) as t.dtype
 
 
 def diff_files(

@@ -15,8 +15,9 @@ reads a dataset with a ``dtype`` attribute: as bfloat16 words (an untagged opaqu
 HDF5 copies unchanged into the ``ml_dtypes.bfloat16`` array, in this machine's byte order), or not at all
 (why, in one line: the attribute is compared as Keras compares it, so ``b"bfloat16"`` or a list of two strings
 does not count, and a float32, int16 or tagged opaque dataset has no HDF5 conversion to bfloat16).
-:func:`settle` then picks, per dataset, the reading of the framework that reads the file: Keras's for a
-``vars/<key>`` dataset of a file in the Keras 3 weights layout, h5py's for any other dataset or file.
+:func:`settle` then picks, per dataset, the reading of the framework that reads the file: Keras's in a file its
+weights writer could produce (every dataset a ``vars/<key>`` entry, at any depth, and no legacy marker:
+:func:`fastflip.files.roles.keras3_written`), h5py's in any other file.
 
 Examples
 --------
@@ -32,14 +33,11 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from .roles import detect_framework
-
-__all__ = ["KERAS_DTYPE_ATTR", "KerasReading", "keras_reading", "settle", "keras3_layout", "keras_tensor", "BF16_WORDS",
-           "stored_words", "WordsView"]
+__all__ = ["KerasReading", "keras_reading", "settle", "BF16_WORDS", "stored_words", "WordsView"]
 
 KERAS_DTYPE_ATTR = b"dtype"
 BF16_WORDS = np.dtype(np.uint16)  # native order: the bytes land unchanged in an ml_dtypes.bfloat16 array
@@ -98,31 +96,13 @@ def keras_reading(dsid: Any) -> "str | None":
             "(HDF5 has no conversion to bfloat16)")
 
 
-def _on_vars(paths: "tuple[str, ...]") -> bool:
-    """True when a dataset is a ``vars/<key>`` entry, which Keras's loader reads (one path suffices)."""
-    return any(p.rsplit("/", 2)[-2:-1] == ["vars"] for p in paths)
-
-
-def settle(described: "dict[str, Any] | str | KerasReading", paths: "tuple[str, ...]",
-           keras3: bool) -> "dict[str, Any] | str":
-    """The reading of a dataset reached by ``paths`` that fastflip keeps: Keras's for a ``vars/<key>`` dataset
-    of a file in the Keras 3 weights layout (``keras3``), h5py's otherwise."""
+def settle(described: "dict[str, Any] | str | KerasReading", keras3: bool) -> "dict[str, Any] | str":
+    """The reading of a dataset that fastflip keeps: Keras's in a Keras 3 weights file (``keras3``: every dataset a
+    ``vars/<key>`` entry, :func:`fastflip.files.roles.keras3_written`, and framework ``keras3``), h5py's
+    otherwise."""
     if not isinstance(described, KerasReading):
         return described
-    return described.keras if keras3 and _on_vars(paths) else described.plain
-
-
-def keras3_layout(paths: "list[str]", h5file: Any) -> bool:
-    """True when the dataset ``paths`` (and the root attributes of the open file ``h5file``) follow the Keras 3
-    weights layout (:func:`fastflip.files.roles.detect_framework` says ``keras3``)."""
-    attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
-    return detect_framework(paths, attrs) == "keras3"
-
-
-def keras_tensor(fields: Mapping[str, Any]) -> "dict[str, Any]":
-    """The :class:`~fastflip.core.records.Tensor` fields of a dataset that Keras reads as bfloat16, from those
-    worked out for its words (``fields``: native-order ``uint16`` words)."""
-    return {**fields, "format": "bfloat16"}
+    return described.keras if keras3 else described.plain
 
 
 def stored_words(values: Any, dtype: np.dtype) -> np.ndarray:
@@ -139,7 +119,8 @@ def stored_words(values: Any, dtype: np.dtype) -> np.ndarray:
 
 
 class WordsView:
-    """An h5py dataset sliced as :func:`stored_words` (``view[sl]``): a Keras bfloat16 variable as uint16 words."""
+    """An h5py dataset sliced as :func:`stored_words` (``view[sl]``): a Keras bfloat16 variable as uint16 words,
+    any other dataset as h5py reads it."""
 
     def __init__(self, ds: Any, dtype: np.dtype) -> None:
         self._ds, self._dtype = ds, dtype

@@ -63,8 +63,8 @@ from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
-from .keras_dtypes import BF16_WORDS, KerasReading, keras3_layout, keras_reading, keras_tensor, settle
-from .roles import annotate as _annotate
+from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, settle
+from .roles import annotate as _annotate, file_framework, keras3_written
 from ..errors import NotHDF5Error
 
 __all__ = [
@@ -336,11 +336,12 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
             by_addr: dict[int, list[str]] = {}
             for lpath, addr in found:
                 by_addr.setdefault(addr, []).append(lpath)
-            keras3 = any(isinstance(d, KerasReading) for d in described.values()) and \
-                keras3_layout([p for p, _ in found], f)
+            framework = file_framework([p for p, _ in found], f)
+            # Keras reads the dtype attribute only in a file its weights writer could produce
+            keras3 = framework == "keras3" and keras3_written(p for p, _ in found)
             for addr, paths in by_addr.items():
                 aliases = tuple(sorted(set(paths)))
-                d = settle(described[addr], aliases, keras3)
+                d = settle(described[addr], keras3)
                 if isinstance(d, str):
                     skipped.append(Skipped(aliases[0], d))
                 else:
@@ -353,7 +354,7 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
         skipped.sort(key=lambda s: s.path)
         layout = Layout(file=p, tensors=tensors, skipped=skipped)
         if annotate:
-            _annotate(layout, f)
+            _annotate(layout, f, framework=framework)
     return layout
 
 
@@ -367,8 +368,9 @@ def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str | KerasReading:
         return plain if keras is None else KerasReading(plain, keras)
     words = _describe_as(dsid, fsize, BF16_WORDS)
     return KerasReading(plain if not isinstance(plain, str) else f"{plain} (opaque words: h5py reads raw bytes; "
-                        "Keras reads them as bfloat16 only in its .weights.h5 layout, under vars/)",
-                        keras_tensor(words) if isinstance(words, dict) else words)
+                        "Keras reads them as bfloat16 only in a file of its weights layout, where every "
+                        "dataset is a vars/<key> entry)",
+                        {**words, "format": "bfloat16"} if isinstance(words, dict) else words)
 
 
 def _describe_as(dsid: Any, fsize: int, words: np.dtype | None = None) -> dict[str, Any] | str:

@@ -17,7 +17,8 @@ Recognised layouts (the ``framework`` label):
 
 ``keras3``
     Keras 3 ``.weights.h5``: ``layers/<class>/vars/<i>`` (the ``vars`` group's ``name``
-    attribute is the layer name) and ``optimizer/vars/<i>``.
+    attribute is the layer name) and ``optimizer/vars/<i>``; or a file whose datasets are all
+    ``vars/<key>`` entries (a subclassed model's ``<attr>/<attr>/vars/<i>``, its own ``vars/<i>``).
 ``keras-legacy``
     Keras/tf.keras HDF5 from ``model.save('x.h5')`` (``model_weights/<layer>/.../kernel:0``,
     ``optimizer_weights/...``) or legacy ``save_weights`` (same without the prefix;
@@ -56,8 +57,8 @@ from ..core.records import Layout, Skipped, Tensor, replace
 from .h5open import open_h5
 from .keras_names import UNREAD_REASON, unread_paths
 
-__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "label_path", "label_names",
-           "alias_layers"]
+__all__ = ["ROLES", "ROLE_ALIASES", "FRAMEWORKS", "annotate", "detect_framework", "file_framework", "keras3_written",
+           "label_path", "label_names", "alias_layers"]
 
 ROLES = ("weight", "bias", "bn-statistic", "optimizer-moment", "step-counter", "scale", "zero", "other")
 # short names accepted by selections (``--role optimizer``)
@@ -67,7 +68,7 @@ ROLE_ALIASES = {"optimizer": "optimizer-moment", "moment": "optimizer-moment", "
                 "zero-point": "zero", "zero_point": "zero"}
 FRAMEWORKS = ("keras3", "keras-legacy", "torch", "chainer")
 
-_KERAS3_VAR = re.compile(r"^(?P<group>/.*)/vars/(?P<i>\d+)$")
+_KERAS3_VAR = re.compile(r"^(?P<group>(?:/.*)?)/vars/(?P<i>\d+)$")
 _WEIGHT_NAMES = {"kernel", "weight", "weights", "w", "gamma", "embeddings", "alpha", "recurrent_kernel",
                  "depthwise_kernel", "pointwise_kernel", "scale"}
 _BIAS_NAMES = {"bias", "beta", "b", "offset"}
@@ -105,6 +106,22 @@ def _attr_str(value: Any) -> str | None:
     return str(value)
 
 
+def keras3_written(paths: Iterable[str]) -> bool:
+    """True when every dataset path is a ``vars/<key>`` entry, at any depth, root included (``/vars/0``,
+    ``/l/inner/vars/1``): the only datasets Keras 3's weights writer creates (``H5IOStore`` puts each object's
+    variables in a ``vars`` group below the object's path, a subclassed model's included).
+
+    >>> keras3_written(["/vars/0", "/l/inner/vars/1"]), keras3_written(["/layers/d/vars/0", "/notes"])
+    (True, False)
+    """
+    seen = False
+    for p in paths:
+        if p.rsplit("/", 2)[-2:-1] != ["vars"]:
+            return False
+        seen = True
+    return seen
+
+
 def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = None) -> str | None:
     """Name the framework whose layout the dataset paths (and root attributes) follow.
 
@@ -120,7 +137,8 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
     paths = list(paths)
     if "layer_names" in attrs or any(p.startswith("/model_weights/") for p in paths):
         return "keras-legacy"
-    if any(_KERAS3_VAR.match(p) and (p.startswith("/layers/") or p.startswith("/optimizer/")) for p in paths):
+    if keras3_written(paths) or any(_KERAS3_VAR.match(p) and p.startswith(("/layers/", "/optimizer/"))
+                                    for p in paths):
         return "keras3"
     comps = {c for p in paths for c in p.split("/")}
     if any(c.startswith(("optimizer:", "model:")) for c in comps) or comps & {"W", "avg_mean", "avg_var"}:
@@ -132,6 +150,15 @@ def detect_framework(paths: Iterable[str], root_attrs: dict[str, Any] | None = N
     ):
         return "torch"
     return None
+
+
+def file_framework(paths: Iterable[str], h5file: Any = None) -> str | None:
+    """The framework whose layout an HDF5 file follows: :func:`detect_framework` of its dataset paths (every one,
+    each alias included) and the root attributes of the open file ``h5file`` (``fastflip_layout``,
+    ``layer_names``)."""
+    attrs = {} if h5file is None else {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names")
+                                       if k in h5file.attrs}
+    return detect_framework(paths, attrs)
 
 
 def _guess_role(name: str, ndim: int, kind: str) -> str:
@@ -267,10 +294,10 @@ def _keras3_roles(tensors: Sequence[Tensor], h5file: Any) -> dict[str, tuple[str
     for gpath, items in groups.items():
         items.sort(key=lambda it: it[0])
         gname = gpath.rsplit("/", 1)[-1]
-        layer: str | None = gname
+        layer: str | None = gname or None  # ``/vars/<i>``: a subclassed model's own variables
         cls = _strip_counter(gname).lower()
         if h5file is not None:
-            for where in (gpath + "/vars", gpath):
+            for where in (gpath + "/vars", gpath) if gpath else ("/vars",):
                 obj = h5file.get(where)
                 if obj is None:
                     continue
@@ -405,7 +432,10 @@ def _skip_unread(layout: Layout, h5file: Any) -> None:
         layout.skipped.sort(key=lambda s: s.path)
 
 
-def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
+_DETECT = "detect"
+
+
+def annotate(layout_or_tensors: T, h5file: Any = None, *, framework: str | None = _DETECT) -> T:
     """Fill ``framework``, ``layer`` and ``role`` of every tensor.
 
     Parameters
@@ -416,6 +446,10 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     h5file : h5py.File, optional
         The open file, for attributes (layer names, layout tags). Without it a Layout's
         file is opened; a bare list is labelled from paths alone.
+    framework : str or None, optional
+        The file's framework, as :func:`file_framework` names it from every dataset path of the file
+        (:func:`fastflip.files.layout.read_layout` passes the one it read the file by); by default
+        detected from the tensors' paths.
 
     Notes
     -----
@@ -425,14 +459,11 @@ def annotate(layout_or_tensors: T, h5file: Any = None) -> T:
     if isinstance(layout_or_tensors, Layout):
         if h5file is None:
             with open_h5(layout_or_tensors.file) as f:
-                return annotate(layout_or_tensors, f)
+                return annotate(layout_or_tensors, f, framework=framework)
         tensors = layout_or_tensors.tensors
     else:
         tensors = list(layout_or_tensors)
-    root_attrs: dict[str, Any] = {}
-    if h5file is not None:
-        root_attrs = {k: h5file.attrs[k] for k in ("fastflip_layout", "layer_names") if k in h5file.attrs}
-    fw = detect_framework((p for t in tensors for p in t.aliases), root_attrs)
+    fw = file_framework((p for t in tensors for p in t.aliases), h5file) if framework == _DETECT else framework
     special = _keras3_roles(tensors, h5file) if fw == "keras3" else {}
     opt_layers: dict[str, str] = {}
     if h5file is not None and fw == "torch":
