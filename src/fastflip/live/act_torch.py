@@ -260,16 +260,27 @@ class TorchHooks(Hooks):
                         fault: Callable[..., Any], log: Any) -> ContextManager[None]:
         """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
         an output sharing storage with an input (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
+        inside = [False]  # a forward of the model itself is running
+
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if self._lazy:  # a lazy module gets its parameters in a forward: their storages are new
                 self._held = None
             if not probing():
+                inside[0] = True
                 start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
             if not probing():
+                inside[0] = False
                 log.forwards += 1
+
+        def guarded(name: str, out: Any, args: tuple = ()) -> Any:
+            if not inside[0] and not probing():
+                raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
+                                  "layers (generate() runs an encoder-decoder's encoder outside the model's forward: "
+                                  "fault it there with injected_activations(model.get_encoder(), ...))")
+            return fault(name, out, args)
 
         self._own.clear()
         self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
-        return self._hooked(names, pre, post, fault, own=self._own)
+        return self._hooked(names, pre, post, guarded, own=self._own)
