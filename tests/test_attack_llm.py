@@ -73,7 +73,7 @@ def _forward(model: Any, name: str, ids: Any) -> list[Any]:
     """The logits of ``model(ids)`` with a cache, and every key and value the cache holds after it."""
     kw = {"decoder_input_ids": ids[:, :3]} if name == "t5" else {}
     out = model(ids, use_cache=True, **kw)
-    cache = out.past_key_values
+    cache = out.cache
     parts = [cache.self_attention_cache, cache.cross_attention_cache] if name == "t5" else [cache]
     return [out.logits] + [t for c in parts for layer in c.layers for t in (layer.keys, layer.values)]
 
@@ -208,7 +208,7 @@ _T5 = ["decoder.block.0.layer.0.SelfAttention", "decoder.block.1.layer.1.EncDecA
        "decoder.block.1.layer.0.layer_norm"]
 CASES += [("t5", t, f) for t in _T5 for f in (None, 0)] + [("t5", _T5[0], 2), ("t5", _T5[1], 1)]
 CASES += [("t5", t, None) for t in ("encoder.block.0.layer.0.SelfAttention", "encoder.block.1.layer.1.DenseReluDense",
-                                    "encoder.final_layer_norm", "encoder.block.0.layer.0.SelfAttention:out.1")]
+                                    "encoder.final_layer_norm")]
 CASES += [("t5", "decoder.block.0.layer.0.SelfAttention:cache.value", 1),
           ("t5", "decoder.block.1.layer.1.EncDecAttention:cache.key", 0)]
 
@@ -230,13 +230,36 @@ def test_activation_faults_equal_a_hook_by_hand_in_forward_and_generate(name: st
                                            per_sample=True, forward=forward,
                                            selection=fastflip.Selection(layers=[target])) as log:
             faulted = run()
-        # 2 sites in each of 2 samples; T5's position bias has a batch dimension of 1 (the batch shares it)
-        assert len(log) == (2 if target.endswith(":out.1") else 4)
+        assert len(log) == 4  # 2 sites in each of 2 samples
         assert {r["forward"] for r in log.records()} == {forward or 0}
         with _by_hand(model, log.records()):
             hand = run()
     assert len(faulted) == len(hand) and all(_same(a, b) for a, b in zip(faulted, hand))
     assert not all(_same(a, b) for a, b in zip(faulted, clean))
+
+
+@pytest.mark.parametrize("name, target", [("t5", "encoder.block.0.layer.0.SelfAttention:out.1"),
+                                          ("llama", "model.rotary_emb")])
+def test_an_output_the_batch_shares_is_refused_per_sample_and_faulted_for_all_samples_otherwise(name: str,
+                                                                                                 target: str) -> None:
+    """T5's relative position bias and Llama's rotary tables have a batch dimension of 1, shared by every sample:
+    per-sample faults there are refused in one line (one sample's fault would reach all); with per_sample=False the
+    fault is the hook's by hand, in every sample."""
+    torch = require("torch")
+    model, ids = _model(name), _ids()
+    sel = fastflip.Selection(layers=[target])
+    with pytest.raises(OptionError) as err, torch.no_grad():
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", per_sample=True, selection=sel):
+            _forward(model, name, ids)
+    assert "\n" not in str(err.value) and "per_sample=False" in str(err.value)
+    with torch.no_grad():
+        clean = _forward(model, name, ids)
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", selection=sel) as log:
+            faulted = _forward(model, name, ids)
+        assert len(log) == 2 and set(log.sample.tolist()) == {0}
+        with _by_hand(model, log.records()):
+            hand = _forward(model, name, ids)
+    assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
 
 
 def test_llama_gqa_cache_holds_the_key_value_heads_and_keeps_a_fault_for_later_steps() -> None:
