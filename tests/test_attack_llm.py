@@ -365,9 +365,13 @@ def test_save_pretrained_shards_read_as_from_pretrained_reads_them(name: str, dt
 
 # --------------------------------------------------------------------------------------------------- campaigns
 
-def test_llama_weight_campaign_runs_and_leaves_the_model_as_it_was(tmp_path: Any) -> None:
-    """A sweep with the language-model evaluator over a Llama: serial and batched trials store the same rows, and
-    the model the factory gave (one instance) holds every word it held before."""
+@pytest.mark.parametrize("evaluator", [
+    {"builtin": "language-model", "data": "hf_campaign_helpers:tokens", "batch_size": 4},
+    {"builtin": "generation", "data": "hf_campaign_helpers:prompts", "batch_size": 4, "max_new_tokens": 3}],
+    ids=["language-model", "generation"])
+def test_llama_weight_campaign_runs_and_leaves_the_model_as_it_was(evaluator: dict, tmp_path: Any) -> None:
+    """A sweep with the language-model or the generation evaluator over a Llama: serial and batched trials store
+    the same rows, and the model the factory gave (one instance) holds every word it held before."""
     require("torch")
     require("transformers")
     import hf_campaign_helpers
@@ -379,16 +383,14 @@ def test_llama_weight_campaign_runs_and_leaves_the_model_as_it_was(tmp_path: Any
     model = hf_campaign_helpers.llama()
     before = {k: _words(v).copy() for k, v in model.state_dict().items()}
     c = make(target={"factory": "hf_campaign_helpers:llama"},
-             select={"layers": ["model.embed_tokens", "model.layers.0.self_attn.k_proj", "model.layers.1.mlp.down_proj",
-                                "model.norm", "lm_head"]},
-             evaluator={"function": None, "builtin": "language-model", "data": "hf_campaign_helpers:tokens",
-                        "batch_size": 4, "critical": 1.0},
-             trials={"per_cell": 3}, cells={"bits": ["30", "22"], "group_by": "layer"})
+             select={"layers": ["model.embed_tokens", "model.layers.0.self_attn.k_proj", "model.norm"]},
+             evaluator={"function": None, "critical": 1.0, **evaluator},
+             trials={"per_cell": 2}, cells={"bits": ["30", "22"], "group_by": "layer"})
     serial, batched = str(tmp_path / "s.db"), str(tmp_path / "b.db")
     assert sweep(c, serial, workers=0, progress=False, batch_trials=1).complete
-    assert sweep(c, batched, workers=0, batch_trials=3, stream=io.StringIO()).complete
+    assert sweep(c, batched, workers=0, batch_trials=2, stream=io.StringIO()).complete
     rows = _rows(serial)
-    assert rows == _rows(batched) and len(rows) == 30 and len({r[4] for r in rows}) > 1
+    assert rows == _rows(batched) and len(rows) == 12 and len({r[4] for r in rows}) > 1
     assert hf_campaign_helpers.llama() is model
     after = model.state_dict()
     assert set(after) == set(before) and all(np.array_equal(_words(v), before[k]) for k, v in after.items())
