@@ -394,3 +394,26 @@ def test_llama_weight_campaign_runs_and_leaves_the_model_as_it_was(evaluator: di
     assert hf_campaign_helpers.llama() is model
     after = model.state_dict()
     assert set(after) == set(before) and all(np.array_equal(_words(v), before[k]) for k, v in after.items())
+
+
+def test_llama_activation_campaign_serial_equals_batched(tmp_path: Any) -> None:
+    """An activation campaign (attention output, MLPs, a k/v projection) over a Llama with the language-model
+    evaluator: batched trials (each trial's plan in its own samples of one forward) store the rows of one trial at a
+    time, and real outcomes were compared."""
+    require("torch")
+    require("transformers")
+    from test_campaign import make
+    from test_hf_campaign import _rows
+
+    from fastflip.campaign.sweep import sweep
+
+    c = make(target={"factory": "hf_campaign_helpers:llama", "kind": "activations"},
+             select={"layers": ["model.layers.0.self_attn", "model.layers.*.mlp", "model.layers.1.self_attn.v_proj"]},
+             evaluator={"function": None, "critical": 1.0, "builtin": "language-model",
+                        "data": "hf_campaign_helpers:tokens", "batch_size": 4},
+             trials={"per_cell": 2}, cells={"bits": ["30", "22"], "group_by": "layer"})
+    serial, batched = str(tmp_path / "s.db"), str(tmp_path / "b.db")
+    assert sweep(c, serial, workers=0, progress=False, batch_trials=1).complete
+    assert sweep(c, batched, workers=0, batch_trials=2, stream=io.StringIO()).complete
+    rows = _rows(serial)
+    assert rows == _rows(batched) and len(rows) == 16 and len({r[4] for r in rows}) > 1
