@@ -15,10 +15,11 @@ off, so the call itself and ``on_output`` are not seen again.
 KV caches: while a module with a cache target runs, the ``update`` method of the
 ``transformers`` Cache among its arguments (``cache=``/``past_key_values=``; for an
 ``EncoderDecoderCache`` both its self-attention and its cross-attention cache, of which
-the module updates one) is wrapped on that instance and restored when the forward ends. ``update`` returns the layer's whole cache (past
-and new positions); a fault written into it in place stays in the cache for the
-later steps (``DynamicCache``, ``StaticCache``); caches that return copies
-(quantized, offloaded) keep the fault for the current step only.
+the module updates one) is wrapped on that instance and restored when the forward
+ends. ``update`` returns the layer's whole cache (past and new positions); a fault
+written into it in place stays in the cache for the later steps (``DynamicCache``,
+``StaticCache``); caches that return copies (quantized, offloaded) keep the fault for
+the current step only.
 
 Not reachable: the inside of fused kernels (only the output of ``sdpa``, not its
 internal softmax), ``torch.compile``'d or scripted graphs (they do not dispatch
