@@ -78,10 +78,10 @@ def _forward(model: Any, name: str, ids: Any) -> list[Any]:
     return [out.logits] + [t for c in parts for layer in c.layers for t in (layer.keys, layer.values)]
 
 
-def _generate(model: Any, ids: Any) -> list[Any]:
+def _generate(model: Any, ids: Any, **kw: Any) -> list[Any]:
     """Greedy ``generate`` of 3 tokens with the cache: every step's scores and the sequences."""
     g = model.generate(ids, max_new_tokens=3, do_sample=False, use_cache=True, output_scores=True,
-                       return_dict_in_generate=True)
+                       return_dict_in_generate=True, **kw)
     return [*g.scores, g.sequences]
 
 
@@ -135,11 +135,11 @@ def _xor(t: Any, records: list[dict]) -> Any:
 def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
     """The logged faults applied by hand, at their forward: a forward hook on each target module XORs them into its
     output (``MODULE:out.K``: element ``K`` of a tuple); for ``MODULE:cache.key|value`` the class's
-    ``DynamicLayer.update`` (and its sliding-window subclass's) is patched to XOR them, in place, into what the update
+    ``update`` of ``DynamicLayer``, ``StaticLayer`` and their sliding-window subclasses is patched to XOR them, in place, into what the update
     of that module's layer returns: the layer's cache (self-attention, or for T5's ``EncDecAttention`` the
     cross-attention cache), which the later steps read."""
     torch = require("torch")
-    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
     st: dict[str, Any] = {"forward": -1, "cache": None}
 
@@ -181,7 +181,7 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
             return tuple(pair)
         return update
 
-    classes = [DynamicLayer, DynamicSlidingWindowLayer]
+    classes = [DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer]
     saved = [c.__dict__["update"] for c in classes]
     for c, orig in zip(classes, saved):
         c.update = patched(orig)
@@ -259,6 +259,25 @@ def test_an_output_the_batch_shares_is_refused_per_sample_and_faulted_for_all_sa
         assert len(log) == 2 and set(log.sample.tolist()) == {0}
         with _by_hand(model, log.records()):
             hand = _forward(model, name, ids)
+    assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
+
+
+@pytest.mark.parametrize("name, target, forward", [("llama", "model.layers.0.self_attn:cache.key", 1),
+                                                   ("mistral", "model.layers.1.self_attn:cache.value", 0),
+                                                   ("llama", "model.layers.1.self_attn.k_proj", 1)])
+def test_static_cache_faults_equal_a_patched_static_layer(name: str, target: str, forward: int) -> None:
+    """``cache_implementation="static"``: the cache is one preallocated buffer per layer (Mistral's a sliding
+    window); a ``:cache.*`` fault is written into it, as a patched ``StaticLayer.update`` writes, and the scores and
+    tokens of ``generate`` equal that reference bit for bit."""
+    torch = require("torch")
+    model, ids = _model(name), _ids()
+    with torch.no_grad():
+        clean = _generate(model, ids, cache_implementation="static")
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", per_sample=True, forward=forward,
+                                           selection=fastflip.Selection(layers=[target])) as log:
+            faulted = _generate(model, ids, cache_implementation="static")
+        with _by_hand(model, log.records()):
+            hand = _generate(model, ids, cache_implementation="static")
     assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
 
 
