@@ -141,11 +141,15 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
     torch = require("torch")
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
-    st: dict[str, Any] = {"forward": -1, "cache": None}
+    st: dict[str, Any] = {"forward": -1}
 
-    def count(_m: Any, _a: tuple, kwargs: dict) -> None:
+    def count(_m: Any, _a: tuple, _k: dict) -> None:
         st["forward"] += 1
-        st["cache"] = next((v for v in kwargs.values() if type(v).__name__.endswith("Cache")), None)
+
+    def cache_of(target: str) -> Any:  # the Cache the module is called with (the model may make it itself)
+        def hook(_m: Any, _a: tuple, kwargs: dict) -> None:
+            st[target] = next((v for v in kwargs.values() if type(v).__name__.endswith("Cache")), None)
+        return hook
 
     by: dict[str, list[dict]] = {}
     for r in records:
@@ -157,6 +161,7 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
         module, _, what = target.partition(":")
         if what.startswith("cache."):
             caches[target] = (model.get_submodule(module), "EncDecAttention" in module, what == "cache.value")
+            handles.append(model.get_submodule(module).register_forward_pre_hook(cache_of(target), with_kwargs=True))
             continue
 
         def hook(_m: Any, _a: tuple, out: Any, target: str = target, what: str = what) -> Any:
@@ -173,10 +178,10 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
         def update(self: Any, *a: Any, **k: Any) -> Any:
             pair = list(orig(self, *a, **k))
             for target, (module, cross, part) in caches.items():
-                cache = st["cache"]
+                cache = st.get(target)
                 cache = getattr(cache, "cross_attention_cache" if cross else "self_attention_cache", cache)
                 hits = now[target]()
-                if hits and self is cache.layers[module.layer_idx]:  # into the cache itself: later steps read it
+                if hits and cache is not None and self is cache.layers[module.layer_idx]:  # into the cache itself: later steps read it
                     pair[part].copy_(_xor(pair[part], hits))
             return tuple(pair)
         return update
@@ -278,6 +283,31 @@ def test_static_cache_faults_equal_a_patched_static_layer(name: str, target: str
             faulted = _generate(model, ids, cache_implementation="static")
         with _by_hand(model, log.records()):
             hand = _generate(model, ids, cache_implementation="static")
+    assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
+
+
+def test_a_static_cache_faulted_in_every_forward_is_refused_and_fresh_caches_are_faulted_each_time() -> None:
+    """A static cache returns its one buffer at every step, so a ``:cache.*`` fault in every forward would flip the
+    same bits back at the next step: refused in one line that says forward=k. Forwards that each build their own
+    cache (``model(ids)`` twice) are faulted each time, as the hook by hand faults them."""
+    torch = require("torch")
+    model, ids = _model("llama"), _ids()
+    sel = fastflip.Selection(layers=["model.layers.0.self_attn:cache.key"])
+    with pytest.raises(OptionError) as err, torch.no_grad():
+        with fastflip.injected_activations(model, seed=3, count=1, bits="30", selection=sel):
+            _generate(model, ids, cache_implementation="static")
+    assert "\n" not in str(err.value) and "forward=k" in str(err.value)
+
+    def twice() -> list[Any]:
+        return _forward(model, "llama", ids) + _forward(model, "llama", ids)
+
+    with torch.no_grad():
+        clean = twice()
+        with fastflip.injected_activations(model, seed=3, count=1, bits="30", selection=sel) as log:
+            faulted = twice()
+        assert sorted(set(log.forward.tolist())) == [0, 1]
+        with _by_hand(model, log.records()):
+            hand = twice()
     assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
 
 
