@@ -134,10 +134,10 @@ def _xor(t: Any, records: list[dict]) -> Any:
 @contextlib.contextmanager
 def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
     """The logged faults applied by hand, at their forward: a forward hook on each target module XORs them into its
-    output (``MODULE:out.K``: element ``K`` of a tuple); for ``MODULE:cache.key|value`` the class's
-    ``update`` of ``DynamicLayer``, ``StaticLayer`` and their sliding-window subclasses is patched to XOR them, in place, into what the update
-    of that module's layer returns: the layer's cache (self-attention, or for T5's ``EncDecAttention`` the
-    cross-attention cache), which the later steps read."""
+    output (``MODULE:out.K``: element ``K`` of a tuple); for ``MODULE:cache.key|value`` the ``update`` of
+    ``DynamicLayer``, ``StaticLayer`` and their sliding-window subclasses is patched to XOR them, in place, into
+    what the update of that module's layer returns: the layer's cache (self-attention, or for T5's
+    ``EncDecAttention`` the cross-attention cache), which the later steps read."""
     torch = require("torch")
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
@@ -181,7 +181,8 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
                 cache = st.get(target)
                 cache = getattr(cache, "cross_attention_cache" if cross else "self_attention_cache", cache)
                 hits = now[target]()
-                if hits and cache is not None and self is cache.layers[module.layer_idx]:  # into the cache itself: later steps read it
+                if hits and cache is not None and self is cache.layers[module.layer_idx]:
+                    # into the cache itself: the later steps read it
                     pair[part].copy_(_xor(pair[part], hits))
             return tuple(pair)
         return update
@@ -205,7 +206,8 @@ CASES = [("llama", f"model.layers.{i % 2}.{t}", f) for i, t in enumerate(_DECODE
 CASES += [("llama", t, f) for t in ("model.layers.0", "model.norm", "model.embed_tokens") for f in (None, 1)]
 CASES += [("llama", "model.layers.0.self_attn:cache.key", 1), ("llama", "model.layers.1.self_attn:cache.value", 0)]
 CASES += [(n, f"model.layers.{i % 2}.{t}", f) for n in ("qwen2", "mistral", "gemma")
-          for i, t in enumerate(("self_attn", "mlp", "post_attention_layernorm", "self_attn.v_proj")) for f in (None, i % 2)]
+          for i, t in enumerate(("self_attn", "mlp", "post_attention_layernorm", "self_attn.v_proj"))
+          for f in (None, i % 2)]
 CASES += [(n, "model.layers.0.self_attn:cache.key", 2) for n in ("qwen2", "mistral", "gemma")]
 CASES += [("gemma", "model.embed_tokens", None)]
 _T5 = ["decoder.block.0.layer.0.SelfAttention", "decoder.block.1.layer.1.EncDecAttention",
@@ -460,6 +462,6 @@ def test_llama_activation_campaign_serial_equals_batched(tmp_path: Any) -> None:
     """An activation campaign (attention output, MLPs, a k/v projection) over a Llama with the language-model
     evaluator: batched trials (each trial's plan in its own samples of one forward) store the rows of one trial at a
     time, and real outcomes were compared."""
-    rows = _llama_sweeps(tmp_path, ["model.layers.0.self_attn", "model.layers.*.mlp", "model.layers.1.self_attn.v_proj"],
-                         _LM, kind="activations")
+    layers = ["model.layers.0.self_attn", "model.layers.*.mlp", "model.layers.1.self_attn.v_proj"]
+    rows = _llama_sweeps(tmp_path, layers, _LM, kind="activations")
     assert len(rows) == 4 * 2 * 2
