@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,6 +35,7 @@ from fastflip.cli import main
 from fastflip.errors import OptionError
 from fastflip.files.layout import read_layout
 from fastflip.files.log import InjectionLog
+from format_builders import copy_checkpoint
 from framework_views import dir_view
 from hf_helpers import build
 from test_attack_live_torch import _agrees
@@ -385,7 +387,7 @@ def _tied_groups(model: Any) -> dict[str, set[str]]:
 def test_save_pretrained_shards_read_as_from_pretrained_reads_them(name: str, dtype: str, tmp_path: Any) -> None:
     """fastflip lists exactly the tensors the shards hold (the state_dict less the tied names), the verdict
     agrees with safetensors; a CLI injection (the tied tensor included) reads back through ``from_pretrained`` as
-    logged under every tied name, and revert gives back every byte."""
+    logged under every tied name (into a new directory, and in place), and revert gives back every byte."""
     model = _model(name, dtype)
     d = str(tmp_path / "m")
     model.save_pretrained(d, max_shard_size="8KB")
@@ -398,8 +400,14 @@ def test_save_pretrained_shards_read_as_from_pretrained_reads_them(name: str, dt
     original = snapshot(d)
     out = str(tmp_path / "out")
     include = ["--include", f"*{SHARED.get(name, 'embed_tokens')}*"]
-    for extra in ([], include):
-        assert main(["inject", d, "-o", out, *extra, "--seed", "5", "--count", "6", "-q", "--force"]) == 0
+    for extra in ([], include, [*include, "--in-place"]):
+        if "--in-place" in extra:  # into a copy of the directory, its log beside it
+            shutil.rmtree(out)
+            copy_checkpoint(d, out)
+            args = [out, *extra]
+        else:
+            args = [d, "-o", out, *extra, "--force"]
+        assert main(["inject", *args, "--seed", "5", "--count", "6", "-q"]) == 0
         log = InjectionLog.load(out + ".fflog")
         expect = {k: _words(v).copy() for k, v in sd.items()}
         for r in log.records():
