@@ -135,11 +135,13 @@ def _xor(t: Any, records: list[dict]) -> Any:
 
 @contextlib.contextmanager
 def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
-    """The logged faults applied by hand, at their forward: a forward hook on each target module XORs them into its
-    output (``MODULE:out.K``: element ``K`` of a tuple); for ``MODULE:cache.key|value`` the ``update`` of
-    ``DynamicLayer``, ``StaticLayer`` and their sliding-window subclasses is patched to XOR them, in place, into
-    what the update of that module's layer returns: the layer's cache (self-attention, or for T5's
-    ``EncDecAttention`` the cross-attention cache), which the later steps read."""
+    """The logged faults applied by hand, at their forward: a forward hook on each target module, registered
+    before its other hooks (transformers' capture of ``output_attentions`` then sees the fault, as it sees
+    fastflip's, written into the output's own memory), XORs them into its output (``MODULE:out.K``: element ``K``
+    of a tuple); for ``MODULE:cache.key|value`` the ``update`` of ``DynamicLayer``, ``StaticLayer`` and their
+    sliding-window subclasses is patched to XOR them, in place, into what the update of that module's layer
+    returns: the layer's cache (self-attention, or for T5's ``EncDecAttention`` the cross-attention cache), which
+    the later steps read."""
     torch = require("torch")
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
@@ -174,7 +176,7 @@ def _by_hand(model: Any, records: list[dict]) -> Iterator[None]:
                 return _xor(out, hits)
             k = int(what.split(".")[1])
             return (*out[:k], _xor(out[k], hits), *out[k + 1:])
-        handles.append(model.get_submodule(module).register_forward_hook(hook))
+        handles.append(model.get_submodule(module).register_forward_hook(hook, prepend=True))
 
     def patched(orig: Any) -> Any:
         def update(self: Any, *a: Any, **k: Any) -> Any:
@@ -315,6 +317,32 @@ def test_a_static_cache_faulted_in_every_forward_is_refused_and_fresh_caches_are
         with _by_hand(model, log.records()):
             hand = twice()
     assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
+
+
+def test_output_attentions_captured_by_transformers_show_a_fault_in_the_attention_weights() -> None:
+    """Eager attention returns its weights (``self_attn:out.1``), which transformers captures for
+    ``output_attentions`` by a forward hook of its own, registered before the block: fastflip writes the fault into
+    the weights' own memory (the call's new tensor), so the captured attentions show it, as they show the hook by
+    hand that writes there first; the scores and tokens do not change (nothing downstream reads the weights)."""
+    torch = require("torch")
+    model, ids, target = _model("llama"), _ids(), "model.layers.0.self_attn:out.1"
+    model.set_attn_implementation("eager")
+
+    def run() -> list[Any]:
+        g = model.generate(ids, max_new_tokens=3, do_sample=False, output_scores=True, output_attentions=True,
+                           return_dict_in_generate=True)
+        return [*g.scores, g.sequences, *(a for step in g.attentions for a in step)]
+
+    with torch.no_grad():
+        clean = run()
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", per_sample=True, forward=1,
+                                           selection=fastflip.Selection(layers=[target])) as log:
+            faulted = run()
+        with _by_hand(model, log.records()):
+            hand = run()
+    assert len(faulted) == len(hand) and all(_same(a, b) for a, b in zip(faulted, hand))
+    differ = [i for i, (a, b) in enumerate(zip(faulted, clean)) if not _same(a, b)]
+    assert differ == [4 + 2 * 1]  # step 1's attentions of layer 0 (after 3 scores, the sequences, step 0's 2)
 
 
 def test_llama_gqa_cache_holds_the_key_value_heads_and_keeps_a_fault_for_later_steps() -> None:
