@@ -76,3 +76,14 @@ torch_oom = _raising("torch-oom")
 import_error = _raising("import")
 file_error = _raising("file")
 value_error = _raising("value")
+
+
+_ONE: dict[str, Any] = {}
+
+
+def llama() -> Any:
+    """The Llama of :data:`hf_helpers.MODELS` (seed 0), one instance per process, so that a test can read the
+    words of the very model a sweep faulted and reverted."""
+    if "llama" not in _ONE:
+        _ONE["llama"] = build("llama")
+    return _ONE["llama"]

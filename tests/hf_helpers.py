@@ -20,6 +20,19 @@ MODELS = {
     "vit": ("ViTConfig", dict(image_size=8, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                               num_attention_heads=2, intermediate_size=64), "ViTForImageClassification"),
 }
+# decoder-only LLMs (grouped-query attention: 4 query heads, 2 key/value heads; rotary; RMSNorm) and T5
+_LLM = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+MODELS.update({
+    "llama": ("LlamaConfig", _LLM, "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", _LLM, "Qwen2ForCausalLM"),  # q/k/v biases
+    "mistral": ("MistralConfig", dict(_LLM, sliding_window=4), "MistralForCausalLM"),  # a window prompts overrun
+    "gemma": ("GemmaConfig", dict(_LLM, head_dim=8), "GemmaForCausalLM"),  # lm_head tied, embeddings scaled
+    "t5": ("T5Config", dict(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                            num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                            decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, tie_word_embeddings=True),
+           "T5ForConditionalGeneration"),  # shared embedding tied to encoder, decoder and lm_head
+})
 
 
 def build(name: str, seed: int = 0) -> Any:

@@ -156,7 +156,7 @@ class Hooks:
         # "on": this forward is faulted; before the first forward a target that runs is treated as in a faulted
         # forward (a drawn plan's sites, or the one line that says to call the model, not its layers)
         st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
-                              "on": at is None}
+                              "on": at is None, "at": at, "cached": []}
         if fixed is not None:
             st["index"] = {r.name: i for i, r in enumerate(fixed.refs)}
             st["probed"], st["fixed"] = set(st["index"]), True
@@ -225,6 +225,19 @@ class Hooks:
         model's own parameters and buffers): then it is faulted in a copy."""
         return False
 
+    @staticmethod
+    def _once_in_cache(st: dict[str, Any], cname: str, t: Any) -> None:
+        """Refuse to fault a cache tensor that an earlier forward of this block faulted and that still holds it (a
+        static cache returns its one buffer at every step): a second flip of the same bits would undo the first."""
+        import weakref
+
+        if st["at"] is None:
+            if any(r() is t for r in st["cached"]):
+                raise OptionError(f"layer {cname} returns in forward {st['log'].forwards} the cache tensor faulted in "
+                                  "an earlier forward, which still holds that fault (a static cache): faulting it in "
+                                  "every forward would flip the same bits back; give forward=k to fault it once")
+            st["cached"] = [r for r in st["cached"] if r() is not None] + [weakref.ref(t)]
+
     def _fault_output(self, st: dict[str, Any], name: str, out: Any, args: tuple = ()) -> Any:
         """The faulted output of one call of target ``name``, or None when ``out`` was faulted in place / untouched."""
         k = st["counts"].get(name, 0)
@@ -259,6 +272,8 @@ class Hooks:
         # a KV cache's tensors are faulted where they are stored (later steps read the fault) when they are
         # contiguous and need no gradient, else in a copy (as any output); any other output is faulted in place
         # only when it is the call's own new memory (the alias test runs only for a call that has sites)
+        if what in CACHE_PARTS:
+            self._once_in_cache(st, cname, t)
         alias = None if what in CACHE_PARTS else lambda: self._aliases(t, args)
         new = self.write(t, li, sites, st["log"], alias)
         return None if new is None else replace(out, key, new)

@@ -14,11 +14,12 @@ off, so the call itself and ``on_output`` are not seen again.
 
 KV caches: while a module with a cache target runs, the ``update`` method of the
 ``transformers`` Cache among its arguments (``cache=``/``past_key_values=``; for an
-``EncoderDecoderCache`` its self-attention cache) is wrapped on that instance and
-restored when the forward ends. ``update`` returns the layer's whole cache (past
-and new positions); a fault written into it in place stays in the cache for the
-later steps (``DynamicCache``, ``StaticCache``); caches that return copies
-(quantized, offloaded) keep the fault for the current step only.
+``EncoderDecoderCache`` both its self-attention and its cross-attention cache, of which
+the module updates one) is wrapped on that instance and restored when the forward
+ends. ``update`` returns the layer's whole cache (past and new positions); a fault
+written into it in place stays in the cache for the later steps (``DynamicCache``,
+``StaticCache``); caches that return copies (quantized, offloaded) keep the fault for
+the current step only.
 
 Not reachable: the inside of fused kernels (only the output of ``sdpa``, not its
 internal softmax), ``torch.compile``'d or scripted graphs (they do not dispatch
@@ -35,12 +36,16 @@ from .act_targets import CACHE_PARTS, is_cache, op_name, split_target
 __all__ = ["OpWatch"]
 
 
-def _find_cache(args: tuple, kwargs: dict) -> Any:
-    """The Cache among a forward's arguments (the self-attention part of an encoder-decoder cache), or None."""
+def _find_caches(args: tuple, kwargs: dict) -> list[Any]:
+    """The Caches among a forward's arguments whose ``update`` the module may call: a cache itself, or both parts
+    of an encoder-decoder cache (a self-attention module updates its ``self_attention_cache``, a cross-attention
+    one — T5's ``EncDecAttention`` — its ``cross_attention_cache``, once, at the first step)."""
     for v in (*args, *kwargs.values()):
         if is_cache(v):
-            return getattr(v, "self_attention_cache", v)
-    return None
+            parts = [getattr(v, a, None) for a in ("self_attention_cache", "cross_attention_cache")]
+            parts = [p for p in parts if is_cache(p)]
+            return parts or [v]
+    return []
 
 
 class OpWatch:
@@ -109,8 +114,7 @@ class OpWatch:
             def hook(_m: Any, args: tuple, kwargs: dict) -> None:
                 self.stack.append(name)
                 if any(w in CACHE_PARTS for w in self.targets[name]):
-                    cache = _find_cache(args, kwargs)
-                    if cache is not None:
+                    for cache in _find_caches(args, kwargs):
                         self._wrap_cache(name, cache, wrapped.setdefault(name, []))
             return hook
 

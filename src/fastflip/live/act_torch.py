@@ -52,6 +52,7 @@ class TorchHooks(Hooks):
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this block
         self._lazy = False  # some parameter was lazy when _held was built
         self._own: set[int] = set()  # ids of the hooks of this faulting block
+        self._batch = 0  # the batch of the running forward's inputs (0: not known)
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
                          or getattr(m, "_compiled_call_impl", None) is not None]
@@ -104,6 +105,10 @@ class TorchHooks(Hooks):
             got = words[torch.from_numpy(pos).to(out.device)]
             return got.cpu().numpy().view(udt).astype(np.uint64)
 
+        if batch == 1 < self._batch and sites.per_sample:
+            raise OptionError(f"layer {sites.refs[li].name} outputs a batch of 1 that the {self._batch} samples of the "
+                              "forward share (a position bias, rotary tables): per_sample faults need one output per "
+                              "sample; use per_sample=False there, or select another target")
         sample, index, bits, old, new = sites.fault(li, batch, read)
         log.add(log.forwards, li, sample, index, bits, old, new)
         if not len(index):
@@ -129,6 +134,14 @@ class TorchHooks(Hooks):
         if self._held is None:
             self._held = self._storages()
         return ptr in self._held
+
+    def _input_batch(self, args: tuple, kwargs: dict) -> int:
+        """The batch of a forward's inputs: the largest first dimension of its tensors of two or more dimensions
+        (token ids, masks, images; not a 1-d ``cache_position``), 0 when it has none."""
+        from torch.utils._pytree import tree_leaves
+
+        return max((int(t.shape[0]) for t in tree_leaves((args, kwargs))
+                    if isinstance(t, self.torch.Tensor) and t.dim() >= 2), default=0)
 
     def _storages(self) -> set[int]:
         """The storages of the model's parameters, buffers and plain tensor attributes of its modules (a table
@@ -260,16 +273,28 @@ class TorchHooks(Hooks):
                         fault: Callable[..., Any], log: Any) -> ContextManager[None]:
         """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
         an output sharing storage with an input (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
+        inside = [False]  # a forward of the model itself is running
+
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if self._lazy:  # a lazy module gets its parameters in a forward: their storages are new
                 self._held = None
             if not probing():
+                inside[0] = True
+                self._batch = self._input_batch(args, kwargs)
                 start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
             if not probing():
+                inside[0] = False
                 log.forwards += 1
+
+        def guarded(name: str, out: Any, args: tuple = ()) -> Any:
+            if not inside[0] and not probing():
+                raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
+                                  "layers (generate() runs an encoder-decoder's encoder outside the model's forward: "
+                                  "fault it there with injected_activations(model.get_encoder(), ...))")
+            return fault(name, out, args)
 
         self._own.clear()
         self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
-        return self._hooked(names, pre, post, fault, own=self._own)
+        return self._hooked(names, pre, post, guarded, own=self._own)
