@@ -372,3 +372,22 @@ def test_a_manifest_that_declares_more_than_a_log_holds_is_refused_unread(tmp_pa
     for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
         err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
         assert "manifest.json declares" in err
+
+
+@pytest.mark.parametrize("member", ["manifest.json", "old_word.npy", "undo_data.bin"])
+def test_a_log_holding_two_members_of_one_name_is_refused(member, tmp_path, capsys):
+    """A log archive with a second member of one name (zipfile reads the last, another reader may take the first)
+    is refused in one line by log, revert and replay; nothing is written."""
+    src = _build("npz", tmp_path)
+    out, lp = _inject(capsys, src, "regions", tmp_path)
+    bad = str(tmp_path / "bad.fflog")
+    with zipfile.ZipFile(lp) as z:
+        members = [(n, z.read(n)) for n in z.namelist()]
+    assert member in dict(members)
+    with pytest.warns(UserWarning, match="Duplicate name"), zipfile.ZipFile(bad, "w") as z:
+        for n, b in members + [(member, dict(members)[member])]:
+            z.writestr(n, b)
+    before = snapshot(tmp_path)
+    for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
+        err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
+        assert f"two members named {member}" in err, err

@@ -179,6 +179,7 @@ class InjectionLog:
         p = check_input(path)
         try:
             with zipfile.ZipFile(p) as z:
+                _refuse_twin_members(z)
                 manifest = json.loads(_read_member(z, "manifest.json", _MAX_MANIFEST_BYTES))
                 if not isinstance(manifest, dict) or manifest.get("format") != LOG_FORMAT:
                     fmt = manifest.get("format") if isinstance(manifest, dict) else None
@@ -241,6 +242,16 @@ def _write_npy(z: zipfile.ZipFile, name: str, arr: np.ndarray) -> None:
     with z.open(name, "w", force_zip64=True) as fh:
         np.lib.format.write_array_header_1_0(fh, np.lib.format.header_data_from_array_1_0(arr))
         fh.write(memoryview(arr).cast("B") if arr.size else b"")
+
+
+def _refuse_twin_members(z: zipfile.ZipFile) -> None:
+    """Refuse (ValueError) a log archive holding two members of one name: a log fastflip writes holds each once, and
+    which of the two a reader takes is the reader's choice (``zipfile`` takes the last)."""
+    seen: set[str] = set()
+    for name in z.namelist():
+        if name in seen:
+            raise ValueError(f"two members named {name}, which a log fastflip writes never holds")
+        seen.add(name)
 
 
 def _read_member(z: zipfile.ZipFile, name: str, limit: int) -> bytes:
