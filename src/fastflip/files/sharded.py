@@ -226,13 +226,17 @@ def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPl
     old = np.zeros(len(plan), np.uint64)
     new = np.zeros(len(plan), np.uint64)
     shards: dict[str, dict[str, Any]] = {}
-    for sp in shard_plans(plan, layout):
+    sps = shard_plans(plan, layout)
+    for sp in sps:  # all refused before any shard is written
+        by_path = {t.path: t for t in layout.shards[sp.shard].tensors}
+        if not all(by_path[t.name].raw_writable for t in sp.plan.tensors):
+            raise UnsupportedStorageError(f"{os.path.join(layout.file, sp.shard)}: this shard's tensors need "
+                                          "re-encoded bytes, which a checkpoint directory's log does not hold; "
+                                          "inject into the file itself")
+    for sp in sps:
         src = os.path.join(layout.file, sp.shard)
         size = os.path.getsize(src)
         res = inject_one(src, sp)
-        if res.log.undo is not None:
-            raise UnsupportedStorageError(f"{src}: this shard needed re-encoded bytes, which a checkpoint directory's "
-                                          "log does not hold; inject into the file itself")
         old[sp.positions], new[sp.positions] = res.log.old_words, res.log.new_words
         shards[sp.shard] = {"input_sha256": res.log.manifest["input"]["sha256"],
                             "output_sha256": res.log.manifest["output"]["sha256"], "size": size,
