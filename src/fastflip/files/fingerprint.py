@@ -219,19 +219,19 @@ def copy_over_ranges(src: str, tmp: str, undo: ByteUndo, *, writeback: bool = Fa
         os.close(fd)
 
 
-def replay_regions(lg: Any, src: str, tmp: str, also: Callable[[str], object] | None = None,
+def replay_regions(lg: Any, src: str, tmp: str, before: Callable[[str], None] | None = None,
                    after: Callable[[str], None] | None = None) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
     ranges tell) into ``tmp``: a kernel copy with the logged new bytes written over it in the pass that checks the
     copy's touched ranges hold the logged old bytes (:func:`copy_over_ranges`), then the copy's size and windows
-    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``also`` (given ``src``)
+    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``before`` (given ``src``)
     runs after the input's checks and before the copy, ``after`` (given ``tmp``) once the copy is written: further
     checks of the log that may raise."""
     fp, undo = _evidence(lg, src, "replayed")
     fix = "; give the file this log's injection was made from"
     check_regions(src, fp, undo, "input", src, fix, ranges=False)  # its size and windows, before any write
-    if also is not None:
-        also(src)
+    if before is not None:
+        before(src)
     if not copy_over_ranges(src, tmp, undo):
         raise LogMismatchError(f"{src} is not the logged input (the bytes of a touched range differ){fix}")
     check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output", ranges=False)
@@ -272,7 +272,7 @@ def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, veri
 
 
 def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True,
-                   also: Callable[[str], bool] | None = None, after: Callable[[str], None] | None = None) -> bool:
+                   before: Callable[[str], None] | None = None, after: Callable[[str], None] | None = None) -> bool:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
     half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
@@ -280,23 +280,25 @@ def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = 
     checks the result. Returns whether the result was checked to be the logged input (always True with
     ``verify``: a failed check raises).
 
-    ``also`` (given the path checked) runs after the checks of the file and before the write: a further check of
-    the log that may raise, and returns whether it proved what the write gives; where it did not, a ``direct``
-    revert is made in a copy instead, which ``after`` (given the copy, once written) checks before the rename."""
+    ``before`` (given the path checked) runs after the checks of the file and before the write, ``after`` (given
+    the copy, once written; not called when ``direct``) before the rename: further checks of the log that may
+    raise. The caller decides ``direct``: a log whose write is not proven before it is made (re-encoded chunks or
+    members) is reverted in a copy."""
     fp, undo = _evidence(lg, src, "reverted")
     message = f"reverting {src} did not give the logged input back: {src}"
     if direct:
         _check_revertible(src, fp, undo, src, verify)
-        if also is None or also(src):
-            with deferred_signals():
-                undo.apply(src)
-            return _gives_input(src, fp, undo, message, verify)
+        if before is not None:
+            before(src)
+        with deferred_signals():
+            undo.apply(src)
+        return _gives_input(src, fp, undo, message, verify)
     with atomic_output(target) as tmp:
         kernel_copy(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
-        if also is not None:
-            also(tmp)
-        undo.apply(tmp)
+        if before is not None:
+            before(tmp)
+        undo.apply(tmp, durable=False)  # the commit fsyncs the copy
         if after is not None:
             after(tmp)
         return _gives_input(tmp, fp, undo, message, verify)
