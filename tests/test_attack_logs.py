@@ -460,6 +460,25 @@ def test_a_manifest_that_declares_more_than_a_log_holds_is_refused_unread(tmp_pa
         assert "manifest.json declares" in err
 
 
+@pytest.mark.parametrize("member", ["undo_data.bin", "redo_data.bin"])
+def test_undo_bytes_beyond_what_the_ranges_need_are_refused_unread(member, tmp_path, capsys):
+    """A log whose undo_data.bin / redo_data.bin declares more bytes than its ranges hold (a deflate bomb inflates a
+    small .fflog to gigabytes) is refused in one line before the member is inflated; it was read whole."""
+    src = _build("npz", tmp_path)
+    out, lp = _inject(capsys, src, "regions", tmp_path)
+    with zipfile.ZipFile(lp) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    bad = str(tmp_path / "bad.fflog")
+    with zipfile.ZipFile(bad, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b + bytes(1 << 20) if n == member else b, zipfile.ZIP_DEFLATED)
+    assert os.path.getsize(bad) < os.path.getsize(lp) + (64 << 10)
+    before = snapshot(tmp_path)
+    for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
+        err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
+        assert f"{member} declares" in err, err
+
+
 @pytest.mark.parametrize("member", ["manifest.json", "old_word.npy", "undo_data.bin"])
 def test_a_log_holding_two_members_of_one_name_is_refused(member, tmp_path, capsys):
     """A log archive with a second member of one name (zipfile reads the last, another reader may take the first)
