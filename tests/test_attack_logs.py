@@ -312,6 +312,33 @@ def test_revert_without_verify_of_a_gzip_log_is_made_in_a_copy(tmp_path, capsys)
     _assert_reads_as("hdf5", out, src)
 
 
+@pytest.mark.parametrize("fmt", ["hdf5-gzip", "npz"])
+def test_region_revert_and_replay_read_the_layout_once(fmt, tmp_path, capsys, monkeypatch):
+    """The log checks of a region revert and replay read the file's layout once and the words back only where
+    some site is re-encoded (a gzip log's revert read the layout four times: src and copy, before and after)."""
+    import fastflip.files.logwords as lw
+
+    gzip = fmt == "hdf5-gzip"
+    src = _gzip_checkpoint(tmp_path) if gzip else _build(fmt, tmp_path)
+    out, lp = _inject(capsys, src, "direct", tmp_path, count=20)
+    calls = {"layout": 0, "words": 0}
+
+    def counted(real: Callable, what: str) -> Callable:
+        def wrapped(*a: object, **kw: object) -> object:
+            calls[what] += 1
+            return real(*a, **kw)
+        return wrapped
+    monkeypatch.setattr(lw, "read_layout", counted(lw.read_layout, "layout"))
+    monkeypatch.setattr(lw, "read_words", counted(lw.read_words, "words"))
+    new = str(tmp_path / ("new" + os.path.splitext(src)[1]))
+    assert _run(capsys, "replay", lp, src, "-o", new, "-q") == 0
+    assert calls == {"layout": 1, "words": int(gzip)}
+    calls.update(layout=0, words=0)
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    assert calls == {"layout": 1, "words": int(gzip)}
+    assert snapshot(out) == snapshot(src)
+
+
 # ------------------------------------------------------------------ 2. `fastflip log` of a log without file entries
 
 

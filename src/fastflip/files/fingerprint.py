@@ -139,12 +139,15 @@ _FIX = ("; give the file this log's injection wrote, or --no-verify (verify=Fals
 
 
 def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str, fix: str = "",
-                  ranges: bool = True) -> None:
+                  ranges: bool = True, windows: tuple[int, bytes, int, bytes] | None = None) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged ``side`` ("input" or
     "output") as far as region evidence tells: size, head/tail fingerprint, and (``ranges``) the bytes of every
-    touched range. ``fix`` ends the message of a fingerprint or range that differs (what the user can do)."""
+    touched range. ``fix`` ends the message of a fingerprint or range that differs (what the user can do);
+    ``windows``: the caller's :func:`_windows` of ``path`` at the logged lengths (else read here)."""
     want = fp[side]
-    got = fingerprint(path, fp["algorithm"], int(want["head_len"]), int(want["tail_len"]))
+    head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
+    size, head, _, tail = windows if windows is not None else _windows(path, head_len, tail_len)
+    got = _record(size, head_len, tail_len, head, tail, fp["algorithm"])
     what = "output this log describes" if side == "output" else "logged input"
     done = _NOT_CHANGED if side == "output" else ""
     if got["size"] != want["size"]:
@@ -176,24 +179,28 @@ def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
     return _windows_after(path, fp, restore)
 
 
-def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]]) -> bool:
+def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]],
+                   windows: tuple[int, bytes, int, bytes] | None = None) -> bool:
     """Whether ``path``'s head and tail windows, with the ``(offset, now, old)`` patches' old bytes laid over them,
-    hash to the logged input's fingerprint: what a revert will give, known before it writes."""
+    hash to the logged input's fingerprint: what a revert will give, known before it writes. ``windows``: the
+    caller's :func:`_windows` of ``path`` at the input's lengths (else read here)."""
     want = fp["input"]
     head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
-    size, head, tail_at, tail = _windows(path, head_len, tail_len)
+    size, head, tail_at, tail = windows if windows is not None else _windows(path, head_len, tail_len)
     return _record(size, head_len, tail_len, overlay_patches(0, head, restore), overlay_patches(tail_at, tail, restore),
                    fp["algorithm"]) == dict(want)
 
 
-def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
+def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any,
+                      windows: tuple[int, bytes, int, bytes] | None = None) -> bool:
     """Whether writing the same-size ``undo``'s old bytes into ``path`` (the logged output) gives the logged input's
-    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written."""
+    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written.
+    ``windows``: as :func:`_windows_after` takes them."""
     if int(fp["input"]["size"]) != int(undo.size):
         return False
     size = os.path.getsize(path)
     spans = [(0, int(fp["input"]["head_len"])), (max(0, size - int(fp["input"]["tail_len"])), size)]
-    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)])
+    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)], windows)
 
 
 def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
@@ -248,13 +255,15 @@ def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str,
         if os.path.getsize(path) != int(fp["output"]["size"]):
             check_regions(path, fp, undo, "output", subject)  # the size message
         return
+    lens = [(int(fp[side]["head_len"]), int(fp[side]["tail_len"])) for side in ("output", "input")]
+    windows = _windows(path, *lens[0])  # read once: the input's windows are as long unless the log was edited
     try:
-        check_regions(path, fp, undo, "output", subject, _FIX)
+        check_regions(path, fp, undo, "output", subject, _FIX, windows=windows)
     except LogMismatchError:
         if not _torn(path, fp, undo):
             raise
         return  # a torn file: _torn proved its restored windows are the logged input's
-    if not _reverts_to_input(path, fp, undo):
+    if not _reverts_to_input(path, fp, undo, windows if lens[1] == lens[0] else None):
         raise LogMismatchError(f"{subject}: the log's original bytes do not give the logged input (size or head/tail "
                                f"fingerprint); the log was changed after the injection{_NOT_CHANGED}")
 

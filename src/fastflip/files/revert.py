@@ -110,11 +110,12 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
             target = _revert_target(src, out, overwrite, log_files(log))
             routes = _routes(lg, src)
             direct = out is None and atomic is not True and routes is not None and not has_encoded(routes)
+            encoded = routes is None or has_encoded(routes)  # checked in the copy, once written (the words read back)
             proven = revert_regions(lg, src, target, direct, verify,
-                                    before=(lambda path: check_log_words(lg, path, src, routes=routes)) if verify
-                                    else None,
-                                    after=(lambda path: check_words(lg, path, src, "input", routes)) if verify
-                                    else None)
+                                    before=(lambda path: check_log_words(lg, path, src, routes=routes))
+                                    if verify and not encoded else None,
+                                    after=(lambda path: check_words(lg, path, src, "input", routes))
+                                    if verify and encoded else None)
         return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
