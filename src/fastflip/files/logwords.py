@@ -24,7 +24,7 @@ from .encoded import encoded_patches, zip_crc_fields
 from .filebytes import ByteUndo
 from .h5apply import read_words, route_sites
 from .layout import read_layout
-from .patches import is_zip_container, word_patches
+from .patches import is_zip_container, word_undo
 from .routes import SiteRoute
 
 __all__ = ["check_log_words", "check_words", "log_routes", "has_encoded"]
@@ -138,10 +138,11 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output", done: st
         return  # refused by the revert or replay with its own message
     done = done or ("nothing was changed" if side == "output" else "nothing was written")
     routes = routes if routes is not None else log_routes(lg, path)
-    words = word_patches(routes, lg.old_words, lg.new_words)
+    words = word_undo(routes, lg.old_words, lg.new_words, [], undo.size)  # the raw sites' stored bytes
     allowed = []
-    if words:
-        pos, want_old, want_new = _bytes_of(words)
+    if len(words.offsets):
+        pos = _positions(words.offsets, words.lengths)
+        want_old, want_new = np.frombuffer(words.data, np.uint8), np.frombuffer(words.new_data, np.uint8)
         got_old, got_new, _ = _ranges_at(undo, pos, want_new)  # a word in no range: unchanged
         if not (np.array_equal(got_old, want_old) and np.array_equal(got_new, want_new)):
             raise LogMismatchError(f"{src}: the log's touched byte ranges do not hold its recorded old and new words; "
@@ -151,7 +152,7 @@ def check_log_words(lg: Any, path: str, src: str, side: str = "output", done: st
     if encoded and side == "output":
         return  # re-encoded from the input's chunks: known once the input is there
     zipped = is_zip_container(path)
-    if words and zipped:
+    if len(words.offsets) and zipped:
         allowed.append(_crc_fields(undo, path, pos, want_old ^ want_new, src, done))
     if encoded:
         allowed.append(_encoded(undo, path, lg, routes, zipped, src, done))
