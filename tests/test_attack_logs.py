@@ -92,6 +92,14 @@ def _input_fingerprint(m: dict[str, bytes]) -> None:
     m["manifest.json"] = json.dumps(j).encode()
 
 
+def _counting(counts: dict[str, int], real: Callable, key: str) -> Callable:
+    """``real``, each call counted in ``counts[key]``."""
+    def wrapped(*a: object, **kw: object) -> object:
+        counts[key] += 1
+        return real(*a, **kw)
+    return wrapped
+
+
 def _assert_reads_as(fmt: str, path: str, original: str) -> None:
     """The framework reads ``path`` as it reads ``original``: every tensor, word for word."""
     assert compare_readings(_view(fmt)(original), _view(fmt)(path)) == []
@@ -322,14 +330,8 @@ def test_region_revert_and_replay_read_the_layout_once(fmt, tmp_path, capsys, mo
     src = _gzip_checkpoint(tmp_path) if gzip else _build(fmt, tmp_path)
     out, lp = _inject(capsys, src, "direct", tmp_path, count=20)
     calls = {"layout": 0, "words": 0}
-
-    def counted(real: Callable, what: str) -> Callable:
-        def wrapped(*a: object, **kw: object) -> object:
-            calls[what] += 1
-            return real(*a, **kw)
-        return wrapped
-    monkeypatch.setattr(lw, "read_layout", counted(lw.read_layout, "layout"))
-    monkeypatch.setattr(lw, "read_words", counted(lw.read_words, "words"))
+    monkeypatch.setattr(lw, "read_layout", _counting(calls, lw.read_layout, "layout"))
+    monkeypatch.setattr(lw, "read_words", _counting(calls, lw.read_words, "words"))
     new = str(tmp_path / ("new" + os.path.splitext(src)[1]))
     assert _run(capsys, "replay", lp, src, "-o", new, "-q") == 0
     assert calls == {"layout": 1, "words": int(gzip)}
@@ -408,16 +410,10 @@ def _killed(argv: list[str], how: str, at: int) -> None:
 def _points(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object]) -> dict[str, int]:
     """How many renames and fsyncs an uninterrupted ``run()`` makes."""
     counts = {"replace": 0, "fsync": 0}
-
-    def counting(real: Callable, how: str) -> Callable:
-        def wrapped(*a: object, **kw: object) -> object:
-            counts[how] += 1
-            return real(*a, **kw)
-        return wrapped
     with monkeypatch.context() as m:
-        m.setattr(os, "replace", counting(os.replace, "replace"))
-        m.setattr(os, "rename", counting(os.rename, "replace"))
-        m.setattr(os, "fsync", counting(os.fsync, "fsync"))
+        m.setattr(os, "replace", _counting(counts, os.replace, "replace"))
+        m.setattr(os, "rename", _counting(counts, os.rename, "replace"))
+        m.setattr(os, "fsync", _counting(counts, os.fsync, "fsync"))
         run()
     return counts
 
