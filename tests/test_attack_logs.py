@@ -92,6 +92,14 @@ def _input_fingerprint(m: dict[str, bytes]) -> None:
     m["manifest.json"] = json.dumps(j).encode()
 
 
+def _counting(counts: dict[str, int], real: Callable, key: str) -> Callable:
+    """``real``, each call counted in ``counts[key]``."""
+    def wrapped(*a: object, **kw: object) -> object:
+        counts[key] += 1
+        return real(*a, **kw)
+    return wrapped
+
+
 def _assert_reads_as(fmt: str, path: str, original: str) -> None:
     """The framework reads ``path`` as it reads ``original``: every tensor, word for word."""
     assert compare_readings(_view(fmt)(original), _view(fmt)(path)) == []
@@ -189,7 +197,7 @@ def test_region_log_with_an_added_range_between_the_windows_is_refused(fmt, tmp_
 def test_replay_of_a_region_log_with_edited_new_bytes_between_the_windows_is_refused(fmt, tmp_path, capsys):
     """The altered bytes of a range between the first and last MiB edited: replay wrote them and said the output
     was the logged one (its fingerprint cannot see them); nothing is written now (raw words: checked against the
-    records before the copy; gzip chunks: the words read back from the copy)."""
+    records before the copy; gzip chunks: re-encoded from the input before the copy and compared)."""
     gzip = fmt == "hdf5-gzip"
     fmt = "hdf5" if gzip else fmt
     src = _build(fmt, tmp_path, rows=(3 << 20) // 32, **({"chunks": True, "compression": "gzip"} if gzip else {}))
@@ -203,7 +211,8 @@ def test_replay_of_a_region_log_with_edited_new_bytes_between_the_windows_is_ref
     new = tmp_path / ("new" + _EXT[fmt])
     before = snapshot(tmp_path)
     err = assert_refused(capsys, _run(capsys, "replay", bad, src, "-o", new), tmp_path, before, "replay")
-    assert ("gives other words than its recorded new words" if gzip else "do not hold its recorded old and new words") \
+    assert ("do not hold the chunks (members) its recorded words re-encode to" if gzip
+            else "do not hold its recorded old and new words") \
         in err and "nothing was written" in err
     assert _run(capsys, "replay", lp, src, "-o", new, "-q") == 0
     assert snapshot(new) == snapshot(out)
@@ -224,6 +233,112 @@ def test_region_log_with_an_edited_gzip_chunk_between_the_windows_is_refused(mod
     assert "gives other words than its recorded old words" in err
     assert _run(capsys, "revert", lp, out, "-q") == 0
     _assert_reads_as("hdf5", out, src)
+
+
+def _set_old_bytes(at: int, data: bytes) -> Callable[[dict[str, bytes]], None]:
+    """The log's original bytes at file offsets ``at`` .. ``at + len(data) - 1`` (inside its ranges) set to
+    ``data``."""
+    def edit(m: dict[str, bytes]) -> None:
+        offs, lens = (np.load(io.BytesIO(m[n])) for n in ("undo_offsets.npy", "undo_lengths.npy"))
+        i = next(k for k, (o, n) in enumerate(zip(offs.tolist(), lens.tolist())) if o <= at and at + len(data) <= o + n)
+        b = bytearray(m["undo_data.bin"])
+        first = int(lens[:i].sum()) + at - int(offs[i])
+        b[first:first + len(data)] = data
+        m["undo_data.bin"] = bytes(b)
+    return edit
+
+
+def test_region_log_with_an_edited_zip_crc_field_between_the_windows_is_refused(tmp_path, capsys):
+    """An .npz of three 1.2 MB members injected in place: one original byte of the middle member's local-header
+    CRC-32 edited in the log (between the fingerprint windows). Only the field's place was checked: the revert
+    wrote it and said the file matched the log (np.load reads the central directory's CRC and agreed). The log's
+    CRC fields must change, every copy alike, by what its recorded words change the CRC by."""
+    rng = np.random.default_rng(1)
+    src = write_checkpoint("npz", tmp_path / "m.npz", {k: rng.standard_normal(300_000).astype("f4") for k in "abc"})
+    out, lp = _inject(capsys, src, "direct", tmp_path, count=60)
+    with zipfile.ZipFile(out) as z:
+        field = z.getinfo("b.npy").header_offset + 14
+    assert (1 << 20) < field < os.path.getsize(out) - (1 << 20)
+    with open(src, "rb") as fh:
+        fh.seek(field)
+        was = fh.read(4)
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), _set_old_bytes(field, bytes([was[0] ^ 0x10]) + was[1:]))
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "revert", bad, out), tmp_path, before, "revert")
+    assert "do not change the CRC-32 fields of zip member b.npy" in err
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    assert snapshot(out) == snapshot(src)
+
+
+def _gzip_checkpoint(d: os.PathLike[str]) -> str:
+    """A 3 MiB gzip-chunked HDF5 dataset (64 KiB chunks, so most lie between the fingerprint windows)."""
+    rng = np.random.default_rng(0)
+    return write_checkpoint("hdf5", os.path.join(d, "m.h5"), {"w": rng.standard_normal((3 << 20) // 4).astype("f4")},
+                            chunks=(16384,), compression="gzip")
+
+
+def test_region_log_with_another_element_of_a_gzip_chunk_changed_is_refused(tmp_path, capsys):
+    """The log's original bytes of a re-encoded gzip chunk replaced by that chunk re-encoded with another element
+    (not a site) changed: the sites still read as the recorded old words and the bytes stay inside the chunk, so the
+    revert wrote it and said it restored the file. The log's chunks must be what fastflip re-encodes from the
+    reverted copy."""
+    from fastflip.core.plan import Plan
+    from fastflip.files.encoded import encoded_patches
+    from fastflip.files.h5apply import route_sites
+    from fastflip.files.layout import read_layout
+    from fastflip.files.outputs import load_log
+
+    src = _gzip_checkpoint(tmp_path)
+    out, lp = _inject(capsys, src, "direct", tmp_path, count=40)
+    plan = load_log(lp).plan
+    sites = set(plan.index.tolist())
+    for i in sorted(sites):
+        other = Plan.from_sites([plan.tensors[0]], [0], [i + 1 if i + 1 not in sites else i - 1], xor_mask=[1 << 30])
+        routes = route_sites(src, other, {t.path: t for t in read_layout(src).tensors})
+        (at, _, crafted), = encoded_patches(src, other, routes, False).patches
+        if (1 << 20) < at and at + len(crafted) < os.path.getsize(src) - (1 << 20):
+            break
+    else:
+        pytest.fail("no site's chunk lies between the fingerprint windows")
+    bad = _edit_log(lp, str(tmp_path / "bad.fflog"), _set_old_bytes(at, crafted))
+    before = snapshot(tmp_path)
+    err = assert_refused(capsys, _run(capsys, "revert", bad, out), tmp_path, before, "revert")
+    assert "do not hold the chunks (members) its recorded words re-encode to" in err
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    _assert_reads_as("hdf5", out, src)
+
+
+def test_revert_without_verify_of_a_gzip_log_is_made_in_a_copy(tmp_path, capsys):
+    """``revert --no-verify`` of a direct log with gzip chunks rewrote the file in place (the choice of a copy was
+    made by the log check, which --no-verify skips); such a log is reverted in a copy renamed over the file, as the
+    docs say, with or without verification."""
+    src = _gzip_checkpoint(tmp_path)
+    out, lp = _inject(capsys, src, "direct", tmp_path, count=40)
+    inode = os.stat(out).st_ino
+    assert _run(capsys, "revert", lp, out, "--no-verify", "-q") == 0
+    assert os.stat(out).st_ino != inode
+    _assert_reads_as("hdf5", out, src)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5-gzip", "npz"])
+def test_region_revert_and_replay_read_the_layout_once(fmt, tmp_path, capsys, monkeypatch):
+    """The log checks of a region revert and replay read the file's layout once and the words back only where
+    some site is re-encoded (a gzip log's revert read the layout four times: src and copy, before and after)."""
+    import fastflip.files.logwords as lw
+
+    gzip = fmt == "hdf5-gzip"
+    src = _gzip_checkpoint(tmp_path) if gzip else _build(fmt, tmp_path)
+    out, lp = _inject(capsys, src, "direct", tmp_path, count=20)
+    calls = {"layout": 0, "words": 0}
+    monkeypatch.setattr(lw, "read_layout", _counting(calls, lw.read_layout, "layout"))
+    monkeypatch.setattr(lw, "read_words", _counting(calls, lw.read_words, "words"))
+    new = str(tmp_path / ("new" + os.path.splitext(src)[1]))
+    assert _run(capsys, "replay", lp, src, "-o", new, "-q") == 0
+    assert calls == {"layout": 1, "words": int(gzip)}
+    calls.update(layout=0, words=0)
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    assert calls == {"layout": 1, "words": int(gzip)}
+    assert snapshot(out) == snapshot(src)
 
 
 # ------------------------------------------------------------------ 2. `fastflip log` of a log without file entries
@@ -295,16 +410,10 @@ def _killed(argv: list[str], how: str, at: int) -> None:
 def _points(monkeypatch: pytest.MonkeyPatch, run: Callable[[], object]) -> dict[str, int]:
     """How many renames and fsyncs an uninterrupted ``run()`` makes."""
     counts = {"replace": 0, "fsync": 0}
-
-    def counting(real: Callable, how: str) -> Callable:
-        def wrapped(*a: object, **kw: object) -> object:
-            counts[how] += 1
-            return real(*a, **kw)
-        return wrapped
     with monkeypatch.context() as m:
-        m.setattr(os, "replace", counting(os.replace, "replace"))
-        m.setattr(os, "rename", counting(os.rename, "replace"))
-        m.setattr(os, "fsync", counting(os.fsync, "fsync"))
+        m.setattr(os, "replace", _counting(counts, os.replace, "replace"))
+        m.setattr(os, "rename", _counting(counts, os.rename, "replace"))
+        m.setattr(os, "fsync", _counting(counts, os.fsync, "fsync"))
         run()
     return counts
 
@@ -372,6 +481,25 @@ def test_a_manifest_that_declares_more_than_a_log_holds_is_refused_unread(tmp_pa
     for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
         err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
         assert "manifest.json declares" in err
+
+
+@pytest.mark.parametrize("member", ["undo_data.bin", "redo_data.bin"])
+def test_undo_bytes_beyond_what_the_ranges_need_are_refused_unread(member, tmp_path, capsys):
+    """A log whose undo_data.bin / redo_data.bin declares more bytes than its ranges hold (a deflate bomb inflates a
+    small .fflog to gigabytes) is refused in one line before the member is inflated; it was read whole."""
+    src = _build("npz", tmp_path)
+    out, lp = _inject(capsys, src, "regions", tmp_path)
+    with zipfile.ZipFile(lp) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    bad = str(tmp_path / "bad.fflog")
+    with zipfile.ZipFile(bad, "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b + bytes(1 << 20) if n == member else b, zipfile.ZIP_DEFLATED)
+    assert os.path.getsize(bad) < os.path.getsize(lp) + (64 << 10)
+    before = snapshot(tmp_path)
+    for cmd in (["log", bad], ["revert", bad, out], ["replay", bad, src, "-o", tmp_path / "new.npz"]):
+        err = assert_refused(capsys, _run(capsys, *cmd), tmp_path, before, cmd[0])
+        assert f"{member} declares" in err, err
 
 
 @pytest.mark.parametrize("member", ["manifest.json", "old_word.npy", "undo_data.bin"])

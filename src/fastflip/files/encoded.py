@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .formats.zipcrc import MemberCrcs, ZipIndex
 
 __all__ = ["encoded_patches", "say_h5py_notes", "member_words", "member_array", "zip_index", "zip_crc_patches",
-           "member_crcs"]
+           "zip_crc_fields", "member_crcs"]
 
 
 def encoded_patches(path: str, plan: Plan, routes: Sequence[SiteRoute], zipped: bool) -> ChunkPatches:
@@ -85,19 +85,26 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new, index)
 
 
-def zip_crc_fields(path: str, offsets: np.ndarray) -> np.ndarray:
-    """File offsets of every byte of the CRC-32 fields (central directory, local header, data descriptor) of the
-    stored zip entries that hold the file ``offsets``: where they lie by the directory, whatever they hold now (a
-    direct injection killed part-way may have written some of them)."""
-    from .formats.zipcrc import descriptor_at, zip_index
+def zip_crc_fields(path: str, pos: np.ndarray, delta: np.ndarray) -> list[tuple[str, list[int], int, int | None]]:
+    """Per stored zip entry of ``path`` holding one of the file offsets ``pos`` (bytes whose value changes by the
+    XOR ``delta``): its name, the offsets of every copy of its CRC-32 where they lie by the directory, whatever
+    they hold now (:func:`fastflip.files.formats.zipcrc.crc_spots` with ``check=False``: a direct injection killed
+    part-way may have written some of them), the change of its CRC-32 those bytes make
+    (:func:`~fastflip.files.formats.zipcrc.crc_delta`), and the local header's field where it defers to a data
+    descriptor (flag bit 3: a writer may have left it as it was), else None."""
+    from .formats.zipcrc import crc_delta, crc_spots, zip_index as index_of
 
-    index = zip_index(path)
-    spots: list[int] = []
+    index = index_of(path)
+    which = index.holding(pos)
+    out = []
     with open(path, "rb") as fh:
-        for e in (index.entries[i] for i in np.unique(index.holding(offsets)).tolist() if i >= 0):
-            desc = descriptor_at(fh, e)
-            spots += [index.records[e.name] + 16, e.info.header_offset + 14] + ([] if desc is None else [desc])
-    return (np.array(spots, np.int64).reshape(-1, 1) + np.arange(4)).ravel()
+        for i in np.unique(which[which >= 0]).tolist():
+            e, at = index.entries[i], np.flatnonzero(which == i)
+            dcrc = crc_delta(pos[at] - e.offset, np.asarray(delta)[at].astype(np.uint64), np.ones(len(at), np.int64),
+                             e.size)
+            out.append((e.name, crc_spots(fh, e, index.records[e.name], check=False), dcrc,
+                        e.info.header_offset + 14 if e.info.flag_bits & 0x08 else None))
+    return out
 
 
 def member_crcs(path: str, offsets: np.ndarray, index: ZipIndex | None = None) -> MemberCrcs:

@@ -139,12 +139,15 @@ _FIX = ("; give the file this log's injection wrote, or --no-verify (verify=Fals
 
 
 def check_regions(path: str, fp: Mapping[str, Any], undo: Any, side: str, subject: str, fix: str = "",
-                  ranges: bool = True) -> None:
+                  ranges: bool = True, windows: tuple[int, bytes, int, bytes] | None = None) -> None:
     """Raise :class:`~fastflip.errors.LogMismatchError` unless ``path`` is the logged ``side`` ("input" or
     "output") as far as region evidence tells: size, head/tail fingerprint, and (``ranges``) the bytes of every
-    touched range. ``fix`` ends the message of a fingerprint or range that differs (what the user can do)."""
+    touched range. ``fix`` ends the message of a fingerprint or range that differs (what the user can do);
+    ``windows``: the caller's :func:`_windows` of ``path`` at the logged lengths (else read here)."""
     want = fp[side]
-    got = fingerprint(path, fp["algorithm"], int(want["head_len"]), int(want["tail_len"]))
+    head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
+    size, head, _, tail = windows if windows is not None else _windows(path, head_len, tail_len)
+    got = _record(size, head_len, tail_len, head, tail, fp["algorithm"])
     what = "output this log describes" if side == "output" else "logged input"
     done = _NOT_CHANGED if side == "output" else ""
     if got["size"] != want["size"]:
@@ -176,24 +179,28 @@ def _torn(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
     return _windows_after(path, fp, restore)
 
 
-def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]]) -> bool:
+def _windows_after(path: str, fp: Mapping[str, Any], restore: Sequence[tuple[int, bytes, bytes]],
+                   windows: tuple[int, bytes, int, bytes] | None = None) -> bool:
     """Whether ``path``'s head and tail windows, with the ``(offset, now, old)`` patches' old bytes laid over them,
-    hash to the logged input's fingerprint: what a revert will give, known before it writes."""
+    hash to the logged input's fingerprint: what a revert will give, known before it writes. ``windows``: the
+    caller's :func:`_windows` of ``path`` at the input's lengths (else read here)."""
     want = fp["input"]
     head_len, tail_len = int(want["head_len"]), int(want["tail_len"])
-    size, head, tail_at, tail = _windows(path, head_len, tail_len)
+    size, head, tail_at, tail = windows if windows is not None else _windows(path, head_len, tail_len)
     return _record(size, head_len, tail_len, overlay_patches(0, head, restore), overlay_patches(tail_at, tail, restore),
                    fp["algorithm"]) == dict(want)
 
 
-def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any) -> bool:
+def _reverts_to_input(path: str, fp: Mapping[str, Any], undo: Any,
+                      windows: tuple[int, bytes, int, bytes] | None = None) -> bool:
     """Whether writing the same-size ``undo``'s old bytes into ``path`` (the logged output) gives the logged input's
-    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written."""
+    size and head/tail fingerprint: a log whose old bytes were edited is refused before anything is written.
+    ``windows``: as :func:`_windows_after` takes them."""
     if int(fp["input"]["size"]) != int(undo.size):
         return False
     size = os.path.getsize(path)
     spans = [(0, int(fp["input"]["head_len"])), (max(0, size - int(fp["input"]["tail_len"])), size)]
-    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)])
+    return _windows_after(path, fp, [(off, new, old) for off, old, new in _reaching(undo, spans)], windows)
 
 
 def _evidence(lg: Any, src: str, verb: str) -> tuple[Mapping[str, Any], Any]:
@@ -219,19 +226,19 @@ def copy_over_ranges(src: str, tmp: str, undo: ByteUndo, *, writeback: bool = Fa
         os.close(fd)
 
 
-def replay_regions(lg: Any, src: str, tmp: str, also: Callable[[str], object] | None = None,
+def replay_regions(lg: Any, src: str, tmp: str, before: Callable[[str], None] | None = None,
                    after: Callable[[str], None] | None = None) -> None:
     """Replay a log with region evidence onto ``src`` (the logged input, as far as its size, windows and touched
     ranges tell) into ``tmp``: a kernel copy with the logged new bytes written over it in the pass that checks the
     copy's touched ranges hold the logged old bytes (:func:`copy_over_ranges`), then the copy's size and windows
-    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``also`` (given ``src``)
+    checked to be the logged output's. No whole-file pass; the touched ranges read once. ``before`` (given ``src``)
     runs after the input's checks and before the copy, ``after`` (given ``tmp``) once the copy is written: further
     checks of the log that may raise."""
     fp, undo = _evidence(lg, src, "replayed")
     fix = "; give the file this log's injection was made from"
     check_regions(src, fp, undo, "input", src, fix, ranges=False)  # its size and windows, before any write
-    if also is not None:
-        also(src)
+    if before is not None:
+        before(src)
     if not copy_over_ranges(src, tmp, undo):
         raise LogMismatchError(f"{src} is not the logged input (the bytes of a touched range differ){fix}")
     check_regions(tmp, fp, undo, "output", f"replaying onto {src} did not give the logged output", ranges=False)
@@ -248,13 +255,15 @@ def _check_revertible(path: str, fp: Mapping[str, Any], undo: Any, subject: str,
         if os.path.getsize(path) != int(fp["output"]["size"]):
             check_regions(path, fp, undo, "output", subject)  # the size message
         return
+    lens = [(int(fp[side]["head_len"]), int(fp[side]["tail_len"])) for side in ("output", "input")]
+    windows = _windows(path, *lens[0])  # read once: the input's windows are as long unless the log was edited
     try:
-        check_regions(path, fp, undo, "output", subject, _FIX)
+        check_regions(path, fp, undo, "output", subject, _FIX, windows=windows)
     except LogMismatchError:
         if not _torn(path, fp, undo):
             raise
         return  # a torn file: _torn proved its restored windows are the logged input's
-    if not _reverts_to_input(path, fp, undo):
+    if not _reverts_to_input(path, fp, undo, windows if lens[1] == lens[0] else None):
         raise LogMismatchError(f"{subject}: the log's original bytes do not give the logged input (size or head/tail "
                                f"fingerprint); the log was changed after the injection{_NOT_CHANGED}")
 
@@ -272,7 +281,7 @@ def _gives_input(path: str, fp: Mapping[str, Any], undo: Any, subject: str, veri
 
 
 def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = True,
-                   also: Callable[[str], bool] | None = None, after: Callable[[str], None] | None = None) -> bool:
+                   before: Callable[[str], None] | None = None, after: Callable[[str], None] | None = None) -> bool:
     """Revert a log with region evidence: ``src`` itself (``direct``: only the touched ranges are rewritten, with
     SIGINT/SIGTERM deferred) or a copy of it renamed onto ``target``; checked before (the logged output, or it
     half-written by a killed run) and after (the logged input, :func:`check_regions`). ``verify=False`` writes
@@ -280,23 +289,25 @@ def revert_regions(lg: Any, src: str, target: str, direct: bool, verify: bool = 
     checks the result. Returns whether the result was checked to be the logged input (always True with
     ``verify``: a failed check raises).
 
-    ``also`` (given the path checked) runs after the checks of the file and before the write: a further check of
-    the log that may raise, and returns whether it proved what the write gives; where it did not, a ``direct``
-    revert is made in a copy instead, which ``after`` (given the copy, once written) checks before the rename."""
+    ``before`` (given the path checked) runs after the checks of the file and before the write, ``after`` (given
+    the copy, once written; not called when ``direct``) before the rename: further checks of the log that may
+    raise. The caller decides ``direct``: a log whose write is not proven before it is made (re-encoded chunks or
+    members) is reverted in a copy."""
     fp, undo = _evidence(lg, src, "reverted")
     message = f"reverting {src} did not give the logged input back: {src}"
     if direct:
         _check_revertible(src, fp, undo, src, verify)
-        if also is None or also(src):
-            with deferred_signals():
-                undo.apply(src)
-            return _gives_input(src, fp, undo, message, verify)
+        if before is not None:
+            before(src)
+        with deferred_signals():
+            undo.apply(src)
+        return _gives_input(src, fp, undo, message, verify)
     with atomic_output(target) as tmp:
         kernel_copy(src, tmp)
         _check_revertible(tmp, fp, undo, src, verify)
-        if also is not None:
-            also(tmp)
-        undo.apply(tmp)
+        if before is not None:
+            before(tmp)
+        undo.apply(tmp, durable=False)  # the commit fsyncs the copy
         if after is not None:
             after(tmp)
         return _gives_input(tmp, fp, undo, message, verify)

@@ -188,7 +188,11 @@ class InjectionLog:
                 undo_cols = blobs = None
                 if manifest.get("undo"):
                     undo_cols = (_read_npy(z, "undo_offsets.npy"), _read_npy(z, "undo_lengths.npy"))
-                    blobs = (z.read("undo_data.bin"), z.read("redo_data.bin") if "redo_data.bin" in z.namelist() else b"")
+                    limit = _ranges_bytes(undo_cols[1])  # read no more than the ranges can need
+                    u = manifest["undo"]
+                    redo = "redo_data.bin" in z.namelist() and (not isinstance(u, dict) or u.get("new_size", -1) != -1)
+                    blobs = (_read_member(z, "undo_data.bin", limit),
+                             _read_member(z, "redo_data.bin", limit) if redo else b"")
         except (zipfile.BadZipFile, KeyError, ValueError, EOFError, NotImplementedError, RuntimeError, OSError,
                 zlib.error, UnicodeDecodeError) as exc:
             if isinstance(exc, LogMismatchError):
@@ -262,6 +266,14 @@ def _read_member(z: zipfile.ZipFile, name: str, limit: int) -> bytes:
         raise ValueError(f"{name} declares {info.file_size} bytes, more than a log fastflip writes holds")
     with z.open(info) as fh:
         return fh.read(limit + 1)
+
+
+def _ranges_bytes(lengths: np.ndarray) -> int:
+    """The bytes the undo ranges of ``lengths`` hold at most (the exact size is checked by
+    :func:`fastflip.files.logcheck.validate_log`); negative lengths count as none."""
+    if lengths.dtype.kind not in "iu" or not lengths.size:
+        return 0
+    return int(min(np.clip(lengths, 0, None).sum(dtype=np.float64), float(_MAX_COLUMN_BYTES)))
 
 
 def _read_npy(z: zipfile.ZipFile, name: str, wide: bool = True) -> np.ndarray:

@@ -32,7 +32,7 @@ from .h5apply import read_words
 from .inject import InjectionResult, write_plan
 from .archives import edit_archive
 from .layout import read_layout
-from .logwords import check_log_words, check_words
+from .logwords import check_log_words, check_words, has_encoded, log_routes
 from .log import InjectionLog
 from .outputs import (default_log_path, in_container, load_log, log_files, log_target, output_target, refuse_dir,
                       writer_lock)
@@ -94,8 +94,16 @@ def _replay_locked(lg: InjectionLog, src: str, out: Any, in_place: bool, log_pat
 
     if lg.manifest.get("evidence") == "regions" and not want_in:  # region evidence: checked by regions, no hash
         with atomic_output(target) as tmp:
-            replay_regions(lg, src, tmp, also=lambda path: check_log_words(lg, path, src, "input"),
-                           after=lambda path: check_words(lg, path, src, "output"))
+            routes: list[Any] = []  # read once from the input (the copy keeps its layout: chunks keep their place)
+
+            def before(path: str) -> None:
+                routes[:] = log_routes(lg, path)
+                check_log_words(lg, path, src, "input", routes=routes)
+
+            def after(path: str) -> None:  # raw sites only: the check before the copy proved every changed byte
+                if has_encoded(routes):
+                    check_words(lg, path, src, "output", routes)
+            replay_regions(lg, src, tmp, before, after)
             new_log = finish(None, None, lg.old_words, lg.new_words, lg.undo)
         return InjectionResult(target, new_log, None, dict(lg.manifest.get("counts", {})))
     if lg.undo is not None and lg.undo.new_size >= 0:

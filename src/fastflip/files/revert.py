@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import LogMismatchError
+from ..errors import FastflipError, LogMismatchError
 from . import hashing
 from .filebytes import copy_with_hash, hash_file, hash_with_patches
 from .fileio import atomic_output, check_input, deferred_signals, fsync_path
@@ -35,7 +35,7 @@ from .archives import edit_archive
 from .layout import read_layout
 from .log import InjectionLog
 from .outputs import REVERT_SAME, in_container, load_log, log_files, output_target, refuse_dir, writer_lock
-from .logwords import check_log_words, check_words
+from .logwords import check_log_words, check_words, has_encoded, log_routes
 from .patches import restore_words, revert_patches, write_patches
 
 __all__ = ["RevertResult", "revert", "revert_archive", "revert_into"]
@@ -108,9 +108,14 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
     if regions and not in_container(lg):  # a direct in-place injection: its touched ranges and fingerprint
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
-            proven = revert_regions(lg, src, target, direct=out is None and atomic is not True, verify=verify,
-                                    also=(lambda path: check_log_words(lg, path, src)) if verify else None,
-                                    after=(lambda path: check_words(lg, path, src, "input")) if verify else None)
+            routes = _routes(lg, src)
+            direct = out is None and atomic is not True and routes is not None and not has_encoded(routes)
+            encoded = routes is None or has_encoded(routes)  # checked in the copy, once written (the words read back)
+            proven = revert_regions(lg, src, target, direct, verify,
+                                    before=(lambda path: check_log_words(lg, path, src, routes=routes))
+                                    if verify and not encoded else None,
+                                    after=(lambda path: check_words(lg, path, src, "input", routes))
+                                    if verify and encoded else None)
         return RevertResult(target, "", len(lg.plan), proven, algo, evidence="regions")
     _require_hashes(src, verify, want_in, want_out)
     if in_container(lg):
@@ -118,6 +123,15 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
                               log_inputs=log_files(log), want_in=want_in, want_out=want_out, algorithm=algo)
     with writer_lock(src, "revert", out is None):
         return _revert_locked(lg, src, out, atomic is not False, overwrite, log_files(log), want_in, want_out, algo)
+
+
+def _routes(lg: InjectionLog, src: str) -> list[Any] | None:
+    """:func:`fastflip.files.logwords.log_routes` of ``src`` for a region revert, read once; None where its layout
+    cannot be read (the revert is then made in a copy, whose checks give the refusal)."""
+    try:
+        return log_routes(lg, src)
+    except (FastflipError, OSError, ValueError):
+        return None
 
 
 def _require_hashes(src: str, verify: bool, want_in: str | None, want_out: str | None) -> None:

@@ -319,24 +319,26 @@ def descriptor_at(fh, e: "ZipEntry") -> int | None:  # type: ignore[no-untyped-d
     return end + (4 if fh.read(4) == b"PK\x07\x08" else 0)  # the signature is optional
 
 
-def crc_spots(fh, e: "ZipEntry", cd_record: int) -> list[int]:  # type: ignore[no-untyped-def]
+def crc_spots(fh, e: "ZipEntry", cd_record: int, check: bool = True) -> list[int]:  # type: ignore[no-untyped-def]
     """File offsets of every copy of the entry's CRC-32: central directory, local header (unless it defers
-    to a data descriptor), data descriptor.
+    to a data descriptor), data descriptor. ``check=False``: where they lie by the directory (the local header's
+    always, the descriptor's unchecked), whatever they hold now, for a reader of a log whose file may hold either
+    CRC (a direct injection killed part-way may have written some of them).
 
     Raises
     ------
     FormatError
-        A data descriptor (flag bit 3) whose CRC field does not hold the entry's CRC-32: patching it would
-        write over bytes that are not a CRC, and the log could not restore them.
+        (``check``) A data descriptor (flag bit 3) whose CRC field does not hold the entry's CRC-32: patching it
+        would write over bytes that are not a CRC, and the log could not restore them.
     """
     spots = [cd_record + 16]
     fh.seek(e.info.header_offset + 14)
-    if fh.read(4) == struct.pack("<I", e.info.CRC):
+    if not check or fh.read(4) == struct.pack("<I", e.info.CRC):
         spots.append(e.info.header_offset + 14)
     desc = descriptor_at(fh, e)
     if desc is not None:
         fh.seek(desc)
-        if fh.read(4) != struct.pack("<I", e.info.CRC):
+        if check and fh.read(4) != struct.pack("<I", e.info.CRC):
             raise FormatError(f"zip entry {e.name!r}: its data descriptor does not hold the entry's CRC-32 (the file "
                               "is damaged or crafted); nothing was written")
         spots.append(desc)
