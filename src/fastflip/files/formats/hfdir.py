@@ -54,7 +54,8 @@ from ...core.records import natural_key as _natural_key
 from . import FormatError, detect_format
 from . import read_layout as read_file_layout
 
-__all__ = ["INDEX_FILES", "SINGLE_FILES", "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
+__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "ShardedLayout", "is_checkpoint_dir",
+           "find_index", "read_sharded_layout"]
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -62,6 +63,7 @@ SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _LOOKUP = (("model.safetensors", False), ("model.safetensors.index.json", True), ("pytorch_model.bin", False),
            ("pytorch_model.bin.index.json", True))
 _MAX_INDEX = 64 << 20
+KERAS_INDEX_SUFFIX = "weights.json"  # Keras's load_weights reads a file so named as a sharded index
 _SHARD_FORMATS = {"safetensors": "safetensors", "torch": "torch", "torch-legacy": "torch"}
 
 
@@ -106,18 +108,28 @@ def find_index(path: str | os.PathLike[str]) -> tuple[str, str | None, str | Non
     """``(directory, index file name or None, single weight file name or None)`` when ``path`` is a
     checkpoint directory or an index file, else None (a plain checkpoint file)."""
     p = os.fspath(path)
-    if os.path.isfile(p) and p.endswith(".index.json"):
+    if os.path.isfile(p) and p.endswith((".index.json", KERAS_INDEX_SUFFIX)):  # a Keras index: keras_sharded.py
         return os.path.dirname(os.path.abspath(p)), os.path.basename(p), None
     if not os.path.isdir(p):
         return None
     for name, is_index in _LOOKUP:
         if os.path.isfile(os.path.join(p, name)):
             return (p, name, None) if is_index else (p, None, name)
-    return p, None, None
+    keras = keras_indexes(p)
+    return p, keras[0] if len(keras) == 1 else None, None
+
+
+def keras_indexes(root: str) -> list[str]:
+    """The Keras sharded indexes (``*.weights.json`` files) in the directory ``root``, in name order."""
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.name.endswith("." + KERAS_INDEX_SUFFIX) and e.is_file())
+    except OSError:
+        return []
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a directory or an ``*.index.json`` file (read by :func:`read_sharded_layout`)."""
+    """True when ``path`` is a directory, an ``*.index.json`` file (read by :func:`read_sharded_layout`) or a Keras
+    sharded index ``*weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
     return find_index(path) is not None
 
 
@@ -168,7 +180,13 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
     if found is None:
         raise FormatError(f"{p}: not a checkpoint directory nor an index file")
     root, index, single = found
+    if index is not None and index.endswith(KERAS_INDEX_SUFFIX):
+        raise FormatError(f"{os.path.join(root, index)}: a Keras sharded index; read it with "
+                          "fastflip.files.layout.read_layout (read_checkpoint_dir)")
     if index is None and single is None:
+        if len(keras_indexes(root)) > 1:
+            raise FormatError(f"{p}: holds several Keras sharded indexes ({', '.join(keras_indexes(root))}); "
+                              "give the .weights.json to read")
         if os.path.isfile(os.path.join(root, "model.weights.h5")):  # Keras model.save(d, zipped=False)
             raise FormatError(f"{p}: a Keras model saved unzipped (zipped=False); its weights are the HDF5 file "
                               f"{os.path.join(p, 'model.weights.h5')}: give that file")
