@@ -101,7 +101,10 @@ def _set(tmp: str, saved: dict[str, Any], name: str = "work") -> str:
 
 def test_inspect_lists_what_the_unsharded_file_lists_each_in_its_shard(saved: dict[str, Any]) -> None:
     lay, single = read_layout(saved["index"]), read_layout(saved["single"])
-    assert [(t.path, t.dtype, t.shape) for t in lay.tensors] == [(t.path, t.dtype, t.shape) for t in single.tensors]
+    def rows(layout: Any) -> list[tuple]:
+        return [(t.path, t.dtype, t.shape, t.layer, t.role) for t in layout.tensors]
+
+    assert rows(lay) == rows(single)  # a bias split from its kernel is still a bias
     assert set(lay.shard_of.values()) == set(SHARDS)
     with h5py.File(os.path.join(os.path.dirname(saved["index"]), SHARDS[2])) as f:
         assert lay.shard_of["/layers/dense/vars/1"] == SHARDS[2] and "layers/dense/vars/1" in f
@@ -110,11 +113,12 @@ def test_inspect_lists_what_the_unsharded_file_lists_each_in_its_shard(saved: di
     assert main(["inspect", saved["index"]]) == 0
 
 
-def test_a_seed_draws_the_same_sites_in_the_sharded_and_the_unsharded_save(saved: dict[str, Any],
-                                                                            tmp_path: Any) -> None:
+@pytest.mark.parametrize("select", [[], ["--role", "bias"]])
+def test_a_seed_draws_the_same_sites_in_the_sharded_and_the_unsharded_save(saved: dict[str, Any], tmp_path: Any,
+                                                                            select: list[str]) -> None:
     outs = []
     for src, out in ((saved["index"], tmp_path / "a"), (saved["single"], tmp_path / "b.weights.h5")):
-        assert main(["inject", src, "-o", str(out), "--seed", "4", "--count", "30", "-q"]) == 0
+        assert main(["inject", src, "-o", str(out), "--seed", "4", "--count", "30", "-q", *select]) == 0
         outs.append(InjectionLog.load(str(out) + ".fflog"))
     a, b = outs
     assert [t.name for t in a.plan.tensors] == [t.name for t in b.plan.tensors]
@@ -240,3 +244,19 @@ def test_outputs_and_directories_that_name_no_one_set_are_refused(saved: dict[st
                                                               command="inspect")
     assert assert_refused(capsys, main(["inject", os.path.join(d, "m.weights.json"), "-o",
                                         str(tmp_path / "x.weights.json"), "--count", "2"]), str(tmp_path), before)
+
+
+def test_campaign_trial_path_copies_only_the_set_flips_where_words_lie_and_restores(saved: dict[str, Any],
+                                                                                   tmp_path: Any) -> None:
+    from fastflip.files.sharded import copy_checkpoint_dir, inject_dir, restore_dir
+
+    src = _set(str(tmp_path), saved)
+    os.mkdir(os.path.join(src, "logs"))  # beside the set, never part of it
+    before = snapshot(os.path.join(src, "m.weights.json"))
+    work = copy_checkpoint_dir(src, str(tmp_path / "trial"))
+    assert sorted(os.listdir(work)) == ["m.weights.json"] + SHARDS
+    original = snapshot(work)
+    res = inject_dir(work, in_place=True, atomic=False, log_path=False, seed=6, count=15)
+    _judge(saved, os.path.join(work, "m.weights.json"), res.log, str(tmp_path))
+    restore_dir(work, res.log)
+    assert snapshot(work) == original and snapshot(os.path.join(src, "m.weights.json")) == before

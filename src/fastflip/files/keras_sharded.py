@@ -41,15 +41,18 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import PurePath
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from ..core.records import Layout, Skipped, Tensor
 from ..core.records import natural_key as _natural_key
 from ..errors import FormatError
 from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout
+from .h5open import open_h5
+from .roles import annotate
 
 __all__ = ["KERAS_SHARDED_FORMAT", "first_shard", "read_keras_sharded"]
 
@@ -104,6 +107,29 @@ def _weight_map(ip: str) -> dict[str, list[str]]:
     return out
 
 
+class _Shards:
+    """The shards of one set seen as one HDF5 file by :func:`fastflip.files.roles.annotate`: an object's attributes
+    (a layer's ``name``, which Keras writes on the ``vars`` group of the first shard holding it) from the first
+    shard that has the object with attributes."""
+
+    def __init__(self, files: Sequence[Any]) -> None:
+        self.files = files
+        self.attrs: dict[str, Any] = {}
+
+    def get(self, path: str) -> Any:
+        found = [f.get(path) for f in self.files]
+        found = [o for o in found if o is not None]
+        return next((o for o in found if len(o.attrs)), found[0] if found else None)
+
+
+def _annotate_across(root: str, shards: Sequence[str], tensors: list[Tensor]) -> list[Tensor]:
+    """``tensors`` labelled (layer, role) as in the unsharded file: a layer's variables split over two shards are
+    judged together (a bias is a bias beside its kernel), its name read from whichever shard holds it."""
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open_h5(os.path.join(root, s))) for s in shards]
+        return annotate(tensors, _Shards(files), framework="keras3")
+
+
 def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[[str], Layout]) -> ShardedLayout:
     """One :class:`~fastflip.files.formats.hfdir.ShardedLayout` of a Keras sharded save, given its index file.
 
@@ -151,7 +177,7 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
         if lacking:
             raise FormatError(f"{os.path.join(root, lacking[0])}: holds no variable of {key!r}, which {index} places "
                               "there; the index and its shards disagree")
-    tensors.sort(key=lambda t: _natural_key(t.path))
+    tensors = sorted(_annotate_across(root, names, tensors), key=lambda t: _natural_key(t.path))
     skipped.sort(key=lambda s: s.path)
     return ShardedLayout(file=root, tensors=tensors, skipped=skipped, framework="keras3",
                          format=KERAS_SHARDED_FORMAT, index=index, shards=shards, shard_of=shard_of)
