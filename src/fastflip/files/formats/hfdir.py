@@ -181,8 +181,9 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
         raise FormatError(f"{p}: not a checkpoint directory nor an index file")
     root, index, single = found
     if index is not None and index.endswith(KERAS_INDEX_SUFFIX):
-        raise FormatError(f"{os.path.join(root, index)}: a Keras sharded index; read it with "
-                          "fastflip.files.layout.read_layout (read_checkpoint_dir)")
+        raise FormatError(f"{os.path.join(root, index)}: a Keras sharded save, which inspect, inject, replay, revert "
+                          "and diff read (fastflip.files.layout.read_checkpoint_dir); this reads Hugging Face "
+                          "directories only")
     if index is None and single is None:
         if len(keras_indexes(root)) > 1:
             raise FormatError(f"{p}: holds several Keras sharded indexes ({', '.join(keras_indexes(root))}); "
