@@ -44,7 +44,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model = _build()
     rng = np.random.default_rng(0)
     for v in model.weights:
-        v.assign(rng.standard_normal(tuple(v.shape)).astype("f4"))
+        a = rng.standard_normal(tuple(v.shape)).astype("f4")
+        v.assign(np.abs(a) + 0.5 if "variance" in v.path else a)  # a model whose outputs are finite
     os.mkdir(root / "sharded")
     model.save_weights(str(root / "sharded" / "m.weights.json"), max_shard_size=MAX_SHARD)
     model.save_weights(str(root / "m.weights.h5"))
@@ -260,3 +261,33 @@ def test_campaign_trial_path_copies_only_the_set_flips_where_words_lie_and_resto
     _judge(saved, os.path.join(work, "m.weights.json"), res.log, str(tmp_path))
     restore_dir(work, res.log)
     assert snapshot(work) == original and snapshot(os.path.join(src, "m.weights.json")) == before
+
+
+def evaluate(path: str) -> tuple[Any, float]:
+    """A campaign evaluator: the model's outputs on fixed inputs after ``load_weights(path)``, and their mean."""
+    x = np.linspace(-1, 1, 2 * 36, dtype="f4").reshape(2, 6, 6, 1)
+    y = np.asarray(_loaded(path)(x)).astype("f8")
+    return y, float(np.mean(y))
+
+
+def test_a_checkpoint_campaign_on_the_index_restores_every_shard(saved: dict[str, Any], tmp_path: Any) -> None:
+    from fastflip.campaign.config import Campaign
+    from fastflip.campaign.sweep import campaign_cells
+    from fastflip.campaign.trials import TrialRunner
+
+    src = os.path.join(_set(str(tmp_path), saved), "m.weights.json")
+    c = Campaign.from_dict({
+        "name": "ks", "seed": 1, "mode": "checkpoint", "target": {"checkpoint": src},
+        "paths": [os.path.dirname(os.path.abspath(__file__))], "cells": {"bits": ["sign"], "group_by": "tensor"},
+        "select": {"include": ["/layers/dense/*"]}, "trials": {"per_cell": 2},
+        "evaluator": {"function": "test_keras_sharded:evaluate"}}, base_dir=str(tmp_path))
+    cells, hashes = campaign_cells(c, with_hashes=True)
+    assert len(hashes) == 1 and len(cells) == 2  # the kernel (shard 1) and the bias (shard 2)
+    runner = TrialRunner(c, cells)
+    copy = runner.targets[None]
+    assert copy.endswith("m.weights.json") and os.path.isfile(copy)
+    original = snapshot(os.path.dirname(copy))
+    rows = [runner.run(cid, t) for cid in range(len(cells)) for t in range(2)]
+    assert snapshot(os.path.dirname(copy)) == original
+    assert all(r.message is None for r in rows) and any(r.outcome != 0 for r in rows), rows
+    runner.close()

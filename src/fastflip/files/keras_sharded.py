@@ -42,7 +42,6 @@ Examples
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import PurePath
 from typing import Any, Callable, Sequence
@@ -50,14 +49,13 @@ from typing import Any, Callable, Sequence
 from ..core.records import Layout, Skipped, Tensor
 from ..core.records import natural_key as _natural_key
 from ..errors import FormatError
-from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout
+from .formats.hfdir import ShardedLayout, index_weight_map, place_tensors
 from .h5open import open_h5
 from .roles import annotate
 
 __all__ = ["KERAS_SHARDED_FORMAT", "first_shard", "read_keras_sharded"]
 
 KERAS_SHARDED_FORMAT = "keras-sharded"
-_MAX_INDEX = 64 << 20
 
 
 def first_shard(index: str) -> str:
@@ -86,19 +84,7 @@ def _shard_names(ip: str, key: str, value: object) -> list[str]:
 
 def _weight_map(ip: str) -> dict[str, list[str]]:
     """The index's ``weight_map``: variables group → its shards in Keras's order of reading."""
-    try:
-        if os.path.getsize(ip) > _MAX_INDEX:
-            raise FormatError(f"{ip}: index of {os.path.getsize(ip)} bytes, larger than a Keras index can be")
-        with open(ip, "rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
-    except OSError as exc:
-        raise FormatError(f"{ip}: cannot be read ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise FormatError(f"{ip}: not a valid JSON index ({exc})") from None
-    wm = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(wm, dict) or not wm:
-        raise FormatError(f"{ip}: no weight_map in the index; give the .weights.json that Keras's "
-                          "save_weights(..., max_shard_size=...) wrote")
+    wm = index_weight_map(ip, "give the .weights.json that Keras's save_weights(..., max_shard_size=...) wrote")
     out = {}
     for key, value in wm.items():
         if not (key == "/vars" or (key.startswith("/") and key.endswith("/vars") and "//" not in key)):
@@ -164,14 +150,10 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
             if name not in wm.get(group, ()):
                 raise FormatError(f"{sp}: holds {a!r}, which {index} does not list in this shard; Keras never reads "
                                   "it (the index and its shards disagree)")
-        for t in lay.tensors:
-            for a in t.aliases:
-                if a in shard_of:
-                    raise FormatError(f"{sp}: variable {a!r} is also in {shard_of[a]}; Keras reads only one of them, "
-                                      "so a variable must be in one shard")
-                shard_of[a] = name
-        tensors += lay.tensors
-        skipped += lay.skipped
+        clash = place_tensors(lay, name, shard_of, tensors, skipped)
+        if clash:
+            raise FormatError(f"{sp}: variable {clash[0]!r} is also in {clash[1]}; Keras reads only one of them, "
+                              "so a variable must be in one shard")
     for key, listed in wm.items():
         lacking = [n for n in listed if n not in holds.get(key, set())]
         if lacking:

@@ -54,8 +54,8 @@ from ...core.records import natural_key as _natural_key
 from . import FormatError, detect_format
 from . import read_layout as read_file_layout
 
-__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "ShardedLayout", "is_checkpoint_dir",
-           "find_index", "read_sharded_layout"]
+__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "place_tensors",
+           "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -141,8 +141,9 @@ def _plain_name(root: str, name: object, index: str) -> str:
     return name
 
 
-def _weight_map(root: str, index: str) -> dict[str, str]:
-    ip = os.path.join(root, index)
+def index_weight_map(ip: str, hint: str) -> dict[Any, Any]:
+    """The non-empty ``weight_map`` mapping of the JSON index file ``ip`` (a Hugging Face or Keras sharded index),
+    as ``json`` reads it; refused in one line (ending with ``hint``) when unreadable, not JSON or without one."""
     try:
         if os.path.getsize(ip) > _MAX_INDEX:
             raise FormatError(f"{ip}: index of {os.path.getsize(ip)} bytes, larger than an index can be")
@@ -154,8 +155,13 @@ def _weight_map(root: str, index: str) -> dict[str, str]:
         raise FormatError(f"{ip}: not a valid JSON index ({exc})") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not wm:
-        raise FormatError(f"{ip}: no weight_map in the index; give a Hugging Face model.safetensors.index.json "
-                          "or pytorch_model.bin.index.json")
+        raise FormatError(f"{ip}: no weight_map in the index; {hint}")
+    return wm
+
+
+def _weight_map(root: str, index: str) -> dict[str, str]:
+    ip = os.path.join(root, index)
+    wm = index_weight_map(ip, "give a Hugging Face model.safetensors.index.json or pytorch_model.bin.index.json")
     return {str(k): _plain_name(root, v, index) for k, v in wm.items() if _is_name(k, ip)}
 
 
@@ -163,6 +169,21 @@ def _is_name(key: object, ip: str) -> bool:
     if not isinstance(key, str) or not key:
         raise FormatError(f"{ip}: weight_map key {key!r} is not a tensor name")
     return True
+
+
+def place_tensors(lay: Layout, shard: str, shard_of: dict[str, str], tensors: list[Tensor],
+                  skipped: list[Skipped]) -> tuple[str, str] | None:
+    """Gather one shard's layout ``lay`` into a whole model's lists: every alias recorded as held by ``shard`` in
+    ``shard_of``, its tensors and skipped entries appended. Returns None, or (alias, other shard) for the first
+    alias another shard already holds (nothing appended then)."""
+    for t in lay.tensors:
+        for a in t.aliases:
+            if a in shard_of:
+                return a, shard_of[a]
+            shard_of[a] = shard
+    tensors += lay.tensors
+    skipped += lay.skipped
+    return None
 
 
 def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
@@ -219,14 +240,10 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
                         else f"lacks {missing[0]!r}, which the index places there")
                 raise FormatError(f"{sp}: {what}; the index and its shards disagree (fastflip reads what "
                                   "transformers reads, or refuses)")
-        for t in lay.tensors:
-            for a in t.aliases:
-                if a in shard_of:
-                    raise FormatError(f"{sp}: tensor {a.lstrip('/')!r} is also in {shard_of[a]}; "
-                                      "a tensor must be in one shard")
-                shard_of[a] = name
-            tensors.append(t)
-        skipped += lay.skipped
+        clash = place_tensors(lay, name, shard_of, tensors, skipped)
+        if clash:
+            raise FormatError(f"{sp}: tensor {clash[0].lstrip('/')!r} is also in {clash[1]}; "
+                              "a tensor must be in one shard")
     if len(kinds) > 1:
         raise FormatError(f"{p}: shards of different formats ({', '.join(sorted(kinds))}); "
                           "a checkpoint directory holds one kind")
