@@ -55,7 +55,7 @@ import numpy as np
 from .. import live
 from ..core.blockplan import plan_block, plan_sites_block
 from ..errors import FastflipError, OptionError, one_line
-from ..files.formats.hfdir import ShardedLayout
+from ..files.formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout
 from ..files.patches import refuse_damaged_tensors, restore_words
 from ..files.inject import inject_file
 from ..files.keras_dtypes import stored_words
@@ -204,6 +204,8 @@ class TrialRunner:
             multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         dst = os.path.join(self._workdir, f"{len(os.listdir(self._workdir))}-{os.path.basename(path)}")
         if is_checkpoint_dir(path):  # a Hugging Face directory: a copy of it (shared blocks where possible)
+            if path.endswith(KERAS_INDEX_SUFFIX):  # a Keras sharded index: the same index in a copy of its set
+                return os.path.join(copy_checkpoint_dir(path, dst), os.path.basename(path))
             return copy_checkpoint_dir(path, dst)
         shutil.copyfile(path, dst)
         return dst

@@ -59,10 +59,11 @@ from ..core.floatformats import FORMATS, format_name
 from ..core.records import EXTERNAL_LINK_REASON, STORAGE_KINDS, Layout, Skipped, Tensor, replace
 from ..core.records import natural_key as _natural_key
 from .formats import detect_format, read_layout as read_other_layout
-from .formats.hfdir import is_checkpoint_dir, read_sharded_layout
+from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
+from .keras_sharded import read_keras_sharded
 from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, settle
 from .roles import annotate as _annotate, file_framework, keras3_written
 from ..errors import NotHDF5Error
@@ -72,6 +73,7 @@ __all__ = [
     "Skipped",
     "Layout",
     "read_layout",
+    "read_checkpoint_dir",
     "open_h5",
     "STORAGE_KINDS",
     "EXTERNAL_LINK_REASON",
@@ -315,8 +317,8 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
     from h5py import h5d, h5o
 
     p = os.fspath(path)
-    if is_checkpoint_dir(p):  # a Hugging Face directory (or its index): one layout over every shard
-        return read_sharded_layout(p)
+    if is_checkpoint_dir(p):  # a Hugging Face directory or Keras sharded save (or its index): one layout
+        return read_checkpoint_dir(p)
     if os.path.isfile(p):  # other checkpoint formats (torch.save, safetensors, npy/npz): detected by content
 
         fmt = detect_format(p)
@@ -356,6 +358,16 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
         if annotate:
             _annotate(layout, f, framework=framework)
     return layout
+
+
+def read_checkpoint_dir(path: str | os.PathLike[str]) -> ShardedLayout:
+    """One layout over every shard of a checkpoint directory or its index: a Keras sharded save (``*.weights.json``
+    and its ``.weights.h5`` shards, :mod:`fastflip.files.keras_sharded`, each shard read by :func:`read_layout`),
+    else a Hugging Face directory (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
+    found = find_index(path)
+    if found is not None and found[1] is not None and found[1].endswith(KERAS_INDEX_SUFFIX):
+        return read_keras_sharded(os.path.join(found[0], found[1]), read_layout)
+    return read_sharded_layout(path)
 
 
 def _describe(dsid: Any, fsize: int) -> dict[str, Any] | str | KerasReading:

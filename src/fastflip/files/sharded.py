@@ -83,7 +83,9 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
 from .filebytes import sha256_file
 from .fileio import Staging, staged
-from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir, read_sharded_layout
+from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir
+from .keras_sharded import KERAS_SHARDED_FORMAT
+from .layout import read_checkpoint_dir as read_sharded_layout  # Hugging Face or Keras sharded
 from .h5apply import read_words, route_sites
 from .inject import InjectionResult, inject_file
 from .sites import injection_counts, random_seed, sampling_of, site_space
@@ -164,8 +166,9 @@ def _target_dir(src: str, dst: Any, overwrite: bool) -> str:
     if dst is None:
         raise OptionError("give an output directory (-o OUT); the input is only changed with --in-place")
     out = os.path.abspath(os.fspath(dst))
-    if out.endswith(".index.json"):
-        raise OptionError(f"{dst}: the output of a checkpoint directory is a directory; give its path")
+    if out.endswith((".index.json", ".weights.json")):
+        raise OptionError(f"{dst}: the output of a checkpoint directory (or sharded Keras save) is a directory, "
+                          "written with the same file names; give its path")
     real, src_real = os.path.realpath(out), os.path.realpath(src)
     if real == src_real or real.startswith(src_real + os.sep) or src_real.startswith(real + os.sep):
         raise OutputError(f"{dst}: the output directory is (inside) the input {src}; choose another path "
@@ -208,6 +211,15 @@ def _writer_lock(layout: ShardedLayout, what: str, on: bool = True) -> Iterator[
             for name in sorted(([layout.index] if layout.index else []) + list(layout.shards)):
                 locks.enter_context(WriterLock(os.path.join(layout.file, name), what))
         yield
+
+
+def _not_carried(layout: ShardedLayout, touched: set[str]) -> set[str]:
+    """The entries of the directory a new output does not carry over: the ``touched`` shards (written anew) and,
+    for a Keras sharded save, every file that is not its index or one of its shards (a Keras set is
+    addressed by its index, and shares its folder with anything)."""
+    if layout.format != KERAS_SHARDED_FORMAT:
+        return set(touched)
+    return set(touched) | (set(os.listdir(layout.file)) - {layout.index, *layout.shards})
 
 
 def _stage_shards(st: Staging, root: str, in_place: bool, target: str) -> Callable[[str], str]:
@@ -265,7 +277,8 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
         old, new, shards = _apply(layout, plan, one)
         manifest = make_manifest(old, new, shards)
         if not in_place:
-            manifest["checkpoint_dir"]["carried"] = copy_tree(layout.file, st.temp(target), set(shards), durable)
+            manifest["checkpoint_dir"]["carried"] = copy_tree(layout.file, st.temp(target),
+                                                               _not_carried(layout, set(shards)), durable)
         log = InjectionLog.from_plan(plan, old, new, manifest)
         if lp is not None:
             log.write(st.add(lp, evidence=True))
@@ -381,8 +394,9 @@ def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     """Copy a checkpoint directory to the new directory ``dst`` (files shared by reflink where possible, else
     copied; never linked); return ``dst``."""
     dst = os.fspath(dst)
+    layout = read_sharded_layout(src)
     os.mkdir(dst)
-    copy_tree(read_sharded_layout(src).file, dst, set())
+    copy_tree(layout.file, dst, _not_carried(layout, set()))
     return dst
 
 
@@ -500,6 +514,6 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     os.unlink(tmp)  # what the refused revert wrote there
                 share_copy(path, tmp, True)
         if not in_place:
-            copy_tree(root, st.temp(target), set(want), True)
+            copy_tree(root, st.temp(target), _not_carried(layout, set(want)), True)
     return RevertResult(target, lg.manifest["input"]["sha256"], restored, verified=hashed)
 

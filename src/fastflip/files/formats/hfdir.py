@@ -54,7 +54,8 @@ from ...core.records import natural_key as _natural_key
 from . import FormatError, detect_format
 from . import read_layout as read_file_layout
 
-__all__ = ["INDEX_FILES", "SINGLE_FILES", "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
+__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "place_tensors",
+           "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -62,6 +63,7 @@ SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _LOOKUP = (("model.safetensors", False), ("model.safetensors.index.json", True), ("pytorch_model.bin", False),
            ("pytorch_model.bin.index.json", True))
 _MAX_INDEX = 64 << 20
+KERAS_INDEX_SUFFIX = "weights.json"  # Keras's load_weights reads a file so named as a sharded index
 _SHARD_FORMATS = {"safetensors": "safetensors", "torch": "torch", "torch-legacy": "torch"}
 
 
@@ -106,18 +108,28 @@ def find_index(path: str | os.PathLike[str]) -> tuple[str, str | None, str | Non
     """``(directory, index file name or None, single weight file name or None)`` when ``path`` is a
     checkpoint directory or an index file, else None (a plain checkpoint file)."""
     p = os.fspath(path)
-    if os.path.isfile(p) and p.endswith(".index.json"):
+    if os.path.isfile(p) and p.endswith((".index.json", KERAS_INDEX_SUFFIX)):  # a Keras index: keras_sharded.py
         return os.path.dirname(os.path.abspath(p)), os.path.basename(p), None
     if not os.path.isdir(p):
         return None
     for name, is_index in _LOOKUP:
         if os.path.isfile(os.path.join(p, name)):
             return (p, name, None) if is_index else (p, None, name)
-    return p, None, None
+    keras = keras_indexes(p)
+    return p, keras[0] if len(keras) == 1 else None, None
+
+
+def keras_indexes(root: str) -> list[str]:
+    """The Keras sharded indexes (``*.weights.json`` files) in the directory ``root``, in name order."""
+    try:
+        return sorted(e.name for e in os.scandir(root) if e.name.endswith("." + KERAS_INDEX_SUFFIX) and e.is_file())
+    except OSError:
+        return []
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a directory or an ``*.index.json`` file (read by :func:`read_sharded_layout`)."""
+    """True when ``path`` is a directory, an ``*.index.json`` file (read by :func:`read_sharded_layout`) or a Keras
+    sharded index ``*weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
     return find_index(path) is not None
 
 
@@ -129,8 +141,9 @@ def _plain_name(root: str, name: object, index: str) -> str:
     return name
 
 
-def _weight_map(root: str, index: str) -> dict[str, str]:
-    ip = os.path.join(root, index)
+def index_weight_map(ip: str, hint: str) -> dict[Any, Any]:
+    """The non-empty ``weight_map`` mapping of the JSON index file ``ip`` (a Hugging Face or Keras sharded index),
+    as ``json`` reads it; refused in one line (ending with ``hint``) when unreadable, not JSON or without one."""
     try:
         if os.path.getsize(ip) > _MAX_INDEX:
             raise FormatError(f"{ip}: index of {os.path.getsize(ip)} bytes, larger than an index can be")
@@ -142,8 +155,13 @@ def _weight_map(root: str, index: str) -> dict[str, str]:
         raise FormatError(f"{ip}: not a valid JSON index ({exc})") from None
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not wm:
-        raise FormatError(f"{ip}: no weight_map in the index; give a Hugging Face model.safetensors.index.json "
-                          "or pytorch_model.bin.index.json")
+        raise FormatError(f"{ip}: no weight_map in the index; {hint}")
+    return wm
+
+
+def _weight_map(root: str, index: str) -> dict[str, str]:
+    ip = os.path.join(root, index)
+    wm = index_weight_map(ip, "give a Hugging Face model.safetensors.index.json or pytorch_model.bin.index.json")
     return {str(k): _plain_name(root, v, index) for k, v in wm.items() if _is_name(k, ip)}
 
 
@@ -151,6 +169,21 @@ def _is_name(key: object, ip: str) -> bool:
     if not isinstance(key, str) or not key:
         raise FormatError(f"{ip}: weight_map key {key!r} is not a tensor name")
     return True
+
+
+def place_tensors(lay: Layout, shard: str, shard_of: dict[str, str], tensors: list[Tensor],
+                  skipped: list[Skipped]) -> tuple[str, str] | None:
+    """Gather one shard's layout ``lay`` into a whole model's lists: every alias recorded as held by ``shard`` in
+    ``shard_of``, its tensors and skipped entries appended. Returns None, or (alias, other shard) for the first
+    alias another shard already holds (nothing appended then)."""
+    for t in lay.tensors:
+        for a in t.aliases:
+            if a in shard_of:
+                return a, shard_of[a]
+            shard_of[a] = shard
+    tensors += lay.tensors
+    skipped += lay.skipped
+    return None
 
 
 def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
@@ -168,7 +201,14 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
     if found is None:
         raise FormatError(f"{p}: not a checkpoint directory nor an index file")
     root, index, single = found
+    if index is not None and index.endswith(KERAS_INDEX_SUFFIX):
+        raise FormatError(f"{os.path.join(root, index)}: a Keras sharded save, which inspect, inject, replay, revert "
+                          "and diff read (fastflip.files.layout.read_checkpoint_dir); this reads Hugging Face "
+                          "directories only")
     if index is None and single is None:
+        if len(keras_indexes(root)) > 1:
+            raise FormatError(f"{p}: holds several Keras sharded indexes ({', '.join(keras_indexes(root))}); "
+                              "give the .weights.json to read")
         if os.path.isfile(os.path.join(root, "model.weights.h5")):  # Keras model.save(d, zipped=False)
             raise FormatError(f"{p}: a Keras model saved unzipped (zipped=False); its weights are the HDF5 file "
                               f"{os.path.join(p, 'model.weights.h5')}: give that file")
@@ -200,14 +240,10 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
                         else f"lacks {missing[0]!r}, which the index places there")
                 raise FormatError(f"{sp}: {what}; the index and its shards disagree (fastflip reads what "
                                   "transformers reads, or refuses)")
-        for t in lay.tensors:
-            for a in t.aliases:
-                if a in shard_of:
-                    raise FormatError(f"{sp}: tensor {a.lstrip('/')!r} is also in {shard_of[a]}; "
-                                      "a tensor must be in one shard")
-                shard_of[a] = name
-            tensors.append(t)
-        skipped += lay.skipped
+        clash = place_tensors(lay, name, shard_of, tensors, skipped)
+        if clash:
+            raise FormatError(f"{sp}: tensor {clash[0].lstrip('/')!r} is also in {clash[1]}; "
+                              "a tensor must be in one shard")
     if len(kinds) > 1:
         raise FormatError(f"{p}: shards of different formats ({', '.join(sorted(kinds))}); "
                           "a checkpoint directory holds one kind")
