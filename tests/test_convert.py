@@ -108,3 +108,45 @@ def test_convert_refuses_code(tmp_path, capsys):
     assert main(["convert", p, "-o", str(tmp_path / "out.safetensors")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out.safetensors").exists()
+
+
+def test_convert_an_hdf5_file_fastflip_did_not_write_keeps_every_dataset(tmp_path, capsys):
+    """A weights file another tool wrote (Keras's layout: groups with plain string attributes, datasets under
+    vars/) converts to safetensors with every dataset bit for bit; its string attributes are not JSON and used to
+    end in an internal error."""
+    import h5py
+    import numpy as np
+
+    st = require("safetensors.numpy")
+    p, out = str(tmp_path / "m.weights.h5"), str(tmp_path / "m.safetensors")
+    rng = np.random.default_rng(0)
+    want = {"layers/dense/vars/0": rng.standard_normal((4, 3)).astype("<f4"),
+            "layers/dense/vars/1": rng.standard_normal(3).astype("<f4")}
+    with h5py.File(p, "w") as f:
+        for k, v in want.items():
+            f[k] = v
+        f["layers/dense"].attrs["name"] = "dense"
+        f.attrs["keras_version"] = "3.15.1"
+    assert main(["convert", p, "-o", out]) == 0, capsys.readouterr().err
+    got = st.load_file(out)
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype and got[k].tobytes() == v.tobytes(), k
+
+
+def test_convert_refuses_a_listed_value_that_is_not_json_in_one_line(tmp_path, capsys):
+    """A file in fastflip's torch layout whose value attribute is not the JSON fastflip writes is refused in one
+    line naming the attribute; nothing is written."""
+    import h5py
+
+    torch = require("torch")
+    from fastflip.frameworks.torch_state import save_state_dict
+
+    p, out = str(tmp_path / "s.h5"), str(tmp_path / "s.safetensors")
+    save_state_dict({"w": torch.zeros(2), "epoch": 7}, p)
+    with h5py.File(p, "r+") as f:
+        f.attrs["epoch"] = "{not json"
+    assert main(["convert", p, "-o", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'epoch'" in err and "internal error" not in err, err
+    assert not os.path.exists(out)

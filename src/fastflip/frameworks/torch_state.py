@@ -277,14 +277,24 @@ def _read_group(group: Any) -> dict:
             if kind == "group":
                 out[key] = _read_group(group[name])
             elif kind == "value":
-                out[key] = _decode(json.loads(group.attrs[name]))
+                out[key] = _decode(json.loads(group.attrs[name])) if raw is not None else _attr_value(group.attrs[name])
             elif kind is not None:
                 out[key] = _to_tensor(_read_array(group, name), kind, f"{prefix}/{name}")
             else:
                 raise KeyError(name)
         except KeyError:
             raise InputFileError(f"{prefix or '/'}: entry {name!r} is listed but missing (damaged file?)") from None
+        except ValueError as exc:  # json: a value attribute fastflip_keys lists that fastflip did not write
+            raise InputFileError(f"{prefix or '/'}: attribute {name!r} is not a value fastflip wrote ({exc}); "
+                                 "damaged file?") from None
     return out
+
+
+def _attr_value(value: Any) -> Any:
+    """An attribute of a group fastflip did not write, as a plain Python value (text decoded, arrays as lists)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value.tolist() if hasattr(value, "tolist") else value
 
 
 def load_state_dict(path: str | os.PathLike) -> dict:
