@@ -22,7 +22,7 @@ import contextlib
 import io
 import os
 import shutil
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -273,6 +273,49 @@ def test_an_output_the_batch_shares_is_refused_per_sample_and_faulted_for_all_sa
         with _by_hand(model, log.records()):
             hand = _forward(model, name, ids)
     assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
+
+
+def _batch_of_one(case: str) -> tuple[Any, Callable[[], Any], str]:
+    """A forward of one sample with another input of two or more dimensions whose first dimension is not the
+    batch (an (S, S) attention mask, positional or by keyword; BERT's (layers, heads) ``head_mask``), or a GRU whose
+    ``h_n`` (``out.1``, (layers, batch, hidden)) has one layer: the model, its call and a target."""
+    torch = require("torch")
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(0)
+    if case == "bert":
+        from transformers import BertConfig, BertModel
+
+        bert = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=32)).eval()
+        ids = torch.randint(0, 64, (1, 7), generator=gen)
+        return bert, lambda: bert(ids, head_mask=torch.ones(2, 2)).last_hidden_state, "encoder.layer.0.output.dense"
+    if case == "gru":
+        rnn = nn.Sequential()
+        rnn.gru = nn.GRU(4, 6, num_layers=1, batch_first=True)
+        xs = torch.randn(3, 5, 4, generator=gen)
+        return rnn, lambda: rnn(xs)[1], "gru:out.1"
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1).eval()
+    x, mask = torch.randn(1, 5, 8, generator=gen), torch.zeros(5, 5)
+    return enc, (lambda: enc(x, mask)) if case == "mask" else (lambda: enc(x, mask=mask)), "layers.0.linear1"
+
+
+@pytest.mark.parametrize("case", ["mask", "mask=", "bert", "gru"])
+def test_a_batch_of_one_beside_a_non_batch_input_is_faulted_per_sample_as_a_hook_by_hand(case: str) -> None:
+    """The forward's batch is its first input's (the ids, the pixels), not the largest first dimension of its
+    inputs: per-sample faults of a batch of 1 beside an (S, S) mask or BERT's ``head_mask`` are not refused, nor are
+    they on a one-layer GRU's ``h_n`` (dimension 0 is its layers, as with two); they equal a hook by hand."""
+    torch = require("torch")
+    model, call, target = _batch_of_one(case)
+    with torch.no_grad():
+        clean = call()
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", per_sample=True,
+                                           selection=fastflip.Selection(layers=[target])) as log:
+            faulted = call()
+        assert len(log) == 2 and set(log.sample.tolist()) == {0}
+        with _by_hand(model, log.records()):
+            hand = call()
+    assert _same(faulted, hand) and not _same(faulted, clean)
 
 
 @pytest.mark.parametrize("name, target, forward", [("llama", "model.layers.0.self_attn:cache.key", 1),

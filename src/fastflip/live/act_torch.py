@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import OptionError
 from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
-from .act_targets import Recorded, is_cache, module_targets, split_target
+from .act_targets import Recorded, base_of, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
 from .frameworks import is_lazy
 
@@ -52,7 +52,7 @@ class TorchHooks(Hooks):
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this block
         self._lazy = False  # some parameter was lazy when _held was built
         self._own: set[int] = set()  # ids of the hooks of this faulting block
-        self._batch = 0  # the batch of the running forward's inputs (0: not known)
+        self._call: tuple = ((), {})  # the running forward's (args, kwargs), for _shared_by
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
                          or getattr(m, "_compiled_call_impl", None) is not None]
@@ -105,8 +105,9 @@ class TorchHooks(Hooks):
             got = words[torch.from_numpy(pos).to(out.device)]
             return got.cpu().numpy().view(udt).astype(np.uint64)
 
-        if batch == 1 < self._batch and sites.per_sample:
-            raise OptionError(f"layer {sites.refs[li].name} outputs a batch of 1 that the {self._batch} samples of the "
+        shared = self._shared_by(sites.refs[li].name) if batch == 1 and sites.per_sample else 0
+        if shared > 1:
+            raise OptionError(f"layer {sites.refs[li].name} outputs a batch of 1 that the {shared} samples of the "
                               "forward share (a position bias, rotary tables): per_sample faults need one output per "
                               "sample; use per_sample=False there, or select another target")
         sample, index, bits, old, new = sites.fault(li, batch, read)
@@ -135,13 +136,19 @@ class TorchHooks(Hooks):
             self._held = self._storages()
         return ptr in self._held
 
-    def _input_batch(self, args: tuple, kwargs: dict) -> int:
-        """The batch of a forward's inputs: the largest first dimension of its tensors of two or more dimensions
-        (token ids, masks, images; not a 1-d ``cache_position``), 0 when it has none."""
+    def _shared_by(self, name: str) -> int:
+        """How many samples of the running forward share output ``name``, an output of batch dimension 1 (a
+        position bias, rotary tables: one tensor for the whole batch): the forward's batch, the first dimension of
+        its first input of two or more dimensions, positional then keyword (token ids, pixel values; not a 1-d
+        ``cache_position``, nor a mask that follows them); 0 when it has none. An RNN's outputs (``nn.RNN``,
+        ``GRU``, ``LSTM``) are shared by none: their dimension 0 is time or layers (``h_n``), which
+        ``per_sample`` indexes as it does dimension 0 of any output."""
         from torch.utils._pytree import tree_leaves
 
-        return max((int(t.shape[0]) for t in tree_leaves((args, kwargs))
-                    if isinstance(t, self.torch.Tensor) and t.dim() >= 2), default=0)
+        if isinstance(self.layers.get(split_target(base_of(name))[0]), self.torch.nn.RNNBase):
+            return 0
+        first = next((t for t in tree_leaves(self._call) if isinstance(t, self.torch.Tensor) and t.dim() >= 2), None)
+        return 0 if first is None else int(first.shape[0])
 
     def _storages(self) -> set[int]:
         """The storages of the model's parameters, buffers and plain tensor attributes of its modules (a table
@@ -280,12 +287,13 @@ class TorchHooks(Hooks):
                 self._held = None
             if not probing():
                 inside[0] = True
-                self._batch = self._input_batch(args, kwargs)
+                self._call = (args, kwargs)
                 start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
             if not probing():
                 inside[0] = False
+                self._call = ((), {})
                 log.forwards += 1
 
         def guarded(name: str, out: Any, args: tuple = ()) -> Any:
