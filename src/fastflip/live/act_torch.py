@@ -52,7 +52,7 @@ class TorchHooks(Hooks):
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this block
         self._lazy = False  # some parameter was lazy when _held was built
         self._own: set[int] = set()  # ids of the hooks of this faulting block
-        self._call: tuple = ((), {})  # the running forward's (args, kwargs), for _shared_by
+        self._calls: list[tuple] = []  # (args, kwargs) of each call of the model running now, outermost first
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
                          or getattr(m, "_compiled_call_impl", None) is not None]
@@ -145,9 +145,10 @@ class TorchHooks(Hooks):
         ``per_sample`` indexes as it does dimension 0 of any output."""
         from torch.utils._pytree import tree_leaves
 
-        if isinstance(self.layers.get(split_target(base_of(name))[0]), self.torch.nn.RNNBase):
+        torch = self.torch
+        if isinstance(self.layers.get(split_target(base_of(name))[0]), torch.nn.RNNBase):
             return 0
-        first = next((t for t in tree_leaves(self._call) if isinstance(t, self.torch.Tensor) and t.dim() >= 2), None)
+        first = next((t for t in tree_leaves(self._calls[:1]) if isinstance(t, torch.Tensor) and t.dim() >= 2), None)
         return 0 if first is None else int(first.shape[0])
 
     def _storages(self) -> set[int]:
@@ -176,7 +177,8 @@ class TorchHooks(Hooks):
         def make(name: str) -> Callable:
             return lambda _m, args, out: on_output(name, out, args)
 
-        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True), self.model.register_forward_hook(post)]
+        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True),
+                   self.model.register_forward_hook(post, always_call=True)]
         try:
             handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
             with watch.active():
@@ -193,13 +195,16 @@ class TorchHooks(Hooks):
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
         rec = Recorded()
-        st = {"counts": {}, "done": False}
+        st = {"counts": {}, "done": False, "depth": 0}  # a call of the model inside its forward is part of it
 
         def pre(_m: Any, _a: Any, _k: Any) -> None:
-            st["counts"] = {}
+            if not st["depth"]:
+                st["counts"] = {}
+            st["depth"] += 1
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
-            st["done"] = True
+            st["depth"] -= 1
+            st["done"] = not st["depth"]
 
         def record(name: str, out: Any, _args: tuple) -> None:
             if not st["done"]:
@@ -277,32 +282,39 @@ class TorchHooks(Hooks):
         return rec
 
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
-                        fault: Callable[..., Any], log: Any) -> ContextManager[None]:
-        """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
-        an output sharing storage with an input (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
-        inside = [False]  # a forward of the model itself is running
+                        end: Callable[[], None], fault: Callable[..., Any]) -> ContextManager[None]:
+        """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts each call of it, its forward hook
+        (always called, also when the forward raises) ends it; an output sharing storage with an input
+        (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if self._lazy:  # a lazy module gets its parameters in a forward: their storages are new
                 self._held = None
             if not probing():
-                inside[0] = True
-                self._call = (args, kwargs)
+                self._calls.append((args, kwargs))
                 start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
-            if not probing():
-                inside[0] = False
-                self._call = ((), {})
-                log.forwards += 1
-
-        def guarded(name: str, out: Any, args: tuple = ()) -> Any:
-            if not inside[0] and not probing():
-                raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
-                                  "layers (generate() runs an encoder-decoder's encoder outside the model's forward: "
-                                  "fault it there with injected_activations(model.get_encoder(), ...))")
-            return fault(name, out, args)
+            if not probing() and self._calls:  # none when an earlier pre-hook raised before this block's started
+                self._calls.pop()
+                end()
 
         self._own.clear()
+        self._calls.clear()
         self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
-        return self._hooked(names, pre, post, guarded, own=self._own)
+        return self._hooked(names, pre, post, fault, own=self._own)
+
+    def _outside_hint(self, name: str) -> str:
+        """Why a target ran outside the model's forward, where that is known: recomputed in ``backward()``
+        (gradient checkpointing), or inside a submodule the model also runs on its own (``generate()`` runs an
+        encoder-decoder's encoder once, through ``model.get_encoder()``)."""
+        if self.torch._C._current_graph_task_id() != -1:
+            return "; it ran in backward(), where gradient checkpointing recomputes it: turn checkpointing off to fault it"
+        encoder = getattr(self.model, "get_encoder", None)
+        if callable(encoder):
+            module, sub = split_target(name)[0], encoder()
+            top = next((n for n, m in self.layers.items() if m is sub), None)
+            if top is not None and (module == top or module.startswith(top + ".")):
+                return ("; for a submodule the model runs on its own (generate() runs the encoder once, outside the "
+                        "model's forward), wrap that submodule (e.g. model.get_encoder()) instead")
+        return ""
