@@ -432,17 +432,29 @@ def test_t5_encoder_in_generate_is_refused_in_one_line_and_faulted_through_get_e
 
 
 def test_refusals_are_one_line() -> None:
-    """An attention-weights element that sdpa does not return, sdpa's inner softmax, and a generate whose output
-    shapes change between steps without forward=: one line each."""
+    """An attention-weights element that sdpa does not return and sdpa's inner softmax (each naming sdpa and the
+    eager way), and a generate whose output shapes change between steps without forward=: one line each, saying
+    why."""
     torch = require("torch")
     model, ids = _model("llama"), _ids()
-    for target, forward in [("model.layers.0.self_attn:out.1", None), ("model.layers.0.self_attn:softmax", 0),
-                            ("model.layers.0.mlp", None)]:
-        with pytest.raises(OptionError) as err, torch.no_grad():
+    sdpa = (r"; this model's attention runs as 'sdpa', which fuses softmax and matmul and returns no attention "
+            r"weights: model\.set_attn_implementation\(\"eager\"\) \(or attn_implementation=\"eager\"\) reaches them$")
+    for target, forward, reason in [
+            ("model.layers.0.self_attn:out.1", None, r"element 1 of its tuple output is a NoneType, not a tensor" + sdpa),
+            ("model.layers.0.self_attn:softmax", 0, r"never ran in the forward of this LlamaForCausalLM" + sdpa),
+            ("model.layers.0.mlp", None, r"outputs \(1, 32\) float32 per sample in forward 1, but \(6, 32\) float32 "
+                                         r"when its sites were drawn: .*or forward= to fault one forward\)$")]:
+        with pytest.raises(OptionError, match=r"^layer(\(s\))? " + target.replace(".", r"\.") + " " + reason) as err, \
+                torch.no_grad():
             with fastflip.injected_activations(model, seed=1, count=1, forward=forward,
                                                selection=fastflip.Selection(layers=[target])):
                 _generate(model, ids)
-        assert "\n" not in str(err.value) and target.split(":")[0] in str(err.value)
+        assert "\n" not in str(err.value)
+    model.set_attn_implementation("eager")
+    with torch.no_grad(), fastflip.injected_activations(model, seed=1, count=1, forward=0, selection=fastflip.Selection(
+            layers=["model.layers.0.self_attn:out.1", "model.layers.0.self_attn:softmax"])) as log:
+        _generate(model, ids)
+    assert log.layers == ["model.layers.0.self_attn:softmax", "model.layers.0.self_attn:out.1"]
 
 
 # ------------------------------------------------------------------------------------------------------- files

@@ -99,11 +99,12 @@ class Hooks:
         missing = [n for n in names if n not in ran]
         hard = [n for n in missing if n in exact]
         if hard:
-            raise OptionError(f"layer(s) {listing(hard)} never ran in the forward of this {type(self.model).__name__} "
-                              "(defined but not called?): select layers that model.forward calls")
+            why = self._hint(hard[0]) or " (defined but not called?): select layers that model.forward calls"
+            raise OptionError(f"layer(s) {listing(hard)} never ran in the forward of this {type(self.model).__name__}"
+                              + why)
         for c, msg in errors.items():
             if base_of(c) in exact:
-                raise OptionError(msg)
+                raise OptionError(msg + self._hint(c))
         left = ([f"{n} (never ran)" for n in missing] if chosen.explicit else []) + list(errors.values())
         refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if chosen.wanted(n)[2]]
         if not refs:
@@ -204,6 +205,11 @@ class Hooks:
         result, when not None, replaces the output). ``start`` and ``end`` count the forwards (an outermost call is
         one) and whether one is running."""
         raise NotImplementedError
+
+    def _hint(self, name: str) -> str:
+        """More of the refusal of target ``name`` that never ran or holds no tensor, where the framework knows
+        why (after the message, from ``; ``)."""
+        return ""
 
     def _outside_hint(self, name: str) -> str:
         """More of the refusal of target ``name`` run outside a forward of the model (after ``call the model, not

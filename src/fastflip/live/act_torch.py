@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import OptionError
 from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
-from .act_targets import Recorded, base_of, is_cache, module_targets, split_target
+from .act_targets import CACHE_PARTS, Recorded, base_of, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
 from .frameworks import is_lazy
 
@@ -303,6 +303,17 @@ class TorchHooks(Hooks):
         self._calls.clear()
         self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
         return self._hooked(names, pre, post, fault, own=self._own)
+
+    def _hint(self, name: str) -> str:
+        """For an operation or a later output element (``:softmax``, ``:matmul``, ``:out.1``) of a Hugging Face
+        model whose attention is not ``eager``: that attention (``sdpa``, flash) fuses the softmax and the matmuls
+        and returns no attention weights."""
+        impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+        what = split_target(base_of(name))[1]
+        if not isinstance(impl, str) or impl == "eager" or not what or what == "out.0" or what in CACHE_PARTS:
+            return ""
+        return (f"; this model's attention runs as {impl!r}, which fuses softmax and matmul and returns no attention "
+                "weights: model.set_attn_implementation(\"eager\") (or attn_implementation=\"eager\") reaches them")
 
     def _outside_hint(self, name: str) -> str:
         """Why a target ran outside the model's forward, where that is known: recomputed in ``backward()``
