@@ -5,8 +5,9 @@ Layer: ``live`` (may import files and below; imported by frameworks and above).
 Forward hooks on the selected modules (named by module path, ``layer1.0.conv2``, for any ``nn.Module``
 subclass, nested; tuple/dict outputs give their first tensor or the element a ``MODULE:out.K`` target
 names, :mod:`fastflip.live.act_targets`), an :class:`~fastflip.live.act_ops.OpWatch` for functional
-targets (``MODULE:softmax``, ``MODULE:cache.key``) and a forward pre-hook on the model itself that counts
-forwards and, at the first one, probes the selected layers' output shapes. The probe runs the same call
+targets (``MODULE:softmax``, ``MODULE:cache.key``), and on the model itself a forward pre-hook that starts each
+forward (at the first one, it probes the selected layers' output shapes) and a forward hook, called also when
+the forward raises, that ends it. The probe runs the same call
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
 stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
