@@ -78,3 +78,73 @@ def test_forward_numbers_and_empty_blocks(framework: str) -> None:
     with pytest.raises(OptionError, match="the Net never ran a forward inside injected_activations"):
         with fastflip.injected_activations(model, seed=1, count=1, selection=sel):
             pass
+
+
+def _bad_forward(framework: str, model: Any) -> Callable[[], Any]:
+    """A call of the model with an input of the wrong width: the forward raises (after the model's first layers)."""
+    if framework == "keras":
+        return lambda: model(np.zeros((2, 9), np.float32))
+    torch = require("torch")
+    return lambda: model(torch.randn(2, 3, 9, 9))
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_target_run_outside_after_forwards_and_after_a_raising_forward_is_refused_alike(framework: str) -> None:
+    """After a forward of the model, and after a forward that raised, a direct call of a selected layer is refused
+    in the same one line whichever framework hooks it (it is part of no forward: faulted there, it would be
+    logged under a forward it is not in); a forward that raises ends as any other (it is counted), and the next
+    forward is faulted as usual."""
+    model, forward, layer_call = FRAMEWORKS[framework]()
+    refusal = r"^layer head ran outside a forward of the model itself: call the model, not its layers$"
+    with fastflip.injected_activations(model, seed=1, count=1, selection=fastflip.Selection(layers=["head"])) as log:
+        forward()
+        with pytest.raises(OptionError, match=refusal):
+            layer_call()
+        with pytest.raises(Exception) as err:
+            _bad_forward(framework, model)()
+        assert not isinstance(err.value, OptionError)
+        with pytest.raises(OptionError, match=refusal):
+            layer_call()
+        forward()
+    assert log.forwards == 3 and log.forward.tolist() == [0, 0, 2, 2]  # one site in each of 2 samples
+
+
+def _torch_nets() -> Any:
+    """Two small PyTorch nets: ``Twice`` calls itself inside its own forward before its ``head`` runs;
+    ``Checkpointed`` runs its ``head`` under gradient checkpointing (recomputed in ``backward()``)."""
+    torch = require("torch")
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    class Twice(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+        def forward(self, x: Any, inner: bool = False) -> Any:
+            return self.body(x) if inner else self.head(self(x, inner=True))
+
+    class Checkpointed(Twice):
+        def forward(self, x: Any, inner: bool = False) -> Any:
+            return checkpoint(self.head, self.body(x), use_reentrant=False)
+
+    torch.manual_seed(0)
+    return Twice(), Checkpointed()
+
+
+def test_torch_a_model_calling_itself_runs_one_forward_and_a_recompute_in_backward_is_refused_naming_it() -> None:
+    """A call of the model inside its own forward is part of that forward (the target after it is faulted, one
+    forward counted); a target that gradient checkpointing recomputes in ``backward()`` is refused in one line
+    that says so."""
+    torch = require("torch")
+    twice, checkpointed = _torch_nets()
+    x = torch.randn(2, 4)
+    sel = fastflip.Selection(layers=["head"])
+    with torch.no_grad(), fastflip.injected_activations(twice, seed=1, count=1, selection=sel) as log:
+        twice(x)
+    assert log.forwards == 1 and log.layers == ["head"] and len(log) == 2
+    with pytest.raises(OptionError, match=r"^layer head ran outside a forward of the model itself: call the model, "
+                                          r"not its layers; it ran in backward\(\), where gradient checkpointing "
+                                          r"recomputes it: turn checkpointing off to fault it$"):
+        with fastflip.injected_activations(checkpointed, seed=1, count=1, selection=sel):
+            checkpointed(x.requires_grad_()).sum().backward()

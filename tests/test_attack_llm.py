@@ -22,7 +22,7 @@ import contextlib
 import io
 import os
 import shutil
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -275,6 +275,49 @@ def test_an_output_the_batch_shares_is_refused_per_sample_and_faulted_for_all_sa
     assert all(_same(a, b) for a, b in zip(faulted, hand)) and not all(_same(a, b) for a, b in zip(faulted, clean))
 
 
+def _batch_of_one(case: str) -> tuple[Any, Callable[[], Any], str]:
+    """A forward of one sample with another input of two or more dimensions whose first dimension is not the
+    batch (an (S, S) attention mask, positional or by keyword; BERT's (layers, heads) ``head_mask``), or a GRU whose
+    ``h_n`` (``out.1``, (layers, batch, hidden)) has one layer: the model, its call and a target."""
+    torch = require("torch")
+    from torch import nn
+
+    gen = torch.Generator().manual_seed(0)
+    if case == "bert":
+        from transformers import BertConfig, BertModel
+
+        bert = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=32)).eval()
+        ids = torch.randint(0, 64, (1, 7), generator=gen)
+        return bert, lambda: bert(ids, head_mask=torch.ones(2, 2)).last_hidden_state, "encoder.layer.0.output.dense"
+    if case == "gru":
+        rnn = nn.Sequential()
+        rnn.gru = nn.GRU(4, 6, num_layers=1, batch_first=True)
+        xs = torch.randn(3, 5, 4, generator=gen)
+        return rnn, lambda: rnn(xs)[1], "gru:out.1"
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1).eval()
+    x, mask = torch.randn(1, 5, 8, generator=gen), torch.zeros(5, 5)
+    return enc, (lambda: enc(x, mask)) if case == "mask" else (lambda: enc(x, mask=mask)), "layers.0.linear1"
+
+
+@pytest.mark.parametrize("case", ["mask", "mask=", "bert", "gru"])
+def test_a_batch_of_one_beside_a_non_batch_input_is_faulted_per_sample_as_a_hook_by_hand(case: str) -> None:
+    """The forward's batch is its first input's (the ids, the pixels), not the largest first dimension of its
+    inputs: per-sample faults of a batch of 1 beside an (S, S) mask or BERT's ``head_mask`` are not refused, nor are
+    they on a one-layer GRU's ``h_n`` (dimension 0 is its layers, as with two); they equal a hook by hand."""
+    torch = require("torch")
+    model, call, target = _batch_of_one(case)
+    with torch.no_grad():
+        clean = call()
+        with fastflip.injected_activations(model, seed=3, count=2, bits="20-30", per_sample=True,
+                                           selection=fastflip.Selection(layers=[target])) as log:
+            faulted = call()
+        assert len(log) == 2 and set(log.sample.tolist()) == {0}
+        with _by_hand(model, log.records()):
+            hand = call()
+    assert _same(faulted, hand) and not _same(faulted, clean)
+
+
 @pytest.mark.parametrize("name, target, forward", [("llama", "model.layers.0.self_attn:cache.key", 1),
                                                    ("mistral", "model.layers.1.self_attn:cache.value", 0),
                                                    ("llama", "model.layers.1.self_attn.k_proj", 1)])
@@ -372,7 +415,10 @@ def test_t5_encoder_in_generate_is_refused_in_one_line_and_faulted_through_get_e
             with fastflip.injected_activations(model, seed=1, count=1, forward=forward, selection=fastflip.Selection(
                     layers=["encoder.block.0.layer.0.SelfAttention"])):
                 _generate(model, ids)
-        assert "\n" not in str(err.value) and "injected_activations(model.get_encoder(), ...)" in str(err.value)
+        assert "\n" not in str(err.value) and str(err.value).endswith(
+            "ran outside a forward of the model itself: call the model, not its layers; for a submodule the model "
+            "runs on its own (generate() runs the encoder once, outside the model's forward), wrap that submodule "
+            "(e.g. model.get_encoder()) instead")
     encoder = model.get_encoder()
     with torch.no_grad():
         clean = _generate(model, ids)
@@ -386,17 +432,29 @@ def test_t5_encoder_in_generate_is_refused_in_one_line_and_faulted_through_get_e
 
 
 def test_refusals_are_one_line() -> None:
-    """An attention-weights element that sdpa does not return, sdpa's inner softmax, and a generate whose output
-    shapes change between steps without forward=: one line each."""
+    """An attention-weights element that sdpa does not return and sdpa's inner softmax (each naming sdpa and the
+    eager way), and a generate whose output shapes change between steps without forward=: one line each, saying
+    why."""
     torch = require("torch")
     model, ids = _model("llama"), _ids()
-    for target, forward in [("model.layers.0.self_attn:out.1", None), ("model.layers.0.self_attn:softmax", 0),
-                            ("model.layers.0.mlp", None)]:
-        with pytest.raises(OptionError) as err, torch.no_grad():
+    sdpa = (r"; this model's attention runs as 'sdpa', which fuses softmax and matmul and returns no attention "
+            r"weights: model\.set_attn_implementation\(\"eager\"\) \(or attn_implementation=\"eager\"\) reaches them$")
+    for target, forward, reason in [
+            ("model.layers.0.self_attn:out.1", None, r"element 1 of its tuple output is a NoneType, not a tensor" + sdpa),
+            ("model.layers.0.self_attn:softmax", 0, r"never ran in the forward of this LlamaForCausalLM" + sdpa),
+            ("model.layers.0.mlp", None, r"outputs \(1, 32\) float32 per sample in forward 1, but \(6, 32\) float32 "
+                                         r"when its sites were drawn: .*or forward= to fault one forward\)$")]:
+        with pytest.raises(OptionError, match=r"^layer(\(s\))? " + target.replace(".", r"\.") + " " + reason) as err, \
+                torch.no_grad():
             with fastflip.injected_activations(model, seed=1, count=1, forward=forward,
                                                selection=fastflip.Selection(layers=[target])):
                 _generate(model, ids)
-        assert "\n" not in str(err.value) and target.split(":")[0] in str(err.value)
+        assert "\n" not in str(err.value)
+    model.set_attn_implementation("eager")
+    with torch.no_grad(), fastflip.injected_activations(model, seed=1, count=1, forward=0, selection=fastflip.Selection(
+            layers=["model.layers.0.self_attn:out.1", "model.layers.0.self_attn:softmax"])) as log:
+        _generate(model, ids)
+    assert log.layers == ["model.layers.0.self_attn:softmax", "model.layers.0.self_attn:out.1"]
 
 
 # ------------------------------------------------------------------------------------------------------- files

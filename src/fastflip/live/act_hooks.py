@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+import weakref
 from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
@@ -98,11 +99,12 @@ class Hooks:
         missing = [n for n in names if n not in ran]
         hard = [n for n in missing if n in exact]
         if hard:
-            raise OptionError(f"layer(s) {listing(hard)} never ran in the forward of this {type(self.model).__name__} "
-                              "(defined but not called?): select layers that model.forward calls")
+            why = self._hint(hard[0]) or " (defined but not called?): select layers that model.forward calls"
+            raise OptionError(f"layer(s) {listing(hard)} never ran in the forward of this {type(self.model).__name__}"
+                              + why)
         for c, msg in errors.items():
             if base_of(c) in exact:
-                raise OptionError(msg)
+                raise OptionError(msg + self._hint(c))
         left = ([f"{n} (never ran)" for n in missing] if chosen.explicit else []) + list(errors.values())
         refs = [TensorRef(n, dt, shape) for n, (shape, dt) in rec.items() if chosen.wanted(n)[2]]
         if not refs:
@@ -153,26 +155,39 @@ class Hooks:
             if bad:
                 raise SelectionError(f"layer {bad[0]!r} is not in this {type(self.model).__name__}; its layers: "
                                      f"{listing(list(self.layers))}")
-        # "on": this forward is faulted; before the first forward a target that runs is treated as in a faulted
-        # forward (a drawn plan's sites, or the one line that says to call the model, not its layers)
+        # "on": this forward is faulted; "depth": forwards of the model running now (a model calling itself nests
+        # them); a target that runs at depth 0 runs outside a forward of the model and is refused
         st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
-                              "on": at is None, "at": at, "cached": []}
+                              "on": at is None, "at": at, "cached": [], "depth": 0}
         if fixed is not None:
             st["index"] = {r.name: i for i, r in enumerate(fixed.refs)}
             st["probed"], st["fixed"] = set(st["index"]), True
 
         def start(probe: Callable[[], dict]) -> None:
+            st["depth"] += 1
+            if st["depth"] > 1:  # the model called inside its own forward: part of that forward
+                return
             st["counts"] = {}
             st["on"] = at is None or log.forwards == at
             if st["on"] and state["sites"] is None:
                 self._learn(st, names, selection, make_sites, probe)
                 st["counts"] = {}
 
+        def end() -> None:
+            st["depth"] -= 1
+            if not st["depth"]:
+                log.forwards += 1
+
         def fault(name: str, out: Any, args: tuple = ()) -> Any:
-            return self._fault_output(st, name, out, args) if st["on"] and not st["probing"] else None
+            if st["probing"]:
+                return None
+            if not st["depth"]:
+                raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
+                                  f"layers{self._outside_hint(name)}")
+            return self._fault_output(st, name, out, args) if st["on"] else None
 
         ok = False
-        with self._faulting_hooks(names, lambda: st["probing"], start, fault, log):
+        with self._faulting_hooks(names, lambda: st["probing"], start, end, fault):
             yield
             ok = True
         if ok and log.forwards == 0:
@@ -183,12 +198,23 @@ class Hooks:
                               "injected_activations(...): nothing was injected")
 
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
-                        fault: Callable[..., Any], log: Any) -> ContextManager[None]:
-        """The framework's hooks of :meth:`faulting`: at the start of each forward of the model itself (none while
-        ``probing()``, none nested), ``start(probe)`` with the probe of that call's output shapes; each output of a
-        target through ``fault(target, output[, args])`` (its result, when not None, replaces the output); after
-        each forward, ``log.forwards += 1``."""
+                        end: Callable[[], None], fault: Callable[..., Any]) -> ContextManager[None]:
+        """The framework's hooks of :meth:`faulting`: at the start of each call of the model itself (none while
+        ``probing()``), ``start(probe)`` with the probe of that call's output shapes, and ``end()`` after it, also
+        when it raises (``start`` included); each output of a target through ``fault(target, output[, args])`` (its
+        result, when not None, replaces the output). ``start`` and ``end`` count the forwards (an outermost call is
+        one) and whether one is running."""
         raise NotImplementedError
+
+    def _hint(self, name: str) -> str:
+        """More of the refusal of target ``name`` that never ran or holds no tensor, where the framework knows
+        why (after the message, from ``; ``)."""
+        return ""
+
+    def _outside_hint(self, name: str) -> str:
+        """More of the refusal of target ``name`` run outside a forward of the model (after ``call the model, not
+        its layers``), where the framework knows why it ran there."""
+        return ""
 
     def _learn(self, st: dict[str, Any], names: list[str], selection: Any, make_sites: Callable,
                probe: Callable[[], dict]) -> None:
@@ -229,8 +255,6 @@ class Hooks:
     def _once_in_cache(st: dict[str, Any], cname: str, t: Any) -> None:
         """Refuse to fault a cache tensor that an earlier forward of this block faulted and that still holds it (a
         static cache returns its one buffer at every step): a second flip of the same bits would undo the first."""
-        import weakref
-
         if st["at"] is None:
             if any(r() is t for r in st["cached"]):
                 raise OptionError(f"layer {cname} returns in forward {st['log'].forwards} the cache tensor faulted in "
@@ -243,8 +267,6 @@ class Hooks:
         k = st["counts"].get(name, 0)
         st["counts"][name] = k + 1
         sites = st["state"]["sites"]
-        if sites is None:
-            raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its layers")
         what = split_target(name)[1]
         try:
             key, t = pick(out, what)

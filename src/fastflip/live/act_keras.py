@@ -180,27 +180,26 @@ class KerasHooks(Hooks):
 
     @contextlib.contextmanager
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
-                        fault: Callable[..., Any], log: Any) -> Iterator[None]:
-        """:meth:`Hooks.faulting`'s hooks: the model's ``call`` wrapped to start and count each outermost forward,
-        the targets' ``call`` to fault their outputs, the model run eagerly meanwhile."""
+                        end: Callable[[], None], fault: Callable[..., Any]) -> Iterator[None]:
+        """:meth:`Hooks.faulting`'s hooks: the model's ``call`` wrapped to start and end each outermost forward
+        (ended also when it raises), the targets' ``call`` to fault their outputs, the model run eagerly meanwhile."""
         depth = [0]  # calls of the model inside its own forward are not forwards of their own
 
         def root(call: Callable) -> Callable:
             def wrapper(*a: Any, **k: Any) -> Any:
                 if depth[0] or probing():
                     return call(*a, **k)
-                try:
-                    start(lambda: self._probe(names, call, a, k))
-                except FastflipError as exc:
-                    _as_raised(exc)
-                    raise
                 depth[0] += 1
                 try:
-                    out = call(*a, **k)
+                    try:
+                        start(lambda: self._probe(names, call, a, k))
+                    except FastflipError as exc:
+                        _as_raised(exc)
+                        raise
+                    return call(*a, **k)
                 finally:
                     depth[0] -= 1
-                log.forwards += 1
-                return out
+                    end()
             return wrapper
 
         with self._eager():

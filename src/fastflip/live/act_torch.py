@@ -5,8 +5,9 @@ Layer: ``live`` (may import files and below; imported by frameworks and above).
 Forward hooks on the selected modules (named by module path, ``layer1.0.conv2``, for any ``nn.Module``
 subclass, nested; tuple/dict outputs give their first tensor or the element a ``MODULE:out.K`` target
 names, :mod:`fastflip.live.act_targets`), an :class:`~fastflip.live.act_ops.OpWatch` for functional
-targets (``MODULE:softmax``, ``MODULE:cache.key``) and a forward pre-hook on the model itself that counts
-forwards and, at the first one, probes the selected layers' output shapes. The probe runs the same call
+targets (``MODULE:softmax``, ``MODULE:cache.key``), and on the model itself a forward pre-hook that starts each
+forward (at the first one, it probes the selected layers' output shapes) and a forward hook, called also when
+the forward raises, that ends it. The probe runs the same call
 on the ``meta`` device (no computation, no side effects); when the model cannot run there
 (data-dependent Python, autocast), it runs the real call with copies of the buffers (BatchNorm statistics
 stay as they are), the RNG state restored and gradients off; the model's forward hooks are set aside while
@@ -28,7 +29,7 @@ import numpy as np
 from ..errors import OptionError
 from .act_hooks import FORMATS, UINT, Hooks, format_dtype
 from .act_ops import OpWatch
-from .act_targets import Recorded, is_cache, module_targets, split_target
+from .act_targets import CACHE_PARTS, Recorded, base_of, is_cache, module_targets, split_target
 from .adapters import TORCH_DTYPES
 from .frameworks import is_lazy
 
@@ -52,7 +53,7 @@ class TorchHooks(Hooks):
         self._held: set[int] | None = None  # storages of the model's parameters and buffers in this block
         self._lazy = False  # some parameter was lazy when _held was built
         self._own: set[int] = set()  # ids of the hooks of this faulting block
-        self._batch = 0  # the batch of the running forward's inputs (0: not known)
+        self._calls: list[tuple] = []  # (args, kwargs) of each call of the model running now, outermost first
         # torch.compile'd modules (the model itself, or a submodule compiled in place): their graphs skip hooks
         self.compiled = [n for n, m in model.named_modules() if type(m).__name__ == "OptimizedModule"
                          or getattr(m, "_compiled_call_impl", None) is not None]
@@ -105,8 +106,9 @@ class TorchHooks(Hooks):
             got = words[torch.from_numpy(pos).to(out.device)]
             return got.cpu().numpy().view(udt).astype(np.uint64)
 
-        if batch == 1 < self._batch and sites.per_sample:
-            raise OptionError(f"layer {sites.refs[li].name} outputs a batch of 1 that the {self._batch} samples of the "
+        shared = self._shared_by(sites.refs[li].name) if batch == 1 and sites.per_sample else 0
+        if shared > 1:
+            raise OptionError(f"layer {sites.refs[li].name} outputs a batch of 1 that the {shared} samples of the "
                               "forward share (a position bias, rotary tables): per_sample faults need one output per "
                               "sample; use per_sample=False there, or select another target")
         sample, index, bits, old, new = sites.fault(li, batch, read)
@@ -135,13 +137,20 @@ class TorchHooks(Hooks):
             self._held = self._storages()
         return ptr in self._held
 
-    def _input_batch(self, args: tuple, kwargs: dict) -> int:
-        """The batch of a forward's inputs: the largest first dimension of its tensors of two or more dimensions
-        (token ids, masks, images; not a 1-d ``cache_position``), 0 when it has none."""
+    def _shared_by(self, name: str) -> int:
+        """How many samples of the running forward share output ``name``, an output of batch dimension 1 (a
+        position bias, rotary tables: one tensor for the whole batch): the forward's batch, the first dimension of
+        its first input of two or more dimensions, positional then keyword (token ids, pixel values; not a 1-d
+        ``cache_position``, nor a mask that follows them); 0 when it has none. An RNN's outputs (``nn.RNN``,
+        ``GRU``, ``LSTM``) are shared by none: their dimension 0 is time or layers (``h_n``), which
+        ``per_sample`` indexes as it does dimension 0 of any output."""
         from torch.utils._pytree import tree_leaves
 
-        return max((int(t.shape[0]) for t in tree_leaves((args, kwargs))
-                    if isinstance(t, self.torch.Tensor) and t.dim() >= 2), default=0)
+        torch = self.torch
+        if isinstance(self.layers.get(split_target(base_of(name))[0]), torch.nn.RNNBase):
+            return 0
+        first = next((t for t in tree_leaves(self._calls[:1]) if isinstance(t, torch.Tensor) and t.dim() >= 2), None)
+        return 0 if first is None else int(first.shape[0])
 
     def _storages(self) -> set[int]:
         """The storages of the model's parameters, buffers and plain tensor attributes of its modules (a table
@@ -169,7 +178,8 @@ class TorchHooks(Hooks):
         def make(name: str) -> Callable:
             return lambda _m, args, out: on_output(name, out, args)
 
-        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True), self.model.register_forward_hook(post)]
+        handles = [self.model.register_forward_pre_hook(start, with_kwargs=True),
+                   self.model.register_forward_hook(post, always_call=True)]
         try:
             handles += [self.layers[split_target(n)[0]].register_forward_hook(make(n)) for n in module_targets(names)]
             with watch.active():
@@ -186,13 +196,16 @@ class TorchHooks(Hooks):
     @contextlib.contextmanager
     def recording(self, names: list[str]) -> Iterator[dict]:
         rec = Recorded()
-        st = {"counts": {}, "done": False}
+        st = {"counts": {}, "done": False, "depth": 0}  # a call of the model inside its forward is part of it
 
         def pre(_m: Any, _a: Any, _k: Any) -> None:
-            st["counts"] = {}
+            if not st["depth"]:
+                st["counts"] = {}
+            st["depth"] += 1
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
-            st["done"] = True
+            st["depth"] -= 1
+            st["done"] = not st["depth"]
 
         def record(name: str, out: Any, _args: tuple) -> None:
             if not st["done"]:
@@ -270,31 +283,50 @@ class TorchHooks(Hooks):
         return rec
 
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
-                        fault: Callable[..., Any], log: Any) -> ContextManager[None]:
-        """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts a forward, its forward hook counts it;
-        an output sharing storage with an input (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
-        inside = [False]  # a forward of the model itself is running
+                        end: Callable[[], None], fault: Callable[..., Any]) -> ContextManager[None]:
+        """:meth:`Hooks.faulting`'s hooks: the model's forward pre-hook starts each call of it, its forward hook
+        (always called, also when the forward raises) ends it; an output sharing storage with an input
+        (ReLU(inplace), views) or the model's tensors is faulted in a copy."""
 
         def pre(_m: Any, args: tuple, kwargs: dict) -> None:
             if self._lazy:  # a lazy module gets its parameters in a forward: their storages are new
                 self._held = None
             if not probing():
-                inside[0] = True
-                self._batch = self._input_batch(args, kwargs)
+                self._calls.append((args, kwargs))
                 start(lambda: self._probe(names, args, kwargs))
 
         def post(_m: Any, _a: Any, _o: Any) -> None:
-            if not probing():
-                inside[0] = False
-                log.forwards += 1
-
-        def guarded(name: str, out: Any, args: tuple = ()) -> Any:
-            if not inside[0] and not probing():
-                raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
-                                  "layers (generate() runs an encoder-decoder's encoder outside the model's forward: "
-                                  "fault it there with injected_activations(model.get_encoder(), ...))")
-            return fault(name, out, args)
+            if not probing() and self._calls:  # none when an earlier pre-hook raised before this block's started
+                self._calls.pop()
+                end()
 
         self._own.clear()
+        self._calls.clear()
         self._held, self._lazy = None, False  # built at the block's first faulted output that may alias
-        return self._hooked(names, pre, post, guarded, own=self._own)
+        return self._hooked(names, pre, post, fault, own=self._own)
+
+    def _hint(self, name: str) -> str:
+        """For an operation or a later output element (``:softmax``, ``:matmul``, ``:out.1``) of a Hugging Face
+        model whose attention is not ``eager``: that attention (``sdpa``, flash) fuses the softmax and the matmuls
+        and returns no attention weights."""
+        impl = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+        what = split_target(base_of(name))[1]
+        if not isinstance(impl, str) or impl == "eager" or not what or what == "out.0" or what in CACHE_PARTS:
+            return ""
+        return (f"; this model's attention runs as {impl!r}, which fuses softmax and matmul and returns no attention "
+                "weights: model.set_attn_implementation(\"eager\") (or attn_implementation=\"eager\") reaches them")
+
+    def _outside_hint(self, name: str) -> str:
+        """Why a target ran outside the model's forward, where that is known: recomputed in ``backward()``
+        (gradient checkpointing), or inside a submodule the model also runs on its own (``generate()`` runs an
+        encoder-decoder's encoder once, through ``model.get_encoder()``)."""
+        if self.torch._C._current_graph_task_id() != -1:
+            return "; it ran in backward(), where gradient checkpointing recomputes it: turn checkpointing off to fault it"
+        encoder = getattr(self.model, "get_encoder", None)
+        if callable(encoder):
+            module, sub = split_target(name)[0], encoder()
+            top = next((n for n, m in self.layers.items() if m is sub), None)
+            if top is not None and (module == top or module.startswith(top + ".")):
+                return ("; for a submodule the model runs on its own (generate() runs the encoder once, outside the "
+                        "model's forward), wrap that submodule (e.g. model.get_encoder()) instead")
+        return ""
