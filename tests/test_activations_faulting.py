@@ -109,6 +109,38 @@ def test_a_target_run_outside_after_forwards_and_after_a_raising_forward_is_refu
     assert log.forwards == 3 and log.forward.tolist() == [0, 0, 2, 2]  # one site in each of 2 samples
 
 
+def test_torch_forward_k_that_raises_before_its_targets_and_is_retried_is_refused() -> None:
+    """``forward=0`` whose forward raises before its target runs, then retried: the retry is forward 1 (a raising
+    forward counts) and was not faulted, yet the block ended without a word and its log held no fault. It is
+    refused in one line; the model's weights and a clean forward's output stay as they were."""
+    torch = require("torch")
+    model, forward, _ = _torch()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        clean = model(x)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    refusal = (r"^forward=0 of the Net ended before its targets ran \(a forward that raises counts: a retry runs "
+               r"as forward 1\): nothing was injected$")
+    with pytest.raises(OptionError, match=refusal):
+        with fastflip.injected_activations(model, seed=1, count=1, forward=0,
+                                           selection=fastflip.Selection(layers=["head"])):
+            with pytest.raises(Exception) as err:
+                _bad_forward("torch", model)()
+            assert not isinstance(err.value, OptionError)
+            with torch.no_grad():
+                model(x)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(model(x), clean)
+    with fastflip.injected_activations(model, seed=1, count=1, forward=1,
+                                       selection=fastflip.Selection(layers=["head"])) as log:
+        with pytest.raises(Exception):
+            _bad_forward("torch", model)()
+        with torch.no_grad():
+            model(x)
+    assert log.forward.tolist() == [1, 1]  # forward=k+1 faults the retry
+
+
 def _torch_nets() -> Any:
     """Two small PyTorch nets: ``Twice`` calls itself inside its own forward before its ``head`` runs;
     ``Checkpointed`` runs its ``head`` under gradient checkpointing (recomputed in ``backward()``)."""

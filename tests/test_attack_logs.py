@@ -270,6 +270,34 @@ def test_region_log_with_an_edited_zip_crc_field_between_the_windows_is_refused(
     assert snapshot(out) == snapshot(src)
 
 
+@pytest.mark.parametrize("mode", ["regions", "direct"])
+def test_region_log_of_an_npz_whose_local_header_crc_is_zero_reverts_and_replays(mode, tmp_path, capsys):
+    """An np.savez archive whose local header's CRC-32 field was zeroed (flag bit 3 clear; zipfile, and so np.load,
+    reads only the central directory's). The injection leaves that field as it is, and the log's check wanted it
+    changed like the directory's: revert and replay of the genuine log were refused. They give the input and the
+    output back, byte for byte."""
+    src = str(tmp_path / "m.npz")
+    np.savez(src, **_tensors())
+    with zipfile.ZipFile(src) as z:
+        info = z.getinfo("w.npy")
+    assert not info.flag_bits & 0x08
+    with open(src, "r+b") as fh:
+        fh.seek(info.header_offset + 14)
+        fh.write(bytes(4))
+    assert np.array_equal(np.load(src)["w"], _tensors()["w"])
+    pristine = str(tmp_path / "pristine.npz")
+    with open(src, "rb") as a, open(pristine, "wb") as b:
+        b.write(a.read())
+    out, lp = _inject(capsys, src, mode, tmp_path)
+    injected = snapshot(out)
+    assert injected != snapshot(pristine)
+    new = tmp_path / "new.npz"
+    assert _run(capsys, "replay", lp, pristine, "-o", new, "-q") == 0
+    assert snapshot(new) == injected
+    assert _run(capsys, "revert", lp, out, "-q") == 0
+    assert snapshot(out) == snapshot(pristine)
+
+
 def _gzip_checkpoint(d: os.PathLike[str]) -> str:
     """A 3 MiB gzip-chunked HDF5 dataset (64 KiB chunks, so most lie between the fingerprint windows)."""
     rng = np.random.default_rng(0)

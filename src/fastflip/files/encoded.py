@@ -85,25 +85,26 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new, index)
 
 
-def zip_crc_fields(path: str, pos: np.ndarray, delta: np.ndarray) -> list[tuple[str, list[int], int, int | None]]:
+def zip_crc_fields(path: str, pos: np.ndarray, delta: np.ndarray, index: ZipIndex | None = None
+                   ) -> list[tuple[str, list[int], int, bool, bytes]]:
     """Per stored zip entry of ``path`` holding one of the file offsets ``pos`` (bytes whose value changes by the
-    XOR ``delta``): its name, the offsets of every copy of its CRC-32 where they lie by the directory, whatever
+    XOR ``delta``): its name; the offsets of every copy of its CRC-32 where they lie by the directory, whatever
     they hold now (:func:`fastflip.files.formats.zipcrc.crc_spots` with ``check=False``: a direct injection killed
-    part-way may have written some of them), the change of its CRC-32 those bytes make
-    (:func:`~fastflip.files.formats.zipcrc.crc_delta`), and the local header's field where it defers to a data
-    descriptor (flag bit 3: a writer may have left it as it was), else None."""
-    from .formats.zipcrc import crc_delta, crc_spots, zip_index as index_of
+    part-way may have written some of them), the local header's field second; the change of its CRC-32 those
+    bytes make (:func:`~fastflip.files.formats.zipcrc.crc_delta`); whether the local header defers to a data
+    descriptor (flag bit 3: a writer may have left its field as it was); and the 4 bytes that field holds now (an
+    injection writes it only where it holds the entry's CRC-32). ``index``: the caller's
+    :func:`zip_index` of ``path`` (else it is read here)."""
+    from .formats.zipcrc import crc_spots, entry_crc_deltas, zip_index as index_of
 
-    index = index_of(path)
-    which = index.holding(pos)
+    index = index if index is not None else index_of(path)
+    pos = np.asarray(pos, np.int64)
     out = []
     with open(path, "rb") as fh:
-        for i in np.unique(which[which >= 0]).tolist():
-            e, at = index.entries[i], np.flatnonzero(which == i)
-            dcrc = crc_delta(pos[at] - e.offset, np.asarray(delta)[at].astype(np.uint64), np.ones(len(at), np.int64),
-                             e.size)
-            out.append((e.name, crc_spots(fh, e, index.records[e.name], check=False), dcrc,
-                        e.info.header_offset + 14 if e.info.flag_bits & 0x08 else None))
+        for e, dcrc in entry_crc_deltas(index, pos, np.asarray(delta).astype(np.uint64), np.ones(len(pos), np.int64)):
+            spots = crc_spots(fh, e, index.records[e.name], check=False)
+            fh.seek(e.info.header_offset + 14)
+            out.append((e.name, spots, dcrc, bool(e.info.flag_bits & 0x08), fh.read(4)))
     return out
 
 

@@ -86,17 +86,21 @@ def _crc_fields(undo: ByteUndo, path: str, pos: np.ndarray, delta: np.ndarray, s
     """Refuse the log unless, for every stored zip entry of ``path`` holding a byte of the recorded words (file
     offsets ``pos``, ``delta`` the XOR of their old and new bytes), the log changes each copy of the entry's
     CRC-32 (central directory, local header, data descriptor) from one old value to one new value, the two
-    differing by the CRC change of the words (:func:`~fastflip.files.encoded.zip_crc_fields`); a local header
-    that defers to a data descriptor may be left as it is. Needs only the log and the zip's directory. Returns the
-    file offsets of every byte of those fields (the bytes besides the words the log may change)."""
+    differing by the CRC change of the words (:func:`~fastflip.files.encoded.zip_crc_fields`). The local header's
+    field may be left as it is where it defers to a data descriptor (flag bit 3) or where ``path`` holds there
+    neither the log's old nor its new CRC-32 (an injection writes it only where it holds the CRC; zipfile, and so
+    np.load, reads the directory's): a log that leaves a field holding one of them as it is was edited. Needs only
+    the log and the zip's directory. Returns the file offsets of every byte of those fields (the bytes besides the
+    words the log may change)."""
     fields: list[np.ndarray] = []
-    for name, spots, dcrc, optional_at in zip_crc_fields(path, pos, delta):
+    for name, spots, dcrc, deferred, local_now in zip_crc_fields(path, pos, delta):
         field = (np.array(spots, np.int64).reshape(-1, 1) + np.arange(4)).ravel()
         old, new, inside = (a.reshape(-1, 4) for a in _ranges_at(undo, field, np.zeros(len(field), np.uint8)))
         old_v, new_v = old.view("<u4").ravel(), new.view("<u4").ravel()
         kept = (~inside | (old == new)).all(axis=1)  # fields the log leaves as they are
         written = inside.all(axis=1) & (old_v ^ new_v == dcrc) & (old_v == old_v[0]) & (new_v == new_v[0])
-        optional = np.array([s == optional_at for s in spots])
+        stale = deferred or local_now not in (old[0].tobytes(), new[0].tobytes())
+        optional = np.arange(len(spots)) == 1 if stale else np.zeros(len(spots), bool)  # the local header's field
         if not (kept.all() if not dcrc else written[0] and (written | (optional & kept)).all()):
             raise LogMismatchError(f"{src}: the log's touched byte ranges do not change the CRC-32 fields of zip "
                                    f"member {name} as its recorded words do; {_CHANGED}; {done}")

@@ -109,8 +109,8 @@ def revert(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLike[s
         with writer_lock(src, "revert", out is None):
             target = _revert_target(src, out, overwrite, log_files(log))
             routes = _routes(lg, src)
-            direct = out is None and atomic is not True and routes is not None and not has_encoded(routes)
             encoded = routes is None or has_encoded(routes)  # checked in the copy, once written (the words read back)
+            direct = out is None and atomic is not True and not encoded
             proven = revert_regions(lg, src, target, direct, verify,
                                     before=(lambda path: check_log_words(lg, path, src, routes=routes))
                                     if verify and not encoded else None,

@@ -142,7 +142,7 @@ class Hooks:
         ------
         OptionError
             ``at`` on a framework without per-forward hooks, or when the block ran no forward (or none numbered
-            ``at``).
+            ``at``, or forward ``at`` ended before its targets ran: a forward that raises is counted).
         SelectionError
             A fixed plan naming a layer the model does not have.
         """
@@ -155,10 +155,11 @@ class Hooks:
             if bad:
                 raise SelectionError(f"layer {bad[0]!r} is not in this {type(self.model).__name__}; its layers: "
                                      f"{listing(list(self.layers))}")
-        # "on": this forward is faulted; "depth": forwards of the model running now (a model calling itself nests
-        # them); a target that runs at depth 0 runs outside a forward of the model and is refused
+        # "on": this forward is faulted; "hit": a target ran in a faulted forward; "depth": forwards of the model
+        # running now (a model calling itself nests them); a target that runs at depth 0 runs outside a forward of
+        # the model and is refused
         st: dict[str, Any] = {"counts": {}, "state": state, "log": log, "probing": False, "probed": set(), "index": {},
-                              "on": at is None, "at": at, "cached": [], "depth": 0}
+                              "on": at is None, "at": at, "cached": [], "depth": 0, "hit": False}
         if fixed is not None:
             st["index"] = {r.name: i for i, r in enumerate(fixed.refs)}
             st["probed"], st["fixed"] = set(st["index"]), True
@@ -184,7 +185,10 @@ class Hooks:
             if not st["depth"]:
                 raise OptionError(f"layer {name} ran outside a forward of the model itself: call the model, not its "
                                   f"layers{self._outside_hint(name)}")
-            return self._fault_output(st, name, out, args) if st["on"] else None
+            if not st["on"]:
+                return None
+            st["hit"] = True
+            return self._fault_output(st, name, out, args)
 
         ok = False
         with self._faulting_hooks(names, lambda: st["probing"], start, end, fault):
@@ -196,6 +200,9 @@ class Hooks:
         if ok and at is not None and log.forwards <= at:
             raise OptionError(f"forward={at} but the {type(self.model).__name__} ran {log.forwards} forward(s) inside "
                               "injected_activations(...): nothing was injected")
+        if ok and at is not None and not st["hit"]:
+            raise OptionError(f"forward={at} of the {type(self.model).__name__} ended before its targets ran (a forward "
+                              f"that raises counts: a retry runs as forward {at + 1}): nothing was injected")
 
     def _faulting_hooks(self, names: list[str], probing: Callable[[], bool], start: Callable[[Callable[[], dict]], None],
                         end: Callable[[], None], fault: Callable[..., Any]) -> ContextManager[None]:

@@ -183,14 +183,11 @@ class KerasHooks(Hooks):
                         end: Callable[[], None], fault: Callable[..., Any]) -> Iterator[None]:
         """:meth:`Hooks.faulting`'s hooks: the model's ``call`` wrapped to start and end each outermost forward
         (ended also when it raises), the targets' ``call`` to fault their outputs, the model run eagerly meanwhile."""
-        depth = [0]  # calls of the model inside its own forward are not forwards of their own
-
         def root(call: Callable) -> Callable:
             def wrapper(*a: Any, **k: Any) -> Any:
-                if depth[0] or probing():
+                if probing():
                     return call(*a, **k)
-                depth[0] += 1
-                try:
+                try:  # a call inside the model's own forward is part of it (``start`` and ``end`` count the depth)
                     try:
                         start(lambda: self._probe(names, call, a, k))
                     except FastflipError as exc:
@@ -198,7 +195,6 @@ class KerasHooks(Hooks):
                         raise
                     return call(*a, **k)
                 finally:
-                    depth[0] -= 1
                     end()
             return wrapper
 

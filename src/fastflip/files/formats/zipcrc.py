@@ -32,7 +32,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Collection
+from typing import Collection, Iterator
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from ...errors import FormatError, UnsupportedStorageError
 from ..rangeio import read_at
 from .zipraw import ZipEntry, central_records, crc_refusal, directory, stored_entries
 
-__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "zip_crc_patches", "crc_spots", "descriptor_at",
+__all__ = ["ZipIndex", "zip_index", "MemberCrcs", "crc_delta", "entry_crc_deltas", "zip_crc_patches", "crc_spots", "descriptor_at",
            "check_patch_bytes", "check_every_crc"]
 
 _POLY = 0xEDB88320
@@ -161,31 +161,45 @@ def _stored_delta_bytes(old: np.ndarray, new: np.ndarray, itemsize: np.ndarray, 
     return out
 
 
+def entry_crc_deltas(index: ZipIndex, offsets: np.ndarray, deltas: np.ndarray, widths: np.ndarray,
+                     path: str | None = None) -> Iterator[tuple[ZipEntry, int]]:
+    """Per entry of ``index`` holding one of the absolute file ``offsets`` (words of ``widths`` bytes whose stored
+    bytes change by the XOR ``deltas``, read little-endian): the entry and the change of its CRC-32 those words
+    make (:func:`crc_delta`), in data order. ``path``: the file a refusal names, for a caller about to patch it;
+    without it, offsets before the first entry are skipped and nothing is refused.
+
+    Raises
+    ------
+    UnsupportedStorageError
+        (``path``) A word outside every stored entry, or reaching past its entry's end.
+    """
+    which = index.holding(offsets)
+    for i in np.unique(which).tolist():
+        if i < 0:
+            if path is None:
+                continue
+            raise UnsupportedStorageError(f"{path}: a changed word lies outside every stored entry")
+        e, at = index.entries[i], np.flatnonzero(which == i)
+        if path is not None and ((offsets[at] + widths[at] > e.offset + e.size).any() or not e.stored):
+            raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
+        yield e, crc_delta(offsets[at] - e.offset, deltas[at], widths[at], e.size)
+
+
 def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: np.ndarray, old: np.ndarray,
                     new: np.ndarray, index: ZipIndex | None = None) -> list[tuple[int, bytes, bytes]]:
     """(file offset, old 4 bytes, new 4 bytes) of every CRC field that changes when the words at
     absolute ``offsets`` change from ``old`` to ``new`` (native-order word values); ``index``: the caller's
     :func:`zip_index` of ``path`` (else it is read here)."""
     index = index if index is not None else zip_index(path)
-    entries, cd = index.entries, index.records
     offsets = np.asarray(offsets, np.int64)
-    which = index.holding(offsets)
     deltas = _stored_delta_bytes(old, new, np.asarray(itemsize), np.asarray(big, bool))
     patches: list[tuple[int, bytes, bytes]] = []
     with open(path, "rb") as fh:
-        for i in np.unique(which).tolist():
-            if i < 0:
-                raise UnsupportedStorageError(f"{path}: a changed word lies outside every stored entry")
-            e = entries[i]
-            at = np.flatnonzero(which == i)
-            if (offsets[at] + itemsize[at] > e.offset + e.size).any() or not e.stored:
-                raise UnsupportedStorageError(f"{path}: a changed word lies outside stored entry {e.name}")
-            dcrc = crc_delta(offsets[at] - e.offset, deltas[at], itemsize[at], e.size)
+        for e, dcrc in entry_crc_deltas(index, offsets, deltas, np.asarray(itemsize), path):
             if not dcrc:
                 continue
-            old_crc = e.info.CRC
-            ob, nb = struct.pack("<I", old_crc), struct.pack("<I", old_crc ^ dcrc)
-            patches.extend((s, ob, nb) for s in crc_spots(fh, e, cd[e.name]))
+            ob, nb = struct.pack("<I", e.info.CRC), struct.pack("<I", e.info.CRC ^ dcrc)
+            patches.extend((s, ob, nb) for s in crc_spots(fh, e, index.records[e.name]))
         check_patch_bytes(path, fh, patches)
     patches.sort()
     return patches
