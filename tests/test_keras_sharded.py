@@ -199,6 +199,10 @@ def _two_shards(d: str) -> None:
     _edit_index(d, lambda wm: wm.update({"/layers/dense/vars": [SHARDS[1], SHARDS[2]]}))
 
 
+def _dup_listed(d: str) -> None:
+    _edit_index(d, lambda wm: wm.update({"/layers/dense_1/vars": [SHARDS[2], SHARDS[2]]}))
+
+
 def _not_listed_there(d: str) -> None:
     _edit_index(d, lambda wm: wm.update({"/layers/conv2d/vars": [SHARDS[0], SHARDS[1]]}))
 
@@ -220,7 +224,8 @@ def _not_a_group(d: str) -> None:
     (_missing_shard, False, "shard missing (listed by"), (_outside, True, "not a file name beside the index"),
     (_renamed_index, True, "Keras opens it first"), (_no_weight_map, True, "no weight_map"),
     (_extra_dataset, False, "does not list in this shard"), (_two_shards, False, "Keras reads only one of them"),
-    (_not_listed_there, False, "holds no variable of"), (_not_a_group, False, "not a variables group")])
+    (_not_listed_there, False, "holds no variable of"), (_not_a_group, False, "not a variables group"),
+    (_dup_listed, True, "lists a shard twice")])
 def test_what_keras_refuses_or_reads_otherwise_is_refused_in_one_line(
         saved: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture, damage: Any, keras_raises: bool,
         why: str) -> None:

@@ -20,7 +20,7 @@ index, and opens ``<base>_00000.weights.h5`` by the index's own name).
 
 Refused in one line, because Keras would refuse the set or read it otherwise: an index that is not JSON or has no
 ``weight_map`` mapping; a key that is not a variables group Keras writes (``/.../vars``); a shard named by other than
-a non-empty file name (or list of them) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5``
+a non-empty file name (or list of distinct ones) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5``
 included; a shard holding a dataset the index does not list in that shard (Keras never reads it), or listed for a
 group it holds nothing of; a dataset in two shards (Keras reads only one of them).
 
@@ -79,6 +79,9 @@ def _shard_names(ip: str, key: str, value: object) -> list[str]:
                 or "\0" in name):
             raise FormatError(f"{ip}: weight_map names shard {name!r} for {key!r}, not a file name beside the index; "
                               "Keras reads shards beside the index only")
+    if len(set(names)) < len(names):
+        raise FormatError(f"{ip}: weight_map lists a shard twice for {key!r}; Keras counts that shard's variables "
+                          "twice and refuses to load the group")
     return list(names)
 
 
