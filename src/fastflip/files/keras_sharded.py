@@ -18,11 +18,14 @@ checkpoint machinery (:mod:`fastflip.files.sharded`) then injects, replays and r
 is a directory holding the index and every shard under their names (Keras finds the shards by the names in the
 index, and opens ``<base>_00000.weights.h5`` by the index's own name).
 
-Refused in one line, because Keras would refuse the set or read it otherwise: an index that is not JSON or has no
-``weight_map`` mapping; a key that is not a variables group Keras writes (``/.../vars``); a shard named by other than
-a non-empty file name (or list of distinct ones) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5``
-included; a shard holding a dataset the index does not list in that shard (Keras never reads it), or listed for a
-group it holds nothing of; a dataset in two shards (Keras reads only one of them).
+Refused in one line, because Keras would refuse the set or load other values than the shards hold: an index that is
+not JSON or has no ``weight_map`` mapping; a shard named by other than a non-empty file name (or list of distinct
+ones) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5`` included (a missing later shard:
+Keras loads without an error and leaves every layer the index places in it as it was); a dataset in two shards
+(Keras counts the group's variables twice and refuses it). Refused too, though Keras loads such a set as saved,
+because the index and its shards disagree: a key that is not a variables group Keras writes (``/.../vars``); a shard
+holding a dataset the index does not list in that shard (Keras never reads it), or listed for a group it holds
+nothing of.
 
 Examples
 --------
@@ -155,8 +158,8 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
                                   "it (the index and its shards disagree)")
         clash = place_tensors(lay, name, shard_of, tensors, skipped)
         if clash:
-            raise FormatError(f"{sp}: variable {clash[0]!r} is also in {clash[1]}; Keras reads only one of them, "
-                              "so a variable must be in one shard")
+            raise FormatError(f"{sp}: variable {clash[0]!r} is also in {clash[1]}; Keras counts the group's "
+                              "variables twice and refuses to load it")
     for key, listed in wm.items():
         lacking = [n for n in listed if n not in holds.get(key, set())]
         if lacking:
