@@ -52,7 +52,7 @@ from typing import Any, Callable, Sequence
 from ..core.records import Layout, Skipped, Tensor
 from ..core.records import natural_key as _natural_key
 from ..errors import FormatError
-from .formats.hfdir import ShardedLayout, index_weight_map, place_tensors
+from .formats.hfdir import ShardedLayout, index_weight_map, place_tensors, plain_name
 from .h5open import open_h5
 from .roles import annotate
 
@@ -78,10 +78,8 @@ def _shard_names(ip: str, key: str, value: object) -> list[str]:
     if not names:
         raise FormatError(f"{ip}: weight_map lists no shard for {key!r}; Keras cannot load that group")
     for name in names:
-        if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-                or "\0" in name):
-            raise FormatError(f"{ip}: weight_map names shard {name!r} for {key!r}, not a file name beside the index; "
-                              "Keras reads shards beside the index only")
+        plain_name(ip, name, f" for {key!r}, not a file name beside the index; Keras reads shards beside the index "
+                   "only")
     if len(set(names)) < len(names):
         raise FormatError(f"{ip}: weight_map lists a shard twice for {key!r}; Keras counts that shard's variables "
                           "twice and refuses to load the group")

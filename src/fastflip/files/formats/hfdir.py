@@ -54,8 +54,8 @@ from ...core.records import natural_key as _natural_key
 from . import FormatError, detect_format
 from . import read_layout as read_file_layout
 
-__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "place_tensors",
-           "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
+__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "plain_name",
+           "place_tensors", "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -133,11 +133,18 @@ def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     return find_index(path) is not None
 
 
-def _plain_name(root: str, name: object, index: str) -> str:
+def plain_name(ip: str, name: object, tail: str) -> str:
+    """``name``, a shard named by the index file ``ip``, when it is a plain file name beside the index.
+
+    Raises
+    ------
+    FormatError
+        ``"{ip}: weight_map names shard {name!r}{tail}"`` when ``name`` is not a non-empty string naming a file in
+        the index's directory (a path, ``.``/``..``, a NUL).
+    """
     if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
             or os.path.isabs(name) or "\0" in name):
-        raise FormatError(f"{os.path.join(root, index)}: weight_map names shard {name!r}, not a file name in the "
-                          "checkpoint directory; fastflip reads shards beside the index only")
+        raise FormatError(f"{ip}: weight_map names shard {name!r}{tail}")
     return name
 
 
@@ -162,7 +169,8 @@ def index_weight_map(ip: str, hint: str) -> dict[Any, Any]:
 def _weight_map(root: str, index: str) -> dict[str, str]:
     ip = os.path.join(root, index)
     wm = index_weight_map(ip, "give a Hugging Face model.safetensors.index.json or pytorch_model.bin.index.json")
-    return {str(k): _plain_name(root, v, index) for k, v in wm.items() if _is_name(k, ip)}
+    tail = ", not a file name in the checkpoint directory; fastflip reads shards beside the index only"
+    return {str(k): plain_name(ip, v, tail) for k, v in wm.items() if _is_name(k, ip)}
 
 
 def _is_name(key: object, ip: str) -> bool:
