@@ -251,6 +251,20 @@ def test_what_keras_refuses_or_reads_otherwise_is_refused_in_one_line(
         assert why in assert_refused(capsys, main(args), str(tmp_path), before, command=args[0])
 
 
+def test_a_json_not_named_weights_json_is_no_keras_index(saved: dict[str, Any], tmp_path: Any,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from fastflip.files.formats.hfdir import is_checkpoint_dir
+
+    d = _set(str(tmp_path), saved)
+    other = os.path.join(d, "fooweights.json")  # Keras's load_weights takes only names ending in .weights.json
+    shutil.copy(os.path.join(d, "m.weights.json"), other)
+    assert not is_checkpoint_dir(other)
+    before = snapshot(str(tmp_path))
+    why = assert_refused(capsys, main(["inspect", other]), str(tmp_path), before, command="inspect")
+    assert "not an HDF5 file nor another known checkpoint format" in why
+    assert main(["inspect", d]) == 0  # the directory's one index is still m.weights.json
+
+
 def test_outputs_and_directories_that_name_no_one_set_are_refused(saved: dict[str, Any], tmp_path: Any,
                                                                    capsys: pytest.CaptureFixture) -> None:
     d = _set(str(tmp_path), saved)

@@ -83,7 +83,7 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
 from .filebytes import sha256_file
 from .fileio import Staging, staged
-from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir
+from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_checkpoint_dir
 from .keras_sharded import KERAS_SHARDED_FORMAT
 from .layout import read_checkpoint_dir as read_sharded_layout  # Hugging Face or Keras sharded
 from .h5apply import read_words, route_sites
@@ -166,7 +166,7 @@ def _target_dir(src: str, dst: Any, overwrite: bool) -> str:
     if dst is None:
         raise OptionError("give an output directory (-o OUT); the input is only changed with --in-place")
     out = os.path.abspath(os.fspath(dst))
-    if out.endswith((".index.json", ".weights.json")):
+    if out.endswith((".index.json", KERAS_INDEX_SUFFIX)):
         raise OptionError(f"{dst}: the output of a checkpoint directory (or sharded Keras save) is a directory, "
                           "written with the same file names; give its path")
     real, src_real = os.path.realpath(out), os.path.realpath(src)

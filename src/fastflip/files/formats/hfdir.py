@@ -63,7 +63,7 @@ SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _LOOKUP = (("model.safetensors", False), ("model.safetensors.index.json", True), ("pytorch_model.bin", False),
            ("pytorch_model.bin.index.json", True))
 _MAX_INDEX = 64 << 20
-KERAS_INDEX_SUFFIX = "weights.json"  # Keras's load_weights reads a file so named as a sharded index
+KERAS_INDEX_SUFFIX = ".weights.json"  # Keras's load_weights reads a file so named as a sharded index
 _SHARD_FORMATS = {"safetensors": "safetensors", "torch": "torch", "torch-legacy": "torch"}
 
 
@@ -122,14 +122,14 @@ def find_index(path: str | os.PathLike[str]) -> tuple[str, str | None, str | Non
 def keras_indexes(root: str) -> list[str]:
     """The Keras sharded indexes (``*.weights.json`` files) in the directory ``root``, in name order."""
     try:
-        return sorted(e.name for e in os.scandir(root) if e.name.endswith("." + KERAS_INDEX_SUFFIX) and e.is_file())
+        return sorted(e.name for e in os.scandir(root) if e.name.endswith(KERAS_INDEX_SUFFIX) and e.is_file())
     except OSError:
         return []
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a directory, an ``*.index.json`` file (read by :func:`read_sharded_layout`) or a Keras
-    sharded index ``*weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
+    sharded index ``*.weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
     return find_index(path) is not None
 
 
