@@ -106,6 +106,7 @@ def test_inspect_lists_what_the_unsharded_file_lists_each_in_its_shard(saved: di
         return [(t.path, t.dtype, t.shape, t.layer, t.role) for t in layout.tensors]
 
     assert rows(lay) == rows(single)  # a bias split from its kernel is still a bias
+    assert all(t.role is None for s in lay.shards.values() for t in s.tensors)  # roles are the set's, made once
     assert set(lay.shard_of.values()) == set(SHARDS)
     with h5py.File(os.path.join(os.path.dirname(saved["index"]), SHARDS[2])) as f:
         assert lay.shard_of["/layers/dense/vars/1"] == SHARDS[2] and "layers/dense/vars/1" in f

@@ -104,7 +104,6 @@ class _Shards:
 
     def __init__(self, files: Sequence[Any]) -> None:
         self.files = files
-        self.attrs: dict[str, Any] = {}
 
     def get(self, path: str) -> Any:
         found = [f.get(path) for f in self.files]
@@ -124,7 +123,7 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
     """One :class:`~fastflip.files.formats.hfdir.ShardedLayout` of a Keras sharded save, given its index file.
 
     ``read_shard`` reads one HDF5 shard's :class:`~fastflip.core.records.Layout` (the HDF5 reader of
-    :mod:`fastflip.files.layout`). See the module docstring for what is refused.
+    :mod:`fastflip.files.layout`, unannotated: the set's tensors are labelled here, across its shards). See the module docstring for what is refused.
 
     Raises
     ------

@@ -48,6 +48,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Callable
@@ -362,11 +363,12 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
 
 def read_checkpoint_dir(path: str | os.PathLike[str]) -> ShardedLayout:
     """One layout over every shard of a checkpoint directory or its index: a Keras sharded save (``*.weights.json``
-    and its ``.weights.h5`` shards, :mod:`fastflip.files.keras_sharded`, each shard read by :func:`read_layout`),
-    else a Hugging Face directory (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
+    and its ``.weights.h5`` shards, :mod:`fastflip.files.keras_sharded`, each shard read by :func:`read_layout`
+    unannotated, the set annotated as one), else a Hugging Face directory
+    (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
     found = find_index(path)
     if found is not None and found[1] is not None and found[1].endswith(KERAS_INDEX_SUFFIX):
-        return read_keras_sharded(os.path.join(found[0], found[1]), read_layout)
+        return read_keras_sharded(os.path.join(found[0], found[1]), functools.partial(read_layout, annotate=False))
     return read_sharded_layout(path)
 
 
