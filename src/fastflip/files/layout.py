@@ -64,7 +64,6 @@ from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_che
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
-from .keras_sharded import read_keras_sharded
 from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, settle
 from .roles import annotate as _annotate, file_framework, keras3_written
 from ..errors import NotHDF5Error
@@ -368,6 +367,8 @@ def read_checkpoint_dir(path: str | os.PathLike[str]) -> ShardedLayout:
     (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
     found = find_index(path)
     if found is not None and found[1] is not None and found[1].endswith(KERAS_INDEX_SUFFIX):
+        from .keras_sharded import read_keras_sharded  # a Keras sharded save only: not loaded for a single file
+
         return read_keras_sharded(os.path.join(found[0], found[1]), functools.partial(read_layout, annotate=False))
     return read_sharded_layout(path)
 
