@@ -85,7 +85,7 @@ from .filebytes import sha256_file
 from .fileio import Staging, staged
 from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_checkpoint_dir
 from .keras_sharded import KERAS_SHARDED_FORMAT
-from .layout import read_checkpoint_dir as read_sharded_layout  # Hugging Face or Keras sharded
+from .layout import read_checkpoint_dir  # Hugging Face or Keras sharded
 from .h5apply import read_words, route_sites
 from .inject import InjectionResult, inject_file
 from .sites import injection_counts, random_seed, sampling_of, site_space
@@ -330,7 +330,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     if hash_files == "regions":
         raise OptionError(f"{os.fspath(src)}: region evidence is for single files; a checkpoint directory's log holds "
                           "each shard's hash: drop --evidence regions (hash_files='regions')")
-    layout = layout or read_sharded_layout(src)
+    layout = layout or read_checkpoint_dir(src)
     root = layout.file
     if not atomic and not in_place:
         raise OptionError("atomic=False applies to in-place injection only")
@@ -375,7 +375,7 @@ def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: Sharded
     """Write a directory log's old words back where they lie (zip CRCs of ``.bin`` shards with them), checking
     nothing: the undo of :func:`inject_dir` ``(in_place=True, atomic=False)`` in a working copy that is the
     caller's own (campaign trials). :func:`revert_dir` is the checked revert."""
-    layout = layout or read_sharded_layout(root)
+    layout = layout or read_checkpoint_dir(root)
     for sp in shard_plans(log.plan, layout):
         path = os.path.join(layout.file, sp.shard)
         by_name = {t.path: t for t in layout.shards[sp.shard].tensors}
@@ -385,7 +385,7 @@ def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: Sharded
 
 def checkpoint_dir_sha256(path: str | os.PathLike[str]) -> str:
     """One sha256 of a checkpoint directory's weights: over (file name, sha256) of its index and every weight file."""
-    layout = read_sharded_layout(path)
+    layout = read_checkpoint_dir(path)
     names = ([layout.index] if layout.index else []) + list(layout.shards)
     return _digest({n: sha256_file(os.path.join(layout.file, n)) for n in names})
 
@@ -394,7 +394,7 @@ def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     """Copy a checkpoint directory to the new directory ``dst`` (files shared by reflink where possible, else
     copied; never linked); return ``dst``."""
     dst = os.fspath(dst)
-    layout = read_sharded_layout(src)
+    layout = read_checkpoint_dir(src)
     os.mkdir(dst)
     copy_tree(layout.file, dst, _not_carried(layout, set()))
     return dst
@@ -426,7 +426,7 @@ def replay_dir(log: InjectionLog | str | os.PathLike[str], src: str | os.PathLik
         A shard is not the logged input, or the result differs from the logged output.
     """
     lg = _dir_log(log)
-    layout = read_sharded_layout(src)
+    layout = read_checkpoint_dir(src)
     root = layout.file
     target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
     lp = _log_path(log_path, target, root, in_place)
@@ -475,7 +475,7 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
         A touched shard is neither the logged output nor the logged input; nothing is changed.
     """
     lg = _dir_log(log)
-    layout = read_sharded_layout(file)
+    layout = read_checkpoint_dir(file)
     root = layout.file
     in_place = out is None
     target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
