@@ -273,8 +273,9 @@ def test_outputs_and_directories_that_name_no_one_set_are_refused(saved: dict[st
     before = snapshot(str(tmp_path))
     assert "several Keras sharded indexes" in assert_refused(capsys, main(["inspect", d]), str(tmp_path), before,
                                                               command="inspect")
-    assert assert_refused(capsys, main(["inject", os.path.join(d, "m.weights.json"), "-o",
-                                        str(tmp_path / "x.weights.json"), "--count", "2"]), str(tmp_path), before)
+    why = assert_refused(capsys, main(["inject", os.path.join(d, "m.weights.json"), "-o",
+                                       str(tmp_path / "x.weights.json"), "--count", "2"]), str(tmp_path), before)
+    assert "the output of a checkpoint directory (or sharded Keras save) is a directory" in why
 
 
 def test_campaign_trial_path_copies_only_the_set_flips_where_words_lie_and_restores(saved: dict[str, Any],
