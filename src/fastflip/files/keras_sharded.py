@@ -123,7 +123,8 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
     """One :class:`~fastflip.files.formats.hfdir.ShardedLayout` of a Keras sharded save, given its index file.
 
     ``read_shard`` reads one HDF5 shard's :class:`~fastflip.core.records.Layout` (the HDF5 reader of
-    :mod:`fastflip.files.layout`, unannotated: the set's tensors are labelled here, across its shards). See the module docstring for what is refused.
+    :mod:`fastflip.files.layout`, unannotated: the set's tensors are labelled here, across its shards). See the
+    module docstring for what is refused.
 
     Raises
     ------
@@ -153,10 +154,8 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
             if name not in wm.get(group, ()):
                 raise FormatError(f"{sp}: holds {a!r}, which {index} does not list in this shard; Keras never reads "
                                   "it (the index and its shards disagree)")
-        clash = place_tensors(lay, name, shard_of, tensors, skipped)
-        if clash:
-            raise FormatError(f"{sp}: variable {clash[0]!r} is also in {clash[1]}; Keras counts the group's "
-                              "variables twice and refuses to load it")
+        place_tensors(lay, name, shard_of, tensors, skipped, lambda a, other: f"{sp}: variable {a!r} is also in "
+                      f"{other}; Keras counts the group's variables twice and refuses to load it")
     for key, listed in wm.items():
         lacking = [n for n in listed if n not in holds.get(key, set())]
         if lacking:

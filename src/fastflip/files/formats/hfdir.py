@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
@@ -180,18 +180,22 @@ def _is_name(key: object, ip: str) -> bool:
 
 
 def place_tensors(lay: Layout, shard: str, shard_of: dict[str, str], tensors: list[Tensor],
-                  skipped: list[Skipped]) -> tuple[str, str] | None:
+                  skipped: list[Skipped], clash: Callable[[str, str], str]) -> None:
     """Gather one shard's layout ``lay`` into a whole model's lists: every alias recorded as held by ``shard`` in
-    ``shard_of``, its tensors and skipped entries appended. Returns None, or (alias, other shard) for the first
-    alias another shard already holds (nothing appended then)."""
+    ``shard_of``, its tensors and skipped entries appended.
+
+    Raises
+    ------
+    FormatError
+        ``clash(alias, other shard)`` for the first alias another shard already holds (nothing appended then).
+    """
     for t in lay.tensors:
         for a in t.aliases:
             if a in shard_of:
-                return a, shard_of[a]
+                raise FormatError(clash(a, shard_of[a]))
             shard_of[a] = shard
     tensors += lay.tensors
     skipped += lay.skipped
-    return None
 
 
 def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
@@ -248,10 +252,9 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
                         else f"lacks {missing[0]!r}, which the index places there")
                 raise FormatError(f"{sp}: {what}; the index and its shards disagree (fastflip reads what "
                                   "transformers reads, or refuses)")
-        clash = place_tensors(lay, name, shard_of, tensors, skipped)
-        if clash:
-            raise FormatError(f"{sp}: tensor {clash[0].lstrip('/')!r} is also in {clash[1]}; "
-                              "a tensor must be in one shard")
+        place_tensors(lay, name, shard_of, tensors, skipped,
+                      lambda a, other: f"{sp}: tensor {a.lstrip('/')!r} is also in {other}; a tensor must be in one "
+                      "shard")
     if len(kinds) > 1:
         raise FormatError(f"{p}: shards of different formats ({', '.join(sorted(kinds))}); "
                           "a checkpoint directory holds one kind")
