@@ -213,13 +213,18 @@ def _writer_lock(layout: ShardedLayout, what: str, on: bool = True) -> Iterator[
         yield
 
 
-def _not_carried(layout: ShardedLayout, touched: set[str]) -> set[str]:
-    """The entries of the directory a new output does not carry over: the ``touched`` shards (written anew) and,
-    for a Keras sharded save, every file that is not its index or one of its shards (a Keras set is
-    addressed by its index, and shares its folder with anything)."""
-    if layout.format != KERAS_SHARDED_FORMAT:
-        return set(touched)
-    return set(touched) | (set(os.listdir(layout.file)) - {layout.index, *layout.shards})
+class _NotCarried:
+    """The entries of the directory a new output does not carry over, as :func:`~fastflip.files.sharecopy.copy_tree`
+    asks while it lists the directory: the ``touched`` shards (written anew) and, for a Keras sharded save, every
+    entry that is not its index or one of its shards (a Keras set is addressed by its index, and shares its folder
+    with anything)."""
+
+    def __init__(self, layout: ShardedLayout, touched: set[str]) -> None:
+        self.touched = touched
+        self.own = {layout.index, *layout.shards} if layout.format == KERAS_SHARDED_FORMAT else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.touched or (self.own is not None and name not in self.own)
 
 
 def _stage_shards(st: Staging, root: str, in_place: bool, target: str) -> Callable[[str], str]:
@@ -278,7 +283,7 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
         manifest = make_manifest(old, new, shards)
         if not in_place:
             manifest["checkpoint_dir"]["carried"] = copy_tree(layout.file, st.temp(target),
-                                                               _not_carried(layout, set(shards)), durable)
+                                                               _NotCarried(layout, set(shards)), durable)
         log = InjectionLog.from_plan(plan, old, new, manifest)
         if lp is not None:
             log.write(st.add(lp, evidence=True))
@@ -396,7 +401,7 @@ def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     dst = os.fspath(dst)
     layout = read_checkpoint_dir(src)
     os.mkdir(dst)
-    copy_tree(layout.file, dst, _not_carried(layout, set()))
+    copy_tree(layout.file, dst, _NotCarried(layout, set()))
     return dst
 
 
@@ -514,6 +519,6 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     os.unlink(tmp)  # what the refused revert wrote there
                 share_copy(path, tmp, True)
         if not in_place:
-            copy_tree(root, st.temp(target), _not_carried(layout, set(want)), True)
+            copy_tree(root, st.temp(target), _NotCarried(layout, set(want)), True)
     return RevertResult(target, lg.manifest["input"]["sha256"], restored, verified=hashed)
 
