@@ -106,6 +106,7 @@ def test_inspect_lists_what_the_unsharded_file_lists_each_in_its_shard(saved: di
         return [(t.path, t.dtype, t.shape, t.layer, t.role) for t in layout.tensors]
 
     assert rows(lay) == rows(single)  # a bias split from its kernel is still a bias
+    assert all(t.role is None for s in lay.shards.values() for t in s.tensors)  # roles are the set's, made once
     assert set(lay.shard_of.values()) == set(SHARDS)
     with h5py.File(os.path.join(os.path.dirname(saved["index"]), SHARDS[2])) as f:
         assert lay.shard_of["/layers/dense/vars/1"] == SHARDS[2] and "layers/dense/vars/1" in f
@@ -199,6 +200,10 @@ def _two_shards(d: str) -> None:
     _edit_index(d, lambda wm: wm.update({"/layers/dense/vars": [SHARDS[1], SHARDS[2]]}))
 
 
+def _dup_listed(d: str) -> None:
+    _edit_index(d, lambda wm: wm.update({"/layers/dense_1/vars": [SHARDS[2], SHARDS[2]]}))
+
+
 def _not_listed_there(d: str) -> None:
     _edit_index(d, lambda wm: wm.update({"/layers/conv2d/vars": [SHARDS[0], SHARDS[1]]}))
 
@@ -216,24 +221,49 @@ def _not_a_group(d: str) -> None:
     _edit_index(d, lambda wm: wm.update({"layers/conv2d": wm.pop("/layers/conv2d/vars")}))
 
 
-@pytest.mark.parametrize("damage, keras_raises, why", [  # a missing later shard: Keras leaves its variables unloaded
-    (_missing_shard, False, "shard missing (listed by"), (_outside, True, "not a file name beside the index"),
-    (_renamed_index, True, "Keras opens it first"), (_no_weight_map, True, "no weight_map"),
-    (_extra_dataset, False, "does not list in this shard"), (_two_shards, False, "Keras reads only one of them"),
-    (_not_listed_there, False, "holds no variable of"), (_not_a_group, False, "not a variables group")])
+@pytest.mark.parametrize("damage, keras, why", [  # keras: what load_weights does with the damaged set
+    (_missing_shard, "otherwise", "shard missing (listed by"), (_outside, "raises", "not a file name beside the index"),
+    (_renamed_index, "raises", "Keras opens it first"), (_no_weight_map, "raises", "no weight_map"),
+    (_extra_dataset, "loads", "does not list in this shard"), (_two_shards, "raises", "also in"),
+    (_not_listed_there, "loads", "holds no variable of"), (_not_a_group, "loads", "not a variables group"),
+    (_dup_listed, "raises", "lists a shard twice")])
 def test_what_keras_refuses_or_reads_otherwise_is_refused_in_one_line(
-        saved: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture, damage: Any, keras_raises: bool,
+        saved: dict[str, Any], tmp_path: Any, capsys: pytest.CaptureFixture, damage: Any, keras: str,
         why: str) -> None:
     d = _set(str(tmp_path), saved)
     damage(d)
     index = os.path.join(d, [n for n in os.listdir(d) if n.endswith(".json")][0])
-    if keras_raises:
+    if keras == "raises":
         with pytest.raises(Exception):
             _loaded(index)
+    else:  # Keras loads without an error: the saved words ("loads"), or other ones ("otherwise")
+        model = _build()
+        initial = _words(model)
+        model.load_weights(index)
+        got = _words(model)
+        same = all(np.array_equal(a, b) for a, b in zip(got, saved["words"]))
+        assert same == (keras == "loads")
+        if damage is _missing_shard:  # dense and dense_1 (partly or wholly in that shard) keep the fresh values
+            assert all(np.array_equal(a, b) for a, b in zip(got[-4:], initial[-4:]))
+            assert all(np.array_equal(a, b) for a, b in zip(got[:-4], saved["words"][:-4]))
     before = snapshot(str(tmp_path))
     for args in (["inspect", index], ["inject", index, "-o", str(tmp_path / "out"), "--count", "3"],
                  ["inject", d, "--in-place", "--count", "3"]):
         assert why in assert_refused(capsys, main(args), str(tmp_path), before, command=args[0])
+
+
+def test_a_json_not_named_weights_json_is_no_keras_index(saved: dict[str, Any], tmp_path: Any,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from fastflip.files.formats.hfdir import is_checkpoint_dir
+
+    d = _set(str(tmp_path), saved)
+    other = os.path.join(d, "fooweights.json")  # Keras's load_weights takes only names ending in .weights.json
+    shutil.copy(os.path.join(d, "m.weights.json"), other)
+    assert not is_checkpoint_dir(other)
+    before = snapshot(str(tmp_path))
+    why = assert_refused(capsys, main(["inspect", other]), str(tmp_path), before, command="inspect")
+    assert "not an HDF5 file nor another known checkpoint format" in why
+    assert main(["inspect", d]) == 0  # the directory's one index is still m.weights.json
 
 
 def test_outputs_and_directories_that_name_no_one_set_are_refused(saved: dict[str, Any], tmp_path: Any,
@@ -243,8 +273,9 @@ def test_outputs_and_directories_that_name_no_one_set_are_refused(saved: dict[st
     before = snapshot(str(tmp_path))
     assert "several Keras sharded indexes" in assert_refused(capsys, main(["inspect", d]), str(tmp_path), before,
                                                               command="inspect")
-    assert assert_refused(capsys, main(["inject", os.path.join(d, "m.weights.json"), "-o",
-                                        str(tmp_path / "x.weights.json"), "--count", "2"]), str(tmp_path), before)
+    why = assert_refused(capsys, main(["inject", os.path.join(d, "m.weights.json"), "-o",
+                                       str(tmp_path / "x.weights.json"), "--count", "2"]), str(tmp_path), before)
+    assert "the output of a checkpoint directory (or sharded Keras save) is a directory" in why
 
 
 def test_campaign_trial_path_copies_only_the_set_flips_where_words_lie_and_restores(saved: dict[str, Any],

@@ -66,6 +66,8 @@ LAZY = {
     "fastflip.files.encoded": "the patchers of filtered HDF5 chunks and zip members are imported when a plan has "
                               "sites there (a command on raw storage loads neither)",
     "fastflip.files.archives": "the .keras archive code (and zip writing) is imported when a file is a .keras archive",
+    "fastflip.files.layout": "the Keras sharded reader (files/keras_sharded.py) is imported when a Keras sharded "
+                             "save is read, not for a single file",
     "fastflip.files.inject": "the in-place writers (files/inplace.py) and the region-evidence copy "
                              "(files/copyregions.py) are imported by the inject that uses them, not for a new file",
     "fastflip.kernels.engines": "the compiled Cython extension is optional: imported when its backend loads",

@@ -36,7 +36,8 @@ NOT_FOR_RAW_HDF5 = (
     "difflib", "fastflip.files.keras_archive", "fastflip.files.zipmembers", "fastflip.files.h5chunks",
     "fastflip.files.formats.zipraw", "fastflip.files.formats.npz_members", "fastflip.files.formats.numpy_io",
     "fastflip.files.formats.zipcrc", "fastflip.files.formats.torchsave", "fastflip.files.formats.torchquant",
-    "fastflip.files.formats.safetensors_io", "fastflip.files.sharded", "torch", "keras", "tensorflow",
+    "fastflip.files.formats.safetensors_io", "fastflip.files.sharded", "fastflip.files.keras_sharded", "torch", "keras",
+    "tensorflow",
 )
 
 

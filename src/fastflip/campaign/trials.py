@@ -203,7 +203,7 @@ class TrialRunner:
             # removed when the worker process ends normally; the sweep removes it after a kill
             multiprocessing.util.Finalize(self, self.close, exitpriority=10)
         dst = os.path.join(self._workdir, f"{len(os.listdir(self._workdir))}-{os.path.basename(path)}")
-        if is_checkpoint_dir(path):  # a Hugging Face directory: a copy of it (shared blocks where possible)
+        if is_checkpoint_dir(path):  # a Hugging Face directory or Keras sharded save: a copy of it (shared blocks)
             if path.endswith(KERAS_INDEX_SUFFIX):  # a Keras sharded index: the same index in a copy of its set
                 return os.path.join(copy_checkpoint_dir(path, dst), os.path.basename(path))
             return copy_checkpoint_dir(path, dst)

@@ -18,11 +18,14 @@ checkpoint machinery (:mod:`fastflip.files.sharded`) then injects, replays and r
 is a directory holding the index and every shard under their names (Keras finds the shards by the names in the
 index, and opens ``<base>_00000.weights.h5`` by the index's own name).
 
-Refused in one line, because Keras would refuse the set or read it otherwise: an index that is not JSON or has no
-``weight_map`` mapping; a key that is not a variables group Keras writes (``/.../vars``); a shard named by other than
-a non-empty file name (or list of them) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5``
-included; a shard holding a dataset the index does not list in that shard (Keras never reads it), or listed for a
-group it holds nothing of; a dataset in two shards (Keras reads only one of them).
+Refused in one line, because Keras would refuse the set or load other values than the shards hold: an index that is
+not JSON or has no ``weight_map`` mapping; a shard named by other than a non-empty file name (or list of distinct
+ones) beside the index; a missing or non-HDF5 shard, ``<base>_00000.weights.h5`` included (a missing later shard:
+Keras loads without an error and leaves every layer the index places in it as it was); a dataset in two shards
+(Keras counts the group's variables twice and refuses it). Refused too, though Keras loads such a set as saved,
+because the index and its shards disagree: a key that is not a variables group Keras writes (``/.../vars``); a shard
+holding a dataset the index does not list in that shard (Keras never reads it), or listed for a group it holds
+nothing of.
 
 Examples
 --------
@@ -49,7 +52,7 @@ from typing import Any, Callable, Sequence
 from ..core.records import Layout, Skipped, Tensor
 from ..core.records import natural_key as _natural_key
 from ..errors import FormatError
-from .formats.hfdir import ShardedLayout, index_weight_map, place_tensors
+from .formats.hfdir import ShardedLayout, index_weight_map, place_tensors, plain_name
 from .h5open import open_h5
 from .roles import annotate
 
@@ -75,10 +78,11 @@ def _shard_names(ip: str, key: str, value: object) -> list[str]:
     if not names:
         raise FormatError(f"{ip}: weight_map lists no shard for {key!r}; Keras cannot load that group")
     for name in names:
-        if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
-                or "\0" in name):
-            raise FormatError(f"{ip}: weight_map names shard {name!r} for {key!r}, not a file name beside the index; "
-                              "Keras reads shards beside the index only")
+        plain_name(ip, name, f" for {key!r}, not a file name beside the index; Keras reads shards beside the index "
+                   "only")
+    if len(set(names)) < len(names):
+        raise FormatError(f"{ip}: weight_map lists a shard twice for {key!r}; Keras counts that shard's variables "
+                          "twice and refuses to load the group")
     return list(names)
 
 
@@ -100,7 +104,6 @@ class _Shards:
 
     def __init__(self, files: Sequence[Any]) -> None:
         self.files = files
-        self.attrs: dict[str, Any] = {}
 
     def get(self, path: str) -> Any:
         found = [f.get(path) for f in self.files]
@@ -120,7 +123,8 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
     """One :class:`~fastflip.files.formats.hfdir.ShardedLayout` of a Keras sharded save, given its index file.
 
     ``read_shard`` reads one HDF5 shard's :class:`~fastflip.core.records.Layout` (the HDF5 reader of
-    :mod:`fastflip.files.layout`). See the module docstring for what is refused.
+    :mod:`fastflip.files.layout`, unannotated: the set's tensors are labelled here, across its shards). See the
+    module docstring for what is refused.
 
     Raises
     ------
@@ -150,10 +154,8 @@ def read_keras_sharded(index_path: str | os.PathLike[str], read_shard: Callable[
             if name not in wm.get(group, ()):
                 raise FormatError(f"{sp}: holds {a!r}, which {index} does not list in this shard; Keras never reads "
                                   "it (the index and its shards disagree)")
-        clash = place_tensors(lay, name, shard_of, tensors, skipped)
-        if clash:
-            raise FormatError(f"{sp}: variable {clash[0]!r} is also in {clash[1]}; Keras reads only one of them, "
-                              "so a variable must be in one shard")
+        place_tensors(lay, name, shard_of, tensors, skipped, lambda a, other: f"{sp}: variable {a!r} is also in "
+                      f"{other}; Keras counts the group's variables twice and refuses to load it")
     for key, listed in wm.items():
         lacking = [n for n in listed if n not in holds.get(key, set())]
         if lacking:

@@ -48,6 +48,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, Callable
@@ -63,7 +64,6 @@ from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_che
 from .h5index import object_info
 from .h5open import open_h5
 from .h5overlap import refuse_shared_bytes
-from .keras_sharded import read_keras_sharded
 from .keras_dtypes import BF16_WORDS, KerasReading, keras_reading, settle
 from .roles import annotate as _annotate, file_framework, keras3_written
 from ..errors import NotHDF5Error
@@ -362,11 +362,14 @@ def read_layout(path: str | os.PathLike[str], *, annotate: bool = True, verify: 
 
 def read_checkpoint_dir(path: str | os.PathLike[str]) -> ShardedLayout:
     """One layout over every shard of a checkpoint directory or its index: a Keras sharded save (``*.weights.json``
-    and its ``.weights.h5`` shards, :mod:`fastflip.files.keras_sharded`, each shard read by :func:`read_layout`),
-    else a Hugging Face directory (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
+    and its ``.weights.h5`` shards, :mod:`fastflip.files.keras_sharded`, each shard read by :func:`read_layout`
+    unannotated, the set annotated as one), else a Hugging Face directory
+    (:func:`fastflip.files.formats.hfdir.read_sharded_layout`)."""
     found = find_index(path)
     if found is not None and found[1] is not None and found[1].endswith(KERAS_INDEX_SUFFIX):
-        return read_keras_sharded(os.path.join(found[0], found[1]), read_layout)
+        from .keras_sharded import read_keras_sharded  # a Keras sharded save only: not loaded for a single file
+
+        return read_keras_sharded(os.path.join(found[0], found[1]), functools.partial(read_layout, annotate=False))
     return read_sharded_layout(path)
 
 

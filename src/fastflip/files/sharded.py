@@ -83,9 +83,9 @@ from ..core.spec import Sampling
 from ..errors import LogMismatchError, OptionError, OutputError, UnsupportedStorageError
 from .filebytes import sha256_file
 from .fileio import Staging, staged
-from .formats.hfdir import ShardedLayout, find_index, is_checkpoint_dir
+from .formats.hfdir import KERAS_INDEX_SUFFIX, ShardedLayout, find_index, is_checkpoint_dir
 from .keras_sharded import KERAS_SHARDED_FORMAT
-from .layout import read_checkpoint_dir as read_sharded_layout  # Hugging Face or Keras sharded
+from .layout import read_checkpoint_dir  # Hugging Face or Keras sharded
 from .h5apply import read_words, route_sites
 from .inject import InjectionResult, inject_file
 from .sites import injection_counts, random_seed, sampling_of, site_space
@@ -166,7 +166,7 @@ def _target_dir(src: str, dst: Any, overwrite: bool) -> str:
     if dst is None:
         raise OptionError("give an output directory (-o OUT); the input is only changed with --in-place")
     out = os.path.abspath(os.fspath(dst))
-    if out.endswith((".index.json", ".weights.json")):
+    if out.endswith((".index.json", KERAS_INDEX_SUFFIX)):
         raise OptionError(f"{dst}: the output of a checkpoint directory (or sharded Keras save) is a directory, "
                           "written with the same file names; give its path")
     real, src_real = os.path.realpath(out), os.path.realpath(src)
@@ -213,13 +213,18 @@ def _writer_lock(layout: ShardedLayout, what: str, on: bool = True) -> Iterator[
         yield
 
 
-def _not_carried(layout: ShardedLayout, touched: set[str]) -> set[str]:
-    """The entries of the directory a new output does not carry over: the ``touched`` shards (written anew) and,
-    for a Keras sharded save, every file that is not its index or one of its shards (a Keras set is
-    addressed by its index, and shares its folder with anything)."""
-    if layout.format != KERAS_SHARDED_FORMAT:
-        return set(touched)
-    return set(touched) | (set(os.listdir(layout.file)) - {layout.index, *layout.shards})
+class _NotCarried:
+    """The entries of the directory a new output does not carry over, as :func:`~fastflip.files.sharecopy.copy_tree`
+    asks while it lists the directory: the ``touched`` shards (written anew) and, for a Keras sharded save, every
+    entry that is not its index or one of its shards (a Keras set is addressed by its index, and shares its folder
+    with anything)."""
+
+    def __init__(self, layout: ShardedLayout, touched: set[str]) -> None:
+        self.touched = touched
+        self.own = {layout.index, *layout.shards} if layout.format == KERAS_SHARDED_FORMAT else None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.touched or (self.own is not None and name not in self.own)
 
 
 def _stage_shards(st: Staging, root: str, in_place: bool, target: str) -> Callable[[str], str]:
@@ -278,7 +283,7 @@ def _write_dir(layout: ShardedLayout, target: str, in_place: bool, plan: Plan, l
         manifest = make_manifest(old, new, shards)
         if not in_place:
             manifest["checkpoint_dir"]["carried"] = copy_tree(layout.file, st.temp(target),
-                                                               _not_carried(layout, set(shards)), durable)
+                                                               _NotCarried(layout, set(shards)), durable)
         log = InjectionLog.from_plan(plan, old, new, manifest)
         if lp is not None:
             log.write(st.add(lp, evidence=True))
@@ -330,7 +335,7 @@ def inject_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None =
     if hash_files == "regions":
         raise OptionError(f"{os.fspath(src)}: region evidence is for single files; a checkpoint directory's log holds "
                           "each shard's hash: drop --evidence regions (hash_files='regions')")
-    layout = layout or read_sharded_layout(src)
+    layout = layout or read_checkpoint_dir(src)
     root = layout.file
     if not atomic and not in_place:
         raise OptionError("atomic=False applies to in-place injection only")
@@ -375,7 +380,7 @@ def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: Sharded
     """Write a directory log's old words back where they lie (zip CRCs of ``.bin`` shards with them), checking
     nothing: the undo of :func:`inject_dir` ``(in_place=True, atomic=False)`` in a working copy that is the
     caller's own (campaign trials). :func:`revert_dir` is the checked revert."""
-    layout = layout or read_sharded_layout(root)
+    layout = layout or read_checkpoint_dir(root)
     for sp in shard_plans(log.plan, layout):
         path = os.path.join(layout.file, sp.shard)
         by_name = {t.path: t for t in layout.shards[sp.shard].tensors}
@@ -385,7 +390,7 @@ def restore_dir(root: str | os.PathLike[str], log: InjectionLog, layout: Sharded
 
 def checkpoint_dir_sha256(path: str | os.PathLike[str]) -> str:
     """One sha256 of a checkpoint directory's weights: over (file name, sha256) of its index and every weight file."""
-    layout = read_sharded_layout(path)
+    layout = read_checkpoint_dir(path)
     names = ([layout.index] if layout.index else []) + list(layout.shards)
     return _digest({n: sha256_file(os.path.join(layout.file, n)) for n in names})
 
@@ -394,9 +399,9 @@ def copy_checkpoint_dir(src: str | os.PathLike[str], dst: str | os.PathLike[str]
     """Copy a checkpoint directory to the new directory ``dst`` (files shared by reflink where possible, else
     copied; never linked); return ``dst``."""
     dst = os.fspath(dst)
-    layout = read_sharded_layout(src)
+    layout = read_checkpoint_dir(src)
     os.mkdir(dst)
-    copy_tree(layout.file, dst, _not_carried(layout, set()))
+    copy_tree(layout.file, dst, _NotCarried(layout, set()))
     return dst
 
 
@@ -426,7 +431,7 @@ def replay_dir(log: InjectionLog | str | os.PathLike[str], src: str | os.PathLik
         A shard is not the logged input, or the result differs from the logged output.
     """
     lg = _dir_log(log)
-    layout = read_sharded_layout(src)
+    layout = read_checkpoint_dir(src)
     root = layout.file
     target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
     lp = _log_path(log_path, target, root, in_place)
@@ -475,7 +480,7 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
         A touched shard is neither the logged output nor the logged input; nothing is changed.
     """
     lg = _dir_log(log)
-    layout = read_sharded_layout(file)
+    layout = read_checkpoint_dir(file)
     root = layout.file
     in_place = out is None
     target = os.path.realpath(root) if in_place else _target_dir(root, out, overwrite)
@@ -514,6 +519,6 @@ def revert_dir(log: InjectionLog | str | os.PathLike[str], file: str | os.PathLi
                     os.unlink(tmp)  # what the refused revert wrote there
                 share_copy(path, tmp, True)
         if not in_place:
-            copy_tree(root, st.temp(target), _not_carried(layout, set(want)), True)
+            copy_tree(root, st.temp(target), _NotCarried(layout, set(want)), True)
     return RevertResult(target, lg.manifest["input"]["sha256"], restored, verified=hashed)
 

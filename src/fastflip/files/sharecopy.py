@@ -23,6 +23,7 @@ import errno
 import fcntl
 import os
 import shutil
+from typing import Container
 
 from .fileio import fsync_path
 from .paths import is_fastflip_scratch
@@ -66,7 +67,7 @@ def share_copy(src: str, dst: str, durable: bool = False) -> str:
     return how
 
 
-def copy_tree(src: str, dst: str, skip: set[str], durable: bool = False) -> dict[str, int]:
+def copy_tree(src: str, dst: str, skip: Container[str], durable: bool = False) -> dict[str, int]:
     """Carry every file of ``src`` into the existing directory ``dst`` (but ``skip``, and fastflip's own temporaries
     and writer-lock records); count how."""
     how = {"reflink": 0, "copy": 0}

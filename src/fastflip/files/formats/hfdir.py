@@ -47,15 +47,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ...core.records import Layout, Skipped, Tensor
 from ...core.records import natural_key as _natural_key
 from . import FormatError, detect_format
 from . import read_layout as read_file_layout
 
-__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "place_tensors",
-           "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
+__all__ = ["INDEX_FILES", "SINGLE_FILES", "KERAS_INDEX_SUFFIX", "keras_indexes", "index_weight_map", "plain_name",
+           "place_tensors", "ShardedLayout", "is_checkpoint_dir", "find_index", "read_sharded_layout"]
 
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -63,7 +63,7 @@ SINGLE_FILES = ("model.safetensors", "pytorch_model.bin")
 _LOOKUP = (("model.safetensors", False), ("model.safetensors.index.json", True), ("pytorch_model.bin", False),
            ("pytorch_model.bin.index.json", True))
 _MAX_INDEX = 64 << 20
-KERAS_INDEX_SUFFIX = "weights.json"  # Keras's load_weights reads a file so named as a sharded index
+KERAS_INDEX_SUFFIX = ".weights.json"  # Keras's load_weights reads a file so named as a sharded index
 _SHARD_FORMATS = {"safetensors": "safetensors", "torch": "torch", "torch-legacy": "torch"}
 
 
@@ -122,22 +122,29 @@ def find_index(path: str | os.PathLike[str]) -> tuple[str, str | None, str | Non
 def keras_indexes(root: str) -> list[str]:
     """The Keras sharded indexes (``*.weights.json`` files) in the directory ``root``, in name order."""
     try:
-        return sorted(e.name for e in os.scandir(root) if e.name.endswith("." + KERAS_INDEX_SUFFIX) and e.is_file())
+        return sorted(e.name for e in os.scandir(root) if e.name.endswith(KERAS_INDEX_SUFFIX) and e.is_file())
     except OSError:
         return []
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     """True when ``path`` is a directory, an ``*.index.json`` file (read by :func:`read_sharded_layout`) or a Keras
-    sharded index ``*weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
+    sharded index ``*.weights.json`` (read by :mod:`fastflip.files.keras_sharded`)."""
     return find_index(path) is not None
 
 
-def _plain_name(root: str, name: object, index: str) -> str:
+def plain_name(ip: str, name: object, tail: str) -> str:
+    """``name``, a shard named by the index file ``ip``, when it is a plain file name beside the index.
+
+    Raises
+    ------
+    FormatError
+        ``"{ip}: weight_map names shard {name!r}{tail}"`` when ``name`` is not a non-empty string naming a file in
+        the index's directory (a path, ``.``/``..``, a NUL).
+    """
     if (not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name
             or os.path.isabs(name) or "\0" in name):
-        raise FormatError(f"{os.path.join(root, index)}: weight_map names shard {name!r}, not a file name in the "
-                          "checkpoint directory; fastflip reads shards beside the index only")
+        raise FormatError(f"{ip}: weight_map names shard {name!r}{tail}")
     return name
 
 
@@ -162,7 +169,8 @@ def index_weight_map(ip: str, hint: str) -> dict[Any, Any]:
 def _weight_map(root: str, index: str) -> dict[str, str]:
     ip = os.path.join(root, index)
     wm = index_weight_map(ip, "give a Hugging Face model.safetensors.index.json or pytorch_model.bin.index.json")
-    return {str(k): _plain_name(root, v, index) for k, v in wm.items() if _is_name(k, ip)}
+    tail = ", not a file name in the checkpoint directory; fastflip reads shards beside the index only"
+    return {str(k): plain_name(ip, v, tail) for k, v in wm.items() if _is_name(k, ip)}
 
 
 def _is_name(key: object, ip: str) -> bool:
@@ -172,18 +180,22 @@ def _is_name(key: object, ip: str) -> bool:
 
 
 def place_tensors(lay: Layout, shard: str, shard_of: dict[str, str], tensors: list[Tensor],
-                  skipped: list[Skipped]) -> tuple[str, str] | None:
+                  skipped: list[Skipped], clash: Callable[[str, str], str]) -> None:
     """Gather one shard's layout ``lay`` into a whole model's lists: every alias recorded as held by ``shard`` in
-    ``shard_of``, its tensors and skipped entries appended. Returns None, or (alias, other shard) for the first
-    alias another shard already holds (nothing appended then)."""
+    ``shard_of``, its tensors and skipped entries appended.
+
+    Raises
+    ------
+    FormatError
+        ``clash(alias, other shard)`` for the first alias another shard already holds (nothing appended then).
+    """
     for t in lay.tensors:
         for a in t.aliases:
             if a in shard_of:
-                return a, shard_of[a]
+                raise FormatError(clash(a, shard_of[a]))
             shard_of[a] = shard
     tensors += lay.tensors
     skipped += lay.skipped
-    return None
 
 
 def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
@@ -240,10 +252,9 @@ def read_sharded_layout(path: str | os.PathLike[str]) -> ShardedLayout:
                         else f"lacks {missing[0]!r}, which the index places there")
                 raise FormatError(f"{sp}: {what}; the index and its shards disagree (fastflip reads what "
                                   "transformers reads, or refuses)")
-        clash = place_tensors(lay, name, shard_of, tensors, skipped)
-        if clash:
-            raise FormatError(f"{sp}: tensor {clash[0].lstrip('/')!r} is also in {clash[1]}; "
-                              "a tensor must be in one shard")
+        place_tensors(lay, name, shard_of, tensors, skipped,
+                      lambda a, other: f"{sp}: tensor {a.lstrip('/')!r} is also in {other}; a tensor must be in one "
+                      "shard")
     if len(kinds) > 1:
         raise FormatError(f"{p}: shards of different formats ({', '.join(sorted(kinds))}); "
                           "a checkpoint directory holds one kind")
