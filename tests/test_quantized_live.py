@@ -833,3 +833,24 @@ def test_packed_nan_part_is_repacked_once_not_at_every_forward(kind, monkeypatch
     revert(tg, log)
     assert _same(_state(torch, q), state0)
     assert torch.equal(q[0](x), y0)
+
+
+def test_a_quantstub_scale_is_a_scale_not_a_weight():
+    """A converted QuantStub's input ``scale`` has role "scale" (its ``zero_point`` "zero"), so a selection of the
+    weights of a statically quantized model holds its layers' weights only; a float module's own parameter named
+    ``scale`` (a norm's gain) stays a weight."""
+    torch = _torch()
+    c = _static(torch, torch.nn.Conv2d(2, 3, 3), "x86", (4, 2, 6, 6))
+    tg = targets(c)
+    assert (tg.get("0.scale").role, tg.get("0.zero_point").role) == ("scale", "zero")
+    assert [t.name for t in tg.tensors if t.role == "weight"] == ["1.weight"]
+
+    class Norm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return x * self.scale
+
+    assert targets(torch.nn.Sequential(Norm())).get("0.scale").role == "weight"

@@ -94,6 +94,8 @@ def torch_tensors(model: Any, optimizer: Any = None) -> list[Found]:
             out.append(Found(name, t, (alias,), name.rpartition(".")[0] or None, "other", alias))
             continue
         layer, role = label_path("/" + alias, "torch", t.dim(), _kind(str(t.dtype).replace("torch.", "")))
+        if name.rpartition(".")[2] == "scale" and quantized.is_quantize_stub(model, layer):
+            role = "scale"  # a converted QuantStub's input scale, not a weight (its zero_point is "zero" by name)
         if quantized.is_subclass(t):  # torchao: the inner tensors (qdata, scale, zero_point) are the storage
             outer = module_source(model, name)
             out += [Found(n, v, (f"model/{n}",), layer, r, f"model/{n}", inner_source(outer, n[len(name) + 1:]))

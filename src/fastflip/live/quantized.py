@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator
 
 from ..errors import RepackError, one_line
 
-__all__ = ["inner_role", "is_subclass", "subclass_tensors", "packed"]
+__all__ = ["inner_role", "is_quantize_stub", "is_subclass", "subclass_tensors", "packed"]
 
 
 def inner_role(attr: str, parent_role: str) -> str:
@@ -62,6 +62,17 @@ def inner_role(attr: str, parent_role: str) -> str:
 def is_subclass(t: Any) -> bool:
     """True for a tensor subclass that flattens into inner tensors (``__tensor_flatten__``), e.g. torchao's."""
     return callable(getattr(type(t), "__tensor_flatten__", None))
+
+
+def is_quantize_stub(model: Any, layer: str | None) -> bool:
+    """True where the module ``layer`` of ``model`` (its dotted name; None: the model) is a converted ``QuantStub``
+    (``torch.ao.nn.quantized.Quantize``), whose ``scale`` and ``zero_point`` quantize the input."""
+    try:
+        owner = model.get_submodule(layer or "")
+    except (AttributeError, TypeError):
+        return False
+    cls = type(owner)
+    return cls.__name__ == "Quantize" and cls.__module__.startswith("torch.ao.nn.quantized")
 
 
 def subclass_tensors(name: str, t: Any, role: str, depth: int = 0) -> Iterator[tuple[str, Any, str]]:
