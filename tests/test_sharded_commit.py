@@ -330,3 +330,26 @@ def test_region_evidence_of_a_directory_is_refused_before_anything_is_written(sr
     with pytest.raises(OptionError, match="region evidence is for single files"):
         inject_dir(src, out, in_place=in_place, hash_files="regions", count=2, seed=1)
     assert shards(src) == original and (out is None or not os.path.exists(out))
+
+
+def test_a_plan_naming_tensors_without_the_leading_slash_is_refused_in_one_line(src):
+    """inject_dir's check for tensors that need re-encoded bytes looks plan names up as ``Layout.tensor`` does
+    (leading '/' optional): a plan naming tensors without it reaches the shard's own one-line refusal of names it
+    does not hold, instead of ending in a KeyError; nothing is written."""
+    import dataclasses
+
+    from fastflip.errors import FastflipError
+    from fastflip.files.sharded import restore_dir
+
+    before = shards(src)
+    res = inject_dir(src, in_place=True, atomic=False, seed=3, sampling=EVERY_SHARD, log_path=False)
+    restore_dir(src, res.log)
+    assert shards(src) == before
+    plan = res.log.plan
+    bare = dataclasses.replace(plan, tensors=tuple(dataclasses.replace(t, name=t.name.lstrip("/"))
+                                                   for t in plan.tensors))
+    assert any(t.name != b.name for t, b in zip(plan.tensors, bare.tensors))
+    with pytest.raises(FastflipError) as exc:
+        inject_dir(src, in_place=True, atomic=False, plan=bare, log_path=False)
+    assert not isinstance(exc.value, KeyError) and "\n" not in str(exc.value)
+    assert shards(src) == before

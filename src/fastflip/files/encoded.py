@@ -85,19 +85,17 @@ def zip_crc_patches(path: str, offsets: np.ndarray, itemsize: np.ndarray, big: n
     return crcs(path, offsets, itemsize, big, old, new, index)
 
 
-def zip_crc_fields(path: str, pos: np.ndarray, delta: np.ndarray, index: ZipIndex | None = None
-                   ) -> list[tuple[str, list[int], int, bool, bytes]]:
+def zip_crc_fields(path: str, pos: np.ndarray, delta: np.ndarray) -> list[tuple[str, list[int], int, bool, bytes]]:
     """Per stored zip entry of ``path`` holding one of the file offsets ``pos`` (bytes whose value changes by the
     XOR ``delta``): its name; the offsets of every copy of its CRC-32 where they lie by the directory, whatever
     they hold now (:func:`fastflip.files.formats.zipcrc.crc_spots` with ``check=False``: a direct injection killed
     part-way may have written some of them), the local header's field second; the change of its CRC-32 those
     bytes make (:func:`~fastflip.files.formats.zipcrc.crc_delta`); whether the local header defers to a data
     descriptor (flag bit 3: a writer may have left its field as it was); and the 4 bytes that field holds now (an
-    injection writes it only where it holds the entry's CRC-32). ``index``: the caller's
-    :func:`zip_index` of ``path`` (else it is read here)."""
+    injection writes it only where it holds the entry's CRC-32)."""
     from .formats.zipcrc import crc_spots, entry_crc_deltas, zip_index as index_of
 
-    index = index if index is not None else index_of(path)
+    index = index_of(path)
     pos = np.asarray(pos, np.int64)
     out = []
     with open(path, "rb") as fh:

@@ -245,8 +245,7 @@ def _apply(layout: ShardedLayout, plan: Plan, inject_one: Callable[[str, ShardPl
     shards: dict[str, dict[str, Any]] = {}
     sps = shard_plans(plan, layout)
     for sp in sps:  # all refused before any shard is written
-        by_path = {t.path: t for t in layout.shards[sp.shard].tensors}
-        if not all(by_path[t.name].raw_writable for t in sp.plan.tensors):
+        if not all(layout.shards[sp.shard].tensor(t.name).raw_writable for t in sp.plan.tensors):
             raise UnsupportedStorageError(f"{os.path.join(layout.file, sp.shard)}: this shard's tensors need "
                                           "re-encoded bytes, which a checkpoint directory's log does not hold; "
                                           "inject into the file itself")

@@ -277,17 +277,23 @@ def _read_group(group: Any) -> dict:
             if kind == "group":
                 out[key] = _read_group(group[name])
             elif kind == "value":
-                out[key] = _decode(json.loads(group.attrs[name])) if raw is not None else _attr_value(group.attrs[name])
+                out[key] = _listed_value(group.attrs[name], name, prefix) if raw is not None else _attr_value(group.attrs[name])
             elif kind is not None:
                 out[key] = _to_tensor(_read_array(group, name), kind, f"{prefix}/{name}")
             else:
                 raise KeyError(name)
         except KeyError:
             raise InputFileError(f"{prefix or '/'}: entry {name!r} is listed but missing (damaged file?)") from None
-        except ValueError as exc:  # json: a value attribute fastflip_keys lists that fastflip did not write
-            raise InputFileError(f"{prefix or '/'}: attribute {name!r} is not a value fastflip wrote ({exc}); "
-                                 "damaged file?") from None
     return out
+
+
+def _listed_value(raw: Any, name: str, prefix: str) -> Any:
+    """A value attribute that fastflip_keys lists: the JSON fastflip wrote, decoded; anything else refused."""
+    try:
+        return _decode(json.loads(raw))
+    except ValueError as exc:
+        raise InputFileError(f"{prefix or '/'}: attribute {name!r} is not a value fastflip wrote ({exc}); "
+                             "damaged file?") from None
 
 
 def _attr_value(value: Any) -> Any:
